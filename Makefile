@@ -1,0 +1,26 @@
+# The two commands (see README): `make demo` and `make test`. Both install what they need.
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.qpmesh-installed
+
+.PHONY: demo test lint setup clean
+
+demo: setup
+	$(BIN)/qpmesh sim sync --nics 128 --peers 16 --load 0.4 --timestamps hw
+
+test: setup lint
+	$(BIN)/pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml .ci/setup
+	bash .ci/setup
+	touch $@
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,74 @@
+"""The ``qpmesh`` command: one entry point, one subcommand per component.
+
+Each component registers its own subcommands from its ``cli`` module (``register(subparsers)``),
+so this file only wires them together and turns bad input into a one-line error: exit code 2
+for bad input (``ValueError`` family: bad config, unknown ids, malformed files), 1 for an
+environment problem (``OSError`` family: missing device, permission, no namespace support).
+Set ``QPMESH_DEBUG=1`` to see the full traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+# Components that contribute subcommands, in --help order.
+COMPONENTS = (
+    "prober.cli",
+    "controller.service_cli",
+    "tui.cli",
+    "testbed.cli",
+    "testbed.sim.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the root argument parser with every component's subcommands registered."""
+    parser = argparse.ArgumentParser(
+        prog="qpmesh",
+        description=(
+            "Active probe-mesh monitor for RDMA fabrics: probe every NIC pair on every ECMP path, "
+            "sync clocks to nanoseconds, localize flaps and contention, recover jobs."
+        ),
+        epilog="Run 'qpmesh COMMAND --help' for the options of a command.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMPONENTS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # component not built yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``qpmesh`` with ``argv``; return the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = os.environ.get("QPMESH_DEBUG") == "1"
+    try:
+        result: int | None = args.func(args)
+    except KeyboardInterrupt:
+        print("qpmesh: interrupted", file=sys.stderr)
+        return 130
+    except ValueError as exc:
+        if debug:
+            raise
+        print(f"qpmesh {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if debug:
+            raise
+        print(f"qpmesh {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The live-state snapshot: the one interface the TUI, the HTTP API and tests read.
+
+A `MeshSnapshot` is an immutable picture of the mesh at one instant: per-NIC state and worst
+one-way delays (inbound and outbound), the latest one-way delay per NIC pair, per-link state and
+flap counts, clock models, events, and the places for features that arrive later (Control,
+jobs, remediation) which are ``None`` while unavailable. A `SnapshotSource` hands out the latest
+snapshot and per-NIC history; an in-process controller implements it now, a websocket client
+of a remote controller later.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.fabric import Fabric
+
+
+class Health(enum.StrEnum):
+    """Health of a NIC or link, ordered from good to bad by `SEVERITY`."""
+
+    UP = "up"
+    DEGRADED = "degraded"
+    CONTENDED = "contended"
+    FLAPPING = "flapping"
+    DOWN = "down"
+    UNKNOWN = "unknown"
+
+
+SEVERITY: Mapping[Health, int] = {
+    Health.UP: 0,
+    Health.UNKNOWN: 1,
+    Health.DEGRADED: 2,
+    Health.CONTENDED: 3,
+    Health.FLAPPING: 4,
+    Health.DOWN: 5,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MeshEvent:
+    """A finding: ``kind`` (link_flap, contention, nic_down, prober_down, gpu_fault, loss,
+    remediation, clear, ...), ``target`` (a link, NIC or host id), time in ns of the
+    controller's clock, free-form ``detail``, and the affected queue pairs if any."""
+
+    t_ns: int
+    kind: str
+    target: str
+    detail: str = ""
+    severity: str = "warning"
+    flows: tuple[tuple[str, str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.kind or not self.target:
+            raise ValueError("event needs a kind and a target")
+        if self.severity not in ("info", "warning", "critical"):
+            raise ValueError(f"bad severity {self.severity!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """GPU health of one host: ``ok`` False when NVML reported errors; ``present`` False = no GPU."""
+
+    present: bool
+    ok: bool = True
+    detail: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class MeshSnapshot:
+    """The mesh at ``t_ns``. Arrays are indexed by NIC index of ``fabric``.
+
+    ``owd_src``/``owd_dst``/``owd_ns`` list the latest one-way delay per probed NIC pair
+    (worst over its paths); ``path_owd`` maps (src, dst) to per-spine delays for drill-down.
+    Delays are NaN where unknown. ``control_enabled``/``jobs`` are None while unavailable.
+    """
+
+    t_ns: int
+    fabric: Fabric
+    nic_health: tuple[Health, ...]
+    worst_in_ns: npt.NDArray[np.float64]
+    worst_out_ns: npt.NDArray[np.float64]
+    owd_src: npt.NDArray[np.int32]
+    owd_dst: npt.NDArray[np.int32]
+    owd_ns: npt.NDArray[np.float64]
+    clock_offset_ns: npt.NDArray[np.float64]
+    clock_uncertainty_ns: npt.NDArray[np.float64]
+    link_health: Mapping[str, Health] = field(default_factory=dict)
+    flap_counts: Mapping[str, int] = field(default_factory=dict)
+    path_owd: Mapping[tuple[int, int], Mapping[str, float]] = field(default_factory=dict)
+    events: tuple[MeshEvent, ...] = ()
+    gpu: Mapping[str, GpuHealth] = field(default_factory=dict)
+    throughput_bps: float | None = None
+    control_enabled: bool | None = None
+    jobs: tuple[Mapping[str, object], ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.fabric.nics)
+        if len(self.nic_health) != n:
+            raise ValueError(f"nic_health has {len(self.nic_health)} entries for {n} NICs")
+        for name in ("worst_in_ns", "worst_out_ns", "clock_offset_ns", "clock_uncertainty_ns"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} must have one entry per NIC ({n})")
+        if not len(self.owd_src) == len(self.owd_dst) == len(self.owd_ns):
+            raise ValueError("owd_src, owd_dst and owd_ns must have equal lengths")
+
+    @property
+    def healthy_count(self) -> int:
+        """Number of NICs whose health is UP."""
+        return sum(1 for h in self.nic_health if h == Health.UP)
+
+    @classmethod
+    def blank(cls, fabric: Fabric, t_ns: int = 0) -> MeshSnapshot:
+        """Return a snapshot with every NIC unknown and no delays."""
+        n = len(fabric.nics)
+        nan = np.full(n, np.nan)
+        empty_i = np.zeros(0, dtype=np.int32)
+        return cls(
+            t_ns,
+            fabric,
+            (Health.UNKNOWN,) * n,
+            nan,
+            nan.copy(),
+            empty_i,
+            empty_i.copy(),
+            np.zeros(0),
+            nan.copy(),
+            nan.copy(),
+        )
+
+
+class ControlUnavailable(RuntimeError):
+    """Control (automatic remediation) is not available from this source."""
+
+
+class SnapshotSource(Protocol):
+    """Where a viewer gets live state: the in-process controller or a remote one."""
+
+    def snapshot(self) -> MeshSnapshot:
+        """Return the latest snapshot (never blocks)."""
+        ...
+
+    def history(
+        self, nic: int, window_s: float
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Return (times in s relative to now, worst delay ns) of ``nic`` over ``window_s``."""
+        ...
+
+    def set_control(self, enabled: bool) -> None:
+        """Turn automatic remediation on or off; raise `ControlUnavailable` if not supported."""
+        ...
