@@ -1,0 +1,268 @@
+"""Fault scenarios: one TOML format for the simulator (`qpmesh sim run`) and the testbed.
+
+Example (see docs/scenarios.md)::
+
+    name = "flap-and-contention"
+    duration_s = 30
+    load = 0.4            # background utilisation of every link, 0..0.9
+    timestamps = "hw"     # hw | sw (simulator only; the testbed uses the kernel's)
+    seed = 7
+
+    [fabric]              # any FabricShape field; defaults: 4 leaves x 4 hosts x 1 NIC, 4 spines
+    leaves = 4
+    spines = 4
+
+    [[faults]]
+    kind = "flap"         # flap | link_down | congest | loss | nic_down | prober_down | gpu_fault
+    target = "leaf1-spine2"
+    start_s = 5
+    duration_s = 10       # how long the fault lasts (flap: the whole flapping episode)
+    down_s = 1.0          # flap only: each down period
+    up_s = 2.0            # flap only: each up period
+    magnitude = 0.0       # congest: extra utilisation (0..1) or extra delay in µs if > 1; loss: percent
+
+Targets: links for flap / link_down / congest / loss, NIC ids for nic_down, host ids for
+prober_down and gpu_fault. `load_scenario` validates everything against the fabric and raises
+`ScenarioError` with the file, fault number and field on bad input.
+"""
+
+from __future__ import annotations
+
+import enum
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
+
+
+class ScenarioError(ValueError):
+    """A scenario file or fault is invalid."""
+
+
+class FaultKind(enum.StrEnum):
+    """Kinds of injected faults."""
+
+    FLAP = "flap"
+    LINK_DOWN = "link_down"
+    CONGEST = "congest"
+    LOSS = "loss"
+    NIC_DOWN = "nic_down"
+    PROBER_DOWN = "prober_down"
+    GPU_FAULT = "gpu_fault"
+
+
+LINK_FAULTS = frozenset({FaultKind.FLAP, FaultKind.LINK_DOWN, FaultKind.CONGEST, FaultKind.LOSS})
+HOST_FAULTS = frozenset({FaultKind.PROBER_DOWN, FaultKind.GPU_FAULT})
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One injected fault: kind, target id, start and duration in seconds, magnitude.
+
+    ``down_s``/``up_s`` shape a flap (down period, up period, repeated over ``duration_s``).
+    """
+
+    kind: FaultKind
+    target: str
+    start_s: float
+    duration_s: float
+    magnitude: float = 0.0
+    down_s: float = 1.0
+    up_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.start_s < 0 or self.duration_s <= 0:
+            raise ScenarioError(
+                f"fault {self.kind} on {self.target}: start must be >= 0 and duration > 0"
+            )
+        if self.kind == FaultKind.FLAP and (self.down_s <= 0 or self.up_s <= 0):
+            raise ScenarioError(f"flap on {self.target}: down_s and up_s must be > 0")
+        if self.kind == FaultKind.LOSS and not 0 < self.magnitude <= 100:
+            raise ScenarioError(f"loss on {self.target}: magnitude is a percent in (0, 100]")
+        if self.kind == FaultKind.CONGEST and self.magnitude <= 0:
+            raise ScenarioError(f"congest on {self.target}: magnitude must be > 0")
+
+    @property
+    def end_s(self) -> float:
+        """Time the fault ends."""
+        return self.start_s + self.duration_s
+
+    def active(self, t_s: float) -> bool:
+        """Return True if the fault is in effect at ``t_s`` (for a flap: the link is down)."""
+        if not self.start_s <= t_s < self.end_s:
+            return False
+        if self.kind != FaultKind.FLAP:
+            return True
+        return (t_s - self.start_s) % (self.down_s + self.up_s) < self.down_s
+
+    def down_intervals(self) -> list[tuple[float, float]]:
+        """For flaps and link/NIC downs: the (start, end) intervals the target is down."""
+        if self.kind in (FaultKind.LINK_DOWN, FaultKind.NIC_DOWN):
+            return [(self.start_s, self.end_s)]
+        if self.kind != FaultKind.FLAP:
+            return []
+        out, t = [], self.start_s
+        while t < self.end_s:
+            out.append((t, min(t + self.down_s, self.end_s)))
+            t += self.down_s + self.up_s
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the TOML/JSON-ready form."""
+        return {
+            f.name: (str(v) if isinstance(v := getattr(self, f.name), enum.Enum) else v)
+            for f in fields(self)
+        }
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A fabric shape, background load, stamp kind, duration, seed and a list of faults."""
+
+    name: str
+    shape: FabricShape
+    duration_s: float = 30.0
+    load: float = 0.4
+    timestamps: str = "hw"
+    seed: int = 1
+    faults: tuple[Fault, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.load <= 0.95:
+            raise ScenarioError(f"load must be in [0, 0.95], got {self.load}")
+        if self.duration_s <= 0:
+            raise ScenarioError("duration_s must be > 0")
+        if self.timestamps not in ("hw", "sw"):
+            raise ScenarioError(f"timestamps must be hw or sw, got {self.timestamps!r}")
+
+    def fabric(self) -> Fabric:
+        """Return the fabric of this scenario."""
+        return build_fabric(self.shape)
+
+
+def validate_targets(fabric: Fabric, faults: Sequence[Fault]) -> None:
+    """Raise `ScenarioError` if a fault names a target that does not exist in ``fabric``."""
+    hosts = {h.id for h in fabric.hosts}
+    for i, f in enumerate(faults, 1):
+        if f.kind in LINK_FAULTS and f.target not in fabric.link_index:
+            raise ScenarioError(f"fault {i} ({f.kind}): unknown link {f.target!r}")
+        if f.kind == FaultKind.NIC_DOWN and f.target not in fabric.nic_index:
+            raise ScenarioError(f"fault {i} ({f.kind}): unknown NIC {f.target!r}")
+        if f.kind in HOST_FAULTS and f.target not in hosts:
+            raise ScenarioError(f"fault {i} ({f.kind}): unknown host {f.target!r}")
+
+
+def parse_scenario(doc: Mapping[str, Any], *, source: str = "<scenario>") -> Scenario:
+    """Return the `Scenario` described by a parsed TOML document; raise `ScenarioError`."""
+    known_top = {"name", "duration_s", "load", "timestamps", "seed", "fabric", "faults", "extra"}
+    unknown = set(doc) - known_top
+    if unknown:
+        raise ScenarioError(f"{source}: unknown key(s) {sorted(unknown)}")
+    shape_doc = doc.get("fabric", {})
+    shape_fields = {f.name for f in fields(FabricShape)}
+    if not isinstance(shape_doc, dict) or set(shape_doc) - shape_fields:
+        raise ScenarioError(f"{source}: [fabric] accepts {sorted(shape_fields)}")
+    try:
+        shape = FabricShape(**shape_doc)
+    except (FabricError, TypeError) as exc:
+        raise ScenarioError(f"{source}: [fabric]: {exc}") from None
+    faults: list[Fault] = []
+    fault_fields = {f.name for f in fields(Fault)}
+    raw_faults = doc.get("faults", [])
+    if not isinstance(raw_faults, list):
+        raise ScenarioError(f"{source}: faults must be an array of tables ([[faults]])")
+    for i, fd in enumerate(raw_faults, 1):
+        if not isinstance(fd, dict):
+            raise ScenarioError(f"{source}: fault {i} must be a table")
+        bad = set(fd) - fault_fields
+        if bad:
+            raise ScenarioError(f"{source}: fault {i}: unknown key(s) {sorted(bad)}")
+        try:
+            kind = FaultKind(fd.get("kind", ""))
+        except ValueError:
+            raise ScenarioError(
+                f"{source}: fault {i}: kind must be one of {[k.value for k in FaultKind]}"
+            ) from None
+        try:
+            faults.append(Fault(**{**fd, "kind": kind}))
+        except TypeError as exc:
+            raise ScenarioError(f"{source}: fault {i}: {exc}") from None
+        except ScenarioError as exc:
+            raise ScenarioError(f"{source}: fault {i}: {exc}") from None
+    try:
+        sc = Scenario(
+            name=str(doc.get("name", Path(source).stem)),
+            shape=shape,
+            duration_s=float(doc.get("duration_s", 30.0)),
+            load=float(doc.get("load", 0.4)),
+            timestamps=str(doc.get("timestamps", "hw")),
+            seed=int(doc.get("seed", 1)),
+            faults=tuple(faults),
+            extra=dict(doc.get("extra", {})),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+    validate_targets(sc.fabric(), sc.faults)
+    return sc
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario TOML file; raise `ScenarioError` (or OSError if unreadable)."""
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{p}: not valid TOML: {exc}") from None
+    return parse_scenario(doc, source=str(p))
+
+
+def random_faults(
+    fabric: Fabric,
+    k: int,
+    *,
+    seed: int,
+    duration_s: float,
+    kinds: Sequence[FaultKind] = (
+        FaultKind.FLAP,
+        FaultKind.CONGEST,
+        FaultKind.LOSS,
+        FaultKind.NIC_DOWN,
+    ),
+    spacing_s: float = 0.0,
+) -> tuple[Fault, ...]:
+    """Draw ``k`` faults of mixed kinds on distinct targets, inside ``duration_s``.
+
+    Link faults go on leaf-spine (fabric) links, NIC faults on NICs. With ``spacing_s`` = 0 the
+    faults overlap in time (concurrent); otherwise they start ``spacing_s`` apart.
+    Raises `ScenarioError` if ``k`` < 0 or the fabric is too small.
+    """
+    if k < 0:
+        raise ScenarioError("number of random faults must be >= 0")
+    rng = np.random.default_rng(seed)
+    fabric_links = [lk.id for lk in fabric.links if not lk.lower.startswith("nic")]
+    nics = [n.id for n in fabric.nics]
+    if k > len(fabric_links):
+        raise ScenarioError(f"at most {len(fabric_links)} random faults on this fabric")
+    links_pick = list(rng.permutation(fabric_links))
+    nics_pick = list(rng.permutation(nics))
+    out: list[Fault] = []
+    t0 = min(5.0, duration_s * 0.2)
+    for i in range(k):
+        kind = FaultKind(kinds[int(rng.integers(len(kinds)))])
+        start = t0 + i * spacing_s + float(rng.uniform(0, 1.0))
+        dur = max(1.0, min(duration_s - start - 1.0, 10.0 + float(rng.uniform(0, 5))))
+        if kind == FaultKind.NIC_DOWN:
+            out.append(Fault(kind, str(nics_pick.pop()), start, dur))
+        elif kind == FaultKind.FLAP:
+            out.append(Fault(kind, str(links_pick.pop()), start, dur, down_s=1.0, up_s=2.0))
+        elif kind == FaultKind.CONGEST or kind == FaultKind.LOSS:
+            out.append(Fault(kind, str(links_pick.pop()), start, dur, magnitude=20.0))
+        else:
+            out.append(Fault(kind, str(links_pick.pop()), start, dur))
+    return tuple(out)
