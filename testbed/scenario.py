@@ -261,7 +261,7 @@ def random_faults(
             out.append(Fault(kind, str(nics_pick.pop()), start, dur))
         elif kind == FaultKind.FLAP:
             out.append(Fault(kind, str(links_pick.pop()), start, dur, down_s=1.0, up_s=2.0))
-        elif kind == FaultKind.CONGEST or kind == FaultKind.LOSS:
+        elif kind in {FaultKind.CONGEST, FaultKind.LOSS}:
             out.append(Fault(kind, str(links_pick.pop()), start, dur, magnitude=20.0))
         else:
             out.append(Fault(kind, str(links_pick.pop()), start, dur))
