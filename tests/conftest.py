@@ -1,0 +1,67 @@
+"""Shared fixtures.
+
+``mosquitto``: a real MQTT broker (/usr/sbin/mosquitto) on a free loopback port with a temp
+config, yields ``(host, port)``; stopped by its PID when the test ends (also on failure).
+Tests that use it are skipped when the binary is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+MOSQUITTO = "/usr/sbin/mosquitto"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mosquitto exited early with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"mosquitto did not listen on port {port} within {timeout_s}s")
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """Run a private mosquitto broker on 127.0.0.1:<free port>; yield (host, port)."""
+    binary = MOSQUITTO if os.path.exists(MOSQUITTO) else shutil.which("mosquitto")
+    if binary is None:
+        pytest.skip("mosquitto binary not installed")
+    port = _free_port()
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+        "log_dest stderr\nlog_type error\nlog_type warning\n"
+    )
+    log = (tmp_path / "mosquitto.log").open("wb")
+    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(port, proc, timeout_s=10.0)
+        yield ("127.0.0.1", port)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        log.close()
