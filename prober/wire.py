@@ -1,0 +1,239 @@
+"""Probe wire format: versioned, fixed-layout, network byte order, optionally HMAC-tagged.
+
+Pure bytes <-> values; no I/O, no clocks. Every datagram has the same 48-byte body::
+
+    offset size field
+         0    2 magic      0x5150 ("QP")
+         2    1 version    1
+         3    1 type       MsgType (PROBE=1, REPLY=2, FOLLOW_UP=3)
+         4    1 flags      bit0 AUTH (16-byte HMAC-SHA256 tag at the end),
+                           bit1 T3_FINAL (REPLY already carries the final t3)
+         5    1 pair_pos   position in a coded pair (0 or 1; 0 when not coded)
+         6    2 reserved   must be 0
+         8    8 sender     `nic_hash` of the sending NIC id
+        16    8 peer       PROBE: hash of the target NIC; REPLY/FOLLOW_UP: hash of the initiator
+        24    4 seq        initiator sequence number (wraps at 2**32)
+        28    4 pair_id    int32 coded-pair id, -1 when not coded
+        32    8 ta         int64 ns: PROBE 0; REPLY/FOLLOW_UP t2 (responder receive)
+        40    8 tb         int64 ns: PROBE 0; REPLY t3 if T3_FINAL else 0; FOLLOW_UP t3
+        48    n padding    zero bytes (lets probes be sized like real traffic)
+      48+n   16 tag        HMAC-SHA256(key, everything before the tag)[:16], only with AUTH
+
+Two-step transmit stamps (as PTP does): t3, the responder's send time, is only known after the
+reply leaves (kernel TX stamp from the error queue), so the responder sends a FOLLOW_UP with the
+same seq carrying t2 and t3. A responder without TX stamps sends a one-step REPLY (T3_FINAL set,
+t3 = its best user-space estimate) and no FOLLOW_UP. t1 never travels: the initiator keeps it.
+
+`Codec.decode` raises only `WireError` subclasses; each has a short ``reason`` used as a
+counter key by the session.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+
+MAGIC = 0x5150
+VERSION = 1
+TAG_LEN = 16
+MAX_PAD = 8192
+FLAG_AUTH = 0x01
+FLAG_T3_FINAL = 0x02
+_KNOWN_FLAGS = FLAG_AUTH | FLAG_T3_FINAL
+_BODY = struct.Struct("!HBBBBHQQIiqq")
+BODY_LEN = _BODY.size  # 48
+_U64 = (1 << 64) - 1
+
+
+class MsgType(enum.IntEnum):
+    """Message types on the wire."""
+
+    PROBE = 1
+    REPLY = 2
+    FOLLOW_UP = 3
+
+
+class WireError(ValueError):
+    """A datagram is not a valid probe message; ``reason`` is a short counter key."""
+
+    reason = "malformed"
+
+
+class TruncatedError(WireError):
+    """The datagram is shorter than the fixed body (plus tag when authenticated)."""
+
+    reason = "truncated"
+
+
+class BadMagicError(WireError):
+    """The datagram does not start with the qpmesh magic."""
+
+    reason = "bad_magic"
+
+
+class BadVersionError(WireError):
+    """The datagram carries a protocol version this decoder does not speak."""
+
+    reason = "bad_version"
+
+
+class BadTypeError(WireError):
+    """Unknown message type."""
+
+    reason = "bad_type"
+
+
+class BadFieldError(WireError):
+    """A field is out of range or inconsistent with the message type."""
+
+    reason = "bad_field"
+
+
+class AuthError(WireError):
+    """Missing, unexpected or wrong HMAC tag."""
+
+    reason = "bad_auth"
+
+
+WIRE_ERROR_REASONS: tuple[str, ...] = (
+    "malformed",
+    "truncated",
+    "bad_magic",
+    "bad_version",
+    "bad_type",
+    "bad_field",
+    "bad_auth",
+)
+
+
+def nic_hash(nic_id: str) -> int:
+    """Return the stable 64-bit hash of a NIC id (blake2b-64) used as sender/peer on the wire."""
+    return int.from_bytes(hashlib.blake2b(nic_id.encode(), digest_size=8).digest(), "big")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One decoded probe message; validated on construction (raises `BadFieldError`)."""
+
+    mtype: MsgType
+    sender: int
+    peer: int
+    seq: int
+    pair_id: int = -1
+    pair_pos: int = 0
+    ta: int = 0
+    tb: int = 0
+    t3_final: bool = False
+    pad: int = 0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.sender <= _U64 and 0 <= self.peer <= _U64):
+            raise BadFieldError("sender/peer must be 64-bit unsigned")
+        if not 0 <= self.seq < (1 << 32):
+            raise BadFieldError(f"seq {self.seq} out of uint32 range")
+        if not -1 <= self.pair_id < (1 << 31):
+            raise BadFieldError(f"pair_id {self.pair_id} must be -1 or a non-negative int32")
+        if self.pair_pos not in (0, 1) or (self.pair_id == -1 and self.pair_pos != 0):
+            raise BadFieldError(f"pair_pos {self.pair_pos} invalid for pair_id {self.pair_id}")
+        if not (0 <= self.ta < (1 << 63) and 0 <= self.tb < (1 << 63)):
+            raise BadFieldError("timestamps must be non-negative int64 ns")
+        if not 0 <= self.pad <= MAX_PAD:
+            raise BadFieldError(f"pad {self.pad} outside 0..{MAX_PAD}")
+        if self.mtype is MsgType.PROBE and (self.ta or self.tb or self.t3_final):
+            raise BadFieldError("PROBE carries no timestamps")
+        if self.mtype is MsgType.REPLY and not self.t3_final and self.tb:
+            raise BadFieldError("two-step REPLY must not carry t3")
+        if self.mtype is MsgType.FOLLOW_UP and self.t3_final:
+            raise BadFieldError("FOLLOW_UP does not use T3_FINAL")
+
+
+class Codec:
+    """Encode/decode probe messages, with an optional shared HMAC key.
+
+    With a key, every encoded message is tagged and `decode` rejects untagged or badly tagged
+    datagrams with `AuthError`. Without a key, tagged datagrams are rejected too (the two ends
+    disagree on configuration, which must be visible rather than silently accepted).
+    """
+
+    __slots__ = ("_key", "tag_len")
+
+    def __init__(self, key: bytes | None = None) -> None:
+        if key is not None and len(key) < 16:
+            raise ValueError("HMAC key must be at least 16 bytes")
+        self._key = key
+        self.tag_len = TAG_LEN if key is not None else 0
+
+    @property
+    def authenticated(self) -> bool:
+        """Return True when this codec tags and verifies messages."""
+        return self._key is not None
+
+    def _tag(self, data: bytes | memoryview) -> bytes:
+        assert self._key is not None
+        return hmac.digest(self._key, data, "sha256")[:TAG_LEN]
+
+    def encode(self, msg: Message) -> bytes:
+        """Return the wire bytes of ``msg`` (body, zero padding, tag when keyed)."""
+        flags = (FLAG_AUTH if self._key is not None else 0) | (FLAG_T3_FINAL if msg.t3_final else 0)
+        body = _BODY.pack(
+            MAGIC, VERSION, int(msg.mtype), flags, msg.pair_pos, 0,
+            msg.sender, msg.peer, msg.seq, msg.pair_id, msg.ta, msg.tb,
+        )  # fmt: skip
+        if msg.pad:
+            body += bytes(msg.pad)
+        if self._key is not None:
+            body += self._tag(body)
+        return body
+
+    def pack_probe_into(
+        self, buf: bytearray, sender: int, peer: int, seq: int, pair_id: int = -1, pair_pos: int = 0
+    ) -> int:
+        """Write an untagged PROBE into ``buf`` (hot path, no allocation); return its length.
+
+        Raises `ValueError` if the codec is keyed (use `encode`, the tag needs the bytes).
+        """
+        if self._key is not None:
+            raise ValueError("pack_probe_into is only for unauthenticated codecs")
+        _BODY.pack_into(buf, 0, MAGIC, VERSION, 1, 0, pair_pos, 0, sender, peer, seq, pair_id, 0, 0)
+        return BODY_LEN
+
+    def decode(self, data: bytes | bytearray | memoryview) -> Message:
+        """Return the `Message` in ``data``; raise a `WireError` subclass if it is invalid."""
+        n = len(data)
+        if n < BODY_LEN:
+            raise TruncatedError(f"{n} bytes < {BODY_LEN}")
+        try:
+            magic, ver, mtype, flags, pos, rsv, sender, peer, seq, pair, ta, tb = _BODY.unpack_from(
+                data, 0
+            )
+        except struct.error as exc:  # pragma: no cover - guarded by the length check
+            raise TruncatedError(str(exc)) from None
+        if magic != MAGIC:
+            raise BadMagicError(f"magic {magic:#06x}")
+        if ver != VERSION:
+            raise BadVersionError(f"version {ver}")
+        if mtype not in (1, 2, 3):
+            raise BadTypeError(f"type {mtype}")
+        if flags & ~_KNOWN_FLAGS or rsv:
+            raise BadFieldError(f"unknown flags {flags:#x} or reserved {rsv}")
+        tagged = bool(flags & FLAG_AUTH)
+        if tagged != (self._key is not None):
+            raise AuthError("tag missing" if self._key is not None else "unexpected tag")
+        end = n - self.tag_len
+        if end < BODY_LEN:
+            raise TruncatedError("no room for the tag")
+        if self._key is not None:
+            view = memoryview(data)
+            if not hmac.compare_digest(self._tag(view[:end]), bytes(view[end:])):
+                raise AuthError("tag mismatch")
+        pad = end - BODY_LEN
+        if pad > MAX_PAD:
+            raise BadFieldError(f"pad {pad} too long")
+        if pad and any(bytes(data[BODY_LEN:end])):
+            raise BadFieldError("non-zero padding")
+        return Message(
+            MsgType(mtype), sender, peer, seq, pair, pos, ta, tb, bool(flags & FLAG_T3_FINAL), pad
+        )

@@ -1,0 +1,152 @@
+"""Wire format: round trips, bounds checks, HMAC, and a decoder fuzz."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prober.wire import (
+    BODY_LEN,
+    TAG_LEN,
+    AuthError,
+    BadFieldError,
+    BadMagicError,
+    BadTypeError,
+    BadVersionError,
+    Codec,
+    Message,
+    MsgType,
+    TruncatedError,
+    WireError,
+    nic_hash,
+)
+
+KEY = b"k" * 32
+
+
+def _reply() -> Message:
+    return Message(MsgType.REPLY, nic_hash("b"), nic_hash("a"), 7, 3, 1, 1_000, 2_000, True)
+
+
+def test_round_trip_all_types_plain_and_keyed() -> None:
+    msgs = [
+        Message(MsgType.PROBE, 1, 2, 0xFFFFFFFF, pad=100),
+        _reply(),
+        Message(MsgType.REPLY, 1, 2, 5, ta=123),
+        Message(MsgType.FOLLOW_UP, 1, 2, 5, 9, 0, 123, 456),
+    ]
+    for codec in (Codec(), Codec(KEY)):
+        for m in msgs:
+            data = codec.encode(m)
+            assert len(data) == BODY_LEN + m.pad + codec.tag_len
+            assert codec.decode(data) == m
+
+
+def test_pack_probe_into_matches_encode() -> None:
+    buf = bytearray(64)
+    n = Codec().pack_probe_into(buf, 11, 22, 33, 4, 1)
+    assert bytes(buf[:n]) == Codec().encode(Message(MsgType.PROBE, 11, 22, 33, 4, 1))
+    with pytest.raises(ValueError):
+        Codec(KEY).pack_probe_into(buf, 1, 2, 3)
+
+
+def test_network_byte_order_layout() -> None:
+    data = Codec().encode(_reply())
+    assert data[:2] == b"QP" and data[2] == 1 and data[3] == MsgType.REPLY
+    assert struct.unpack_from("!I", data, 24)[0] == 7
+    assert struct.unpack_from("!q", data, 32)[0] == 1_000
+
+
+@pytest.mark.parametrize(
+    ("mutate", "exc"),
+    [
+        (lambda b: b[:10], TruncatedError),
+        (lambda b: b"XX" + b[2:], BadMagicError),
+        (lambda b: b[:2] + b"\x09" + b[3:], BadVersionError),
+        (lambda b: b[:3] + b"\x07" + b[4:], BadTypeError),
+        (lambda b: b[:4] + b"\x80" + b[5:], BadFieldError),  # unknown flag
+        (lambda b: b[:5] + b"\x05" + b[6:], BadFieldError),  # pair_pos 5
+        (lambda b: b[:32] + b"\xff" * 8 + b[40:], BadFieldError),  # negative t2
+        (lambda b: b + b"\x01", BadFieldError),  # non-zero padding
+    ],
+)
+def test_malformed_raise_specific_wire_errors(mutate: object, exc: type[WireError]) -> None:
+    data = Codec().encode(_reply())
+    with pytest.raises(exc) as info:
+        Codec().decode(mutate(data))  # type: ignore[operator]
+    assert isinstance(info.value, WireError) and info.value.reason
+
+
+def test_hmac_rejects_wrong_key_missing_tag_tamper() -> None:
+    good = Codec(KEY).encode(_reply())
+    with pytest.raises(AuthError):
+        Codec(b"x" * 32).decode(good)
+    with pytest.raises(AuthError):
+        Codec(KEY).decode(Codec().encode(_reply()))  # untagged
+    with pytest.raises(AuthError):
+        Codec().decode(good)  # tagged but we have no key
+    tampered = bytearray(good)
+    tampered[25] ^= 1
+    with pytest.raises(AuthError):
+        Codec(KEY).decode(bytes(tampered))
+    with pytest.raises(WireError):
+        Codec(KEY).decode(good[: BODY_LEN + TAG_LEN - 1])
+    with pytest.raises(ValueError):
+        Codec(b"short")
+
+
+def test_message_validation() -> None:
+    with pytest.raises(BadFieldError):
+        Message(MsgType.PROBE, 1, 2, 3, ta=5)
+    with pytest.raises(BadFieldError):
+        Message(MsgType.PROBE, 1, 2, 1 << 32)
+    with pytest.raises(BadFieldError):
+        Message(MsgType.PROBE, 1, 2, 3, pair_id=-1, pair_pos=1)
+    with pytest.raises(BadFieldError):
+        Message(MsgType.REPLY, 1, 2, 3, ta=1, tb=2)  # two-step reply with t3
+
+
+_VALID = [
+    Codec().encode(Message(MsgType.PROBE, 1, 2, 3, pad=8)),
+    Codec().encode(_reply()),
+    Codec().encode(Message(MsgType.FOLLOW_UP, 5, 6, 7, 1, 1, 10, 20)),
+]
+_KEYED = Codec(KEY)
+_VALID_KEYED = [_KEYED.encode(_reply())]
+
+
+def _decode_or_wire_error(codec: Codec, data: bytes) -> None:
+    try:
+        msg = codec.decode(data)
+    except WireError:
+        return
+    assert codec.decode(codec.encode(msg)) == msg  # anything accepted re-encodes identically
+
+
+@settings(max_examples=20000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.binary(max_size=200))
+def test_fuzz_random_bytes_only_wire_error(data: bytes) -> None:
+    _decode_or_wire_error(Codec(), data)
+    _decode_or_wire_error(_KEYED, data)
+
+
+@settings(max_examples=20000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.sampled_from(_VALID + _VALID_KEYED),
+    st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), max_size=6),
+    st.integers(0, 120),
+    st.binary(max_size=16),
+)
+def test_fuzz_mutated_valid_messages(
+    base: bytes, flips: list[tuple[int, int]], cut: int, tail: bytes
+) -> None:
+    data = bytearray(base)
+    for pos, val in flips:
+        if data:
+            data[pos % len(data)] = val
+    mutated = bytes(data[: max(0, len(data) - cut % 20)]) + (tail if cut > 100 else b"")
+    _decode_or_wire_error(Codec(), mutated)
+    _decode_or_wire_error(_KEYED, mutated)
