@@ -130,18 +130,24 @@ def flow_paths(
     src: npt.ArrayLike,
     dst: npt.ArrayLike,
     sport: npt.ArrayLike,
-    dport: int = ROCEV2_PORT,
+    dport: npt.ArrayLike = ROCEV2_PORT,
 ) -> npt.NDArray[np.int32]:
     """Return the directed hop ids of each flow, shape (n_flows, max_hops), padded with -1.
 
-    ``src``/``dst`` are NIC indices, ``sport`` UDP source ports (broadcast together).
+    ``src``/``dst`` are NIC indices, ``sport``/``dport`` UDP ports (all broadcast together;
+    a reply travels ``flow_paths(f, dst, src, sport=4791, dport=probe_sport)``).
     Raises `FabricError` if a flow's source equals its destination or an index is out of range.
     """
     t = routing_tables(fabric)
-    s_arr, d_arr, p_arr = np.broadcast_arrays(
-        np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), np.asarray(sport)
+    s_arr, d_arr, p_arr, dp_arr = (
+        a.ravel()
+        for a in np.broadcast_arrays(
+            np.asarray(src, dtype=np.int64),
+            np.asarray(dst, dtype=np.int64),
+            np.asarray(sport),
+            np.asarray(dport),
+        )
     )
-    s_arr, d_arr, p_arr = s_arr.ravel(), d_arr.ravel(), p_arr.ravel()
     n_nics = len(fabric.nics)
     if s_arr.size and (
         min(s_arr.min(), d_arr.min()) < 0 or max(s_arr.max(), d_arr.max()) >= n_nics
@@ -176,7 +182,7 @@ def flow_paths(
         cur[r_dn] = dn[go_down]
         r_up = rest[~go_down]
         cu = c[~go_down]
-        h = ecmp_hash(src_a[r_up], dst_a[r_up], p_arr[r_up], dport, t.seed[cu])
+        h = ecmp_hash(src_a[r_up], dst_a[r_up], p_arr[r_up], dp_arr[r_up], t.seed[cu])
         k = (h % t.n_up[cu].astype(np.uint64)).astype(np.int64)
         out[r_up, col] = 2 * t.up_link[cu, k]
         cur[r_up] = t.up_next[cu, k]

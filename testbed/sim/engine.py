@@ -1,0 +1,436 @@
+"""Vectorized probe simulator with known truth (clocks, delays, losses, faults).
+
+`Simulator` generates what probers would report on a fabric — coded probe pairs between chosen
+NIC pairs over swept UDP source ports, four NIC-clock timestamps each — together with the ground
+truth: true send times, true one-way delays, the directed hops each probe crossed, and the clock
+offsets of every NIC. Everything is numpy over all probes of a time step, so 10,000 NICs fit.
+
+Model:
+
+- clocks: ``local_i(t) = epoch + t + offset_i + drift_i * t + wander_i(t)`` with offsets up to
+  ``max_offset_ns``, drifts up to ``max_drift`` and a slow wander (a few sinusoids of periods
+  30-300 s, ``wander_ns`` amplitude);
+- per hop: propagation + serialization of the probe + forwarding latency of the switch it
+  leaves (0.3-1 µs, fixed per switch), plus queueing: with utilisation ``rho`` a probe waits with
+  probability ``rho`` an exponential time of mean ``S / (1 - rho)`` (``S`` = one MTU at link
+  rate), and rarely a heavy-tailed (Pareto) burst;
+- stamps: ``hw`` quantizes to 6.4 ns with rare transmit-stamp outliers of 10-300 ns; ``sw`` adds
+  µs-scale kernel jitter (exponential delays after the event, larger on receive);
+- faults (`testbed.scenario.Fault`): flap / link_down / nic_down drop every probe crossing the
+  down link while it is down; loss drops with a probability per traversal; congest adds
+  utilisation (magnitude <= 1) or a persistent queue of ``magnitude`` µs mean; prober_down drops
+  the host's own probes and every probe to it; gpu_fault only shows in `SimStep.gpu_faults`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.fabric import Fabric, NodeKind
+from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
+from prober.records import MISSING, ProbeBatch
+from testbed.scenario import Fault, FaultKind, validate_targets
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+EPOCH_NS = 1_700_000_000_000_000_000
+HW_TICK_NS = 6.4
+SPORT_LO, SPORT_HI = 49152, 65536
+
+
+class SimError(ValueError):
+    """Bad simulator configuration."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Simulation knobs; see the module docstring for the model."""
+
+    load: float = 0.4
+    timestamps: str = "hw"
+    rate_hz: float = 10.0  # coded probe pairs per second per probed peer
+    peers: int = 16  # random peers in other groups per NIC
+    mesh_in_group: bool = True  # also probe every NIC of the own group
+    ports_per_pair: int = 8  # UDP source ports swept per peer
+    coded_spacing_ns: int = 20_000
+    seed: int = 1
+    max_offset_ns: float = 1e6
+    max_drift: float = 30e-6
+    wander_ns: float = 3.0
+    switch_latency_ns: tuple[float, float] = (300.0, 1000.0)
+    mtu_bytes: int = 4096
+    probe_bytes: int = 64
+    burst_prob: float = 2e-4  # per hop per probe, scaled by load
+    turnaround_ns: tuple[float, float] = (1000.0, 4000.0)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.load <= 0.95:
+            raise SimError(f"load must be in [0, 0.95], got {self.load}")
+        if self.timestamps not in ("hw", "sw"):
+            raise SimError(f"timestamps must be hw or sw, got {self.timestamps!r}")
+        if self.rate_hz <= 0 or self.ports_per_pair < 1 or self.peers < 0:
+            raise SimError("rate_hz must be > 0, ports_per_pair >= 1, peers >= 0")
+
+
+@dataclass(frozen=True, eq=False)
+class SimStep:
+    """Probes initiated in [t0_s, t1_s) with their ground truth (arrays align with ``batch``)."""
+
+    t0_s: float
+    t1_s: float
+    batch: ProbeBatch
+    true_t_ns: F64  # true send time, ns since sim start
+    true_fwd_ns: F64  # true one-way delays, NaN if lost
+    true_rev_ns: F64
+    hops_fwd: I32
+    hops_rev: I32
+    pair_index: I64  # index into Simulator.pairs_src/pairs_dst
+    alive_hosts: frozenset[str]
+    gpu_faults: frozenset[str]
+    active_faults: tuple[Fault, ...] = field(default=())
+
+
+def _probe_pairs(fabric: Fabric, cfg: SimConfig, rng: np.random.Generator) -> tuple[I64, I64]:
+    """Return directed (src, dst) NIC index arrays of the probe graph."""
+    n = len(fabric.nics)
+    group = fabric.nic_group_index
+    src_l: list[I64] = []
+    dst_l: list[I64] = []
+    if cfg.mesh_in_group:
+        for members in fabric.groups.values():
+            m = np.asarray(members, dtype=np.int64)
+            a, b = np.meshgrid(m, m, indexing="ij")
+            keep = a != b
+            src_l.append(a[keep])
+            dst_l.append(b[keep])
+    if cfg.peers:
+        k = cfg.peers
+        src = np.repeat(np.arange(n, dtype=np.int64), k)
+        dst = rng.integers(0, n, size=n * k)
+        # redraw peers in the own group or duplicates a few times, then drop leftovers
+        for _ in range(8):
+            bad = group[dst] == group[src]
+            srt = src * n + dst
+            _, first = np.unique(srt, return_index=True)
+            dup = np.ones(len(srt), dtype=bool)
+            dup[first] = False
+            bad |= dup
+            if not bad.any():
+                break
+            dst[bad] = rng.integers(0, n, size=int(bad.sum()))
+        ok = group[dst] != group[src]
+        srt = src * n + dst
+        _, first = np.unique(srt, return_index=True)
+        uniq = np.zeros(len(srt), dtype=bool)
+        uniq[first] = True
+        ok &= uniq
+        src_l.append(src[ok])
+        dst_l.append(dst[ok])
+    if not src_l:
+        raise SimError("empty probe graph: enable mesh_in_group or set peers > 0")
+    src_all, dst_all = np.concatenate(src_l), np.concatenate(dst_l)
+    if len(src_all) == 0:
+        raise SimError("empty probe graph: the fabric is too small for this peer setting")
+    return src_all, dst_all
+
+
+class Simulator:
+    """Generates probe batches with ground truth; faults can be added and cleared at run time."""
+
+    def __init__(
+        self, fabric: Fabric, config: SimConfig | None = None, faults: Sequence[Fault] = ()
+    ) -> None:
+        self.fabric = fabric
+        self.config = cfg = config or SimConfig()
+        self.rng = np.random.default_rng(cfg.seed)
+        n = len(fabric.nics)
+        self.offset_ns = self.rng.uniform(-cfg.max_offset_ns, cfg.max_offset_ns, n)
+        self.drift = self.rng.uniform(-cfg.max_drift, cfg.max_drift, n)
+        self._w_amp = self.rng.uniform(0, cfg.wander_ns, (n, 3))
+        self._w_per = self.rng.uniform(30.0, 300.0, (n, 3))
+        self._w_phase = self.rng.uniform(0, 2 * np.pi, (n, 3))
+        self.pairs_src, self.pairs_dst = _probe_pairs(fabric, cfg, self.rng)
+        n_pairs = len(self.pairs_src)
+        self.ports = self.rng.integers(SPORT_LO, SPORT_HI, size=(n_pairs, cfg.ports_per_pair))
+        self.phase_s = self.rng.uniform(0, 1.0 / cfg.rate_hz, n_pairs)
+        self.faults: list[Fault] = []
+        for f in faults:
+            self.add_fault(f)
+        self._seq = 0
+        self._pair_id = 0
+        self._batch_seq = 0
+
+    # ---- faults --------------------------------------------------------------------------
+    def add_fault(self, fault: Fault) -> None:
+        """Add a fault (its times are simulated seconds); raise `ScenarioError` on a bad target."""
+        validate_targets(self.fabric, [fault])
+        self.faults.append(fault)
+
+    def clear_faults(self, until_s: float | None = None) -> None:
+        """Remove all faults (or, with ``until_s``, end every fault at that time)."""
+        if until_s is None:
+            self.faults.clear()
+            return
+        kept = []
+        for f in self.faults:
+            if f.start_s < until_s:
+                kept.append(
+                    Fault(
+                        f.kind,
+                        f.target,
+                        f.start_s,
+                        max(until_s - f.start_s, 1e-9),
+                        f.magnitude,
+                        f.down_s,
+                        f.up_s,
+                    )
+                )
+        self.faults = kept
+
+    # ---- truth ---------------------------------------------------------------------------
+    def true_offset_ns(self, t_ns: float | F64, nic: npt.ArrayLike | None = None) -> F64:
+        """Return the clock offsets (local - true, without the epoch) at true time ``t_ns``.
+
+        Scalar ``t_ns`` gives one value per NIC (or per ``nic`` index); an array ``t_ns`` must
+        align with ``nic``.
+        """
+        idx = np.arange(len(self.fabric.nics)) if nic is None else np.asarray(nic)
+        t = np.asarray(t_ns, dtype=np.float64)
+        t_s = t / 1e9
+        wander = (
+            self._w_amp[idx]
+            * np.sin(2 * np.pi * t_s[..., None] / self._w_per[idx] + self._w_phase[idx])
+        ).sum(axis=-1)
+        return np.asarray(self.offset_ns[idx] + self.drift[idx] * t + wander, dtype=np.float64)
+
+    @cached_property
+    def _hop_base_ns(self) -> F64:
+        """Fixed delay of each directed hop: propagation + serialization + switch forwarding."""
+        f, cfg = self.fabric, self.config
+        rng = np.random.default_rng(cfg.seed + 7)
+        sw_lat = {
+            n.id: float(rng.uniform(*cfg.switch_latency_ns))
+            for n in f.nodes
+            if n.kind != NodeKind.HOST
+        }
+        base = np.empty(f.n_hops)
+        for lk in f.links:
+            ser = cfg.probe_bytes * 8 / lk.capacity_bps * 1e9
+            base[2 * lk.index] = lk.prop_delay_ns + ser + sw_lat.get(lk.lower, 0.0)
+            base[2 * lk.index + 1] = lk.prop_delay_ns + ser + sw_lat.get(lk.upper, 0.0)
+        return base
+
+    @cached_property
+    def _service_ns(self) -> F64:
+        """Per directed hop: time to send one MTU at link rate (the queueing unit)."""
+        cap = np.repeat([lk.capacity_bps for lk in self.fabric.links], 2)
+        return np.asarray(self.config.mtu_bytes * 8 / cap * 1e9, dtype=np.float64)
+
+    @cached_property
+    def _paths(self) -> tuple[I32, I32]:
+        """Forward and reverse hops per (pair, port slot): shape (pairs, ports, H)."""
+        n_pairs, k = self.ports.shape
+        src = np.repeat(self.pairs_src, k)
+        dst = np.repeat(self.pairs_dst, k)
+        sp = self.ports.ravel()
+        fwd = flow_paths(self.fabric, src, dst, sp)
+        rev = flow_paths(self.fabric, dst, src, ROCEV2_PORT, sp)
+        return fwd.reshape(n_pairs, k, -1), rev.reshape(n_pairs, k, -1)
+
+    # ---- generation ----------------------------------------------------------------------
+    def step(self, t0_s: float, dt_s: float) -> SimStep:
+        """Return every probe initiated in [t0_s, t0_s + dt_s) with its truth."""
+        if dt_s <= 0:
+            raise SimError("dt_s must be > 0")
+        cfg, rng, f = self.config, self.rng, self.fabric
+        t1_s = t0_s + dt_s
+        rate = cfg.rate_hz
+        k0 = np.ceil((t0_s - self.phase_s) * rate).astype(np.int64)
+        k1 = np.ceil((t1_s - self.phase_s) * rate).astype(np.int64)
+        counts = np.maximum(k1 - k0, 0)
+        pidx = np.repeat(np.arange(len(self.phase_s)), counts)
+        # k index of each coded pair
+        offs = np.arange(len(pidx)) - np.repeat(np.cumsum(counts) - counts, counts)
+        kk = np.repeat(k0, counts) + offs
+        t_pair_s = self.phase_s[pidx] + kk / rate
+        # two probes per coded pair
+        pidx2 = np.repeat(pidx, 2)
+        kk2 = np.repeat(kk, 2)
+        pos = np.tile(np.array([0, 1], dtype=np.uint8), len(pidx))
+        t_ns = np.repeat(t_pair_s * 1e9, 2) + pos * float(cfg.coded_spacing_ns)
+        slot = kk2 % cfg.ports_per_pair
+        src = self.pairs_src[pidx2]
+        dst = self.pairs_dst[pidx2]
+        sport = self.ports[pidx2, slot]
+        fwd_paths, rev_paths = self._paths
+        hops_f = fwd_paths[pidx2, slot]
+        hops_r = rev_paths[pidx2, slot]
+
+        # faults active in this step
+        active = [ft for ft in self.faults if ft.start_s < t1_s and ft.end_s > t0_s]
+        n = len(t_ns)
+        util_extra = np.zeros(f.n_hops)
+        queue_extra_us = np.zeros(f.n_hops)
+        lost = np.zeros(n, dtype=bool)
+        host_of = f.nic_host_index
+        hosts = f.hosts
+        dead_hosts: set[str] = set()
+        gpu_bad: set[str] = set()
+        t_s = t_ns / 1e9
+        for ft in active:
+            on = _active_mask(ft, t_s)
+            if ft.kind == FaultKind.PROBER_DOWN:
+                dead_hosts.add(ft.target)
+                continue
+            if ft.kind == FaultKind.GPU_FAULT:
+                gpu_bad.add(ft.target)
+                continue
+            if ft.kind == FaultKind.NIC_DOWN:
+                li = int(f.nic_link[f.nic_index[ft.target]])
+            else:
+                li = f.link_index[ft.target]
+            hop_ids = (2 * li, 2 * li + 1)
+            crosses = np.isin(hops_f, hop_ids).any(axis=1) | np.isin(hops_r, hop_ids).any(axis=1)
+            if ft.kind in (FaultKind.FLAP, FaultKind.LINK_DOWN, FaultKind.NIC_DOWN):
+                lost |= crosses & on
+            elif ft.kind == FaultKind.LOSS:
+                p = ft.magnitude / 100.0
+                nf = np.isin(hops_f, hop_ids).sum(axis=1) + np.isin(hops_r, hop_ids).sum(axis=1)
+                drop = rng.random(n) < 1 - (1 - p) ** nf
+                lost |= drop & on
+            elif ft.kind == FaultKind.CONGEST:
+                # applied below per probe only while on; most steps are fully inside a fault
+                if ft.magnitude <= 1:
+                    util_extra[list(hop_ids)] += ft.magnitude
+                else:
+                    queue_extra_us[list(hop_ids)] += ft.magnitude
+        if dead_hosts:
+            dead_idx = np.array([i for i, h in enumerate(hosts) if h.id in dead_hosts])
+            from_dead = np.isin(host_of[src], dead_idx)
+            to_dead = np.isin(host_of[dst], dead_idx)
+            lost |= to_dead
+            keep = ~from_dead
+        else:
+            keep = np.ones(n, dtype=bool)
+
+        owd_f = self._delays(hops_f, util_extra, queue_extra_us)
+        owd_r = self._delays(hops_r, util_extra, queue_extra_us)
+        turn = rng.uniform(*cfg.turnaround_ns, n)
+        T1 = t_ns
+        T2 = T1 + owd_f
+        T3 = T2 + turn
+        T4 = T3 + owd_r
+        s1 = self._stamp(T1, src, tx=True)
+        s2 = self._stamp(T2, dst, tx=False)
+        s3 = self._stamp(T3, dst, tx=True)
+        s4 = self._stamp(T4, src, tx=False)
+        for s in (s2, s3, s4):
+            s[lost] = MISSING
+        true_f = np.where(lost, np.nan, owd_f)
+        true_r = np.where(lost, np.nan, owd_r)
+
+        n_keep = int(keep.sum())
+        seq = (self._seq + np.arange(n_keep)) % (1 << 32)
+        self._seq += n_keep
+        pair_ids = ((self._pair_id + np.repeat(np.arange(len(pidx)), 2)) % (1 << 31))[keep]
+        self._pair_id += len(pidx)
+        self._batch_seq += 1
+        batch = ProbeBatch.from_columns(
+            "sim",
+            cfg.timestamps,
+            self._nic_ids,
+            {
+                "seq": seq,
+                "src": src[keep],
+                "dst": dst[keep],
+                "sport": sport[keep],
+                "pair": pair_ids,
+                "pos": pos[keep],
+                "t1": s1[keep],
+                "t2": s2[keep],
+                "t3": s3[keep],
+                "t4": s4[keep],
+                "lost": lost[keep],
+            },
+            batch_seq=self._batch_seq,
+        )
+        return SimStep(
+            t0_s,
+            t1_s,
+            batch,
+            t_ns[keep],
+            true_f[keep],
+            true_r[keep],
+            hops_f[keep],
+            hops_r[keep],
+            pidx2[keep],
+            frozenset(h.id for h in hosts) - dead_hosts,
+            frozenset(gpu_bad),
+            tuple(active),
+        )
+
+    def run(
+        self, duration_s: float, step_s: float = 0.1, start_s: float = 0.0
+    ) -> Iterator[SimStep]:
+        """Yield consecutive steps of ``step_s`` from ``start_s`` to ``start_s + duration_s``."""
+        if duration_s <= 0 or step_s <= 0:
+            raise SimError("duration_s and step_s must be > 0")
+        n = int(np.ceil(duration_s / step_s - 1e-9))
+        for i in range(n):
+            t0 = start_s + i * step_s
+            yield self.step(t0, min(step_s, start_s + duration_s - t0))
+
+    @cached_property
+    def _nic_ids(self) -> tuple[str, ...]:
+        return tuple(n.id for n in self.fabric.nics)
+
+    def _delays(self, hops: I32, util_extra: F64, queue_extra_us: F64) -> F64:
+        """Return the one-way delay of each probe along ``hops`` (n, H) with queueing."""
+        cfg, rng = self.config, self.rng
+        valid = hops >= 0
+        h = np.where(valid, hops, 0)
+        base = self._hop_base_ns[h]
+        rho = np.minimum(cfg.load + util_extra[h], 0.98)
+        svc = self._service_ns[h]
+        u = rng.random(hops.shape)
+        waits = u < rho
+        q = np.where(waits, rng.exponential(1.0, hops.shape) * svc / (1.0 - rho), 0.0)
+        burst = rng.random(hops.shape) < cfg.burst_prob * rho
+        if burst.any():
+            nb = int(burst.sum())
+            q[burst] += np.minimum((rng.pareto(1.5, nb) + 1.0) * 1000.0, 200_000.0)
+        extra = queue_extra_us[h]
+        if extra.any():
+            on = extra > 0
+            q[on] += rng.exponential(1.0, int(on.sum())) * extra[on] * 1000.0
+        return np.asarray(np.where(valid, base + q, 0.0).sum(axis=1), dtype=np.float64)
+
+    def _stamp(self, true_ns: F64, nic: I64, *, tx: bool) -> I64:
+        """Return the int64 NIC-clock stamps of events at ``true_ns`` on ``nic``."""
+        cfg, rng = self.config, self.rng
+        local = true_ns + self.true_offset_ns(true_ns, nic)
+        n = len(true_ns)
+        if cfg.timestamps == "hw":
+            if tx:
+                out = rng.random(n) < 1e-3
+                local = local + np.where(out, rng.uniform(10.0, 300.0, n), 0.0)
+            local = np.floor(local / HW_TICK_NS) * HW_TICK_NS
+        else:
+            mean = 500.0 if tx else 2000.0
+            local = local + rng.exponential(mean, n) + np.abs(rng.normal(0, 200.0, n))
+        return np.asarray(np.round(local), dtype=np.int64) + EPOCH_NS
+
+
+def _active_mask(fault: Fault, t_s: F64) -> npt.NDArray[np.bool_]:
+    """Vectorized `Fault.active`: True where the fault is in effect at each time."""
+    inside = (t_s >= fault.start_s) & (t_s < fault.end_s)
+    if fault.kind != FaultKind.FLAP:
+        return inside
+    period = fault.down_s + fault.up_s
+    return inside & (np.mod(t_s - fault.start_s, period) < fault.down_s)
