@@ -83,7 +83,7 @@ class PairFit:
     @property
     def ok(self) -> bool:
         """True when the estimate is usable."""
-        return np.asarray(self.status == FitStatus.OK)
+        return bool(self.status == FitStatus.OK)
 
     @property
     def reason(self) -> str:

@@ -86,7 +86,7 @@ def pair_samples(
 
 @dataclass(frozen=True)
 class Graph:
-    """A random probe graph: each node probes ``peers`` random others (duplicates removed)."""
+    """A random probe graph of average degree about ``peers`` (duplicates removed)."""
 
     n_nodes: int
     edges: I64  # (m, 2): i, j with theta_ij = x_j - x_i
@@ -102,12 +102,14 @@ def random_graph(
     max_offset_ns: float = 1e6,
     max_drift: float = 30e-6,
 ) -> Graph:
-    """Each node i picks ``peers`` distinct random partners j != i; edges are de-duplicated as
-    unordered pairs. Offsets/drifts are uniform, then shifted so node 0 reads 0."""
+    """Each node i starts ``max(1, peers // 2)`` edges to distinct random j != i (so the mean
+    degree is about ``peers``); edges are de-duplicated as unordered pairs. Offsets/drifts are
+    uniform, then shifted so node 0 reads 0. Raises ValueError for impossible sizes."""
     if n_nodes < 2 or not 1 <= peers < n_nodes:
         raise ValueError("need n_nodes >= 2 and 1 <= peers < n_nodes")
-    src = np.repeat(np.arange(n_nodes), peers)
-    step = np.concatenate([rng.permutation(n_nodes - 1)[:peers] + 1 for _ in range(n_nodes)])
+    k = max(1, peers // 2)
+    src = np.repeat(np.arange(n_nodes), k)
+    step = np.concatenate([rng.choice(n_nodes - 1, k, replace=False) + 1 for _ in range(n_nodes)])
     dst = (src + step) % n_nodes
     lo, hi = np.minimum(src, dst), np.maximum(src, dst)
     edges = np.unique(np.stack([lo, hi], axis=1), axis=0).astype(np.int64)

@@ -1,0 +1,194 @@
+"""Network effect: reconcile pair estimates on the probe graph by sparse weighted least squares.
+
+Unknown node offsets x minimize ``sum_e w_e (x_j - x_i - theta_e)^2`` (same for drifts), so the
+offsets around every loop agree. The normal equations are the weighted graph Laplacian; each
+connected component is pinned (its reference node at 0, or its mean at 0) and the reduced SPD
+system is solved by Jacobi-preconditioned conjugate gradients (probe graphs are expanders: a few
+dozen iterations). Edges whose loop residual is large relative to their uncertainty (asymmetric
+paths, bad data) are flagged, down-weighted and the system re-solved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.typing import ArrayLike, NDArray
+from scipy.sparse.csgraph import connected_components
+from scipy.sparse.linalg import cg
+
+from sync._arrays import as_float, as_index
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class NetworkSolution:
+    """Per-node clock estimates relative to the reference node (or the mean).
+
+    ``known`` marks nodes in the reference's component; other nodes have NaN offset/drift/std
+    (they are solved against their own component's pin in ``component_offset_ns``).
+    ``flagged`` marks edges whose loop residual exceeded the threshold (down-weighted);
+    ``residual_ns`` is ``x_j - x_i - theta_ij`` for every edge after the final solve.
+    """
+
+    offset_ns: F64
+    drift: F64
+    offset_std_ns: F64
+    known: BoolArray
+    component: I64
+    component_offset_ns: F64
+    component_drift: F64
+    flagged: BoolArray
+    residual_ns: F64
+    iterations: int
+
+
+def _edge_sum(n: int, node: I64, v: F64) -> F64:
+    """Sum of edge values ``v`` per endpoint ``node`` (length n)."""
+    return np.bincount(node, weights=v, minlength=n).astype(np.float64)
+
+
+def _laplacian(n: int, i: I64, j: I64, w: F64) -> sp.csr_matrix:
+    """Weighted graph Laplacian from an edge list."""
+    rows = np.concatenate([i, j, i, j])
+    cols = np.concatenate([j, i, i, j])
+    vals = np.concatenate([-w, -w, w, w])
+    return sp.csr_matrix(sp.coo_matrix((vals, (rows, cols)), shape=(n, n)))
+
+
+def _solve(
+    lap: sp.csr_matrix, rhs: F64, free: BoolArray, pin_mean: bool, comp: I64, rtol: float
+) -> F64:
+    """Solve lap x = rhs with the non-free nodes (one per component) held at 0, then shift
+    each component to zero mean if ``pin_mean``."""
+    x = np.zeros(lap.shape[0])
+    idx = np.flatnonzero(free)
+    if idx.size:
+        a = lap[idx][:, idx]
+        diag = a.diagonal()
+        pre = sp.diags(1.0 / diag)
+        b = rhs[idx]
+        scale = float(np.max(np.abs(b))) or 1.0
+        sol, info = cg(a, b / scale, rtol=rtol, atol=0.0, maxiter=10 * idx.size, M=pre)
+        if info != 0:
+            raise RuntimeError(f"CG did not converge (info={info})")
+        x[idx] = sol * scale
+    if pin_mean:
+        sums = np.bincount(comp, weights=x)
+        x -= (sums / np.bincount(comp))[comp]
+    return x
+
+
+def solve_network(
+    n_nodes: int,
+    edges: ArrayLike,
+    theta_ns: ArrayLike,
+    weight: ArrayLike,
+    *,
+    drift: ArrayLike | None = None,
+    drift_weight: ArrayLike | None = None,
+    ref: int = 0,
+    pin: Literal["ref", "mean"] = "ref",
+    flag_sigma: float = 5.0,
+    flag_min_ns: float = 20.0,
+    downweight: float = 1e-4,
+    max_rounds: int = 5,
+    rtol: float = 1e-10,
+) -> NetworkSolution:
+    """Weighted least-squares node offsets (and drifts) from pair estimates.
+
+    ``edges`` is (m, 2) int with ``theta_ns[e]`` = offset of ``edges[e, 1]`` minus offset of
+    ``edges[e, 0]`` and ``weight[e] = 1 / variance`` (> 0). ``drift`` (optional) holds the same
+    difference for drifts, weighted by ``drift_weight`` (default: ``weight``). ``pin="ref"``
+    holds ``ref`` (and the lowest node of every other component) at 0; ``pin="mean"`` gives
+    every component zero mean. After each solve, an edge is flagged when
+    ``|residual| > max(flag_min_ns, flag_sigma * robust_sigma * std_e)`` where ``std_e`` is
+    ``1/sqrt(w_e)`` and robust_sigma the MAD scale of the normalized residuals; flagged edges
+    get ``downweight`` times their weight and the solve repeats (at most ``max_rounds``).
+    Node offset std is the effective-resistance approximation ``sqrt(1/W_i + 1/W_pin)``
+    (W = summed incident weight). Raises ValueError on malformed input.
+    """
+    e = np.asarray(edges)
+    if e.ndim != 2 or e.shape[1:] != (2,):
+        raise ValueError(f"edges must have shape (m, 2), got {e.shape}")
+    m = e.shape[0]
+    i = as_index(e[:, 0], "edges[:, 0]", n_nodes)
+    j = as_index(e[:, 1], "edges[:, 1]", n_nodes)
+    th = as_float(theta_ns, "theta_ns", m)
+    w0 = as_float(weight, "weight", m)
+    if not (np.isfinite(th).all() and np.isfinite(w0).all() and (w0 > 0).all()):
+        raise ValueError("theta_ns must be finite and weight finite and > 0")
+    if np.any(i == j):
+        raise ValueError("self-loop edges are not allowed")
+    if not 0 <= ref < n_nodes:
+        raise ValueError(f"ref must be in [0, {n_nodes})")
+    if pin not in ("ref", "mean"):
+        raise ValueError(f"pin must be 'ref' or 'mean', got {pin!r}")
+    dr = None if drift is None else as_float(drift, "drift", m)
+    dw = w0 if drift_weight is None else as_float(drift_weight, "drift_weight", m)
+    if dr is not None and not (np.isfinite(dr).all() and (dw > 0).all()):
+        raise ValueError("drift must be finite and drift_weight > 0")
+
+    adj = sp.coo_matrix((np.ones(m), (i, j)), shape=(n_nodes, n_nodes))
+    _, comp_raw = connected_components(adj, directed=False)
+    comp = comp_raw.astype(np.int64)
+    free = np.ones(n_nodes, dtype=bool)
+    first = np.full(int(comp.max()) + 1, n_nodes, dtype=np.int64)
+    np.minimum.at(first, comp, np.arange(n_nodes))
+    first[comp[ref]] = ref
+    free[first] = False
+    pin_mean = pin == "mean"
+
+    w = w0.copy()
+    flagged = np.zeros(m, dtype=bool)
+    rounds = 0
+    while True:
+        rounds += 1
+        lap = _laplacian(n_nodes, i, j, w)
+        rhs = _edge_sum(n_nodes, j, w * th) - _edge_sum(n_nodes, i, w * th)
+        x = _solve(lap, rhs, free, pin_mean, comp, rtol)
+        resid = x[j] - x[i] - th
+        z = resid * np.sqrt(w0)
+        scale = 1.4826 * float(np.median(np.abs(z[~flagged]))) if (~flagged).any() else 0.0
+        new = np.abs(resid) > np.maximum(flag_min_ns, flag_sigma * scale / np.sqrt(w0))
+        if np.array_equal(new, flagged) or rounds >= max_rounds:
+            flagged = new
+            break
+        flagged = new
+        w = np.where(flagged, w0 * downweight, w0)
+
+    xd = np.zeros(n_nodes)
+    if dr is not None:
+        wd = np.where(flagged, dw * downweight, dw)
+        rhs_d = _edge_sum(n_nodes, j, wd * dr) - _edge_sum(n_nodes, i, wd * dr)
+        xd = _solve(_laplacian(n_nodes, i, j, wd), rhs_d, free, pin_mean, comp, rtol)
+    else:
+        xd[:] = np.nan
+
+    wsum = _edge_sum(n_nodes, i, w) + _edge_sum(n_nodes, j, w)
+    with np.errstate(divide="ignore"):
+        inv = 1.0 / wsum
+    if pin_mean:
+        var = inv
+    else:
+        var = inv + inv[first[comp]]
+        var[~free] = 0.0
+    known = comp == comp[ref]
+    nan = np.full(n_nodes, np.nan)
+    return NetworkSolution(
+        offset_ns=np.where(known, x, nan),
+        drift=np.where(known, xd, nan),
+        offset_std_ns=np.where(known, np.sqrt(var), nan),
+        known=known,
+        component=comp,
+        component_offset_ns=x,
+        component_drift=xd,
+        flagged=flagged,
+        residual_ns=resid,
+        iterations=rounds,
+    )
