@@ -1,0 +1,181 @@
+"""Probe schedule: who probes whom, when, and from which UDP source port. Pure and seeded.
+
+Peers (`choose_peers`): full mesh inside an ECMP group (a leaf: all NICs under it), plus ``K``
+random NICs from other groups (Huygens needs ~10-20 peers per node to anchor clock sync across
+the fabric; the cross-group probes also exercise the spine paths).
+
+Timing (`ProbePlan`): every (src, dst) stream fires at ``rate_hz`` on a nominal grid with a
+random phase and a uniform jitter of +-``jitter`` periods around each grid point, so probers
+started together do not synchronise, and yet rates stay exact over time (no drift of the grid).
+
+Paths: each source NIC owns ``ports_needed_exact(paths, confidence)`` random source ports (see
+`prober.ports` for why that many); every stream walks them in a shuffled order, reshuffled each
+sweep. Sharing one port set across a NIC's peers keeps the transport's socket pool at n sockets
+per NIC; the ECMP hash includes the destination address, so the same ports still land on
+independent random paths per destination.
+
+The plan never reads a clock: `ProbePlan.due(now_ns)` returns what is due at ``now_ns``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from prober.ports import ROCE_SPORT_RANGE, pick_source_ports, ports_needed_exact
+
+
+class ScheduleError(ValueError):
+    """Bad schedule input (unknown NIC, bad rate, bad port range...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleConfig:
+    """Schedule parameters; validated on construction (raises `ScheduleError`)."""
+
+    rate_hz: float = 10.0
+    cross_peers: int = 16
+    paths: int = 16
+    confidence: float = 0.9
+    jitter: float = 0.25
+    coded: bool = True
+    pair_spacing_ns: int = 20_000
+    port_range: tuple[int, int] = ROCE_SPORT_RANGE
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.rate_hz <= 1e6:
+            raise ScheduleError(f"rate_hz must be in (0, 1e6], got {self.rate_hz}")
+        if self.cross_peers < 0 or self.paths < 1 or not 0 < self.confidence < 1:
+            raise ScheduleError("cross_peers >= 0, paths >= 1, 0 < confidence < 1 required")
+        if not 0 <= self.jitter < 0.5:
+            raise ScheduleError("jitter must be in [0, 0.5) periods")
+        if self.pair_spacing_ns < 0:
+            raise ScheduleError("pair_spacing_ns must be >= 0")
+        lo, hi = self.port_range
+        if not 1 <= lo <= hi <= 0xFFFF:
+            raise ScheduleError(f"bad port range {self.port_range}")
+
+    @property
+    def ports_per_nic(self) -> int:
+        """Return how many source ports each NIC sweeps (capped by the port range size)."""
+        lo, hi = self.port_range
+        return min(ports_needed_exact(self.paths, self.confidence), hi - lo + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledProbe:
+    """One probe to send: at ``at_ns``, from NIC ``src`` to NIC ``dst``, from UDP ``sport``.
+
+    ``coded``: send it as a coded pair (`ProbeSession.queue_pair`, spacing from the config).
+    """
+
+    at_ns: int
+    src: str
+    dst: str
+    sport: int
+    coded: bool
+
+
+def choose_peers(
+    local_nics: Sequence[str], group_of: Mapping[str, str], cross_peers: int, seed: int = 0
+) -> dict[str, tuple[str, ...]]:
+    """Return, for each local NIC, its peers: its group mates plus K random NICs elsewhere.
+
+    ``group_of`` maps every NIC id of the fabric to its ECMP group (leaf) id. The choice is
+    deterministic in ``seed`` and the NIC id. Raises `ScheduleError` for an unknown local NIC.
+    """
+    by_group: dict[str, list[str]] = {}
+    for nic in sorted(group_of):
+        by_group.setdefault(group_of[nic], []).append(nic)
+    peers: dict[str, tuple[str, ...]] = {}
+    for src in local_nics:
+        if src not in group_of:
+            raise ScheduleError(f"local NIC {src!r} not in the group map")
+        group = group_of[src]
+        mates = [n for n in by_group[group] if n != src]
+        others = [n for g, nics in sorted(by_group.items()) if g != group for n in nics]
+        rng = random.Random(f"peers:{seed}:{src}")
+        cross = rng.sample(others, min(cross_peers, len(others)))
+        peers[src] = tuple(mates) + tuple(sorted(cross))
+    return peers
+
+
+@dataclass(slots=True)
+class _Stream:
+    src: str
+    dst: str
+    rng: random.Random
+    order: list[int]
+    anchor: int = 0
+    k: int = 0
+
+
+class ProbePlan:
+    """A deterministic, endless probe schedule starting at ``start_ns``.
+
+    ``peers`` maps each local NIC to its peer NIC ids (e.g. from `choose_peers`). Iterate it
+    (`__iter__`, time-ordered) or call `due(now_ns)`. ``ports[src]`` is the source-port set of
+    NIC ``src``: the transport should pre-open one socket per (NIC, port).
+    """
+
+    def __init__(
+        self, peers: Mapping[str, Sequence[str]], config: ScheduleConfig, start_ns: int
+    ) -> None:
+        self.config = config
+        self.period_ns = round(1e9 / config.rate_hz)
+        self.ports: dict[str, tuple[int, ...]] = {}
+        self._streams: list[_Stream] = []
+        self._heap: list[tuple[int, int]] = []
+        for src in sorted(peers):
+            self.ports[src] = pick_source_ports(
+                config.ports_per_nic, random.Random(f"ports:{config.seed}:{src}"), config.port_range
+            )
+            for dst in peers[src]:
+                if dst == src:
+                    raise ScheduleError(f"NIC {src!r} cannot probe itself")
+                rng = random.Random(f"stream:{config.seed}:{src}:{dst}")
+                anchor = start_ns + int(rng.random() * self.period_ns)  # random phase
+                self._streams.append(_Stream(src, dst, rng, [], anchor))
+                heapq.heappush(self._heap, (anchor, len(self._streams) - 1))
+
+    def __len__(self) -> int:
+        """Return the number of (src, dst) streams."""
+        return len(self._streams)
+
+    @property
+    def probes_per_second(self) -> float:
+        """Return the total scheduled probe rate (coded pairs count as one)."""
+        return len(self._streams) * self.config.rate_hz
+
+    def next_at_ns(self) -> int | None:
+        """Return the time of the next probe, or None when there are no streams."""
+        return self._heap[0][0] if self._heap else None
+
+    def _pop(self) -> ScheduledProbe:
+        at, i = heapq.heappop(self._heap)
+        st = self._streams[i]
+        ports = self.ports[st.src]
+        if not st.order:
+            st.order = list(ports)
+            st.rng.shuffle(st.order)
+        probe = ScheduledProbe(at, st.src, st.dst, st.order.pop(), self.config.coded)
+        st.k += 1
+        jitter = (st.rng.random() * 2.0 - 1.0) * self.config.jitter * self.period_ns
+        nxt = max(at + 1, st.anchor + st.k * self.period_ns + int(jitter))
+        heapq.heappush(self._heap, (nxt, i))
+        return probe
+
+    def due(self, now_ns: int) -> list[ScheduledProbe]:
+        """Return every probe scheduled at or before ``now_ns``, in time order, and consume them."""
+        out = []
+        while self._heap and self._heap[0][0] <= now_ns:
+            out.append(self._pop())
+        return out
+
+    def __iter__(self) -> Iterator[ScheduledProbe]:
+        """Yield probes forever in time order (consuming the plan)."""
+        while self._heap:
+            yield self._pop()

@@ -1,0 +1,142 @@
+"""Probe schedule and ECMP source-port coverage."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from prober.ports import (
+    coverage_probability,
+    pick_source_ports,
+    ports_needed,
+    ports_needed_exact,
+)
+from prober.schedule import (
+    ProbePlan,
+    ScheduleConfig,
+    ScheduledProbe,
+    ScheduleError,
+    choose_peers,
+)
+
+S = 1_000_000_000
+
+
+def _groups(n_groups: int = 4, per: int = 4) -> dict[str, str]:
+    return {f"g{g}n{i}": f"leaf{g}" for g in range(n_groups) for i in range(per)}
+
+
+def _splitmix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    out: npt.NDArray[np.uint64] = x ^ (x >> np.uint64(31))
+    return out
+
+
+def test_ports_needed_formula() -> None:
+    assert ports_needed(16, 0.9) == 78  # "about 80"
+    assert ports_needed_exact(16, 0.9) == 79
+    assert ports_needed(1, 0.99) == 1
+    assert ports_needed(2, 0.9) < ports_needed(2, 0.99) < ports_needed(4, 0.99)
+    with pytest.raises(ValueError):
+        ports_needed(0, 0.9)
+    with pytest.raises(ValueError):
+        ports_needed(4, 1.0)
+
+
+def test_exact_coverage_matches_inclusion_exclusion() -> None:
+    import math
+
+    for n, m in [(10, 4), (40, 8), (79, 16)]:
+        ie = sum((-1) ** k * math.comb(m, k) * ((m - k) / m) ** n for k in range(m + 1))
+        assert coverage_probability(n, m) == pytest.approx(ie, abs=1e-12)
+
+
+@pytest.mark.parametrize(("m", "p"), [(16, 0.9), (8, 0.99), (32, 0.95)])
+def test_coverage_claim_empirically_with_random_hash(m: int, p: float) -> None:
+    """Map each port to a path with a random hash (per NIC pair); count full coverage."""
+    cfg = ScheduleConfig(paths=m, confidence=p, seed=7)
+    n = cfg.ports_per_nic
+    rng = np.random.default_rng(1)
+    trials = 20_000
+    ports = np.array(pick_source_ports(n, random.Random(3)), dtype=np.uint64)
+    # ECMP hash model: splitmix64 of (per-NIC-pair/switch key, source port), modulo m paths
+    keys = rng.integers(0, 2**63, size=(trials, 1), dtype=np.int64).astype(np.uint64)
+    paths = _splitmix(keys ^ (ports[None, :] * np.uint64(0x9E3779B97F4A7C15))) % np.uint64(m)
+    covered = np.array([len(set(row.tolist())) == m for row in paths])
+    rate = covered.mean()
+    sigma = (p * (1 - p) / trials) ** 0.5
+    assert rate >= p - 3 * sigma
+    # and a quarter fewer ports is measurably worse than asked for
+    fewer = np.array([len(set(row[: n - n // 4].tolist())) == m for row in paths]).mean()
+    assert fewer < p - 3 * sigma
+
+
+def test_choose_peers_full_mesh_in_group_and_k_across() -> None:
+    groups = _groups()
+    local = ["g0n0", "g0n1"]
+    peers = choose_peers(local, groups, cross_peers=5, seed=1)
+    for src in local:
+        mates = {n for n in groups if groups[n] == "leaf0" and n != src}
+        assert mates <= set(peers[src]) and src not in peers[src]
+        cross = [n for n in peers[src] if groups[n] != "leaf0"]
+        assert len(cross) == 5 and len(set(cross)) == 5
+    assert peers == choose_peers(local, groups, cross_peers=5, seed=1)
+    assert peers != choose_peers(local, groups, cross_peers=5, seed=2)
+    assert len(choose_peers(["g0n0"], groups, cross_peers=99)["g0n0"]) == 15
+    with pytest.raises(ScheduleError):
+        choose_peers(["nope"], groups, 1)
+
+
+def test_plan_rate_jitter_determinism_and_port_sweep() -> None:
+    groups = _groups()
+    peers = choose_peers(["g0n0", "g1n2"], groups, cross_peers=3, seed=0)
+    cfg = ScheduleConfig(rate_hz=100.0, jitter=0.25, seed=5)
+    start = 10 * S
+    plan = ProbePlan(peers, cfg, start)
+    probes = plan.due(start + 10 * S)
+    assert [p.at_ns for p in probes] == sorted(p.at_ns for p in probes)
+    per_stream = Counter((p.src, p.dst) for p in probes)
+    assert len(per_stream) == len(plan) == 12
+    assert all(999 <= c <= 1001 for c in per_stream.values())  # 100/s for 10 s, no grid drift
+    # jitter: intervals vary around the period, within +-2 * jitter periods
+    times = np.array([p.at_ns for p in probes if (p.src, p.dst) == ("g0n0", "g0n1")])
+    gaps = np.diff(times) / plan.period_ns
+    assert gaps.std() > 0.05 and gaps.min() >= 0.5 - 1e-6 and gaps.max() <= 1.5 + 1e-6
+    # every stream sweeps all ports of its source NIC once per n probes
+    n = cfg.ports_per_nic
+    stream = [p.sport for p in probes if (p.src, p.dst) == ("g0n0", "g0n1")]
+    assert set(stream[:n]) == set(plan.ports["g0n0"]) and len(set(stream[:n])) == n
+    assert set(stream[n : 2 * n]) == set(plan.ports["g0n0"])
+    # seeded: same plan twice, a different seed differs
+    again = ProbePlan(peers, cfg, start).due(start + 10 * S)
+    assert again == probes
+    other = ProbePlan(peers, ScheduleConfig(rate_hz=100.0, seed=6), start).due(start + 10 * S)
+    assert [p.at_ns for p in other] != [p.at_ns for p in probes]
+    assert plan.due(start + 10 * S) == []  # consumed
+
+
+def test_plan_due_and_iter_agree_and_validate() -> None:
+    peers = {"a": ["b", "c"]}
+    cfg = ScheduleConfig(rate_hz=1000.0, coded=False)
+    it = iter(ProbePlan(peers, cfg, 0))
+    first = [next(it) for _ in range(50)]
+    plan = ProbePlan(peers, cfg, 0)
+    stepped: list[ScheduledProbe] = []
+    now = 0
+    while len(stepped) < 50:
+        now += 100_000
+        stepped += plan.due(now)
+    assert stepped[:50] == first and not first[0].coded
+    with pytest.raises(ScheduleError):
+        ProbePlan({"a": ["a"]}, cfg, 0)
+    with pytest.raises(ScheduleError):
+        ScheduleConfig(rate_hz=0)
+    with pytest.raises(ScheduleError):
+        ScheduleConfig(port_range=(10, 5))
+    assert ScheduleConfig(port_range=(50000, 50009)).ports_per_nic == 10
