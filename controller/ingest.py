@@ -1,0 +1,232 @@
+"""Ingest: decoded probe batches -> fabric-indexed columns with forward and reply paths.
+
+`Ingestor.ingest(batch)` maps the batch's NIC id table to fabric indices once (records naming
+NICs the fabric does not know are dropped and counted), drops duplicate batches (same origin and
+batch_seq, e.g. after a prober's spool replay), and attaches per record the directed hops of the
+probe (src -> dst, sport -> dport) and of its reply (dst -> src, sport 4791 -> probe sport):
+from a `PathTable` filled by the probers' path discovery where it knows the flow, else from the
+fabric model's ECMP hash (`flow_paths`), else all -1 (detection then localizes to NIC / host /
+group). Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from controller.fabric import Fabric
+from controller.fabric.ecmp import ROCEV2_PORT, flow_paths, routing_tables
+from controller.windows import KeyIndex, flow_key
+from prober.records import ProbeBatch
+
+I32 = NDArray[np.int32]
+I64 = NDArray[np.int64]
+
+
+class IngestError(ValueError):
+    """A batch cannot be ingested (e.g. path table rows of the wrong width)."""
+
+
+class PathTable:
+    """Discovered paths: (src, dst, sport) -> directed hop ids (-1 padded to ``max_hops``)."""
+
+    def __init__(self, n_nics: int, max_hops: int) -> None:
+        self.n_nics = n_nics
+        self.max_hops = max_hops
+        self._index = KeyIndex()
+        self._hops = np.zeros((0, max_hops), np.int32)
+
+    def __len__(self) -> int:
+        return self._index.size
+
+    def update(self, src: I64, dst: I64, sport: I64, hops: I32) -> None:
+        """Set (or replace) the hops of flows; raises `IngestError` on a shape mismatch."""
+        hops = np.asarray(hops, dtype=np.int32)
+        if hops.ndim != 2 or hops.shape[0] != len(src) or hops.shape[1] > self.max_hops:
+            raise IngestError(f"hops must have shape ({len(src)}, <= {self.max_hops})")
+        slots, _ = self._index.insert(flow_key(src, dst, sport, self.n_nics))
+        if self._index.size > len(self._hops):
+            grown = np.full((max(self._index.size, 2 * len(self._hops)), self.max_hops), -1)
+            grown[: len(self._hops)] = self._hops
+            self._hops = grown.astype(np.int32)
+        self._hops[slots] = -1
+        self._hops[slots, : hops.shape[1]] = hops
+
+    def lookup(self, src: I64, dst: I64, sport: I64) -> tuple[I32, NDArray[np.bool_]]:
+        """Return (hops (n, max_hops), found mask); rows not found are all -1."""
+        slots = self._index.lookup(flow_key(src, dst, sport, self.n_nics))
+        found = slots >= 0
+        out = np.full((len(src), self.max_hops), -1, np.int32)
+        out[found] = self._hops[slots[found]]
+        return out, found
+
+
+@dataclass(frozen=True, eq=False)
+class Ingested:
+    """One ingested batch: columns over its kept records (fabric NIC indices)."""
+
+    origin: str
+    stamp: str
+    batch_seq: int
+    src: I32
+    dst: I32
+    sport: I32
+    pair: I64  # coded-pair key unique within the batch (src << 32 | pair), -1 if not coded
+    t1: I64
+    t2: I64
+    t3: I64
+    t4: I64
+    lost: NDArray[np.bool_]
+    hops_fwd: I32
+    hops_rev: I32
+    path_known: NDArray[np.bool_]  # from discovery or the model (False = hops all -1)
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+@dataclass
+class IngestStats:
+    """Counters: batches and records accepted, duplicates and unknown-NIC records dropped."""
+
+    batches: int = 0
+    records: int = 0
+    duplicates: int = 0
+    unknown_nic_records: int = 0
+    origins: dict[str, int] = field(default_factory=dict)
+
+
+class Ingestor:
+    """Maps batches onto ``fabric``; see the module docstring. ``use_model_paths=False``
+    disables the ECMP hash model (paths only from ``paths``)."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        paths: PathTable | None = None,
+        *,
+        use_model_paths: bool = True,
+        dedup_depth: int = 4096,
+    ) -> None:
+        self.fabric = fabric
+        self.n_nics = len(fabric.nics)
+        self.max_hops = routing_tables(fabric).max_hops
+        self.paths = paths if paths is not None else PathTable(self.n_nics, self.max_hops)
+        self.use_model_paths = use_model_paths
+        self.stats = IngestStats()
+        self._dedup_depth = dedup_depth
+        self._seen: dict[str, tuple[set[int], deque[int]]] = {}
+        self._table_cache: tuple[tuple[str, ...], I64] | None = None
+        # model (hash) paths never change for a fabric: computed once per flow
+        self._fwd_cache = PathTable(self.n_nics, self.max_hops)
+        self._rev_cache = PathTable(self.n_nics, self.max_hops)
+
+    def _map_table(self, nic_ids: tuple[str, ...]) -> I64:
+        cached = self._table_cache
+        if cached is not None and (cached[0] is nic_ids or cached[0] == nic_ids):
+            return cached[1]
+        idx = self.fabric.nic_index
+        table = np.array([idx.get(x, -1) for x in nic_ids], dtype=np.int64)
+        self._table_cache = (nic_ids, table)
+        return table
+
+    def is_duplicate(self, origin: str, batch_seq: int) -> bool:
+        """Return True if (origin, batch_seq) was seen; otherwise remember it, return False."""
+        seen, order = self._seen.setdefault(origin, (set(), deque()))
+        if batch_seq in seen:
+            return True
+        seen.add(batch_seq)
+        order.append(batch_seq)
+        if len(order) > self._dedup_depth:
+            seen.discard(order.popleft())
+        return False
+
+    def paths_for(
+        self, src: I64, dst: I64, sport: I64, dport: int
+    ) -> tuple[I32, I32, NDArray[np.bool_]]:
+        """Return (forward hops, reply hops, known mask) for probes src -> dst from ``sport``."""
+        fwd, f_found = self.paths.lookup(src, dst, sport)
+        rev, r_found = self.paths.lookup(dst, src, np.full(len(src), dport, np.int64))
+        known = f_found & r_found
+        if self.use_model_paths and len(src):
+            miss = ~f_found
+            if miss.any():
+                fwd[miss] = self._model_fwd(src[miss], dst[miss], sport[miss], dport)
+            miss = ~r_found
+            if miss.any():
+                rev[miss] = self._model_rev(dst[miss], src[miss], sport[miss], dport)
+            known[:] = True
+        return fwd, rev, known
+
+    def _model_fwd(self, src: I64, dst: I64, sport: I64, dport: int) -> I32:
+        if dport != ROCEV2_PORT:
+            return flow_paths(self.fabric, src, dst, sport, dport)
+        hops, found = self._fwd_cache.lookup(src, dst, sport)
+        if not found.all():
+            m = ~found
+            hops[m] = flow_paths(self.fabric, src[m], dst[m], sport[m], dport)
+            self._fwd_cache.update(src[m], dst[m], sport[m], hops[m])
+        return hops
+
+    def _model_rev(self, rsrc: I64, rdst: I64, probe_sport: I64, dport: int) -> I32:
+        """Reply paths rsrc -> rdst, UDP sport = ``dport`` (4791), dport = the probe's sport."""
+        cache = self._rev_cache if dport == ROCEV2_PORT else None
+        if cache is None:
+            return _reply_paths(self.fabric, rsrc, rdst, dport, probe_sport)
+        hops, found = cache.lookup(rsrc, rdst, probe_sport)
+        if not found.all():
+            m = ~found
+            hops[m] = _reply_paths(self.fabric, rsrc[m], rdst[m], dport, probe_sport[m])
+            cache.update(rsrc[m], rdst[m], probe_sport[m], hops[m])
+        return hops
+
+    def ingest(self, batch: ProbeBatch) -> Ingested | None:
+        """Return the ingested batch, or None if it is a duplicate."""
+        if self.is_duplicate(batch.origin, batch.batch_seq):
+            self.stats.duplicates += 1
+            return None
+        table = self._map_table(batch.nic_ids)
+        src = table[batch.src] if len(batch) else np.zeros(0, np.int64)
+        dst = table[batch.dst] if len(batch) else np.zeros(0, np.int64)
+        ok = (src >= 0) & (dst >= 0) & (src != dst)
+        keep: slice | NDArray[np.bool_] = slice(None)
+        if not ok.all():
+            self.stats.unknown_nic_records += int((~ok).sum())
+            keep = ok
+            src, dst = src[ok], dst[ok]
+        sport = batch.sport[keep].astype(np.int64)
+        fwd, rev, known = self.paths_for(src, dst, sport, batch.dport)
+        pair = batch.pair[keep].astype(np.int64)
+        pair = np.where(pair >= 0, (src << 32) | pair, -1)
+        self.stats.batches += 1
+        self.stats.records += len(src)
+        self.stats.origins[batch.origin] = self.stats.origins.get(batch.origin, 0) + len(src)
+        return Ingested(
+            batch.origin,
+            batch.stamp,
+            batch.batch_seq,
+            src.astype(np.int32),
+            dst.astype(np.int32),
+            sport.astype(np.int32),
+            pair,
+            batch.t1[keep],
+            batch.t2[keep],
+            batch.t3[keep],
+            batch.t4[keep],
+            batch.lost[keep],
+            fwd,
+            rev,
+            known,
+        )
+
+
+def _reply_paths(fabric: Fabric, src: I64, dst: I64, sport: int, dport: I64) -> I32:
+    """Model paths of replies whose destination port varies per record (grouped by port)."""
+    out = np.full((len(src), routing_tables(fabric).max_hops), -1, np.int32)
+    for port in np.unique(dport):
+        sel = dport == port
+        out[sel] = flow_paths(fabric, src[sel], dst[sel], sport, int(port))
+    return out

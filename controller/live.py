@@ -1,0 +1,255 @@
+"""The live controller state: ingest -> clock sync -> detection, behind `SnapshotSource`.
+
+`LiveController(fabric, config)` owns an `Ingestor`, a `ClockSync`, a `FlowStore` (latest delay,
+spine and baseline per flow) and the detection brain. Feed it with `ingest_batch`, `presence`,
+`gpu`; call `tick(now_ns)` periodically (it solves clocks when due, runs detection, records
+per-NIC history, returns new events); read `snapshot()` / `history()`. Every time-dependent call
+takes ``now_ns`` (same epoch as the NIC clocks, UNIX ns in production); nothing reads a clock.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.clocksync import ClockSync, ClockSyncConfig, Delays
+from controller.fabric import Fabric
+from controller.fabric.model import SWITCH_TIER, NodeKind
+from controller.ingest import Ingested, Ingestor, PathTable
+from controller.observations import Observations
+from controller.snapshot import ControlUnavailable, GpuHealth, Health, MeshEvent, MeshSnapshot
+from controller.windows import FlowStore
+from prober.records import ProbeBatch
+
+F64 = npt.NDArray[np.float64]
+
+
+class BrainLike(Protocol):
+    """What the controller needs from detection/localization (`controller.brain.Brain`)."""
+
+    def observe(self, obs: Observations) -> None: ...
+    def presence(self, host: str, alive: bool, now_ns: int) -> None: ...
+    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None: ...
+    def tick(self, now_ns: int) -> list[MeshEvent]: ...
+    def link_health(self) -> dict[str, Health]: ...
+    def nic_health(self) -> list[Health]: ...
+    def flap_counts(self) -> dict[str, int]: ...
+
+
+def default_brain(fabric: Fabric, options: Mapping[str, Any] | None = None) -> BrainLike:
+    """Return `controller.brain.Brain(fabric, BrainConfig(**options))`.
+
+    Raises ValueError if the options do not fit `BrainConfig`.
+    """
+    mod = importlib.import_module("controller.brain")
+    try:
+        cfg = mod.BrainConfig(**dict(options or {}))
+    except TypeError as exc:
+        raise ValueError(f"bad detection thresholds: {exc}") from None
+    brain: BrainLike = mod.Brain(fabric, cfg)
+    return brain
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """Live-state knobs: clock sync, delay staleness, history and event bounds."""
+
+    sync: ClockSyncConfig = field(default_factory=ClockSyncConfig)
+    stale_ns: int = 10_000_000_000  # flows not measured for this long leave the snapshot
+    baseline_bucket_ns: int = 60_000_000_000
+    history_len: int = 3600  # ticks kept per NIC
+    max_events: int = 200
+
+    def __post_init__(self) -> None:
+        if self.stale_ns <= 0 or self.history_len < 1 or self.max_events < 1:
+            raise ValueError("stale_ns, history_len and max_events must be positive")
+
+
+class LiveController:
+    """In-process controller state; implements `controller.snapshot.SnapshotSource`."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        config: LiveConfig | None = None,
+        *,
+        brain: BrainLike | None = None,
+        paths: PathTable | None = None,
+    ) -> None:
+        self.fabric = fabric
+        self.config = config or LiveConfig()
+        n = len(fabric.nics)
+        self.ingestor = Ingestor(fabric, paths)
+        self.clock = ClockSync(n, self.config.sync)
+        self.flows = FlowStore(n, self.config.baseline_bucket_ns)
+        self.brain = brain if brain is not None else default_brain(fabric)
+        self.events: deque[MeshEvent] = deque(maxlen=self.config.max_events)
+        self.gpu_state: dict[str, GpuHealth] = {}
+        self.alive: dict[str, bool] = {}
+        self.now_ns = 0
+        self.records = 0
+        self._hist_t = np.zeros(self.config.history_len, np.int64)
+        self._hist_v = np.full((self.config.history_len, n), np.nan)
+        self._hist_head = 0
+        self._hist_count = 0
+        self._hop_spine = _hop_spine_table(fabric)
+
+    # ---- inputs --------------------------------------------------------------------------
+    def ingest_batch(self, batch: ProbeBatch, now_ns: int) -> int:
+        """Ingest one decoded batch; return the records taken (0 for a duplicate)."""
+        self.now_ns = max(self.now_ns, now_ns)
+        ing = self.ingestor.ingest(batch)
+        if ing is None or not len(ing):
+            return 0
+        self.clock.add(ing)
+        self.clock.maybe_solve(now_ns)
+        obs = self.observations(ing, self.clock.delays(ing), now_ns)
+        self.brain.observe(obs)
+        self.records += len(ing)
+        return len(ing)
+
+    def observations(self, ing: Ingested, d: Delays, now_ns: int) -> Observations:
+        """Return the batch as `Observations` and record its forward delays per flow."""
+        spine = _path_spine(self._hop_spine, ing.hops_fwd)
+        slots = self.flows.slots(
+            ing.src.astype(np.int64), ing.dst.astype(np.int64), ing.sport.astype(np.int64), spine
+        )
+        self.flows.update(slots, d.t_ns, d.owd_fwd_ns, now_ns)
+        return Observations(
+            d.t_ns,
+            ing.src,
+            ing.dst,
+            ing.sport,
+            ing.hops_fwd,
+            ing.hops_rev,
+            ing.lost,
+            d.owd_fwd_ns,
+            d.owd_rev_ns,
+            d.rtt_ns,
+        )
+
+    def presence(self, host: str, alive: bool, now_ns: int) -> None:
+        """Record a prober's liveness (a last-will arrives as alive=False)."""
+        self.now_ns = max(self.now_ns, now_ns)
+        self.alive[host] = alive
+        self.brain.presence(host, alive, now_ns)
+
+    def gpu(self, host: str, ok: bool, detail: str, now_ns: int, *, present: bool = True) -> None:
+        """Record the GPU health of ``host``."""
+        self.now_ns = max(self.now_ns, now_ns)
+        self.gpu_state[host] = GpuHealth(present=present, ok=ok, detail=detail)
+        self.brain.gpu(host, ok, detail, now_ns)
+
+    def tick(self, now_ns: int) -> list[MeshEvent]:
+        """Solve clocks if due, run detection, record history; return the new events."""
+        self.now_ns = max(self.now_ns, now_ns)
+        self.clock.maybe_solve(now_ns)
+        new = list(self.brain.tick(now_ns))
+        self.events.extend(new)
+        _, worst_in, worst_out = self._worst(now_ns)
+        i = self._hist_head
+        self._hist_t[i] = now_ns
+        self._hist_v[i] = np.fmax(worst_in, worst_out)
+        self._hist_head = (i + 1) % self.config.history_len
+        self._hist_count = min(self._hist_count + 1, self.config.history_len)
+        return new
+
+    # ---- outputs -------------------------------------------------------------------------
+    def _worst(self, now_ns: int) -> tuple[npt.NDArray[np.int64], F64, F64]:
+        n = len(self.fabric.nics)
+        live = self.flows.live(now_ns - self.config.stale_ns)
+        owd = self.flows.last_owd[live]
+        w_in = np.full(n, -np.inf)
+        w_out = np.full(n, -np.inf)
+        np.maximum.at(w_out, self.flows.src[live], owd)
+        np.maximum.at(w_in, self.flows.dst[live], owd)
+        w_in[~np.isfinite(w_in)] = np.nan
+        w_out[~np.isfinite(w_out)] = np.nan
+        return live, w_in, w_out
+
+    def snapshot(self) -> MeshSnapshot:
+        """Return the state at the latest time seen (never blocks)."""
+        now = self.now_ns
+        fab = self.fabric
+        n = len(fab.nics)
+        live, w_in, w_out = self._worst(now)
+        src, dst = self.flows.src[live], self.flows.dst[live]
+        owd = self.flows.last_owd[live]
+        spine = self.flows.spine[live]
+        pkey = src.astype(np.int64) * n + dst
+        uk, inv = np.unique(pkey, return_inverse=True)
+        worst = np.full(len(uk), -np.inf)
+        np.maximum.at(worst, inv, owd)
+        path_owd: dict[tuple[int, int], dict[str, float]] = {}
+        names = [s.id for s in fab.switches]
+        for k, sp_i, v in zip(pkey.tolist(), spine.tolist(), owd.tolist(), strict=True):
+            per = path_owd.setdefault((k // n, k % n), {})
+            name = names[sp_i] if sp_i >= 0 else "?"
+            per[name] = max(per.get(name, -np.inf), v)
+        off, unc = self.clock.offsets(now)
+        nic_health = list(self.brain.nic_health())
+        if len(nic_health) != n:
+            nic_health = [Health.UNKNOWN] * n
+        return MeshSnapshot(
+            t_ns=now,
+            fabric=fab,
+            nic_health=tuple(nic_health),
+            worst_in_ns=w_in,
+            worst_out_ns=w_out,
+            owd_src=(uk // n).astype(np.int32),
+            owd_dst=(uk % n).astype(np.int32),
+            owd_ns=worst,
+            clock_offset_ns=off,
+            clock_uncertainty_ns=unc,
+            link_health=dict(self.brain.link_health()),
+            flap_counts=dict(self.brain.flap_counts()),
+            path_owd=path_owd,
+            events=tuple(self.events),
+            gpu=dict(self.gpu_state),
+            control_enabled=None,
+            jobs=None,
+        )
+
+    def history(self, nic: int, window_s: float) -> tuple[F64, F64]:
+        """Return (times in s relative to now, worst in/out delay ns) of ``nic`` over the window.
+
+        Raises IndexError for an unknown NIC index.
+        """
+        if not 0 <= nic < len(self.fabric.nics):
+            raise IndexError(f"no NIC with index {nic}")
+        c, cap = self._hist_count, self.config.history_len
+        idx = (self._hist_head - c + np.arange(c)) % cap
+        t = self._hist_t[idx]
+        rel = (t - self.now_ns) / 1e9
+        keep = rel >= -window_s
+        return rel[keep].astype(np.float64), self._hist_v[idx, nic][keep]
+
+    def set_control(self, enabled: bool) -> None:
+        """Remediation control is not available yet: always raises `ControlUnavailable`."""
+        raise ControlUnavailable("automatic remediation is not available in this controller")
+
+
+def _hop_spine_table(fabric: Fabric) -> npt.NDArray[np.int64]:
+    """Per directed hop: (tier << 32 | switch index) of the link's upper switch."""
+    sidx = {s.id: i for i, s in enumerate(fabric.switches)}
+    out = np.full(2 * len(fabric.links) + 1, -1, np.int64)  # last entry: padding hop -1
+    for lk in fabric.links:
+        node = fabric.node_by_id.get(lk.upper)
+        if node is not None and node.kind != NodeKind.HOST:
+            v = (SWITCH_TIER[node.kind] << 32) | sidx[lk.upper]
+            out[2 * lk.index] = out[2 * lk.index + 1] = v
+    return out
+
+
+def _path_spine(table: npt.NDArray[np.int64], hops: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+    """Switch index of the highest-tier switch each path crosses (-1 if none known)."""
+    if hops.shape[1] == 0:
+        return np.full(hops.shape[0], -1, np.int32)
+    best = table[hops].max(axis=1)  # hop -1 indexes the padding entry (-1)
+    return np.where(best >= 0, best & 0xFFFFFFFF, -1).astype(np.int32)

@@ -1,0 +1,188 @@
+"""Columnar, vectorized state containers for the controller pipeline.
+
+- `KeyIndex`: maps int64 keys to dense slots (growing), with vectorized lookup and insert.
+- `SampleRing`: a fixed-capacity columnar ring buffer of float/int columns (oldest overwritten).
+- `FlowStore`: per flow (src, dst, sport): latest one-way delay and time, the spine it crosses,
+  and a windowed-minimum baseline (propagation) delay, so queueing = owd - baseline.
+
+Nothing here reads a clock: times are passed in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+I64 = NDArray[np.int64]
+F64 = NDArray[np.float64]
+
+
+def flow_key(src: NDArray[Any], dst: NDArray[Any], sport: NDArray[Any], n_nics: int) -> I64:
+    """Return the int64 key of each flow (src, dst, sport) for a fabric with ``n_nics`` NICs."""
+    return (src.astype(np.int64) * n_nics + dst.astype(np.int64)) * 65536 + sport.astype(np.int64)
+
+
+class KeyIndex:
+    """Dense slot numbers for int64 keys, assigned in first-seen order."""
+
+    def __init__(self) -> None:
+        self._keys = np.zeros(0, np.int64)  # sorted
+        self._slots = np.zeros(0, np.int64)  # slot of each sorted key
+        self.size = 0
+
+    def lookup(self, keys: I64) -> I64:
+        """Return the slot of each key, -1 where unknown."""
+        if not self.size:
+            return np.full(len(keys), -1, np.int64)
+        pos = np.searchsorted(self._keys, keys)
+        pos_c = np.minimum(pos, self.size - 1)
+        found = self._keys[pos_c] == keys
+        return np.where(found, self._slots[pos_c], -1)
+
+    def insert(self, keys: I64) -> tuple[I64, int]:
+        """Return (slot of each key, number of new keys), adding unknown keys."""
+        slots = self.lookup(keys)
+        miss = slots < 0
+        if not miss.any():
+            return slots, 0
+        new = np.unique(keys[miss])
+        new_slots = np.arange(self.size, self.size + len(new), dtype=np.int64)
+        allk = np.concatenate([self._keys, new])
+        alls = np.concatenate([self._slots, new_slots])
+        order = np.argsort(allk, kind="stable")
+        self._keys, self._slots = allk[order], alls[order]
+        self.size += len(new)
+        slots[miss] = new_slots[np.searchsorted(new, keys[miss])]
+        return slots, len(new)
+
+    def keys_by_slot(self) -> I64:
+        """Return every key, indexed by its slot."""
+        out = np.empty(self.size, np.int64)
+        out[self._slots] = self._keys
+        return out
+
+
+class SampleRing:
+    """Fixed-capacity ring of named columns; appending past capacity drops the oldest rows."""
+
+    def __init__(self, capacity: int, columns: dict[str, type[np.generic]]) -> None:
+        if capacity < 1:
+            raise ValueError("ring capacity must be >= 1")
+        self.capacity = capacity
+        self._cols = {k: np.zeros(capacity, dt) for k, dt in columns.items()}
+        self._head = 0  # next write position
+        self.count = 0
+
+    def append(self, **cols: NDArray[Any]) -> None:
+        """Append rows (all columns, equal lengths); raises ValueError on a mismatch."""
+        if set(cols) != set(self._cols):
+            raise ValueError(f"ring needs columns {sorted(self._cols)}")
+        n = len(next(iter(cols.values())))
+        if any(len(v) != n for v in cols.values()):
+            raise ValueError("ring columns must have equal lengths")
+        if n == 0:
+            return
+        if n > self.capacity:
+            cols = {k: v[-self.capacity :] for k, v in cols.items()}
+            n = self.capacity
+        idx = (self._head + np.arange(n)) % self.capacity
+        for k, v in cols.items():
+            self._cols[k][idx] = v
+        self._head = (self._head + n) % self.capacity
+        self.count = min(self.capacity, self.count + n)
+
+    def view(self) -> dict[str, NDArray[Any]]:
+        """Return the stored rows, oldest first (copies)."""
+        if self.count < self.capacity:
+            return {k: v[: self.count].copy() for k, v in self._cols.items()}
+        order = np.roll(np.arange(self.capacity), -self._head)
+        return {k: v[order] for k, v in self._cols.items()}
+
+
+class FlowStore:
+    """Latest delay and baseline per flow (src, dst, sport), vectorized.
+
+    The baseline is the minimum delay over the current and the previous baseline bucket
+    (``bucket_ns`` long each), so it follows route changes within two buckets and is not pulled
+    up by a burst of queueing shorter than a bucket.
+    """
+
+    def __init__(self, n_nics: int, bucket_ns: int = 60_000_000_000) -> None:
+        if bucket_ns <= 0:
+            raise ValueError("baseline bucket must be > 0 ns")
+        self.n_nics = n_nics
+        self.bucket_ns = bucket_ns
+        self.index = KeyIndex()
+        self._cap = 0
+        self.src = np.zeros(0, np.int32)
+        self.dst = np.zeros(0, np.int32)
+        self.sport = np.zeros(0, np.int32)
+        self.spine = np.zeros(0, np.int32)
+        self.last_t = np.zeros(0, np.int64)
+        self.last_owd = np.zeros(0, np.float64)
+        self._base_cur = np.zeros(0, np.float64)
+        self._base_prev = np.zeros(0, np.float64)
+        self._bucket_start: int | None = None
+
+    def __len__(self) -> int:
+        return self.index.size
+
+    def _grow(self, need: int) -> None:
+        if need <= self._cap:
+            return
+        cap = max(need, 2 * self._cap, 1024)
+        fills: dict[str, float | int] = {
+            "src": -1,
+            "dst": -1,
+            "sport": -1,
+            "spine": -1,
+            "last_t": np.iinfo(np.int64).min,
+            "last_owd": np.nan,
+            "_base_cur": np.inf,
+            "_base_prev": np.inf,
+        }
+        for name, fill in fills.items():
+            old = getattr(self, name)
+            new = np.full(cap, fill, dtype=old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+        self._cap = cap
+
+    def slots(self, src: I64, dst: I64, sport: I64, spine: NDArray[np.int32]) -> I64:
+        """Return the slot of each flow, adding unknown flows (with their spine)."""
+        keys = flow_key(src, dst, sport, self.n_nics)
+        slots, added = self.index.insert(keys)
+        if added:
+            self._grow(self.index.size)
+            self.src[slots] = src
+            self.dst[slots] = dst
+            self.sport[slots] = sport
+            self.spine[slots] = spine
+        return slots
+
+    def update(self, slots: I64, t_ns: I64, owd_ns: F64, now_ns: int) -> F64:
+        """Record delays (NaN = unknown, skipped) and return queueing delay above the baseline."""
+        if self._bucket_start is None:
+            self._bucket_start = now_ns
+        elif now_ns - self._bucket_start >= self.bucket_ns:
+            self._base_prev = self._base_cur
+            self._base_cur = np.full(self._cap, np.inf)
+            self._bucket_start = now_ns
+        ok = np.isfinite(owd_ns)
+        s, o = slots[ok], owd_ns[ok]
+        self.last_owd[s] = o
+        self.last_t[s] = t_ns[ok]
+        np.minimum.at(self._base_cur, s, o)
+        return owd_ns - self.baseline(slots)
+
+    def baseline(self, slots: I64) -> F64:
+        """Return the baseline delay of each slot (NaN where never measured)."""
+        b = np.minimum(self._base_cur[slots], self._base_prev[slots])
+        return np.where(np.isfinite(b), b, np.nan)
+
+    def live(self, since_ns: int) -> I64:
+        """Return the slots measured at or after ``since_ns``."""
+        n = self.index.size
+        return np.flatnonzero(self.last_t[:n] >= since_ns).astype(np.int64)
