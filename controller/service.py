@@ -1,0 +1,296 @@
+"""``qpmesh controller`` service: MQTT in, `LiveController`, events out (thin asyncio shell).
+
+`load_config` validates a TOML config (fabric shape or fabric JSON file, sync knobs, detection
+thresholds) and raises `ConfigError` with a one-line message. `handle_message` is the pure-ish
+dispatch of one MQTT message onto the live state. `run_service` is the reconnect loop: connect
+with aiomqtt (MQTT 5), subscribe, pump messages, tick periodically, publish events as JSON on
+``<prefix>/events/<kind>``; on `aiomqtt.MqttError` it backs off and reconnects. Every awaited
+broker request has a timeout. Logs are JSON lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import aiomqtt
+
+from controller.clocksync import ClockSyncConfig
+from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
+from controller.fabric.model import Link, Nic, Node, NodeKind
+from controller.live import LiveConfig, LiveController, default_brain
+from controller.mqtt_topics import TopicError, Topics
+from controller.snapshot import MeshEvent
+from prober.records import RecordError, decode_batch
+
+REQUEST_TIMEOUT_S = 10.0
+
+
+class ConfigError(ValueError):
+    """The controller configuration is invalid (one-line message)."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Everything the service needs, validated."""
+
+    fabric: Fabric
+    live: LiveConfig = field(default_factory=LiveConfig)
+    thresholds: Mapping[str, Any] = field(default_factory=dict)
+    tick_s: float = 1.0
+    backoff_s: tuple[float, float] = (0.5, 30.0)
+
+
+def fabric_from_dict(doc: Mapping[str, Any]) -> Fabric:
+    """Rebuild a `Fabric` from `Fabric.to_dict()` output; raises `ConfigError`."""
+    try:
+        nodes = tuple(
+            Node(n["id"], NodeKind(n["kind"]), int(n["index"]), int(n.get("pod", 0)))
+            for n in doc["nodes"]
+        )
+        nics = tuple(
+            Nic(n["id"], int(n["index"]), n["host"], n["leaf"], n["address"], n["group"],
+                int(n.get("port", 0)))
+            for n in doc["nics"]
+        )  # fmt: skip
+        links = tuple(
+            Link(k["id"], int(k["index"]), k["lower"], k["upper"], float(k["capacity_bps"]),
+                 float(k["prop_delay_ns"]))
+            for k in doc["links"]
+        )  # fmt: skip
+        return Fabric(nodes, nics, links, dict(doc.get("shape", {})))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"bad fabric description: {exc}") from None
+
+
+def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfig:
+    """Read and validate a TOML config (None = defaults: a default-shaped fabric).
+
+    Sections: ``[fabric]`` (shape keys of `FabricShape`, or ``file = "fabric.json"``),
+    ``[sync]`` (``window_s``, ``solve_every_s``, ``coded_tol_ns``, ``use_uncoded``),
+    ``[controller]`` (``tick_s``, ``stale_s``, ``max_events``), ``[thresholds]`` (passed to
+    the detection `BrainConfig`). Raises `ConfigError` (one line) on anything invalid.
+    """
+    doc: dict[str, Any] = {}
+    if path is not None:
+        try:
+            doc = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config {path}: {exc}") from None
+        base_dir = base_dir or path.parent
+    known = {"fabric", "sync", "controller", "thresholds"}
+    if extra := set(doc) - known:
+        raise ConfigError(f"unknown config section(s): {', '.join(sorted(extra))}")
+    fab_doc = dict(doc.get("fabric", {}))
+    try:
+        if "file" in fab_doc:
+            fpath = Path(fab_doc.pop("file"))
+            if not fpath.is_absolute() and base_dir is not None:
+                fpath = base_dir / fpath
+            if fab_doc:
+                raise ConfigError("[fabric] takes either file or shape keys, not both")
+            try:
+                fabric = fabric_from_dict(json.loads(fpath.read_text()))
+            except OSError as exc:
+                raise ConfigError(f"cannot read fabric file {fpath}: {exc.strerror}") from None
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"fabric file {fpath}: bad JSON: {exc}") from None
+        else:
+            fabric = build_fabric(FabricShape(**fab_doc))
+        s, c = dict(doc.get("sync", {})), dict(doc.get("controller", {}))
+        sync = ClockSyncConfig(
+            window_ns=int(float(s.pop("window_s", 20.0)) * 1e9),
+            solve_every_ns=int(float(s.pop("solve_every_s", 2.0)) * 1e9),
+            coded_tol_ns=int(s.pop("coded_tol_ns", 2000)),
+            use_uncoded=bool(s.pop("use_uncoded", False)),
+        )
+        live = LiveConfig(
+            sync=sync,
+            stale_ns=int(float(c.pop("stale_s", 10.0)) * 1e9),
+            max_events=int(c.pop("max_events", 200)),
+        )
+        tick_s = float(c.pop("tick_s", 1.0))
+        if leftover := sorted(s) + sorted(c):
+            raise ConfigError(f"unknown config key(s): {', '.join(leftover)}")
+        if not tick_s > 0:
+            raise ConfigError("controller.tick_s must be > 0")
+    except TypeError as exc:
+        raise ConfigError(f"bad config: {exc}") from None
+    except (FabricError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"bad config: {exc}") from None
+    thresholds = dict(doc.get("thresholds", {}))
+    return ServiceConfig(fabric=fabric, live=live, thresholds=thresholds, tick_s=tick_s)
+
+
+def event_json(ev: MeshEvent) -> bytes:
+    """Return the JSON payload of an event."""
+    return json.dumps(
+        {
+            "t_ns": ev.t_ns,
+            "kind": ev.kind,
+            "target": ev.target,
+            "detail": ev.detail,
+            "severity": ev.severity,
+            "flows": [list(f) for f in ev.flows],
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+class JsonLog:
+    """Structured log: one JSON object per line on ``stream``; time passed in by the caller."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def __call__(self, t_ns: int, msg: str, **fields: Any) -> None:
+        self.stream.write(json.dumps({"t_ns": t_ns, "msg": msg, **fields}, default=str) + "\n")
+        self.stream.flush()
+
+
+def handle_message(
+    live: LiveController, topics: Topics, topic: str, payload: bytes, now_ns: int
+) -> str:
+    """Apply one MQTT message to ``live``; return a short outcome (for counters and logs).
+
+    Outcomes: ``probes``, ``duplicate``, ``presence``, ``health``, ``ignored``; malformed
+    payloads return ``bad:<reason>`` instead of raising.
+    """
+    try:
+        kind, host = topics.parse(topic)
+    except TopicError:
+        return "ignored"
+    try:
+        if kind == "probes":
+            n = live.ingest_batch(decode_batch(payload), now_ns)
+            return "probes" if n else "duplicate"
+        if kind == "presence":
+            doc = json.loads(payload) if payload else {"alive": False}
+            alive = doc.get("alive")
+            if not isinstance(alive, bool):
+                return "bad:presence needs a boolean alive"
+            live.presence(host, alive, now_ns)
+            return "presence"
+        if kind == "health":
+            doc = json.loads(payload)
+            ok = doc.get("gpu_ok", True)
+            present = doc.get("present", True)
+            detail = str(doc.get("detail", ""))
+            if not isinstance(ok, bool) or not isinstance(present, bool):
+                return "bad:health needs boolean gpu_ok/present"
+            live.gpu(host, ok, detail, now_ns, present=present)
+            return "health"
+    except RecordError as exc:
+        return f"bad:{exc}"
+    except (ValueError, AttributeError) as exc:
+        return f"bad:{type(exc).__name__}: {exc}"
+    return "ignored"
+
+
+async def _ticker(
+    client: aiomqtt.Client,
+    live: LiveController,
+    topics: Topics,
+    tick_s: float,
+    clock: Callable[[], int],
+    log: JsonLog,
+) -> None:
+    while True:
+        await asyncio.sleep(tick_s)
+        now = clock()
+        for ev in live.tick(now):
+            log(now, "event", kind=ev.kind, target=ev.target, detail=ev.detail)
+            await asyncio.wait_for(
+                client.publish(topics.events(ev.kind), event_json(ev), qos=1),
+                REQUEST_TIMEOUT_S,
+            )
+
+
+async def serve_once(
+    host: str,
+    port: int,
+    live: LiveController,
+    topics: Topics,
+    *,
+    share: str | None,
+    tick_s: float,
+    clock: Callable[[], int],
+    log: JsonLog,
+    counters: dict[str, int],
+) -> None:
+    """One connection's lifetime: subscribe, pump messages, tick; raises `aiomqtt.MqttError`."""
+    async with aiomqtt.Client(
+        host, port, protocol=aiomqtt.ProtocolVersion.V5, timeout=REQUEST_TIMEOUT_S
+    ) as client:
+        for flt in (
+            topics.subscription("probes", share),
+            topics.subscription("presence"),
+            topics.subscription("health"),
+        ):
+            await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
+        log(clock(), "connected", broker=f"{host}:{port}")
+        tick = asyncio.create_task(_ticker(client, live, topics, tick_s, clock, log))
+        try:
+            async for msg in client.messages:
+                if tick.done():
+                    tick.result()  # re-raise the ticker's error
+                payload = msg.payload if isinstance(msg.payload, bytes) else b""
+                out = handle_message(live, topics, str(msg.topic), payload, clock())
+                key = "bad" if out.startswith("bad:") else out
+                counters[key] = counters.get(key, 0) + 1
+                if key == "bad":
+                    log(clock(), "bad message", topic=str(msg.topic), reason=out[4:])
+        finally:
+            tick.cancel()
+            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError, TimeoutError):
+                await tick
+
+
+async def run_service(
+    host: str,
+    port: int,
+    config: ServiceConfig,
+    topics: Topics,
+    *,
+    share: str | None = None,
+    log: JsonLog,
+    live: LiveController | None = None,
+    clock: Callable[[], int] = time.time_ns,
+    max_attempts: int | None = None,
+) -> LiveController:
+    """Run until cancelled, reconnecting with exponential backoff on broker errors.
+
+    ``max_attempts`` bounds the connection attempts (tests); returns the live state then.
+    """
+    if live is None:
+        live = LiveController(
+            config.fabric, config.live, brain=default_brain(config.fabric, config.thresholds)
+        )
+    counters: dict[str, int] = {}
+    delay, cap = config.backoff_s
+    attempts = 0
+    while max_attempts is None or attempts < max_attempts:
+        attempts += 1
+        try:
+            await serve_once(
+                host, port, live, topics,
+                share=share, tick_s=config.tick_s, clock=clock, log=log, counters=counters,
+            )  # fmt: skip
+        except (aiomqtt.MqttError, TimeoutError) as exc:
+            log(clock(), "broker error", error=str(exc), retry_in_s=delay, counters=counters)
+            await asyncio.sleep(delay)
+            delay = min(cap, delay * 2)
+            continue
+        delay = config.backoff_s[0]
+    return live

@@ -1,0 +1,57 @@
+"""``qpmesh controller``: run the controller service against an MQTT broker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from controller.mqtt_topics import DEFAULT_PREFIX, Topics
+from controller.service import ConfigError, JsonLog, load_config, run_service
+
+
+def parse_broker(url: str) -> tuple[str, int]:
+    """Return (host, port) of ``mqtt://HOST[:PORT]``; raises `ConfigError`."""
+    parts = urlsplit(url)
+    if parts.scheme != "mqtt" or not parts.hostname:
+        raise ConfigError(f"broker must look like mqtt://HOST:PORT, got {url!r}")
+    try:
+        port = parts.port or 1883
+    except ValueError:
+        raise ConfigError(f"bad broker port in {url!r}") from None
+    return parts.hostname, port
+
+
+def _run(args: argparse.Namespace) -> int:
+    host, port = parse_broker(args.broker)
+    config = load_config(Path(args.config) if args.config else None)
+    topics = Topics(args.prefix)
+    log_stream = open(args.log, "a") if args.log else sys.stderr  # noqa: SIM115
+    try:
+        asyncio.run(
+            run_service(host, port, config, topics, share=args.share, log=JsonLog(log_stream))
+        )
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if args.log:
+            log_stream.close()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``qpmesh controller``."""
+    p = sub.add_parser(
+        "controller",
+        help="run the controller: ingest probes from MQTT, sync clocks, detect, publish events",
+        description="Subscribe to probe batches, presence and health on an MQTT broker; "
+        "publish findings on <prefix>/events/<kind>; log JSON lines.",
+    )
+    p.add_argument("--broker", required=True, help="broker URL, mqtt://HOST:PORT")
+    p.add_argument("--config", help="TOML config (fabric, sync, controller, thresholds)")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic prefix (default %(default)s)")
+    p.add_argument("--share", help="shared-subscription group for probes (split load)")
+    p.add_argument("--log", help="append JSON-lines log here (default stderr)")
+    p.set_defaults(func=_run)
