@@ -3,6 +3,7 @@
 - `Datagram`: something to send (destination, bytes, `SendMeta` describing it).
 - `ProbeResult`: a completed round trip with its four timestamps.
 - `ProbeLost`: a probe with no complete reply before its timeout, with its path.
+- `TraceReached`: a path-discovery probe got an answer from its destination.
 - `results_to_batch`: many results/losses -> one columnar `prober.records.ProbeBatch`.
 
 All are frozen and validated on construction (`ValueError` on bad values).
@@ -117,7 +118,19 @@ class ProbeLost:
         _check_path(self.src, self.dst, self.sport, self.seq, self.pair_id, self.pair_pos)
 
 
-ProbeEvent = ProbeResult | ProbeLost
+@dataclass(frozen=True, slots=True)
+class TraceReached:
+    """A path-discovery probe (``seq``) reached its destination NIC (hash ``sender``).
+
+    ``rx_ns`` is the initiator's receive stamp of the reply. See `prober.pathdisc`.
+    """
+
+    seq: int
+    sender: int
+    rx_ns: int
+
+
+ProbeEvent = ProbeResult | ProbeLost | TraceReached
 
 
 def results_to_batch(
@@ -130,6 +143,8 @@ def results_to_batch(
     batch_seq: int = 0,
 ) -> ProbeBatch:
     """Return a `ProbeBatch` holding ``events`` in order (losses have ``lost`` set).
+
+    `TraceReached` events are not probe records and are skipped.
 
     ``nic_ids`` seeds the string table (stable indices across batches); NICs not in it are
     appended in first-seen order. Raises `prober.records.RecordError` on invalid columns.
@@ -149,7 +164,7 @@ def results_to_batch(
         if isinstance(ev, ProbeResult):
             rows.append((ev.seq, idx(ev.src), idx(ev.dst), ev.sport, ev.pair_id, ev.pair_pos,
                          ev.t1, ev.t2, ev.t3, ev.t4, 0))  # fmt: skip
-        else:
+        elif isinstance(ev, ProbeLost):
             rows.append((ev.seq, idx(ev.src), idx(ev.dst), ev.sport, ev.pair_id, ev.pair_pos,
                          ev.t1, MISSING, MISSING, MISSING, 1))  # fmt: skip
     names = ("seq", "src", "dst", "sport", "pair", "pos", "t1", "t2", "t3", "t4", "lost")

@@ -32,6 +32,7 @@ from prober.events import (
     ProbeLost,
     ProbeResult,
     SendMeta,
+    TraceReached,
 )
 from prober.records import MISSING
 from prober.wire import Codec, Message, MsgType, WireError, nic_hash
@@ -62,6 +63,7 @@ class _Queued:
     sport: int
     pair_id: int
     pair_pos: int
+    spacing_ns: int = -1  # first of a coded pair: queue the second this long after sending
 
     def __lt__(self, other: _Queued) -> bool:
         return (self.at_ns, self.order) < (other.at_ns, other.order)
@@ -113,6 +115,7 @@ class ProbeSession:
         self._deadlines: deque[tuple[int, int, int]] = deque()  # (deadline, seq, sent_ns)
         self._await_tx: dict[int, _AwaitTx] = {}
         self._reply_token = 0
+        self._trace_seq = 0
 
     # ---- initiator: scheduling and sending -------------------------------------------------
 
@@ -128,13 +131,18 @@ class ProbeSession:
     def queue_pair(
         self, dst: str, dest: Address, sport: int, at_ns: int, spacing_ns: int = 20_000
     ) -> int:
-        """Schedule a coded pair (two probes ``spacing_ns`` apart, same path); return its id."""
+        """Schedule a coded pair (two probes ``spacing_ns`` apart, same path); return its id.
+
+        The second probe is due ``spacing_ns`` after the first is actually handed out (by
+        `next_datagrams`), so a late first probe does not shrink the spacing.
+        """
         if spacing_ns < 0:
             raise ValueError("spacing_ns must be >= 0")
         pair_id = self._pair
         self._pair = (self._pair + 1) & 0x7FFFFFFF
-        self.queue_probe(dst, dest, sport, at_ns, pair_id, 0)
-        self.queue_probe(dst, dest, sport, at_ns + spacing_ns, pair_id, 1)
+        self._order += 1
+        first = _Queued(at_ns, self._order, dst, dest, sport, pair_id, 0, spacing_ns)
+        heapq.heappush(self._queue, first)
         return pair_id
 
     def send_probe(self, dst: str, dest: Address, sport: int, now_ns: int) -> list[Datagram]:
@@ -150,6 +158,11 @@ class ProbeSession:
             dgram = self._make_probe(q, now_ns)
             if dgram is not None:
                 out.append(dgram)
+            if q.spacing_ns >= 0:
+                self._order += 1
+                second = _Queued(now_ns + q.spacing_ns, self._order, q.dst, q.dest, q.sport,
+                                 q.pair_id, 1)  # fmt: skip
+                heapq.heappush(self._queue, second)
         return out
 
     def _make_probe(self, q: _Queued, now_ns: int) -> Datagram | None:
@@ -164,6 +177,19 @@ class ProbeSession:
         self._deadlines.append((now_ns + self.timeout_ns, seq, now_ns))
         meta = SendMeta(seq, MsgType.PROBE, self.nic_id, q.dst, q.sport, seq, q.pair_id, q.pair_pos)
         return Datagram(q.dest, self.codec.encode(msg), meta)
+
+    def trace_probe(self, dst: str, dest: Address, sport: int) -> Datagram:
+        """Return a path-discovery PROBE (TRACE flag) to ``dst``; its seq is in ``meta.seq``.
+
+        Trace probes have their own sequence space, are not tracked for loss, and the responder
+        answers them with a one-step REPLY that `receive` turns into `TraceReached`. The
+        caller sends it with a limited IP TTL (see `prober.pathdisc`).
+        """
+        seq = self._trace_seq
+        self._trace_seq = (seq + 1) & 0xFFFFFFFF
+        msg = Message(MsgType.PROBE, self.nic, nic_hash(dst), seq, pad=self.pad, trace=True)
+        meta = SendMeta(NO_TOKEN, MsgType.PROBE, self.nic_id, dst, sport, seq)
+        return Datagram(dest, self.codec.encode(msg), meta)
 
     def next_deadline_ns(self) -> int | None:
         """Return the earliest time something is due (a queued probe or a timeout), or None."""
@@ -230,6 +256,8 @@ class ProbeSession:
         if msg.mtype is MsgType.PROBE:
             self._answer(msg, src, rx_stamp_ns, now_ns)
             return []
+        if msg.trace:
+            return [TraceReached(msg.seq, msg.sender, rx_stamp_ns)]
         p = self._pending.get(msg.seq)
         if p is None:
             self.counters["unmatched"] += 1
@@ -261,9 +289,9 @@ class ProbeSession:
 
     def _answer(self, msg: Message, src: Address, rx_stamp_ns: int, now_ns: int) -> None:
         t2 = rx_stamp_ns
-        if self.one_step:
+        if self.one_step or msg.trace:
             reply = Message(MsgType.REPLY, self.nic, msg.sender, msg.seq, msg.pair_id,
-                            msg.pair_pos, t2, max(now_ns, t2), t3_final=True, pad=msg.pad)  # fmt: skip
+                            msg.pair_pos, t2, max(now_ns, t2), True, msg.pad, msg.trace)  # fmt: skip
             token = NO_TOKEN
         else:
             if len(self._await_tx) >= self.max_pending:

@@ -7,7 +7,8 @@ Pure bytes <-> values; no I/O, no clocks. Every datagram has the same 48-byte bo
          2    1 version    1
          3    1 type       MsgType (PROBE=1, REPLY=2, FOLLOW_UP=3)
          4    1 flags      bit0 AUTH (16-byte HMAC-SHA256 tag at the end),
-                           bit1 T3_FINAL (REPLY already carries the final t3)
+                           bit1 T3_FINAL (REPLY already carries the final t3),
+                           bit2 TRACE (path-discovery probe / its reply, see `prober.pathdisc`)
          5    1 pair_pos   position in a coded pair (0 or 1; 0 when not coded)
          6    2 reserved   must be 0
          8    8 sender     `nic_hash` of the sending NIC id
@@ -42,7 +43,8 @@ TAG_LEN = 16
 MAX_PAD = 8192
 FLAG_AUTH = 0x01
 FLAG_T3_FINAL = 0x02
-_KNOWN_FLAGS = FLAG_AUTH | FLAG_T3_FINAL
+FLAG_TRACE = 0x04
+_KNOWN_FLAGS = FLAG_AUTH | FLAG_T3_FINAL | FLAG_TRACE
 _BODY = struct.Struct("!HBBBBHQQIiqq")
 BODY_LEN = _BODY.size  # 48
 _U64 = (1 << 64) - 1
@@ -128,6 +130,7 @@ class Message:
     tb: int = 0
     t3_final: bool = False
     pad: int = 0
+    trace: bool = False
 
     def __post_init__(self) -> None:
         if not (0 <= self.sender <= _U64 and 0 <= self.peer <= _U64):
@@ -146,8 +149,8 @@ class Message:
             raise BadFieldError("PROBE carries no timestamps")
         if self.mtype is MsgType.REPLY and not self.t3_final and self.tb:
             raise BadFieldError("two-step REPLY must not carry t3")
-        if self.mtype is MsgType.FOLLOW_UP and self.t3_final:
-            raise BadFieldError("FOLLOW_UP does not use T3_FINAL")
+        if self.mtype is MsgType.FOLLOW_UP and (self.t3_final or self.trace):
+            raise BadFieldError("FOLLOW_UP uses neither T3_FINAL nor TRACE")
 
 
 class Codec:
@@ -189,7 +192,14 @@ class Codec:
         return body
 
     def pack_probe_into(
-        self, buf: bytearray, sender: int, peer: int, seq: int, pair_id: int = -1, pair_pos: int = 0
+        self,
+        buf: bytearray,
+        sender: int,
+        peer: int,
+        seq: int,
+        pair_id: int = -1,
+        pair_pos: int = 0,
+        trace: bool = False,
     ) -> int:
         """Write an untagged PROBE into ``buf`` (hot path, no allocation); return its length.
 
@@ -235,5 +245,6 @@ class Codec:
         if pad and any(bytes(data[BODY_LEN:end])):
             raise BadFieldError("non-zero padding")
         return Message(
-            MsgType(mtype), sender, peer, seq, pair, pos, ta, tb, bool(flags & FLAG_T3_FINAL), pad
-        )
+            MsgType(mtype), sender, peer, seq, pair, pos, ta, tb,
+            bool(flags & FLAG_T3_FINAL), pad, bool(flags & FLAG_TRACE),
+        )  # fmt: skip

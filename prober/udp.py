@@ -1,0 +1,316 @@
+"""UDP transport for one NIC: a thin asyncio shell around a `ProbeSession`.
+
+Sockets, RoCEv2-shaped (5-tuple: NIC address, peer address, UDP, source port, dport 4791):
+
+- one *responder* socket bound to (NIC address, ``dport``): probes arrive there and replies /
+  follow-ups leave from it back to the sender's (address, source port);
+- one *initiator* socket per source port, bound to (NIC address, sport), in a pool keyed by
+  port. Why a socket per port: the kernel takes the source port from the bound socket (neither
+  ``sendto`` nor ``IP_PKTINFO`` can choose it), raw sockets would need CAP_NET_RAW and lose the
+  kernel's UDP handling and per-socket TX stamps, and the schedule uses one fixed set of ~80
+  ports per NIC (`prober.schedule`), so the pool is ~80 file descriptors per NIC. The replies
+  and the ICMP errors of path discovery come back to the same socket, which keeps the 5-tuple
+  of probe, reply and TTL-limited trace identical.
+
+All sockets use ``SO_BINDTODEVICE`` when ``device`` is given, and SO_TIMESTAMPING
+(`prober.timestamping`): hardware when the NIC supports it, software otherwise; without stamps
+(``timestamping=False``) the user-space clock is used (`StampSource.USER`). ``stamp_counts``
+tells which stamps were actually seen. Every stamp and every "now" goes through ``clock``
+(kernel/realtime ns -> this NIC's clock; identity in production, a virtual clock with known
+offset/drift in the testbed).
+
+Errors from the OS at setup raise `UdpError`; at run time they are counted, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from prober.events import Datagram, ProbeEvent
+from prober.session import ProbeSession
+from prober.timestamping import (
+    ANC_BUFSIZE,
+    IP_TTL,
+    SO_BINDTODEVICE,
+    SO_EE_ORIGIN_ICMP,
+    SO_EE_ORIGIN_TIMESTAMPING,
+    SOL_IP,
+    ExtendedErr,
+    StampSource,
+    enable_timestamping,
+    parse_extended_err,
+    parse_stamp,
+)
+
+ROCE_DPORT = 4791
+_MAX_TOKENS = 65536
+
+
+class UdpError(OSError):
+    """Setting up the UDP transport failed (bind, device, socket options)."""
+
+
+IcmpHandler = Callable[[int, ExtendedErr, bytes, int], None]
+"""Called as handler(sport, error, quoted_payload, now_ns) for each ICMP error (path discovery)."""
+
+
+def _identity(ns: int) -> int:
+    return ns
+
+
+@dataclass(slots=True)
+class _Sock:
+    sock: socket.socket
+    port: int
+    sent: int = 0  # OPT_ID: the kernel numbers this socket's sends from 0
+    tokens: dict[int, int] = field(default_factory=dict)
+
+
+class UdpEndpoint:
+    """Carry one NIC's `ProbeSession` over UDP; use as ``async with`` or `open` / `close`.
+
+    ``clock`` maps kernel/realtime ns to the NIC's clock; ``realtime`` reads the host clock
+    (``time.time_ns``, the clock software stamps use). ``on_events`` receives completed results
+    and losses (default: kept for `take_events`); ``on_icmp`` receives ICMP errors.
+    ``spin_ns``: deadlines closer than this are busy-waited so coded pairs keep their 20 µs
+    spacing (asyncio timers are millisecond-grained).
+    """
+
+    def __init__(
+        self,
+        session: ProbeSession,
+        addr: str,
+        *,
+        device: str | None = None,
+        dport: int = ROCE_DPORT,
+        sports: Iterable[int] = (),
+        timestamping: bool = True,
+        want_hw: bool = True,
+        clock: Callable[[int], int] = _identity,
+        realtime: Callable[[], int] = time.time_ns,
+        on_events: Callable[[list[ProbeEvent]], None] | None = None,
+        on_icmp: IcmpHandler | None = None,
+        spin_ns: int = 300_000,
+    ) -> None:
+        self.session = session
+        self.addr = addr
+        self.device = device
+        self.dport = dport
+        self.timestamping = timestamping
+        self.want_hw = want_hw
+        self.clock = clock
+        self.realtime = realtime
+        self.on_icmp = on_icmp
+        self.spin_ns = spin_ns
+        self.counters: Counter[str] = Counter()
+        self.stamp_counts: Counter[str] = Counter()
+        self.stamp_source = StampSource.USER
+        self._on_events = on_events
+        self._events: list[ProbeEvent] = []
+        self._initial_sports = tuple(sports)
+        self._responder: _Sock | None = None
+        self._pool: dict[int, _Sock] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._closed = False
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open the responder socket and the initial source-port pool; raise `UdpError`."""
+        self._loop = asyncio.get_running_loop()
+        self._responder = self._open_socket(self.dport)
+        self.dport = self._responder.port
+        for port in self._initial_sports:
+            self.add_source_port(port)
+
+    def close(self) -> None:
+        """Close every socket (idempotent)."""
+        self._closed = True
+        self._wake.set()
+        for st in [*self._pool.values(), *([self._responder] if self._responder else [])]:
+            if self._loop is not None:
+                self._loop.remove_reader(st.sock.fileno())
+            st.sock.close()
+        self._pool.clear()
+        self._responder = None
+
+    async def __aenter__(self) -> UdpEndpoint:
+        self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open_socket(self, port: int) -> _Sock:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            if self.device:
+                sock.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, self.device.encode())
+            sock.bind((self.addr, port))
+            if self.timestamping:
+                self.stamp_source = enable_timestamping(sock, self.device, self.want_hw)
+            else:
+                self.stamp_source = StampSource.USER
+                sock.setsockopt(SOL_IP, 11, 1)  # IP_RECVERR still wanted for path discovery
+        except OSError as exc:
+            sock.close()
+            raise UdpError(
+                exc.errno, f"UDP socket {self.addr}:{port} ({self.device}): {exc}"
+            ) from exc
+        st = _Sock(sock, sock.getsockname()[1])
+        assert self._loop is not None
+        self._loop.add_reader(sock.fileno(), self._on_readable, st)
+        return st
+
+    def add_source_port(self, port: int) -> int:
+        """Open (if needed) the initiator socket for ``port`` (0: any free) and return its port."""
+        if port and port in self._pool:
+            return port
+        st = self._open_socket(port)
+        self._pool[st.port] = st
+        return st.port
+
+    @property
+    def source_ports(self) -> tuple[int, ...]:
+        """Return the source ports of the open initiator sockets."""
+        return tuple(self._pool)
+
+    # ---- sending -----------------------------------------------------------------------------
+
+    def now_ns(self) -> int:
+        """Return the current time in this NIC's clock."""
+        return self.clock(self.realtime())
+
+    def flush(self) -> None:
+        """Send every datagram the session has due now."""
+        for dgram in self.session.next_datagrams(self.now_ns()):
+            self.send(dgram)
+
+    def send(self, dgram: Datagram, ttl: int | None = None) -> bool:
+        """Send one datagram from the socket its meta names; return False if the OS refused.
+
+        ``ttl`` sets IP_TTL for this send only (path discovery).
+        """
+        sport = dgram.meta.sport
+        try:
+            st = self._pool.get(sport) if sport else self._responder
+            if st is None:
+                st = self._pool[self.add_source_port(sport)]
+            if ttl is not None:
+                st.sock.setsockopt(SOL_IP, IP_TTL, ttl)
+            try:
+                st.sock.sendto(dgram.data, dgram.dest)
+            finally:
+                if ttl is not None:
+                    st.sock.setsockopt(SOL_IP, IP_TTL, 64)
+        except OSError as exc:
+            self.counters[f"send_error_{type(exc).__name__}"] += 1
+            return False
+        if self.timestamping:
+            if dgram.meta.wants_tx_stamp:
+                st.tokens[st.sent] = dgram.meta.token
+                if len(st.tokens) > _MAX_TOKENS:
+                    del st.tokens[next(iter(st.tokens))]
+                    self.counters["tx_token_evicted"] += 1
+            st.sent += 1
+        elif dgram.meta.wants_tx_stamp:
+            self.stamp_counts[StampSource.USER] += 1
+            self._deliver(self.session.on_tx_stamp(dgram.meta.token, self.now_ns()))
+        return True
+
+    # ---- receiving ---------------------------------------------------------------------------
+
+    def _on_readable(self, st: _Sock) -> None:
+        events: list[ProbeEvent] = []
+        self._drain_errqueue(st, events)
+        sock = st.sock
+        while True:
+            try:
+                data, anc, _, src = sock.recvmsg(4096, ANC_BUFSIZE)
+            except BlockingIOError:
+                break
+            except OSError as exc:  # e.g. ECONNREFUSED surfaced by IP_RECVERR: details queued
+                self.counters[f"recv_error_{type(exc).__name__}"] += 1
+                self._drain_errqueue(st, events)
+                continue
+            now = self.now_ns()
+            stamp = parse_stamp(anc) if self.timestamping else None
+            if stamp is None:
+                rx, source = now, StampSource.USER
+            else:
+                rx, source = self.clock(stamp[0]), stamp[1]
+            self.stamp_counts[source] += 1
+            events += self.session.receive(data, (src[0], src[1]), rx, now)
+        self._deliver(events)
+        if not self._closed:
+            self.flush()
+
+    def _drain_errqueue(self, st: _Sock, events: list[ProbeEvent]) -> None:
+        while True:
+            try:
+                data, anc, _, _ = st.sock.recvmsg(4096, ANC_BUFSIZE, socket.MSG_ERRQUEUE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self.counters[f"errqueue_error_{type(exc).__name__}"] += 1
+                return
+            err = parse_extended_err(anc)
+            if err is None:
+                self.counters["errqueue_unknown"] += 1
+            elif err.origin == SO_EE_ORIGIN_TIMESTAMPING:
+                token = st.tokens.pop(err.data, None)
+                stamp = parse_stamp(anc)
+                if token is not None and stamp is not None:
+                    self.stamp_counts[stamp[1]] += 1
+                    events += self.session.on_tx_stamp(token, self.clock(stamp[0]))
+            elif err.origin == SO_EE_ORIGIN_ICMP:
+                self.counters["icmp_errors"] += 1
+                if self.on_icmp is not None:
+                    self.on_icmp(st.port, err, data, self.now_ns())
+            else:
+                self.counters["errqueue_other"] += 1
+
+    def _deliver(self, events: list[ProbeEvent]) -> None:
+        if not events:
+            return
+        if self._on_events is not None:
+            self._on_events(events)
+        else:
+            self._events += events
+
+    def take_events(self) -> list[ProbeEvent]:
+        """Return and forget the events collected so far (when no ``on_events`` was given)."""
+        out, self._events = self._events, []
+        return out
+
+    # ---- timer loop --------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Tell `run` that the session has new work (after ``queue_probe`` and friends)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Send due probes, report timeouts, until `close`. Spins for near deadlines."""
+        while not self._closed:
+            self._deliver(self.session.poll(self.now_ns()))
+            self.flush()
+            deadline = self.session.next_deadline_ns()
+            wait = 1.0
+            if deadline is not None:
+                gap = deadline - self.now_ns()
+                if gap <= self.spin_ns:
+                    while self.now_ns() < deadline:
+                        pass
+                    continue
+                wait = min(wait, (gap - self.spin_ns) / 1e9)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.0))

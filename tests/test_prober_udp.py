@@ -1,0 +1,129 @@
+"""UDP transport on loopback: real sockets, real kernel software timestamps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from prober.events import ProbeEvent, ProbeLost, ProbeResult
+from prober.session import ProbeSession
+from prober.timestamping import ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, ExtendedErr, StampSource
+from prober.udp import UdpEndpoint, UdpError
+from prober.wire import Codec
+
+LO = "127.0.0.1"
+KEY = b"u" * 32
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.events: list[ProbeEvent] = []
+        self.changed = asyncio.Event()
+
+    def __call__(self, events: list[ProbeEvent]) -> None:
+        self.events += events
+        self.changed.set()
+
+    async def wait_for(self, n: int, timeout: float = 5.0) -> list[ProbeEvent]:
+        async def _wait() -> None:
+            while len(self.events) < n:
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(_wait(), timeout)
+        return self.events
+
+
+@contextlib.asynccontextmanager
+async def endpoint(
+    nic: str,
+    collector: Collector | None = None,
+    clock: Callable[[int], int] = lambda ns: ns,
+    **kw: object,
+) -> AsyncIterator[UdpEndpoint]:
+    session = ProbeSession(nic, Codec(KEY), timeout_ns=300_000_000)
+    ep = UdpEndpoint(session, LO, dport=0, clock=clock, on_events=collector, **kw)  # type: ignore[arg-type]
+    ep.open()
+    task = asyncio.create_task(ep.run())
+    try:
+        yield ep
+    finally:
+        ep.close()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_loopback_round_trip_has_ordered_software_stamps() -> None:
+    got = Collector()
+    async with endpoint("nicA", got) as a, endpoint("nicB") as b:
+        sport = a.add_source_port(0)
+        for _ in range(20):
+            a.session.queue_probe("nicB", (LO, b.dport), sport, a.now_ns())
+        a.wake()
+        events = await got.wait_for(20)
+    results = [e for e in events if isinstance(e, ProbeResult)]
+    assert len(results) == 20
+    for r in results:
+        assert (r.src, r.dst, r.sport) == ("nicA", "nicB", sport)
+        assert 0 < r.t1 <= r.t2 <= r.t3 <= r.t4  # one clock on loopback: fully ordered
+        assert r.rtt_ns < 50_000_000
+    assert a.stamp_source is StampSource.SW and b.stamp_source is StampSource.SW
+    assert a.stamp_counts[StampSource.SW] >= 40 and not a.stamp_counts[StampSource.USER]
+    assert b.stamp_counts[StampSource.SW] >= 40 and not b.stamp_counts[StampSource.USER]
+    assert not a.session.counters and not b.session.counters
+
+
+async def test_coded_pair_keeps_spacing_and_clock_hook_applies() -> None:
+    got = Collector()
+    offset = 1_000_000_000  # B's virtual clock runs 1 s ahead
+    async with endpoint("nicA", got) as a, endpoint("nicB", clock=lambda ns: ns + offset) as b:
+        sport = a.add_source_port(0)
+        pid = a.session.queue_pair("nicB", (LO, b.dport), sport, a.now_ns(), spacing_ns=20_000)
+        a.wake()
+        events = await got.wait_for(2)
+    r0, r1 = sorted((e for e in events if isinstance(e, ProbeResult)), key=lambda r: r.pair_pos)
+    assert (r0.pair_id, r1.pair_id, r0.pair_pos, r1.pair_pos) == (pid, pid, 0, 1)
+    assert 20_000 <= r1.t1 - r0.t1 < 5_000_000
+    assert offset < r0.t2 - r0.t1 < offset + 50_000_000  # t2 in B's (virtual) clock
+    assert offset < r0.t3 - r0.t4 + 50_000_000
+
+
+async def test_no_listener_gives_icmp_error_and_loss() -> None:
+    got = Collector()
+    icmp: list[tuple[int, ExtendedErr]] = []
+    async with endpoint("nicA", got, on_icmp=lambda p, e, d, n: icmp.append((p, e))) as a:
+        async with endpoint("nicB") as b:
+            dead = b.dport
+        sport = a.add_source_port(0)
+        a.session.queue_probe("nicB", (LO, dead), sport, a.now_ns())
+        a.wake()
+        (lost,) = await got.wait_for(1)
+    assert isinstance(lost, ProbeLost) and (lost.dst, lost.sport) == ("nicB", sport)
+    assert lost.t1 > 0  # TX stamp arrived before the loss was declared
+    (port, err) = icmp[0]
+    assert port == sport and err.offender == LO
+    assert (err.icmp_type, err.icmp_code) == (ICMP_DEST_UNREACH, ICMP_PORT_UNREACH)
+
+
+async def test_without_timestamping_uses_user_clock() -> None:
+    got = Collector()
+    async with endpoint("nicA", got, timestamping=False) as a, endpoint("nicB") as b:
+        sport = a.add_source_port(0)
+        a.session.queue_probe("nicB", (LO, b.dport), sport, a.now_ns())
+        a.wake()
+        (r,) = await got.wait_for(1)
+    assert isinstance(r, ProbeResult) and r.t1 <= r.t4
+    assert (
+        a.stamp_source is StampSource.USER and a.stamp_counts[StampSource.USER] == 3
+    )  # TX, REPLY, FOLLOW_UP
+
+
+async def test_bad_bind_raises_udp_error() -> None:
+    ep = UdpEndpoint(ProbeSession("x"), "192.0.2.77", dport=0)
+    with pytest.raises(UdpError):
+        ep.open()
+    ep.close()
