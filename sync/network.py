@@ -84,6 +84,31 @@ def _solve(
     return x
 
 
+def _flag(
+    n: int,
+    i: I64,
+    j: I64,
+    resid: F64,
+    w0: F64,
+    flagged: BoolArray,
+    flag_sigma: float,
+    flag_min_ns: float,
+) -> BoolArray:
+    """Edges over threshold that were flagged already, plus new over-threshold edges whose
+    normalized residual is the largest among the over-threshold edges at both endpoints (a bad
+    edge drags its neighbours' residuals up too; only the culprit is flagged per round)."""
+    z = np.abs(resid) * np.sqrt(w0)
+    scale = 1.4826 * float(np.median(z[~flagged])) if (~flagged).any() else 0.0
+    over = np.abs(resid) > np.maximum(flag_min_ns, flag_sigma * scale / np.sqrt(w0))
+    cand = over & ~flagged
+    zc = np.where(cand, z, 0.0)
+    node_max = np.zeros(n)
+    np.maximum.at(node_max, i, zc)
+    np.maximum.at(node_max, j, zc)
+    local = cand & (zc >= node_max[i]) & (zc >= node_max[j])
+    return np.asarray((flagged & over) | local)
+
+
 def solve_network(
     n_nodes: int,
     edges: ArrayLike,
@@ -97,7 +122,7 @@ def solve_network(
     flag_sigma: float = 5.0,
     flag_min_ns: float = 20.0,
     downweight: float = 1e-4,
-    max_rounds: int = 5,
+    max_rounds: int = 10,
     rtol: float = 1e-10,
 ) -> NetworkSolution:
     """Weighted least-squares node offsets (and drifts) from pair estimates.
@@ -108,8 +133,10 @@ def solve_network(
     holds ``ref`` (and the lowest node of every other component) at 0; ``pin="mean"`` gives
     every component zero mean. After each solve, an edge is flagged when
     ``|residual| > max(flag_min_ns, flag_sigma * robust_sigma * std_e)`` where ``std_e`` is
-    ``1/sqrt(w_e)`` and robust_sigma the MAD scale of the normalized residuals; flagged edges
-    get ``downweight`` times their weight and the solve repeats (at most ``max_rounds``).
+    ``1/sqrt(w_e)`` and robust_sigma the MAD scale of the normalized residuals; per round only
+    edges that are the worst at both endpoints are newly flagged. Flagged edges get
+    ``downweight`` times their weight and the solve repeats until the flags settle (at most
+    ``max_rounds`` solves; ``iterations`` reports how many).
     Node offset std is the effective-resistance approximation ``sqrt(1/W_i + 1/W_pin)``
     (W = summed incident weight). Raises ValueError on malformed input.
     """
@@ -153,9 +180,7 @@ def solve_network(
         rhs = _edge_sum(n_nodes, j, w * th) - _edge_sum(n_nodes, i, w * th)
         x = _solve(lap, rhs, free, pin_mean, comp, rtol)
         resid = x[j] - x[i] - th
-        z = resid * np.sqrt(w0)
-        scale = 1.4826 * float(np.median(np.abs(z[~flagged]))) if (~flagged).any() else 0.0
-        new = np.abs(resid) > np.maximum(flag_min_ns, flag_sigma * scale / np.sqrt(w0))
+        new = _flag(n_nodes, i, j, resid, w0, flagged, flag_sigma, flag_min_ns)
         if np.array_equal(new, flagged) or rounds >= max_rounds:
             flagged = new
             break
