@@ -90,3 +90,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     topo.add_argument("--json", action="store_true", help="print JSON (nodes, nics, links)")
     topo.add_argument("--compact", action="store_true", help="one-line JSON")
     topo.set_defaults(func=_topology)
+    from testbed.sim.sync_bench import register_sync
+
+    register_sync(ssub)
+
+    from testbed.sim.localize_bench import register_localize
+
+    register_localize(ssub)

@@ -10,8 +10,9 @@ Model:
 - clocks: ``local_i(t) = epoch + t + offset_i + drift_i * t + wander_i(t)`` with offsets up to
   ``max_offset_ns``, drifts up to ``max_drift`` and a slow wander (a few sinusoids of periods
   30-300 s, ``wander_ns`` amplitude);
-- per hop: propagation + serialization of the probe + forwarding latency of the switch it
-  leaves (0.3-1 µs, fixed per switch), plus queueing: with utilisation ``rho`` a probe waits with
+- per hop: propagation (a few ns of cable-length spread per link) + serialization of the probe
+  + forwarding latency of the switch it leaves (0.3-1 µs, one switch model per tier with a few
+  ns of spread per switch, so forward and reverse floors nearly match), plus queueing: with utilisation ``rho`` a probe waits with
   probability ``rho`` an exponential time of mean ``S / (1 - rho)`` (``S`` = one MTU at link
   rate), and rarely a heavy-tailed (Pareto) burst;
 - stamps: ``hw`` quantizes to 6.4 ns with rare transmit-stamp outliers of 10-300 ns; ``sw`` adds
@@ -63,7 +64,9 @@ class SimConfig:
     max_offset_ns: float = 1e6
     max_drift: float = 30e-6
     wander_ns: float = 3.0
-    switch_latency_ns: tuple[float, float] = (300.0, 1000.0)
+    switch_latency_ns: tuple[float, float] = (300.0, 1000.0)  # per switch tier (one model a tier)
+    switch_spread_ns: float = 4.0  # per-switch deviation from its tier's latency
+    cable_spread_ns: float = 5.0  # per-link deviation of propagation delay (cable lengths)
     mtu_bytes: int = 4096
     probe_bytes: int = 64
     burst_prob: float = 2e-4  # per hop per probe, scaled by load
@@ -214,16 +217,18 @@ class Simulator:
         """Fixed delay of each directed hop: propagation + serialization + switch forwarding."""
         f, cfg = self.fabric, self.config
         rng = np.random.default_rng(cfg.seed + 7)
+        tier_lat = {kind: float(rng.uniform(*cfg.switch_latency_ns)) for kind in NodeKind}
         sw_lat = {
-            n.id: float(rng.uniform(*cfg.switch_latency_ns))
+            n.id: tier_lat[n.kind] + float(rng.uniform(-1, 1)) * cfg.switch_spread_ns
             for n in f.nodes
             if n.kind != NodeKind.HOST
         }
         base = np.empty(f.n_hops)
         for lk in f.links:
             ser = cfg.probe_bytes * 8 / lk.capacity_bps * 1e9
-            base[2 * lk.index] = lk.prop_delay_ns + ser + sw_lat.get(lk.lower, 0.0)
-            base[2 * lk.index + 1] = lk.prop_delay_ns + ser + sw_lat.get(lk.upper, 0.0)
+            prop = lk.prop_delay_ns + float(rng.uniform(-1, 1)) * cfg.cable_spread_ns
+            base[2 * lk.index] = prop + ser + sw_lat.get(lk.lower, 0.0)
+            base[2 * lk.index + 1] = prop + ser + sw_lat.get(lk.upper, 0.0)
         return base
 
     @cached_property

@@ -1,0 +1,232 @@
+"""One sync window: round-trip probe records in, per-NIC clock offsets out.
+
+`sync_window` is the whole Huygens pipeline over one window of probes, as the controller and
+the benchmarks run it:
+
+1. orient every probe onto the unordered edge (i < j) of its NIC pair, giving forward (i->j)
+   and reverse (j->i) delay samples, both timed in clock *i* (t1 or t4, whichever is i's);
+2. coded-probe filter per direction (pairs whose received spacing matches the sent spacing);
+3. batched pair fits (`fit_pairs`): offset and drift of ``theta_ij = offset_j - offset_i``;
+4. network effect (`solve_network`, mean-pinned), then a second pass that re-evaluates every
+   edge at the same *reference* instant (edge fits are lines in clock i's time, which runs up
+   to a millisecond apart from other clocks: at 60 ppm of relative drift that is tens of ns),
+   and solves again.
+
+Everything is pure: arrays in, a frozen `WindowSync` out; ``t_ref_ns`` is given, never read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from sync._arrays import as_int
+from sync.batchfit import fit_pairs
+from sync.coded import coded_probe_mask
+from sync.network import solve_network
+from sync.pairfit import PairFits
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class EdgeSamples:
+    """Probes oriented onto unordered edges ``edges[k] = (i, j)``, i < j.
+
+    Per probe: ``edge`` index, forward sample (time in clock i relative to t_ref, delay
+    recv_j - send_i) and reverse sample (time in clock i, delay recv_i - send_j), each with
+    a validity mask (arrived and passed the coded filter).
+    """
+
+    edges: I64
+    edge: I64
+    fwd_t: F64
+    fwd_d: F64
+    fwd_ok: NDArray[np.bool_]
+    rev_t: F64
+    rev_d: F64
+    rev_ok: NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class WindowSync:
+    """Result of one window: per-node offset (ns, relative to the mean of known nodes, at
+    ``t_ref_ns`` on the reference timescale), drift, uncertainty, known mask; per edge the
+    fits, the aligned theta and whether the network solve flagged it."""
+
+    offset_ns: F64
+    drift: F64
+    offset_std_ns: F64
+    known: NDArray[np.bool_]
+    edges: I64
+    fits: PairFits
+    theta_ns: F64
+    flagged: NDArray[np.bool_]
+
+
+def orient_samples(
+    src: ArrayLike,
+    dst: ArrayLike,
+    pair: ArrayLike,
+    t1: ArrayLike,
+    t2: ArrayLike,
+    t3: ArrayLike,
+    t4: ArrayLike,
+    lost: ArrayLike,
+    t_ref_ns: int,
+    *,
+    coded_tol_ns: int,
+    min_coded: int = 8,
+) -> EdgeSamples:
+    """Orient round-trip probes onto unordered edges and apply the coded-probe filter.
+
+    ``src``/``dst`` are node indices, ``pair`` coded-pair ids (-1: not coded, always kept),
+    ``t1..t4`` int64 ns stamps (t1, t4 in src's clock; t2, t3 in dst's). Raises ValueError on
+    mismatched lengths or a probe from a node to itself.
+    """
+    s = np.asarray(src, dtype=np.int64)
+    n = len(s)
+    d = np.asarray(dst, dtype=np.int64)
+    if len(d) != n or np.any(s == d):
+        raise ValueError("src and dst must have equal lengths and differ per probe")
+    pid = as_int(pair, "pair", n)
+    s1, s2, s3, s4 = (
+        as_int(a, name, n) for a, name in ((t1, "t1"), (t2, "t2"), (t3, "t3"), (t4, "t4"))
+    )
+    arrived = ~np.asarray(lost, dtype=bool)
+    if len(arrived) != n:
+        raise ValueError("lost must have one entry per probe")
+    lo, hi = np.minimum(s, d), np.maximum(s, d)
+    key = lo * (int(max(hi.max(initial=0), 0)) + 1) + hi
+    uniq, edge = np.unique(key, return_inverse=True)
+    first = np.zeros(len(uniq), dtype=np.int64)
+    first[edge[::-1]] = np.arange(n)[::-1]
+    edges = np.stack([lo[first], hi[first]], axis=1)
+
+    coded = pid >= 0
+    # coded filter per direction: message 1 (src->dst: t1 -> t2), message 2 (dst->src: t3 -> t4)
+    ok1 = arrived & ~coded
+    ok2 = arrived & ~coded
+    if coded.any():
+        ci = np.flatnonzero(coded)
+        ok1[ci] = coded_probe_mask(
+            pid[ci], s1[ci], s2[ci], coded_tol_ns, arrived=arrived[ci], keep="both"
+        )
+        ok2[ci] = coded_probe_mask(
+            pid[ci], s3[ci], s4[ci], coded_tol_ns, arrived=arrived[ci], keep="both"
+        )
+    # Where queueing is heavy few coded pairs keep their spacing: an edge direction with fewer
+    # than ``min_coded`` clean samples falls back to every arrived sample (the envelope fit
+    # still works on minima; the network solve flags what that lets through).
+    if min_coded > 0:
+        ok1, ok2 = _fallback(edge, s == lo, ok1, ok2, arrived, len(uniq), min_coded)
+    d1 = (s2 - s1).astype(np.float64)  # src -> dst delay
+    d2 = (s4 - s3).astype(np.float64)  # dst -> src delay
+    tsrc_1 = (s1 - t_ref_ns).astype(np.float64)  # src clock, message 1 sent
+    tsrc_2 = (s4 - t_ref_ns).astype(np.float64)  # src clock, message 2 received (~sent)
+    tdst_1 = (s2 - t_ref_ns).astype(np.float64)  # dst clock, message 1 received
+    tdst_2 = (s3 - t_ref_ns).astype(np.float64)  # dst clock, message 2 sent
+    forward = s == lo  # probe initiated by i
+    # forward samples (i -> j): message 1 when src is i, else message 2 (sent by dst = i)
+    fwd_t = np.where(forward, tsrc_1, tdst_2)
+    fwd_d = np.where(forward, d1, d2)
+    fwd_ok = np.where(forward, ok1, ok2)
+    # reverse samples (j -> i), timed in clock i: message 2 received by src=i, or message 1 received by dst=i
+    rev_t = np.where(forward, tsrc_2, tdst_1)
+    rev_d = np.where(forward, d2, d1)
+    rev_ok = np.where(forward, ok2, ok1)
+    return EdgeSamples(edges, edge, fwd_t, fwd_d, fwd_ok, rev_t, rev_d, rev_ok)
+
+
+def _fallback(
+    edge: I64,
+    forward: NDArray[np.bool_],
+    ok1: NDArray[np.bool_],
+    ok2: NDArray[np.bool_],
+    arrived: NDArray[np.bool_],
+    m: int,
+    min_coded: int,
+) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """Return (ok1, ok2) with every arrived sample re-enabled on thin edge directions."""
+    fwd_ok = np.where(forward, ok1, ok2)
+    rev_ok = np.where(forward, ok2, ok1)
+    thin_f = np.bincount(edge[fwd_ok], minlength=m) < min_coded
+    thin_r = np.bincount(edge[rev_ok], minlength=m) < min_coded
+    fwd_ok = np.where(thin_f[edge], arrived, fwd_ok)
+    rev_ok = np.where(thin_r[edge], arrived, rev_ok)
+    return np.where(forward, fwd_ok, rev_ok), np.where(forward, rev_ok, fwd_ok)
+
+
+def sync_window(
+    n_nodes: int,
+    samples: EdgeSamples,
+    *,
+    quant_ns: float = 0.0,
+    min_samples: int = 3,
+    ref: int = 0,
+) -> WindowSync:
+    """Fit every edge of ``samples`` and solve the network twice (see module docstring).
+
+    Nodes outside the largest connected part of usable edges come back ``known`` False with
+    NaN estimates. Raises ValueError on malformed input.
+    """
+    m = len(samples.edges)
+    fw, rv = samples.fwd_ok, samples.rev_ok
+    fits = fit_pairs(
+        m,
+        samples.edge[fw],
+        samples.fwd_t[fw],
+        samples.fwd_d[fw],
+        samples.edge[rv],
+        samples.rev_t[rv],
+        samples.rev_d[rv],
+        min_samples=min_samples,
+        quant_ns=quant_ns,
+    )
+    ok = fits.ok
+    nan = np.full(n_nodes, np.nan)
+    if not ok.any():
+        return WindowSync(
+            nan,
+            nan.copy(),
+            nan.copy(),
+            np.zeros(n_nodes, bool),
+            samples.edges,
+            fits,
+            np.full(m, np.nan),
+            np.zeros(m, bool),
+        )
+    e = samples.edges[ok]
+    theta0, drift = fits.offset_ns[ok], fits.drift[ok]
+    std = np.maximum(fits.offset_std_ns[ok], 0.5)
+    w = 1.0 / std**2
+    first = solve_network(n_nodes, e, theta0, w, drift=drift, pin="mean", ref=_pick_ref(e, ref))
+    # re-evaluate each edge line at the reference instant: clock i reads ~ t_ref + offset_i then
+    shift = np.nan_to_num(first.offset_ns[e[:, 0]])
+    theta = theta0 + drift * shift
+    sol = solve_network(n_nodes, e, theta, w, drift=drift, pin="mean", ref=_pick_ref(e, ref))
+    theta_all = np.full(m, np.nan)
+    theta_all[ok] = theta
+    flagged = np.zeros(m, dtype=bool)
+    flagged[ok] = sol.flagged
+    return WindowSync(
+        sol.offset_ns,
+        sol.drift,
+        sol.offset_std_ns,
+        sol.known,
+        samples.edges,
+        fits,
+        theta_all,
+        flagged,
+    )
+
+
+def _pick_ref(edges: I64, ref: int) -> int:
+    """Keep ``ref`` if it has a usable edge, else the best-connected node."""
+    deg = np.bincount(edges.ravel())
+    if ref < len(deg) and deg[ref] > 0:
+        return ref
+    return int(np.argmax(deg))
