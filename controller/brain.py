@@ -1,0 +1,251 @@
+"""The controller's brain: observations in, health and events out (pure; time passed in).
+
+`Brain.observe` folds a batch of `Observations` into the current detection window with array
+code only (bincounts over link / hop ids, baseline lookups); `Brain.tick(now_ns)` closes the
+window: localizes loss and queueing delay (`controller.localize`), separates causes
+(`controller.detect.causes`), steps every entity through the health table
+(`controller.health`) and returns the new `MeshEvent` findings. `presence` and `gpu` feed host
+facts. Nothing here reads a clock, a file or the network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.detect.causes import excluded_nics, host_quiet, silent_hosts
+from controller.detect.delay import DelayParams, DelayWindow, PathBaselines, path_signature
+from controller.detect.loss import LossParams, LossWindow, probe_links
+from controller.fabric import Fabric
+from controller.health import EntityState, Finding, HealthParams, Signal, step
+from controller.observations import Observations
+from controller.snapshot import Health, MeshEvent
+
+
+@dataclass(frozen=True, slots=True)
+class BrainConfig:
+    """Detection knobs (see docs/detection.md). ``silent_ns``: a host whose NICs initiated no
+    probe for this long is reported ``prober_down``; 0 disables silence detection."""
+
+    loss: LossParams = field(default_factory=LossParams)
+    delay: DelayParams = field(default_factory=DelayParams)
+    health: HealthParams = field(default_factory=HealthParams)
+    silent_ns: int = 500_000_000
+
+    def __post_init__(self) -> None:
+        if self.silent_ns < 0:
+            raise ValueError("silent_ns must be >= 0")
+
+
+class Brain:
+    """Detection and localization state for one fabric. Not thread-safe; one owner."""
+
+    def __init__(self, fabric: Fabric, config: BrainConfig | None = None) -> None:
+        self.fabric = fabric
+        self.config = config or BrainConfig()
+        n_links, n_nics = len(fabric.links), len(fabric.nics)
+        self._loss = LossWindow(n_links)
+        self._delay = DelayWindow(fabric.n_hops)
+        self._baselines = PathBaselines()
+        self._states = [EntityState() for _ in range(n_links)]
+        self._raised: dict[int, str] = {}
+        self._nic_of_link = {int(lk): i for i, lk in enumerate(fabric.nic_link)}
+        self._src_count = np.zeros(n_nics, dtype=np.int64)
+        self._last_src = np.full(n_nics, -1, dtype=np.int64)
+        self._presence_down: set[str] = set()
+        self._silent: set[str] = set()
+        self._excluded = np.zeros(n_nics, dtype=bool)
+        self._gpu_bad: dict[str, str] = {}
+        self._pending: list[MeshEvent] = []
+        self._last_tick: int | None = None
+        self.last_blamed: frozenset[str] = frozenset()
+
+    # ---- inputs --------------------------------------------------------------------------
+    def observe(self, obs: Observations) -> None:
+        """Fold ``obs`` into the current window (vectorized; no per-record Python)."""
+        if not len(obs):
+            return
+        self._src_count += np.bincount(obs.src, minlength=len(self._src_count))
+        np.maximum.at(self._last_src, obs.src, obs.t_ns)
+        if self._excluded.any():
+            keep = ~(self._excluded[obs.src] | self._excluded[obs.dst])
+            if not keep.all():
+                obs = obs.select(keep)
+        self._loss.add(probe_links(obs.hops_fwd, obs.hops_rev), obs.lost)
+        flows = np.column_stack([obs.src, obs.dst, obs.sport]).astype(np.int64)
+        p = self.config.delay
+        self._delay.add(self._baselines, obs.hops_fwd, obs.owd_fwd_ns, flows, p)
+        self._delay.add(self._baselines, obs.hops_rev, obs.owd_rev_ns, flows[:, [1, 0, 2]], p)
+
+    def presence(self, host: str, alive: bool, now_ns: int) -> None:
+        """Record the prober presence of ``host`` (MQTT last-will / hello)."""
+        if alive:
+            if host in self._presence_down:
+                self._presence_down.discard(host)
+                if host not in self._silent:
+                    self._pending.append(MeshEvent(now_ns, "clear", host, "prober back", "info"))
+        elif host not in self._presence_down:
+            self._presence_down.add(host)
+            if host not in self._silent:
+                self._pending.append(
+                    MeshEvent(now_ns, "prober_down", host, "presence lost", "warning")
+                )
+        self._excluded = excluded_nics(self.fabric, self._presence_down | self._silent)
+
+    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
+        """Record the GPU health of ``host``; a change raises gpu_fault / clear at next tick."""
+        if not ok and host not in self._gpu_bad:
+            self._gpu_bad[host] = detail
+            self._pending.append(MeshEvent(now_ns, "gpu_fault", host, detail, "critical"))
+        elif ok and host in self._gpu_bad:
+            del self._gpu_bad[host]
+            self._pending.append(MeshEvent(now_ns, "clear", host, "GPU healthy", "info"))
+
+    # ---- the window ----------------------------------------------------------------------
+    def tick(self, now_ns: int) -> list[MeshEvent]:
+        """Close the current window at ``now_ns``; return new findings (incl. clears)."""
+        f, cfg = self.fabric, self.config
+        dt_s = 0.0 if self._last_tick is None else (now_ns - self._last_tick) / 1e9
+        self._last_tick = now_ns
+        events, self._pending = self._pending, []
+        events += self._host_silence(now_ns)
+        quiet_hosts = host_quiet(f, self._src_count)
+        nic_quiet = quiet_hosts[f.nic_host_index] | self._excluded
+
+        loss = self._loss.verdict(cfg.loss)
+        slow_cover, slow_flows = self._delay.verdict(cfg.delay)
+        signals: dict[int, Signal] = {}
+        slow_hop: dict[int, int] = {}
+        for hop, nbad in zip(slow_cover.picked, slow_cover.picked_bad, strict=True):
+            lk = int(hop) // 2
+            signals[lk] = Signal.SLOW
+            if lk not in slow_hop or nbad > slow_cover.bad[slow_hop[lk]]:
+                slow_hop[lk] = int(hop)
+        for lk, rate in loss.blamed.items():
+            signals[lk] = Signal.DEAD if rate >= cfg.loss.dead_rate else Signal.LOSSY
+        blamed = set()
+        for lk in signals:
+            nic = self._nic_of_link.get(lk)
+            if nic is not None and nic_quiet[nic]:
+                signals[lk] = Signal.NODATA
+            else:
+                blamed.add(f.links[lk].id)
+        self.last_blamed = frozenset(blamed)
+
+        enough = self._loss.total >= cfg.loss.min_probes
+        for lk, st in enumerate(self._states):
+            sig = signals.get(lk)
+            if sig is None:
+                if st.state == Health.UP and st.streak == 0:
+                    continue
+                nic = self._nic_of_link.get(lk)
+                quiet = nic is not None and nic_quiet[nic]
+                sig = Signal.CLEAN if enough[lk] and not quiet else Signal.NODATA
+            new, finding = step(st, sig, now_ns, cfg.health)
+            self._states[lk] = new
+            if finding is not None:
+                ev = self._event(
+                    lk, finding, new, now_ns, loss.blamed.get(lk), slow_hop, slow_flows
+                )
+                if ev is not None:
+                    events.append(ev)
+
+        self._delay.fold_baselines(self._baselines, dt_s, cfg.delay)
+        self._loss.reset()
+        self._delay.reset()
+        self._src_count[:] = 0
+        return events
+
+    def _host_silence(self, now_ns: int) -> list[MeshEvent]:
+        out: list[MeshEvent] = []
+        if not self.config.silent_ns:
+            return out
+        silent = silent_hosts(self.fabric, self._last_src, now_ns, self.config.silent_ns)
+        for host in sorted(silent - self._silent):
+            if host not in self._presence_down:
+                out.append(MeshEvent(now_ns, "prober_down", host, "prober silent", "warning"))
+        for host in sorted(self._silent - silent):
+            if host not in self._presence_down:
+                out.append(MeshEvent(now_ns, "clear", host, "prober reporting again", "info"))
+        if silent != self._silent:
+            self._silent = silent
+            self._excluded = excluded_nics(self.fabric, self._presence_down | self._silent)
+        return out
+
+    def _event(
+        self,
+        lk: int,
+        finding: Finding,
+        st: EntityState,
+        now_ns: int,
+        rate: float | None,
+        slow_hop: dict[int, int],
+        slow_flows: dict[int, list[tuple[int, int, int]]],
+    ) -> MeshEvent | None:
+        f = self.fabric
+        link = f.links[lk].id
+        nic = self._nic_of_link.get(lk)
+        if finding == Finding.CLEAR:
+            target = self._raised.pop(lk, None)
+            return (
+                None if target is None else MeshEvent(now_ns, "clear", target, "recovered", "info")
+            )
+        if finding == Finding.DOWN:
+            kind, target = ("nic_down", f.nics[nic].id) if nic is not None else ("link_down", link)
+            loss_txt = f"{rate:.0%}" if rate is not None else "all"
+            ev = MeshEvent(
+                now_ns, kind, target, f"{loss_txt} of probes across {link} lost", "critical"
+            )
+        elif finding == Finding.FLAP:
+            n = st.flap_count(now_ns, self.config.health.flap_window_ns)
+            win = self.config.health.flap_window_ns / 1e9
+            first = st.first_down_ns if st.first_down_ns is not None else now_ns
+            detail = f"link flapped {n} times in {win:g} s (first detected at {first} ns)"
+            ev = MeshEvent(now_ns, "link_flap", link, detail, "critical")
+        elif finding == Finding.LOSS:
+            ev = MeshEvent(now_ns, "loss", link, f"{rate or 0:.1%} of probes across it lost")
+        else:
+            hop = slow_hop.get(lk, 2 * lk)
+            names = f.nics
+            flows = tuple((names[a].id, names[b].id, c) for a, b, c in slow_flows.get(hop, []))
+            ev = MeshEvent(
+                now_ns,
+                "contention",
+                f.hop_name(hop),
+                f"queueing delay on {f.hop_name(hop)}",
+                flows=flows,
+            )
+        self._raised[lk] = ev.target
+        return ev
+
+    # ---- outputs -------------------------------------------------------------------------
+    def link_health(self) -> dict[str, Health]:
+        """Return the health of every link by link id."""
+        return {self.fabric.links[i].id: st.state for i, st in enumerate(self._states)}
+
+    def nic_health(self) -> list[Health]:
+        """Return per NIC index its health (its NIC link's; UNKNOWN while its prober is down)."""
+        out = []
+        for i, lk in enumerate(self.fabric.nic_link):
+            out.append(Health.UNKNOWN if self._excluded[i] else self._states[int(lk)].state)
+        return out
+
+    def flap_counts(self) -> dict[str, int]:
+        """Return per link id the downs in the flap window (links that went down only)."""
+        now = self._last_tick or 0
+        w = self.config.health.flap_window_ns
+        return {
+            self.fabric.links[i].id: c
+            for i, st in enumerate(self._states)
+            if (c := st.flap_count(now, w))
+        }
+
+    def baseline_ns(self, hops: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
+        """Return the propagation baseline of each path (rows of directed hops), NaN if unseen."""
+        return self._baselines.lookup(path_signature(np.atleast_2d(hops).astype(np.int32)))
+
+    def hosts_down(self) -> frozenset[str]:
+        """Return hosts whose prober is down (presence lost or silent)."""
+        return frozenset(self._presence_down | self._silent)

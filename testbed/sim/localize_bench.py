@@ -1,0 +1,309 @@
+"""``qpmesh sim localize``: fault localization accuracy of the brain versus a voting baseline.
+
+Runs the simulator with faults (a scenario file or ``--random-faults K``), turns every step into
+`Observations` (truth-clocks adapter: the step's stamps with the simulator's true clock offsets
+removed, paths from the fabric's ECMP model, so only localization is measured), feeds the same
+observations to `controller.brain.Brain` and to the 007-style `controller.voting.VotingBaseline`,
+and scores both: a fault is found when an event names its target while active (+ ``GRACE_S``);
+an event naming a non-faulty target is a false alert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controller.brain import Brain, BrainConfig
+from controller.fabric import Fabric, FabricShape, build_fabric
+from controller.observations import Observations
+from controller.voting import VotingBaseline
+from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
+from testbed.sim.engine import SimConfig, SimStep, Simulator
+
+GRACE_S = 1.0
+
+
+def observations_from_step(sim: Simulator, st: SimStep) -> Observations:
+    """Return the step's probes as `Observations` with delays from the true clock offsets."""
+    b = st.batch
+    lost = b.lost.copy()
+    t = st.true_t_ns
+    src, dst = b.src.astype(np.int64), b.dst.astype(np.int64)
+    off_s, off_d = sim.true_offset_ns(t, src), sim.true_offset_ns(t, dst)
+    with np.errstate(invalid="ignore"):
+        fwd = (b.t2 - b.t1).astype(np.float64) - (off_d - off_s)
+        rev = (b.t4 - b.t3).astype(np.float64) - (off_s - off_d)
+        rtt = ((b.t4 - b.t1) - (b.t3 - b.t2)).astype(np.float64)
+    nan = np.nan
+    return Observations(
+        t.astype(np.int64),
+        src.astype(np.int32),
+        dst.astype(np.int32),
+        b.sport.astype(np.int32),
+        st.hops_fwd.astype(np.int32),
+        st.hops_rev.astype(np.int32),
+        lost,
+        np.where(lost, nan, fwd),
+        np.where(lost, nan, rev),
+        np.where(lost, nan, rtt),
+    )
+
+
+def accepted_targets(fabric: Fabric, fault: Fault) -> set[str]:
+    """Targets that count as localizing ``fault`` (normalized link / NIC / host ids)."""
+    if fault.kind == FaultKind.NIC_DOWN:
+        return {fault.target, fabric.links[int(fabric.nic_link[fabric.nic_index[fault.target]])].id}
+    return {fault.target}
+
+
+def normalize(fabric: Fabric, target: str) -> str:
+    """Map a directed hop name ``a->b`` to its link id; other targets unchanged."""
+    if "->" in target:
+        a, b = target.split("->", 1)
+        lk = fabric.link_between.get((a, b), fabric.link_between.get((b, a)))
+        if lk is not None:
+            return fabric.links[lk].id
+    return target
+
+
+@dataclass
+class Score:
+    """Alerts of one estimator: (time s, normalized target) pairs."""
+
+    alerts: list[tuple[float, str]] = field(default_factory=list)
+
+    def evaluate(self, fabric: Fabric, faults: Sequence[Fault]) -> dict[str, object]:
+        found = [False] * len(faults)
+        first: list[float | None] = [None] * len(faults)
+        tp_targets, fp_targets, false_alerts = set(), set(), 0
+        for t, tgt in self.alerts:
+            hit = False
+            for i, f in enumerate(faults):
+                if tgt in accepted_targets(fabric, f) and f.start_s <= t <= f.end_s + GRACE_S:
+                    hit = True
+                    found[i] = True
+                    first[i] = t if first[i] is None else min(first[i] or t, t)
+            if hit:
+                tp_targets.add(tgt)
+            else:
+                fp_targets.add(tgt)
+                false_alerts += 1
+        n_pred = len(tp_targets | fp_targets)
+        precision = len(tp_targets) / n_pred if n_pred else 1.0
+        recall = sum(found) / len(faults) if faults else 1.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        return {
+            "precision": round(precision, 4),
+            "recall": round(recall, 4),
+            "f1": round(f1, 4),
+            "false_alerts": false_alerts,
+            "alerts": len(self.alerts),
+            "_found": found,
+            "_first": first,
+        }
+
+
+def run_once(
+    fabric: Fabric,
+    faults: Sequence[Fault],
+    *,
+    duration_s: float,
+    load: float,
+    seed: int,
+    step_s: float,
+    timestamps: str = "hw",
+) -> dict[str, object]:
+    """Simulate ``duration_s`` with ``faults``; return the scores of both estimators."""
+    sim = Simulator(fabric, SimConfig(load=load, seed=seed, timestamps=timestamps), faults)
+    brain = Brain(fabric, BrainConfig())
+    voter = VotingBaseline(fabric)
+    hosts = {h.id for h in fabric.hosts}
+    alive, gpu_bad = set(hosts), set[str]()
+    ours, theirs = Score(), Score()
+    blamed_first: dict[str, float] = {}
+    n_probes = 0
+    t_brain = 0.0
+    for st in sim.run(duration_s, step_s):
+        now = round(st.t1_s * 1e9)
+        for h in sorted(alive - st.alive_hosts):
+            brain.presence(h, False, now)
+        for h in sorted(st.alive_hosts - alive):
+            brain.presence(h, True, now)
+        alive = set(st.alive_hosts)
+        for h in sorted(st.gpu_faults - gpu_bad):
+            brain.gpu(h, False, "NVML errors", now)
+        for h in sorted(gpu_bad - st.gpu_faults):
+            brain.gpu(h, True, "", now)
+        gpu_bad = set(st.gpu_faults)
+        obs = observations_from_step(sim, st)
+        n_probes += len(obs)
+        c0 = time.perf_counter()
+        brain.observe(obs)
+        events = brain.tick(now)
+        t_brain += time.perf_counter() - c0
+        for ev in events:
+            if ev.kind != "clear":
+                ours.alerts.append((st.t1_s, normalize(fabric, ev.target)))
+        voter.exclude(hosts - alive)
+        voter.observe(obs)
+        for lk in voter.tick(now):
+            theirs.alerts.append((st.t1_s, lk))
+        for ev in events:  # host findings come from presence / NVML: give them to both
+            if ev.kind in ("prober_down", "gpu_fault"):
+                theirs.alerts.append((st.t1_s, ev.target))
+        _track_blamed(brain, fabric, faults, st.t1_s, blamed_first)
+    ours_s, theirs_s = ours.evaluate(fabric, faults), theirs.evaluate(fabric, faults)
+    fault_rows = []
+    for i, f in enumerate(faults):
+        first = ours_s["_first"][i]  # type: ignore[index]
+        det = blamed_first.get(f"fault{i}")
+        det = first if det is None or (first is not None and first < det) else det
+        fault_rows.append(
+            {
+                "kind": str(f.kind),
+                "target": f.target,
+                "start_s": round(f.start_s, 3),
+                "end_s": round(f.end_s, 3),
+                "detected_s": None if det is None else round(det, 3),
+                "localized_s": None if first is None else round(first, 3),
+                "latency_s": None if first is None else round(first - f.start_s, 3),
+                "found": bool(ours_s["_found"][i]),  # type: ignore[index]
+                "found_by_voting": bool(theirs_s["_found"][i]),  # type: ignore[index]
+            }
+        )
+    for s in (ours_s, theirs_s):
+        s.pop("_found")
+        s.pop("_first")
+    return {
+        "estimators": {"qpmesh": ours_s, "voting_baseline": theirs_s},
+        "faults": fault_rows,
+        "false_alerts": ours_s["false_alerts"],
+        "probes": n_probes,
+        "brain_probes_per_s": round(n_probes / t_brain) if t_brain else None,
+        "alerts": [{"t_s": round(t, 3), "target": tgt} for t, tgt in ours.alerts[:50]],
+    }
+
+
+def _track_blamed(
+    brain: Brain, fabric: Fabric, faults: Sequence[Fault], t_s: float, first: dict[str, float]
+) -> None:
+    """Record per fault the first window whose tomography blamed its target (detection)."""
+    for i, f in enumerate(faults):
+        key = f"fault{i}"
+        if key in first or not f.start_s <= t_s <= f.end_s + GRACE_S:
+            continue
+        if brain.last_blamed & accepted_targets(fabric, f) or (
+            f.kind == FaultKind.PROBER_DOWN and f.target in brain.hosts_down()
+        ):
+            first[key] = t_s
+
+
+def _fabric(args: argparse.Namespace) -> Fabric:
+    if args.nics:
+        per_leaf = min(32, max(2, args.nics // 4))
+        return build_fabric(FabricShape.for_nics(args.nics, nics_per_leaf=per_leaf, spines=4))
+    return build_fabric(FabricShape())
+
+
+def _median(xs: list[float]) -> float:
+    return round(statistics.median(xs), 4) if xs else float("nan")
+
+
+def _localize(args: argparse.Namespace) -> int:
+    seeds = [args.seed + i for i in range(args.seeds)]
+    runs = []
+    kinds = (
+        [FaultKind(k) for k in args.kinds.split(",")]
+        if args.kinds
+        else [FaultKind.FLAP, FaultKind.CONGEST, FaultKind.LOSS, FaultKind.NIC_DOWN]
+    )
+    wall = time.perf_counter()
+    for seed in seeds:
+        if args.scenario:
+            sc = load_scenario(args.scenario)
+            fabric, faults = sc.fabric(), sc.faults
+            duration = args.duration or sc.duration_s
+            load = sc.load if args.load is None else args.load
+        else:
+            fabric = _fabric(args)
+            duration = args.duration or 30.0
+            faults = random_faults(
+                fabric, args.random_faults, seed=seed, duration_s=duration, kinds=kinds
+            )
+            load = 0.4 if args.load is None else args.load
+        r = run_once(
+            fabric,
+            faults,
+            duration_s=duration,
+            load=load,
+            seed=seed,
+            step_s=args.step,
+            timestamps=args.timestamps,
+        )
+        r["seed"] = seed
+        runs.append(r)
+    out: dict[str, object] = {"pipeline": "truth-clocks", "seeds": seeds, "step_s": args.step}
+    est: dict[str, dict[str, float]] = {}
+    for name in ("qpmesh", "voting_baseline"):
+        est[name] = {
+            m: _median([float(r["estimators"][name][m]) for r in runs])  # type: ignore[index]
+            for m in ("precision", "recall", "f1", "false_alerts")
+        }
+    out["estimators"] = est
+    out["faults"] = [f for r in runs for f in r["faults"]]  # type: ignore[attr-defined]
+    out["false_alerts"] = sum(int(r["false_alerts"]) for r in runs)  # type: ignore[call-overload]
+    lat = [f["latency_s"] for f in out["faults"] if f["latency_s"] is not None]  # type: ignore[attr-defined, index]
+    out["median_latency_s"] = _median(lat)
+    out["brain_probes_per_s_median"] = _median(
+        [float(r["brain_probes_per_s"] or 0) for r in runs]  # type: ignore[arg-type]
+    )
+    out["wall_s"] = round(time.perf_counter() - wall, 2)
+    out["runs"] = (
+        runs
+        if args.verbose
+        else [
+            {"seed": r["seed"], "estimators": r["estimators"], "alerts": r["alerts"][:10]}  # type: ignore[index]
+            for r in runs
+        ]
+    )
+    if args.json:
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        for name, m in est.items():
+            print(
+                f"{name:16s} precision {m['precision']:.3f} recall {m['recall']:.3f} "
+                f"f1 {m['f1']:.3f} false alerts {m['false_alerts']:g}"
+            )
+        print(f"median localization latency {out['median_latency_s']} s, wall {out['wall_s']} s")
+    return 0
+
+
+def register_localize(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``qpmesh sim localize``."""
+    p = ssub.add_parser(
+        "localize",
+        help="localization benchmark: qpmesh brain vs 007-style voting on simulated faults",
+        description="Simulate faults, run the controller's detection and a voting baseline on "
+        "the same probes, and score precision / recall / F1, latency and false alerts.",
+    )
+    p.add_argument("scenario", nargs="?", help="scenario TOML (default: random faults)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--random-faults", type=int, default=1, help="faults to draw (default 1)")
+    p.add_argument("--kinds", default="", help="comma list of fault kinds to draw from")
+    p.add_argument("--seed", type=int, default=1, help="first seed (default 1)")
+    p.add_argument("--seeds", type=int, default=1, help="number of seeds to run (default 1)")
+    p.add_argument("--duration", type=float, default=None, help="simulated seconds (default 30)")
+    p.add_argument("--nics", type=int, default=0, help="NICs (default: 4 leaves x 4 NICs)")
+    p.add_argument("--load", type=float, default=None, help="background load (default 0.4)")
+    p.add_argument("--step", type=float, default=0.1, help="detection window, s (default 0.1)")
+    p.add_argument("--timestamps", choices=("hw", "sw"), default="hw")
+    p.add_argument("--verbose", action="store_true", help="include every run in the JSON")
+    p.set_defaults(func=_localize)
