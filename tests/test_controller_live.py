@@ -1,0 +1,106 @@
+"""LiveController: simulator batches in, snapshot/history/events out (real Brain)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.fabric import FabricShape, build_fabric
+from controller.live import LiveConfig, LiveController
+from controller.snapshot import ControlUnavailable, Health, MeshEvent
+from testbed.sim.engine import SimConfig, Simulator
+
+BASE = 1_700_000_000_000_000_000
+
+
+class StubBrain:
+    """Records calls; returns fixed health."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.seen = 0
+        self.pending: list[MeshEvent] = []
+
+    def observe(self, obs: object) -> None:
+        self.seen += len(obs)  # type: ignore[arg-type]
+
+    def presence(self, host: str, alive: bool, now_ns: int) -> None:
+        if not alive:
+            self.pending.append(MeshEvent(now_ns, "prober_down", host))
+
+    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
+        pass
+
+    def tick(self, now_ns: int) -> list[MeshEvent]:
+        out, self.pending = self.pending, []
+        return out
+
+    def link_health(self) -> dict[str, Health]:
+        return {}
+
+    def nic_health(self) -> list[Health]:
+        return [Health.UP] * self.n
+
+    def flap_counts(self) -> dict[str, int]:
+        return {}
+
+
+def _run(lc: LiveController, sim: Simulator, seconds: float) -> list[MeshEvent]:
+    events: list[MeshEvent] = []
+    for st in sim.run(seconds, 0.5):
+        now = BASE + int(st.t1_s * 1e9)
+        lc.ingest_batch(st.batch, now)
+        events += lc.tick(now)
+    return events
+
+
+def test_live_snapshot_delays_history_and_control() -> None:
+    fab = build_fabric(FabricShape.for_nics(32))
+    sim = Simulator(fab, SimConfig(seed=2, peers=8))
+    lc = LiveController(fab, LiveConfig(max_events=3))
+    assert _run(lc, sim, 3.0) == []  # healthy fabric: no findings
+    snap = lc.snapshot()
+    assert snap.t_ns == BASE + 3_000_000_000
+    assert snap.control_enabled is None and snap.jobs is None
+    assert np.isfinite(snap.worst_in_ns).all() and np.isfinite(snap.worst_out_ns).all()
+    assert 300 < np.median(snap.worst_out_ns) < 100_000
+    # one entry per probed directed pair, each the worst over its paths
+    pairs = {(int(a), int(b)) for a, b in zip(sim.pairs_src, sim.pairs_dst, strict=True)}
+    got = set(zip(snap.owd_src.tolist(), snap.owd_dst.tolist(), strict=True))
+    assert got == pairs
+    k = 0
+    key = (int(snap.owd_src[k]), int(snap.owd_dst[k]))
+    assert max(snap.path_owd[key].values()) == pytest.approx(snap.owd_ns[k])
+    assert np.isfinite(snap.clock_offset_ns).all() and (snap.clock_uncertainty_ns > 0).all()
+    t, v = lc.history(0, 1.2)
+    assert t.tolist() == [-1.0, -0.5, 0.0] and np.isfinite(v).all()
+    with pytest.raises(IndexError):
+        lc.history(len(fab.nics), 1.0)
+    with pytest.raises(ControlUnavailable):
+        lc.set_control(True)
+
+
+def test_live_duplicate_batch_not_reingested_and_events_bounded() -> None:
+    fab = build_fabric(FabricShape.for_nics(16))
+    sim = Simulator(fab, SimConfig(seed=4, peers=4))
+    brain = StubBrain(len(fab.nics))
+    lc = LiveController(fab, LiveConfig(max_events=2), brain=brain)
+    st = sim.step(0.0, 0.5)
+    assert lc.ingest_batch(st.batch, BASE) == len(st.batch)
+    assert lc.ingest_batch(st.batch, BASE) == 0
+    assert brain.seen == len(st.batch)
+    for h in ("host0", "host1", "host2"):
+        lc.presence(h, False, BASE + 1)
+    assert [e.target for e in lc.tick(BASE + 2)] == ["host0", "host1", "host2"]
+    assert [e.target for e in lc.snapshot().events] == ["host1", "host2"]
+    lc.gpu("host3", False, "xid 79", BASE + 3)
+    assert not lc.snapshot().gpu["host3"].ok
+    assert lc.snapshot().healthy_count == len(fab.nics)
+
+
+def test_live_reports_prober_down_with_real_brain() -> None:
+    fab = build_fabric(FabricShape.for_nics(16))
+    lc = LiveController(fab)
+    lc.presence("host1", False, BASE)
+    ev = lc.tick(BASE + 1)
+    assert [(e.kind, e.target) for e in ev] == [("prober_down", "host1")]

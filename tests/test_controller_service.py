@@ -1,0 +1,179 @@
+"""Service: config validation, message dispatch, and an end-to-end run on a real mosquitto."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from controller.fabric import FabricShape, build_fabric
+from controller.live import LiveController
+from controller.mqtt_topics import TopicError, Topics
+from controller.service import (
+    ConfigError,
+    JsonLog,
+    ServiceConfig,
+    handle_message,
+    load_config,
+    run_service,
+)
+from controller.service_cli import parse_broker
+from prober.records import encode_batch
+from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
+
+
+def test_topics_layout() -> None:
+    t = Topics()
+    assert t.probes("host3") == "qpmesh/v1/probes/host3"
+    assert t.presence("host3") == "qpmesh/v1/presence/host3"
+    assert t.events("link_flap") == "qpmesh/v1/events/link_flap"
+    assert t.subscription("probes", "ctl") == "$share/ctl/qpmesh/v1/probes/#"
+    assert t.parse("qpmesh/v1/health/host1") == ("health", "host1")
+    for bad in ("qpmesh/v1/nope/x", "other/probes/x", "qpmesh/v1/probes/a/b"):
+        with pytest.raises(TopicError):
+            t.parse(bad)
+    with pytest.raises(TopicError):
+        Topics("a/+/b")
+    with pytest.raises(TopicError):
+        t.probes("a/b")
+
+
+def test_config_validation(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        "[fabric]\nleaves = 2\nhosts_per_leaf = 2\nspines = 2\n[controller]\ntick_s = 0.5\n"
+    )
+    sc = load_config(cfg)
+    assert len(sc.fabric.nics) == 4 and sc.tick_s == 0.5
+    fab_json = tmp_path / "fab.json"
+    fab_json.write_text(json.dumps(build_fabric(FabricShape(leaves=3)).to_dict()))
+    cfg.write_text('[fabric]\nfile = "fab.json"\n[sync]\nwindow_s = 5\n')
+    sc = load_config(cfg)
+    assert len(sc.fabric.leaves) == 3 and sc.live.sync.window_ns == 5_000_000_000
+    for text, msg in (
+        ("[fabric]\nleaves = 'x'\n", "bad config"),
+        ("[nope]\n", "unknown config section"),
+        ("[sync]\nwindo_s = 1\n", "unknown config key"),
+        ("[fabric]\nfile = 'missing.json'\n", "cannot read fabric file"),
+        ("[fabric\n", "c.toml"),
+    ):
+        cfg.write_text(text)
+        with pytest.raises(ConfigError, match=msg) as err:
+            load_config(cfg)
+        assert "\n" not in str(err.value)
+    assert parse_broker("mqtt://127.0.0.1:1884") == ("127.0.0.1", 1884)
+    with pytest.raises(ConfigError):
+        parse_broker("tcp://x:1")
+
+
+def test_handle_message_dispatch() -> None:
+    fab = build_fabric(FabricShape.for_nics(16))
+    live = LiveController(fab)
+    t = Topics()
+    st = Simulator(fab, SimConfig(peers=4)).step(0.0, 0.5)
+    payload = encode_batch(st.batch)
+    assert handle_message(live, t, t.probes("host0"), payload, EPOCH_NS) == "probes"
+    assert handle_message(live, t, t.probes("host0"), payload, EPOCH_NS) == "duplicate"
+    assert handle_message(live, t, t.probes("host0"), b"junk", EPOCH_NS).startswith("bad:")
+    assert handle_message(live, t, t.presence("host1"), b'{"alive": "x"}', EPOCH_NS).startswith(
+        "bad:"
+    )
+    assert handle_message(live, t, t.presence("host1"), b'{"alive": false}', EPOCH_NS) == "presence"
+    assert handle_message(live, t, t.health("host2"), b'{"gpu_ok": false, "detail": "xid"}', 1) == (
+        "health"
+    )
+    assert handle_message(live, t, "elsewhere/x", b"", EPOCH_NS) == "ignored"
+    assert live.alive["host1"] is False and not live.gpu_state["host2"].ok
+
+
+_WILL_CLIENT = """
+import asyncio, json, sys, aiomqtt
+async def main():
+    host, port, topic = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    will = aiomqtt.Will(topic, json.dumps({"alive": False, "t_ns": 0}), qos=1, retain=True)
+    async with aiomqtt.Client(host, port, will=will, identifier="will-host0") as c:
+        await c.publish(topic, json.dumps({"alive": True, "t_ns": 0}), qos=1, retain=True)
+        print("ready", flush=True)
+        await asyncio.sleep(60)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.broker
+async def test_service_end_to_end(mosquitto: tuple[str, int], tmp_path: Path) -> None:
+    host, port = mosquitto
+    fab = build_fabric(FabricShape.for_nics(16))
+    topics = Topics("qpmesh/test")
+    sim = Simulator(fab, SimConfig(peers=4, seed=7))
+    steps = list(sim.run(2.0, 0.5))
+    t0 = time.monotonic_ns()
+
+    def clock() -> int:  # the simulator's timebase, advancing in real time
+        return EPOCH_NS + 2_000_000_000 + (time.monotonic_ns() - t0)
+
+    live = LiveController(fab)
+    log_path = tmp_path / "log.jsonl"
+    log_file = log_path.open("w")
+    config = ServiceConfig(fabric=fab, tick_s=0.1)
+    svc = asyncio.create_task(
+        run_service(
+            host, port, config, topics, share="ctl", log=JsonLog(log_file), live=live, clock=clock
+        )
+    )
+    prober = subprocess.Popen(
+        [sys.executable, "-c", _WILL_CLIENT, host, str(port), topics.presence("host0")],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert prober.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(prober.stdout.readline), 20)
+        assert line.strip() == b"ready"
+        async with aiomqtt.Client(host, port) as client:
+            await client.subscribe(topics.subscription("events"), qos=1)
+            # wait until the service subscribed (it logs "connected")
+            for _ in range(200):
+                if "connected" in log_path.read_text():
+                    break
+                await asyncio.sleep(0.05)
+            expected = 0
+            for st in steps:
+                await client.publish(topics.probes("host1"), encode_batch(st.batch), qos=1)
+                expected += len(st.batch)
+            # a replayed batch must not count twice
+            await client.publish(topics.probes("host1"), encode_batch(steps[0].batch), qos=1)
+            prober.kill()  # abrupt death: the broker publishes the last-will
+            prober.wait(timeout=10)
+            got: list[dict[str, object]] = []
+
+            async def collect() -> None:
+                async for msg in client.messages:
+                    assert isinstance(msg.payload, bytes)
+                    got.append(json.loads(msg.payload))
+                    if any(e["kind"] == "prober_down" and e["target"] == "host0" for e in got):
+                        return
+
+            await asyncio.wait_for(collect(), 20)
+            for _ in range(100):
+                if live.records >= expected:
+                    break
+                await asyncio.sleep(0.05)
+        assert live.records == expected
+        assert live.ingestor.stats.duplicates == 1
+        assert live.alive["host0"] is False
+        assert str(got[-1]["kind"]) == "prober_down"
+    finally:
+        if prober.poll() is None:
+            prober.kill()
+            prober.wait(timeout=10)
+        svc.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await svc
+        log_file.close()
+    lines = [json.loads(x) for x in log_path.read_text().splitlines()]
+    assert any(x["msg"] == "event" and x["kind"] == "prober_down" for x in lines)
