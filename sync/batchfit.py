@@ -72,8 +72,8 @@ def fit_pairs(
 ) -> PairFits:
     """Fit every pair ``0 <= p < n_pairs`` from forward and reverse samples.
 
-    ``*_pair`` are pair indices per sample, ``*_t`` sender-clock send times (float ns relative
-    to t_ref), ``*_d`` delays (recv stamp - send stamp, ns). Samples need not be sorted.
+    ``*_pair`` are pair indices per sample, ``*_t`` times on one clock's axis per pair (float
+    ns relative to t_ref; see ``sync.pairfit`` on the time axis), ``*_d`` delays (recv stamp - send stamp, ns). Samples need not be sorted.
     Non-finite samples make the pair NONFINITE unless ``drop_nonfinite`` (then they are just
     ignored). Early-stamp outliers pull the envelope: filter samples with ``sync.coded`` first.
     Iterates until the slope change
@@ -130,7 +130,8 @@ def fit_pairs(
             tmin[rows], span[rows], max_drift, n_bins, max_passes, tol_ns,
         )  # fmt: skip
         m, c, floor, sf, sr = res
-        at_bound = np.abs(m) >= max_drift * (1 - 1e-6)
+        # within the bisection tolerance of the bound: the data do not pin the slope
+        at_bound = np.abs(m) >= max_drift - 2.0 * tol_ns / (0.5 * span[rows])
         tc = tmin[rows] + 0.5 * span[rows]
         ostd, dstd = _std(sf, sr, span[rows], tc, quant_ns)
         good = ~at_bound

@@ -11,6 +11,12 @@ at once with numpy: per-(pair, direction) time-binned minima of the detrended de
 bisection on the slope, repeated on the re-detrended data until the slope settles (each pass
 shrinks the binning error by about ``2 / n_bins``). Times are float ns relative to the caller's
 epoch ``t_ref`` (t = 0); the returned offset is theta at t = 0.
+
+Time axis: forward and reverse samples must be timed on ONE clock's axis, e.g. clock a (the
+forward send stamp, the reverse *receive* stamp). Timing reverse samples by b's send stamp
+shifts them by theta (up to ms), i.e. by drift x theta in delay (60 ppm x 1 ms = 60 ns). Also
+the fitted offset is theta where that clock reads t_ref, which differs from true t_ref by
+offset_a: re-evaluate at ``t = offset_a`` (known after a network solve) to align pairs.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from sync._arrays import as_float
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
+MIN_STD_NS = 0.1  # floor of the reported offset std (ns)
 
 
 class FitStatus(IntEnum):
@@ -140,10 +147,10 @@ def _std(spread_f: F64, spread_r: F64, span: F64, tc: F64, quant_ns: float) -> t
     The envelope error of each side is taken as the gap between its lowest and third-lowest
     support residual (how densely samples sit at the floor), plus quantization. Drift error is
     that over the window span; the offset at t=0 adds the drift error times the distance from
-    the window centre ``tc``.
+    the window centre ``tc``. Floored at ``MIN_STD_NS`` so 1/std^2 weights stay finite.
     """
     q = quant_ns / math.sqrt(12.0)
-    s_centre = 0.5 * np.sqrt(spread_f**2 + spread_r**2 + 2 * q * q)
+    s_centre = np.maximum(0.5 * np.sqrt(spread_f**2 + spread_r**2 + 2 * q * q), MIN_STD_NS)
     drift_std = 2.0 * math.sqrt(3.0) * s_centre / np.maximum(span, 1.0)
     offset_std = np.sqrt(s_centre**2 + (drift_std * tc) ** 2)
     return offset_std, drift_std
@@ -206,7 +213,8 @@ def fit_pair(
 ) -> PairFit:
     """Exact max-margin fit for one pair.
 
-    ``fwd_t``/``rev_t`` are sender-clock send times (float ns relative to t_ref), ``fwd_d``/
+    ``fwd_t``/``rev_t`` are times on one clock's axis, float ns relative to t_ref (see the
+    module docstring: a's send stamp forward, a's receive stamp reverse), ``fwd_d``/
     ``rev_d`` the measured delays (recv stamp minus send stamp). The envelope is a minimum, so
     early-stamp outliers bias it: filter with ``sync.coded`` first. Returns a PairFit (status != OK with
     NaN estimates when the window cannot be fitted). Raises ValueError for malformed input.
