@@ -1,0 +1,336 @@
+"""The prober agent: schedule -> transport -> results -> ProbeBatch -> spool -> publisher.
+
+One agent per host drives every local NIC:
+
+- a `prober.schedule.ProbePlan` over the peers from the config (full mesh inside the NIC's
+  ECMP group plus ``cross_peers`` elsewhere), sweeping each NIC's source-port set;
+- one `ProbeSession` + transport endpoint per NIC (`prober.udp.UdpEndpoint`, or the RDMA
+  endpoint); results and losses are collected as they complete;
+- every ``batch_interval_ms`` the collected events become one columnar `ProbeBatch` (NIC
+  table = all configured NIC ids, so indices are stable) with an increasing ``batch_seq``,
+  encoded and handed to the `Publisher` (which spools it until the broker has it);
+- every ``telemetry.interval_s`` a health document (GPU, NIC counters, prober counters).
+
+Pure helpers (`batch_seq_start`, `plan_round`, `health_doc`) are unit-tested; `Agent.run`
+is the thin asyncio shell. Time sources are injectable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from prober.config import NicConfig, ProberConfig
+from prober.events import ProbeEvent, results_to_batch
+from prober.publish import Publisher
+from prober.records import encode_batch
+from prober.schedule import ProbePlan, ScheduledProbe, choose_peers
+from prober.session import ProbeSession
+from prober.spool import Spool
+from prober.telemetry.gpu import GpuReading, gpu_health, read_gpus
+from prober.telemetry.nic import NicTelemetryError, read_nic
+
+
+class Endpoint(Protocol):
+    """What the agent needs from a transport endpoint (UDP or RDMA)."""
+
+    session: ProbeSession
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+    async def run(self) -> None: ...
+    def wake(self) -> None: ...
+    def now_ns(self) -> int: ...
+
+    @property
+    def stamp_source(self) -> str: ...
+
+
+EndpointFactory = Callable[
+    [NicConfig, ProbeSession, Sequence[int], Callable[[list[ProbeEvent]], None]], Endpoint
+]
+
+
+def batch_seq_start(now_ns: int) -> int:
+    """Return the first batch_seq of a prober started at ``now_ns`` (ms since the epoch).
+
+    Batches are at least 10 ms apart, so a restarted prober starts above its predecessor's
+    last batch_seq and the consumer's (origin, batch_seq) dedupe stays valid.
+    """
+    return max(0, now_ns // 1_000_000)
+
+
+def plan_peers(cfg: ProberConfig) -> dict[str, tuple[str, ...]]:
+    """Return local NIC id -> peer NIC ids (group mates + cross-group sample) for ``cfg``."""
+    return choose_peers(
+        [n.id for n in cfg.nics], cfg.group_of(), cfg.schedule.cross_peers, cfg.schedule.seed
+    )
+
+
+def plan_round(plan: ProbePlan, peers: dict[str, tuple[str, ...]], at_ns: int,
+               stagger_ns: int = 1_000_000) -> list[ScheduledProbe]:  # fmt: skip
+    """Return one probe per (src, dst) stream (a single round, for ``--once``).
+
+    Each stream uses the first port of its NIC's sweep; probes are ``stagger_ns`` apart.
+    """
+    out: list[ScheduledProbe] = []
+    k = 0
+    for src in sorted(peers):
+        ports = plan.ports[src]
+        for j, dst in enumerate(peers[src]):
+            sport = ports[j % len(ports)]
+            out.append(ScheduledProbe(at_ns + k * stagger_ns, src, dst, sport, plan.config.coded))
+            k += 1
+    return out
+
+
+def health_doc(
+    host: str,
+    t_ns: int,
+    gpu: GpuReading,
+    previous_gpu: GpuReading | None,
+    nics: dict[str, dict[str, Any]],
+    counters: dict[str, Any],
+) -> dict[str, Any]:
+    """Return the JSON health document of ``host`` (pure)."""
+    g = gpu_health(gpu, previous_gpu)
+    return {
+        "host": host,
+        "t_ns": t_ns,
+        "gpu_ok": g.ok,
+        "gpu_present": g.present,
+        "detail": g.detail,
+        "gpu": g.to_json(),
+        "nics": nics,
+        "counters": counters,
+    }
+
+
+def udp_endpoint_factory(cfg: ProberConfig) -> EndpointFactory:
+    """Return a factory of `prober.udp.UdpEndpoint` per NIC, per the config."""
+    from prober.udp import UdpEndpoint
+
+    want_hw = cfg.timestamps != "sw"
+
+    def make(
+        nic: NicConfig,
+        session: ProbeSession,
+        sports: Sequence[int],
+        on_events: Callable[[list[ProbeEvent]], None],
+    ) -> Endpoint:
+        return UdpEndpoint(
+            session,
+            nic.address,
+            device=nic.device or None,
+            dport=cfg.port,
+            sports=sports,
+            timestamping=True,
+            want_hw=want_hw,
+            on_events=on_events,
+        )
+
+    return make
+
+
+@dataclass(slots=True)
+class AgentStats:
+    """What the agent did (for --once output and tests)."""
+
+    probes_queued: int = 0
+    results: int = 0
+    lost: int = 0
+    batches: int = 0
+
+
+class Agent:
+    """Run the prober of ``cfg.host`` until stopped (or for one round with ``once``)."""
+
+    def __init__(
+        self,
+        cfg: ProberConfig,
+        *,
+        endpoint_factory: EndpointFactory | None = None,
+        publisher: Publisher | None = None,
+        now_ns: Callable[[], int] = time.time_ns,
+        gpu_reader: Callable[[], GpuReading] = read_gpus,
+    ) -> None:
+        self.cfg = cfg
+        self._now_ns = now_ns
+        self._factory = endpoint_factory or udp_endpoint_factory(cfg)
+        if publisher is None:
+            spool = Spool(
+                cfg.spool_max_batches,
+                cfg.spool_max_bytes,
+                Path(cfg.spool_dir) if cfg.spool_dir else None,
+            )
+            publisher = Publisher(cfg.mqtt, cfg.host, spool)
+        self.publisher = publisher
+        self._gpu_reader = gpu_reader
+        self._gpu_prev: GpuReading | None = None
+        self.peers = plan_peers(cfg)
+        self.nic_table = tuple(sorted(cfg.group_of()))
+        self.address = cfg.peer_address()
+        self.plan = ProbePlan(self.peers, cfg.schedule, start_ns=now_ns())
+        self.sessions = {
+            n.id: ProbeSession(n.id, timeout_ns=cfg.timeout_ms * 1_000_000) for n in cfg.nics
+        }
+        self.endpoints: dict[str, Endpoint] = {}
+        self._events: list[ProbeEvent] = []
+        self._batch_seq = batch_seq_start(now_ns())
+        self.stats = AgentStats()
+
+    # ---- pieces -------------------------------------------------------------------------------
+
+    def _collect(self, events: list[ProbeEvent]) -> None:
+        self._events.extend(events)
+
+    def _queue(self, probes: Sequence[ScheduledProbe]) -> None:
+        for p in probes:
+            session = self.sessions[p.src]
+            dest = self.address[p.dst]
+            if p.coded:
+                session.queue_pair(p.dst, dest, p.sport, p.at_ns, self.cfg.schedule.pair_spacing_ns)
+                self.stats.probes_queued += 2
+            else:
+                session.queue_probe(p.dst, dest, p.sport, p.at_ns)
+                self.stats.probes_queued += 1
+        for src in {p.src for p in probes}:
+            self.endpoints[src].wake()
+
+    def _stamp_kind(self) -> str:
+        kinds = {str(ep.stamp_source) for ep in self.endpoints.values()}
+        return "hw" if kinds == {"hw"} else "sw"
+
+    def flush_batch(self) -> int:
+        """Turn collected events into one batch and submit it; return the records in it."""
+        if not self._events:
+            return 0
+        events, self._events = self._events, []
+        batch = results_to_batch(
+            events,
+            origin=self.cfg.host,
+            stamp=self._stamp_kind(),
+            nic_ids=self.nic_table,
+            dport=self.cfg.port,
+            batch_seq=self._batch_seq,
+        )
+        self._batch_seq += 1
+        self.publisher.submit(batch.batch_seq, encode_batch(batch))
+        self.stats.batches += 1
+        self.stats.lost += int(batch.lost.sum())
+        self.stats.results += len(batch) - int(batch.lost.sum())
+        return len(batch)
+
+    def publish_health(self) -> None:
+        """Read GPU and NIC telemetry and queue a health message."""
+        gpu = self._gpu_reader()
+        nics: dict[str, dict[str, Any]] = {}
+        for n in self.cfg.nics:
+            if not n.device:
+                continue
+            try:
+                nics[n.id] = read_nic(n.device).to_json()
+            except NicTelemetryError as exc:
+                nics[n.id] = {"device": n.device, "error": str(exc)}
+        counters: dict[str, Any] = {
+            "publisher": self.publisher.counters(),
+            "sessions": {k: dict(s.counters) for k, s in self.sessions.items()},
+        }
+        doc = health_doc(self.cfg.host, self._now_ns(), gpu, self._gpu_prev, nics, counters)
+        self._gpu_prev = gpu
+        self.publisher.set_health(doc)
+
+    # ---- the asyncio shell --------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open one endpoint per local NIC (raises the transport's OSError)."""
+        try:
+            for n in self.cfg.nics:
+                ep = self._factory(n, self.sessions[n.id], self.plan.ports[n.id], self._collect)
+                ep.open()
+                self.endpoints[n.id] = ep
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close every endpoint."""
+        for ep in self.endpoints.values():
+            ep.close()
+        self.endpoints.clear()
+
+    async def run(self, stop: asyncio.Event, *, once: bool = False) -> AgentStats:
+        """Probe, batch and publish until ``stop`` (or one round with ``once``); return stats.
+
+        On the way out the last batch is flushed and the publisher drains its spool for up to
+        ``mqtt.drain_on_stop_s`` before announcing ``alive=false``.
+        """
+        self.open()
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(ep.run())
+                                          for ep in self.endpoints.values()]  # fmt: skip
+        pub_stop = asyncio.Event()
+        pub_task = asyncio.create_task(self.publisher.run(pub_stop))
+        try:
+            self.publish_health()
+            if once:
+                await self._one_round()
+            else:
+                await self._loop(stop)
+        finally:
+            self.flush_batch()
+            for ep in self.endpoints.values():
+                ep.close()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            pub_stop.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.shield(pub_task),
+                    self.cfg.mqtt.drain_on_stop_s + 2 * self.cfg.mqtt.timeout_s,
+                )
+            if not pub_task.done():
+                pub_task.cancel()
+                await asyncio.gather(pub_task, return_exceptions=True)
+            self.endpoints.clear()
+        return self.stats
+
+    def _any_now(self) -> int:
+        ep = next(iter(self.endpoints.values()))
+        return ep.now_ns()
+
+    async def _one_round(self) -> None:
+        probes = plan_round(self.plan, self.peers, self._any_now())
+        self._queue(probes)
+        wait_s = self.cfg.timeout_ms / 1000.0 + 0.05 + len(probes) * 0.001
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and len(self._events) < self.stats.probes_queued:
+            await asyncio.sleep(0.01)
+        for s in self.sessions.values():  # report what never completed as lost
+            self._collect(s.poll(self._any_now() + s.timeout_ns + 1))
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        batch_s = self.cfg.batch_interval_ms / 1000.0
+        loop = asyncio.get_running_loop()
+        next_batch = loop.time() + batch_s
+        next_health = loop.time() + self.cfg.telemetry_interval_s
+        while not stop.is_set():
+            self._queue(self.plan.due(self._any_now() + 2_000_000))  # 2 ms look-ahead
+            now = loop.time()
+            if now >= next_batch:
+                self.flush_batch()
+                next_batch += batch_s
+                if next_batch < now:
+                    next_batch = now + batch_s
+            if now >= next_health:
+                self.publish_health()
+                next_health = now + self.cfg.telemetry_interval_s
+            nxt = self.plan.next_at_ns()
+            gap_s = 0.05 if nxt is None else max(0.0, (nxt - self._any_now()) / 1e9 - 0.001)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(gap_s, 0.05, max(0.0, next_batch - now)))

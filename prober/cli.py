@@ -1,0 +1,153 @@
+"""``qpmesh prober``: run the prober agent of this host; ``qpmesh prober bench``.
+
+Bad configuration raises `prober.config.ConfigError` (exit 2); a missing RDMA device or an
+unusable socket raises an OSError (exit 1); both print one line (see `controller.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from dataclasses import replace
+from typing import Any
+
+from prober.config import ProberConfig, load_config
+
+
+def register(subparsers: Any) -> None:
+    """Add ``prober`` (and ``prober bench``) to the root ``qpmesh`` parser."""
+    p = subparsers.add_parser(
+        "prober",
+        help="probe this host's NIC peers and publish the results over MQTT",
+        description="Probe every peer NIC on every ECMP path; publish batches to MQTT.",
+    )
+    p.add_argument("--config", metavar="FILE", help="prober TOML configuration")
+    p.add_argument("--once", action="store_true", help="probe a single round, publish, exit")
+    p.add_argument("--dry-run", action="store_true", help="print what would be probed and exit")
+    p.add_argument("--transport", choices=("udp", "rdma"), help="override prober.transport")
+    p.add_argument("--json", action="store_true", help="machine-readable output (--once/--dry-run)")
+    p.set_defaults(func=_run)
+    sub = p.add_subparsers(dest="prober_command", metavar="SUBCOMMAND")
+    b = sub.add_parser("bench", help="measure the probe protocol and transport throughput")
+    b.add_argument("--seconds", type=float, default=3.0, help="duration of each measurement")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(func=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from prober.bench import run_bench  # type: ignore[import-not-found,unused-ignore]
+
+    if args.seconds <= 0:
+        raise ValueError("--seconds must be positive")
+    result = run_bench(args.seconds, args.json)
+    return int(result) if isinstance(result, int) else 0
+
+
+def _load(args: argparse.Namespace) -> ProberConfig:
+    if not args.config:
+        raise ValueError("--config FILE is required")
+    cfg = load_config(args.config)
+    if args.transport:
+        cfg = replace(cfg, transport=args.transport)
+    return cfg
+
+
+def dry_run_plan(cfg: ProberConfig, probes_shown: int = 8) -> dict[str, Any]:
+    """Return what the prober would probe: peers, ports, rates, the first probes (pure)."""
+    from prober.agent import plan_peers
+    from prober.schedule import ProbePlan
+
+    peers = plan_peers(cfg)
+    plan = ProbePlan(peers, cfg.schedule, start_ns=0)
+    addr = cfg.peer_address()
+    first = []
+    for p in plan:
+        first.append({"t_ms": p.at_ns / 1e6, "src": p.src, "dst": p.dst,
+                      "dest": list(addr[p.dst]), "sport": p.sport, "coded": p.coded})  # fmt: skip
+        if len(first) >= probes_shown:
+            break
+    return {
+        "host": cfg.host,
+        "transport": cfg.transport,
+        "broker": f"{cfg.mqtt.host}:{cfg.mqtt.port}",
+        "prefix": cfg.mqtt.prefix,
+        "streams": len(plan),
+        "probes_per_s": plan.probes_per_second * (2 if cfg.schedule.coded else 1),
+        "ports_per_nic": cfg.schedule.ports_per_nic,
+        "nics": {
+            n.id: {
+                "address": n.address,
+                "peers": list(peers[n.id]),
+                "sports": list(plan.ports[n.id]),
+            }
+            for n in cfg.nics
+        },
+        "first_probes": first,
+    }
+
+
+def _print_dry_run(doc: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    print(
+        f"prober {doc['host']} ({doc['transport']}) -> mqtt {doc['broker']} under {doc['prefix']}/"
+    )
+    print(f"{doc['streams']} streams, {doc['probes_per_s']:.1f} probes/s, "
+          f"{doc['ports_per_nic']} source ports per NIC")  # fmt: skip
+    for nic, d in doc["nics"].items():
+        print(f"  {nic} {d['address']}: peers {', '.join(d['peers']) or '(none)'}")
+        ports = d["sports"]
+        print(f"    sports {ports[:6]}{' ...' if len(ports) > 6 else ''}")
+    for p in doc["first_probes"]:
+        print(f"  t+{p['t_ms']:8.3f} ms  {p['src']} -> {p['dst']} {p['dest'][0]}:{p['dest'][1]}"
+              f"  sport {p['sport']}{' (coded pair)' if p['coded'] else ''}")  # fmt: skip
+
+
+def _run(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    if args.dry_run:
+        _print_dry_run(dry_run_plan(cfg), args.json)
+        return 0
+    factory = None
+    if cfg.transport == "rdma":
+        from prober.rdma.discover import require_rdma
+
+        require_rdma([n.rdma_device for n in cfg.nics])  # raises RdmaUnavailable (exit 1)
+        from prober.rdma.transport import rdma_endpoint_factory
+
+        factory = rdma_endpoint_factory(cfg)
+    return asyncio.run(_serve(cfg, factory, once=args.once, as_json=args.json))
+
+
+async def _serve(cfg: ProberConfig, factory: Any, *, once: bool, as_json: bool) -> int:
+    from prober.agent import Agent
+
+    agent = Agent(cfg, endpoint_factory=factory)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        stats = await agent.run(stop, once=once)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    if once:
+        doc = {
+            "host": cfg.host,
+            "probes": stats.probes_queued,
+            "results": stats.results,
+            "lost": stats.lost,
+            "batches": stats.batches,
+            **agent.publisher.counters(),
+        }
+        if as_json:
+            print(json.dumps(doc))
+        else:
+            print(" ".join(f"{k}={v}" for k, v in doc.items()))
+        sys.stdout.flush()
+    return 0

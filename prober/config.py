@@ -1,0 +1,293 @@
+"""Prober configuration: one TOML file, validated into frozen values.
+
+Every problem becomes one `ConfigError` (a ValueError: the CLI exits 2) whose message names
+the file and the key, e.g. ``prober.toml: mqtt.port: must be an integer in 1..65535, got 0``.
+Unknown keys are errors too (a typo must not silently fall back to a default).
+
+Layout (see docs/prober.md for the full reference)::
+
+    [prober]                      # host = "host0", transport = "udp", port = 4791, ...
+    [schedule]                    # rate_hz, paths, confidence, cross_peers, coded, seed
+    [mqtt]                        # host, port, prefix, keepalive_s, timeout_s, backoff_*
+    [spool]                       # max_batches, max_bytes, dir
+    [telemetry]                   # interval_s, gpu
+    [[nics]]   id, address, group, device, rdma_device, gid_index
+    [[peers]]  id, address, group, port
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prober.publish import BrokerSettings
+from prober.schedule import ScheduleConfig
+
+T = TypeVar("T")
+TRANSPORTS = ("udp", "rdma")
+STAMPS = ("auto", "hw", "sw")
+
+
+class ConfigError(ValueError):
+    """The prober configuration is invalid; the message names the file and key."""
+
+
+@dataclass(frozen=True, slots=True)
+class NicConfig:
+    """A local NIC: its fabric ``id``, IP ``address`` it probes from, ECMP ``group`` (leaf).
+
+    ``device``: netdev name for sysfs counters (optional); ``rdma_device``: verbs device
+    (e.g. ``mlx5_0``) for the RDMA transport; ``gid_index``: RoCEv2 GID index.
+    """
+
+    id: str
+    address: str
+    group: str = "group0"
+    device: str = ""
+    rdma_device: str = ""
+    rdma_port: int = 1
+    gid_index: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class PeerConfig:
+    """A NIC this host may probe: fabric ``id``, ``address``, ``group``, probe ``port``."""
+
+    id: str
+    address: str
+    group: str = "group0"
+    port: int = 0  # 0: the local prober.port
+
+
+@dataclass(frozen=True, slots=True)
+class ProberConfig:
+    """The whole validated configuration."""
+
+    host: str
+    nics: tuple[NicConfig, ...]
+    peers: tuple[PeerConfig, ...]
+    transport: str = "udp"
+    port: int = 4791
+    timestamps: str = "auto"
+    timeout_ms: int = 1000
+    batch_interval_ms: int = 1000
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    mqtt: BrokerSettings = field(default_factory=BrokerSettings)
+    spool_max_batches: int = 10_000
+    spool_max_bytes: int = 64 << 20
+    spool_dir: str = ""
+    telemetry_interval_s: float = 5.0
+    telemetry_gpu: bool = True
+    source: str = "<config>"
+
+    def group_of(self) -> dict[str, str]:
+        """Return NIC id -> ECMP group for every known NIC (local and peers)."""
+        out = {p.id: p.group for p in self.peers}
+        out.update({n.id: n.group for n in self.nics})
+        return out
+
+    def peer_address(self) -> dict[str, tuple[str, int]]:
+        """Return NIC id -> (address, port) for every known NIC."""
+        out = {p.id: (p.address, p.port or self.port) for p in self.peers}
+        out.update({n.id: (n.address, self.port) for n in self.nics})
+        return out
+
+
+class _Section:
+    """Typed reads of one TOML table, with errors naming ``file: path.key``."""
+
+    def __init__(self, src: str, path: str, table: Mapping[str, Any]) -> None:
+        self.src, self.path, self.table = src, path, table
+        self.used: set[str] = set()
+
+    def err(self, key: str, msg: str) -> ConfigError:
+        where = f"{self.path}.{key}" if self.path else key
+        return ConfigError(f"{self.src}: {where}: {msg}")
+
+    def get(self, key: str, kind: type[T], default: T, check: Callable[[T], bool] | None = None,
+            want: str = "") -> T:  # fmt: skip
+        self.used.add(key)
+        if key not in self.table:
+            return default
+        value = self.table[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.err(key, f"must be {want or kind.__name__}, got {value!r}")
+        if check is not None and not check(value):
+            raise self.err(key, f"must be {want}, got {value!r}")
+        return value
+
+    def require(self, key: str, kind: type[T], check: Callable[[T], bool] | None = None,
+                want: str = "") -> T:  # fmt: skip
+        if key not in self.table:
+            raise self.err(key, "is required")
+        return self.get(key, kind, None, check, want)  # type: ignore[arg-type,return-value]
+
+    def finish(self) -> None:
+        extra = sorted(set(self.table) - self.used)
+        if extra:
+            raise self.err(extra[0], "unknown key")
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _ident(value: str) -> bool:
+    return bool(value) and all(c.isalnum() or c in "-_.:" for c in value)
+
+
+def _port(v: int) -> bool:
+    return 1 <= v <= 0xFFFF
+
+
+def _table(src: str, doc: Mapping[str, Any], key: str) -> _Section:
+    value = doc.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{src}: {key}: must be a table")
+    return _Section(src, key, value)
+
+
+def _array(src: str, doc: Mapping[str, Any], key: str) -> list[_Section]:
+    value = doc.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(f"{src}: {key}: must be an array of tables ([[{key}]])")
+    return [_Section(src, f"{key}[{i}]", v) for i, v in enumerate(value)]
+
+
+def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConfig:
+    """Return the validated configuration in TOML document ``doc``; raise `ConfigError`."""
+    src = source
+    known = {"prober", "schedule", "mqtt", "spool", "telemetry", "nics", "peers"}
+    for key in doc:
+        if key not in known:
+            raise ConfigError(f"{src}: {key}: unknown section")
+
+    pr = _table(src, doc, "prober")
+    host = pr.require("host", str, _ident, "a host id (letters, digits, - _ . :)")
+    transport = pr.get("transport", str, "udp", lambda v: v in TRANSPORTS, f"one of {TRANSPORTS}")
+    port = pr.get("port", int, 4791, _port, "an integer in 1..65535")
+    stamps = pr.get("timestamps", str, "auto", lambda v: v in STAMPS, f"one of {STAMPS}")
+    timeout_ms = pr.get("timeout_ms", int, 1000, lambda v: 1 <= v <= 60_000, "1..60000")
+    batch_ms = pr.get("batch_interval_ms", int, 1000, lambda v: 10 <= v <= 600_000, "10..600000")
+    pr.finish()
+
+    sc = _table(src, doc, "schedule")
+    sched_kw: dict[str, Any] = {
+        "rate_hz": sc.get("rate_hz", float, 10.0, lambda v: 0 < v <= 1e5, "a rate in (0, 1e5]"),
+        "paths": sc.get("paths", int, 16, lambda v: 1 <= v <= 4096, "an integer in 1..4096"),
+        "confidence": sc.get("confidence", float, 0.9, lambda v: 0 < v < 1, "in (0, 1)"),
+        "cross_peers": sc.get("cross_peers", int, 16, lambda v: 0 <= v <= 1024, "0..1024"),
+        "coded": sc.get("coded", bool, True),
+        "jitter": sc.get("jitter", float, 0.25, lambda v: 0 <= v < 0.5, "in [0, 0.5)"),
+        "seed": sc.get("seed", int, 0),
+    }
+    sc.finish()
+    try:
+        schedule = ScheduleConfig(**sched_kw)
+    except ValueError as exc:
+        raise ConfigError(f"{src}: schedule: {exc}") from None
+
+    mq = _table(src, doc, "mqtt")
+    mqtt_kw: dict[str, Any] = {
+        "host": mq.get("host", str, "127.0.0.1", bool, "a host name or address"),
+        "port": mq.get("port", int, 1883, _port, "an integer in 1..65535"),
+        "prefix": mq.get("prefix", str, "qpmesh/v1"),
+        "keepalive_s": mq.get("keepalive_s", int, 10, lambda v: 1 <= v <= 3600, "1..3600"),
+        "timeout_s": mq.get("timeout_s", float, 5.0, lambda v: 0 < v <= 600, "in (0, 600]"),
+        "backoff_min_s": mq.get("backoff_min_s", float, 0.2, lambda v: 0 < v <= 60, "(0, 60]"),
+        "backoff_max_s": mq.get("backoff_max_s", float, 5.0, lambda v: 0 < v <= 600, "(0, 600]"),
+    }
+    mq.finish()
+    try:
+        mqtt = BrokerSettings(**mqtt_kw)
+    except ValueError as exc:
+        raise ConfigError(f"{src}: mqtt: {exc}") from None
+
+    sp = _table(src, doc, "spool")
+    max_batches = sp.get("max_batches", int, 10_000, lambda v: v >= 1, "a positive integer")
+    max_bytes = sp.get("max_bytes", int, 64 << 20, lambda v: v >= 1024, "an integer >= 1024")
+    spool_dir = sp.get("dir", str, "")
+    sp.finish()
+
+    te = _table(src, doc, "telemetry")
+    tel_interval = te.get("interval_s", float, 5.0, lambda v: 0.1 <= v <= 3600, "0.1..3600")
+    tel_gpu = te.get("gpu", bool, True)
+    te.finish()
+
+    nics: list[NicConfig] = []
+    for s in _array(src, doc, "nics"):
+        nics.append(
+            NicConfig(
+                id=s.require("id", str, _ident, "a NIC id"),
+                address=s.require("address", str, _is_ip, "an IP address"),
+                group=s.get("group", str, "group0", _ident, "a group id"),
+                device=s.get("device", str, ""),
+                rdma_device=s.get("rdma_device", str, ""),
+                rdma_port=s.get("rdma_port", int, 1, lambda v: 1 <= v <= 255, "1..255"),
+                gid_index=s.get("gid_index", int, 3, lambda v: 0 <= v <= 255, "0..255"),
+            )
+        )
+        s.finish()
+    if not nics:
+        raise ConfigError(f"{src}: nics: at least one [[nics]] entry is required")
+    peers: list[PeerConfig] = []
+    for s in _array(src, doc, "peers"):
+        peers.append(
+            PeerConfig(
+                id=s.require("id", str, _ident, "a NIC id"),
+                address=s.require("address", str, _is_ip, "an IP address"),
+                group=s.get("group", str, "group0", _ident, "a group id"),
+                port=s.get("port", int, 0, lambda v: 0 <= v <= 0xFFFF, "0..65535"),
+            )
+        )
+        s.finish()
+    seen: set[str] = set()
+    ids = [("nics", i, n.id) for i, n in enumerate(nics)]
+    ids += [("peers", i, p.id) for i, p in enumerate(peers)]
+    for kind, i, nic_id in ids:
+        if nic_id in seen:
+            raise ConfigError(f"{src}: {kind}[{i}].id: duplicate NIC id {nic_id!r}")
+        seen.add(nic_id)
+
+    return ProberConfig(
+        host=host,
+        nics=tuple(nics),
+        peers=tuple(peers),
+        transport=transport,
+        port=port,
+        timestamps=stamps,
+        timeout_ms=timeout_ms,
+        batch_interval_ms=batch_ms,
+        schedule=schedule,
+        mqtt=mqtt,
+        spool_max_batches=max_batches,
+        spool_max_bytes=max_bytes,
+        spool_dir=spool_dir,
+        telemetry_interval_s=tel_interval,
+        telemetry_gpu=tel_gpu,
+        source=src,
+    )
+
+
+def load_config(path: Path | str) -> ProberConfig:
+    """Read and validate the TOML file at ``path``.
+
+    Raises `ConfigError` for bad TOML or bad values, `OSError` if the file cannot be read.
+    """
+    p = Path(path)
+    data = p.read_bytes()
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return parse_config(doc, str(p))

@@ -1,0 +1,275 @@
+"""MQTT publisher of the prober: spool in, QoS 1 batches out, presence with a last will.
+
+Shape (aiomqtt 2.x): one connection is an ``async with`` block; reconnection is the explicit
+loop in `Publisher.run` with exponential backoff; every await on the broker has a timeout.
+
+Delivery: the publisher always publishes the OLDEST spooled batch and removes it from the
+spool only after the broker's PUBACK (`Spool.ack`). A failure leaves it at the head, so after
+a reconnect it is retried before anything newer: batches arrive in order. A batch whose
+PUBACK was lost may arrive twice; consumers drop repeats by ``(origin, batch_seq)``.
+
+Presence: ``<prefix>/presence/<host>`` is retained; ``{"alive": true}`` after every connect,
+a last will ``{"alive": false}`` for the broker to publish if the prober dies, and an explicit
+``{"alive": false}`` on a clean stop. The controller tells "prober down" (presence false) from
+"NIC down" (prober alive, probes to/from the NIC lost).
+
+Errors from the broker boundary (aiomqtt `MqttError`, `OSError`, timeouts) are caught in the
+loop and counted; nothing escapes `run` except cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiomqtt
+
+from controller.mqtt_topics import DEFAULT_PREFIX, Topics
+from prober.spool import Spool
+
+# ---- payloads -----------------------------------------------------------------------------------
+
+
+def presence_payload(alive: bool, t_ns: int) -> bytes:
+    """Return the JSON presence document."""
+    return json.dumps({"alive": alive, "t_ns": t_ns}, separators=(",", ":")).encode()
+
+
+# ---- pure policy --------------------------------------------------------------------------------
+
+
+def backoff_delay(attempt: int, lo_s: float, hi_s: float) -> float:
+    """Return the wait before reconnect attempt ``attempt`` (0-based): lo * 2**attempt, capped."""
+    if attempt < 0 or lo_s <= 0 or hi_s < lo_s:
+        raise ValueError("backoff needs attempt >= 0 and 0 < lo <= hi")
+    return min(hi_s, lo_s * (2.0 ** min(attempt, 60)))
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    """Where and how to reach the broker; validated (ValueError)."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    prefix: str = DEFAULT_PREFIX
+    keepalive_s: int = 10
+    timeout_s: float = 5.0
+    backoff_min_s: float = 0.2
+    backoff_max_s: float = 5.0
+    drain_on_stop_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ValueError("broker host must not be empty")
+        if not 0 < self.port <= 0xFFFF:
+            raise ValueError(f"broker port {self.port} out of range")
+        Topics(self.prefix)  # raises TopicError (a ValueError) on a bad prefix
+        if self.keepalive_s <= 0 or self.timeout_s <= 0 or self.drain_on_stop_s < 0:
+            raise ValueError("keepalive, timeout must be positive")
+        backoff_delay(0, self.backoff_min_s, self.backoff_max_s)
+
+
+# ---- the broker boundary ------------------------------------------------------------------------
+
+
+class MqttLike(Protocol):
+    """The part of `aiomqtt.Client` the publisher uses (tests pass a fake)."""
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes | None = None,
+        qos: int = 0,
+        retain: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> None: ...
+
+
+ClientFactory = Callable[[BrokerSettings, str, aiomqtt.Will], AbstractAsyncContextManager[MqttLike]]
+
+BROKER_ERRORS: tuple[type[BaseException], ...] = (aiomqtt.MqttError, OSError, TimeoutError)
+
+
+@asynccontextmanager
+async def aiomqtt_client(
+    settings: BrokerSettings, client_id: str, will: aiomqtt.Will
+) -> AsyncIterator[MqttLike]:
+    """Connect a fresh `aiomqtt.Client` (connect bounded by ``timeout_s``); yield it.
+
+    A fresh client per connection: paho's own queue of unacknowledged messages is dropped
+    with it, so retries come only from the spool and keep their order.
+    """
+    client = aiomqtt.Client(
+        settings.host,
+        settings.port,
+        identifier=client_id,
+        keepalive=settings.keepalive_s,
+        timeout=settings.timeout_s,
+        will=will,
+        clean_session=True,
+    )
+    async with asyncio.timeout(settings.timeout_s):
+        await client.__aenter__()
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(*BROKER_ERRORS):
+            async with asyncio.timeout(settings.timeout_s):
+                await client.__aexit__(None, None, None)
+
+
+class Publisher:
+    """Publishes spooled batches, presence and health of ``host`` until stopped.
+
+    ``sleep`` and ``now_ns`` are injectable so tests drive backoff with a fake clock.
+    Counters: ``connects``, ``errors``, ``published``; ``connected`` is the current state.
+    """
+
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        host: str,
+        spool: Spool,
+        *,
+        client_factory: ClientFactory = aiomqtt_client,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        now_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.settings = settings
+        self.host = host
+        self.spool = spool
+        self._factory = client_factory
+        self._sleep = sleep
+        self._now_ns = now_ns
+        self.topics = Topics(settings.prefix)
+        self.topics.probes(host)  # validates the host id as a topic level
+        self._wake = asyncio.Event()
+        self._health: bytes | None = None
+        self.connected = False
+        self.connects = 0
+        self.errors = 0
+        self.published = 0
+        self.last_error = ""
+
+    # ---- producer side ------------------------------------------------------------------------
+
+    def submit(self, batch_seq: int, payload: bytes) -> int:
+        """Spool one encoded batch and wake the sender; return how many old batches were dropped."""
+        dropped = self.spool.put(batch_seq, payload)
+        self._wake.set()
+        return dropped
+
+    def set_health(self, doc: dict[str, Any]) -> None:
+        """Queue ``doc`` as the next health message (only the latest one is kept)."""
+        self._health = json.dumps(doc, separators=(",", ":"), default=str).encode()
+        self._wake.set()
+
+    def counters(self) -> dict[str, int]:
+        """Return publisher and spool counters."""
+        return {
+            "connects": self.connects,
+            "errors": self.errors,
+            "published": self.published,
+            **self.spool.counters(),
+        }
+
+    # ---- the service loop -------------------------------------------------------------------
+
+    def _will(self) -> aiomqtt.Will:
+        topic = self.topics.presence(self.host)
+        return aiomqtt.Will(topic, presence_payload(False, 0), qos=1, retain=True)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Connect, publish, reconnect with backoff; return after ``stop`` is set.
+
+        On stop, spooled batches are flushed for up to ``drain_on_stop_s`` if connected, then
+        presence ``alive=false`` is published and the connection closed.
+        """
+        attempt = 0
+        client_id = f"qpmesh-prober-{self.host}"
+        while not stop.is_set():
+            try:
+                async with self._factory(self.settings, client_id, self._will()) as client:
+                    self.connected = True
+                    self.connects += 1
+                    attempt = 0
+                    await self._publish(
+                        client,
+                        self.topics.presence(self.host),
+                        presence_payload(True, self._now_ns()),
+                        retain=True,
+                    )
+                    await self._serve(client, stop)
+                    await self._publish(
+                        client,
+                        self.topics.presence(self.host),
+                        presence_payload(False, self._now_ns()),
+                        retain=True,
+                    )
+                    return
+            except BROKER_ERRORS as exc:
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self.connected = False
+            if stop.is_set():
+                return
+            await self._pause(backoff_delay(attempt, self.settings.backoff_min_s,
+                                            self.settings.backoff_max_s), stop)  # fmt: skip
+            attempt += 1
+
+    async def _pause(self, delay_s: float, stop: asyncio.Event) -> None:
+        sleeper = asyncio.ensure_future(self._sleep(delay_s))
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((sleeper, stopper), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (sleeper, stopper):
+                t.cancel()
+            await asyncio.gather(sleeper, stopper, return_exceptions=True)
+
+    async def _publish(
+        self, client: MqttLike, topic: str, payload: bytes, *, retain: bool = False
+    ) -> None:
+        timeout = self.settings.timeout_s
+        async with asyncio.timeout(timeout + 1.0):
+            await client.publish(topic, payload, qos=1, retain=retain, timeout=timeout)
+
+    async def _serve(self, client: MqttLike, stop: asyncio.Event) -> None:
+        """Publish until stop (then drain for a bounded time); raise broker errors."""
+        probes = self.topics.probes(self.host)
+        health = self.topics.health(self.host)
+        drain_until: float | None = None
+        loop = asyncio.get_running_loop()
+        while True:
+            if stop.is_set() and drain_until is None:
+                drain_until = loop.time() + self.settings.drain_on_stop_s
+            if self._health is not None:
+                doc, self._health = self._health, None
+                await self._publish(client, health, doc)
+            item = self.spool.peek()
+            if item is not None:
+                if drain_until is not None and loop.time() > drain_until:
+                    return
+                await self._publish(client, probes, item.payload)
+                self.spool.ack(item.batch_seq)
+                self.published += 1
+                continue
+            if stop.is_set():
+                return
+            self._wake.clear()
+            waker = asyncio.ensure_future(self._wake.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait((waker, stopper), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in (waker, stopper):
+                    t.cancel()
+                await asyncio.gather(waker, stopper, return_exceptions=True)
