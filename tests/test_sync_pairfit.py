@@ -172,7 +172,7 @@ def test_noise_free_fit_is_exact_with_a_finite_positive_std() -> None:
     t = np.linspace(0.0, 1e9, 20)
     theta = 1234.5 + 20e-6 * t
     fits = fit_pairs(1, np.zeros(20, int), t, 2000.0 + theta, np.zeros(20, int), t, 2000.0 - theta)
-    assert fits[0].offset_ns == pytest.approx(1234.5, abs=1e-3)
-    assert fits[0].drift == pytest.approx(20e-6, abs=1e-14)
-    assert fits[0].floor_ns == pytest.approx(2000.0, abs=1e-3)
+    assert fits[0].offset_ns == pytest.approx(1234.5, abs=0.02)  # tol_ns at the window edge
+    assert fits[0].drift == pytest.approx(20e-6, abs=3e-11)  # tol_ns over half the window
+    assert fits[0].floor_ns == pytest.approx(2000.0, abs=0.02)
     assert 0 < fits[0].offset_std_ns < 1.0  # floored, so 1/std^2 network weights stay finite
