@@ -1,0 +1,138 @@
+"""Brain on synthetic Observations: flap, NIC down, contention, prober down, healthy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from controller.brain import Brain
+from controller.fabric import FabricShape, build_fabric
+from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
+from controller.observations import Observations
+from controller.snapshot import Health
+
+FAB = build_fabric(FabricShape(leaves=4, hosts_per_leaf=4, spines=4))
+WIN = 100_000_000
+N = len(FAB.nics)
+S, D = (a.ravel() for a in np.meshgrid(np.arange(N), np.arange(N), indexing="ij"))
+KEEP = S != D
+SRC = np.repeat(S[KEEP], 4)
+DST = np.repeat(D[KEEP], 4)
+SPORT = np.tile(np.array([49152, 50000, 51234, 60001]), int(KEEP.sum()))
+FWD = flow_paths(FAB, SRC, DST, SPORT)
+REV = flow_paths(FAB, DST, SRC, ROCEV2_PORT, SPORT)
+
+
+def window(
+    k: int,
+    rng: np.random.Generator,
+    *,
+    dead_link: int | None = None,
+    slow_hop: int | None = None,
+    silent_nic: int | None = None,
+) -> Observations:
+    n = len(SRC)
+    base_f = 1000.0 + 300.0 * (FWD >= 0).sum(axis=1)
+    base_r = 1000.0 + 300.0 * (REV >= 0).sum(axis=1)
+    owd_f = base_f + rng.exponential(100.0, n)
+    owd_r = base_r + rng.exponential(100.0, n)
+    lost = np.zeros(n, dtype=bool)
+    if dead_link is not None:
+        hops = (2 * dead_link, 2 * dead_link + 1)
+        lost = np.isin(FWD, hops).any(axis=1) | np.isin(REV, hops).any(axis=1)
+    if slow_hop is not None:
+        owd_f += np.where((slow_hop == FWD).any(axis=1), rng.exponential(20_000.0, n), 0.0)
+        owd_r += np.where((slow_hop == REV).any(axis=1), rng.exponential(20_000.0, n), 0.0)
+    keep = np.ones(n, dtype=bool)
+    if silent_nic is not None:
+        lost |= silent_nic == DST
+        keep = silent_nic != SRC
+    t = k * WIN + rng.integers(0, WIN, n)
+    obs = Observations(
+        t.astype(np.int64),
+        SRC.astype(np.int32),
+        DST.astype(np.int32),
+        SPORT.astype(np.int32),
+        FWD,
+        REV,
+        lost,
+        np.where(lost, np.nan, owd_f),
+        np.where(lost, np.nan, owd_r),
+        np.where(lost, np.nan, owd_f + owd_r),
+    )
+    return obs.select(keep)
+
+
+def drive(brain: Brain, k0: int, k1: int, rng: np.random.Generator, **kw: int) -> list:  # type: ignore[type-arg]
+    out = []
+    for k in range(k0, k1):
+        brain.observe(window(k, rng, **kw))
+        out += brain.tick((k + 1) * WIN)
+    return out
+
+
+def test_healthy_raises_nothing() -> None:
+    rng = np.random.default_rng(1)
+    brain = Brain(FAB)
+    assert drive(brain, 0, 50, rng) == []
+    assert set(brain.link_health().values()) == {Health.UP}
+
+
+def test_link_flap_detected_within_two_windows_and_counted() -> None:
+    rng = np.random.default_rng(2)
+    brain = Brain(FAB)
+    lk = FAB.link_index["leaf1-spine2"]
+    drive(brain, 0, 10, rng)
+    ev = drive(brain, 10, 11, rng, dead_link=lk)
+    assert [(e.kind, e.target) for e in ev] == [("link_down", "leaf1-spine2")]
+    ev = drive(brain, 11, 15, rng)
+    assert [e.kind for e in ev] == ["clear"]
+    ev = drive(brain, 15, 16, rng, dead_link=lk)
+    assert [(e.kind, e.target) for e in ev] == [("link_flap", "leaf1-spine2")]
+    assert "2 times" in ev[0].detail
+    assert brain.flap_counts() == {"leaf1-spine2": 2}
+    assert brain.link_health()["leaf1-spine2"] == Health.FLAPPING
+
+
+def test_nic_down_reported_on_the_nic_not_a_leaf_link() -> None:
+    rng = np.random.default_rng(3)
+    brain = Brain(FAB)
+    drive(brain, 0, 10, rng)
+    ev = drive(brain, 10, 13, rng, dead_link=int(FAB.nic_link[5]))
+    assert [(e.kind, e.target) for e in ev] == [("nic_down", "nic5")]
+    assert brain.nic_health()[5] == Health.DOWN
+
+
+def test_contention_names_directed_hop_and_flows() -> None:
+    rng = np.random.default_rng(4)
+    brain = Brain(FAB)
+    lk = FAB.link_index["leaf0-spine2"]
+    hop = 2 * lk  # leaf0 -> spine2, up
+    drive(brain, 0, 20, rng)
+    ev = drive(brain, 20, 23, rng, slow_hop=hop)
+    assert [(e.kind, e.target) for e in ev] == [("contention", "leaf0->spine2")]
+    assert ev[0].flows and all(f[0] in {f"nic{i}" for i in range(4)} for f in ev[0].flows)
+    ev = drive(brain, 23, 30, rng)
+    assert [(e.kind, e.target) for e in ev] == [("clear", "leaf0->spine2")]
+
+
+def test_silent_prober_is_a_host_fault_not_a_network_fault() -> None:
+    rng = np.random.default_rng(5)
+    brain = Brain(FAB)
+    drive(brain, 0, 10, rng)
+    ev = drive(brain, 10, 20, rng, silent_nic=7)
+    assert [(e.kind, e.target) for e in ev] == [("prober_down", "host7")]
+    assert brain.nic_health()[7] == Health.UNKNOWN
+
+
+def test_presence_and_gpu_events() -> None:
+    brain = Brain(FAB)
+    brain.presence("host3", False, 10)
+    brain.gpu("host4", False, "Xid 79", 10)
+    ev = brain.tick(WIN)
+    assert {(e.kind, e.target) for e in ev} == {("prober_down", "host3"), ("gpu_fault", "host4")}
+    brain.presence("host3", True, WIN)
+    brain.gpu("host4", True, "", WIN)
+    assert {(e.kind, e.target) for e in brain.tick(2 * WIN)} == {
+        ("clear", "host3"),
+        ("clear", "host4"),
+    }

@@ -1,0 +1,44 @@
+"""Greedy tomography: fewest links explaining the bad paths, exoneration by good paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.localize import greedy_cover, unique_rows
+
+
+def paths(rng: np.random.Generator, n: int) -> np.ndarray:  # type: ignore[type-arg]
+    # 4 sources (links 0-3), 4 middles (4-7), 4 destinations (8-11): three links per path
+    return np.column_stack(
+        [rng.integers(0, 4, n), rng.integers(4, 8, n), rng.integers(8, 12, n)]
+    ).astype(np.int32)
+
+
+def cover_for(sets: np.ndarray, bad: np.ndarray) -> list[int]:  # type: ignore[type-arg]
+    total = np.bincount(sets.ravel(), minlength=12).astype(np.int64)
+    c = greedy_cover(total, sets[bad], min_rate=0.05, min_bad=3)
+    return sorted(int(x) for x in c.picked)
+
+
+@pytest.mark.parametrize("faulty", [[5], [1, 6], [2, 5, 9]])
+def test_faulty_links_found_with_noise(faulty: list[int]) -> None:
+    rng = np.random.default_rng(len(faulty))
+    sets = paths(rng, 3000)
+    crosses = np.isin(sets, faulty).any(axis=1)
+    bad = (crosses & (rng.random(len(sets)) < 0.3)) | (rng.random(len(sets)) < 0.002)
+    assert cover_for(sets, bad) == sorted(faulty)
+
+
+def test_clean_paths_exonerate() -> None:
+    rng = np.random.default_rng(3)
+    sets = paths(rng, 2000)
+    bad = rng.random(len(sets)) < 0.003  # scattered background: nobody to blame
+    assert cover_for(sets, bad) == []
+
+
+def test_unique_rows_and_bounds() -> None:
+    u = unique_rows(np.array([[3, 1, 3, -1]], dtype=np.int32))
+    assert sorted(int(x) for x in u[0] if x >= 0) == [1, 3]
+    with pytest.raises(ValueError):
+        greedy_cover(np.zeros(2, np.int64), np.array([[5]]), min_rate=0.1, min_bad=1)
