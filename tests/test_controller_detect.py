@@ -35,17 +35,17 @@ def window(
     base_r = 1000.0 + 300.0 * (REV >= 0).sum(axis=1)
     owd_f = base_f + rng.exponential(100.0, n)
     owd_r = base_r + rng.exponential(100.0, n)
-    lost = np.zeros(n, dtype=bool)
+    lost: np.ndarray = np.zeros(n, dtype=bool)  # type: ignore[type-arg]
     if dead_link is not None:
         hops = (2 * dead_link, 2 * dead_link + 1)
-        lost = np.isin(FWD, hops).any(axis=1) | np.isin(REV, hops).any(axis=1)
+        lost = np.asarray(np.isin(FWD, hops).any(axis=1) | np.isin(REV, hops).any(axis=1))
     if slow_hop is not None:
-        owd_f += np.where((slow_hop == FWD).any(axis=1), rng.exponential(20_000.0, n), 0.0)
-        owd_r += np.where((slow_hop == REV).any(axis=1), rng.exponential(20_000.0, n), 0.0)
+        owd_f += np.where(np.equal(FWD, slow_hop).any(axis=1), rng.exponential(20_000.0, n), 0.0)
+        owd_r += np.where(np.equal(REV, slow_hop).any(axis=1), rng.exponential(20_000.0, n), 0.0)
     keep = np.ones(n, dtype=bool)
     if silent_nic is not None:
-        lost |= silent_nic == DST
-        keep = silent_nic != SRC
+        lost |= np.equal(DST, silent_nic)
+        keep = np.not_equal(SRC, silent_nic)
     t = k * WIN + rng.integers(0, WIN, n)
     obs = Observations(
         t.astype(np.int64),
