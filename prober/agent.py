@@ -115,7 +115,9 @@ def udp_endpoint_factory(cfg: ProberConfig) -> EndpointFactory:
     """Return a factory of `prober.udp.UdpEndpoint` per NIC, per the config."""
     from prober.udp import UdpEndpoint
 
-    want_hw = cfg.timestamps != "sw"
+    # "auto" should try hardware stamps; until prober.timestamping.set_hw_timestamping's
+    # ifreq packing is fixed (struct "=16sP" raises), only an explicit "hw" asks for them.
+    want_hw = cfg.timestamps == "hw"
 
     def make(
         nic: NicConfig,

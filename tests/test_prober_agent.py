@@ -1,0 +1,132 @@
+"""Agent: pure helpers, and a real run (two NICs on loopback, UDP, real mosquitto)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import aiomqtt
+import numpy as np
+import pytest
+
+from prober.agent import Agent, batch_seq_start, health_doc, plan_peers, plan_round
+from prober.config import parse_config
+from prober.records import MISSING, decode_batch
+from prober.schedule import ProbePlan
+from prober.telemetry.gpu import GpuReading
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def config(broker: tuple[str, int] = ("127.0.0.1", 1883), **prober: Any) -> Any:
+    return parse_config(
+        {
+            "prober": {"host": "hostA", "port": free_udp_port(), "timeout_ms": 300,
+                       "batch_interval_ms": 200, **prober},
+            "schedule": {"rate_hz": 20.0, "paths": 4, "cross_peers": 2},
+            "mqtt": {"host": broker[0], "port": broker[1], "timeout_s": 3.0},
+            "telemetry": {"interval_s": 0.5},
+            "nics": [{"id": "nic0", "address": "127.0.0.1", "device": "lo"},
+                     {"id": "nic1", "address": "127.0.0.2"}],
+            "peers": [{"id": "nic9", "address": "10.9.9.9", "group": "leafX"}],
+        },
+        "test.toml",
+    )  # fmt: skip
+
+
+def test_batch_seq_start_is_ms_and_monotone_over_restarts() -> None:
+    assert batch_seq_start(1_700_000_000_123_456_789) == 1_700_000_000_123
+    assert batch_seq_start(10**18 + 10_000_000) > batch_seq_start(10**18) + 9  # 10 ms later
+
+
+def test_plan_round_one_probe_per_stream() -> None:
+    cfg = config()
+    peers = plan_peers(cfg)
+    assert peers == {"nic0": ("nic1", "nic9"), "nic1": ("nic0", "nic9")}
+    plan = ProbePlan(peers, cfg.schedule, start_ns=0)
+    probes = plan_round(plan, peers, at_ns=1000)
+    assert [(p.src, p.dst) for p in probes] == [("nic0", "nic1"), ("nic0", "nic9"),
+                                                ("nic1", "nic0"), ("nic1", "nic9")]  # fmt: skip
+    assert all(p.sport in plan.ports[p.src] for p in probes)
+    assert [p.at_ns for p in probes] == [1000, 1_001_000, 2_001_000, 3_001_000]
+
+
+def test_health_doc_pure() -> None:
+    doc = health_doc("h", 5, GpuReading(False, reason="no GPU: x"), None, {"nic0": {}}, {"a": 1})
+    assert doc["gpu_ok"] is True and doc["gpu_present"] is False and doc["detail"] == "no GPU: x"
+    assert doc["t_ns"] == 5 and json.loads(json.dumps(doc)) == doc
+
+
+@pytest.mark.broker
+async def test_agent_probes_and_publishes(mosquitto: tuple[str, int]) -> None:
+    cfg = config(mosquitto)
+    agent = Agent(cfg)
+    batches = []
+    health: list[dict[str, Any]] = []
+    host, port = mosquitto
+    async with aiomqtt.Client(host, port, identifier="agent-sub") as sub:
+        await sub.subscribe("qpmesh/v1/#", qos=1, timeout=3)
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+
+        async def collect() -> None:
+            async for msg in sub.messages:
+                kind = msg.topic.value.split("/")[2]
+                if kind == "probes":
+                    batches.append(decode_batch(bytes(msg.payload)))  # type: ignore[arg-type]
+                elif kind == "health":
+                    health.append(json.loads(msg.payload))  # type: ignore[arg-type]
+                if len(batches) >= 6 and health:
+                    return
+
+        try:
+            await asyncio.wait_for(collect(), 15)
+        finally:
+            stop.set()
+            stats = await asyncio.wait_for(task, 15)
+    assert stats.batches >= 6
+    seqs = [b.batch_seq for b in batches]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    b0 = batches[0]
+    assert b0.origin == "hostA" and b0.dport == cfg.port and b0.stamp in ("sw", "hw")
+    assert b0.nic_ids == ("nic0", "nic1", "nic9")
+    ok = [b.select(~b.lost) for b in batches]
+    got = sum(len(b) for b in ok)
+    assert got >= 10
+    for b in ok:
+        for t in (b.t1, b.t2, b.t3, b.t4):
+            assert (t != MISSING).all()
+        rtt = (b.t4 - b.t1) - (b.t3 - b.t2)
+        assert ((rtt > 0) & (rtt < 50_000_000)).all()  # loopback: < 50 ms, positive
+        pairs = {(b.nic_ids[s], b.nic_ids[d]) for s, d in zip(b.src, b.dst, strict=True)}
+        assert pairs <= {("nic0", "nic1"), ("nic1", "nic0")}
+        for s, sp in zip(b.src, b.sport, strict=True):
+            assert int(sp) in agent.plan.ports[b.nic_ids[s]]
+    # nic9 (10.9.9.9) is unreachable: its probes are reported lost, not dropped
+    lost = [b.select(b.lost) for b in batches]
+    assert any(len(b) and (np.asarray(b.dst) == 2).all() for b in lost)
+    assert health[0]["host"] == "hostA" and health[0]["gpu_present"] is False
+    assert health[0]["nics"]["nic0"]["device"] == "lo"
+
+
+async def test_agent_once_without_broker_keeps_batch_in_spool() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    cfg = config(("127.0.0.1", dead))
+    from dataclasses import replace
+
+    cfg = replace(
+        cfg, mqtt=replace(cfg.mqtt, timeout_s=0.5, drain_on_stop_s=0.2, backoff_min_s=0.05)
+    )
+    agent = Agent(cfg)
+    stats = await agent.run(asyncio.Event(), once=True)
+    assert stats.probes_queued == 8 and stats.results == 4 and stats.lost == 4
+    assert stats.batches == 1 and len(agent.publisher.spool) == 1
+    assert agent.publisher.errors >= 1
