@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from controller.fabric import Fabric
-from controller.fabric.ecmp import ROCEV2_PORT, flow_paths, routing_tables
+from controller.fabric.ecmp import ROCEV2_PORT, ecmp_hash, flow_paths, routing_tables
 from controller.windows import KeyIndex, flow_key
 from prober.records import ProbeBatch
 
@@ -224,9 +224,42 @@ class Ingestor:
 
 
 def _reply_paths(fabric: Fabric, src: I64, dst: I64, sport: int, dport: I64) -> I32:
-    """Model paths of replies whose destination port varies per record (grouped by port)."""
-    out = np.full((len(src), routing_tables(fabric).max_hops), -1, np.int32)
-    for port in np.unique(dport):
-        sel = dport == port
-        out[sel] = flow_paths(fabric, src[sel], dst[sel], sport, int(port))
+    """Model paths of replies src -> dst from UDP ``sport`` to a per-record ``dport``.
+
+    Same up-down ECMP walk as `controller.fabric.flow_paths` (which takes one dport for all
+    flows), vectorized over a per-record destination port.
+    """
+    t = routing_tables(fabric)
+    n = len(src)
+    out = np.full((n, t.max_hops), -1, np.int32)
+    if n == 0:
+        return out
+    out[:, 0] = 2 * t.nic_link[src]
+    cur = t.nic_leaf[src].astype(np.int64)
+    dleaf = t.nic_leaf[dst].astype(np.int64)
+    src_a, dst_a = t.nic_addr[src], t.nic_addr[dst]
+    dp = np.asarray(dport, dtype=np.int64)
+    active = np.ones(n, dtype=bool)
+    for col in range(1, t.max_hops):
+        if not active.any():
+            break
+        idx = np.flatnonzero(active)
+        c, dl = cur[idx], dleaf[idx]
+        at_leaf = c == dl
+        fin = idx[at_leaf]
+        out[fin, col] = 2 * t.nic_link[dst[fin]] + 1
+        active[fin] = False
+        rest = idx[~at_leaf]
+        c, dl = cur[rest], dleaf[rest]
+        dn = t.down_next[c, dl]
+        go_down = dn >= 0
+        r_dn = rest[go_down]
+        out[r_dn, col] = 2 * t.down_link[c[go_down], dl[go_down]] + 1
+        cur[r_dn] = dn[go_down]
+        r_up = rest[~go_down]
+        cu = c[~go_down]
+        h = ecmp_hash(src_a[r_up], dst_a[r_up], sport, dp[r_up], t.seed[cu])
+        k = (h % t.n_up[cu].astype(np.uint64)).astype(np.int64)
+        out[r_up, col] = 2 * t.up_link[cu, k]
+        cur[r_up] = t.up_next[cu, k]
     return out

@@ -97,3 +97,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from testbed.sim.localize_bench import register_localize
 
     register_localize(ssub)
+
+    from testbed.sim.ingest_bench import register_ingest
+
+    register_ingest(ssub)
