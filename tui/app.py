@@ -75,7 +75,7 @@ class MeshApp(App[None]):
 
     TITLE = "qpmesh"
     CSS = """
-    #header, #status, #legend { height: 1; padding: 0 1; }
+    #header, #status, #legend { height: auto; padding: 0 1; }
     #header { background: $boost; }
     #filter { height: 1; border: none; padding: 0 1; margin: 0; }
     #main { height: 1fr; }
@@ -86,7 +86,7 @@ class MeshApp(App[None]):
     #main.narrow { layout: vertical; }
     #main.narrow #grid { width: 1fr; height: 1fr; min-width: 0; }
     #main.narrow #side { width: 1fr; height: 1fr; min-width: 0; layout: horizontal; }
-    #main.narrow #detail-box, #main.narrow #events-box { width: 1fr; height: 1fr; }
+    #main.narrow #detail-box, #main.narrow #events-box { width: 1fr; height: 1fr; padding: 0 1 0 0; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "quit"),
@@ -206,7 +206,7 @@ class MeshApp(App[None]):
 
     def action_filter(self) -> None:
         """Focus the filter box."""
-        self.query_one("#filter", Input).focus()
+        self.set_focus(self.query_one("#filter", Input))  # now, not later: typing follows at once
 
     def action_grid(self) -> None:
         """Return focus to the grid."""
