@@ -1,0 +1,226 @@
+"""``qpmesh testbed ...``: the namespace fabric (up, down, status), faults and scenario runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import signal
+import sys
+import time
+from typing import Any
+
+from testbed import faults
+from testbed.netns.apply import check_environment
+from testbed.netns.lifecycle import plan_from_state, up
+from testbed.netns.status import testbed_status
+from testbed.netns.teardown import tear_down
+from testbed.schedule import parse_duration
+from testbed.sim.cli import add_shape_options, shape_from_args
+
+
+def _progress(msg: str) -> None:
+    print(f"testbed: {msg}", file=sys.stderr, flush=True)
+
+
+def _up(a: argparse.Namespace) -> int:
+    fabric, plan = up(
+        shape_from_args(a), a.prefix, fabric_rate_mbit=a.rate_mbit,
+        nic_rate_mbit=a.nic_rate_mbit, latency_ms=a.latency_ms, progress=_progress,
+    )  # fmt: skip
+    doc = {"prefix": plan.prefix, "namespaces": len(plan.namespaces), "links": len(plan.links),
+           "broker_addr": plan.broker_addr, "hosts": {h.id: plan.node_ns[h.id] for h in fabric.hosts}}  # fmt: skip
+    print(json.dumps(doc) if a.json else f"testbed {plan.prefix} up: {doc['namespaces']} namespaces, "
+          f"{doc['links']} links, broker address {plan.broker_addr}")  # fmt: skip
+    return 0
+
+
+def _down(a: argparse.Namespace) -> int:
+    check_environment()
+    counts = tear_down(a.prefix, _progress)
+    print(f"testbed {a.prefix} down: removed {counts['namespaces']} namespaces, "
+          f"{counts['links']} root links, {counts['processes']} processes")  # fmt: skip
+    return 0
+
+
+def _status(a: argparse.Namespace) -> int:
+    check_environment()
+    st = testbed_status(a.prefix)
+    if a.json:
+        print(json.dumps(st))
+        return 0
+    if not st["namespaces"] and not st["root_links"]:
+        print(f"testbed {a.prefix}: not running")
+        return 0
+    alive = [p for p in st["processes"] if p["alive"]]
+    print(f"testbed {a.prefix}: {len(st['namespaces'])} namespaces, {len(st['root_links'])} root links, "
+          f"broker {st['broker']}, {len(alive)} processes")  # fmt: skip
+    for p in alive:
+        print(f"  pid {p['pid']}: {p['role']}")
+    return 0
+
+
+def _flap(a: argparse.Namespace) -> int:
+    _, plan = plan_from_state(a.prefix)
+    plan.link(a.link)
+    sched = faults.flap_schedule(parse_duration(a.down), parse_duration(a.up), a.times)
+    t0 = time.monotonic()
+    try:
+        for t, is_up in sched:
+            time.sleep(max(0.0, t - (time.monotonic() - t0)))
+            faults.set_link(plan, a.link, up=is_up)
+            _progress(f"t={t:.1f}s {a.link} {'up' if is_up else 'down'}")
+    finally:
+        faults.set_link(plan, a.link, up=True)
+    return 0
+
+
+def _hold(seconds: float | None) -> None:
+    if seconds is not None:
+        time.sleep(seconds)
+
+
+def _congest(a: argparse.Namespace) -> int:
+    _, plan = plan_from_state(a.prefix)
+    plan.link(a.link)
+    if a.stop:
+        import os
+
+        from testbed.netns.state import alive, load_state
+
+        for p in (load_state(a.prefix) or {}).get("processes", []):
+            if p.get("role") == f"congest:{a.link}" and alive(p):
+                os.kill(int(p["pid"]), signal.SIGTERM)
+        return 0
+    dur = parse_duration(a.for_) if a.for_ else 3600.0
+    procs = faults.start_congestion(plan, a.link, a.rate, dur, a.direction)
+    _progress(
+        f"congesting {a.link} ({a.direction}) at {a.rate:g} Mbit/s for {dur:g}s: pids {[p.pid for p in procs]}"
+    )
+    if a.for_:
+        for p in procs:
+            p.wait()
+    return 0
+
+
+def _loss(a: argparse.Namespace) -> int:
+    _, plan = plan_from_state(a.prefix)
+    faults.set_loss(plan, a.link, a.percent)
+    if a.for_:
+        try:
+            _hold(parse_duration(a.for_))
+        finally:
+            faults.set_loss(plan, a.link, 0)
+    return 0
+
+
+def _nic_down(a: argparse.Namespace) -> int:
+    _, plan = plan_from_state(a.prefix)
+    faults.set_nic(plan, a.nic, up=a.up)
+    if a.for_ and not a.up:
+        try:
+            _hold(parse_duration(a.for_))
+        finally:
+            faults.set_nic(plan, a.nic, up=True)
+    return 0
+
+
+def _stop_prober(a: argparse.Namespace) -> int:
+    _, plan = plan_from_state(a.prefix)
+    pids = faults.stop_prober(plan, a.host, getattr(signal, a.signal))
+    print(f"signalled {a.signal} to prober pids {pids} on {a.host}")
+    return 0
+
+
+def _run(a: argparse.Namespace) -> int:
+    from testbed.runner import run_scenario
+    from testbed.scenario import load_scenario
+
+    sc = load_scenario(a.scenario)
+    prefix = a.prefix or ("r" + secrets.token_hex(3) + "-")
+    report: dict[str, Any] = run_scenario(
+        sc, prefix, random_k=a.random_faults, seed=a.seed, progress=_progress
+    )
+    if a.json:
+        print(json.dumps(report))
+    else:
+        print(f"scenario {report['scenario']}: {len(report['applied'])} fault actions, "
+              f"{len(report['events'])} events; missing: {report['missing'] or 'nothing'}")  # fmt: skip
+    return 130 if report.get("interrupted") else 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``qpmesh testbed`` and its subcommands."""
+    tb = sub.add_parser("testbed", help="emulated leaf-spine fabric in network namespaces, faults",
+                        description="Real packets through namespaces: up/down/status, faults, scenario runs (root).")  # fmt: skip
+    ts = tb.add_subparsers(dest="testbed_command", metavar="TESTBED_COMMAND", required=True)
+
+    def cmd(
+        name: str, help_: str, func: Any, prefix_default: str | None = "qpm-"
+    ) -> argparse.ArgumentParser:
+        p = ts.add_parser(name, help=help_, description=help_)
+        p.add_argument(
+            "--prefix",
+            default=prefix_default,
+            help="name prefix of the testbed (default %(default)s)",
+        )
+        p.set_defaults(func=func)
+        return p
+
+    p = cmd(
+        "up", "build the fabric (namespaces, veths, ECMP routes, shaping, management bridge)", _up
+    )
+    add_shape_options(p)
+    p.add_argument(
+        "--rate-mbit", type=float, default=100.0, help="fabric link shaping (default %(default)s)"
+    )
+    p.add_argument(
+        "--nic-rate-mbit", type=float, default=1000.0, help="NIC link shaping (default %(default)s)"
+    )
+    p.add_argument(
+        "--latency-ms", type=float, default=20.0, help="tbf queue bound (default %(default)s)"
+    )
+    p.add_argument("--json", action="store_true")
+    cmd("down", "remove everything the testbed made (idempotent, also after a crash)", _down)
+    p = cmd("status", "list what exists of the testbed", _status)
+    p.add_argument("--json", action="store_true")
+    p = cmd(
+        "flap", "flap a link: down/up cycles (the link black-holes both ways while down)", _flap
+    )
+    p.add_argument("link", help="link id, e.g. leaf1-spine2 or nic5-leaf1")
+    p.add_argument("--down", default="2s", help="down period (default %(default)s)")
+    p.add_argument("--up", default="3s", help="up period (default %(default)s)")
+    p.add_argument("--times", type=int, default=1, help="cycles (default %(default)s)")
+    p = cmd("congest", "congest a link with background UDP sharing its queue", _congest)
+    p.add_argument("link")
+    p.add_argument(
+        "--rate", type=float, default=150.0, help="generator rate in Mbit/s (default %(default)s)"
+    )
+    p.add_argument("--direction", choices=faults.DIRECTIONS, default="both")
+    p.add_argument(
+        "--for", dest="for_", help="duration, then stop (default: run in background for 1h)"
+    )
+    p.add_argument("--stop", action="store_true", help="stop this link's background congestion")
+    p = cmd("loss", "random loss on a link, both directions (nftables numgen)", _loss)
+    p.add_argument("link")
+    p.add_argument("--percent", type=float, required=True, help="0 clears")
+    p.add_argument("--for", dest="for_", help="duration, then clear (default: until cleared)")
+    p = cmd("nic-down", "take a NIC down (or --up)", _nic_down)
+    p.add_argument("nic")
+    p.add_argument("--up", action="store_true", help="bring it back up (routes restored)")
+    p.add_argument("--for", dest="for_", help="duration, then bring it up")
+    p = cmd("stop-prober", "stop the prober of a host (by pid)", _stop_prober)
+    p.add_argument("host")
+    p.add_argument("--signal", default="SIGKILL", choices=("SIGKILL", "SIGTERM", "SIGSTOP"))
+    p = cmd(
+        "run",
+        "run a scenario: fabric, broker, probers, controller, faults -> JSON report",
+        _run,
+        None,
+    )
+    p.add_argument("scenario", help="scenario TOML (see docs/scenarios.md)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--random-faults", type=int, default=0, metavar="K", help="replace faults by K random ones"
+    )
+    p.add_argument("--seed", type=int, default=None)
