@@ -73,13 +73,14 @@ class _Sock:
 
 
 class UdpEndpoint:
-    """Carry one NIC's `ProbeSession` over UDP; use as ``async with`` or `open` / `close`.
+    """Carry one NIC's `ProbeSession` over UDP; use as ``async with``, or `start` / `close`.
 
     ``clock`` maps kernel/realtime ns to the NIC's clock; ``realtime`` reads the host clock
     (``time.time_ns``, the clock software stamps use). ``on_events`` receives completed results
     and losses (default: kept for `take_events`); ``on_icmp`` receives ICMP errors.
     ``spin_ns``: deadlines closer than this are busy-waited so coded pairs keep their 20 µs
-    spacing (asyncio timers are millisecond-grained).
+    spacing (asyncio timers are millisecond-grained). ``on_events`` and ``on_icmp`` are plain
+    attributes: adapters such as `prober.pathdisc.PathDiscovery` may chain into them.
     """
 
     def __init__(
@@ -111,7 +112,7 @@ class UdpEndpoint:
         self.counters: Counter[str] = Counter()
         self.stamp_counts: Counter[str] = Counter()
         self.stamp_source = StampSource.USER
-        self._on_events = on_events
+        self.on_events = on_events
         self._events: list[ProbeEvent] = []
         self._initial_sports = tuple(sports)
         self._responder: _Sock | None = None
@@ -141,8 +142,37 @@ class UdpEndpoint:
         self._pool.clear()
         self._responder = None
 
-    async def __aenter__(self) -> UdpEndpoint:
+    async def start(self, warmup_s: float = 0.5) -> None:
+        """`open`, then wait (up to ``warmup_s``) until the kernel stamps received packets.
+
+        Linux turns on RX software stamping lazily (a deferred work item, the first time any
+        socket asks): datagrams that arrive before it runs carry no stamp and would fall back
+        to the user clock. We send ourselves a datagram until one comes back stamped.
+        """
         self.open()
+        if self.timestamping:
+            await self._warm_up(warmup_s)
+
+    async def _warm_up(self, warmup_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + warmup_s
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.bind((self.addr, 0))
+                enable_timestamping(probe, None, want_hw=False)
+                probe.settimeout(0.05)
+                while loop.time() < end:
+                    probe.sendto(b"qpmesh-warmup", probe.getsockname())
+                    _, anc, _, _ = probe.recvmsg(64, ANC_BUFSIZE)
+                    if parse_stamp(anc) is not None:
+                        return
+                    await asyncio.sleep(0.005)
+            except OSError:
+                pass
+        self.counters["warmup_unstamped"] += 1
+
+    async def __aenter__(self) -> UdpEndpoint:
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -281,8 +311,8 @@ class UdpEndpoint:
     def _deliver(self, events: list[ProbeEvent]) -> None:
         if not events:
             return
-        if self._on_events is not None:
-            self._on_events(events)
+        if self.on_events is not None:
+            self.on_events(events)
         else:
             self._events += events
 

@@ -180,7 +180,11 @@ class Codec:
 
     def encode(self, msg: Message) -> bytes:
         """Return the wire bytes of ``msg`` (body, zero padding, tag when keyed)."""
-        flags = (FLAG_AUTH if self._key is not None else 0) | (FLAG_T3_FINAL if msg.t3_final else 0)
+        flags = (
+            (FLAG_AUTH if self._key is not None else 0)
+            | (FLAG_T3_FINAL if msg.t3_final else 0)
+            | (FLAG_TRACE if msg.trace else 0)
+        )
         body = _BODY.pack(
             MAGIC, VERSION, int(msg.mtype), flags, msg.pair_pos, 0,
             msg.sender, msg.peer, msg.seq, msg.pair_id, msg.ta, msg.tb,
@@ -207,7 +211,10 @@ class Codec:
         """
         if self._key is not None:
             raise ValueError("pack_probe_into is only for unauthenticated codecs")
-        _BODY.pack_into(buf, 0, MAGIC, VERSION, 1, 0, pair_pos, 0, sender, peer, seq, pair_id, 0, 0)
+        flags = FLAG_TRACE if trace else 0
+        _BODY.pack_into(
+            buf, 0, MAGIC, VERSION, 1, flags, pair_pos, 0, sender, peer, seq, pair_id, 0, 0
+        )
         return BODY_LEN
 
     def decode(self, data: bytes | bytearray | memoryview) -> Message:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prober.events import Datagram, ProbeLost, ProbeResult, results_to_batch
+from prober.events import Datagram, ProbeEvent, ProbeLost, ProbeResult, results_to_batch
 from prober.records import MISSING, decode_batch, encode_batch
 from prober.session import ProbeSession
 from prober.wire import Codec, Message, MsgType, nic_hash
@@ -35,7 +35,7 @@ class Link:
     clock_b_offset: int = 5_000_000  # B's clock reads 5 ms ahead of A's
     tx_delay_ns: int = 2 * US  # TX stamp is known this long after the send
     now: int = 1_000_000
-    events: list[ProbeResult | ProbeLost] = field(default_factory=list)
+    events: list[ProbeEvent] = field(default_factory=list)
     _rng: random.Random = field(init=False)
     _flight: list[tuple[int, int, ProbeSession, bytes, tuple[str, int]]] = field(init=False)
     _stamps: list[tuple[int, ProbeSession, int, int]] = field(init=False)

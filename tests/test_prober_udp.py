@@ -46,7 +46,7 @@ async def endpoint(
 ) -> AsyncIterator[UdpEndpoint]:
     session = ProbeSession(nic, Codec(KEY), timeout_ns=300_000_000)
     ep = UdpEndpoint(session, LO, dport=0, clock=clock, on_events=collector, **kw)  # type: ignore[arg-type]
-    ep.open()
+    await ep.start()
     task = asyncio.create_task(ep.run())
     try:
         yield ep

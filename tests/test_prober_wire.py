@@ -37,6 +37,8 @@ def test_round_trip_all_types_plain_and_keyed() -> None:
         _reply(),
         Message(MsgType.REPLY, 1, 2, 5, ta=123),
         Message(MsgType.FOLLOW_UP, 1, 2, 5, 9, 0, 123, 456),
+        Message(MsgType.PROBE, 1, 2, 5, trace=True),
+        Message(MsgType.REPLY, 1, 2, 5, ta=1, tb=2, t3_final=True, trace=True),
     ]
     for codec in (Codec(), Codec(KEY)):
         for m in msgs:
@@ -49,6 +51,8 @@ def test_pack_probe_into_matches_encode() -> None:
     buf = bytearray(64)
     n = Codec().pack_probe_into(buf, 11, 22, 33, 4, 1)
     assert bytes(buf[:n]) == Codec().encode(Message(MsgType.PROBE, 11, 22, 33, 4, 1))
+    n = Codec().pack_probe_into(buf, 11, 22, 33, trace=True)
+    assert bytes(buf[:n]) == Codec().encode(Message(MsgType.PROBE, 11, 22, 33, trace=True))
     with pytest.raises(ValueError):
         Codec(KEY).pack_probe_into(buf, 1, 2, 3)
 

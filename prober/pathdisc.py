@@ -1,0 +1,216 @@
+"""Path discovery: which routers a (src NIC, dst NIC, UDP source port) probe crosses.
+
+Method: send TRACE probes (`ProbeSession.trace_probe`) on the *same* 5-tuple as the real probes
+(same socket, so same source port and ECMP hash) with IP TTL 1..N. A router that drops a probe
+for TTL answers ICMP time-exceeded, which the kernel queues on the socket's error queue
+(IP_RECVERR) with the router's address (``SO_EE_OFFENDER``) and the quoted start of our
+datagram (whose seq says which TTL it was). The destination answers with a REPLY (TRACE flag)
+or, with no responder, ICMP port-unreachable. The hop list is the routers at TTL 1..r-1, where
+r is the smallest TTL that reached the destination.
+
+Pure core: `PathTracer` (assemble hop lists from responses, report `PathChange`). Thin adapter:
+`PathDiscovery` (send with IP_TTL through `prober.udp.UdpEndpoint`, feed it ICMP errors and
+`TraceReached` events). On loopback nothing expires (every TTL reaches the host at hop 1); the
+namespace testbed exercises real hops. Limitation: a router quoting only the 8-byte UDP header
+(RFC 792 minimum) gives no seq; such errors are counted ``unidentified``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from prober.events import Address, ProbeEvent, TraceReached
+from prober.timestamping import ICMP_DEST_UNREACH, ICMP_TIME_EXCEEDED, ExtendedErr
+from prober.udp import UdpEndpoint
+from prober.wire import MsgType, WireError, nic_hash
+
+
+class PathKey(NamedTuple):
+    """The flow a path belongs to: source NIC, destination NIC, UDP source port."""
+
+    src: str
+    dst: str
+    sport: int
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredPath:
+    """Routers at TTL 1..len(hops) (None: no answer at that TTL) and whether dst was reached."""
+
+    key: PathKey
+    hops: tuple[str | None, ...]
+    reached: bool
+    at_ns: int
+
+    def differs_from(self, other: DiscoveredPath) -> bool:
+        """Return True if the paths disagree where both know the hop, or in length/reachability.
+
+        Silent hops (None) match anything, so a router that rate-limits ICMP is not a change.
+        """
+        if self.reached != other.reached or (self.reached and len(self.hops) != len(other.hops)):
+            return True
+        return any(a is not None and b is not None and a != b
+                   for a, b in zip(self.hops, other.hops, strict=False))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class PathChange:
+    """The path of ``new.key`` changed from ``old`` (None: first discovery) to ``new``."""
+
+    old: DiscoveredPath | None
+    new: DiscoveredPath
+
+
+@dataclass(slots=True)
+class _Round:
+    key: PathKey
+    ttl_of: dict[int, int]  # seq -> ttl
+    started_ns: int
+    hops: dict[int, str] = field(default_factory=dict)
+    reached_ttl: int | None = None
+
+    def complete(self) -> bool:
+        r = self.reached_ttl
+        return r is not None and all(t in self.hops for t in range(1, r))
+
+
+class PathTracer:
+    """Pure bookkeeping of trace rounds for one source NIC; time is passed in.
+
+    `begin` a round with the trace seqs sent for TTL 1..N, feed `on_time_exceeded` /
+    `on_reached`, then `poll(now_ns)` returns a `DiscoveredPath` per finished round (complete,
+    or ``timeout_ns`` old) and a `PathChange` when it differs from the last path of its key.
+    """
+
+    def __init__(self, timeout_ns: int = 1_000_000_000) -> None:
+        self.timeout_ns = timeout_ns
+        self.paths: dict[PathKey, DiscoveredPath] = {}
+        self.counters: Counter[str] = Counter()
+        self._rounds: list[_Round] = []
+        self._by_seq: dict[int, _Round] = {}
+
+    def begin(self, key: PathKey, seqs: Sequence[int], now_ns: int) -> None:
+        """Start a round: ``seqs[i]`` is the trace probe sent with TTL i + 1."""
+        rnd = _Round(key, {seq: i + 1 for i, seq in enumerate(seqs)}, now_ns)
+        self._rounds.append(rnd)
+        for seq in seqs:
+            self._by_seq[seq] = rnd
+
+    def on_time_exceeded(self, seq: int, router: str) -> None:
+        """Record that the probe ``seq`` expired at ``router``."""
+        rnd = self._by_seq.get(seq)
+        if rnd is None:
+            self.counters["unmatched"] += 1
+            return
+        rnd.hops[rnd.ttl_of[seq]] = router
+
+    def on_reached(self, seq: int, sender: int | None = None) -> None:
+        """Record that the probe ``seq`` reached the destination (reply or port-unreachable).
+
+        ``sender``: the replying NIC's wire hash, checked against the round's destination.
+        """
+        rnd = self._by_seq.get(seq)
+        if rnd is None:
+            self.counters["unmatched"] += 1
+            return
+        if sender is not None and sender != nic_hash(rnd.key.dst):
+            self.counters["wrong_sender"] += 1
+            return
+        ttl = rnd.ttl_of[seq]
+        if rnd.reached_ttl is None or ttl < rnd.reached_ttl:
+            rnd.reached_ttl = ttl
+
+    def poll(self, now_ns: int) -> list[DiscoveredPath | PathChange]:
+        """Return finished rounds' paths (and changes against the previous path of each key)."""
+        out: list[DiscoveredPath | PathChange] = []
+        keep: list[_Round] = []
+        for rnd in self._rounds:
+            if not (rnd.complete() or now_ns - rnd.started_ns >= self.timeout_ns):
+                keep.append(rnd)
+                continue
+            for seq in rnd.ttl_of:
+                self._by_seq.pop(seq, None)
+            last = rnd.reached_ttl - 1 if rnd.reached_ttl else max(rnd.hops, default=0)
+            hops = tuple(rnd.hops.get(t) for t in range(1, last + 1))
+            path = DiscoveredPath(rnd.key, hops, rnd.reached_ttl is not None, now_ns)
+            old = self.paths.get(rnd.key)
+            self.paths[rnd.key] = path
+            out.append(path)
+            if old is None or path.differs_from(old):
+                out.append(PathChange(old, path))
+        self._rounds = keep
+        return out
+
+
+class PathDiscovery:
+    """Adapter: run trace rounds over a `UdpEndpoint` and feed the results to a `PathTracer`.
+
+    Wire it in: ``UdpEndpoint(..., on_icmp=pd.handle_icmp)`` and pass endpoint events through
+    `handle_events` (it consumes `TraceReached`, returns the other events).
+    """
+
+    def __init__(self, endpoint: UdpEndpoint, tracer: PathTracer, max_ttl: int = 8) -> None:
+        if not 1 <= max_ttl <= 64:
+            raise ValueError("max_ttl must be in 1..64")
+        self.endpoint = endpoint
+        self.tracer = tracer
+        self.max_ttl = max_ttl
+
+    def start(self, dst: str, dest: Address, sport: int) -> PathKey:
+        """Send one TRACE probe per TTL 1..max_ttl from ``sport`` to ``dest``; return the key."""
+        session = self.endpoint.session
+        seqs = []
+        for ttl in range(1, self.max_ttl + 1):
+            dgram = session.trace_probe(dst, dest, sport)
+            if self.endpoint.send(dgram, ttl=ttl):
+                seqs.append(dgram.meta.seq)
+        key = PathKey(session.nic_id, dst, sport)
+        self.tracer.begin(key, seqs, self.endpoint.now_ns())
+        return key
+
+    def handle_icmp(self, sport: int, err: ExtendedErr, quoted: bytes, now_ns: int) -> None:
+        """`UdpEndpoint` ICMP hook: map the error to its trace probe and record it."""
+        try:
+            msg = self.endpoint.session.codec.decode(quoted)
+        except WireError:
+            self.tracer.counters["unidentified"] += 1
+            return
+        if msg.mtype is not MsgType.PROBE or not msg.trace or err.offender is None:
+            self.tracer.counters["not_trace"] += 1
+            return
+        if err.icmp_type == ICMP_TIME_EXCEEDED:
+            self.tracer.on_time_exceeded(msg.seq, err.offender)
+        elif err.icmp_type == ICMP_DEST_UNREACH:
+            self.tracer.on_reached(msg.seq)
+
+    def handle_events(self, events: list[ProbeEvent]) -> list[ProbeEvent]:
+        """Consume `TraceReached` events; return the rest unchanged."""
+        rest: list[ProbeEvent] = []
+        for ev in events:
+            if isinstance(ev, TraceReached):
+                self.tracer.on_reached(ev.seq, ev.sender)
+            else:
+                rest.append(ev)
+        return rest
+
+    async def discover(
+        self, dst: str, dest: Address, sport: int, timeout_s: float = 1.0
+    ) -> DiscoveredPath | None:
+        """Trace one path and wait (up to ``timeout_s``) for it; return it, or None."""
+        key = self.start(dst, dest, sport)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while True:
+            done = [
+                p for p in self.tracer.poll(self.endpoint.now_ns()) if isinstance(p, DiscoveredPath)
+            ]
+            for path in done:
+                if path.key == key:
+                    return path
+            if loop.time() >= end:
+                return None
+            await asyncio.sleep(0.005)
