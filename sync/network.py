@@ -119,6 +119,8 @@ def solve_network(
     drift_weight: ArrayLike | None = None,
     ref: int = 0,
     pin: Literal["ref", "mean"] = "ref",
+    loss: Literal["l2", "huber"] = "l2",
+    huber_k: float = 1.5,
     flag_sigma: float = 5.0,
     flag_min_ns: float = 20.0,
     downweight: float = 1e-4,
@@ -136,7 +138,9 @@ def solve_network(
     ``1/sqrt(w_e)`` and robust_sigma the MAD scale of the normalized residuals; per round only
     edges that are the worst at both endpoints are newly flagged. Flagged edges get
     ``downweight`` times their weight and the solve repeats until the flags settle (at most
-    ``max_rounds`` solves; ``iterations`` reports how many).
+    ``max_rounds`` solves; ``iterations`` reports how many). ``loss="huber"`` also reweights
+    every edge by ``min(1, huber_k * robust_sigma / |z_e|)`` each round (IRLS), until the
+    offsets move by < 0.01 ns: many moderately bad pairs (loaded fabrics) then weigh less.
     Node offset std is the effective-resistance approximation ``sqrt(1/W_i + 1/W_pin)``
     (W = summed incident weight). Raises ValueError on malformed input.
     """
@@ -156,6 +160,8 @@ def solve_network(
         raise ValueError(f"ref must be in [0, {n_nodes})")
     if pin not in ("ref", "mean"):
         raise ValueError(f"pin must be 'ref' or 'mean', got {pin!r}")
+    if loss not in ("l2", "huber") or not huber_k > 0:
+        raise ValueError(f"loss must be 'l2' or 'huber' and huber_k > 0, got {loss!r}, {huber_k}")
     dr = None if drift is None else as_float(drift, "drift", m)
     dw = w0 if drift_weight is None else as_float(drift_weight, "drift_weight", m)
     if dr is not None and not (np.isfinite(dr).all() and (dw > 0).all()):
@@ -174,6 +180,7 @@ def solve_network(
     w = w0.copy()
     flagged = np.zeros(m, dtype=bool)
     rounds = 0
+    x_prev: F64 | None = None
     while True:
         rounds += 1
         lap = _laplacian(n_nodes, i, j, w)
@@ -181,11 +188,18 @@ def solve_network(
         x = _solve(lap, rhs, free, pin_mean, comp, rtol)
         resid = x[j] - x[i] - th
         new = _flag(n_nodes, i, j, resid, w0, flagged, flag_sigma, flag_min_ns)
-        if np.array_equal(new, flagged) or rounds >= max_rounds:
+        settled = np.array_equal(new, flagged)
+        factor = np.ones(m)
+        if loss == "huber":
+            z = np.abs(resid) * np.sqrt(w0)
+            scale = 1.4826 * float(np.median(z[~new])) if (~new).any() else 0.0
+            factor = np.minimum(1.0, huber_k * scale / np.maximum(z, 1e-300))
+            settled = settled and x_prev is not None and np.max(np.abs(x - x_prev)) < 0.01
+        if settled or rounds >= max_rounds:
             flagged = new
             break
-        flagged = new
-        w = np.where(flagged, w0 * downweight, w0)
+        flagged, x_prev = new, x
+        w = w0 * factor * np.where(flagged, downweight, 1.0)
 
     xd = np.zeros(n_nodes)
     if dr is not None:

