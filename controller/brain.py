@@ -32,7 +32,7 @@ class BrainConfig:
     loss: LossParams = field(default_factory=LossParams)
     delay: DelayParams = field(default_factory=DelayParams)
     health: HealthParams = field(default_factory=HealthParams)
-    silent_ns: int = 500_000_000
+    silent_ns: int = 2_000_000_000
 
     def __post_init__(self) -> None:
         if self.silent_ns < 0:

@@ -119,7 +119,7 @@ def test_silent_prober_is_a_host_fault_not_a_network_fault() -> None:
     rng = np.random.default_rng(5)
     brain = Brain(FAB)
     drive(brain, 0, 10, rng)
-    ev = drive(brain, 10, 20, rng, silent_nic=7)
+    ev = drive(brain, 10, 40, rng, silent_nic=7)
     assert [(e.kind, e.target) for e in ev] == [("prober_down", "host7")]
     assert brain.nic_health()[7] == Health.UNKNOWN
 
