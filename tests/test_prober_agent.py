@@ -130,3 +130,27 @@ async def test_agent_once_without_broker_keeps_batch_in_spool() -> None:
     assert stats.probes_queued == 8 and stats.results == 4 and stats.lost == 4
     assert stats.batches == 1 and len(agent.publisher.spool) == 1
     assert agent.publisher.errors >= 1
+
+
+@pytest.mark.broker
+def test_cli_once_publishes_one_round(mosquitto: tuple[str, int], tmp_path: Any) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    port = free_udp_port()
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(
+        f'[prober]\nhost = "hostC"\nport = {port}\ntimeout_ms = 300\n'
+        f'[mqtt]\nhost = "{mosquitto[0]}"\nport = {mosquitto[1]}\n'
+        '[[nics]]\nid = "nic0"\naddress = "127.0.0.1"\n'
+        '[[nics]]\nid = "nic1"\naddress = "127.0.0.3"\n'
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "prober", "--config", str(cfg), "--once", "--json"],
+        check=False, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["probes"] == 4 and doc["results"] == 4 and doc["lost"] == 0
+    assert doc["published"] == 1 and doc["spooled"] == 0
