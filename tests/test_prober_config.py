@@ -167,3 +167,15 @@ def test_cli_dry_run_prints_plan(tmp_path: Path) -> None:
     assert doc["ports_per_nic"] == len(doc["nics"]["nic0"]["sports"])
     assert {p["dst"] for p in doc["first_probes"]} == {"nic1"}
     assert all(49152 <= p["sport"] <= 65535 for p in doc["first_probes"])
+
+
+def test_cli_bench_bad_seconds_and_json() -> None:
+    r = run_cli("bench", "--seconds", "0")
+    assert r.returncode == 2 and "--seconds must be positive" in r.stderr
+    pytest.importorskip("prober.bench", reason="prober.bench not landed yet")
+    r = run_cli("bench", "--seconds", "0.3", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    doc = json.loads(r.stdout)
+    assert doc["probes_per_second"] > 0 and doc["baseline_probes_per_second"] > 0
