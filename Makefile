@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.qpmesh-installed
 .PHONY: demo test lint setup clean
 
 demo: setup
-	$(BIN)/qpmesh sim sync --nics 128 --peers 16 --load 0.4 --timestamps hw
+	$(BIN)/qpmesh demo
 
 test: setup lint
 	$(BIN)/pytest -q
