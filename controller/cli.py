@@ -22,6 +22,7 @@ COMPONENTS = (
     "tui.cli",
     "testbed.cli",
     "testbed.sim.cli",
+    "sync.cli",
 )
 
 

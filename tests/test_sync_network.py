@@ -136,3 +136,18 @@ def test_several_bad_edges_are_all_flagged_without_collateral() -> None:
     sol = solve_network(300, g.edges, theta, w)
     assert set(np.flatnonzero(sol.flagged).tolist()) == set(bad.tolist())
     assert np.abs(sol.offset_ns - g.offset_ns).max() < 20.0
+
+
+def test_cli_runs_the_network_bench_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from controller.cli import main
+
+    assert (
+        main(
+            ["sync", "bench-network", "--nodes", "300", "--peers", "8", "--repeats", "1", "--json"]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["n_nodes"] == 300.0 and out["planted_edge_flagged"] == 1.0

@@ -176,3 +176,11 @@ def test_noise_free_fit_is_exact_with_a_finite_positive_std() -> None:
     assert fits[0].drift == pytest.approx(20e-6, abs=3e-11)  # tol_ns over half the window
     assert fits[0].floor_ns == pytest.approx(2000.0, abs=0.02)
     assert 0 < fits[0].offset_std_ns < 1.0  # floored, so 1/std^2 network weights stay finite
+
+
+def test_fit_bench_reports_batched_equal_to_exact() -> None:
+    from sync.bench import bench_pair_fits
+
+    res = bench_pair_fits(300, 50, seed=2, loop_pairs=30)
+    assert res["batched_vs_exact_max_gap_ns"] < 0.05
+    assert res["p99_offset_err_ns"] < 25.0
