@@ -63,3 +63,30 @@ def test_huber_loss_beats_l2_when_many_edges_are_moderately_bad() -> None:
     np.testing.assert_allclose(exact.offset_ns, g.offset_ns, atol=1e-3)
     with pytest.raises(ValueError, match="loss"):
         solve_network(200, g.edges, theta, w, loss="l1")  # type: ignore[arg-type]
+
+
+def test_mean_of_k_lowest_tames_symmetric_heavy_stamp_jitter() -> None:
+    rng = np.random.default_rng(8)
+    s = pair_samples(rng, 300, 150, load=0.4, quant_ns=0.0)
+    n = len(s.fwd_d)
+    # sw-like: late tx stamps shorten delays, late rx stamps lengthen them, both sides alike
+    jf = rng.exponential(2000.0, n) - rng.exponential(500.0, n)
+    jr = rng.exponential(2000.0, n) - rng.exponential(500.0, n)
+    cols = (s.fwd_pair, s.fwd_t, s.fwd_d + jf, s.rev_pair, s.rev_t, s.rev_d + jr)
+    env, _ = refit_fixed_slope(300, *cols, s.drift)
+    low, _ = refit_fixed_slope(300, *cols, s.drift, k_lowest=30)
+    e_env = np.percentile(np.abs(env - s.offset_ns), 99)
+    e_low = np.percentile(np.abs(low - s.offset_ns), 99)
+    assert e_low < 0.7 * e_env
+    with pytest.raises(ValueError, match="k_lowest"):
+        refit_fixed_slope(300, *cols, s.drift, k_lowest=0)
+
+
+def test_k_lowest_uses_exactly_the_k_smallest_values() -> None:
+    t = np.zeros(5)
+    off, floor = refit_fixed_slope(
+        1, np.zeros(5, int), t, [5.0, 1.0, 3.0, 9.0, 2.0], np.zeros(2, int), t[:2], [4.0, 4.0],
+        np.zeros(1), k_lowest=3,
+    )  # fmt: skip
+    assert floor[0] == pytest.approx(0.5 * (2.0 + 4.0))
+    assert off[0] == pytest.approx(0.5 * (2.0 - 4.0))
