@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 
 from controller.ingest import Ingested
 from controller.windows import SampleRing
-from sync import coded_probe_mask, fit_pairs, solve_network
+from sync import coded_pair_mask, fit_pairs, solve_network
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -41,6 +41,7 @@ class ClockSyncConfig:
     capacity: int = 2_000_000
     min_samples: int = 3
     max_drift: float = 1e-3
+    decimate_bins: int = 64  # per window, after the first solve; 0 keeps every sample
 
     def __post_init__(self) -> None:
         if self.window_ns <= 0 or self.solve_every_ns <= 0 or self.capacity < 16:
@@ -101,13 +102,19 @@ class ClockSync:
         keep_q = np.zeros(len(ing), bool)  # probe direction (t1 -> t2)
         keep_r = np.zeros(len(ing), bool)  # reply direction (t3 -> t4)
         if coded.any():
-            c = np.flatnonzero(coded)
-            keep_q[c] = coded_probe_mask(
-                ing.pair[c], ing.t1[c], ing.t2[c], self.config.coded_tol_ns, arrived=ok[c]
-            )
-            keep_r[c] = coded_probe_mask(
-                ing.pair[c], ing.t3[c], ing.t4[c], self.config.coded_tol_ns, arrived=ok[c]
-            )
+            first, second = _coded_partners(ing.pair, ing.t1)
+            tol = self.config.coded_tol_ns
+            both = ok[first] & ok[second]
+            q_ok = coded_pair_mask(
+                ing.t1[first], ing.t1[second], ing.t2[first], ing.t2[second], tol,
+                arrived_first=both, arrived_second=both,
+            )  # fmt: skip
+            r_ok = coded_pair_mask(
+                ing.t3[first], ing.t3[second], ing.t4[first], ing.t4[second], tol,
+                arrived_first=both, arrived_second=both,
+            )  # fmt: skip
+            keep_q[first[q_ok]] = True  # first probe of each passing pair: independent samples
+            keep_r[first[r_ok]] = True
         if self.config.use_uncoded:
             keep_q |= ~coded & ok
             keep_r |= ~coded & ok
@@ -122,18 +129,38 @@ class ClockSync:
         tr = np.where(lo, ing.t4, ing.t3)
         dq = (ing.t2 - ing.t1).astype(np.float64)
         dr = (ing.t4 - ing.t3).astype(np.float64)
+        sa = np.concatenate([a[keep_q], a[keep_r]])
+        sb = np.concatenate([b[keep_q], b[keep_r]])
         t_rel = np.concatenate([tq[keep_q] - ref, tr[keep_r] - ref]).astype(np.float64)
-        self._ring.append(
-            a=np.concatenate([a[keep_q], a[keep_r]]),
-            b=np.concatenate([b[keep_q], b[keep_r]]),
-            t=t_rel,
-            d=np.concatenate([dq[keep_q], dr[keep_r]]),
-            fwd=np.concatenate([lo[keep_q], ~lo[keep_r]]),
-        )
+        d = np.concatenate([dq[keep_q], dr[keep_r]])
+        fwd = np.concatenate([lo[keep_q], ~lo[keep_r]])
+        if self.state is not None and self.config.decimate_bins > 0:
+            sel = self._decimate(sa, sb, t_rel, d, fwd)
+            sa, sb, t_rel, d, fwd = sa[sel], sb[sel], t_rel[sel], d[sel], fwd[sel]
+        self._ring.append(a=sa, b=sb, t=t_rel, d=d, fwd=fwd)
         n = len(t_rel)
         if n:
             self._t_max = max(self._t_max, float(t_rel.max()))
         return n
+
+    def _decimate(
+        self, a: NDArray[np.int32], b: NDArray[np.int32], t: F64, d: F64, fwd: NDArray[np.bool_]
+    ) -> I64:
+        """Rows to keep: per (pair, direction, time bin of window/decimate_bins) the sample
+        lowest above the current clock model (the envelope fit only uses such minima)."""
+        st = self.state
+        assert st is not None
+        theta = (st.offset_ns[b] - st.offset_ns[a]) + (st.drift[b] - st.drift[a]) * t
+        theta = np.where(np.isfinite(theta), theta, 0.0)
+        resid = np.where(fwd, d - theta, d + theta)
+        binw = self.config.window_ns / self.config.decimate_bins
+        key = ((a.astype(np.int64) * self.n_nics + b) * 2 + fwd) << 24
+        key |= (np.floor(t / binw).astype(np.int64)) & 0xFFFFFF
+        order = np.lexsort((resid, key))
+        ks = key[order]
+        first = np.ones(len(ks), bool)
+        first[1:] = ks[1:] != ks[:-1]
+        return order[first].astype(np.int64)
 
     # ---- solving -------------------------------------------------------------------------
     def due(self, now_ns: int) -> bool:
@@ -239,3 +266,25 @@ class ClockSync:
         corr = np.where(np.isfinite(c_src_1), c_src_1, 0.0)
         t_ns = ing.t1 - np.rint(corr).astype(np.int64)
         return Delays(t_ns, owd_f, owd_r, rtt)
+
+
+def _coded_partners(pair: I64, send: I64) -> tuple[I64, I64]:
+    """Return (first, second) row indices of every coded pair with exactly two probes.
+
+    ``pair`` is -1 for uncoded probes; first/second are ordered by send stamp. One sort, shared
+    by both message directions (what `sync.coded_probe_mask` does per call).
+    """
+    idx = np.flatnonzero(pair >= 0)
+    order = idx[np.argsort(pair[idx], kind="stable")]
+    p = pair[order]
+    if len(p) < 2:
+        e = np.zeros(0, np.int64)
+        return e, e.copy()
+    same = p[1:] == p[:-1]
+    # groups of exactly two: equal to the next, not equal to the previous or the one after next
+    prev_diff = np.concatenate([[True], ~same[:-1]])
+    next_diff = np.concatenate([~same[1:], [True]])
+    start = np.flatnonzero(same & prev_diff & next_diff)
+    a, b = order[start], order[start + 1]
+    swap = send[b] < send[a]
+    return np.where(swap, b, a).astype(np.int64), np.where(swap, a, b).astype(np.int64)

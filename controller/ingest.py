@@ -148,8 +148,14 @@ class Ingestor:
         self, src: I64, dst: I64, sport: I64, dport: int
     ) -> tuple[I32, I32, NDArray[np.bool_]]:
         """Return (forward hops, reply hops, known mask) for probes src -> dst from ``sport``."""
-        fwd, f_found = self.paths.lookup(src, dst, sport)
-        rev, r_found = self.paths.lookup(dst, src, np.full(len(src), dport, np.int64))
+        if len(self.paths):
+            fwd, f_found = self.paths.lookup(src, dst, sport)
+            rev, r_found = self.paths.lookup(dst, src, np.full(len(src), dport, np.int64))
+        else:  # nothing discovered yet: skip the lookups
+            fwd = np.full((len(src), self.max_hops), -1, np.int32)
+            rev = fwd.copy()
+            f_found = np.zeros(len(src), bool)
+            r_found = f_found
         known = f_found & r_found
         if self.use_model_paths and len(src):
             miss = ~f_found

@@ -133,3 +133,21 @@ def test_clock_sync_unknown_before_solve_then_accurate() -> None:
     rel = (off - off.mean()) - (truth - truth.mean())
     assert np.max(np.abs(rel)) < 100
     assert np.all(unc > 0)
+
+
+def test_coded_partners_match_sync_filter() -> None:
+    from controller.clocksync import _coded_partners
+    from sync import coded_pair_mask, coded_probe_mask
+
+    rng = np.random.default_rng(3)
+    pair = rng.permutation(np.repeat(np.arange(50), 2)).astype(np.int64)
+    pair[:5] = -1  # uncoded probes (their partners become singletons)
+    send = rng.integers(0, 10**9, len(pair)).astype(np.int64)
+    recv = send + rng.integers(0, 3000, len(pair))
+    first, second = _coded_partners(pair, send)
+    assert (send[first] <= send[second]).all() and (pair[first] == pair[second]).all()
+    ok = coded_pair_mask(send[first], send[second], recv[first], recv[second], 1000)
+    mine = np.zeros(len(pair), bool)
+    mine[first[ok]] = True
+    ref = coded_probe_mask(np.where(pair >= 0, pair, -1 - np.arange(len(pair))), send, recv, 1000)
+    assert np.array_equal(mine, ref)

@@ -177,3 +177,25 @@ async def test_service_end_to_end(mosquitto: tuple[str, int], tmp_path: Path) ->
         log_file.close()
     lines = [json.loads(x) for x in log_path.read_text().splitlines()]
     assert any(x["msg"] == "event" and x["kind"] == "prober_down" for x in lines)
+
+
+async def test_service_backs_off_and_retries_when_broker_unreachable(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a free port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fab = build_fabric(FabricShape.for_nics(16))
+    log_path = tmp_path / "log.jsonl"
+    with log_path.open("w") as f:
+        live = await asyncio.wait_for(
+            run_service(
+                "127.0.0.1", port, ServiceConfig(fabric=fab, backoff_s=(0.01, 0.02)), Topics(),
+                log=JsonLog(f), live=LiveController(fab), max_attempts=3,
+            ),
+            30,
+        )  # fmt: skip
+    assert live.records == 0
+    lines = [json.loads(x) for x in log_path.read_text().splitlines()]
+    errors = [x for x in lines if x["msg"] == "broker error"]
+    assert [x["retry_in_s"] for x in errors] == [0.01, 0.02, 0.02]

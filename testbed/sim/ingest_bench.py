@@ -38,6 +38,30 @@ def _naive(batch: ProbeBatch, offsets: dict[str, float], limit: int) -> int:
     return min(limit, len(batch))
 
 
+def _timed_batch(live: LiveController, payload: bytes, now: int, stage: dict[str, float]) -> int:
+    """`LiveController.ingest_batch` + `tick`, step by step, adding seconds per stage."""
+    c = time.perf_counter
+    t = c()
+    batch = decode_batch(payload)
+    t, stage["decode"] = c(), stage["decode"] + c() - t
+    ing = live.ingestor.ingest(batch)
+    t, stage["ingest"] = c(), stage["ingest"] + c() - t
+    if ing is None:
+        return 0
+    live.clock.add(ing)
+    t, stage["sync_add"] = c(), stage["sync_add"] + c() - t
+    live.clock.maybe_solve(now)
+    t, stage["sync_solve"] = c(), stage["sync_solve"] + c() - t
+    obs = live.observations(ing, live.clock.delays(ing), now)
+    t, stage["delays"] = c(), stage["delays"] + c() - t
+    live.brain.observe(obs)
+    live.now_ns = max(live.now_ns, now)
+    live.records += len(ing)
+    live.tick(now)
+    stage["detect"] += c() - t
+    return len(ing)
+
+
 def run_bench(nics: int, seconds: float, step_s: float, repeats: int, seed: int) -> dict[str, Any]:
     """Return the benchmark figures as a JSON-ready dict."""
     fabric = build_fabric(FabricShape.for_nics(nics))
@@ -48,6 +72,7 @@ def run_bench(nics: int, seconds: float, step_s: float, repeats: int, seed: int)
     records = sum(len(decode_batch(p)) for _, p in payloads)
     rates: list[float] = []
     warm_s: list[float] = []
+    stages: list[dict[str, float]] = []
     solves = 0
     for _ in range(repeats):
         live = LiveController(fabric)
@@ -55,14 +80,17 @@ def run_bench(nics: int, seconds: float, step_s: float, repeats: int, seed: int)
         t0 = time.perf_counter()
         live.ingest_batch(decode_batch(payloads[0][1]), EPOCH_NS + int(payloads[0][0] * 1e9))
         warm_s.append(time.perf_counter() - t0)
+        stage = dict.fromkeys(
+            ("decode", "ingest", "sync_add", "sync_solve", "delays", "detect"), 0.0
+        )
         t0 = time.perf_counter()
         n = 0
         for t_s, p in payloads[1:]:
             now = EPOCH_NS + int(t_s * 1e9)
-            n += live.ingest_batch(decode_batch(p), now)
-            live.tick(now)
+            n += _timed_batch(live, p, now, stage)
         rates.append(n / (time.perf_counter() - t0))
         solves = live.clock.solves
+        stages.append(stage)
     dec: list[float] = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -91,6 +119,10 @@ def run_bench(nics: int, seconds: float, step_s: float, repeats: int, seed: int)
         "naive_python_records_per_second": round(statistics.median(naive)),
         "speedup_vs_naive": round(rps / statistics.median(naive), 1),
         "share_of_decode_only": round(rps / statistics.median(dec), 4),
+        "stage_us_per_record": {
+            k: round(statistics.median(st[k] for st in stages) / records * 1e6, 3)
+            for k in stages[0]
+        },
         "repeats": repeats,
         "generate_s": round(gen_s, 2),
         "target_records_per_second": 1_000_000,
