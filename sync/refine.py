@@ -2,10 +2,12 @@
 
 At high load the delay envelopes rarely touch the propagation floor, so a free-slope pair fit
 is noisy in both slope and offset; software stamps add µs jitter whose extremes are noise.
-Cheap, pure steps help. Measured on one seeded 128-NIC simulator window (16 peers, 2 s), node
-p99 error, first stage -> fixed slope + floor-excess std + ``solve_network(loss="huber")``:
-hw load 0.9: 89 -> 44 ns (k_lowest=1); hw load 0.4: 2.1 -> 1.5 ns (k=1);
-sw load 0.4: 179 -> 48 ns (k_lowest=32; k=1 gives 238).
+Cheap, pure steps help. Measured on 128-NIC simulator windows (16 peers, 2 s, seeds 1 / 2),
+node p99 error, first stage -> fixed slope + floor-excess std + ``solve_network(loss="huber")``:
+hw load 0.4: 2.1 -> 1.5 ns with k_lowest=1 (k=32: 38 ns, worse);
+hw load 0.9: 89 / 67 -> 44 / 51 ns with k=1, 35 / 37 ns with k=32;
+sw load 0.4: 179 / 236 -> 48 / 65 ns with k=32 (k=1: 238 / 183).
+So k_lowest=1 (the Huygens envelope) while floors are reached, larger k when they are not.
 
 * ``refit_fixed_slope``: drifts are node properties, so the network drift solution gives every
   pair a better slope than its own fit; with the slope fixed, the offset is the mid-point of the
