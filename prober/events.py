@@ -26,12 +26,13 @@ Address = tuple[str, int]
 NO_TOKEN = -1
 
 
-@dataclass(frozen=True, slots=True)
-class SendMeta:
+class SendMeta(NamedTuple):
     """What a datagram is: ``token`` is echoed to `ProbeSession.on_tx_stamp` (NO_TOKEN: none).
 
     ``sport`` is the UDP source port the transport must send from (0: any, e.g. replies go out
-    of the socket the probe came in on). ``src``/``dst`` are NIC ids of sender and receiver.
+    of the socket the probe came in on). ``src``/``dst`` are NIC ids of sender and receiver
+    (``dst`` is empty for replies: the session answers whoever asked). A NamedTuple: one is
+    built per datagram on the hot path.
     """
 
     token: int

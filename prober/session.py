@@ -116,6 +116,7 @@ class ProbeSession:
         self._await_tx: dict[int, _AwaitTx] = {}
         self._reply_token = 0
         self._trace_seq = 0
+        self._hashes: dict[str, int] = {}
 
     # ---- initiator: scheduling and sending -------------------------------------------------
 
@@ -171,7 +172,9 @@ class ProbeSession:
             return None
         seq = self._seq
         self._seq = (seq + 1) & 0xFFFFFFFF
-        dst_hash = nic_hash(q.dst)
+        dst_hash = self._hashes.get(q.dst)
+        if dst_hash is None:
+            dst_hash = self._hashes[q.dst] = nic_hash(q.dst)
         msg = Message(MsgType.PROBE, self.nic, dst_hash, seq, q.pair_id, q.pair_pos, pad=self.pad)
         self._pending[seq] = _Pending(q.dst, dst_hash, q.sport, q.pair_id, q.pair_pos, now_ns)
         self._deadlines.append((now_ns + self.timeout_ns, seq, now_ns))

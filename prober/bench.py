@@ -1,0 +1,184 @@
+"""Prober throughput benchmark: timestamped probes per second on one core, on loopback.
+
+One thread sends PROBE datagrams (``Codec.pack_probe_into`` into a preallocated buffer,
+non-blocking ``sendto``) in batches from one UDP socket to another on 127.0.0.1, then drains the
+receiver (``recvmsg_into`` with its SCM_TIMESTAMPING RX stamp) and the sender's error queue (the
+TX stamps, ``MSG_ERRQUEUE``). A probe counts when both its TX and RX stamps were read.
+
+The baseline is the same loop with timestamping off (plain ``recv_into``, no error queue), run
+in the same process, interleaved round by round with the timestamped loop so machine noise
+hits both alike; figures are medians over rounds. ``timestamp_overhead_ratio`` =
+baseline / timestamped (1.0: free; 2.0: timestamping halves the rate).
+
+``session_probes_per_second`` is a separate figure: complete probes per second through two
+`ProbeSession` objects (encode, decode, matching; initiator and responder work both counted, no
+sockets), i.e. the protocol's own CPU ceiling.
+
+CLI hook: ``run_bench(seconds: float = 5.0, json: bool = False) -> dict[str, object]`` (prints
+the result as one JSON object with ``json=True``, else a short text summary).
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import socket
+import statistics
+import struct
+import time
+from collections.abc import Callable
+
+from prober.timestamping import ANC_BUFSIZE, SO_TIMESTAMPING, SW_FLAGS
+from prober.wire import Codec, nic_hash
+
+_BATCH = 32
+_ROUNDS = 6
+_SOL_SOCKET = socket.SOL_SOCKET
+_SCM = SO_TIMESTAMPING
+_TS = struct.Struct("=qq")
+
+
+def _pair(stamped: bool) -> tuple[socket.socket, socket.socket]:
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for s in (tx, rx):
+        s.bind(("127.0.0.1", 0))
+        s.setblocking(False)
+        s.setsockopt(_SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        if stamped:
+            s.setsockopt(_SOL_SOCKET, SO_TIMESTAMPING, SW_FLAGS)
+    return tx, rx
+
+
+def _stamp_ns(anc: list[tuple[int, int, bytes]]) -> int:
+    for level, kind, data in anc:
+        if kind == _SCM and level == _SOL_SOCKET:
+            sec, nsec = _TS.unpack_from(data)
+            return int(sec) * 1_000_000_000 + int(nsec)
+    return 0
+
+
+def _run_loop(stamped: bool, seconds: float, clock: Callable[[], float]) -> float:
+    """Return probes/s (with both stamps when ``stamped``) for a loop of ``seconds``."""
+    tx, rx = _pair(stamped)
+    try:
+        dest = rx.getsockname()
+        codec = Codec()
+        buf = bytearray(64)
+        view = memoryview(buf)[:48]
+        rbuf = bytearray(2048)
+        src, dst = nic_hash("bench-a"), nic_hash("bench-b")
+        sendto, pack = tx.sendto, codec.pack_probe_into
+        recv_into, recvmsg_into, recvmsg = rx.recv_into, rx.recvmsg_into, tx.recvmsg
+        errq = socket.MSG_ERRQUEUE
+        seq = 0
+        n_tx = n_rx = 0
+        start = clock()
+        end = start + seconds
+        while clock() < end:
+            for _ in range(_BATCH):
+                pack(buf, src, dst, seq & 0xFFFFFFFF)
+                seq += 1
+                try:
+                    sendto(view, dest)
+                except BlockingIOError:
+                    break
+            if stamped:
+                while True:
+                    try:
+                        _, anc, _, _ = recvmsg_into([rbuf], ANC_BUFSIZE)
+                    except BlockingIOError:
+                        break
+                    if _stamp_ns(anc):
+                        n_rx += 1
+                while True:
+                    try:
+                        _, anc, _, _ = recvmsg(0, ANC_BUFSIZE, errq)
+                    except BlockingIOError:
+                        break
+                    if _stamp_ns(anc):
+                        n_tx += 1
+            else:
+                while True:
+                    try:
+                        recv_into(rbuf)
+                    except BlockingIOError:
+                        break
+                    n_rx += 1
+                n_tx = n_rx
+        elapsed = clock() - start
+        return min(n_tx, n_rx) / elapsed
+    finally:
+        tx.close()
+        rx.close()
+
+
+def _session_rate(seconds: float, clock: Callable[[], float]) -> float:
+    """Return complete probes/s through two `ProbeSession` objects (all protocol work, no I/O)."""
+    from prober.session import ProbeSession
+
+    a, b = ProbeSession("bench-a", timeout_ns=10**12), ProbeSession("bench-b", timeout_ns=10**12)
+    dest, now, done = ("127.0.0.1", 4791), 0, 0
+    start = clock()
+    end = start + seconds
+    while clock() < end:
+        for _ in range(_BATCH):
+            now += 1000
+            a.queue_probe("bench-b", dest, 50000, now)
+            (probe,) = a.next_datagrams(now)
+            a.on_tx_stamp(probe.meta.token, now)
+            b.receive(probe.data, ("127.0.0.1", 50000), now + 10, now + 10)
+            (reply,) = b.next_datagrams(now + 10)
+            b.on_tx_stamp(reply.meta.token, now + 11)
+            (follow,) = b.next_datagrams(now + 12)
+            a.receive(reply.data, dest, now + 20, now + 20)
+            done += len(a.receive(follow.data, dest, now + 21, now + 21))
+    return done / (clock() - start)
+
+
+def measure(seconds: float = 5.0, rounds: int = _ROUNDS) -> dict[str, object]:
+    """Run the interleaved benchmark for about ``seconds`` and return the figures.
+
+    Raises `ValueError` for non-positive ``seconds`` or ``rounds``.
+    """
+    if seconds <= 0 or rounds <= 0:
+        raise ValueError("seconds and rounds must be positive")
+    per = seconds / (2 * rounds)
+    clock = time.perf_counter
+    _run_loop(True, min(per, 0.1), clock)  # warm-up: lets the kernel switch RX stamping on
+    stamped: list[float] = []
+    plain: list[float] = []
+    for _ in range(rounds):
+        stamped.append(_run_loop(True, per, clock))
+        plain.append(_run_loop(False, per, clock))
+    pps, base = statistics.median(stamped), statistics.median(plain)
+    session = _session_rate(min(per, 1.0), clock)
+    return {
+        "probes_per_second": round(pps),
+        "baseline_probes_per_second": round(base),
+        "timestamp_overhead_ratio": round(base / pps, 3) if pps else None,
+        "rounds": rounds,
+        "seconds": seconds,
+        "batch": _BATCH,
+        "stamp": "sw",
+        "session_probes_per_second": round(session),
+        "per_round_probes_per_second": [round(x) for x in stamped],
+        "per_round_baseline": [round(x) for x in plain],
+    }
+
+
+def run_bench(seconds: float = 5.0, json: bool = False) -> dict[str, object]:
+    """Measure, print (one JSON object if ``json`` else a summary), and return the figures."""
+    result = measure(seconds)
+    if json:
+        print(jsonlib.dumps(result))
+    else:
+        print(
+            f"timestamped probes/s: {result['probes_per_second']}  "
+            f"baseline: {result['baseline_probes_per_second']}  "
+            f"overhead ratio: {result['timestamp_overhead_ratio']}"
+        )
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run_bench(5.0, json=True)
