@@ -12,6 +12,8 @@ Kernel interface (Documentation/networking/timestamping.rst):
   [2] raw hardware. We take hardware when non-zero, else software.
 - Hardware stamps also need the NIC told to stamp (``SIOCSHWTSTAMP`` ioctl on the device, needs
   CAP_NET_ADMIN and driver support): `enable_timestamping` tries it and falls back to software.
+  The setting is per device, shared with e.g. ptp4l; we ask for TX on + RX filter ALL, a
+  superset of what PTP daemons set, so they keep working.
 - ``IP_RECVERR`` also queues ICMP errors (``ee_origin == SO_EE_ORIGIN_ICMP``) with the offending
   router's address after the struct: path discovery (`prober.pathdisc`) reads those.
 
@@ -100,7 +102,7 @@ def set_hw_timestamping(sock: socket.socket, device: str) -> bool:
         struct.pack("=iii", 0, HWTSTAMP_TX_ON, HWTSTAMP_FILTER_ALL)
     )
     name = device.encode()[:15]
-    ifreq = struct.pack("=16sP", name, ctypes.addressof(config)).ljust(40, b"\0")
+    ifreq = struct.pack("@16sP", name, ctypes.addressof(config)).ljust(40, b"\0")
     try:
         fcntl.ioctl(sock.fileno(), SIOCSHWTSTAMP, ifreq)
     except OSError:

@@ -127,3 +127,50 @@ async def test_bad_bind_raises_udp_error() -> None:
     with pytest.raises(UdpError):
         ep.open()
     ep.close()
+
+
+async def test_bind_to_device_lo_and_unknown_device() -> None:
+    got = Collector()
+    async with endpoint("nicA", got, device="lo") as a, endpoint("nicB", device="lo") as b:
+        sport = a.add_source_port(0)
+        a.session.queue_probe("nicB", (LO, b.dport), sport, a.now_ns())
+        a.wake()
+        (r,) = await got.wait_for(1)
+    assert isinstance(r, ProbeResult)
+    assert a.stamp_source is StampSource.SW  # lo has no hardware clock: fell back
+    ep = UdpEndpoint(ProbeSession("x"), LO, dport=0, device="qpm-nodev0")
+    with pytest.raises(UdpError):
+        ep.open()
+    ep.close()
+
+
+def test_parse_stamp_prefers_hardware_and_parses_icmp_offender() -> None:
+    import socket
+    import struct
+
+    from prober.timestamping import (
+        IP_RECVERR,
+        SCM_TIMESTAMPING,
+        SO_EE_ORIGIN_ICMP,
+        SOL_IP,
+        parse_extended_err,
+        parse_stamp,
+    )
+
+    sw_only = struct.pack("=qqqqqq", 5, 7, 0, 0, 0, 0)
+    both = struct.pack("=qqqqqq", 5, 7, 0, 0, 9, 11)
+    assert parse_stamp([(socket.SOL_SOCKET, SCM_TIMESTAMPING, sw_only)]) == (
+        5_000_000_007,
+        StampSource.SW,
+    )
+    assert parse_stamp([(socket.SOL_SOCKET, SCM_TIMESTAMPING, both)]) == (
+        9_000_000_011,
+        StampSource.HW,
+    )
+    assert parse_stamp([(socket.SOL_SOCKET, SCM_TIMESTAMPING, bytes(48))]) is None
+    assert parse_stamp([(socket.SOL_SOCKET, SCM_TIMESTAMPING, b"short")]) is None
+    ee = struct.pack("=IBBBBII", 113, SO_EE_ORIGIN_ICMP, 11, 0, 0, 0, 0)
+    sin = struct.pack("=H2s4s", socket.AF_INET, b"\0\0", socket.inet_aton("10.9.8.7"))
+    err = parse_extended_err([(SOL_IP, IP_RECVERR, ee + sin + bytes(8))])
+    assert err is not None and err.offender == "10.9.8.7" and err.icmp_type == 11
+    assert parse_extended_err([(SOL_IP, IP_RECVERR, b"tiny")]) is None
