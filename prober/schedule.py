@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from prober.events import Address
 from prober.ports import ROCE_SPORT_RANGE, pick_source_ports, ports_needed_exact
+from prober.session import ProbeSession
 
 
 class ScheduleError(ValueError):
@@ -179,3 +181,32 @@ class ProbePlan:
         """Yield probes forever in time order (consuming the plan)."""
         while self._heap:
             yield self._pop()
+
+
+def queue_due(
+    plan: ProbePlan,
+    now_ns: int,
+    sessions: Mapping[str, ProbeSession],
+    dest_of: Callable[[str], Address],
+    session_now: Callable[[str], int] | None = None,
+) -> int:
+    """Queue every probe ``plan`` has due at ``now_ns`` into its source NIC's session.
+
+    Probes are queued for "now" in the session's own clock (``session_now(src)``, default
+    ``now_ns``): NIC clocks may differ from the clock that drives the plan. Coded probes become
+    pairs with the plan's spacing. ``dest_of(dst)`` gives the transport address of NIC ``dst``.
+    Returns how many entries were queued; raises `ScheduleError` for a NIC with no session.
+    """
+    spacing = plan.config.pair_spacing_ns
+    count = 0
+    for probe in plan.due(now_ns):
+        session = sessions.get(probe.src)
+        if session is None:
+            raise ScheduleError(f"no session for NIC {probe.src!r}")
+        at = session_now(probe.src) if session_now is not None else now_ns
+        if probe.coded:
+            session.queue_pair(probe.dst, dest_of(probe.dst), probe.sport, at, spacing)
+        else:
+            session.queue_probe(probe.dst, dest_of(probe.dst), probe.sport, at)
+        count += 1
+    return count

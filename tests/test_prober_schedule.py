@@ -21,7 +21,9 @@ from prober.schedule import (
     ScheduledProbe,
     ScheduleError,
     choose_peers,
+    queue_due,
 )
+from prober.session import ProbeSession
 
 S = 1_000_000_000
 
@@ -140,3 +142,21 @@ def test_plan_due_and_iter_agree_and_validate() -> None:
     with pytest.raises(ScheduleError):
         ScheduleConfig(port_range=(10, 5))
     assert ScheduleConfig(port_range=(50000, 50009)).ports_per_nic == 10
+
+
+def test_queue_due_feeds_sessions_in_their_own_clock() -> None:
+    peers = {"a": ["b"], "c": ["b"]}
+    plan = ProbePlan(peers, ScheduleConfig(rate_hz=1000.0, pair_spacing_ns=20_000), 0)
+    sessions = {"a": ProbeSession("a"), "c": ProbeSession("c")}
+    offsets = {"a": 0, "c": 5 * S}  # c's NIC clock reads 5 s ahead
+    n = queue_due(plan, 10_000_000, sessions, lambda nic: ("10.0.0.9", 4791),
+                  lambda nic: 10_000_000 + offsets[nic])  # fmt: skip
+    assert n == 20  # 2 streams x 1000/s x 10 ms
+    sent_a = sessions["a"].next_datagrams(10_000_000)
+    assert len(sent_a) == 10  # first probe of each pair now; second 20 µs later
+    assert len(sessions["a"].next_datagrams(10_020_000)) == 10
+    assert sessions["c"].next_datagrams(10_000_000) == []  # not yet in c's clock
+    assert len(sessions["c"].next_datagrams(5 * S + 10_000_000)) == 10
+    assert {d.meta.pair_pos for d in sent_a} == {0}
+    with pytest.raises(ScheduleError):
+        queue_due(plan, 20_000_000, {}, lambda nic: ("x", 1))
