@@ -12,7 +12,9 @@ baseline / timestamped (1.0: free; 2.0: timestamping halves the rate).
 
 ``session_probes_per_second`` is a separate figure: complete probes per second through two
 `ProbeSession` objects (encode, decode, matching; initiator and responder work both counted, no
-sockets), i.e. the protocol's own CPU ceiling.
+sockets), i.e. the protocol's own CPU ceiling. ``endpoint_probes_per_second``: complete
+probes per second through the whole stack (two `prober.udp.UdpEndpoint` on loopback in one
+asyncio loop, kernel stamps, follow-ups), i.e. what one prober process actually sustains.
 
 CLI hook: ``run_bench(seconds: float = 5.0, json: bool = False) -> dict[str, object]`` (prints
 the result as one JSON object with ``json=True``, else a short text summary).
@@ -20,6 +22,7 @@ the result as one JSON object with ``json=True``, else a short text summary).
 
 from __future__ import annotations
 
+import asyncio
 import json as jsonlib
 import socket
 import statistics
@@ -135,6 +138,38 @@ def _session_rate(seconds: float, clock: Callable[[], float]) -> float:
     return done / (clock() - start)
 
 
+async def _endpoint_rate(seconds: float) -> float:
+    """Return complete probes/s through two `UdpEndpoint` objects on loopback (full stack)."""
+    import asyncio
+
+    from prober.events import ProbeEvent
+    from prober.session import ProbeSession
+    from prober.udp import UdpEndpoint
+
+    done = 0
+
+    def count(events: list[ProbeEvent]) -> None:
+        nonlocal done
+        done += len(events)
+
+    a = UdpEndpoint(ProbeSession("bench-a"), "127.0.0.1", dport=0, on_events=count)
+    b = UdpEndpoint(ProbeSession("bench-b"), "127.0.0.1", dport=0)
+    async with a, b:
+        sport = a.add_source_port(0)
+        dest = ("127.0.0.1", b.dport)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while loop.time() - start < seconds:
+            if a.session.pending < 4 * _BATCH:  # keep a window of probes in flight
+                now = a.now_ns()
+                for _ in range(_BATCH):
+                    a.session.queue_probe("bench-b", dest, sport, now)
+                a.flush()
+            await asyncio.sleep(0)
+        elapsed = loop.time() - start
+    return done / elapsed
+
+
 def measure(seconds: float = 5.0, rounds: int = _ROUNDS) -> dict[str, object]:
     """Run the interleaved benchmark for about ``seconds`` and return the figures.
 
@@ -152,6 +187,7 @@ def measure(seconds: float = 5.0, rounds: int = _ROUNDS) -> dict[str, object]:
         plain.append(_run_loop(False, per, clock))
     pps, base = statistics.median(stamped), statistics.median(plain)
     session = _session_rate(min(per, 1.0), clock)
+    endpoint = asyncio.run(_endpoint_rate(min(per, 1.0)))
     return {
         "probes_per_second": round(pps),
         "baseline_probes_per_second": round(base),
@@ -161,6 +197,7 @@ def measure(seconds: float = 5.0, rounds: int = _ROUNDS) -> dict[str, object]:
         "batch": _BATCH,
         "stamp": "sw",
         "session_probes_per_second": round(session),
+        "endpoint_probes_per_second": round(endpoint),
         "per_round_probes_per_second": [round(x) for x in stamped],
         "per_round_baseline": [round(x) for x in plain],
     }

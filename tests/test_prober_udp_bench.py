@@ -19,6 +19,8 @@ def test_run_bench_prints_json_with_baseline(capsys: pytest.CaptureFixture[str])
     assert result["timestamp_overhead_ratio"] == pytest.approx(base / pps, rel=1e-2)
     assert isinstance(result["session_probes_per_second"], int)
     assert result["session_probes_per_second"] > 0
+    assert isinstance(result["endpoint_probes_per_second"], int)
+    assert result["endpoint_probes_per_second"] > 0
 
 
 def test_measure_rejects_bad_input() -> None:
