@@ -16,9 +16,11 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.detect.causes import excluded_nics, host_quiet, silent_hosts
-from controller.detect.delay import DelayParams, DelayWindow, PathBaselines, path_signature
-from controller.detect.loss import LossParams, LossWindow, probe_links
+from controller.detect.delay import DelayParams, DelayWindow
+from controller.detect.loss import LossParams, LossWindow
+from controller.detect.paths import PathIndex
 from controller.fabric import Fabric
+from controller.fabric.ecmp import routing_tables
 from controller.health import EntityState, Finding, HealthParams, Signal, step
 from controller.observations import Observations
 from controller.snapshot import Health, MeshEvent
@@ -48,7 +50,7 @@ class Brain:
         n_links, n_nics = len(fabric.links), len(fabric.nics)
         self._loss = LossWindow(n_links)
         self._delay = DelayWindow(fabric.n_hops)
-        self._baselines = PathBaselines()
+        self._paths = PathIndex(routing_tables(fabric).max_hops)
         self._states = [EntityState() for _ in range(n_links)]
         self._raised: dict[int, str] = {}
         self._nic_of_link = {int(lk): i for i, lk in enumerate(fabric.nic_link)}
@@ -73,11 +75,15 @@ class Brain:
             keep = ~(self._excluded[obs.src] | self._excluded[obs.dst])
             if not keep.all():
                 obs = obs.select(keep)
-        self._loss.add(probe_links(obs.hops_fwd, obs.hops_rev), obs.lost)
-        flows = np.column_stack([obs.src, obs.dst, obs.sport]).astype(np.int64)
+        pf, pr = self._paths.paths(obs.hops_fwd), self._paths.paths(obs.hops_rev)
+        self._loss.add(self._paths, pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
         p = self.config.delay
-        self._delay.add(self._baselines, obs.hops_fwd, obs.owd_fwd_ns, flows, p)
-        self._delay.add(self._baselines, obs.hops_rev, obs.owd_rev_ns, flows[:, [1, 0, 2]], p)
+        self._delay.add(
+            self._paths, pf, obs.hops_fwd, obs.owd_fwd_ns, (obs.src, obs.dst, obs.sport), p
+        )
+        self._delay.add(
+            self._paths, pr, obs.hops_rev, obs.owd_rev_ns, (obs.dst, obs.src, obs.sport), p
+        )
 
     def presence(self, host: str, alive: bool, now_ns: int) -> None:
         """Record the prober presence of ``host`` (MQTT last-will / hello)."""
@@ -114,8 +120,8 @@ class Brain:
         quiet_hosts = host_quiet(f, self._src_count)
         nic_quiet = quiet_hosts[f.nic_host_index] | self._excluded
 
-        loss = self._loss.verdict(cfg.loss)
-        slow_cover, slow_flows = self._delay.verdict(cfg.delay)
+        loss = self._loss.verdict(self._paths, cfg.loss)
+        slow_cover, slow_flows = self._delay.verdict(self._paths, cfg.delay)
         signals: dict[int, Signal] = {}
         slow_hop: dict[int, int] = {}
         for hop, nbad in zip(slow_cover.picked, slow_cover.picked_bad, strict=True):
@@ -134,7 +140,7 @@ class Brain:
                 blamed.add(f.links[lk].id)
         self.last_blamed = frozenset(blamed)
 
-        enough = self._loss.total >= cfg.loss.min_probes
+        enough = loss.cover.total >= cfg.loss.min_probes
         for lk, st in enumerate(self._states):
             sig = signals.get(lk)
             if sig is None:
@@ -152,7 +158,7 @@ class Brain:
                 if ev is not None:
                     events.append(ev)
 
-        self._delay.fold_baselines(self._baselines, dt_s, cfg.delay)
+        self._delay.fold_baselines(self._paths, dt_s, cfg.delay)
         self._loss.reset()
         self._delay.reset()
         self._src_count[:] = 0
@@ -244,7 +250,9 @@ class Brain:
 
     def baseline_ns(self, hops: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
         """Return the propagation baseline of each path (rows of directed hops), NaN if unseen."""
-        return self._baselines.lookup(path_signature(np.atleast_2d(hops).astype(np.int32)))
+        idx = self._paths.paths(np.atleast_2d(hops).astype(np.int32))
+        out = self._paths.base[idx]
+        return np.where(np.isfinite(out), out, np.nan)
 
     def hosts_down(self) -> frozenset[str]:
         """Return hosts whose prober is down (presence lost or silent)."""

@@ -45,8 +45,8 @@ class Cover:
 
 def element_counts(sets: npt.NDArray[np.integer], n_elems: int) -> npt.NDArray[np.int64]:
     """Return how many rows of ``sets`` (n, K; -1 padded) contain each element id."""
-    flat = sets.ravel()
-    return np.bincount(flat[flat >= 0], minlength=n_elems).astype(np.int64)
+    counts = np.bincount(sets.ravel() + 1, minlength=n_elems + 1)
+    return counts[1:].astype(np.int64)
 
 
 def unique_rows(sets: npt.NDArray[np.integer]) -> npt.NDArray[np.int32]:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from controller.detect.delay import DelayParams, DelayWindow, PathBaselines
-from controller.detect.loss import LossWindow, probe_links
+from controller.detect.delay import DelayParams, DelayWindow
+from controller.detect.loss import LossWindow
+from controller.detect.paths import PathIndex
 from controller.fabric import Fabric
+from controller.fabric.ecmp import routing_tables
+from controller.localize import unique_rows
 from controller.observations import Observations
 
 
@@ -41,7 +44,7 @@ class VotingBaseline:
         self._delay_p = delay or DelayParams()
         self._loss = LossWindow(len(fabric.links))
         self._delay = DelayWindow(fabric.n_hops)
-        self._base = PathBaselines()
+        self._base = PathIndex(routing_tables(fabric).max_hops)
         self._streak = np.zeros(len(fabric.links), dtype=np.int64)
         self._alerted: set[int] = set()
         self._excluded = np.zeros(len(fabric.nics), dtype=bool)
@@ -55,17 +58,31 @@ class VotingBaseline:
         """Fold ``obs`` into the window."""
         keep = ~(self._excluded[obs.src] | self._excluded[obs.dst])
         obs = obs.select(keep)
-        self._loss.add(probe_links(obs.hops_fwd, obs.hops_rev), obs.lost)
-        flows = np.column_stack([obs.src, obs.dst, obs.sport]).astype(np.int64)
-        self._delay.add(self._base, obs.hops_fwd, obs.owd_fwd_ns, flows, self._delay_p)
-        self._delay.add(self._base, obs.hops_rev, obs.owd_rev_ns, flows, self._delay_p)
+        pf, pr = self._base.paths(obs.hops_fwd), self._base.paths(obs.hops_rev)
+        self._loss.add(self._base, pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
+        self._delay.add(
+            self._base,
+            pf,
+            obs.hops_fwd,
+            obs.owd_fwd_ns,
+            (obs.src, obs.dst, obs.sport),
+            self._delay_p,
+        )
+        self._delay.add(
+            self._base,
+            pr,
+            obs.hops_rev,
+            obs.owd_rev_ns,
+            (obs.dst, obs.src, obs.sport),
+            self._delay_p,
+        )
 
     def tick(self, now_ns: int) -> list[str]:
         """Close the window; return ids of links alerted in this window."""
         n = len(self.fabric.links)
         dt = 0.0 if self._last is None else (now_ns - self._last) / 1e9
         self._last = now_ns
-        votes = _votes(self._loss.lost_sets(), n)
+        votes = _votes(unique_rows(self._loss.lost_sets()), n)  # each link once per probe
         slow = self._delay.slow_sets()
         links = np.where(slow >= 0, slow // 2, -1)
         votes += _votes(links, n)

@@ -1,13 +1,12 @@
-"""Delay evidence: per-path propagation baselines and per-hop queueing delay over a window.
+"""Delay evidence: per-hop queueing delay over a detection window.
 
-Every one-way delay is measured on a path (its directed hops). `PathBaselines` keeps, per path
-signature, the propagation baseline: the minimum delay seen, allowed to creep up slowly
-(``drift_ns_per_s``) so a slowly drifting clock estimate does not look like queueing, yet a
-contention episode of seconds barely moves it. The queueing delay of a measurement is its delay
-minus its path's baseline; a measurement is *slow* when that excess is above
-``max(min_excess_ns, noise_k * MAD)`` (MAD over the batch: robust to the few contended paths).
-`DelayWindow` counts judged measurements per directed hop and keeps the hop sets and flows of
-the slow ones for the tomography (`controller.localize.greedy_cover`).
+Every one-way delay is measured on a path (`controller.detect.paths.PathIndex` numbers paths
+and keeps their propagation baselines). The queueing delay of a measurement is its delay minus
+its path's baseline; it is *slow* when that excess is above ``max(min_excess_ns, median +
+noise_k * MAD)`` (over the batch: robust to the few contended paths). `DelayWindow` counts
+judged measurements per path (expanded to directed hops once per window), keeps each path's
+window minimum for the baseline, and keeps the hop sets and flows of the slow measurements for
+the tomography (`controller.localize.greedy_cover`).
 """
 
 from __future__ import annotations
@@ -17,19 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from controller.localize import Cover, element_counts, greedy_cover
-
-_MULT = np.uint64(0x9E3779B97F4A7C15)
-
-
-def path_signature(hops: npt.NDArray[np.int32]) -> npt.NDArray[np.int64]:
-    """Return a 64-bit signature per row of directed hop ids (-1 padding included)."""
-    acc = np.zeros(hops.shape[0], dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for col in range(hops.shape[1]):
-            acc = (acc ^ (hops[:, col].astype(np.int64) + 2).astype(np.uint64)) * _MULT
-            acc ^= acc >> np.uint64(29)
-    return acc.view(np.int64)
+from controller.detect.paths import PathIndex, expand
+from controller.localize import Cover, greedy_cover
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,121 +35,89 @@ class DelayParams:
     max_flows: int = 32
 
 
-@dataclass(eq=False)
-class PathBaselines:
-    """Propagation baseline per path signature (sorted table, vectorized lookups)."""
-
-    sigs: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
-    base: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0, np.float64))
-
-    def lookup(self, sig: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        """Return the baseline of each signature (NaN for paths not seen yet)."""
-        if not len(self.sigs):
-            return np.full(len(sig), np.nan)
-        pos = np.minimum(np.searchsorted(self.sigs, sig), len(self.sigs) - 1)
-        return np.where(self.sigs[pos] == sig, self.base[pos], np.nan)
-
-    def update(
-        self, sig: npt.NDArray[np.int64], owd: npt.NDArray[np.float64], dt_s: float, drift: float
-    ) -> None:
-        """Fold in a window's (signature, delay) samples: new min, or old + drift*dt if higher."""
-        if not len(sig):
-            return
-        order = np.argsort(sig, kind="stable")
-        s, d = sig[order], owd[order]
-        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-        usig, umin = s[starts], np.minimum.reduceat(d, starts)
-        allsig = np.union1d(self.sigs, usig)
-        base = np.full(len(allsig), np.inf)
-        if len(self.sigs):
-            base[np.searchsorted(allsig, self.sigs)] = self.base + drift * max(dt_s, 0.0)
-        pos = np.searchsorted(allsig, usig)
-        base[pos] = np.minimum(base[pos], umin)
-        self.sigs, self.base = allsig, base
+def _pad_concat(arrs: list[npt.NDArray[np.int32]]) -> npt.NDArray[np.int32]:
+    if not arrs:
+        return np.zeros((0, 1), dtype=np.int32)
+    width = max(a.shape[1] for a in arrs)
+    return np.concatenate(
+        [np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=-1) for a in arrs]
+    )
 
 
 @dataclass(eq=False)
 class DelayWindow:
-    """Mutable per-window accumulator of judged delays per directed hop (owned by one brain)."""
+    """Mutable per-window accumulator of judged delays (owned by one brain or baseline)."""
 
     n_hops: int
-    judged: npt.NDArray[np.int64] = field(init=False)
+    judged_paths: npt.NDArray[np.int64] = field(init=False)
+    wmin: npt.NDArray[np.float64] = field(init=False)
     _slow_hops: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
     _slow_flows: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
-    _slow_excess: list[npt.NDArray[np.float64]] = field(init=False, default_factory=list)
-    _sigs: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
-    _owds: list[npt.NDArray[np.float64]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        self.judged = np.zeros(self.n_hops, dtype=np.int64)
+        self.judged_paths = np.zeros(0, dtype=np.int64)
+        self.wmin = np.zeros(0, dtype=np.float64)
+
+    def _grow(self, size: int) -> None:
+        if size > len(self.wmin):
+            extra = size - len(self.wmin)
+            self.judged_paths = np.concatenate([self.judged_paths, np.zeros(extra, np.int64)])
+            self.wmin = np.concatenate([self.wmin, np.full(extra, np.inf)])
 
     def add(
         self,
-        baselines: PathBaselines,
+        index: PathIndex,
+        path: npt.NDArray[np.int64],
         hops: npt.NDArray[np.int32],
         owd: npt.NDArray[np.float64],
-        flows: npt.NDArray[np.int64],
+        flows: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]],
         params: DelayParams,
     ) -> None:
-        """Judge one direction's delays (NaN skipped) against their path baselines.
+        """Judge one direction's delays (NaN = unknown) against their path baselines.
 
-        ``flows`` is (n, 3): src, dst, sport of each measurement (for the affected-flow list).
+        ``path`` are the path numbers of the rows (from ``index.paths(hops)``); ``flows`` is
+        (src, dst, sport) of each measurement, for the affected-flow list.
         """
-        ok = np.isfinite(owd)
-        if not ok.all():
-            hops, owd, flows = hops[ok], owd[ok], flows[ok]
         if not len(owd):
             return
-        sig = path_signature(hops)
-        self._sigs.append(sig)
-        self._owds.append(owd)
-        excess = owd - baselines.lookup(sig)
+        self._grow(index.size)
+        ok = np.isfinite(owd)
+        np.minimum.at(self.wmin, path[ok], owd[ok])
+        excess = owd - index.base[path]
         known = np.isfinite(excess)
         if not known.any():
             return
         ex = excess[known]
-        med = float(np.median(ex))
-        mad = float(np.median(np.abs(ex - med))) * 1.4826
+        sample = ex[:: max(1, len(ex) // 20_000)]
+        med = float(np.median(sample))
+        mad = float(np.median(np.abs(sample - med))) * 1.4826
         thr = max(params.min_excess_ns, med + params.noise_k * mad)
-        hk = hops[known]
-        self.judged += element_counts(hk, self.n_hops)
+        self.judged_paths += np.bincount(path[known], minlength=len(self.judged_paths))
         slow = ex > thr
         if slow.any():
-            self._slow_hops.append(hk[slow])
-            self._slow_flows.append(flows[known][slow])
-            self._slow_excess.append(ex[slow])
+            idx = np.flatnonzero(known)[slow]
+            self._slow_hops.append(hops[idx])
+            self._slow_flows.append(np.column_stack([f[idx] for f in flows]).astype(np.int64))
 
     def slow_sets(self) -> npt.NDArray[np.int32]:
         """Return the hop sets of this window's slow measurements, (m, H), -1 padded."""
-        if not self._slow_hops:
-            return np.zeros((0, 1), dtype=np.int32)
-        width = max(a.shape[1] for a in self._slow_hops)
-        return np.concatenate(
-            [
-                np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=-1)
-                for a in self._slow_hops
-            ]
-        )
+        return _pad_concat(self._slow_hops)
 
-    def verdict(self, params: DelayParams) -> tuple[Cover, dict[int, list[tuple[int, int, int]]]]:
+    def judged(self, index: PathIndex) -> npt.NDArray[np.int64]:
+        """Return judged measurements per directed hop in this window."""
+        return expand(self.judged_paths, index.hops, self.n_hops)
+
+    def verdict(
+        self, index: PathIndex, params: DelayParams
+    ) -> tuple[Cover, dict[int, list[tuple[int, int, int]]]]:
         """Localize this window's slow measurements to directed hops.
 
         Returns the cover and, per blamed hop, up to ``max_flows`` affected (src, dst, sport).
         """
-        if self._slow_hops:
-            width = max(a.shape[1] for a in self._slow_hops)
-            sets = np.concatenate(
-                [
-                    np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=-1)
-                    for a in self._slow_hops
-                ]
-            )
-            flows = np.concatenate(self._slow_flows)
-        else:
-            sets = np.zeros((0, 1), dtype=np.int32)
-            flows = np.zeros((0, 3), dtype=np.int64)
+        sets = self.slow_sets()
+        flows = np.concatenate(self._slow_flows) if self._slow_flows else np.zeros((0, 3), np.int64)
         cover = greedy_cover(
-            self.judged,
+            self.judged(index),
             sets,
             min_rate=params.min_rate,
             min_bad=params.min_slow,
@@ -173,15 +129,13 @@ class DelayWindow:
             out[int(hop)] = [(int(a), int(b), int(c)) for a, b, c in f]
         return cover, out
 
-    def fold_baselines(self, baselines: PathBaselines, dt_s: float, params: DelayParams) -> None:
-        """Update ``baselines`` with this window's samples."""
-        if self._sigs:
-            baselines.update(
-                np.concatenate(self._sigs), np.concatenate(self._owds), dt_s, params.drift_ns_per_s
-            )
+    def fold_baselines(self, index: PathIndex, dt_s: float, params: DelayParams) -> None:
+        """Update the path baselines in ``index`` with this window's minima."""
+        index.fold(self.wmin, dt_s, params.drift_ns_per_s)
 
     def reset(self) -> None:
         """Start a new window."""
-        self.judged[:] = 0
-        for lst in (self._slow_hops, self._slow_flows, self._slow_excess, self._sigs, self._owds):
-            lst.clear()
+        self.judged_paths[:] = 0
+        self.wmin[:] = np.inf
+        self._slow_hops.clear()
+        self._slow_flows.clear()

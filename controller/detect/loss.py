@@ -1,7 +1,7 @@
 """Loss evidence per detection window: probes and lost probes per physical link.
 
 A lost probe (no reply) may have died on its forward or on its reply path, so its evidence set
-is the union of the links of both paths (``hop // 2``), each link once. Links are the unit for
+is the links of both paths (``hop // 2``). Links are the unit for
 loss because a failing cable or optic drops both directions.
 """
 
@@ -12,15 +12,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from controller.localize import Cover, element_counts, greedy_cover, unique_rows
+from controller.detect.paths import PathIndex, expand
+from controller.localize import Cover, greedy_cover
 
 
 def probe_links(
     hops_fwd: npt.NDArray[np.int32], hops_rev: npt.NDArray[np.int32]
 ) -> npt.NDArray[np.int32]:
-    """Return per probe the links of its forward and reply paths, (n, K), each once, -1 padded."""
-    h = np.concatenate([hops_fwd, hops_rev], axis=1)
-    return unique_rows(np.where(h >= 0, h // 2, -1))
+    """Return per probe the links of its forward then reply path, (n, 2H), -1 padded.
+
+    A link crossed both ways (always the NIC links) appears twice: it is counted twice in the
+    totals and twice in the lost counts, so its loss rate is unchanged.
+    """
+    links: npt.NDArray[np.int32] = np.concatenate([hops_fwd, hops_rev], axis=1) >> 1
+    return links
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,17 +58,35 @@ class LossWindow:
     """Mutable per-window accumulator (owned by one brain). ``add`` is pure array code."""
 
     n_links: int
-    total: npt.NDArray[np.int64] = field(init=False)
+    seen_paths: npt.NDArray[np.int64] = field(init=False)
     _lost: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        self.total = np.zeros(self.n_links, dtype=np.int64)
+        self.seen_paths = np.zeros(0, dtype=np.int64)
 
-    def add(self, links: npt.NDArray[np.int32], lost: npt.NDArray[np.bool_]) -> None:
-        """Count probes (``links`` from `probe_links`) and keep the lost ones' link sets."""
-        self.total += element_counts(links, self.n_links)
+    def add(
+        self,
+        index: PathIndex,
+        path_fwd: npt.NDArray[np.int64],
+        path_rev: npt.NDArray[np.int64],
+        hops_fwd: npt.NDArray[np.int32],
+        hops_rev: npt.NDArray[np.int32],
+        lost: npt.NDArray[np.bool_],
+    ) -> None:
+        """Count probes per path (both directions) and keep the lost ones' link sets."""
+        size = max(index.size, len(self.seen_paths))
+        if size > len(self.seen_paths):
+            self.seen_paths = np.concatenate(
+                [self.seen_paths, np.zeros(size - len(self.seen_paths), np.int64)]
+            )
+        self.seen_paths += np.bincount(path_fwd, minlength=size)
+        self.seen_paths += np.bincount(path_rev, minlength=size)
         if lost.any():
-            self._lost.append(links[lost])
+            self._lost.append(probe_links(hops_fwd[lost], hops_rev[lost]))
+
+    def totals(self, index: PathIndex) -> npt.NDArray[np.int64]:
+        """Return probes per link in this window (a link crossed both ways counts twice)."""
+        return expand(self.seen_paths, index.hops, self.n_links, links=True)
 
     def lost_sets(self) -> npt.NDArray[np.int32]:
         """Return the link sets of this window's lost probes, (m, K)."""
@@ -74,10 +97,10 @@ class LossWindow:
             [np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=-1) for a in self._lost]
         )
 
-    def verdict(self, params: LossParams) -> LossVerdict:
+    def verdict(self, index: PathIndex, params: LossParams) -> LossVerdict:
         """Localize this window's loss (greedy cover) and return the blamed links."""
         cover = greedy_cover(
-            self.total,
+            self.totals(index),
             self.lost_sets(),
             min_rate=params.min_rate,
             min_bad=params.min_lost,
@@ -88,5 +111,5 @@ class LossWindow:
 
     def reset(self) -> None:
         """Start a new window."""
-        self.total[:] = 0
+        self.seen_paths[:] = 0
         self._lost.clear()
