@@ -1,0 +1,43 @@
+"""Path index: hash table numbering, growth, hop expansion and baselines."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.detect.paths import PathIndex, expand, path_signature
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3000), st.integers(0, 2**31 - 1), st.sampled_from([3, 4, 6]))
+def test_same_rows_same_numbers_distinct_rows_distinct(n: int, seed: int, width: int) -> None:
+    rng = np.random.default_rng(seed)
+    hops = rng.integers(-1, 70_000 if width == 6 else 500, (n, width)).astype(np.int32)
+    idx = PathIndex(width)
+    a = idx.paths(hops)
+    b = idx.paths(hops[::-1])
+    assert np.array_equal(a, b[::-1])
+    _, inv = np.unique(hops, axis=0, return_inverse=True)
+    # equal rows <-> equal path numbers
+    assert len(np.unique(a)) == len(np.unique(inv)) == idx.size
+    assert np.array_equal(idx.hops[a], hops)
+
+
+def test_signature_packs_exactly() -> None:
+    h = np.array([[0, 1, 2, -1], [0, 1, 2, 3]], dtype=np.int32)
+    s = path_signature(h)
+    assert s[0] != s[1]
+
+
+def test_expand_and_fold() -> None:
+    idx = PathIndex(3)
+    p = idx.paths(np.array([[0, 5, -1], [0, 7, 3]], dtype=np.int32))
+    per_hop = expand(np.bincount(p, minlength=2) * np.array([2, 1]), idx.hops, 8)
+    assert per_hop.tolist() == [3, 0, 0, 1, 0, 2, 0, 1]
+    per_link = expand(np.ones(2, np.int64), idx.hops, 4, links=True)
+    assert per_link.tolist() == [2, 1, 1, 1]
+    idx.fold(np.array([1000.0, np.inf]), 1.0, 50.0)
+    assert idx.base[0] == 1000.0 and np.isinf(idx.base[1])
+    idx.fold(np.array([2000.0, 500.0]), 1.0, 50.0)  # higher: creeps up by drift only
+    assert idx.base.tolist() == [1050.0, 500.0]
