@@ -156,11 +156,18 @@ class ClockSync:
         binw = self.config.window_ns / self.config.decimate_bins
         key = ((a.astype(np.int64) * self.n_nics + b) * 2 + fwd) << 24
         key |= (np.floor(t / binw).astype(np.int64)) & 0xFFFFFF
-        order = np.lexsort((resid, key))
-        ks = key[order]
-        first = np.ones(len(ks), bool)
-        first[1:] = ks[1:] != ks[:-1]
-        return order[first].astype(np.int64)
+        if not len(key):
+            return np.zeros(0, np.int64)
+        order = np.argsort(key)
+        ks, rs = key[order], resid[order]
+        start = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
+        gmin = np.minimum.reduceat(rs, start)
+        group = np.cumsum(np.concatenate([[False], ks[1:] != ks[:-1]]))
+        is_min = rs == gmin[group]
+        # first minimum of each group
+        cand = np.flatnonzero(is_min)
+        firsts = cand[np.concatenate([[True], group[cand[1:]] != group[cand[:-1]]])]
+        return np.asarray(order[firsts], dtype=np.int64)
 
     # ---- solving -------------------------------------------------------------------------
     def due(self, now_ns: int) -> bool:

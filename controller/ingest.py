@@ -83,6 +83,7 @@ class Ingested:
     hops_fwd: I32
     hops_rev: I32
     path_known: NDArray[np.bool_]  # from discovery or the model (False = hops all -1)
+    flow: I64  # dense flow slot of (src, dst, sport), stable for the ingestor's lifetime
 
     def __len__(self) -> int:
         return len(self.src)
@@ -120,9 +121,12 @@ class Ingestor:
         self._dedup_depth = dedup_depth
         self._seen: dict[str, tuple[set[int], deque[int]]] = {}
         self._table_cache: tuple[tuple[str, ...], I64] | None = None
-        # model (hash) paths never change for a fabric: computed once per flow
-        self._fwd_cache = PathTable(self.n_nics, self.max_hops)
-        self._rev_cache = PathTable(self.n_nics, self.max_hops)
+        # flows (src, dst, sport) -> dense slots; model (hash) paths of probe and reply for
+        # the RoCEv2 dport never change for a fabric, so they are computed once per flow
+        self.flows = KeyIndex()
+        self._fhops = np.full((0, self.max_hops), -1, np.int32)
+        self._rhops = np.full((0, self.max_hops), -1, np.int32)
+        self._known_flows = 0
 
     def _map_table(self, nic_ids: tuple[str, ...]) -> I64:
         cached = self._table_cache
@@ -146,48 +150,50 @@ class Ingestor:
 
     def paths_for(
         self, src: I64, dst: I64, sport: I64, dport: int
-    ) -> tuple[I32, I32, NDArray[np.bool_]]:
-        """Return (forward hops, reply hops, known mask) for probes src -> dst from ``sport``."""
-        if len(self.paths):
-            fwd, f_found = self.paths.lookup(src, dst, sport)
-            rev, r_found = self.paths.lookup(dst, src, np.full(len(src), dport, np.int64))
-        else:  # nothing discovered yet: skip the lookups
-            fwd = np.full((len(src), self.max_hops), -1, np.int32)
+    ) -> tuple[I32, I32, NDArray[np.bool_], I64]:
+        """Return (forward hops, reply hops, known mask, flow slots) for probes src -> dst."""
+        n = len(src)
+        slots, added = self.flows.insert(flow_key(src, dst, sport, self.n_nics))
+        if added:
+            self._grow_flows(src, dst, sport, slots)
+        if self.use_model_paths:
+            if dport == ROCEV2_PORT:
+                fwd, rev = self._fhops[slots], self._rhops[slots]
+            else:
+                fwd = flow_paths(self.fabric, src, dst, sport, dport)
+                rev = _reply_paths(self.fabric, dst, src, dport, sport)
+            known = np.ones(n, bool)
+        else:
+            fwd = np.full((n, self.max_hops), -1, np.int32)
             rev = fwd.copy()
-            f_found = np.zeros(len(src), bool)
-            r_found = f_found
-        known = f_found & r_found
-        if self.use_model_paths and len(src):
-            miss = ~f_found
-            if miss.any():
-                fwd[miss] = self._model_fwd(src[miss], dst[miss], sport[miss], dport)
-            miss = ~r_found
-            if miss.any():
-                rev[miss] = self._model_rev(dst[miss], src[miss], sport[miss], dport)
-            known[:] = True
-        return fwd, rev, known
+            known = np.zeros(n, bool)
+        if len(self.paths):
+            dfwd, f_found = self.paths.lookup(src, dst, sport)
+            drev, r_found = self.paths.lookup(dst, src, np.full(n, dport, np.int64))
+            fwd[f_found] = dfwd[f_found]
+            rev[r_found] = drev[r_found]
+            known |= f_found & r_found
+        return fwd, rev, known, slots
 
-    def _model_fwd(self, src: I64, dst: I64, sport: I64, dport: int) -> I32:
-        if dport != ROCEV2_PORT:
-            return flow_paths(self.fabric, src, dst, sport, dport)
-        hops, found = self._fwd_cache.lookup(src, dst, sport)
-        if not found.all():
-            m = ~found
-            hops[m] = flow_paths(self.fabric, src[m], dst[m], sport[m], dport)
-            self._fwd_cache.update(src[m], dst[m], sport[m], hops[m])
-        return hops
-
-    def _model_rev(self, rsrc: I64, rdst: I64, probe_sport: I64, dport: int) -> I32:
-        """Reply paths rsrc -> rdst, UDP sport = ``dport`` (4791), dport = the probe's sport."""
-        cache = self._rev_cache if dport == ROCEV2_PORT else None
-        if cache is None:
-            return _reply_paths(self.fabric, rsrc, rdst, dport, probe_sport)
-        hops, found = cache.lookup(rsrc, rdst, probe_sport)
-        if not found.all():
-            m = ~found
-            hops[m] = _reply_paths(self.fabric, rsrc[m], rdst[m], dport, probe_sport[m])
-            cache.update(rsrc[m], rdst[m], probe_sport[m], hops[m])
-        return hops
+    def _grow_flows(self, src: I64, dst: I64, sport: I64, slots: I64) -> None:
+        size = self.flows.size
+        if size > len(self._fhops):
+            cap = max(size, 2 * len(self._fhops), 1024)
+            for name in ("_fhops", "_rhops"):
+                old = getattr(self, name)
+                new = np.full((cap, self.max_hops), -1, np.int32)
+                new[: len(old)] = old
+                setattr(self, name, new)
+        if not self.use_model_paths:
+            self._known_flows = size
+            return
+        fresh = slots >= self._known_flows  # new slots are numbered after the known ones
+        _, first = np.unique(slots[fresh], return_index=True)
+        idx = np.flatnonzero(fresh)[first]
+        s, d, p = src[idx], dst[idx], sport[idx]
+        self._fhops[slots[idx]] = flow_paths(self.fabric, s, d, p, ROCEV2_PORT)
+        self._rhops[slots[idx]] = _reply_paths(self.fabric, d, s, ROCEV2_PORT, p)
+        self._known_flows = size
 
     def ingest(self, batch: ProbeBatch) -> Ingested | None:
         """Return the ingested batch, or None if it is a duplicate."""
@@ -204,7 +210,7 @@ class Ingestor:
             keep = ok
             src, dst = src[ok], dst[ok]
         sport = batch.sport[keep].astype(np.int64)
-        fwd, rev, known = self.paths_for(src, dst, sport, batch.dport)
+        fwd, rev, known, slots = self.paths_for(src, dst, sport, batch.dport)
         pair = batch.pair[keep].astype(np.int64)
         pair = np.where(pair >= 0, (src << 32) | pair, -1)
         self.stats.batches += 1
@@ -226,6 +232,7 @@ class Ingestor:
             fwd,
             rev,
             known,
+            slots,
         )
 
 

@@ -116,10 +116,12 @@ class LiveController:
 
     def observations(self, ing: Ingested, d: Delays, now_ns: int) -> Observations:
         """Return the batch as `Observations` and record its forward delays per flow."""
-        spine = _path_spine(self._hop_spine, ing.hops_fwd)
-        slots = self.flows.slots(
-            ing.src.astype(np.int64), ing.dst.astype(np.int64), ing.sport.astype(np.int64), spine
-        )
+        slots = ing.flow
+        new = self.flows.unregistered(slots)
+        if new.any():
+            s, hops = slots[new], ing.hops_fwd[new]
+            spine = _path_spine(self._hop_spine, hops)
+            self.flows.register(s, ing.src[new], ing.dst[new], ing.sport[new], spine)
         self.flows.update(slots, d.t_ns, d.owd_fwd_ns, now_ns)
         return Observations(
             d.t_ns,

@@ -102,7 +102,7 @@ class SampleRing:
 
 
 class FlowStore:
-    """Latest delay and baseline per flow (src, dst, sport), vectorized.
+    """Latest delay and baseline per flow slot (a flow = src, dst, sport), vectorized.
 
     The baseline is the minimum delay over the current and the previous baseline bucket
     (``bucket_ns`` long each), so it follows route changes within two buckets and is not pulled
@@ -114,7 +114,7 @@ class FlowStore:
             raise ValueError("baseline bucket must be > 0 ns")
         self.n_nics = n_nics
         self.bucket_ns = bucket_ns
-        self.index = KeyIndex()
+        self.size = 0
         self._cap = 0
         self.src = np.zeros(0, np.int32)
         self.dst = np.zeros(0, np.int32)
@@ -127,7 +127,7 @@ class FlowStore:
         self._bucket_start: int | None = None
 
     def __len__(self) -> int:
-        return self.index.size
+        return self.size
 
     def _grow(self, need: int) -> None:
         if need <= self._cap:
@@ -150,17 +150,30 @@ class FlowStore:
             setattr(self, name, new)
         self._cap = cap
 
-    def slots(self, src: I64, dst: I64, sport: I64, spine: NDArray[np.int32]) -> I64:
-        """Return the slot of each flow, adding unknown flows (with their spine)."""
-        keys = flow_key(src, dst, sport, self.n_nics)
-        slots, added = self.index.insert(keys)
-        if added:
-            self._grow(self.index.size)
-            self.src[slots] = src
-            self.dst[slots] = dst
-            self.sport[slots] = sport
-            self.spine[slots] = spine
-        return slots
+    def register(
+        self,
+        slots: I64,
+        src: NDArray[Any],
+        dst: NDArray[Any],
+        sport: NDArray[Any],
+        spine: NDArray[Any],
+    ) -> None:
+        """Describe flows by slot (slots are dense ids assigned by the caller, e.g. the
+        ingestor's flow index); grows the store as needed."""
+        if len(slots):
+            self._grow(int(slots.max()) + 1)
+            self.size = max(self.size, int(slots.max()) + 1)
+        self.src[slots] = src
+        self.dst[slots] = dst
+        self.sport[slots] = sport
+        self.spine[slots] = spine
+
+    def unregistered(self, slots: I64) -> NDArray[np.bool_]:
+        """Mask of slots not yet registered."""
+        out = slots >= self._cap
+        inside = ~out
+        out[inside] = self.src[slots[inside]] < 0
+        return out
 
     def update(self, slots: I64, t_ns: I64, owd_ns: F64, now_ns: int) -> F64:
         """Record delays (NaN = unknown, skipped) and return queueing delay above the baseline."""
@@ -184,5 +197,5 @@ class FlowStore:
 
     def live(self, since_ns: int) -> I64:
         """Return the slots measured at or after ``since_ns``."""
-        n = self.index.size
+        n = self.size
         return np.flatnonzero(self.last_t[:n] >= since_ns).astype(np.int64)

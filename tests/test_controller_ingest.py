@@ -61,6 +61,9 @@ def test_ingest_maps_ids_model_paths_and_drops_duplicates() -> None:
     assert ing.ingest(_batch()) is None  # same origin + batch_seq: spool replay
     assert ing.ingest(_batch(origin="host1")) is not None
     assert ing.stats.duplicates == 1 and ing.stats.records == 8
+    again = ing.ingest(_batch(origin="host2"))
+    assert again is not None and np.array_equal(again.flow, out.flow)
+    assert len(set(out.flow.tolist())) == 4
 
 
 def test_ingest_prefers_discovered_paths_and_degrades_without_model() -> None:
@@ -91,7 +94,10 @@ def test_key_index_ring_and_flowstore() -> None:
     ring.append(x=np.arange(3, 6))
     assert ring.view()["x"].tolist() == [2, 3, 4, 5]
     fs = FlowStore(8, bucket_ns=100)
-    sl = fs.slots(np.array([0, 0]), np.array([1, 2]), np.array([5, 5]), np.array([1, 1], np.int32))
+    sl = np.array([0, 1])
+    assert fs.unregistered(sl).all()
+    fs.register(sl, np.array([0, 0]), np.array([1, 2]), np.array([5, 5]), np.array([1, 1]))
+    assert not fs.unregistered(sl).any() and len(fs) == 2
     q = fs.update(sl, np.array([0, 0]), np.array([10.0, 20.0]), now_ns=0)
     assert q.tolist() == [0.0, 0.0]
     q = fs.update(sl, np.array([1, 1]), np.array([15.0, np.nan]), now_ns=1)
