@@ -111,6 +111,15 @@ class PairFits:
     n_rev: I64
     status: NDArray[np.int8]
 
+    def __post_init__(self) -> None:
+        n = self.status.shape
+        names = ("offset_ns", "drift", "offset_std_ns", "drift_std", "floor_ns", "n_fwd", "n_rev")
+        if len(n) != 1 or any(getattr(self, k).shape != n for k in names):
+            raise ValueError("PairFits columns must be 1-D and of equal length")
+        ok = self.status == FitStatus.OK
+        if np.isfinite(self.offset_ns[~ok]).any() or not np.isfinite(self.offset_ns[ok]).all():
+            raise ValueError("PairFits: offsets must be finite exactly where status is OK")
+
     def __len__(self) -> int:
         return int(self.status.shape[0])
 

@@ -184,3 +184,15 @@ def test_fit_bench_reports_batched_equal_to_exact() -> None:
     res = bench_pair_fits(300, 50, seed=2, loop_pairs=30)
     assert res["batched_vs_exact_max_gap_ns"] < 0.05
     assert res["p99_offset_err_ns"] < 25.0
+
+
+def test_pairfits_refuses_numbers_on_unknown_pairs() -> None:
+    from sync import PairFits
+
+    one = np.ones(1)
+    with pytest.raises(ValueError, match="finite exactly"):
+        PairFits(one, one, one, one, one, np.ones(1, np.int64), np.ones(1, np.int64),
+                 np.array([FitStatus.NO_REV], np.int8))  # fmt: skip
+    with pytest.raises(ValueError, match="equal length"):
+        PairFits(one, np.ones(2), one, one, one, np.ones(1, np.int64), np.ones(1, np.int64),
+                 np.zeros(1, np.int8))  # fmt: skip
