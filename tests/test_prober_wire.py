@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import struct
 
 import pytest
@@ -130,6 +131,7 @@ def _decode_or_wire_error(codec: Codec, data: bytes) -> None:
     assert codec.decode(codec.encode(msg)) == msg  # anything accepted re-encodes identically
 
 
+@pytest.mark.slow
 @settings(max_examples=20000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.binary(max_size=200))
 def test_fuzz_random_bytes_only_wire_error(data: bytes) -> None:
@@ -137,7 +139,34 @@ def test_fuzz_random_bytes_only_wire_error(data: bytes) -> None:
     _decode_or_wire_error(_KEYED, data)
 
 
-@settings(max_examples=20000, deadline=None, suppress_health_check=list(HealthCheck))
+def test_fuzz_100k_seeded_mutations_of_valid_messages() -> None:
+    """Cheap bulk mutation fuzz (bit flips, byte sets, truncation, extension) without hypothesis."""
+    rng = random.Random(42)
+    plain, keyed = Codec(), _KEYED
+    bases = _VALID + _VALID_KEYED
+    accepted = 0
+    for _ in range(100_000):
+        data = bytearray(rng.choice(bases))
+        for _ in range(rng.randrange(1, 4)):
+            op = rng.randrange(4)
+            if op == 0 and data:
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            elif op == 1 and data:
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            elif op == 2:
+                del data[rng.randrange(len(data) + 1) :]
+            else:
+                data += bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9)))
+        for codec in (plain, keyed):
+            try:
+                codec.decode(bytes(data))
+                accepted += 1
+            except WireError:
+                pass
+    assert accepted > 0  # some mutations (e.g. of timestamps) stay valid: the decoder was reached
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     st.sampled_from(_VALID + _VALID_KEYED),
     st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), max_size=6),
