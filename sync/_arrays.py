@@ -35,3 +35,12 @@ def as_index(a: ArrayLike, name: str, size: int, n: int | None = None) -> NDArra
     if arr.size and (arr.min() < 0 or arr.max() >= size):
         raise ValueError(f"{name} values must lie in [0, {size})")
     return arr
+
+
+def as_edges(edges: ArrayLike, n_nodes: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Endpoint arrays (i, j) of an (m, 2) edge list with nodes in ``[0, n_nodes)``; raise
+    ValueError on another shape or an out-of-range node."""
+    e = np.asarray(edges)
+    if e.ndim != 2 or e.shape[1:] != (2,):
+        raise ValueError(f"edges must have shape (m, 2), got {e.shape}")
+    return as_index(e[:, 0], "edges[:, 0]", n_nodes), as_index(e[:, 1], "edges[:, 1]", n_nodes)

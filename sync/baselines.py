@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from numpy.typing import ArrayLike, NDArray
 from scipy.sparse.csgraph import dijkstra
 
-from sync._arrays import as_float, as_index, as_int
+from sync._arrays import as_edges, as_float, as_index, as_int
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -91,12 +91,8 @@ def anchor_tree(
     minus offset of ``edges[e,0]``, ``weight`` = 1/variance (> 0). Each node's offset is the
     sum of thetas along its minimum summed-variance path from ``ref``; its std is the sqrt of
     that summed variance. Raises ValueError on malformed input."""
-    e = np.asarray(edges)
-    if e.ndim != 2 or e.shape[1:] != (2,):
-        raise ValueError(f"edges must have shape (m, 2), got {e.shape}")
-    m = e.shape[0]
-    i = as_index(e[:, 0], "edges[:, 0]", n_nodes)
-    j = as_index(e[:, 1], "edges[:, 1]", n_nodes)
+    i, j = as_edges(edges, n_nodes)
+    m = len(i)
     th = as_float(theta_ns, "theta_ns", m)
     w = as_float(weight, "weight", m)
     dr = np.zeros(m) if drift is None else as_float(drift, "drift", m)

@@ -19,7 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import cg
 
-from sync._arrays import as_float, as_index
+from sync._arrays import as_edges, as_float
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -144,12 +144,8 @@ def solve_network(
     Node offset std is the effective-resistance approximation ``sqrt(1/W_i + 1/W_pin)``
     (W = summed incident weight). Raises ValueError on malformed input.
     """
-    e = np.asarray(edges)
-    if e.ndim != 2 or e.shape[1:] != (2,):
-        raise ValueError(f"edges must have shape (m, 2), got {e.shape}")
-    m = e.shape[0]
-    i = as_index(e[:, 0], "edges[:, 0]", n_nodes)
-    j = as_index(e[:, 1], "edges[:, 1]", n_nodes)
+    i, j = as_edges(edges, n_nodes)
+    m = len(i)
     th = as_float(theta_ns, "theta_ns", m)
     w0 = as_float(weight, "weight", m)
     if not (np.isfinite(th).all() and np.isfinite(w0).all() and (w0 > 0).all()):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from sync._arrays import as_float, as_index
+from sync._arrays import as_edges, as_float, as_index
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -102,12 +102,8 @@ def floor_excess_std(
     """
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"quantile must be in [0, 1], got {quantile}")
-    e = np.asarray(edges)
-    if e.ndim != 2 or e.shape[1:] != (2,):
-        raise ValueError(f"edges must have shape (m, 2), got {e.shape}")
-    m = e.shape[0]
-    i = as_index(e[:, 0], "edges[:, 0]", n_nodes)
-    j = as_index(e[:, 1], "edges[:, 1]", n_nodes)
+    i, j = as_edges(edges, n_nodes)
+    m = len(i)
     fl = as_float(floor_ns, "floor_ns", m)
     sd = as_float(offset_std_ns, "offset_std_ns", m)
     ok = np.isfinite(fl)
