@@ -48,7 +48,7 @@ class Brain:
         self.fabric = fabric
         self.config = config or BrainConfig()
         n_links, n_nics = len(fabric.links), len(fabric.nics)
-        self._loss = LossWindow(n_links)
+        self._loss = LossWindow(n_links, routing_tables(fabric).max_hops)
         self._delay = DelayWindow(fabric.n_hops)
         self._paths = PathIndex(routing_tables(fabric).max_hops)
         self._states = [EntityState() for _ in range(n_links)]
@@ -76,7 +76,7 @@ class Brain:
             if not keep.all():
                 obs = obs.select(keep)
         pf, pr = self._paths.paths(obs.hops_fwd), self._paths.paths(obs.hops_rev)
-        self._loss.add(self._paths, pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
+        self._loss.add(pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
         p = self.config.delay
         self._delay.add(
             self._paths, pf, obs.hops_fwd, obs.owd_fwd_ns, (obs.src, obs.dst, obs.sport), p
@@ -120,7 +120,7 @@ class Brain:
         quiet_hosts = host_quiet(f, self._src_count)
         nic_quiet = quiet_hosts[f.nic_host_index] | self._excluded
 
-        loss = self._loss.verdict(self._paths, cfg.loss)
+        loss = self._loss.verdict(cfg.loss)
         slow_cover, slow_flows = self._delay.verdict(self._paths, cfg.delay)
         signals: dict[int, Signal] = {}
         slow_hop: dict[int, int] = {}

@@ -14,7 +14,8 @@ States and what moves them (all windows are detection windows, i.e. ticks):
   ("contention");
 - DOWN --CLEAN--> UP ("clear": the link came back), or FLAPPING ("flap") if it already went
   down ``flap_threshold`` times in the window;
-- FLAPPING --DEAD--> FLAPPING (counts one more down, "flap"); FLAPPING --CLEAN/NODATA--> UP
+- FLAPPING --DEAD--> FLAPPING (counts one more down, "flap", once per down period: dead
+  windows in a row are one down); FLAPPING --CLEAN/NODATA--> UP
   ("clear") once no down was seen for ``flap_hold_ns``;
 - DEGRADED / CONTENDED --CLEAN x clear_windows--> UP ("clear").
 
@@ -121,6 +122,7 @@ class EntityState:
     streak_of: Action | None = None
     downs: tuple[int, ...] = ()
     first_down_ns: int | None = None
+    is_down: bool = False  # inside a down period (dead windows since the last clean one)
 
     def flap_count(self, now_ns: int, window_ns: int) -> int:
         """Return how many times the entity went down in the last ``window_ns``."""
@@ -148,14 +150,18 @@ def step(
     action = TABLE[(cur, signal)]
     downs = tuple(t for t in st.downs if t > now_ns - params.flap_window_ns)
     st = replace(st, downs=downs)
+    if signal in (Signal.CLEAN, Signal.SLOW):
+        st = replace(st, is_down=False)
+    if action == Action.GO_DOWN and st.is_down:
+        return st, None  # still the same down period: not another flap
     if action == Action.STAY:
         return replace(st, streak=0, streak_of=None), None
     if action == Action.HOLD:
         return st, None
     if action == Action.GO_DOWN:
+        first = st.first_down_ns if downs and st.first_down_ns is not None else now_ns
         downs = (*downs, now_ns)
-        first = st.first_down_ns if st.first_down_ns is not None else now_ns
-        st = replace(st, downs=downs, first_down_ns=first)
+        st = replace(st, downs=downs, first_down_ns=first, is_down=True)
         if len(downs) >= params.flap_threshold:
             return _to(st, Health.FLAPPING, now_ns), Finding.FLAP
         return _to(st, Health.DOWN, now_ns), Finding.DOWN
@@ -173,7 +179,7 @@ def step(
     if action == Action.REVIVE:
         if len(downs) >= params.flap_threshold:
             return _to(st, Health.FLAPPING, now_ns), None
-        return _to(replace(st, first_down_ns=None), Health.UP, now_ns), Finding.CLEAR
+        return _to(st, Health.UP, now_ns), Finding.CLEAR
     # HOLD_FLAP
     last_down = max(downs) if downs else st.since_ns
     if now_ns - last_down >= params.flap_hold_ns:

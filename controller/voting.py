@@ -16,7 +16,6 @@ from controller.detect.loss import LossWindow
 from controller.detect.paths import PathIndex
 from controller.fabric import Fabric
 from controller.fabric.ecmp import routing_tables
-from controller.localize import unique_rows
 from controller.observations import Observations
 
 
@@ -42,7 +41,7 @@ class VotingBaseline:
         self.fabric = fabric
         self.min_votes, self.top_frac, self.raise_windows = min_votes, top_frac, raise_windows
         self._delay_p = delay or DelayParams()
-        self._loss = LossWindow(len(fabric.links))
+        self._loss = LossWindow(len(fabric.links), routing_tables(fabric).max_hops)
         self._delay = DelayWindow(fabric.n_hops)
         self._base = PathIndex(routing_tables(fabric).max_hops)
         self._streak = np.zeros(len(fabric.links), dtype=np.int64)
@@ -59,7 +58,7 @@ class VotingBaseline:
         keep = ~(self._excluded[obs.src] | self._excluded[obs.dst])
         obs = obs.select(keep)
         pf, pr = self._base.paths(obs.hops_fwd), self._base.paths(obs.hops_rev)
-        self._loss.add(self._base, pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
+        self._loss.add(pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
         self._delay.add(
             self._base,
             pf,
@@ -82,7 +81,7 @@ class VotingBaseline:
         n = len(self.fabric.links)
         dt = 0.0 if self._last is None else (now_ns - self._last) / 1e9
         self._last = now_ns
-        votes = _votes(unique_rows(self._loss.lost_sets()), n)  # each link once per probe
+        votes = _votes(self._loss.lost_sets(), n)
         slow = self._delay.slow_sets()
         links = np.where(slow >= 0, slow // 2, -1)
         votes += _votes(links, n)

@@ -71,3 +71,12 @@ def test_slow_windows_raise_contention() -> None:
 def test_bad_params_rejected() -> None:
     with pytest.raises(ValueError):
         HealthParams(raise_windows=0)
+
+
+def test_consecutive_dead_windows_are_one_down() -> None:
+    st, fs = run(EntityState(), [Signal.DEAD, Signal.CLEAN, Signal.DEAD, Signal.DEAD, Signal.DEAD])
+    assert fs == [Finding.DOWN, Finding.CLEAR, Finding.FLAP]
+    assert st.flap_count(500, P.flap_window_ns) == 2
+    assert st.first_down_ns == 0  # the first down of the episode, not the latest
+    st, fs = run(st, [Signal.LOSSY, Signal.CLEAN, Signal.DEAD], t0=500)
+    assert fs == [Finding.FLAP] and st.flap_count(800, P.flap_window_ns) == 3

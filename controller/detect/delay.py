@@ -29,7 +29,6 @@ class DelayParams:
     noise_k: float = 8.0
     min_rate: float = 0.5
     min_slow: int = 3
-    min_samples: int = 5
     drift_ns_per_s: float = 50.0
     max_faults: int = 8
     max_flows: int = 32

@@ -13,19 +13,14 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.detect.paths import PathIndex, expand
-from controller.localize import Cover, greedy_cover
+from controller.localize import Cover, greedy_cover, unique_rows
 
 
 def probe_links(
     hops_fwd: npt.NDArray[np.int32], hops_rev: npt.NDArray[np.int32]
 ) -> npt.NDArray[np.int32]:
-    """Return per probe the links of its forward then reply path, (n, 2H), -1 padded.
-
-    A link crossed both ways (always the NIC links) appears twice: it is counted twice in the
-    totals and twice in the lost counts, so its loss rate is unchanged.
-    """
-    links: npt.NDArray[np.int32] = np.concatenate([hops_fwd, hops_rev], axis=1) >> 1
-    return links
+    """Return per probe the links of its forward and reply paths, each once, (n, 2H), -1 padded."""
+    return unique_rows(np.concatenate([hops_fwd, hops_rev], axis=1) >> 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,35 +53,40 @@ class LossWindow:
     """Mutable per-window accumulator (owned by one brain). ``add`` is pure array code."""
 
     n_links: int
-    seen_paths: npt.NDArray[np.int64] = field(init=False)
+    width: int
+    seen: npt.NDArray[np.int64] = field(init=False)
+    pairs: PathIndex = field(init=False)
     _lost: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        self.seen_paths = np.zeros(0, dtype=np.int64)
+        self.seen = np.zeros(0, dtype=np.int64)
+        self.pairs = PathIndex(2 * self.width)
 
     def add(
         self,
-        index: PathIndex,
         path_fwd: npt.NDArray[np.int64],
         path_rev: npt.NDArray[np.int64],
         hops_fwd: npt.NDArray[np.int32],
         hops_rev: npt.NDArray[np.int32],
         lost: npt.NDArray[np.bool_],
     ) -> None:
-        """Count probes per path (both directions) and keep the lost ones' link sets."""
-        size = max(index.size, len(self.seen_paths))
-        if size > len(self.seen_paths):
-            self.seen_paths = np.concatenate(
-                [self.seen_paths, np.zeros(size - len(self.seen_paths), np.int64)]
-            )
-        self.seen_paths += np.bincount(path_fwd, minlength=size)
-        self.seen_paths += np.bincount(path_rev, minlength=size)
+        """Count probes per (forward path, reply path) pair and keep the lost ones' link sets.
+
+        ``path_fwd``/``path_rev`` are path numbers (`PathIndex.paths`); each pair's link set
+        (both paths' links, each once) is computed once, when the pair is first seen.
+        """
+        sig = ((path_fwd + 1) << 32) | path_rev
+        pid = self.pairs.ids(sig, lambda sel: probe_links(hops_fwd[sel], hops_rev[sel]))
+        size = self.pairs.size
+        if size > len(self.seen):
+            self.seen = np.concatenate([self.seen, np.zeros(size - len(self.seen), np.int64)])
+        self.seen += np.bincount(pid, minlength=size)
         if lost.any():
             self._lost.append(probe_links(hops_fwd[lost], hops_rev[lost]))
 
-    def totals(self, index: PathIndex) -> npt.NDArray[np.int64]:
-        """Return probes per link in this window (a link crossed both ways counts twice)."""
-        return expand(self.seen_paths, index.hops, self.n_links, links=True)
+    def totals(self) -> npt.NDArray[np.int64]:
+        """Return the probes across each link in this window."""
+        return expand(self.seen, self.pairs.hops, self.n_links)
 
     def lost_sets(self) -> npt.NDArray[np.int32]:
         """Return the link sets of this window's lost probes, (m, K)."""
@@ -97,10 +97,10 @@ class LossWindow:
             [np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=-1) for a in self._lost]
         )
 
-    def verdict(self, index: PathIndex, params: LossParams) -> LossVerdict:
+    def verdict(self, params: LossParams) -> LossVerdict:
         """Localize this window's loss (greedy cover) and return the blamed links."""
         cover = greedy_cover(
-            self.totals(index),
+            self.totals(),
             self.lost_sets(),
             min_rate=params.min_rate,
             min_bad=params.min_lost,
@@ -111,5 +111,5 @@ class LossWindow:
 
     def reset(self) -> None:
         """Start a new window."""
-        self.seen_paths[:] = 0
+        self.seen[:] = 0
         self._lost.clear()

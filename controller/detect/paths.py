@@ -10,6 +10,7 @@ does not look like queueing, while a contention episode of seconds barely moves 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,12 +109,22 @@ class PathIndex:
             w = min(self.width, hops.shape[1])
             fixed[:, :w] = hops[:, :w]
             hops = fixed
-        sig = path_signature(hops)
+        rows = hops
+        return self.ids(path_signature(hops), lambda sel: rows[sel])
+
+    def ids(
+        self,
+        sig: npt.NDArray[np.int64],
+        rows: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.int32]],
+    ) -> npt.NDArray[np.int64]:
+        """Return the number of each signature, adding unseen ones with ``rows(positions)``
+        (the element rows, width ``self.width``, of the records at those positions)."""
         out = self.lookup(sig)
         new = out < 0
         if new.any():
-            usig, first = np.unique(np.where(sig[new] == 0, 1, sig[new]), return_index=True)
-            self._add(usig, hops[np.flatnonzero(new)[first]])
+            nz = np.where(sig[new] == 0, 1, sig[new])
+            usig, first = np.unique(nz, return_index=True)
+            self._add(usig, rows(np.flatnonzero(new)[first]))
             out[new] = self.lookup(sig[new])
         return out
 
