@@ -41,7 +41,7 @@ class ClockSyncConfig:
     capacity: int = 2_000_000
     min_samples: int = 3
     max_drift: float = 1e-3
-    decimate_bins: int = 64  # per window, after the first solve; 0 keeps every sample
+    decimate_bins: int = 32  # per window (fit_pairs bins by window/16); 0 keeps every sample
 
     def __post_init__(self) -> None:
         if self.window_ns <= 0 or self.solve_every_ns <= 0 or self.capacity < 16:
@@ -89,6 +89,7 @@ class ClockSync:
         self._last_solve_ns: int | None = None
         self._t_max = -np.inf
         self.solves = 0
+        self.last_solve_samples = 0
 
     # ---- samples -------------------------------------------------------------------------
     def add(self, ing: Ingested) -> int:
@@ -235,7 +236,18 @@ class ClockSync:
             n_pairs=int(good.sum()),
         )
         self.solves += 1
+        self.last_solve_samples = len(t)
+        if self.solves == 1 and self.config.decimate_bins > 0:
+            self._compact()
         return True
+
+    def _compact(self) -> None:
+        """Decimate the samples gathered before the first solve (now that a model exists)."""
+        s = self._ring.view()
+        keep = self._decimate(s["a"], s["b"], s["t"], s["d"], s["fwd"])
+        keep.sort()
+        self._ring = SampleRing(self.config.capacity, {k: v.dtype.type for k, v in s.items()})
+        self._ring.append(**{k: v[keep] for k, v in s.items()})
 
     # ---- models --------------------------------------------------------------------------
     def clock_at(self, nic: NDArray[np.int32], t_ns: I64) -> F64:

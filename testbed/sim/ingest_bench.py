@@ -74,6 +74,7 @@ def run_bench(nics: int, seconds: float, step_s: float, repeats: int, seed: int)
     warm_s: list[float] = []
     stages: list[dict[str, float]] = []
     solves = 0
+    window_samples = 0
     for _ in range(repeats):
         live = LiveController(fabric)
         # warm-up: first batch fills the path caches and runs the first clock solve
@@ -91,6 +92,7 @@ def run_bench(nics: int, seconds: float, step_s: float, repeats: int, seed: int)
         rates.append(n / (time.perf_counter() - t0))
         solves = live.clock.solves
         stages.append(stage)
+        window_samples = live.clock.last_solve_samples
     dec: list[float] = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -114,6 +116,7 @@ def run_bench(nics: int, seconds: float, step_s: float, repeats: int, seed: int)
         "batch_records_median": int(np.median([len(decode_batch(p)) for _, p in payloads])),
         "sim_seconds": seconds,
         "clock_solves": solves,
+        "samples_in_last_solve": window_samples,
         "warmup_first_batch_s": round(statistics.median(warm_s), 3),
         "decode_only_records_per_second": round(statistics.median(dec)),
         "naive_python_records_per_second": round(statistics.median(naive)),
