@@ -175,6 +175,24 @@ class LiveController:
         w_out[~np.isfinite(w_out)] = np.nan
         return live, w_in, w_out
 
+    def flow_delays(self, now_ns: int | None = None) -> dict[str, npt.NDArray[Any]]:
+        """Return per live flow: src, dst, sport, spine (switch index), latest forward owd,
+        its baseline (windowed minimum, ~propagation) and queueing = owd - baseline (ns)."""
+        now = self.now_ns if now_ns is None else now_ns
+        fl = self.flows
+        live = fl.live(now - self.config.stale_ns)
+        base = fl.baseline(live)
+        owd = fl.last_owd[live]
+        return {
+            "src": fl.src[live],
+            "dst": fl.dst[live],
+            "sport": fl.sport[live],
+            "spine": fl.spine[live],
+            "owd_ns": owd,
+            "baseline_ns": base,
+            "queue_ns": owd - base,
+        }
+
     def snapshot(self) -> MeshSnapshot:
         """Return the state at the latest time seen (never blocks)."""
         now = self.now_ns

@@ -121,9 +121,11 @@ def test_clock_sync_unknown_before_solve_then_accurate() -> None:
     cs.add(first)
     now = int(first.t1.max())
     assert cs.maybe_solve(now) and not cs.maybe_solve(now + 1)
+    b = first
     for st in steps[1:]:
-        b = ing.ingest(st.batch)
-        assert b is not None
+        nb = ing.ingest(st.batch)
+        assert nb is not None
+        b = nb
         cs.add(b)
         cs.maybe_solve(int(b.t1.max()))
         d = cs.delays(b)

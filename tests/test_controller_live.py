@@ -72,6 +72,10 @@ def test_live_snapshot_delays_history_and_control() -> None:
     key = (int(snap.owd_src[k]), int(snap.owd_dst[k]))
     assert max(snap.path_owd[key].values()) == pytest.approx(snap.owd_ns[k])
     assert np.isfinite(snap.clock_offset_ns).all() and (snap.clock_uncertainty_ns > 0).all()
+    fd = lc.flow_delays()
+    assert len(fd["owd_ns"]) >= len(pairs)
+    assert (fd["queue_ns"] >= 0).all() and (fd["baseline_ns"] > 0).all()
+    assert np.allclose(fd["owd_ns"] - fd["baseline_ns"], fd["queue_ns"])
     t, v = lc.history(0, 1.2)
     assert t.tolist() == [-1.0, -0.5, 0.0] and np.isfinite(v).all()
     with pytest.raises(IndexError):
