@@ -62,6 +62,7 @@ class ClockState:
     center_ns: float  # middle of the solved window, relative to t_ref
     solved_at_ns: int
     n_pairs: int
+    n_samples: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -176,6 +177,13 @@ class ClockSync:
         last = self._last_solve_ns
         return last is None or now_ns - last >= self.config.solve_every_ns
 
+    def start_solve(self, now_ns: int) -> SampleWindow | None:
+        """If a solve is due: mark it started and return the window to solve (else None)."""
+        if not self.due(now_ns):
+            return None
+        self._last_solve_ns = now_ns
+        return self.window()
+
     def maybe_solve(self, now_ns: int) -> bool:
         """Solve if due; return True if a new clock state was produced."""
         if not self.due(now_ns):
@@ -185,58 +193,31 @@ class ClockSync:
 
     def solve(self, now_ns: int) -> bool:
         """Fit all pairs in the window and solve the network; return True on a new state."""
-        if self.t_ref_ns is None or not self._ring.count:
+        window = self.window()
+        if window is None:
             return False
+        return self.install(compute_state(window, self.n_nics, self.config, now_ns))
+
+    def window(self) -> SampleWindow | None:
+        """Return a copy of the samples in the current window (None if there are none).
+
+        With `compute_state` and `install` this lets a caller run the heavy solve elsewhere
+        (a worker thread) while ingest goes on."""
+        if self.t_ref_ns is None or not self._ring.count:
+            return None
         s = self._ring.view()
         win = s["t"] >= self._t_max - self.config.window_ns
-        a, b, t, d, fwd = (s[k][win] for k in ("a", "b", "t", "d", "fwd"))
-        key = a.astype(np.int64) * self.n_nics + b
-        uniq, inv = np.unique(key, return_inverse=True)
-        fits = fit_pairs(
-            len(uniq),
-            inv[fwd], t[fwd], d[fwd],
-            inv[~fwd], t[~fwd], d[~fwd],
-            min_samples=self.config.min_samples,
-            max_drift=self.config.max_drift,
-        )  # fmt: skip
-        good = fits.ok
-        if not good.any():
+        return SampleWindow(
+            self.t_ref_ns, s["a"][win], s["b"][win], s["t"][win], s["d"][win], s["fwd"][win]
+        )
+
+    def install(self, state: ClockState | None) -> bool:
+        """Adopt a computed clock state (None = the solve found nothing); return True if adopted."""
+        if state is None or state.t_ref_ns != self.t_ref_ns:
             return False
-        ea = (uniq[good] // self.n_nics).astype(np.int64)
-        eb = (uniq[good] % self.n_nics).astype(np.int64)
-        ostd = np.maximum(fits.offset_std_ns[good], 1.0)
-        dstd = np.maximum(fits.drift_std[good], 1e-12)
-        # reference: the NIC with most edges (it lies in the largest component of the graph)
-        deg = np.bincount(np.concatenate([ea, eb]), minlength=self.n_nics)
-        sol = solve_network(
-            self.n_nics,
-            np.stack([ea, eb], axis=1),
-            fits.offset_ns[good],
-            1.0 / ostd**2,
-            drift=fits.drift[good],
-            drift_weight=1.0 / dstd**2,
-            ref=int(np.argmax(deg)),
-            pin="mean",
-        )
-        known = sol.known & (deg > 0)
-        nan = np.full(self.n_nics, np.nan)
-        wd = np.bincount(ea, 1.0 / dstd**2, self.n_nics) + np.bincount(
-            eb, 1.0 / dstd**2, self.n_nics
-        )
-        with np.errstate(divide="ignore"):
-            drift_std = np.sqrt(1.0 / wd)
-        self.state = ClockState(
-            t_ref_ns=self.t_ref_ns,
-            offset_ns=np.where(known, sol.component_offset_ns, nan),
-            drift=np.where(known, sol.component_drift, nan),
-            offset_std_ns=np.where(known, sol.offset_std_ns, nan),
-            drift_std=np.where(known, drift_std, nan),
-            center_ns=float(0.5 * (t.min() + t.max())),
-            solved_at_ns=now_ns,
-            n_pairs=int(good.sum()),
-        )
+        self.state = state
         self.solves += 1
-        self.last_solve_samples = len(t)
+        self.last_solve_samples = state.n_samples
         if self.solves == 1 and self.config.decimate_bins > 0:
             self._compact()
         return True
@@ -307,3 +288,69 @@ def _coded_partners(pair: I64, send: I64) -> tuple[I64, I64]:
     a, b = order[start], order[start + 1]
     swap = send[b] < send[a]
     return np.where(swap, b, a).astype(np.int64), np.where(swap, a, b).astype(np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class SampleWindow:
+    """A copy of the sync samples in one window (see `ClockSync` for the convention)."""
+
+    t_ref_ns: int
+    a: NDArray[np.int32]
+    b: NDArray[np.int32]
+    t: F64
+    d: F64
+    fwd: NDArray[np.bool_]
+
+
+def compute_state(
+    w: SampleWindow, n_nics: int, config: ClockSyncConfig, now_ns: int
+) -> ClockState | None:
+    """Pure solve: pair fits (`sync.fit_pairs`) + network (`sync.solve_network`) -> models.
+
+    Returns None when no pair could be fitted. Safe to run in a worker thread.
+    """
+    a, b, t, d, fwd = w.a, w.b, w.t, w.d, w.fwd
+    key = a.astype(np.int64) * n_nics + b
+    uniq, inv = np.unique(key, return_inverse=True)
+    fits = fit_pairs(
+        len(uniq),
+        inv[fwd], t[fwd], d[fwd],
+        inv[~fwd], t[~fwd], d[~fwd],
+        min_samples=config.min_samples,
+        max_drift=config.max_drift,
+    )  # fmt: skip
+    good = fits.ok
+    if not good.any():
+        return None
+    ea = (uniq[good] // n_nics).astype(np.int64)
+    eb = (uniq[good] % n_nics).astype(np.int64)
+    ostd = np.maximum(fits.offset_std_ns[good], 1.0)
+    dstd = np.maximum(fits.drift_std[good], 1e-12)
+    # reference: the NIC with most edges (it lies in the largest component of the graph)
+    deg = np.bincount(np.concatenate([ea, eb]), minlength=n_nics)
+    sol = solve_network(
+        n_nics,
+        np.stack([ea, eb], axis=1),
+        fits.offset_ns[good],
+        1.0 / ostd**2,
+        drift=fits.drift[good],
+        drift_weight=1.0 / dstd**2,
+        ref=int(np.argmax(deg)),
+        pin="mean",
+    )
+    known = sol.known & (deg > 0)
+    nan = np.full(n_nics, np.nan)
+    wd = np.bincount(ea, 1.0 / dstd**2, n_nics) + np.bincount(eb, 1.0 / dstd**2, n_nics)
+    with np.errstate(divide="ignore"):
+        drift_std = np.sqrt(1.0 / wd)
+    return ClockState(
+        t_ref_ns=w.t_ref_ns,
+        offset_ns=np.where(known, sol.component_offset_ns, nan),
+        drift=np.where(known, sol.component_drift, nan),
+        offset_std_ns=np.where(known, sol.offset_std_ns, nan),
+        drift_std=np.where(known, drift_std, nan),
+        center_ns=float(0.5 * (t.min() + t.max())),
+        solved_at_ns=now_ns,
+        n_pairs=int(good.sum()),
+        n_samples=len(t),
+    )

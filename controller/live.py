@@ -65,6 +65,7 @@ class LiveConfig:
     baseline_bucket_ns: int = 60_000_000_000
     history_len: int = 3600  # ticks kept per NIC
     max_events: int = 200
+    solve_inline: bool = True  # False: the owner runs clock solves (e.g. in a worker thread)
 
     def __post_init__(self) -> None:
         if self.stale_ns <= 0 or self.history_len < 1 or self.max_events < 1:
@@ -108,7 +109,8 @@ class LiveController:
         if ing is None or not len(ing):
             return 0
         self.clock.add(ing)
-        self.clock.maybe_solve(now_ns)
+        if self.config.solve_inline:
+            self.clock.maybe_solve(now_ns)
         obs = self.observations(ing, self.clock.delays(ing), now_ns)
         self.brain.observe(obs)
         self.records += len(ing)
@@ -151,7 +153,8 @@ class LiveController:
     def tick(self, now_ns: int) -> list[MeshEvent]:
         """Solve clocks if due, run detection, record history; return the new events."""
         self.now_ns = max(self.now_ns, now_ns)
-        self.clock.maybe_solve(now_ns)
+        if self.config.solve_inline:
+            self.clock.maybe_solve(now_ns)
         new = list(self.brain.tick(now_ns))
         self.events.extend(new)
         _, worst_in, worst_out = self._worst(now_ns)

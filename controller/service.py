@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import tomllib
@@ -22,7 +23,7 @@ from typing import IO, Any
 
 import aiomqtt
 
-from controller.clocksync import ClockSyncConfig
+from controller.clocksync import ClockSyncConfig, compute_state
 from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
 from controller.fabric.model import Link, Nic, Node, NodeKind
 from controller.live import LiveConfig, LiveController, default_brain
@@ -217,6 +218,19 @@ async def _ticker(
             )
 
 
+async def _solver(live: LiveController, tick_s: float, clock: Callable[[], int]) -> None:
+    """Run due clock solves in a worker thread so ingest goes on meanwhile."""
+    while True:
+        await asyncio.sleep(tick_s)
+        now = clock()
+        window = live.clock.start_solve(now)
+        if window is not None:
+            state = await asyncio.to_thread(
+                compute_state, window, live.clock.n_nics, live.clock.config, now
+            )
+            live.clock.install(state)
+
+
 async def serve_once(
     host: str,
     port: int,
@@ -241,10 +255,12 @@ async def serve_once(
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
         log(clock(), "connected", broker=f"{host}:{port}")
         tick = asyncio.create_task(_ticker(client, live, topics, tick_s, clock, log))
+        solver = asyncio.create_task(_solver(live, tick_s, clock))
         try:
             async for msg in client.messages:
-                if tick.done():
-                    tick.result()  # re-raise the ticker's error
+                for task in (tick, solver):
+                    if task.done():
+                        task.result()  # re-raise the ticker's or solver's error
                 payload = msg.payload if isinstance(msg.payload, bytes) else b""
                 out = handle_message(live, topics, str(msg.topic), payload, clock())
                 key = "bad" if out.startswith("bad:") else out
@@ -252,9 +268,10 @@ async def serve_once(
                 if key == "bad":
                     log(clock(), "bad message", topic=str(msg.topic), reason=out[4:])
         finally:
-            tick.cancel()
-            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError, TimeoutError):
-                await tick
+            for task in (tick, solver):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError, TimeoutError):
+                    await task
 
 
 async def run_service(
@@ -275,7 +292,9 @@ async def run_service(
     """
     if live is None:
         live = LiveController(
-            config.fabric, config.live, brain=default_brain(config.fabric, config.thresholds)
+            config.fabric,
+            dataclasses.replace(config.live, solve_inline=False),
+            brain=default_brain(config.fabric, config.thresholds),
         )
     counters: dict[str, int] = {}
     delay, cap = config.backoff_s

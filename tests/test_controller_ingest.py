@@ -159,3 +159,22 @@ def test_coded_partners_match_sync_filter() -> None:
     mine[first[ok]] = True
     ref = coded_probe_mask(np.where(pair >= 0, pair, -1 - np.arange(len(pair))), send, recv, 1000)
     assert np.array_equal(mine, ref)
+
+
+def test_split_solve_matches_inline_solve() -> None:
+    from controller.clocksync import compute_state
+
+    fab = build_fabric(FabricShape.for_nics(16))
+    st = Simulator(fab, SimConfig(seed=9, peers=4)).step(0.0, 2.0)
+    b = Ingestor(fab).ingest(st.batch)
+    assert b is not None
+    inline, split = ClockSync(16), ClockSync(16)
+    inline.add(b)
+    split.add(b)
+    assert inline.solve(5)
+    window = split.start_solve(5)
+    assert window is not None and split.start_solve(6) is None  # not due again yet
+    assert split.install(compute_state(window, 16, split.config, 5))
+    assert inline.state is not None and split.state is not None
+    assert np.array_equal(inline.state.offset_ns, split.state.offset_ns, equal_nan=True)
+    assert not split.install(None)

@@ -13,7 +13,7 @@ import aiomqtt
 import pytest
 
 from controller.fabric import FabricShape, build_fabric
-from controller.live import LiveController
+from controller.live import LiveConfig, LiveController
 from controller.mqtt_topics import TopicError, Topics
 from controller.service import (
     ConfigError,
@@ -117,7 +117,7 @@ async def test_service_end_to_end(mosquitto: tuple[str, int], tmp_path: Path) ->
     def clock() -> int:  # the simulator's timebase, advancing in real time
         return EPOCH_NS + 2_000_000_000 + (time.monotonic_ns() - t0)
 
-    live = LiveController(fab)
+    live = LiveController(fab, LiveConfig(solve_inline=False))  # solves in a worker thread
     log_path = tmp_path / "log.jsonl"
     log_file = log_path.open("w")
     config = ServiceConfig(fabric=fab, tick_s=0.1)
@@ -160,10 +160,11 @@ async def test_service_end_to_end(mosquitto: tuple[str, int], tmp_path: Path) ->
 
             await asyncio.wait_for(collect(), 20)
             for _ in range(100):
-                if live.records >= expected:
+                if live.records >= expected and live.clock.solves:
                     break
                 await asyncio.sleep(0.05)
         assert live.records == expected
+        assert live.clock.solves >= 1 and live.clock.state is not None
         assert live.ingestor.stats.duplicates == 1
         assert live.alive["host0"] is False
         assert str(got[-1]["kind"]) == "prober_down"
