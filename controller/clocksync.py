@@ -275,6 +275,13 @@ def _coded_partners(pair: I64, send: I64) -> tuple[I64, I64]:
     by both message directions (what `sync.coded_probe_mask` does per call).
     """
     idx = np.flatnonzero(pair >= 0)
+    if len(idx) >= 2 and len(idx) % 2 == 0:
+        # fast path: partners on adjacent rows (how probers and the simulator emit them)
+        fa, fb = idx[0::2], idx[1::2]
+        pa = pair[fa]
+        if (pa == pair[fb]).all() and (pa[1:] != pa[:-1]).all():
+            swap = send[fb] < send[fa]
+            return np.where(swap, fb, fa).astype(np.int64), np.where(swap, fa, fb).astype(np.int64)
     order = idx[np.argsort(pair[idx], kind="stable")]
     p = pair[order]
     if len(p) < 2:

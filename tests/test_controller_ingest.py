@@ -159,6 +159,13 @@ def test_coded_partners_match_sync_filter() -> None:
     mine[first[ok]] = True
     ref = coded_probe_mask(np.where(pair >= 0, pair, -1 - np.arange(len(pair))), send, recv, 1000)
     assert np.array_equal(mine, ref)
+    # fast path (partners on adjacent rows, either send order) gives the same partners
+    adj = np.repeat(np.arange(50), 2).astype(np.int64)
+    f2, s2 = _coded_partners(adj, send)
+    o = np.argsort(adj[f2])
+    assert (adj[f2] == adj[s2]).all() and (send[f2] <= send[s2]).all()
+    f3, s3 = _coded_partners(adj, send)
+    assert np.array_equal(np.sort(f2[o]), np.sort(f3)) and len(f2) == 50
 
 
 def test_split_solve_matches_inline_solve() -> None:
