@@ -21,7 +21,7 @@ def as_int(a: ArrayLike, name: str, n: int | None = None) -> NDArray[np.int64]:
     raw = np.asarray(a)
     if raw.size and not np.issubdtype(raw.dtype, np.integer):
         raise ValueError(f"{name} must hold integers, got dtype {raw.dtype}")
-    arr = raw.astype(np.int64)
+    arr = raw.astype(np.int64, copy=False)  # read-only use everywhere: no copy of big columns
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
     if n is not None and arr.shape[0] != n:

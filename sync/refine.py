@@ -12,6 +12,8 @@ So k_lowest=1 (the Huygens envelope) while floors are reached, larger k when the
 * ``refit_fixed_slope``: drifts are node properties, so the network drift solution gives every
   pair a better slope than its own fit; with the slope fixed, the offset is the mid-point of the
   two detrended envelope minima (and the floor their mean).
+* ``lowest_means``: the same envelope statistic for many ``k`` at once (``k`` a fraction of
+  each direction's samples), so ``sync.window`` can pick ``k`` from the data.
 * ``floor_excess_std``: the theta error of a pair is at most the excess of its fitted floor over
   the true floor ((qF + qR) / 2 >= |qF - qR| / 2). The true floor is unknown, but a node's best
   pairs reach it: a low quantile of the floors of the node's pairs serves as reference, and the
@@ -84,6 +86,40 @@ def _mean_lowest(pair: I64, vals: F64, n: int, k: int) -> F64:
     count = np.bincount(pair[take], minlength=n)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / count, np.inf)
+
+
+def lowest_means(pair: ArrayLike, vals: ArrayLike, n: int, fractions: ArrayLike) -> F64:
+    """Per fraction ``q`` and per group ``0 <= p < n``: the mean of the ``max(1, round(q c_p))``
+    smallest finite values of group p (``c_p`` its count); NaN for empty groups.
+
+    Sorts once and reads every fraction off one cumulative sum, so many ``k`` cost about one.
+    Returns shape ``(len(fractions), n)``. Raises ValueError on fractions outside (0, 1] or
+    malformed arrays.
+    """
+    pr = as_index(pair, "pair", n)
+    v = as_float(vals, "vals", len(pr))
+    q = np.atleast_1d(np.asarray(fractions, dtype=np.float64))
+    if q.ndim != 1 or not np.all((q > 0) & (q <= 1)):
+        raise ValueError("fractions must be a 1-D sequence of values in (0, 1]")
+    ok = np.isfinite(v)
+    if not ok.all():
+        pr, v = pr[ok], v[ok]
+    order = np.lexsort((v, pr))
+    pr, v = pr[order], v[order]
+    del order
+    count = np.bincount(pr, minlength=n)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]])
+    has = count > 0
+    s0 = start[has]
+    gmin = v[s0]
+    # sum the excess over each group's minimum: ms-scale offsets would cost precision
+    csum = np.concatenate([[0.0], np.cumsum(v - v[start[pr]])])
+    del v, pr
+    out = np.full((len(q), n), np.nan)
+    for r, frac in enumerate(q):
+        k = np.clip(np.rint(frac * count[has]), 1, count[has]).astype(np.int64)
+        out[r, has] = gmin + (csum[s0 + k] - csum[s0]) / k
+    return out
 
 
 def floor_excess_std(

@@ -27,9 +27,12 @@ from sync.batchfit import fit_pairs
 from sync.coded import coded_probe_mask
 from sync.network import solve_network
 from sync.pairfit import PairFits
+from sync.refine import floor_excess_std, lowest_means, refit_fixed_slope
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
+# candidate envelope statistics of the second stage: mean of the lowest q of each direction
+FRACTIONS = (0.05, 0.1, 0.25, 0.5)
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,8 @@ class EdgeSamples:
 
     Per probe: ``edge`` index, forward sample (time in clock i relative to t_ref, delay
     recv_j - send_i) and reverse sample (time in clock i, delay recv_i - send_j), each with
-    a validity mask (arrived and passed the coded filter).
+    a validity mask (arrived and passed the coded filter); ``arrived`` (None: all) marks probes
+    whose reply came back, for the second stage that uses every arrived sample.
     """
 
     edges: I64
@@ -49,6 +53,10 @@ class EdgeSamples:
     rev_t: F64
     rev_d: F64
     rev_ok: NDArray[np.bool_]
+    arrived: NDArray[np.bool_] | None = None
+
+
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,8 @@ class WindowSync:
     fits: PairFits
     theta_ns: F64
     flagged: NDArray[np.bool_]
+    estimator: str = "envelope-free-slope"
+    closure_scale_ns: float = float("nan")
 
 
 def orient_samples(
@@ -118,27 +128,29 @@ def orient_samples(
         ok2[ci] = coded_probe_mask(
             pid[ci], s3[ci], s4[ci], coded_tol_ns, arrived=arrived[ci], keep="both"
         )
+    del pid, coded
+    forward = s == lo  # probe initiated by i
+    del s, d, lo, hi, key
     # Where queueing is heavy few coded pairs keep their spacing: an edge direction with fewer
     # than ``min_coded`` clean samples falls back to every arrived sample (the envelope fit
     # still works on minima; the network solve flags what that lets through).
     if min_coded > 0:
-        ok1, ok2 = _fallback(edge, s == lo, ok1, ok2, arrived, len(uniq), min_coded)
-    d1 = (s2 - s1).astype(np.float64)  # src -> dst delay
-    d2 = (s4 - s3).astype(np.float64)  # dst -> src delay
-    tsrc_1 = (s1 - t_ref_ns).astype(np.float64)  # src clock, message 1 sent
-    tsrc_2 = (s4 - t_ref_ns).astype(np.float64)  # src clock, message 2 received (~sent)
-    tdst_1 = (s2 - t_ref_ns).astype(np.float64)  # dst clock, message 1 received
-    tdst_2 = (s3 - t_ref_ns).astype(np.float64)  # dst clock, message 2 sent
-    forward = s == lo  # probe initiated by i
-    # forward samples (i -> j): message 1 when src is i, else message 2 (sent by dst = i)
-    fwd_t = np.where(forward, tsrc_1, tdst_2)
-    fwd_d = np.where(forward, d1, d2)
+        ok1, ok2 = _fallback(edge, forward, ok1, ok2, arrived, len(uniq), min_coded)
+    # forward samples (i -> j): message 1 when src is i (timed by t1), else message 2 (sent by
+    # dst = i, timed by t3); reverse samples (j -> i), timed in clock i: message 2 received by
+    # src = i (t4), or message 1 received by dst = i (t2). Built in chunks: no n-sized temporaries.
+    fwd_t, fwd_d, rev_t, rev_d = (np.empty(n) for _ in range(4))
+    for a in range(0, n, _CHUNK):
+        b = min(a + _CHUNK, n)
+        f = forward[a:b]
+        c1, c2, c3, c4 = s1[a:b], s2[a:b], s3[a:b], s4[a:b]
+        fwd_t[a:b] = np.where(f, c1, c3) - t_ref_ns
+        fwd_d[a:b] = np.where(f, c2 - c1, c4 - c3)
+        rev_t[a:b] = np.where(f, c4, c2) - t_ref_ns
+        rev_d[a:b] = np.where(f, c4 - c3, c2 - c1)
     fwd_ok = np.where(forward, ok1, ok2)
-    # reverse samples (j -> i), timed in clock i: message 2 received by src=i, or message 1 received by dst=i
-    rev_t = np.where(forward, tsrc_2, tdst_1)
-    rev_d = np.where(forward, d2, d1)
     rev_ok = np.where(forward, ok2, ok1)
-    return EdgeSamples(edges, edge, fwd_t, fwd_d, fwd_ok, rev_t, rev_d, rev_ok)
+    return EdgeSamples(edges, edge, fwd_t, fwd_d, fwd_ok, rev_t, rev_d, rev_ok, arrived)
 
 
 def _fallback(
@@ -167,8 +179,11 @@ def sync_window(
     quant_ns: float = 0.0,
     min_samples: int = 3,
     ref: int = 0,
+    refine: bool = True,
+    fractions: tuple[float, ...] = FRACTIONS,
 ) -> WindowSync:
-    """Fit every edge of ``samples`` and solve the network twice (see module docstring).
+    """Fit every edge of ``samples``, solve the network twice, then (``refine``) run the second
+    stage with an automatic envelope statistic (see module docstring).
 
     Nodes outside the largest connected part of usable edges come back ``known`` False with
     NaN estimates. Raises ValueError on malformed input.
@@ -203,16 +218,17 @@ def sync_window(
     theta0, drift = fits.offset_ns[ok], fits.drift[ok]
     std = np.maximum(fits.offset_std_ns[ok], 0.5)
     w = 1.0 / std**2
-    first = solve_network(n_nodes, e, theta0, w, drift=drift, pin="mean", ref=_pick_ref(e, ref))
+    r = _pick_ref(e, ref)
+    first = solve_network(n_nodes, e, theta0, w, drift=drift, pin="mean", ref=r)
     # re-evaluate each edge line at the reference instant: clock i reads ~ t_ref + offset_i then
     shift = np.nan_to_num(first.offset_ns[e[:, 0]])
     theta = theta0 + drift * shift
-    sol = solve_network(n_nodes, e, theta, w, drift=drift, pin="mean", ref=_pick_ref(e, ref))
+    sol = solve_network(n_nodes, e, theta, w, drift=drift, pin="mean", ref=r)
     theta_all = np.full(m, np.nan)
     theta_all[ok] = theta
     flagged = np.zeros(m, dtype=bool)
     flagged[ok] = sol.flagged
-    return WindowSync(
+    out = WindowSync(
         sol.offset_ns,
         sol.drift,
         sol.offset_std_ns,
@@ -222,6 +238,104 @@ def sync_window(
         theta_all,
         flagged,
     )
+    if not refine:
+        return out
+    return _second_stage(n_nodes, samples, out, r, fractions)
+
+
+def _second_stage(
+    n_nodes: int, samples: EdgeSamples, first: WindowSync, ref: int, fractions: tuple[float, ...]
+) -> WindowSync:
+    """Fixed-slope refit with the first solve's node drifts, candidate envelope statistics
+    scored by loop-closure residuals, Huber network solve of the winner."""
+    fits, edges = first.fits, samples.edges
+    m = len(edges)
+    i, j = edges[:, 0], edges[:, 1]
+    slope = first.drift[j] - first.drift[i]  # NaN where an endpoint is unknown
+    shift = first.offset_ns[i]
+    usable = fits.ok & np.isfinite(slope) & np.isfinite(shift)
+    if not usable.any():
+        return first
+    slope = np.where(usable, slope, 0.0)
+    # candidate 0: the Huygens envelope (k = 1) of the coded-clean samples
+    fw, rv = samples.fwd_ok, samples.rev_ok
+    env_off, env_floor = refit_fixed_slope(
+        m,
+        samples.edge[fw],
+        samples.fwd_t[fw],
+        samples.fwd_d[fw],
+        samples.edge[rv],
+        samples.rev_t[rv],
+        samples.rev_d[rv],
+        slope,
+    )
+    cands = [env_off]
+    # candidates 1..: mean of the lowest fraction of every arrived sample (no coded filter)
+    if fractions:
+        arr = samples.arrived
+        idx = samples.edge if arr is None else samples.edge[arr]
+        lf = lowest_means(idx, _detrend(samples.fwd_t, samples.fwd_d, -slope, samples.edge, arr),
+                          m, fractions)  # fmt: skip
+        lr = lowest_means(idx, _detrend(samples.rev_t, samples.rev_d, slope, samples.edge, arr),
+                          m, fractions)  # fmt: skip
+        cands.extend(0.5 * (lf - lr))
+    e = edges[usable]
+    sd_env = floor_excess_std(
+        n_nodes, e, env_floor[usable], np.maximum(fits.offset_std_ns[usable], 0.5)
+    )
+    best, best_scale, best_theta = -1, np.inf, np.empty(0)
+    for c, off in enumerate(cands):
+        th = (off + slope * shift)[usable]
+        if not np.isfinite(th).all():
+            continue
+        scale = _closure_scale(n_nodes, e, th, ref)
+        if scale < best_scale:
+            best, best_scale, best_theta = c, scale, th
+    if best < 0:
+        return first
+    if best == 0:
+        w = 1.0 / np.maximum(sd_env, 0.5) ** 2
+    else:  # same statistic on every edge: equal weights, scaled by the closure residuals
+        w = np.full(len(e), 1.0 / max(best_scale, 0.5) ** 2)
+    sol = solve_network(n_nodes, e, best_theta, w, pin="mean", ref=_pick_ref(e, ref), loss="huber")
+    theta_all = np.full(m, np.nan)
+    theta_all[usable] = best_theta
+    flagged = np.zeros(m, dtype=bool)
+    flagged[usable] = sol.flagged
+    known = sol.known & first.known
+    return WindowSync(
+        np.where(known, sol.offset_ns, np.nan),
+        np.where(known, first.drift, np.nan),
+        np.where(known, sol.offset_std_ns, np.nan),
+        known,
+        edges,
+        fits,
+        theta_all,
+        flagged,
+        estimator="envelope" if best == 0 else f"lowest{fractions[best - 1]:g}",
+        closure_scale_ns=float(best_scale),
+    )
+
+
+def _detrend(t: F64, d: F64, slope: F64, edge: I64, arrived: NDArray[np.bool_] | None) -> F64:
+    """``d + slope[edge] t`` for the arrived samples (forward: pass ``-slope``)."""
+    if arrived is None:
+        return np.asarray(d + slope[edge] * t)
+    return np.asarray(d[arrived] + slope[edge[arrived]] * t[arrived])
+
+
+def _closure_scale(n_nodes: int, edges: I64, theta: F64, ref: int) -> float:
+    """Robust scale (ns) of the loop-closure residuals of one unweighted L2 network solve:
+    how inconsistent the pair estimates are around loops, i.e. how noisy they are. Returns inf
+    when the graph has no loops (nothing to compare)."""
+    sol = solve_network(
+        n_nodes, edges, theta, np.ones(len(edges)), pin="mean", ref=_pick_ref(edges, ref),
+        flag_min_ns=np.inf, max_rounds=1,
+    )  # fmt: skip
+    r = sol.residual_ns[np.isfinite(sol.residual_ns)]
+    if r.size == 0:
+        return float("inf")
+    return float(1.4826 * np.median(np.abs(r)))
 
 
 def _pick_ref(edges: I64, ref: int) -> int:
