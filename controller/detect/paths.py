@@ -62,13 +62,19 @@ def expand(
     return np.rint(out).astype(np.int64)
 
 
+def _empty_table(cap: int) -> npt.NDArray[np.int64]:
+    kv = np.zeros((cap, 2), np.int64)
+    kv[:, 1] = -1
+    return kv
+
+
 @dataclass(eq=False)
 class PathIndex:
     """Paths seen so far: hash table, hops per path, baseline per path (inf until folded)."""
 
     width: int
-    _keys: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(1024, np.int64))
-    _vals: npt.NDArray[np.int64] = field(default_factory=lambda: np.full(1024, -1, np.int64))
+    # (capacity, 2): key, value side by side so one probe touches one cache line; key 0 = empty
+    _kv: npt.NDArray[np.int64] = field(default_factory=lambda: _empty_table(1024))
     base: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0, np.float64))
     hops: npt.NDArray[np.int32] = field(init=False)
 
@@ -81,7 +87,7 @@ class PathIndex:
         return len(self.base)
 
     def _home(self, sig: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        bits = len(self._keys).bit_length() - 1  # capacity is a power of two
+        bits = len(self._kv).bit_length() - 1  # capacity is a power of two
         u = sig.view(np.uint64)
         with np.errstate(over="ignore"):
             h = ((u ^ (u >> np.uint64(31))) * _MULT) >> np.uint64(64 - bits)
@@ -90,16 +96,20 @@ class PathIndex:
     def lookup(self, sig: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Return the path number of each signature, -1 where unseen."""
         sig = np.where(sig == 0, 1, sig)
-        out = np.full(len(sig), -1, dtype=np.int64)
         pos = self._home(sig)
-        todo = np.arange(len(sig))
-        mask = len(self._keys) - 1
+        kv = np.take(self._kv, pos, axis=0)  # (much faster than kv[pos] on a 2-d array)
+        hit = kv[:, 0] == sig
+        out = np.where(hit, kv[:, 1], -1)
+        todo = np.flatnonzero(~hit & (kv[:, 0] != 0))
+        pos = pos[todo]
+        mask = len(self._kv) - 1
         while len(todo):
-            k = self._keys[pos]
-            hit = k == sig[todo]
-            out[todo[hit]] = self._vals[pos[hit]]
-            more = ~hit & (k != 0)
-            todo, pos = todo[more], (pos[more] + 1) & mask
+            pos = (pos + 1) & mask
+            kv = np.take(self._kv, pos, axis=0)
+            hit = kv[:, 0] == sig[todo]
+            out[todo[hit]] = kv[hit, 1]
+            more = ~hit & (kv[:, 0] != 0)
+            todo, pos = todo[more], pos[more]
         return out
 
     def paths(self, hops: npt.NDArray[np.int32]) -> npt.NDArray[np.int64]:
@@ -130,30 +140,29 @@ class PathIndex:
 
     def _add(self, sig: npt.NDArray[np.int64], hops: npt.NDArray[np.int32]) -> None:
         n_new = self.size + len(sig)
-        if 2 * n_new > len(self._keys):
-            old_k, old_v = self._keys, self._vals
-            cap = len(self._keys)
-            while 2 * n_new > cap:
+        if 4 * n_new > len(self._kv):  # load factor <= 1/4: short probe runs
+            old = self._kv
+            cap = len(old)
+            while 4 * n_new > cap:
                 cap *= 2
-            self._keys = np.zeros(cap, np.int64)
-            self._vals = np.full(cap, -1, np.int64)
-            used = old_k != 0
-            self._place(old_k[used], old_v[used])
+            self._kv = _empty_table(cap)
+            used = old[:, 0] != 0
+            self._place(old[used, 0], old[used, 1])
         self._place(sig, np.arange(self.size, n_new, dtype=np.int64))
         self.base = np.concatenate([self.base, np.full(len(sig), np.inf)])
         self.hops = np.concatenate([self.hops, hops.astype(np.int32)])
 
     def _place(self, sig: npt.NDArray[np.int64], val: npt.NDArray[np.int64]) -> None:
         pos = self._home(sig)
-        mask = len(self._keys) - 1
+        mask = len(self._kv) - 1
         while len(sig):
-            free = self._keys[pos] == 0
+            free = self._kv[pos, 0] == 0
             cand = np.flatnonzero(free)
             # among keys landing on the same free slot, the first one takes it this round
             _, first = np.unique(pos[cand], return_index=True)
             win = cand[first]
-            self._keys[pos[win]] = sig[win]
-            self._vals[pos[win]] = val[win]
+            self._kv[pos[win], 0] = sig[win]
+            self._kv[pos[win], 1] = val[win]
             rest = np.ones(len(sig), dtype=bool)
             rest[win] = False
             sig, val = sig[rest], val[rest]
