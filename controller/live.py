@@ -9,6 +9,7 @@ takes ``now_ns`` (same epoch as the NIC clocks, UNIX ns in production); nothing 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections import deque
 from collections.abc import Mapping
@@ -42,17 +43,31 @@ class BrainLike(Protocol):
     def flap_counts(self) -> dict[str, int]: ...
 
 
-def default_brain(fabric: Fabric, options: Mapping[str, Any] | None = None) -> BrainLike:
-    """Return `controller.brain.Brain(fabric, BrainConfig(**options))`.
-
-    Raises ValueError if the options do not fit `BrainConfig`.
-    """
+def brain_config(options: Mapping[str, Any] | None = None) -> Any:
+    """Return `controller.brain.BrainConfig` with ``options`` applied (nested tables such as
+    ``loss = {...}`` update the nested parameter dataclasses). Raises ValueError naming the
+    bad option."""
     mod = importlib.import_module("controller.brain")
+    base = mod.BrainConfig()
+    kw: dict[str, Any] = {}
     try:
-        cfg = mod.BrainConfig(**dict(options or {}))
+        for key, value in dict(options or {}).items():
+            if not hasattr(base, key):
+                raise ValueError(f"unknown detection threshold {key!r}")
+            cur = getattr(base, key)
+            if isinstance(value, dict) and dataclasses.is_dataclass(cur):
+                kw[key] = dataclasses.replace(cur, **value)  # type: ignore[type-var]
+            else:
+                kw[key] = value
+        return mod.BrainConfig(**kw)
     except TypeError as exc:
         raise ValueError(f"bad detection thresholds: {exc}") from None
-    brain: BrainLike = mod.Brain(fabric, cfg)
+
+
+def default_brain(fabric: Fabric, options: Mapping[str, Any] | None = None) -> BrainLike:
+    """Return `controller.brain.Brain(fabric, brain_config(options))`; raises ValueError."""
+    mod = importlib.import_module("controller.brain")
+    brain: BrainLike = mod.Brain(fabric, brain_config(options))
     return brain
 
 

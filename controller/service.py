@@ -26,7 +26,7 @@ import aiomqtt
 from controller.clocksync import ClockSyncConfig, compute_state
 from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
 from controller.fabric.model import Link, Nic, Node, NodeKind
-from controller.live import LiveConfig, LiveController, default_brain
+from controller.live import LiveConfig, LiveController, brain_config, default_brain
 from controller.mqtt_topics import TopicError, Topics
 from controller.snapshot import MeshEvent
 from prober.records import RecordError, decode_batch
@@ -131,6 +131,10 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
             raise
         raise ConfigError(f"bad config: {exc}") from None
     thresholds = dict(doc.get("thresholds", {}))
+    try:
+        brain_config(thresholds)
+    except ValueError as exc:
+        raise ConfigError(str(exc).replace("\n", " ")) from None
     return ServiceConfig(fabric=fabric, live=live, thresholds=thresholds, tick_s=tick_s)
 
 

@@ -56,12 +56,17 @@ def test_config_validation(tmp_path: Path) -> None:
     cfg.write_text('[fabric]\nfile = "fab.json"\n[sync]\nwindow_s = 5\n')
     sc = load_config(cfg)
     assert len(sc.fabric.leaves) == 3 and sc.live.sync.window_ns == 5_000_000_000
+    cfg.write_text("[thresholds]\nsilent_ns = 0\n")
+    assert load_config(cfg).thresholds == {"silent_ns": 0}
     for text, msg in (
         ("[fabric]\nleaves = 'x'\n", "bad config"),
         ("[nope]\n", "unknown config section"),
         ("[sync]\nwindo_s = 1\n", "unknown config key"),
         ("[fabric]\nfile = 'missing.json'\n", "cannot read fabric file"),
         ("[fabric\n", "c.toml"),
+        ("[thresholds]\nnope = 1\n", "unknown detection threshold"),
+        ("[thresholds]\nsilent_ns = -1\n", "silent_ns"),
+        ("[thresholds.loss]\nnot_a_field = 1\n", "bad detection thresholds"),
     ):
         cfg.write_text(text)
         with pytest.raises(ConfigError, match=msg) as err:
