@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -29,10 +31,21 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(Path(args.config) if args.config else None)
     topics = Topics(args.prefix)
     log_stream = open(args.log, "a") if args.log else sys.stderr  # noqa: SIM115
+    log = JsonLog(log_stream)
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await run_service(host, port, config, topics, share=args.share, log=log)
+        except asyncio.CancelledError:
+            log(time.time_ns(), "stopped")
+
     try:
-        asyncio.run(
-            run_service(host, port, config, topics, share=args.share, log=JsonLog(log_stream))
-        )
+        asyncio.run(main())
     except KeyboardInterrupt:
         return 0
     finally:
