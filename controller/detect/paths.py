@@ -140,10 +140,10 @@ class PathIndex:
 
     def _add(self, sig: npt.NDArray[np.int64], hops: npt.NDArray[np.int32]) -> None:
         n_new = self.size + len(sig)
-        if 4 * n_new > len(self._kv):  # load factor <= 1/4: short probe runs
+        if 2 * n_new > len(self._kv):  # load factor <= 1/2
             old = self._kv
             cap = len(old)
-            while 4 * n_new > cap:
+            while 2 * n_new > cap:
                 cap *= 2
             self._kv = _empty_table(cap)
             used = old[:, 0] != 0
