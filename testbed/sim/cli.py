@@ -101,3 +101,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from testbed.sim.ingest_bench import register_ingest
 
     register_ingest(ssub)
+
+    from testbed.sim.run_cmd import register_run
+
+    register_run(ssub)
