@@ -34,3 +34,13 @@ def test_normalize_and_cli_registration() -> None:
     register_localize(p.add_subparsers())
     a = p.parse_args(["localize", "--json", "--random-faults", "2", "--seed", "4"])
     assert a.random_faults == 2 and a.json and a.seed == 4
+
+
+def test_real_ingest_pipeline_localizes_loss_and_contention() -> None:
+    faults = (
+        Fault(FaultKind.LOSS, "leaf2-spine0", 3.0, 5.0, magnitude=20.0),
+        Fault(FaultKind.CONGEST, "leaf0-spine3", 3.5, 5.0, magnitude=20.0),
+    )
+    r = run_once(FAB, faults, duration_s=10.0, load=0.4, seed=5, step_s=0.1, pipeline="ingest")
+    q = r["estimators"]["qpmesh"]  # type: ignore[index]
+    assert q["recall"] == 1.0 and q["precision"] == 1.0 and r["false_alerts"] == 0
