@@ -95,8 +95,11 @@ def fit_pairs(
     if not drop_nonfinite:
         nonfinite[pf[~fin_f]] = True
         nonfinite[pr[~fin_r]] = True
-    pf, tf, df = pf[fin_f], tf[fin_f], df[fin_f]
-    pr, tr, dr = pr[fin_r], tr[fin_r], dr[fin_r]
+    if not fin_f.all():  # copies only when needed: windows hold millions of samples
+        pf, tf, df = pf[fin_f], tf[fin_f], df[fin_f]
+    if not fin_r.all():
+        pr, tr, dr = pr[fin_r], tr[fin_r], dr[fin_r]
+    del fin_f, fin_r
     nf = np.bincount(pf, minlength=p).astype(np.int64)
     nr = np.bincount(pr, minlength=p).astype(np.int64)
 
@@ -124,9 +127,13 @@ def fit_pairs(
         remap = np.full(p, -1, dtype=np.int64)
         remap[rows] = np.arange(rows.size)
         kf, kr = act[pf], act[pr]
-        af, ar = remap[pf[kf]], remap[pr[kr]]
+        if not kf.all():
+            pf, tf, df = pf[kf], tf[kf], df[kf]
+        if not kr.all():
+            pr, tr, dr = pr[kr], tr[kr], dr[kr]
+        del kf, kr
         res = _fit_active(
-            rows.size, af, tf[kf], df[kf], ar, tr[kr], dr[kr],
+            rows.size, remap[pf], tf, df, remap[pr], tr, dr,
             tmin[rows], span[rows], max_drift, n_bins, max_passes, tol_ns,
         )  # fmt: skip
         m, c, floor, sf, sr = res

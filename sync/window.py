@@ -109,18 +109,22 @@ def orient_samples(
     arrived = ~np.asarray(lost, dtype=bool)
     if len(arrived) != n:
         raise ValueError("lost must have one entry per probe")
-    lo, hi = np.minimum(s, d), np.maximum(s, d)
-    key = lo * (int(max(hi.max(initial=0), 0)) + 1) + hi
+    forward = s < d  # probe initiated by i of edge (i, j), i < j
+    big = int(max(s.max(initial=0), d.max(initial=0))) + 1
+    key = np.where(forward, s, d) * big + np.where(forward, d, s)
+    del s, d
     uniq, edge = np.unique(key, return_inverse=True)
-    first = np.zeros(len(uniq), dtype=np.int64)
-    first[edge[::-1]] = np.arange(n)[::-1]
-    edges = np.stack([lo[first], hi[first]], axis=1)
+    del key
+    edges = np.stack([uniq // big, uniq % big], axis=1)
 
     coded = pid >= 0
     # coded filter per direction: message 1 (src->dst: t1 -> t2), message 2 (dst->src: t3 -> t4)
     ok1 = arrived & ~coded
     ok2 = arrived & ~coded
-    if coded.any():
+    if coded.all():  # the usual case: no gathered copies of the stamp columns
+        ok1 = coded_probe_mask(pid, s1, s2, coded_tol_ns, arrived=arrived, keep="both")
+        ok2 = coded_probe_mask(pid, s3, s4, coded_tol_ns, arrived=arrived, keep="both")
+    elif coded.any():
         ci = np.flatnonzero(coded)
         ok1[ci] = coded_probe_mask(
             pid[ci], s1[ci], s2[ci], coded_tol_ns, arrived=arrived[ci], keep="both"
@@ -129,8 +133,6 @@ def orient_samples(
             pid[ci], s3[ci], s4[ci], coded_tol_ns, arrived=arrived[ci], keep="both"
         )
     del pid, coded
-    forward = s == lo  # probe initiated by i
-    del s, d, lo, hi, key
     # Where queueing is heavy few coded pairs keep their spacing: an edge direction with fewer
     # than ``min_coded`` clean samples falls back to every arrived sample (the envelope fit
     # still works on minima; the network solve flags what that lets through).

@@ -3,11 +3,14 @@
 Simulates a two-tier Clos with known clocks, collects one window of coded probes, and
 estimates every NIC's clock offset three ways from the *same* probes:
 
-- ``qpmesh``: coded filter + pair fits + network effect (`sync.window.sync_window`);
+- ``qpmesh``: coded filter + pair fits + network effect + second stage (`sync.window.sync_window`;
+  ``estimator`` in the report names the envelope statistic its residual rule chose);
 - ``pairwise_only``: the same pair fits chained from a reference along a spanning tree
   (`sync.anchor_tree`), i.e. without loop correction;
-- ``ntp_baseline``: per pair the min-RTT exchange's ``((t2-t1)-(t4-t3))/2`` (NTP's symmetric
-  assumption), chained the same way.
+- ``ntp_baseline``: per pair and per 1/8 of the window the min-RTT exchange's
+  ``((t2-t1)-(t4-t3))/2`` (NTP's symmetric assumption), a least-squares line through those
+  (NTP's frequency discipline) evaluated at the window's reference time, chained the same way;
+- ``ntp_plain`` (context only): the window's single min-RTT exchange per pair, no frequency fit.
 
 Errors are absolute offset errors in ns at the window's middle after removing the common
 offset (no sync can observe it): ``|est_k - mean(est) - (true_k - mean(true))|`` over NICs.
@@ -26,8 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.fabric import FabricShape, build_fabric
-from sync import anchor_tree, ntp_offsets
-from sync.window import orient_samples, sync_window
+from sync import anchor_tree, ntp_offsets, solve_network
+from sync.window import EdgeSamples, orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator
 
 F64 = npt.NDArray[np.float64]
@@ -50,7 +53,6 @@ def _ntp_with_frequency(
     n_edges: int,
     edge: npt.NDArray[np.int64],
     stamps: tuple[npt.NDArray[np.int64], ...],
-    arrived: npt.NDArray[np.bool_],
     t_ref: int,
     window_s: float,
     n_sub: int = 8,
@@ -58,8 +60,8 @@ def _ntp_with_frequency(
     """NTP-style estimate per edge at ``t_ref``: the min-RTT exchange of each of ``n_sub``
     sub-windows gives ``((t2-t1)-(t4-t3))/2`` at its time; a least-squares line through those
     points (NTP's frequency discipline) is evaluated at ``t_ref``."""
-    t1, t2, t3, t4 = (s[arrived] for s in stamps)
-    e = edge[arrived]
+    t1, t2, t3, t4 = stamps  # arrived probes only
+    e = edge
     rel = (t1 - t_ref).astype(np.float64)
     sub = np.clip(((rel / 1e9 + window_s / 2) / window_s * n_sub).astype(np.int64), 0, n_sub - 1)
     ntp = ntp_offsets(n_edges * n_sub, e * n_sub + sub, t1, t2, t3, t4, t_ref)
@@ -75,6 +77,32 @@ def _ntp_with_frequency(
     slope = np.where(sxx > 0, (dx * dy).sum(axis=1) / np.where(sxx > 0, sxx, 1.0), 0.0)
     theta = ym - slope * xm  # value of the line at t_rel = 0 (t_ref)
     return theta, cnt >= 2
+
+
+def _ntp_estimates(
+    n_nodes: int, samples: EdgeSamples, c: dict[str, npt.NDArray[Any]], t_ref: int, window_s: float
+) -> tuple[tuple[F64, npt.NDArray[np.bool_]], tuple[F64, npt.NDArray[np.bool_]]]:
+    """(offset, known) per node for the NTP baseline with a frequency fit and for plain NTP
+    (the window's min-RTT exchange, no frequency fit), each chained along a spanning tree."""
+    arrived = ~c["lost"]
+    sel: slice | npt.NDArray[np.intp] = slice(None) if arrived.all() else np.flatnonzero(arrived)
+    edge = samples.edge[sel]
+    fwd = c["src"][sel] == samples.edges[edge, 0]
+    s1 = np.where(fwd, c["t1"][sel], c["t3"][sel])
+    s2 = np.where(fwd, c["t2"][sel], c["t4"][sel])
+    s3 = np.where(fwd, c["t3"][sel], c["t1"][sel])
+    s4 = np.where(fwd, c["t4"][sel], c["t2"][sel])
+    del fwd
+    m = len(samples.edges)
+    theta, ok = _ntp_with_frequency(m, edge, (s1, s2, s3, s4), t_ref, window_s)
+    plain = ntp_offsets(m, edge, s1, s2, s3, s4, t_ref)
+    del s1, s2, s3, s4
+    out = []
+    for th, good in ((theta, ok), (plain.theta_ns, plain.ok)):
+        ne = samples.edges[good]
+        tree = anchor_tree(n_nodes, ne, th[good], np.ones(len(ne)), ref=int(ne[0, 0]))
+        out.append((tree.offset_ns, tree.known))
+    return out[0], out[1]
 
 
 def run_sync_bench(
@@ -116,12 +144,13 @@ def run_sync_bench(
             col.append(getattr(b, k))
         if progress and (i + 1) % 5 == 0:
             print(f"sim sync: simulated {i + 1}/{steps} steps", file=sys.stderr)
-    c = {k: np.concatenate(v) for k, v in cols.items()}
+    c = {k: np.concatenate(cols.pop(k)) for k in list(cols)}
     sim_s = time.perf_counter() - t0
     n_nodes = len(fabric.nics)
     t_mid_ns = window_s / 2 * 1e9
     t_ref = EPOCH_NS + int(t_mid_ns)
     truth = sim.true_offset_ns(t_mid_ns)
+    del sim  # the simulator's cached paths are no longer needed
 
     t1 = time.perf_counter()
     tol = 25 if timestamps == "hw" else 3000
@@ -137,38 +166,37 @@ def run_sync_bench(
         t_ref,
         coded_tol_ns=tol,
     )
+    # NTP baselines on the same probes, oriented onto the same edges; then drop the raw stamps
+    ntp_fit, ntp_plain = _ntp_estimates(n_nodes, samples, c, t_ref, window_s)
+    n_probes = len(c["t1"])
+    del c
     quant = HW_TICK_NS if timestamps == "hw" else 0.0
     t_fit = time.perf_counter()
     ws = sync_window(n_nodes, samples, quant_ns=quant)
     solve_total = time.perf_counter() - t_fit
-    # the network-effect solve alone (the second, aligned pass), timed on the same edges
-    from sync import solve_network
-
+    n_edges = len(samples.edges)
+    del samples
+    # the network-effect solve alone, timed on the same edges: first-stage form (weights
+    # 1/std^2 from the fits, std floored at 0.5 ns, L2 with flagging, plus the drift solve) and
+    # the final second-stage form (chosen envelope statistic, Huber loss)
     ok = ws.fits.ok
     e = ws.edges[ok]
     w = 1.0 / np.maximum(ws.fits.offset_std_ns[ok], 0.5) ** 2
+    theta_fit = ws.fits.offset_ns[ok] + ws.fits.drift[ok] * np.nan_to_num(ws.offset_ns[e[:, 0]])
     ts = time.perf_counter()
-    solve_network(n_nodes, e, ws.theta_ns[ok], w, drift=ws.fits.drift[ok], pin="mean")
+    solve_network(n_nodes, e, theta_fit, w, drift=ws.fits.drift[ok], pin="mean")
     solve_s = time.perf_counter() - ts
+    fin = np.isfinite(ws.theta_ns)
+    ts = time.perf_counter()
+    solve_network(n_nodes, ws.edges[fin], ws.theta_ns[fin], np.ones(int(fin.sum())), pin="mean",
+                  loss="huber")  # fmt: skip
+    solve_huber_s = time.perf_counter() - ts
     qp = _errors(ws.offset_ns, ws.known, truth)
 
-    tree = anchor_tree(n_nodes, e, ws.theta_ns[ok], w, drift=ws.fits.drift[ok], ref=int(e[0, 0]))
+    tree = anchor_tree(n_nodes, e, theta_fit, w, drift=ws.fits.drift[ok], ref=int(e[0, 0]))
     pw = _errors(tree.offset_ns, tree.known, truth)
-
-    # NTP baseline on the same probes, oriented onto the same edges
-    fwd = c["src"] == samples.edges[samples.edge, 0]
-    stamps4 = (
-        np.where(fwd, c["t1"], c["t3"]),
-        np.where(fwd, c["t2"], c["t4"]),
-        np.where(fwd, c["t3"], c["t1"]),
-        np.where(fwd, c["t4"], c["t2"]),
-    )
-    ntp_theta, ntp_ok = _ntp_with_frequency(
-        len(samples.edges), samples.edge, stamps4, ~c["lost"], t_ref, window_s
-    )
-    ne = samples.edges[ntp_ok]
-    ntp_tree = anchor_tree(n_nodes, ne, ntp_theta[ntp_ok], np.ones(len(ne)), ref=int(ne[0, 0]))
-    nb = _errors(ntp_tree.offset_ns, ntp_tree.known, truth)
+    nb = _errors(*ntp_fit, truth)
+    npl = _errors(*ntp_plain, truth)
     est_s = time.perf_counter() - t1
 
     return {
@@ -179,16 +207,19 @@ def run_sync_bench(
         "seed": seed,
         "window_s": window_s,
         "rate_hz": rate_hz,
-        "probes": len(c["t1"]),
-        "edges": len(samples.edges),
+        "probes": n_probes,
+        "edges": n_edges,
         "edges_fitted": int(ok.sum()),
         "edges_flagged": int(ws.flagged.sum()),
+        "estimator": ws.estimator,
+        "closure_scale_ns": round(ws.closure_scale_ns, 2),
         "solve_seconds": round(solve_s, 4),
+        "solve_huber_seconds": round(solve_huber_s, 4),
         "fit_and_solve_seconds": round(solve_total, 3),
         "estimate_seconds": round(est_s, 3),
         "simulate_seconds": round(sim_s, 3),
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "estimators": {"qpmesh": qp, "ntp_baseline": nb, "pairwise_only": pw},
+        "estimators": {"qpmesh": qp, "ntp_baseline": nb, "ntp_plain": npl, "pairwise_only": pw},
         "p99_ratio_ntp_over_qpmesh": round(nb["p99_ns"] / qp["p99_ns"], 1)
         if qp["p99_ns"] > 0
         else None,
