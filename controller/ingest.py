@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from controller.fabric import Fabric
-from controller.fabric.ecmp import ROCEV2_PORT, ecmp_hash, flow_paths, routing_tables
+from controller.fabric.ecmp import ROCEV2_PORT, flow_paths, routing_tables
 from controller.windows import KeyIndex, flow_key
 from prober.records import ProbeBatch
 
@@ -116,6 +116,9 @@ class Ingestor:
         self.n_nics = len(fabric.nics)
         self.max_hops = routing_tables(fabric).max_hops
         self.paths = paths if paths is not None else PathTable(self.n_nics, self.max_hops)
+        # reply hops keyed by the *probe's* flow (src, dst, sport): with L4 ECMP hashing the
+        # reply path depends on the probe's sport (the reply's dport), which `paths` cannot key
+        self.reply_paths = PathTable(self.n_nics, self.max_hops)
         self.use_model_paths = use_model_paths
         self.stats = IngestStats()
         self._dedup_depth = dedup_depth
@@ -158,10 +161,11 @@ class Ingestor:
             self._grow_flows(src, dst, sport, slots)
         if self.use_model_paths:
             if dport == ROCEV2_PORT:
-                fwd, rev = self._fhops[slots], self._rhops[slots]
+                fwd = np.take(self._fhops, slots, axis=0)
+                rev = np.take(self._rhops, slots, axis=0)
             else:
                 fwd = flow_paths(self.fabric, src, dst, sport, dport)
-                rev = _reply_paths(self.fabric, dst, src, dport, sport)
+                rev = flow_paths(self.fabric, dst, src, dport, sport)  # reply: ports swapped
             known = np.ones(n, bool)
         else:
             fwd = np.full((n, self.max_hops), -1, np.int32)
@@ -173,6 +177,11 @@ class Ingestor:
             fwd[f_found] = dfwd[f_found]
             rev[r_found] = drev[r_found]
             known |= f_found & r_found
+        if len(self.reply_paths):
+            drep, p_found = self.reply_paths.lookup(src, dst, sport)
+            rev[p_found] = drep[p_found]
+            if len(self.paths):
+                known |= f_found & p_found
         return fwd, rev, known, slots
 
     def _grow_flows(self, src: I64, dst: I64, sport: I64, slots: I64) -> None:
@@ -192,7 +201,7 @@ class Ingestor:
         idx = np.flatnonzero(fresh)[first]
         s, d, p = src[idx], dst[idx], sport[idx]
         self._fhops[slots[idx]] = flow_paths(self.fabric, s, d, p, ROCEV2_PORT)
-        self._rhops[slots[idx]] = _reply_paths(self.fabric, d, s, ROCEV2_PORT, p)
+        self._rhops[slots[idx]] = flow_paths(self.fabric, d, s, ROCEV2_PORT, p)
         self._known_flows = size
 
     def ingest(self, batch: ProbeBatch) -> Ingested | None:
@@ -235,44 +244,3 @@ class Ingestor:
             slots,
         )
 
-
-def _reply_paths(fabric: Fabric, src: I64, dst: I64, sport: int, dport: I64) -> I32:
-    """Model paths of replies src -> dst from UDP ``sport`` to a per-record ``dport``.
-
-    Same up-down ECMP walk as `controller.fabric.flow_paths` (which takes one dport for all
-    flows), vectorized over a per-record destination port.
-    """
-    t = routing_tables(fabric)
-    n = len(src)
-    out = np.full((n, t.max_hops), -1, np.int32)
-    if n == 0:
-        return out
-    out[:, 0] = 2 * t.nic_link[src]
-    cur = t.nic_leaf[src].astype(np.int64)
-    dleaf = t.nic_leaf[dst].astype(np.int64)
-    src_a, dst_a = t.nic_addr[src], t.nic_addr[dst]
-    dp = np.asarray(dport, dtype=np.int64)
-    active = np.ones(n, dtype=bool)
-    for col in range(1, t.max_hops):
-        if not active.any():
-            break
-        idx = np.flatnonzero(active)
-        c, dl = cur[idx], dleaf[idx]
-        at_leaf = c == dl
-        fin = idx[at_leaf]
-        out[fin, col] = 2 * t.nic_link[dst[fin]] + 1
-        active[fin] = False
-        rest = idx[~at_leaf]
-        c, dl = cur[rest], dleaf[rest]
-        dn = t.down_next[c, dl]
-        go_down = dn >= 0
-        r_dn = rest[go_down]
-        out[r_dn, col] = 2 * t.down_link[c[go_down], dl[go_down]] + 1
-        cur[r_dn] = dn[go_down]
-        r_up = rest[~go_down]
-        cu = c[~go_down]
-        h = ecmp_hash(src_a[r_up], dst_a[r_up], sport, dp[r_up], t.seed[cu])
-        k = (h % t.n_up[cu].astype(np.uint64)).astype(np.int64)
-        out[r_up, col] = 2 * t.up_link[cu, k]
-        cur[r_up] = t.up_next[cu, k]
-    return out

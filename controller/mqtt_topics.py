@@ -7,7 +7,10 @@ Under a configurable prefix (default ``qpmesh/v1``):
   last-will publishes ``alive: false``;
 - ``<prefix>/health/<host>``: JSON GPU/NIC telemetry, e.g. ``{"gpu_ok": bool, "detail": str,
   "t_ns": int}``;
-- ``<prefix>/events/<kind>``: the controller's findings (JSON `MeshEvent`).
+- ``<prefix>/events/<kind>``: the controller's findings (JSON `MeshEvent`);
+- ``<prefix>/paths/<host>``: the prober's discovered paths, JSON list of
+  ``{"src": nic, "dst": nic, "sport": int, "hops": [router address, ...], "reached": bool}``
+  (TTL trace of the probe's own 5-tuple; unshared: every controller needs every path).
 
 Subscriptions for probes may be shared (``$share/<group>/<prefix>/probes/#``) so several
 controllers split the load; presence stays unshared (retained messages are not delivered on
@@ -19,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "qpmesh/v1"
-KINDS = ("probes", "presence", "health", "events")
+KINDS = ("probes", "presence", "health", "events", "paths")
 _BAD = frozenset("+#\x00")
 
 
@@ -56,6 +59,10 @@ class Topics:
     def health(self, host: str) -> str:
         """Return the GPU/NIC telemetry topic of ``host``."""
         return f"{self.prefix}/health/{_check_level(host, 'host')}"
+
+    def paths(self, host: str) -> str:
+        """Return the topic a prober on ``host`` publishes its discovered paths to (JSON)."""
+        return f"{self.prefix}/paths/{_check_level(host, 'host')}"
 
     def events(self, kind: str) -> str:
         """Return the topic the controller publishes ``kind`` events to."""
