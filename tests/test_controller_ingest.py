@@ -66,6 +66,21 @@ def test_ingest_maps_ids_model_paths_and_drops_duplicates() -> None:
     assert len(set(out.flow.tolist())) == 4
 
 
+def test_ingest_other_dport_uses_broadcast_flow_paths() -> None:
+    b = _batch()
+    b = ProbeBatch.from_columns(
+        b.origin, b.stamp, b.nic_ids,
+        {k: getattr(b, k) for k in ("seq", "src", "dst", "sport", "t1", "t2", "t3", "t4")},
+        dport=5000, batch_seq=1,
+    )  # fmt: skip
+    out = Ingestor(FAB).ingest(b)
+    assert out is not None
+    assert np.array_equal(out.hops_fwd, flow_paths(FAB, 0, 5, out.sport, 5000))
+    # the reply leaves from port 5000 towards the probe's sport, one dport per record
+    expect_rev = np.stack([flow_paths(FAB, 5, 0, 5000, int(p))[0] for p in out.sport])
+    assert np.array_equal(out.hops_rev, expect_rev)
+
+
 def test_ingest_prefers_discovered_paths_and_degrades_without_model() -> None:
     table = PathTable(len(FAB.nics), 4)
     table.update(np.array([0]), np.array([5]), np.array([49152]), np.array([[1, 2, 3]], np.int32))
