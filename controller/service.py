@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import time
 import tomllib
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import aiomqtt
+import numpy as np
 
 from controller.clocksync import ClockSyncConfig, compute_state
 from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
@@ -47,6 +49,82 @@ class ServiceConfig:
     thresholds: Mapping[str, Any] = field(default_factory=dict)
     tick_s: float = 1.0
     backoff_s: tuple[float, float] = (0.5, 30.0)
+    router_nodes: Mapping[str, str] = field(default_factory=dict)
+
+
+def path_hops(
+    fabric: Fabric, router_nodes: Mapping[str, str], src: str, dst: str, hops: list[Any]
+) -> list[int] | None:
+    """Return the directed hop ids of a discovered path, or None if it cannot be mapped.
+
+    The node sequence is ``src`` NIC, the fabric node owning each router address (from
+    ``router_nodes``, address -> node id), ``dst`` NIC; each consecutive pair must be a fabric
+    link (up if the pair is (lower, upper), down if reversed). Silent hops, unknown addresses
+    or NICs and non-adjacent nodes give None (the ingest then keeps the model path).
+    """
+    if src not in fabric.nic_index or dst not in fabric.nic_index:
+        return None
+    nodes = [src]
+    for h in hops:
+        node = router_nodes.get(h) if isinstance(h, str) else None
+        if node is None:
+            return None
+        nodes.append(node)
+    nodes.append(dst)
+    pair = fabric.link_between
+    out = []
+    for u, v in itertools.pairwise(nodes):
+        if (u, v) in pair:
+            out.append(2 * pair[(u, v)])
+        elif (v, u) in pair:
+            out.append(2 * pair[(v, u)] + 1)
+        else:
+            return None
+    return out
+
+
+def apply_paths(live: LiveController, router_nodes: Mapping[str, str], doc: Any) -> int:
+    """Feed a ``paths/<host>`` document into the ingest's path tables; return paths taken.
+
+    Each reached, fully answered path sets the forward hops of its flow (src, dst, sport) and,
+    as its mirror image (same links, opposite directions, reverse order), the hops of the
+    replies to that flow: Linux's L4 multipath hash is symmetric in (address, port) pairs, so
+    the reply (dst -> src, 4791 -> sport) takes the same spine as the probe. Raises ValueError
+    if ``doc`` is not a list of objects.
+    """
+    if not isinstance(doc, list):
+        raise ValueError("paths payload must be a JSON list")
+    f = live.fabric
+    rows: list[tuple[int, int, int, list[int]]] = []
+    for e in doc:
+        if not isinstance(e, dict):
+            raise ValueError("paths entries must be objects")
+        if not e.get("reached", True):
+            continue
+        src, dst, sport, hops = e.get("src"), e.get("dst"), e.get("sport"), e.get("hops")
+        if not (isinstance(src, str) and isinstance(dst, str) and isinstance(sport, int)
+                and isinstance(hops, list)):  # fmt: skip
+            continue
+        ids = path_hops(f, router_nodes, src, dst, hops)
+        ing = live.ingestor
+        if ids is None or len(ids) > ing.max_hops:
+            continue
+        rows.append((f.nic_index[src], f.nic_index[dst], sport, ids))
+    if not rows:
+        return 0
+    ing = live.ingestor
+    n = len(rows)
+    fwd = np.full((n, ing.max_hops), -1, np.int32)
+    rev = fwd.copy()
+    for i, (_, _, _, ids) in enumerate(rows):
+        fwd[i, : len(ids)] = ids
+        rev[i, : len(ids)] = [h ^ 1 for h in reversed(ids)]
+    src_a = np.array([r[0] for r in rows], np.int64)
+    dst_a = np.array([r[1] for r in rows], np.int64)
+    sp_a = np.array([r[2] for r in rows], np.int64)
+    ing.paths.update(src_a, dst_a, sp_a, fwd)
+    ing.reply_paths.update(src_a, dst_a, sp_a, rev)
+    return n
 
 
 def fabric_from_dict(doc: Mapping[str, Any]) -> Fabric:
@@ -77,7 +155,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     Sections: ``[fabric]`` (shape keys of `FabricShape`, or ``file = "fabric.json"``),
     ``[sync]`` (``window_s``, ``solve_every_s``, ``coded_tol_ns``, ``use_uncoded``),
     ``[controller]`` (``tick_s``, ``stale_s``, ``max_events``), ``[thresholds]`` (passed to
-    the detection `BrainConfig`). Raises `ConfigError` (one line) on anything invalid.
+    the detection `BrainConfig`), ``[paths]`` (``routers``: router address -> fabric node id,
+    to map the probers' discovered paths onto fabric links). Raises `ConfigError` (one line) on anything invalid.
     """
     doc: dict[str, Any] = {}
     if path is not None:
@@ -88,7 +167,7 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {path}: {exc}") from None
         base_dir = base_dir or path.parent
-    known = {"fabric", "sync", "controller", "thresholds"}
+    known = {"fabric", "sync", "controller", "thresholds", "paths"}
     if extra := set(doc) - known:
         raise ConfigError(f"unknown config section(s): {', '.join(sorted(extra))}")
     fab_doc = dict(doc.get("fabric", {}))
@@ -130,12 +209,23 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"bad config: {exc}") from None
+    pdoc = dict(doc.get("paths", {}))
+    routers = pdoc.pop("routers", {})
+    if pdoc:
+        raise ConfigError(f"unknown config key(s): {', '.join(sorted(pdoc))}")
+    if not isinstance(routers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v in fabric.node_by_id
+        for k, v in routers.items()
+    ):
+        raise ConfigError("[paths] routers must map router addresses to fabric node ids")
     thresholds = dict(doc.get("thresholds", {}))
     try:
         brain_config(thresholds)
     except ValueError as exc:
         raise ConfigError(str(exc).replace("\n", " ")) from None
-    return ServiceConfig(fabric=fabric, live=live, thresholds=thresholds, tick_s=tick_s)
+    return ServiceConfig(
+        fabric=fabric, live=live, thresholds=thresholds, tick_s=tick_s, router_nodes=routers
+    )
 
 
 def event_json(ev: MeshEvent) -> bytes:
@@ -165,12 +255,18 @@ class JsonLog:
 
 
 def handle_message(
-    live: LiveController, topics: Topics, topic: str, payload: bytes, now_ns: int
+    live: LiveController,
+    topics: Topics,
+    topic: str,
+    payload: bytes,
+    now_ns: int,
+    router_nodes: Mapping[str, str] | None = None,
 ) -> str:
     """Apply one MQTT message to ``live``; return a short outcome (for counters and logs).
 
-    Outcomes: ``probes``, ``duplicate``, ``presence``, ``health``, ``ignored``; malformed
-    payloads return ``bad:<reason>`` instead of raising.
+    Outcomes: ``probes``, ``duplicate``, ``presence``, ``health``, ``paths``, ``ignored``;
+    malformed payloads return ``bad:<reason>`` instead of raising. ``router_nodes`` maps
+    router addresses of discovered paths to fabric nodes (no map: paths are ignored).
     """
     try:
         kind, host = topics.parse(topic)
@@ -187,6 +283,11 @@ def handle_message(
                 return "bad:presence needs a boolean alive"
             live.presence(host, alive, now_ns)
             return "presence"
+        if kind == "paths":
+            if not router_nodes:
+                return "ignored"
+            apply_paths(live, router_nodes, json.loads(payload))
+            return "paths"
         if kind == "health":
             doc = json.loads(payload)
             ok = doc.get("gpu_ok", True)
@@ -246,6 +347,7 @@ async def serve_once(
     clock: Callable[[], int],
     log: JsonLog,
     counters: dict[str, int],
+    router_nodes: Mapping[str, str] | None = None,
 ) -> None:
     """One connection's lifetime: subscribe, pump messages, tick; raises `aiomqtt.MqttError`."""
     async with aiomqtt.Client(
@@ -255,6 +357,7 @@ async def serve_once(
             topics.subscription("probes", share),
             topics.subscription("presence"),
             topics.subscription("health"),
+            topics.subscription("paths"),
         ):
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
         log(clock(), "connected", broker=f"{host}:{port}")
@@ -266,7 +369,7 @@ async def serve_once(
                     if task.done():
                         task.result()  # re-raise the ticker's or solver's error
                 payload = msg.payload if isinstance(msg.payload, bytes) else b""
-                out = handle_message(live, topics, str(msg.topic), payload, clock())
+                out = handle_message(live, topics, str(msg.topic), payload, clock(), router_nodes)
                 key = "bad" if out.startswith("bad:") else out
                 counters[key] = counters.get(key, 0) + 1
                 if key == "bad":
@@ -309,6 +412,7 @@ async def run_service(
             await serve_once(
                 host, port, live, topics,
                 share=share, tick_s=config.tick_s, clock=clock, log=log, counters=counters,
+                router_nodes=config.router_nodes,
             )  # fmt: skip
         except (aiomqtt.MqttError, TimeoutError) as exc:
             log(clock(), "broker error", error=str(exc), retry_in_s=delay, counters=counters)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import aiomqtt
+import numpy as np
 import pytest
 
 from controller.fabric import FabricShape, build_fabric
@@ -205,3 +206,38 @@ async def test_service_backs_off_and_retries_when_broker_unreachable(tmp_path: P
     lines = [json.loads(x) for x in log_path.read_text().splitlines()]
     errors = [x for x in lines if x["msg"] == "broker error"]
     assert [x["retry_in_s"] for x in errors] == [0.01, 0.02, 0.02]
+
+
+def test_discovered_paths_override_model_paths_forward_and_reply(tmp_path: Path) -> None:
+    fabric = build_fabric(FabricShape(leaves=2, hosts_per_leaf=2, spines=2))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        "[fabric]\nleaves = 2\nhosts_per_leaf = 2\nspines = 2\n"
+        '[paths.routers]\n"10.0.0.254" = "leaf0"\n"172.16.0.9" = "spine1"\n"10.0.1.254" = "leaf1"\n'
+    )
+    conf = load_config(cfg)
+    assert conf.router_nodes["172.16.0.9"] == "spine1"
+    bad = tmp_path / "b.toml"
+    bad.write_text('[paths.routers]\n"1.2.3.4" = "spine9"\n')
+    with pytest.raises(ConfigError):
+        load_config(bad)
+    live = LiveController(fabric, LiveConfig())
+    t = Topics()
+    doc = [
+        {"src": "nic0", "dst": "nic2", "sport": 50000, "reached": True,
+         "hops": ["10.0.0.254", "172.16.0.9", "10.0.1.254"]},
+        {"src": "nic0", "dst": "nic3", "sport": 50000, "reached": True,
+         "hops": ["10.0.0.254", None, "10.0.1.254"]},  # silent hop: ignored
+    ]  # fmt: skip
+    out = handle_message(live, t, t.paths("host0"), json.dumps(doc).encode(), 0, conf.router_nodes)
+    assert out == "paths"
+    ing = live.ingestor
+    src, dst, sp = np.array([0]), np.array([2]), np.array([50000])
+    fwd, rev, known, _ = ing.paths_for(src, dst, sp, 4791)
+    names = [fabric.hop_name(int(h)) for h in fwd[0] if h >= 0]
+    assert names == ["nic0->leaf0", "leaf0->spine1", "spine1->leaf1", "leaf1->nic2"]
+    back = [fabric.hop_name(int(h)) for h in rev[0] if h >= 0]
+    assert back == ["nic2->leaf1", "leaf1->spine1", "spine1->leaf0", "leaf0->nic0"]
+    assert known[0]
+    assert len(ing.paths) == 1
+    assert handle_message(live, t, t.paths("host0"), b"{}", 0, conf.router_nodes).startswith("bad:")
