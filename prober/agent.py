@@ -9,7 +9,13 @@ One agent per host drives every local NIC:
 - every ``batch_interval_ms`` the collected events become one columnar `ProbeBatch` (NIC
   table = all configured NIC ids, so indices are stable) with an increasing ``batch_seq``,
   encoded and handed to the `Publisher` (which spools it until the broker has it);
-- every ``telemetry.interval_s`` a health document (GPU, NIC counters, prober counters).
+- every ``telemetry.interval_s`` a health document (GPU, NIC counters, prober counters);
+- path discovery (``[paths]``, UDP only): TTL traces of the probe flows themselves, a few per
+  second per NIC (`prober.pathsweep`), published as JSON on ``<prefix>/paths/<host>``.
+
+Clocks: every stamp and every "now" is in the NIC's clock (`Endpoint.now_ns`); the schedule
+runs on the host clock and each probe is queued at its NIC's "now". The testbed-only
+``[testbed] vclock`` gives the UDP endpoints a `testbed.vclock.VirtualClock` as clock hook.
 
 Pure helpers (`batch_seq_start`, `plan_round`, `health_doc`) are unit-tested; `Agent.run`
 is the thin asyncio shell. Time sources are injectable.
@@ -20,14 +26,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from prober.config import NicConfig, ProberConfig
+import aiomqtt
+
+from controller.mqtt_topics import Topics
+from prober.config import ConfigError, NicConfig, ProberConfig
 from prober.events import ProbeEvent, results_to_batch
-from prober.publish import Publisher
+from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery, PathTracer
+from prober.pathsweep import paths_payload, sweep_flows
+from prober.publish import BROKER_ERRORS, Publisher
 from prober.records import encode_batch
 from prober.schedule import ProbePlan, ScheduledProbe, choose_peers
 from prober.session import ProbeSession
@@ -118,6 +130,14 @@ def udp_endpoint_factory(cfg: ProberConfig) -> EndpointFactory:
     # "auto" should try hardware stamps; until prober.timestamping.set_hw_timestamping's
     # ifreq packing is fixed (struct "=16sP" raises), only an explicit "hw" asks for them.
     want_hw = cfg.timestamps == "hw"
+    clock: Callable[[int], int] | None = None
+    if cfg.vclock is not None:  # testbed only (see prober.config._vclock)
+        from testbed.vclock import ClockError, VirtualClock
+
+        try:
+            clock = VirtualClock(**cfg.vclock)  # type: ignore[arg-type]
+        except ClockError as exc:
+            raise ConfigError(f"{cfg.source}: testbed.vclock: {exc}") from None
 
     def make(
         nic: NicConfig,
@@ -134,9 +154,14 @@ def udp_endpoint_factory(cfg: ProberConfig) -> EndpointFactory:
             timestamping=True,
             want_hw=want_hw,
             on_events=on_events,
+            clock=clock if clock is not None else _identity,
         )
 
     return make
+
+
+def _identity(ns: int) -> int:
+    return ns
 
 
 @dataclass(slots=True)
@@ -147,6 +172,8 @@ class AgentStats:
     results: int = 0
     lost: int = 0
     batches: int = 0
+    traces: int = 0
+    paths: int = 0
 
 
 class Agent:
@@ -185,21 +212,27 @@ class Agent:
         self._events: list[ProbeEvent] = []
         self._batch_seq = batch_seq_start(now_ns())
         self.stats = AgentStats()
+        self.discovery: dict[str, PathDiscovery] = {}
+        self._paths_out: deque[DiscoveredPath] = deque(maxlen=100_000)
+        self._retrace: deque[Any] = deque(maxlen=10_000)
 
     # ---- pieces -------------------------------------------------------------------------------
 
     def _collect(self, events: list[ProbeEvent]) -> None:
         self._events.extend(events)
 
-    def _queue(self, probes: Sequence[ScheduledProbe]) -> None:
+    def _queue(self, probes: Sequence[ScheduledProbe], plan_now_ns: int) -> None:
+        """Queue ``probes`` (scheduled on the host clock at ``plan_now_ns``) in each NIC's clock."""
+        nic_now = {src: self.endpoints[src].now_ns() for src in {p.src for p in probes}}
         for p in probes:
             session = self.sessions[p.src]
             dest = self.address[p.dst]
+            at = nic_now[p.src] + max(0, p.at_ns - plan_now_ns)
             if p.coded:
-                session.queue_pair(p.dst, dest, p.sport, p.at_ns, self.cfg.schedule.pair_spacing_ns)
+                session.queue_pair(p.dst, dest, p.sport, at, self.cfg.schedule.pair_spacing_ns)
                 self.stats.probes_queued += 2
             else:
-                session.queue_probe(p.dst, dest, p.sport, p.at_ns)
+                session.queue_probe(p.dst, dest, p.sport, at)
                 self.stats.probes_queued += 1
         for src in {p.src for p in probes}:
             self.endpoints[src].wake()
@@ -249,16 +282,31 @@ class Agent:
 
     # ---- the asyncio shell --------------------------------------------------------------------
 
-    def open(self) -> None:
-        """Open one endpoint per local NIC (raises the transport's OSError)."""
+    async def start(self) -> None:
+        """Start one endpoint per local NIC (``start()``: open + stamp warm-up, else ``open()``).
+
+        Raises the transport's OSError. UDP endpoints get a `PathDiscovery` when enabled.
+        """
         try:
             for n in self.cfg.nics:
                 ep = self._factory(n, self.sessions[n.id], self.plan.ports[n.id], self._collect)
-                ep.open()
+                start = getattr(ep, "start", None)
+                if start is not None:
+                    await start()
+                else:
+                    ep.open()
                 self.endpoints[n.id] = ep
+                if self.cfg.paths_enabled and hasattr(ep, "on_icmp"):
+                    self._attach_discovery(n.id, ep)
         except BaseException:
             self.close()
             raise
+
+    def _attach_discovery(self, nic: str, ep: Any) -> None:
+        pd = PathDiscovery(ep, PathTracer(timeout_ns=1_000_000_000), self.cfg.paths_max_ttl)
+        ep.on_icmp = pd.handle_icmp
+        ep.on_events = lambda evs: self._collect(pd.handle_events(evs))
+        self.discovery[nic] = pd
 
     def close(self) -> None:
         """Close every endpoint."""
@@ -272,9 +320,12 @@ class Agent:
         On the way out the last batch is flushed and the publisher drains its spool for up to
         ``mqtt.drain_on_stop_s`` before announcing ``alive=false``.
         """
-        self.open()
+        await self.start()
         tasks: list[asyncio.Task[Any]] = [asyncio.create_task(ep.run())
                                           for ep in self.endpoints.values()]  # fmt: skip
+        if self.discovery and not once:
+            tasks.append(asyncio.create_task(self._trace_loop()))
+            tasks.append(asyncio.create_task(self._paths_publisher()))
         pub_stop = asyncio.Event()
         pub_task = asyncio.create_task(self.publisher.run(pub_stop))
         try:
@@ -307,8 +358,9 @@ class Agent:
         return ep.now_ns()
 
     async def _one_round(self) -> None:
-        probes = plan_round(self.plan, self.peers, self._any_now())
-        self._queue(probes)
+        now = self._now_ns()
+        probes = plan_round(self.plan, self.peers, now)
+        self._queue(probes, now)
         wait_s = self.cfg.timeout_ms / 1000.0 + 0.05 + len(probes) * 0.001
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and len(self._events) < self.stats.probes_queued:
@@ -322,7 +374,8 @@ class Agent:
         next_batch = loop.time() + batch_s
         next_health = loop.time() + self.cfg.telemetry_interval_s
         while not stop.is_set():
-            self._queue(self.plan.due(self._any_now() + 2_000_000))  # 2 ms look-ahead
+            plan_now = self._now_ns()
+            self._queue(self.plan.due(plan_now + 2_000_000), plan_now)  # 2 ms look-ahead
             now = loop.time()
             if now >= next_batch:
                 self.flush_batch()
@@ -333,6 +386,73 @@ class Agent:
                 self.publish_health()
                 next_health = now + self.cfg.telemetry_interval_s
             nxt = self.plan.next_at_ns()
-            gap_s = 0.05 if nxt is None else max(0.0, (nxt - self._any_now()) / 1e9 - 0.001)
+            gap_s = 0.05 if nxt is None else max(0.0, (nxt - self._now_ns()) / 1e9 - 0.001)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), min(gap_s, 0.05, max(0.0, next_batch - now)))
+
+    # ---- path discovery -----------------------------------------------------------------------
+
+    def poll_paths(self) -> int:
+        """Collect finished traces into the outgoing paths queue; return how many finished.
+
+        A changed path puts its flow first in line for the next trace (confirmation).
+        """
+        done = 0
+        for nic, pd in self.discovery.items():
+            for item in pd.tracer.poll(self.endpoints[nic].now_ns()):
+                if isinstance(item, DiscoveredPath):
+                    self._paths_out.append(item)
+                    done += 1
+                elif isinstance(item, PathChange) and item.old is not None:
+                    self._retrace.append(item.new.key)
+        self.stats.paths += done
+        return done
+
+    async def _trace_loop(self) -> None:
+        """Trace every probe flow, ``traces_per_s`` per NIC; a new sweep every ``refresh_s``."""
+        flows = sweep_flows(self.peers, self.plan.ports)
+        gap_s = 1.0 / (self.cfg.paths_traces_per_s * max(1, len(self.discovery)))
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            for src, dst, sport in flows:
+                while self._retrace:
+                    k = self._retrace.popleft()
+                    self.discovery[k.src].start(k.dst, self.address[k.dst], k.sport)
+                pd = self.discovery.get(src)
+                if pd is not None:
+                    pd.start(dst, self.address[dst], sport)
+                    self.stats.traces += 1
+                await asyncio.sleep(gap_s)
+                self.poll_paths()
+            rest = self.cfg.paths_refresh_s - (loop.time() - began)
+            end = loop.time() + max(0.0, rest)
+            while loop.time() < end:
+                await asyncio.sleep(min(1.0, max(0.0, end - loop.time())))
+                self.poll_paths()
+                if self._retrace:
+                    k = self._retrace.popleft()
+                    self.discovery[k.src].start(k.dst, self.address[k.dst], k.sport)
+
+    async def _paths_publisher(self) -> None:
+        """Publish queued paths once a second on ``<prefix>/paths/<host>`` (own connection)."""
+        m = self.cfg.mqtt
+        topic = Topics(m.prefix).paths(self.cfg.host)
+        while True:
+            try:
+                async with aiomqtt.Client(
+                    m.host, m.port, identifier=f"qpmesh-paths-{self.cfg.host}",
+                    keepalive=m.keepalive_s, timeout=m.timeout_s,
+                ) as client:  # fmt: skip
+                    while True:
+                        await asyncio.sleep(1.0)
+                        if not self._paths_out:
+                            continue
+                        out = list(self._paths_out)
+                        for k in range(0, len(out), 500):
+                            payload = paths_payload(out[k : k + 500])
+                            await client.publish(topic, payload, qos=1, timeout=m.timeout_s)
+                        for _ in out:
+                            self._paths_out.popleft()
+            except BROKER_ERRORS:
+                await asyncio.sleep(m.backoff_max_s)

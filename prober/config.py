@@ -11,6 +11,8 @@ Layout (see docs/prober.md for the full reference)::
     [mqtt]                        # host, port, prefix, keepalive_s, timeout_s, backoff_*
     [spool]                       # max_batches, max_bytes, dir
     [telemetry]                   # interval_s, gpu
+    [paths]                       # enabled, traces_per_s, max_ttl, refresh_s (path discovery)
+    [testbed]                     # vclock = {...}: TESTBED ONLY, see below
     [[nics]]   id, address, group, device, rdma_device, gid_index
     [[peers]]  id, address, group, port
 """
@@ -82,6 +84,11 @@ class ProberConfig:
     spool_dir: str = ""
     telemetry_interval_s: float = 5.0
     telemetry_gpu: bool = True
+    paths_enabled: bool = True
+    paths_traces_per_s: float = 5.0
+    paths_max_ttl: int = 8
+    paths_refresh_s: float = 60.0
+    vclock: dict[str, float] | None = None  # testbed only: virtual clock of this host
     source: str = "<config>"
 
     def group_of(self) -> dict[str, str]:
@@ -167,7 +174,8 @@ def _array(src: str, doc: Mapping[str, Any], key: str) -> list[_Section]:
 def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConfig:
     """Return the validated configuration in TOML document ``doc``; raise `ConfigError`."""
     src = source
-    known = {"prober", "schedule", "mqtt", "spool", "telemetry", "nics", "peers"}
+    known = {"prober", "schedule", "mqtt", "spool", "telemetry", "paths", "testbed"}
+    known |= {"nics", "peers"}
     for key in doc:
         if key not in known:
             raise ConfigError(f"{src}: {key}: unknown section")
@@ -224,6 +232,18 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConf
     tel_gpu = te.get("gpu", bool, True)
     te.finish()
 
+    pa = _table(src, doc, "paths")
+    paths_enabled = pa.get("enabled", bool, True)
+    traces = pa.get("traces_per_s", float, 5.0, lambda v: 0 < v <= 1000, "in (0, 1000]")
+    max_ttl = pa.get("max_ttl", int, 8, lambda v: 1 <= v <= 64, "1..64")
+    refresh = pa.get("refresh_s", float, 60.0, lambda v: 1 <= v <= 86400, "1..86400")
+    pa.finish()
+
+    tb = _table(src, doc, "testbed")
+    vclock_doc = tb.get("vclock", dict, {})
+    tb.finish()
+    vclock = _vclock(src, vclock_doc) if vclock_doc else None
+
     nics: list[NicConfig] = []
     for s in _array(src, doc, "nics"):
         nics.append(
@@ -275,8 +295,41 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConf
         spool_dir=spool_dir,
         telemetry_interval_s=tel_interval,
         telemetry_gpu=tel_gpu,
+        paths_enabled=paths_enabled,
+        paths_traces_per_s=traces,
+        paths_max_ttl=max_ttl,
+        paths_refresh_s=refresh,
+        vclock=vclock,
         source=src,
     )
+
+
+VCLOCK_KEYS = ("offset_ns", "drift", "t0_ns", "wander_ns", "wander_period_s", "phase")
+
+
+def _vclock(src: str, doc: Mapping[str, Any]) -> dict[str, float]:
+    """Validate ``[testbed] vclock`` (a `testbed.vclock.VirtualClock` as a table).
+
+    Testbed only: all namespaces share one kernel clock, so the testbed gives each emulated
+    host a known offset/drift; a production config never sets it (the NIC clock is then the
+    kernel's). Raises `ConfigError`.
+    """
+    from testbed.vclock import ClockError, VirtualClock
+
+    sec = _Section(src, "testbed.vclock", doc)
+    vals: dict[str, float] = {}
+    for key in VCLOCK_KEYS:
+        if key in doc:
+            vals[key] = sec.get(key, float, 0.0) if key != "t0_ns" else sec.get(key, int, 0)
+    sec.finish()
+    for key in ("offset_ns", "drift", "t0_ns"):
+        if key not in vals:
+            raise sec.err(key, "is required")
+    try:
+        VirtualClock(**vals)  # type: ignore[arg-type]
+    except ClockError as exc:
+        raise ConfigError(f"{src}: testbed.vclock: {exc}") from None
+    return vals
 
 
 def load_config(path: Path | str) -> ProberConfig:

@@ -154,3 +154,26 @@ def test_cli_once_publishes_one_round(mosquitto: tuple[str, int], tmp_path: Any)
     doc = json.loads(r.stdout)
     assert doc["probes"] == 4 and doc["results"] == 4 and doc["lost"] == 0
     assert doc["published"] == 1 and doc["spooled"] == 0
+
+
+def test_vclock_is_testbed_only_and_becomes_the_endpoint_clock() -> None:
+    from prober.agent import udp_endpoint_factory
+    from prober.config import ConfigError
+    from prober.pathsweep import sweep_flows
+    from prober.session import ProbeSession
+
+    assert config().vclock is None  # off by default
+    doc = {
+        "prober": {"host": "h"},
+        "nics": [{"id": "nic0", "address": "127.0.0.1"}],
+        "testbed": {"vclock": {"offset_ns": 1000.0, "drift": 1e-5, "t0_ns": 0}},
+    }
+    cfg = parse_config(doc, "t.toml")
+    assert cfg.vclock == {"offset_ns": 1000.0, "drift": 1e-5, "t0_ns": 0}
+    ep: Any = udp_endpoint_factory(cfg)(cfg.nics[0], ProbeSession("nic0"), (), lambda e: None)
+    assert ep.clock(1_000_000_000) == 1_000_000_000 + 1000 + 10_000
+    bad = {**doc, "testbed": {"vclock": {"offset_ns": 0.0, "drift": 0.5, "t0_ns": 0}}}
+    with pytest.raises(ConfigError, match=r"testbed\.vclock"):
+        parse_config(bad, "t.toml")
+    flows = sweep_flows({"a": ("b", "c")}, {"a": (1, 2)})
+    assert flows == [("a", "b", 1), ("a", "c", 1), ("a", "b", 2), ("a", "c", 2)]
