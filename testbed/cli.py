@@ -8,6 +8,7 @@ import secrets
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from testbed import faults
@@ -139,8 +140,9 @@ def _run(a: argparse.Namespace) -> int:
     sc = load_scenario(a.scenario)
     prefix = a.prefix or ("r" + secrets.token_hex(3) + "-")
     report: dict[str, Any] = run_scenario(
-        sc, prefix, random_k=a.random_faults, seed=a.seed, progress=_progress
-    )
+        sc, prefix, random_k=a.random_faults, seed=a.seed, progress=_progress,
+        out_dir=Path(a.out) if a.out else None,
+    )  # fmt: skip
     if a.json:
         print(json.dumps(report))
     else:
@@ -224,3 +226,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--random-faults", type=int, default=0, metavar="K", help="replace faults by K random ones"
     )
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--out", help="keep logs and report.json here (default /var/tmp/qpmesh/PREFIX)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,25 +22,44 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from controller.fabric import Fabric
+from controller.fabric import Fabric, NodeKind
 from testbed import faults
 from testbed.netns.lifecycle import up
 from testbed.netns.plan import Plan
 from testbed.netns.state import record_process, state_dir
 from testbed.netns.teardown import tear_down
-from testbed.scenario import Scenario, random_faults
+from testbed.runreport import Monitor, localization, sync_report
+from testbed.scenario import FaultKind, Scenario, random_faults
 from testbed.schedule import Action, timeline
-from testbed.vclock import assign_clocks, write_truth
+from testbed.vclock import VirtualClock, assign_clocks, write_truth
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 
 
-def prober_config(fabric: Fabric, plan: Plan, host: str, broker: tuple[str, int]) -> str:
-    """Return the prober TOML for ``host``: its NICs, every other NIC as a peer, the broker."""
+def prober_config(
+    fabric: Fabric,
+    plan: Plan,
+    host: str,
+    broker: tuple[str, int],
+    clock: VirtualClock | None = None,
+) -> str:
+    """Return the prober TOML for ``host``: its NICs, every other NIC as a peer, the broker.
+
+    Source ports per NIC cover the fabric's ECMP width (``paths`` = spines); path discovery
+    traces 20 flows/s per NIC up to TTL 4 (two tiers); ``clock``: the host's virtual clock
+    (``[testbed.vclock]``, testbed only).
+    """
+    spines = sum(1 for n in fabric.switches if n.kind == NodeKind.SPINE)
     lines = [
         "[prober]", f'host = "{host}"', 'transport = "udp"', "port = 4791", 'timestamps = "sw"',
-        "", "[mqtt]", f'host = "{broker[0]}"', f"port = {broker[1]}", "",
+        "batch_interval_ms = 500", "",
+        "[schedule]", f"paths = {max(2, spines)}", "",
+        "[paths]", "traces_per_s = 20.0", "max_ttl = 4", "refresh_s = 30.0", "",
+        "[mqtt]", f'host = "{broker[0]}"', f"port = {broker[1]}", "",
     ]  # fmt: skip
+    if clock is not None:
+        lines += ["[testbed.vclock]"]
+        lines += [f"{k} = {v!r}" for k, v in asdict(clock).items()] + [""]
     for n in fabric.nics:
         table = "nics" if n.host == host else "peers"
         extra = f'\ndevice = "{n.id}"' if table == "nics" else ""
@@ -51,6 +71,32 @@ def prober_config(fabric: Fabric, plan: Plan, host: str, broker: tuple[str, int]
             "",
         ]
     return "\n".join(lines)
+
+
+def router_nodes(plan: Plan) -> dict[str, str]:
+    """Return router address -> fabric switch id for every switch-side address of ``plan``.
+
+    Routers answer TTL-expired probes from the inbound interface's address
+    (``icmp_errors_use_inbound_ifaddr``), so each address names a switch; the leaf gateway
+    ``10.x.y.254`` is the same on every downlink of one leaf.
+    """
+    node_of_ns = {ns: node for node, ns in plan.node_ns.items()}
+    out: dict[str, str] = {}
+    for lp in plan.links.values():
+        for end in (lp.lower, lp.upper):
+            node = node_of_ns.get(end.ns, "")
+            if end.addr and not node.startswith("host"):
+                out[end.addr.split("/")[0]] = node
+    return out
+
+
+def controller_config(fabric: Fabric, plan: Plan) -> str:
+    """Return the controller TOML: the fabric's shape and the router address map."""
+    lines = ["[fabric]"]
+    lines += [f"{k} = {v!r}" for k, v in fabric.shape.items()]
+    lines += ["", "[paths.routers]"]
+    lines += [f'"{a}" = "{n}"' for a, n in sorted(router_nodes(plan).items())]
+    return "\n".join(lines) + "\n"
 
 
 def _has_command(name: str) -> bool:
@@ -86,8 +132,13 @@ def run_scenario(
     random_k: int = 0,
     seed: int | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    out_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run ``sc`` on a fresh namespace testbed; return the JSON-ready report."""
+    """Run ``sc`` on a fresh namespace testbed; return the JSON-ready report.
+
+    ``out_dir`` (default ``/var/tmp/qpmesh/<prefix>``) keeps the run's logs, configs, clock
+    truth and ``report.json`` after teardown.
+    """
     if random_k:
         sc = replace(
             sc,
@@ -103,6 +154,9 @@ def run_scenario(
     prev = signal.signal(signal.SIGTERM, _interrupt)
     d = state_dir(prefix)
     report: dict[str, Any] = {"scenario": sc.name, "prefix": prefix, "duration_s": sc.duration_s}
+    monitor: Monitor | None = None
+    t0_wall = 0
+    clocks: dict[str, VirtualClock] = {}
     try:
         clocks = assign_clocks([h.id for h in fabric.hosts], seed=sc.seed, t0_ns=time.time_ns())
         truth = write_truth(d / "clocks.json", clocks, {n.id: n.host for n in fabric.nics})
@@ -116,19 +170,24 @@ def run_scenario(
         if not _wait_port(*broker, timeout_s=5):
             raise OSError(f"mosquitto did not listen on {broker[0]}:{broker[1]}")
         progress(f"broker on {broker[0]}:{broker[1]}")
+        monitor = Monitor(*broker)
+        monitor.start()
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
         qp = [sys.executable, "-m", "controller.cli"]
         if _has_command("controller"):
             ctl_log = d / "controller.jsonl"
-            procs.append(_spawn([*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}", "--log", str(ctl_log)],
+            ctl_conf = d / "controller.toml"
+            ctl_conf.write_text(controller_config(fabric, plan))
+            procs.append(_spawn([*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
+                                 "--config", str(ctl_conf), "--log", str(ctl_log)],
                                 d / "controller.out", prefix, "controller", env))  # fmt: skip
         else:
             missing.append("controller service (qpmesh controller) not registered")
         if _has_command("prober"):
             for h in fabric.hosts:
                 cfg = d / f"prober-{h.id}.toml"
-                cfg.write_text(prober_config(fabric, plan, h.id, broker))
-                penv = {**env, "QPMESH_VCLOCK": json.dumps(asdict(clocks[h.id]))}
+                cfg.write_text(prober_config(fabric, plan, h.id, broker, clocks[h.id]))
+                penv = env
                 argv = [
                     "ip",
                     "netns",
@@ -140,15 +199,13 @@ def run_scenario(
                     str(cfg),
                 ]
                 procs.append(_spawn(argv, d / f"prober-{h.id}.log", prefix, f"prober:{h.id}", penv))
-            missing.append(
-                "prober agent has no virtual-clock input yet (QPMESH_VCLOCK is set but unread)"
-            )
         else:
             missing.append("prober agent (qpmesh prober) not registered")
         progress(
             f"{len(fabric.hosts)} probers, controller: running {sc.duration_s:g}s, {len(sc.faults)} faults"
         )
         t0 = time.monotonic()
+        t0_wall = time.time_ns()
         for act in timeline(sc.faults, _fabric_rate(plan)):
             delay = act.t_s - (time.monotonic() - t0)
             if delay > 0:
@@ -172,7 +229,8 @@ def run_scenario(
         for ps in congest.values():
             for p in ps:
                 p.kill()
-        events = _read_events(d / "controller.jsonl")
+        if monitor is not None:
+            monitor.stop()
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
                 p.terminate()
@@ -181,17 +239,50 @@ def run_scenario(
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 p.kill()
+        out = out_dir or Path("/var/tmp/qpmesh") / prefix
+        with contextlib.suppress(OSError):
+            shutil.copytree(d, out, dirs_exist_ok=True)
         tear_down(prefix, progress)
         signal.signal(signal.SIGTERM, prev)
+    events = monitor.events if monitor is not None and monitor.events else []
+    if not events:  # fall back on the controller's JSON-lines log
+        events = _read_events(out / "controller.jsonl")
+    sync = None
+    if monitor is not None and t0_wall:
+        sync = sync_report(monitor.batches, clocks, {n.id: n.host for n in fabric.nics},
+                           _sync_windows(sc, t0_wall))  # fmt: skip
+        if sync is None:
+            missing.append("no usable probe batches for the sync figures")
     report.update({
         "faults": [f.to_dict() for f in sc.faults],
         "applied": applied,
         "events": [e for e in events if e.get("kind") not in ("remediation",)],
         "remediation": [e for e in events if e.get("kind") == "remediation" or "action" in e],
-        "sync": None,
+        "localization": localization(sc.faults, events),
+        "sync": sync,
+        "probe_batches": len(monitor.batches) if monitor is not None else 0,
         "missing": missing,
+        "out_dir": str(out),
     })  # fmt: skip
+    with contextlib.suppress(OSError):
+        (out / "report.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+WARMUP_S = 8.0
+
+
+def _sync_windows(sc: Scenario, t0_wall: int) -> list[tuple[str, int, int]]:
+    """Return (label, start, end) kernel-ns windows: idle (no fault) and congested."""
+    s = 1_000_000_000
+    first = min((f.start_s for f in sc.faults), default=sc.duration_s)
+    out = [("idle", t0_wall + int(WARMUP_S * s), t0_wall + int(first * s))]
+    for f in sc.faults:
+        if f.kind == FaultKind.CONGEST:
+            out.append(
+                ("congested", t0_wall + int((f.start_s + 1) * s), t0_wall + int(f.end_s * s))
+            )
+    return out
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -56,8 +56,15 @@ def udp_socket_in(name: str) -> socket.socket:
 
 
 def write_sysctls(name: str, settings: tuple[str, ...] | list[str]) -> None:
-    """Set ``key=value`` net sysctls inside namespace ``name`` (via /proc/sys)."""
+    """Set ``key=value`` net sysctls inside namespace ``name`` (via /proc/sys).
+
+    A key starting with ``?`` is optional: skipped when this kernel does not have it.
+    """
     with netns(name):
         for item in settings:
             key, _, value = item.partition("=")
-            Path("/proc/sys", *key.strip().split(".")).write_text(value.strip() + "\n")
+            optional = key.startswith("?")
+            path = Path("/proc/sys", *key.strip().lstrip("?").split("."))
+            if optional and not path.exists():
+                continue
+            path.write_text(value.strip() + "\n")

@@ -206,7 +206,11 @@ def make_plan(
     # hosts: per-NIC policy routing, main table via the first NIC
     for host in fabric.hosts:
         ns = node_ns[host.id]
-        sysctl[ns] = ["net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"]
+        sysctl[ns] = [
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+            "net.ipv4.icmp_ratelimit=0",  # port unreachable for every trace that gets there
+        ]
         for k, nic in enumerate(fabric.nics_of_host(host.id)):
             gw, table = nic_gw[nic.id], NIC_TABLE_BASE + nic.port
             ip[ns].append(f"route add 10.0.0.0/8 via {gw} dev {nic.id} onlink table {table}")
@@ -284,4 +288,9 @@ def _router_sysctls() -> list[str]:
         "net.ipv4.conf.all.rp_filter=0",
         "net.ipv4.conf.default.rp_filter=0",
         "net.ipv4.icmp_ratemask=4120",  # do not rate-limit time-exceeded (path discovery)
+        "net.ipv4.icmp_ratelimit=0",  # answer every TTL-expired trace probe
+        "net.ipv4.icmp_errors_use_inbound_ifaddr=1",  # the answering address names the link
+        # same multipath hash seed on every router: one flow hashes alike at both leaves, and
+        # the (symmetric) hash sends a reply by the spine its probe took
+        "?net.ipv4.fib_multipath_hash_seed=3141592",
     ]

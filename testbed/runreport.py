@@ -1,0 +1,178 @@
+"""What ``qpmesh testbed run`` watches and reports: MQTT monitor, sync error, localization.
+
+- `Monitor`: a background thread with its own asyncio loop subscribed to ``<prefix>/events/#``
+  and ``<prefix>/probes/#`` on the run's broker; keeps every event (JSON) and probe batch.
+- `sync_report(batches, truth, windows)`: sync error of the probes the probers really sent
+  (kernel software stamps through the hosts' virtual clocks) against the clocks' truth, per
+  window, with `sync.window` (Huygens) and the NTP-style baseline on the same probes, through
+  `testbed.bench_sync_real` (the same error definitions as that benchmark).
+- `localization(faults, events)`: per injected fault, the controller events naming its link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiomqtt
+import numpy as np
+
+from prober.records import ProbeBatch, RecordError, decode_batch
+from testbed.bench_sync_real import _errors, _summary
+from testbed.scenario import Fault, FaultKind
+from testbed.vclock import VirtualClock
+
+WINDOW_S = 5.0
+
+
+class Monitor:
+    """Subscribe to events and probe batches of a broker in a background thread."""
+
+    def __init__(self, host: str, port: int, prefix: str = "qpmesh/v1") -> None:
+        self.host, self.port, self.prefix = host, port, prefix
+        self.events: list[dict[str, Any]] = []
+        self.batches: list[ProbeBatch] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def start(self) -> None:
+        """Start the thread (it reconnects until `stop`)."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and join the thread."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                async with aiomqtt.Client(self.host, self.port, timeout=5) as c:
+                    await c.subscribe(f"{self.prefix}/events/#", qos=1, timeout=5)
+                    await c.subscribe(f"{self.prefix}/probes/#", qos=1, timeout=5)
+                    it = c.messages.__aiter__()
+                    while not self._stop.is_set():
+                        try:
+                            msg = await asyncio.wait_for(it.__anext__(), 0.2)
+                        except TimeoutError:
+                            continue
+                        self._take(str(msg.topic), msg.payload)
+            except (aiomqtt.MqttError, OSError, TimeoutError) as exc:
+                self.errors.append(str(exc))
+                await asyncio.sleep(0.2)
+
+    def _take(self, topic: str, payload: Any) -> None:
+        data = payload if isinstance(payload, bytes) else b""
+        kind = topic[len(self.prefix) + 1 :].split("/", 1)[0]
+        with contextlib.suppress(RecordError, ValueError):
+            if kind == "probes":
+                self.batches.append(decode_batch(data))
+            elif kind == "events":
+                doc = json.loads(data)
+                if isinstance(doc, dict):
+                    self.events.append(doc)
+
+
+def _to_kernel(clock: VirtualClock, local: np.ndarray) -> np.ndarray:
+    """Invert ``clock.apply_array`` (two fixed-point steps: exact to ~1 ns for |drift| < 1e-3)."""
+    k = local - np.round(clock.offset_ns).astype(np.int64)
+    for _ in range(2):
+        k = local - (clock.apply_array(k) - k)
+    out: np.ndarray = k
+    return out
+
+
+def sync_report(
+    batches: Sequence[ProbeBatch],
+    clocks: Mapping[str, VirtualClock],
+    nic_host: Mapping[str, str],
+    windows: Sequence[tuple[str, int, int]],
+    coded_tol_ns: int = 2000,
+) -> dict[str, Any] | None:
+    """Return sync error figures per window label, or None without usable probes.
+
+    ``windows``: (label, start, end) in kernel (true) ns; records are assigned by their true
+    send time. Figures per label: `testbed.bench_sync_real` summary (``p50_ns``/``p99_ns`` of
+    mean-removed node offsets vs truth, ``pair_p99_ns``, NTP baseline ``ntp_pair_p99_ns``...).
+    """
+    nics = sorted(nic_host)
+    index = {n: i for i, n in enumerate(nics)}
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("src", "dst", "pair", "t1", "t2",
+                                                          "t3", "t4", "lost")}  # fmt: skip
+    for b in batches:
+        table = np.array([index.get(x, -1) for x in b.nic_ids], np.int64)
+        src, dst = table[b.src], table[b.dst]
+        ok = (src >= 0) & (dst >= 0)
+        pair = np.where(b.pair >= 0, (src << 32) | b.pair.astype(np.int64), -1)
+        for k, v in (("src", src), ("dst", dst), ("pair", pair), ("t1", b.t1), ("t2", b.t2),
+                     ("t3", b.t3), ("t4", b.t4), ("lost", b.lost.astype(np.int64))):  # fmt: skip
+            cols[k].append(np.asarray(v, np.int64)[ok])
+    if not cols["src"] or not sum(len(c) for c in cols["src"]):
+        return None
+    w = {k: np.concatenate(v) for k, v in cols.items()}
+    lost = w["lost"].astype(bool)
+    host_clock = [clocks[nic_host[n]] for n in nics]
+    for c, clk in enumerate(host_clock):  # stamps are local: back to kernel time
+        ms, md = ~lost & (w["src"] == c), ~lost & (w["dst"] == c)
+        w["t1"][ms], w["t4"][ms] = _to_kernel(clk, w["t1"][ms]), _to_kernel(clk, w["t4"][ms])
+        w["t2"][md], w["t3"][md] = _to_kernel(clk, w["t2"][md]), _to_kernel(clk, w["t3"][md])
+    out: dict[str, Any] = {}
+    for label, a, z in windows:
+        sel_all = (w["t1"] >= a) & (w["t1"] < z) & ~lost
+        errs = []
+        for s in np.arange(a, z - int(WINDOW_S * 1e9) + 1, int(WINDOW_S * 1e9)):
+            m = sel_all & (w["t1"] >= s) & (w["t1"] < s + int(WINDOW_S * 1e9))
+            if m.sum() < 50:
+                continue
+            sub = {k: v[m] for k, v in w.items()}
+            with contextlib.suppress(ValueError, np.linalg.LinAlgError):
+                e = _errors(sub, host_clock, coded_tol_ns)
+                if e["node"] and e["ntp_pair"]:
+                    errs.append(e)
+        if errs:
+            out[label] = {k: round(v, 1) for k, v in _summary(errs).items()}
+    return out or None
+
+
+def _ends(name: str) -> frozenset[str]:
+    for sep in ("->", "-"):
+        if sep in name:
+            return frozenset(name.replace(" ", "").split(sep)[:2])
+    return frozenset((name,))
+
+
+def localization(
+    faults: Sequence[Fault], events: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Return per fault the controller events that name its link (or NIC), and ``localized``.
+
+    Flap / link down / loss want ``link_flap``, ``link_down`` or ``loss`` on the link;
+    congestion wants ``contention`` on either direction of the link.
+    """
+    want = {
+        FaultKind.FLAP: ("link_flap", "link_down", "loss"),
+        FaultKind.LINK_DOWN: ("link_down", "link_flap", "loss"),
+        FaultKind.LOSS: ("loss", "link_flap"),
+        FaultKind.CONGEST: ("contention",),
+        FaultKind.NIC_DOWN: ("nic_down",),
+        FaultKind.PROBER_DOWN: ("prober_down",),
+    }.get
+    out = []
+    for f in faults:
+        kinds = want(f.kind, ())
+        hits = [e for e in events if e.get("kind") in kinds
+                and _ends(str(e.get("target", ""))) == _ends(f.target)]  # fmt: skip
+        others = sorted({f"{e.get('kind')}:{e.get('target')}" for e in events
+                         if e.get("kind") in kinds and e not in hits})  # fmt: skip
+        out.append({"fault": f.kind.value, "target": f.target, "localized": bool(hits),
+                    "events": [f"{e.get('kind')}:{e.get('target')}" for e in hits][:5],
+                    "other_events": others[:10]})  # fmt: skip
+    return out
