@@ -7,7 +7,8 @@ node p99 error, first stage -> fixed slope + floor-excess std + ``solve_network(
 hw load 0.4: 2.1 -> 1.5 ns with k_lowest=1 (k=32: 38 ns, worse);
 hw load 0.9: 89 / 67 -> 44 / 51 ns with k=1, 35 / 37 ns with k=32;
 sw load 0.4: 179 / 236 -> 48 / 65 ns with k=32 (k=1: 238 / 183).
-So k_lowest=1 (the Huygens envelope) while floors are reached, larger k when they are not.
+So k_lowest=1 (the Huygens envelope) while floors are reached, larger k when they are not;
+``sync.window.sync_window`` makes that choice from the data (loop-closure residuals).
 
 * ``refit_fixed_slope``: drifts are node properties, so the network drift solution gives every
   pair a better slope than its own fit; with the slope fixed, the offset is the mid-point of the

@@ -10,7 +10,13 @@ the benchmarks run it:
 4. network effect (`solve_network`, mean-pinned), then a second pass that re-evaluates every
    edge at the same *reference* instant (edge fits are lines in clock i's time, which runs up
    to a millisecond apart from other clocks: at 60 ppm of relative drift that is tens of ns),
-   and solves again.
+   and solves again;
+5. second stage (``refine``, default on): every pair's slope fixed to the solved node drift
+   difference; candidate offsets from the Huygens envelope (k = 1) of the coded-clean samples
+   and from the mean of the lowest 5/10/25/50 % of all arrived samples per direction; the
+   candidate whose loop-closure residuals (one unweighted L2 solve) have the smallest robust
+   scale wins (ties: the envelope) and is solved with the Huber loss. The data choose k: idle
+   hw fabrics pick ~10 %, load 0.9 and software stamps 25-50 % (see docs/sync.md).
 
 Everything is pure: arrays in, a frozen `WindowSync` out; ``t_ref_ns`` is given, never read.
 """
