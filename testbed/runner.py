@@ -261,6 +261,7 @@ def run_scenario(
         "localization": localization(sc.faults, events),
         "sync": sync,
         "probe_batches": len(monitor.batches) if monitor is not None else 0,
+        "paths": _paths_summary(monitor.paths if monitor is not None else []),
         "missing": missing,
         "out_dir": str(out),
     })  # fmt: skip
@@ -269,7 +270,13 @@ def run_scenario(
     return report
 
 
-WARMUP_S = 8.0
+WARMUP_S = 6.0
+
+
+def _paths_summary(paths: list[dict[str, Any]]) -> dict[str, Any]:
+    flows = {(p.get("src"), p.get("dst"), p.get("sport")): p for p in paths}
+    full = [p for p in flows.values() if p.get("reached") and None not in p.get("hops", [None])]
+    return {"traced_flows": len(flows), "complete": len(full), "sample": full[:2]}
 
 
 def _sync_windows(sc: Scenario, t0_wall: int) -> list[tuple[str, int, int]]:

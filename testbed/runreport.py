@@ -37,6 +37,7 @@ class Monitor:
         self.events: list[dict[str, Any]] = []
         self.batches: list[ProbeBatch] = []
         self.errors: list[str] = []
+        self.paths: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True)
 
@@ -58,6 +59,7 @@ class Monitor:
                 async with aiomqtt.Client(self.host, self.port, timeout=5) as c:
                     await c.subscribe(f"{self.prefix}/events/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/probes/#", qos=1, timeout=5)
+                    await c.subscribe(f"{self.prefix}/paths/#", qos=1, timeout=5)
                     it = c.messages.__aiter__()
                     while not self._stop.is_set():
                         try:
@@ -75,6 +77,10 @@ class Monitor:
         with contextlib.suppress(RecordError, ValueError):
             if kind == "probes":
                 self.batches.append(decode_batch(data))
+            elif kind == "paths":
+                doc = json.loads(data)
+                if isinstance(doc, list):
+                    self.paths += [e for e in doc if isinstance(e, dict)]
             elif kind == "events":
                 doc = json.loads(data)
                 if isinstance(doc, dict):
@@ -128,8 +134,9 @@ def sync_report(
     for label, a, z in windows:
         sel_all = (w["t1"] >= a) & (w["t1"] < z) & ~lost
         errs = []
-        for s in np.arange(a, z - int(WINDOW_S * 1e9) + 1, int(WINDOW_S * 1e9)):
-            m = sel_all & (w["t1"] >= s) & (w["t1"] < s + int(WINDOW_S * 1e9))
+        step = min(int(WINDOW_S * 1e9), z - a)
+        for s in np.arange(a, z - step + 1, max(step, 1)):
+            m = sel_all & (w["t1"] >= s) & (w["t1"] < s + step)
             if m.sum() < 50:
                 continue
             sub = {k: v[m] for k, v in w.items()}
