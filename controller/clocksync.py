@@ -1,68 +1,88 @@
-"""Continuous clock sync: sliding sample windows -> `sync` solves -> per-NIC clock models.
+"""Continuous clock sync: a thin stateful wrapper around `sync.window` (one pipeline per window).
 
-`ClockSync.add(ing)` turns an ingested batch into per-pair delay samples (coded-pair filter from
-`sync.coded`, both directions of every probe) and appends them to a columnar ring buffer.
-`ClockSync.maybe_solve(now_ns)` (every ``solve_every_ns``) fits every pair in the window with
-`sync.batchfit.fit_pairs` and reconciles the pairs on the probe graph with
-`sync.network.solve_network`, giving per-NIC clock models ``c_i(t) = offset_i + drift_i * t``
-(t in ns relative to an epoch fixed at the first sample). `ClockSync.delays(ing)` extrapolates
-those models to the batch's stamps and returns one-way delays; before the first solve, or for a
-NIC outside the solved part of the probe graph, delays are NaN (unknown), never a guess.
+`ClockSync.add(ing)` keeps, per directed NIC pair and time bin (``window_ns / bins``), the
+coded probe pair (both probes, both arrived) with the smallest round trip: raw probe columns
+(src, dst, pair, t1..t4) go into a bounded ring of per-batch chunks. The round trip
+``(t4 - t1) - (t3 - t2)`` needs no clock model (the offsets cancel), so the summary is the same
+before and after the first solve, and a solve reads at most pairs x bins x 2 rows, however high
+the probe rate. The bin's lowest-RTT pair is the one least queued in both directions: the
+envelope the fit uses.
 
-Sample convention for the unordered pair (a, b), a < b, theta = c_b - c_a: a forward sample is
-a message a -> b with delay d = recv_b - send_a = owd_ab + theta, a reverse sample a message
-b -> a with d = recv_a - send_b = owd_ba - theta. Sample times are in a's clock (t1/t4 when a
-initiated the probe, t2/t3 when b did) so both directions share one time axis.
+`ClockSync.maybe_solve(now_ns)` (every ``solve_every_ns``) runs the one window pipeline on the
+rows of the last ``window_ns``: `sync.window.orient_samples` (orientation on clock i's time axis,
+coded filter, thin-edge fallback) and `sync.window.sync_window` (pair fits, two-pass aligned
+network solve, second stage with automatic envelope choice, Huber), and installs per-NIC
+`sync.ClockModels`. `ClockSync.delays(ing)` maps each stamp to the reference timescale with those
+models (extrapolated to "now"): one-way delays in real time; NaN before the first solve or for a
+NIC outside the solved part of the probe graph, never a guess.
+
+`compute_state` is the pure solve (safe in a worker thread): `start_solve` hands out the window,
+`install` adopts the result.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from controller.ingest import Ingested
-from controller.windows import SampleRing
-from sync import coded_pair_mask, fit_pairs, solve_network
+from controller.windows import KeyIndex
+from sync import ClockModels
+from sync.window import orient_samples, sync_window
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
+I32 = NDArray[np.int32]
+
+_COLS = ("src", "dst", "pair", "t1", "t2", "t3", "t4")
 
 
 @dataclass(frozen=True)
 class ClockSyncConfig:
-    """Window and solve cadence (ns), coded-pair tolerance, ring capacity (samples)."""
+    """Window and solve cadence (ns), coded-pair tolerance, bins per window, ring bound (rows).
 
-    window_ns: int = 20_000_000_000
-    solve_every_ns: int = 2_000_000_000
+    The default solves once per window (10 s), so each sample is solved once: the solve's cost
+    is amortized over every probe of the window. Until the first window is full, a solve is
+    also due whenever the data span has doubled since the last one (warm-up: a model from the
+    first 0.1 s would otherwise be extrapolated for a whole window)."""
+
+    window_ns: int = 10_000_000_000
+    solve_every_ns: int = 10_000_000_000
     coded_tol_ns: int = 2_000
-    use_uncoded: bool = False
-    capacity: int = 2_000_000
+    use_uncoded: bool = False  # also keep probes that are not part of a coded pair (all of them)
+    capacity: int = 4_000_000  # rows kept at most (oldest batches dropped first)
     min_samples: int = 3
-    max_drift: float = 1e-3
-    decimate_bins: int = 32  # per window (fit_pairs bins by window/16); 0 keeps every sample
+    bins: int = 4  # time bins per window; per bin and directed pair one coded pair is kept
+    min_coded: int = 8  # thin-edge fallback of `orient_samples`
+    refine: bool = True  # second stage of `sync_window`
 
     def __post_init__(self) -> None:
         if self.window_ns <= 0 or self.solve_every_ns <= 0 or self.capacity < 16:
             raise ValueError("window and solve period must be > 0 and capacity >= 16")
-        if self.coded_tol_ns < 0:
-            raise ValueError("coded_tol_ns must be >= 0")
+        if self.coded_tol_ns < 0 or self.bins < 1:
+            raise ValueError("coded_tol_ns must be >= 0 and bins >= 1")
 
 
 @dataclass(frozen=True, eq=False)
 class ClockState:
-    """Per-NIC clock models from one solve; NaN where a NIC is not synced."""
+    """Per-NIC clock models from one solve (`sync.ClockModels`, unknown NICs NaN)."""
 
-    t_ref_ns: int
-    offset_ns: F64  # at t_ref
-    drift: F64
-    offset_std_ns: F64
-    drift_std: F64
-    center_ns: float  # middle of the solved window, relative to t_ref
+    models: ClockModels
+    center_ns: float  # middle of the solved window, relative to models.t_ref_ns
     solved_at_ns: int
     n_pairs: int
     n_samples: int = 0
+    estimator: str = ""
+    inv_rate: F64 | None = None  # 1 / (1 + drift) per NIC, for the stamp inversion
+
+    @property
+    def t_ref_ns(self) -> int:
+        """Reference instant of the models (middle of the solved window, initiator clocks)."""
+        return self.models.t_ref_ns
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,204 +95,244 @@ class Delays:
     rtt_ns: F64
 
 
+@dataclass(frozen=True, eq=False)
+class SampleWindow:
+    """Raw probe rows of one window (both probes of each kept coded pair), all arrived."""
+
+    src: I32
+    dst: I32
+    pair: I64
+    t1: I64
+    t2: I64
+    t3: I64
+    t4: I64
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
 class ClockSync:
-    """Stateful wrapper that runs the pure `sync` package continuously; see module docstring."""
+    """Stateful wrapper that runs `sync.window` continuously; see the module docstring."""
 
     def __init__(self, n_nics: int, config: ClockSyncConfig | None = None) -> None:
         self.n_nics = n_nics
         self.config = config or ClockSyncConfig()
-        self._ring = SampleRing(
-            self.config.capacity,
-            {"a": np.int32, "b": np.int32, "t": np.float64, "d": np.float64, "fwd": np.bool_},
-        )
-        self.t_ref_ns: int | None = None
+        self._chunks: deque[tuple[int, dict[str, NDArray[Any]]]] = deque()
+        self._rows = 0
+        self._t_max: int | None = None
+        self._t0: int | None = None  # bin origin (first stamp seen)
+        self._binw = max(1, self.config.window_ns // self.config.bins)
+        self._dpairs = KeyIndex()  # directed (src, dst) -> dense slot
+        self._flow_dpair = np.zeros(0, np.int64)  # ingestor flow slot -> directed pair slot
+        self._best = np.zeros(0, np.int64)  # scratch: min RTT per (pair slot, bin)
         self.state: ClockState | None = None
         self._last_solve_ns: int | None = None
-        self._t_max = -np.inf
+        self._span_solved = 0  # data span at the last solve (warm-up cadence)
         self.solves = 0
         self.last_solve_samples = 0
 
     # ---- samples -------------------------------------------------------------------------
     def add(self, ing: Ingested) -> int:
-        """Append the batch's sync samples to the window; return how many were kept."""
+        """Keep the batch's lowest-RTT coded pair per directed pair and bin; return rows kept."""
         if not len(ing):
             return 0
-        if self.t_ref_ns is None:
-            self.t_ref_ns = int(ing.t1.min())
-        ok = ~ing.lost
-        coded = ing.pair >= 0
-        keep_q = np.zeros(len(ing), bool)  # probe direction (t1 -> t2)
-        keep_r = np.zeros(len(ing), bool)  # reply direction (t3 -> t4)
-        if coded.any():
-            first, second = _coded_partners(ing.pair, ing.t1)
-            tol = self.config.coded_tol_ns
-            both = ok[first] & ok[second]
-            q_ok = coded_pair_mask(
-                ing.t1[first], ing.t1[second], ing.t2[first], ing.t2[second], tol,
-                arrived_first=both, arrived_second=both,
-            )  # fmt: skip
-            r_ok = coded_pair_mask(
-                ing.t3[first], ing.t3[second], ing.t4[first], ing.t4[second], tol,
-                arrived_first=both, arrived_second=both,
-            )  # fmt: skip
-            keep_q[first[q_ok]] = True  # first probe of each passing pair: independent samples
-            keep_r[first[r_ok]] = True
+        first, second = _coded_partners(ing.pair, ing.t1)
+        arrived = ~ing.lost
+        both = np.take(arrived, first) & np.take(arrived, second)
+        first, second = first[both], second[both]
+        rows = self._lowest_rtt(ing, first, second)
         if self.config.use_uncoded:
-            keep_q |= ~coded & ok
-            keep_r |= ~coded & ok
-        ref = self.t_ref_ns
-        src, dst = ing.src, ing.dst
-        lo = src < dst  # initiator is a
-        a = np.minimum(src, dst)
-        b = np.maximum(src, dst)
-        # probe message src -> dst: forward sample if src is a; time in a's clock
-        tq = np.where(lo, ing.t1, ing.t2)
-        # reply message dst -> src: forward sample if dst is a (i.e. not lo)
-        tr = np.where(lo, ing.t4, ing.t3)
-        dq = (ing.t2 - ing.t1).astype(np.float64)
-        dr = (ing.t4 - ing.t3).astype(np.float64)
-        sa = np.concatenate([a[keep_q], a[keep_r]])
-        sb = np.concatenate([b[keep_q], b[keep_r]])
-        t_rel = np.concatenate([tq[keep_q] - ref, tr[keep_r] - ref]).astype(np.float64)
-        d = np.concatenate([dq[keep_q], dr[keep_r]])
-        fwd = np.concatenate([lo[keep_q], ~lo[keep_r]])
-        if self.state is not None and self.config.decimate_bins > 0:
-            sel = self._decimate(sa, sb, t_rel, d, fwd)
-            sa, sb, t_rel, d, fwd = sa[sel], sb[sel], t_rel[sel], d[sel], fwd[sel]
-        self._ring.append(a=sa, b=sb, t=t_rel, d=d, fwd=fwd)
-        n = len(t_rel)
-        if n:
-            self._t_max = max(self._t_max, float(t_rel.max()))
-        return n
+            rows = np.concatenate([rows, np.flatnonzero((ing.pair < 0) & arrived)])
+        if not len(rows):
+            return 0
+        rows.sort()
+        chunk: dict[str, NDArray[Any]] = {
+            "src": np.take(ing.src, rows),
+            "dst": np.take(ing.dst, rows),
+            "pair": np.take(ing.pair, rows),
+            "t1": np.take(ing.t1, rows),
+            "t2": np.take(ing.t2, rows),
+            "t3": np.take(ing.t3, rows),
+            "t4": np.take(ing.t4, rows),
+        }
+        t_hi = int(chunk["t1"].max())
+        self._t_max = t_hi if self._t_max is None else max(self._t_max, t_hi)
+        self._chunks.append((t_hi, chunk))
+        self._rows += len(rows)
+        self._expire()
+        return len(rows)
 
-    def _decimate(
-        self, a: NDArray[np.int32], b: NDArray[np.int32], t: F64, d: F64, fwd: NDArray[np.bool_]
-    ) -> I64:
-        """Rows to keep: per (pair, direction, time bin of window/decimate_bins) the sample
-        lowest above the current clock model (the envelope fit only uses such minima)."""
-        st = self.state
-        assert st is not None
-        theta = (st.offset_ns[b] - st.offset_ns[a]) + (st.drift[b] - st.drift[a]) * t
-        theta = np.where(np.isfinite(theta), theta, 0.0)
-        resid = np.where(fwd, d - theta, d + theta)
-        binw = self.config.window_ns / self.config.decimate_bins
-        key = ((a.astype(np.int64) * self.n_nics + b) * 2 + fwd) << 24
-        key |= (np.floor(t / binw).astype(np.int64)) & 0xFFFFFF
-        if not len(key):
+    def _lowest_rtt(self, ing: Ingested, first: I64, second: I64) -> I64:
+        """Rows (both probes) of the coded pair with the smallest summed RTT per (directed
+        pair, time bin of the first probe)."""
+        if not len(first):
             return np.zeros(0, np.int64)
-        order = np.argsort(key)
-        ks, rs = key[order], resid[order]
-        start = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
-        gmin = np.minimum.reduceat(rs, start)
-        group = np.cumsum(np.concatenate([[False], ks[1:] != ks[:-1]]))
-        is_min = rs == gmin[group]
-        # first minimum of each group
-        cand = np.flatnonzero(is_min)
-        firsts = cand[np.concatenate([[True], group[cand[1:]] != group[cand[:-1]]])]
-        return np.asarray(order[firsts], dtype=np.int64)
+        rtt = (ing.t4 - ing.t1) - (ing.t3 - ing.t2)  # clock offsets cancel
+        score = np.take(rtt, first) + np.take(rtt, second)
+        dp = self._dpair_of(ing, first)
+        t1f = np.take(ing.t1, first)
+        if self._t0 is None:
+            self._t0 = int(t1f.min())
+        b = (t1f - self._t0) // self._binw
+        b -= b.min()
+        span = int(b.max()) + 1
+        key = dp * span + b
+        size = self._dpairs.size * span
+        if len(self._best) < size:
+            self._best = np.full(max(size, 2 * len(self._best)), np.iinfo(np.int64).max)
+        big = np.iinfo(np.int64).max
+        np.minimum.at(self._best, key, score)
+        win = np.flatnonzero(np.take(self._best, key) == score)
+        # ties (equal RTT sums in one bin): keep the first pair (reverse scatter: last wins)
+        kw = key[win]
+        self._best[kw[::-1]] = win[::-1]
+        win = win[np.take(self._best, kw) == win]
+        self._best[key] = big  # reset the scratch entries we touched
+        return np.concatenate([np.take(first, win), np.take(second, win)])
+
+    def _dpair_of(self, ing: Ingested, rows: I64) -> I64:
+        """Dense directed-pair slot of each row (via the ingestor's flow slot, cached)."""
+        flow = np.take(ing.flow, rows)
+        need = int(flow.max()) + 1
+        if need > len(self._flow_dpair):
+            grown = np.full(max(need, 2 * len(self._flow_dpair), 1024), -1, np.int64)
+            grown[: len(self._flow_dpair)] = self._flow_dpair
+            self._flow_dpair = grown
+        dp = np.take(self._flow_dpair, flow)
+        miss = dp < 0
+        if miss.any():
+            r = rows[miss]
+            key = np.take(ing.src, r).astype(np.int64) * self.n_nics + np.take(ing.dst, r)
+            slots, _ = self._dpairs.insert(key)
+            self._flow_dpair[flow[miss]] = slots
+            dp[miss] = slots
+        return dp
+
+    def _expire(self) -> None:
+        """Drop chunks older than the window, and the oldest beyond ``capacity`` rows."""
+        assert self._t_max is not None
+        horizon = self._t_max - self.config.window_ns
+        while self._chunks and (self._chunks[0][0] < horizon or self._rows > self.config.capacity):
+            _, old = self._chunks.popleft()
+            self._rows -= len(old["src"])
 
     # ---- solving -------------------------------------------------------------------------
     def due(self, now_ns: int) -> bool:
         """True when a solve is due at ``now_ns``."""
         last = self._last_solve_ns
-        return last is None or now_ns - last >= self.config.solve_every_ns
+        if last is None:
+            return True
+        if self._span_solved < self.config.window_ns and self._span() >= 2 * self._span_solved:
+            return True  # warm-up: re-solve each time the data span doubles until it fills
+        return now_ns - last >= self.config.solve_every_ns
+
+    def _span(self) -> int:
+        """Time covered by the samples so far (ns, capped at the window)."""
+        if self._t_max is None or self._t0 is None:
+            return 0
+        return min(self._t_max - self._t0, self.config.window_ns)
 
     def start_solve(self, now_ns: int) -> SampleWindow | None:
         """If a solve is due: mark it started and return the window to solve (else None)."""
         if not self.due(now_ns):
             return None
-        self._last_solve_ns = now_ns
-        return self.window()
+        window = self.window()
+        if window is not None:  # nothing to solve yet: the first solve waits for samples
+            self._last_solve_ns = now_ns
+            self._span_solved = max(self._span(), 1)
+        return window
 
     def maybe_solve(self, now_ns: int) -> bool:
         """Solve if due; return True if a new clock state was produced."""
-        if not self.due(now_ns):
+        window = self.start_solve(now_ns)
+        if window is None:
             return False
-        self._last_solve_ns = now_ns
-        return self.solve(now_ns)
+        return self.install(compute_state(window, self.n_nics, self.config, now_ns))
 
     def solve(self, now_ns: int) -> bool:
-        """Fit all pairs in the window and solve the network; return True on a new state."""
+        """Run `sync_window` on the current window; return True on a new state."""
         window = self.window()
         if window is None:
             return False
         return self.install(compute_state(window, self.n_nics, self.config, now_ns))
 
     def window(self) -> SampleWindow | None:
-        """Return a copy of the samples in the current window (None if there are none).
+        """Return the rows of the current window (None if there are none).
 
         With `compute_state` and `install` this lets a caller run the heavy solve elsewhere
         (a worker thread) while ingest goes on."""
-        if self.t_ref_ns is None or not self._ring.count:
+        if self._t_max is None or not self._chunks:
             return None
-        s = self._ring.view()
-        win = s["t"] >= self._t_max - self.config.window_ns
-        return SampleWindow(
-            self.t_ref_ns, s["a"][win], s["b"][win], s["t"][win], s["d"][win], s["fwd"][win]
-        )
+        horizon = self._t_max - self.config.window_ns
+        chunks = [c for t_hi, c in self._chunks if t_hi >= horizon]
+        cols = {k: np.concatenate([c[k] for c in chunks]) for k in _COLS}
+        keep = cols["t1"] >= horizon
+        if not keep.all():
+            cols = {k: v[keep] for k, v in cols.items()}
+        return SampleWindow(**cols)  # type: ignore[arg-type]
 
     def install(self, state: ClockState | None) -> bool:
-        """Adopt a computed clock state (None = the solve found nothing); return True if adopted."""
-        if state is None or state.t_ref_ns != self.t_ref_ns:
+        """Adopt a computed clock state (None = the solve found nothing; an older solve than
+        the installed one is ignored); return True if adopted."""
+        if state is None:
+            return False
+        if self.state is not None and state.solved_at_ns < self.state.solved_at_ns:
             return False
         self.state = state
         self.solves += 1
         self.last_solve_samples = state.n_samples
-        if self.solves == 1 and self.config.decimate_bins > 0:
-            self._compact()
         return True
 
-    def _compact(self) -> None:
-        """Decimate the samples gathered before the first solve (now that a model exists)."""
-        s = self._ring.view()
-        keep = self._decimate(s["a"], s["b"], s["t"], s["d"], s["fwd"])
-        keep.sort()
-        self._ring = SampleRing(self.config.capacity, {k: v.dtype.type for k, v in s.items()})
-        self._ring.append(**{k: v[keep] for k, v in s.items()})
-
     # ---- models --------------------------------------------------------------------------
-    def clock_at(self, nic: NDArray[np.int32], t_ns: I64) -> F64:
-        """Return the clock error (NIC clock minus timebase, ns) of ``nic`` at its stamps."""
+    def true_rel(self, nic: I32, t_ns: I64) -> F64:
+        """Reference time minus the models' t_ref (ns) at which ``nic`` read ``t_ns``; NaN if
+        unknown. Same inversion as `sync.ClockModels.true_rel`, without the uncertainty."""
         st = self.state
         if st is None:
             return np.full(len(nic), np.nan)
-        rel = (t_ns - st.t_ref_ns).astype(np.float64)
-        return np.asarray(st.offset_ns[nic] + st.drift[nic] * rel)
+        m = st.models
+        lam = (t_ns - m.t_ref_ns).astype(np.float64)
+        lam -= np.take(m.offset_ns, nic)
+        inv = st.inv_rate if st.inv_rate is not None else 1.0 / (1.0 + m.drift)
+        lam *= np.take(inv, nic)
+        return lam
 
     def offsets(self, t_ns: int) -> tuple[F64, F64]:
-        """Return (clock offset, uncertainty) of every NIC at ``t_ns`` (NaN where unknown)."""
+        """Return (clock offset, uncertainty) of every NIC at reference time ``t_ns`` (NaN
+        where unknown)."""
         st = self.state
         if st is None:
             nan = np.full(self.n_nics, np.nan)
             return nan, nan.copy()
-        rel = float(t_ns - st.t_ref_ns)
-        off = st.offset_ns + st.drift * rel
-        unc = st.offset_std_ns + st.drift_std * abs(rel - st.center_ns)
+        m = st.models
+        rel = float(t_ns - m.t_ref_ns)
+        off = m.offset_ns + m.drift * rel
+        unc = np.sqrt(m.offset_std_ns**2 + (m.drift_std * abs(rel - st.center_ns)) ** 2)
         return off, unc
 
     def delays(self, ing: Ingested) -> Delays:
         """Return one-way delays of the batch's probes and replies from the current models."""
         lost = ing.lost
-        c_src_1 = self.clock_at(ing.src, ing.t1)
-        c_dst_1 = self.clock_at(ing.dst, ing.t1)
-        c_src_4 = self.clock_at(ing.src, ing.t4)
-        c_dst_4 = self.clock_at(ing.dst, ing.t4)
-        owd_f = (ing.t2 - ing.t1).astype(np.float64) - (c_dst_1 - c_src_1)
-        owd_r = (ing.t4 - ing.t3).astype(np.float64) - (c_src_4 - c_dst_4)
         rtt = ((ing.t4 - ing.t1) - (ing.t3 - ing.t2)).astype(np.float64)
+        rtt[lost] = np.nan
+        st = self.state
+        if st is None:
+            nan = np.full(len(ing), np.nan)
+            return Delays(ing.t1, nan, nan.copy(), rtt)
+        r1 = self.true_rel(ing.src, ing.t1)
+        owd_f = self.true_rel(ing.dst, ing.t2) - r1
+        owd_r = self.true_rel(ing.src, ing.t4) - self.true_rel(ing.dst, ing.t3)
         owd_f[lost] = np.nan
         owd_r[lost] = np.nan
-        rtt[lost] = np.nan
-        corr = np.where(np.isfinite(c_src_1), c_src_1, 0.0)
-        t_ns = ing.t1 - np.rint(corr).astype(np.int64)
+        t_ns = np.where(np.isfinite(r1), np.rint(np.nan_to_num(r1)).astype(np.int64) +
+                        st.models.t_ref_ns, ing.t1)  # fmt: skip
         return Delays(t_ns, owd_f, owd_r, rtt)
 
 
 def _coded_partners(pair: I64, send: I64) -> tuple[I64, I64]:
     """Return (first, second) row indices of every coded pair with exactly two probes.
 
-    ``pair`` is -1 for uncoded probes; first/second are ordered by send stamp. One sort, shared
-    by both message directions (what `sync.coded_probe_mask` does per call).
+    ``pair`` is -1 for uncoded probes; first/second are ordered by send stamp.
     """
     idx = np.flatnonzero(pair >= 0)
     if len(idx) >= 2 and len(idx) % 2 == 0:
@@ -297,67 +357,45 @@ def _coded_partners(pair: I64, send: I64) -> tuple[I64, I64]:
     return np.where(swap, b, a).astype(np.int64), np.where(swap, a, b).astype(np.int64)
 
 
-@dataclass(frozen=True, eq=False)
-class SampleWindow:
-    """A copy of the sync samples in one window (see `ClockSync` for the convention)."""
-
-    t_ref_ns: int
-    a: NDArray[np.int32]
-    b: NDArray[np.int32]
-    t: F64
-    d: F64
-    fwd: NDArray[np.bool_]
-
-
 def compute_state(
     w: SampleWindow, n_nics: int, config: ClockSyncConfig, now_ns: int
 ) -> ClockState | None:
-    """Pure solve: pair fits (`sync.fit_pairs`) + network (`sync.solve_network`) -> models.
-
-    Returns None when no pair could be fitted. Safe to run in a worker thread.
-    """
-    a, b, t, d, fwd = w.a, w.b, w.t, w.d, w.fwd
-    key = a.astype(np.int64) * n_nics + b
-    uniq, inv = np.unique(key, return_inverse=True)
-    fits = fit_pairs(
-        len(uniq),
-        inv[fwd], t[fwd], d[fwd],
-        inv[~fwd], t[~fwd], d[~fwd],
-        min_samples=config.min_samples,
-        max_drift=config.max_drift,
-    )  # fmt: skip
-    good = fits.ok
-    if not good.any():
+    """Pure solve of one window: `orient_samples` + `sync_window` -> per-NIC `ClockModels`
+    at the middle of the window. Returns None when no pair could be fitted. Safe to run in a
+    worker thread."""
+    if len(w) < 2:
         return None
-    ea = (uniq[good] // n_nics).astype(np.int64)
-    eb = (uniq[good] % n_nics).astype(np.int64)
-    ostd = np.maximum(fits.offset_std_ns[good], 1.0)
-    dstd = np.maximum(fits.drift_std[good], 1e-12)
-    # reference: the NIC with most edges (it lies in the largest component of the graph)
-    deg = np.bincount(np.concatenate([ea, eb]), minlength=n_nics)
-    sol = solve_network(
-        n_nics,
-        np.stack([ea, eb], axis=1),
-        fits.offset_ns[good],
-        1.0 / ostd**2,
-        drift=fits.drift[good],
-        drift_weight=1.0 / dstd**2,
-        ref=int(np.argmax(deg)),
-        pin="mean",
-    )
-    known = sol.known & (deg > 0)
-    nan = np.full(n_nics, np.nan)
-    wd = np.bincount(ea, 1.0 / dstd**2, n_nics) + np.bincount(eb, 1.0 / dstd**2, n_nics)
+    t_lo, t_hi = int(w.t1.min()), int(w.t1.max())
+    t_ref = t_lo + (t_hi - t_lo) // 2
+    samples = orient_samples(
+        w.src, w.dst, w.pair, w.t1, w.t2, w.t3, w.t4, np.zeros(len(w), bool), t_ref,
+        coded_tol_ns=config.coded_tol_ns, min_coded=config.min_coded,
+    )  # fmt: skip
+    ws = sync_window(n_nics, samples, min_samples=config.min_samples, refine=config.refine)
+    fits = ws.fits
+    good = fits.ok & np.isfinite(fits.drift_std)
+    if not ws.known.any() or not good.any():
+        return None
+    e = ws.edges[good]
+    wd = 1.0 / np.maximum(fits.drift_std[good], 1e-12) ** 2
+    wsum = np.bincount(e[:, 0], wd, n_nics) + np.bincount(e[:, 1], wd, n_nics)
     with np.errstate(divide="ignore"):
-        drift_std = np.sqrt(1.0 / wd)
+        drift_std = np.sqrt(1.0 / wsum)
+    known = ws.known & np.isfinite(ws.offset_ns) & np.isfinite(ws.drift)
+    nan = np.full(n_nics, np.nan)
+    models = ClockModels.build(
+        t_ref,
+        np.where(known, ws.offset_ns, nan),
+        np.where(known, ws.drift, nan),
+        np.where(known, np.maximum(ws.offset_std_ns, 0.0), nan),
+        np.where(known, drift_std, nan),
+    )
     return ClockState(
-        t_ref_ns=w.t_ref_ns,
-        offset_ns=np.where(known, sol.component_offset_ns, nan),
-        drift=np.where(known, sol.component_drift, nan),
-        offset_std_ns=np.where(known, sol.offset_std_ns, nan),
-        drift_std=np.where(known, drift_std, nan),
-        center_ns=float(0.5 * (t.min() + t.max())),
+        models=models,
+        center_ns=0.0,
         solved_at_ns=now_ns,
-        n_pairs=int(good.sum()),
-        n_samples=len(t),
+        n_pairs=int(fits.ok.sum()),
+        n_samples=len(w),
+        estimator=ws.estimator,
+        inv_rate=1.0 / (1.0 + models.drift),
     )

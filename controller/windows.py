@@ -1,6 +1,6 @@
 """Columnar, vectorized state containers for the controller pipeline.
 
-- `KeyIndex`: maps int64 keys to dense slots (growing), with vectorized lookup and insert.
+- `KeyIndex`: maps int64 keys to dense slots (growing): a numpy open-addressing hash table.
 - `SampleRing`: a fixed-capacity columnar ring buffer of float/int columns (oldest overwritten).
 - `FlowStore`: per flow (src, dst, sport): latest one-way delay and time, the spine it crosses,
   and a windowed-minimum baseline (propagation) delay, so queueing = owd - baseline.
@@ -24,44 +24,95 @@ def flow_key(src: NDArray[Any], dst: NDArray[Any], sport: NDArray[Any], n_nics: 
     return (src.astype(np.int64) * n_nics + dst.astype(np.int64)) * 65536 + sport.astype(np.int64)
 
 
-class KeyIndex:
-    """Dense slot numbers for int64 keys, assigned in first-seen order."""
+_MULT = np.uint64(0x9E3779B97F4A7C15)
+_EMPTY = np.iinfo(np.int64).min
 
-    def __init__(self) -> None:
-        self._keys = np.zeros(0, np.int64)  # sorted
-        self._slots = np.zeros(0, np.int64)  # slot of each sorted key
+
+class KeyIndex:
+    """Dense slot numbers for int64 keys, assigned in first-seen order.
+
+    An open-addressing hash table (linear probing, load factor <= 1/2, key and slot side by
+    side) probed with numpy gathers: a lookup costs a few `np.take` passes, no sort and no
+    `np.unique` (those only run when new keys arrive). The key ``-2**63`` is reserved."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        cap = 1 << max(4, (capacity - 1).bit_length())
+        self._kv = _empty_kv(cap)
+        self._keys = np.zeros(0, np.int64)  # by slot
         self.size = 0
+
+    def _home(self, keys: I64) -> I64:
+        bits = len(self._kv).bit_length() - 1
+        u = keys.view(np.uint64)
+        with np.errstate(over="ignore"):
+            h = ((u ^ (u >> np.uint64(29))) * _MULT) >> np.uint64(64 - bits)
+        return h.astype(np.int64)
 
     def lookup(self, keys: I64) -> I64:
         """Return the slot of each key, -1 where unknown."""
-        if not self.size:
-            return np.full(len(keys), -1, np.int64)
-        pos = np.searchsorted(self._keys, keys)
-        pos_c = np.minimum(pos, self.size - 1)
-        found = self._keys[pos_c] == keys
-        return np.where(found, self._slots[pos_c], -1)
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        pos = self._home(keys)
+        kv = np.take(self._kv, pos, axis=0)
+        hit = kv[:, 0] == keys
+        out = np.where(hit, kv[:, 1], -1)
+        todo = np.flatnonzero(~hit & (kv[:, 0] != _EMPTY))
+        pos = pos[todo]
+        mask = len(self._kv) - 1
+        while len(todo):
+            pos = (pos + 1) & mask
+            kv = np.take(self._kv, pos, axis=0)
+            hit = kv[:, 0] == keys[todo]
+            out[todo[hit]] = kv[hit, 1]
+            more = ~hit & (kv[:, 0] != _EMPTY)
+            todo, pos = todo[more], pos[more]
+        return out
 
     def insert(self, keys: I64) -> tuple[I64, int]:
         """Return (slot of each key, number of new keys), adding unknown keys."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
         slots = self.lookup(keys)
         miss = slots < 0
         if not miss.any():
             return slots, 0
-        new = np.unique(keys[miss])
+        new = np.unique(keys[miss])  # sorted
         new_slots = np.arange(self.size, self.size + len(new), dtype=np.int64)
-        allk = np.concatenate([self._keys, new])
-        alls = np.concatenate([self._slots, new_slots])
-        order = np.argsort(allk, kind="stable")
-        self._keys, self._slots = allk[order], alls[order]
-        self.size += len(new)
+        n_new = self.size + len(new)
+        if 2 * n_new > len(self._kv):
+            cap = len(self._kv)
+            while 2 * n_new > cap:
+                cap *= 2
+            self._kv = _empty_kv(cap)
+            self._place(self._keys, np.arange(self.size, dtype=np.int64))
+        self._place(new, new_slots)
+        self._keys = np.concatenate([self._keys, new])
+        self.size = n_new
         slots[miss] = new_slots[np.searchsorted(new, keys[miss])]
         return slots, len(new)
 
+    def _place(self, keys: I64, val: I64) -> None:
+        pos = self._home(keys)
+        mask = len(self._kv) - 1
+        while len(keys):
+            free = self._kv[pos, 0] == _EMPTY
+            cand = np.flatnonzero(free)
+            _, first = np.unique(pos[cand], return_index=True)  # one key per free slot a round
+            win = cand[first]
+            self._kv[pos[win], 0] = keys[win]
+            self._kv[pos[win], 1] = val[win]
+            rest = np.ones(len(keys), dtype=bool)
+            rest[win] = False
+            keys, val = keys[rest], val[rest]
+            pos = np.where(free[rest], pos[rest], (pos[rest] + 1) & mask)
+
     def keys_by_slot(self) -> I64:
         """Return every key, indexed by its slot."""
-        out = np.empty(self.size, np.int64)
-        out[self._slots] = self._keys
-        return out
+        return self._keys.copy()
+
+
+def _empty_kv(cap: int) -> I64:
+    kv = np.full((cap, 2), -1, np.int64)
+    kv[:, 0] = _EMPTY
+    return kv
 
 
 class SampleRing:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
-from controller.clocksync import ClockSync
+from controller.clocksync import ClockSync, ClockSyncConfig
 from controller.fabric import FabricShape, build_fabric, flow_paths
 from controller.ingest import Ingestor, PathTable
 from controller.observations import ObservationError, Observations
@@ -198,5 +199,69 @@ def test_split_solve_matches_inline_solve() -> None:
     assert window is not None and split.start_solve(6) is None  # not due again yet
     assert split.install(compute_state(window, 16, split.config, 5))
     assert inline.state is not None and split.state is not None
-    assert np.array_equal(inline.state.offset_ns, split.state.offset_ns, equal_nan=True)
+    assert np.array_equal(
+        inline.state.models.offset_ns, split.state.models.offset_ns, equal_nan=True
+    )
     assert not split.install(None)
+
+
+def test_clock_sync_keeps_lowest_rtt_pair_per_bin_and_delays_match_sync_clock() -> None:
+    from sync import one_way_delays
+
+    fab = build_fabric(FabricShape.for_nics(16))
+    st = Simulator(fab, SimConfig(seed=4, peers=4)).step(0.0, 2.0)
+    b = Ingestor(fab).ingest(st.batch)
+    assert b is not None
+    cs = ClockSync(16)
+    kept = cs.add(b)
+    w = cs.window()
+    assert w is not None and len(w) == kept and kept % 2 == 0
+    # both probes of each kept coded pair, at most one pair per directed pair and time bin
+    assert np.array_equal(np.unique(w.pair, return_counts=True)[1], np.full(kept // 2, 2))
+    binw = cs.config.window_ns // cs.config.bins
+    t0 = cs._t0
+    assert t0 is not None
+
+    def best_per_bin(*cols: npt.NDArray[np.int64]) -> dict[tuple[int, int, int], int]:
+        src, dst, t1, t2, t3, t4 = cols
+        out: dict[tuple[int, int, int], int] = {}
+        for r in range(0, len(src), 2):  # partners on adjacent rows, first probe first
+            k = (int(src[r]), int(dst[r]), int((min(t1[r], t1[r + 1]) - t0) // binw))
+            rtt = int(sum((t4[q] - t1[q]) - (t3[q] - t2[q]) for q in (r, r + 1)))
+            out[k] = min(out.get(k, rtt), rtt)
+        return out
+
+    ok = ~b.lost
+    both = np.repeat(ok[0::2] & ok[1::2], 2)
+    cols = ("src", "dst", "t1", "t2", "t3", "t4")
+    expect = best_per_bin(*(getattr(b, c)[both] for c in cols))
+    got = best_per_bin(*(getattr(w, c) for c in cols))
+    assert got == expect and kept == 2 * len(expect)  # one pair per key: the lowest RTT
+    assert cs.maybe_solve(5) and cs.state is not None
+    d = cs.delays(b)
+    owd, _ = one_way_delays(b.t1, b.src, b.t2, b.dst, cs.state.models)
+    fin = ~b.lost
+    assert np.allclose(d.owd_fwd_ns[fin], owd[fin], atol=1e-3, equal_nan=True)
+    assert cs.state.n_samples == kept
+
+
+def test_clock_sync_solves_once_per_window_and_forgets_old_rows() -> None:
+    fab = build_fabric(FabricShape.for_nics(16))
+    sim = Simulator(fab, SimConfig(seed=2, peers=4))
+    ing = Ingestor(fab)
+    cs = ClockSync(16, ClockSyncConfig(window_ns=2_000_000_000, solve_every_ns=2_000_000_000))
+    times = []
+    for st in sim.run(9.0, 0.5):
+        b = ing.ingest(st.batch)
+        assert b is not None
+        cs.add(b)
+        if cs.maybe_solve(int(st.t1_s * 1e9)):
+            times.append(st.t1_s)
+    assert len(times) == cs.solves
+    # warm-up: a solve each time the data span doubles (0.5 s, ~1 s, ~2 s), then one per window
+    warm = [t for t in times if t <= 2.5]
+    assert 3 <= len(warm) <= 4 and times[0] == 0.5
+    steady = [t for t in times if t > 2.5]
+    assert np.allclose(np.diff([warm[-1], *steady]), 2.0) and len(steady) >= 3
+    w = cs.window()
+    assert w is not None and int(w.t1.max() - w.t1.min()) <= 2_000_000_000
