@@ -208,7 +208,7 @@ class Brain:
             n = st.flap_count(now_ns, self.config.health.flap_window_ns)
             win = self.config.health.flap_window_ns / 1e9
             first = st.first_down_ns if st.first_down_ns is not None else now_ns
-            detail = f"link flapped {n} times in {win:g} s (first detected at {first} ns)"
+            detail = f"link flapped {n} times in {win:g} s (first down {(now_ns - first) / 1e9:.1f} s ago)"
             ev = MeshEvent(now_ns, "link_flap", link, detail, "critical")
         elif finding == Finding.LOSS:
             ev = MeshEvent(now_ns, "loss", link, f"{rate or 0:.1%} of probes across it lost")
