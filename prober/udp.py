@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 import time
 from collections import Counter
@@ -50,6 +51,12 @@ from prober.timestamping import (
 
 ROCE_DPORT = 4791
 _MAX_TOKENS = 65536
+# errnos an ICMP error leaves pending on an IP_RECVERR socket (icmp_err_convert): a send that
+# reports one of them sent nothing and cleared it
+_PENDING_ICMP_ERRNOS = frozenset(
+    {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ECONNREFUSED, errno.EHOSTDOWN, errno.EPROTO,
+     errno.ENOPROTOOPT, errno.ENONET}
+)  # fmt: skip
 
 
 class UdpError(OSError):
@@ -237,7 +244,16 @@ class UdpEndpoint:
             if ttl is not None:
                 st.sock.setsockopt(SOL_IP, IP_TTL, ttl)
             try:
-                st.sock.sendto(dgram.data, dgram.dest)
+                try:
+                    st.sock.sendto(dgram.data, dgram.dest)
+                except OSError as exc:
+                    # with IP_RECVERR an ICMP error (e.g. a trace's time-exceeded) leaves a
+                    # pending socket error that the *next* send reports and clears without
+                    # sending; its details are already queued, so send once more
+                    if exc.errno not in _PENDING_ICMP_ERRNOS:
+                        raise
+                    self.counters["send_pending_icmp_error"] += 1
+                    st.sock.sendto(dgram.data, dgram.dest)
             finally:
                 if ttl is not None:
                     st.sock.setsockopt(SOL_IP, IP_TTL, 64)

@@ -109,6 +109,39 @@ async def test_no_listener_gives_icmp_error_and_loss() -> None:
     assert (err.icmp_type, err.icmp_code) == (ICMP_DEST_UNREACH, ICMP_PORT_UNREACH)
 
 
+async def test_send_after_icmp_error_is_not_swallowed() -> None:
+    """An ICMP error leaves a pending socket error (IP_RECVERR) that the next send reports
+    and clears without sending: the endpoint must still send that datagram (regression: a
+    trace's time-exceeded ate the next TTL's trace probe, i.e. a silent hop)."""
+    import select
+    import socket
+
+    def ep_sock(ep: UdpEndpoint, port: int) -> socket.socket:
+        return ep._pool[port].sock
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as gone:
+        gone.bind((LO, 0))
+        dead = gone.getsockname()[1]
+    live = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    live.bind((LO, 0))
+    live.settimeout(2.0)
+    ep = UdpEndpoint(ProbeSession("nicA", Codec(KEY)), LO, dport=0)
+    await ep.start()
+    try:
+        sport = ep.add_source_port(0)
+        assert ep.send(ep.session.trace_probe("nicB", (LO, dead), sport))
+        # block the loop (its reader would consume the error) until port unreachable is back
+        select.select([ep_sock(ep, sport)], [], [], 1.0)
+        dgram = ep.session.trace_probe("nicC", live.getsockname(), sport)
+        assert ep.send(dgram, ttl=3)
+        data, _ = live.recvfrom(4096)
+        assert data == dgram.data
+        assert ep.counters["send_pending_icmp_error"] == 1
+    finally:
+        ep.close()
+        live.close()
+
+
 async def test_without_timestamping_uses_user_clock() -> None:
     got = Collector()
     async with endpoint("nicA", got, timestamping=False) as a, endpoint("nicB") as b:
