@@ -50,6 +50,7 @@ class ServiceConfig:
     tick_s: float = 1.0
     backoff_s: tuple[float, float] = (0.5, 30.0)
     router_nodes: Mapping[str, str] = field(default_factory=dict)
+    model_paths: bool = True  # False: flows without a discovered path have unknown hops
 
 
 def path_hops(
@@ -156,7 +157,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     ``[sync]`` (``window_s``, ``solve_every_s``, ``coded_tol_ns``, ``use_uncoded``),
     ``[controller]`` (``tick_s``, ``stale_s``, ``max_events``), ``[thresholds]`` (passed to
     the detection `BrainConfig`), ``[paths]`` (``routers``: router address -> fabric node id,
-    to map the probers' discovered paths onto fabric links). Raises `ConfigError` (one line) on anything invalid.
+    to map the probers' discovered paths onto fabric links; ``model = false``: the fabric model's
+    ECMP hash is not authoritative, so flows without a discovered path get unknown hops). Raises `ConfigError` (one line) on anything invalid.
     """
     doc: dict[str, Any] = {}
     if path is not None:
@@ -211,6 +213,9 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         raise ConfigError(f"bad config: {exc}") from None
     pdoc = dict(doc.get("paths", {}))
     routers = pdoc.pop("routers", {})
+    model_paths = pdoc.pop("model", True)
+    if not isinstance(model_paths, bool):
+        raise ConfigError("[paths] model must be true or false")
     if pdoc:
         raise ConfigError(f"unknown config key(s): {', '.join(sorted(pdoc))}")
     if not isinstance(routers, dict) or not all(
@@ -224,7 +229,12 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     except ValueError as exc:
         raise ConfigError(str(exc).replace("\n", " ")) from None
     return ServiceConfig(
-        fabric=fabric, live=live, thresholds=thresholds, tick_s=tick_s, router_nodes=routers
+        fabric=fabric,
+        live=live,
+        thresholds=thresholds,
+        tick_s=tick_s,
+        router_nodes=routers,
+        model_paths=model_paths,
     )
 
 
@@ -403,6 +413,8 @@ async def run_service(
             dataclasses.replace(config.live, solve_inline=False),
             brain=default_brain(config.fabric, config.thresholds),
         )
+        # before any ingest, so no flow has a model path yet
+        live.ingestor.use_model_paths = config.model_paths
     counters: dict[str, int] = {}
     delay, cap = config.backoff_s
     attempts = 0

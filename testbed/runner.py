@@ -91,10 +91,15 @@ def router_nodes(plan: Plan) -> dict[str, str]:
 
 
 def controller_config(fabric: Fabric, plan: Plan) -> str:
-    """Return the controller TOML: the fabric's shape and the router address map."""
+    """Return the controller TOML: the fabric's shape and the router address map.
+
+    ``[paths] model = false``: the kernel's multipath hash is not the fabric model's, so a flow
+    whose path was not discovered is localized without a path (NIC / host) instead of on a
+    wrong spine.
+    """
     lines = ["[fabric]"]
     lines += [f"{k} = {v!r}" for k, v in fabric.shape.items()]
-    lines += ["", "[paths.routers]"]
+    lines += ["", "[paths]", "model = false", "", "[paths.routers]"]
     lines += [f'"{a}" = "{n}"' for a, n in sorted(router_nodes(plan).items())]
     return "\n".join(lines) + "\n"
 

@@ -241,3 +241,36 @@ def test_discovered_paths_override_model_paths_forward_and_reply(tmp_path: Path)
     assert known[0]
     assert len(ing.paths) == 1
     assert handle_message(live, t, t.paths("host0"), b"{}", 0, conf.router_nodes).startswith("bad:")
+
+
+async def test_model_paths_off_leaves_undiscovered_flows_unknown(tmp_path: Path) -> None:
+    import socket
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[fabric]\nleaves = 2\nhosts_per_leaf = 2\nspines = 2\n[paths]\nmodel = false\n'
+                   '[paths.routers]\n"10.0.0.254" = "leaf0"\n"172.16.0.9" = "spine0"\n'
+                   '"10.0.1.254" = "leaf1"\n')  # fmt: skip
+    conf = load_config(cfg)
+    assert conf.model_paths is False and load_config(None).model_paths is True
+    bad = tmp_path / "b.toml"
+    bad.write_text('[paths]\nmodel = "no"\n')
+    with pytest.raises(ConfigError):
+        load_config(bad)
+    with socket.socket() as s:  # nothing listening: the service returns its live state
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = ServiceConfig(fabric=conf.fabric, backoff_s=(0.01, 0.01), router_nodes=conf.router_nodes,
+                         model_paths=False)  # fmt: skip
+    with (tmp_path / "log.jsonl").open("w") as f:
+        live = await asyncio.wait_for(
+            run_service("127.0.0.1", port, conf, Topics(), log=JsonLog(f), max_attempts=1), 30
+        )
+    t = Topics()
+    doc = [{"src": "nic0", "dst": "nic2", "sport": 50000, "reached": True,
+            "hops": ["10.0.0.254", "172.16.0.9", "10.0.1.254"]}]  # fmt: skip
+    handle_message(live, t, t.paths("host0"), json.dumps(doc).encode(), 0, conf.router_nodes)
+    src, dst = np.array([0, 0]), np.array([2, 3])
+    fwd, rev, known, _ = live.ingestor.paths_for(src, dst, np.array([50000, 50000]), 4791)
+    assert known.tolist() == [True, False]  # nic0 -> nic3 was never traced: no model guess
+    assert (fwd[1] == -1).all() and (rev[1] == -1).all()
+    assert [conf.fabric.hop_name(int(h)) for h in fwd[0] if h >= 0][1] == "leaf0->spine0"
