@@ -124,7 +124,9 @@ class ClockSync:
         self._binw = max(1, self.config.window_ns // self.config.bins)
         self._dpairs = KeyIndex()  # directed (src, dst) -> dense slot
         self._flow_dpair = np.zeros(0, np.int64)  # ingestor flow slot -> directed pair slot
-        self._best = np.zeros(0, np.int64)  # scratch: min RTT per (pair slot, bin)
+        self._open: dict[int, _OpenBin] = {}  # bin index -> best pair per directed pair
+        self._latest_bin = -1
+        self._scratch = np.zeros(0, np.int64)
         self.state: ClockState | None = None
         self._last_solve_ns: int | None = None
         self._span_solved = 0  # data span at the last solve (warm-up cadence)
@@ -133,62 +135,78 @@ class ClockSync:
 
     # ---- samples -------------------------------------------------------------------------
     def add(self, ing: Ingested) -> int:
-        """Keep the batch's lowest-RTT coded pair per directed pair and bin; return rows kept."""
+        """Fold the batch's coded pairs into the per (directed pair, bin) lowest-RTT summary;
+        return how many pairs became the best of their bin."""
         if not len(ing):
             return 0
         first, second = _coded_partners(ing.pair, ing.t1)
         arrived = ~ing.lost
         both = np.take(arrived, first) & np.take(arrived, second)
         first, second = first[both], second[both]
-        rows = self._lowest_rtt(ing, first, second)
         if self.config.use_uncoded:
-            rows = np.concatenate([rows, np.flatnonzero((ing.pair < 0) & arrived)])
-        if not len(rows):
-            return 0
-        rows.sort()
-        chunk: dict[str, NDArray[Any]] = {
-            "src": np.take(ing.src, rows),
-            "dst": np.take(ing.dst, rows),
-            "pair": np.take(ing.pair, rows),
-            "t1": np.take(ing.t1, rows),
-            "t2": np.take(ing.t2, rows),
-            "t3": np.take(ing.t3, rows),
-            "t4": np.take(ing.t4, rows),
-        }
-        t_hi = int(chunk["t1"].max())
-        self._t_max = t_hi if self._t_max is None else max(self._t_max, t_hi)
-        self._chunks.append((t_hi, chunk))
-        self._rows += len(rows)
-        self._expire()
-        return len(rows)
-
-    def _lowest_rtt(self, ing: Ingested, first: I64, second: I64) -> I64:
-        """Rows (both probes) of the coded pair with the smallest summed RTT per (directed
-        pair, time bin of the first probe)."""
+            rows = np.flatnonzero((ing.pair < 0) & arrived)
+            if len(rows):
+                self._push(_rows_of(ing, rows))
         if not len(first):
-            return np.zeros(0, np.int64)
+            return 0
         rtt = (ing.t4 - ing.t1) - (ing.t3 - ing.t2)  # clock offsets cancel
         score = np.take(rtt, first) + np.take(rtt, second)
         dp = self._dpair_of(ing, first)
         t1f = np.take(ing.t1, first)
+        t_hi = int(t1f.max())
+        self._t_max = t_hi if self._t_max is None else max(self._t_max, t_hi)
         if self._t0 is None:
             self._t0 = int(t1f.min())
         b = (t1f - self._t0) // self._binw
-        b -= b.min()
-        span = int(b.max()) + 1
-        key = dp * span + b
-        size = self._dpairs.size * span
-        if len(self._best) < size:
-            self._best = np.full(max(size, 2 * len(self._best)), np.iinfo(np.int64).max)
-        big = np.iinfo(np.int64).max
-        np.minimum.at(self._best, key, score)
-        win = np.flatnonzero(np.take(self._best, key) == score)
-        # ties (equal RTT sums in one bin): keep the first pair (reverse scatter: last wins)
-        kw = key[win]
-        self._best[kw[::-1]] = win[::-1]
-        win = win[np.take(self._best, kw) == win]
-        self._best[key] = big  # reset the scratch entries we touched
-        return np.concatenate([np.take(first, win), np.take(second, win)])
+        b_lo, b_hi = int(b.min()), int(b.max())
+        improved = 0
+        for bb in range(b_lo, b_hi + 1):
+            sel = np.flatnonzero(b == bb) if b_lo != b_hi else np.arange(len(b))
+            if len(sel):
+                improved += self._fold(ing, bb, dp[sel], score[sel], first[sel], second[sel])
+        self._flush(self._latest_bin - 1)
+        self._expire()
+        return improved
+
+    def _fold(self, ing: Ingested, bb: int, dp: I64, score: I64, first: I64, second: I64) -> int:
+        """Update open bin ``bb`` with candidate pairs; return how many became its best."""
+        if bb < self._latest_bin - 1:  # late data for a bin already flushed: its own chunk
+            self._push(_rows_of(ing, np.concatenate([first, second])))
+            return len(first)
+        self._latest_bin = max(self._latest_bin, bb)
+        ob = self._open.get(bb)
+        size = self._dpairs.size
+        if ob is None or len(ob.score) < size:
+            ob = _OpenBin.grown(ob, max(size, 1024))
+            self._open[bb] = ob
+        np.minimum.at(ob.score, dp, score)
+        win = np.flatnonzero(np.take(ob.score, dp) == score)
+        # ties within the batch: the first pair wins (reverse scatter: the last write wins)
+        dw = dp[win]
+        if len(self._scratch) < size:
+            self._scratch = np.zeros(max(size, 2 * len(self._scratch)), np.int64)
+        self._scratch[dw[::-1]] = win[::-1]
+        win = win[np.take(self._scratch, dw) == win]
+        dw = dp[win]
+        f, s = first[win], second[win]
+        for name in _COLS:
+            col = getattr(ing, name)
+            ob.cols[name][dw, 0] = np.take(col, f)
+            ob.cols[name][dw, 1] = np.take(col, s)
+        return len(win)
+
+    def _flush(self, upto: int) -> None:
+        """Close the open bins before ``upto``: their winners become a chunk of the ring."""
+        for bb in sorted(k for k in self._open if k < upto):
+            chunk = self._open.pop(bb).winners()
+            if len(chunk["src"]):
+                self._push(chunk)
+
+    def _push(self, chunk: dict[str, NDArray[Any]]) -> None:
+        t_hi = int(chunk["t1"].max())
+        self._t_max = t_hi if self._t_max is None else max(self._t_max, t_hi)
+        self._chunks.append((t_hi, chunk))
+        self._rows += len(chunk["src"])
 
     def _dpair_of(self, ing: Ingested, rows: I64) -> I64:
         """Dense directed-pair slot of each row (via the ingestor's flow slot, cached)."""
@@ -261,10 +279,14 @@ class ClockSync:
 
         With `compute_state` and `install` this lets a caller run the heavy solve elsewhere
         (a worker thread) while ingest goes on."""
-        if self._t_max is None or not self._chunks:
+        if self._t_max is None:
             return None
         horizon = self._t_max - self.config.window_ns
         chunks = [c for t_hi, c in self._chunks if t_hi >= horizon]
+        chunks += [ob.winners() for _, ob in sorted(self._open.items())]
+        chunks = [c for c in chunks if len(c["src"])]
+        if not chunks:
+            return None
         cols = {k: np.concatenate([c[k] for c in chunks]) for k in _COLS}
         keep = cols["t1"] >= horizon
         if not keep.all():
@@ -327,6 +349,40 @@ class ClockSync:
         t_ns = np.where(np.isfinite(r1), np.rint(np.nan_to_num(r1)).astype(np.int64) +
                         st.models.t_ref_ns, ing.t1)  # fmt: skip
         return Delays(t_ns, owd_f, owd_r, rtt)
+
+
+_NONE = np.iinfo(np.int64).max
+
+
+@dataclass(eq=False)
+class _OpenBin:
+    """Best coded pair so far per directed-pair slot of one time bin: its RTT sum and both
+    probes' columns (shape (slots, 2))."""
+
+    score: I64
+    cols: dict[str, NDArray[Any]]
+
+    @classmethod
+    def grown(cls, old: _OpenBin | None, size: int) -> _OpenBin:
+        """A bin with room for ``size`` slots, keeping ``old``'s entries."""
+        score = np.full(size, _NONE, np.int64)
+        cols = {k: np.zeros((size, 2), np.int32 if k in ("src", "dst") else np.int64)
+                for k in _COLS}  # fmt: skip
+        if old is not None:
+            n = len(old.score)
+            score[:n] = old.score
+            for k in _COLS:
+                cols[k][:n] = old.cols[k]
+        return cls(score, cols)
+
+    def winners(self) -> dict[str, NDArray[Any]]:
+        """Columns of the kept pairs, both probes of a pair on adjacent rows."""
+        used = np.flatnonzero(self.score != _NONE)
+        return {k: np.take(v, used, axis=0).reshape(-1) for k, v in self.cols.items()}
+
+
+def _rows_of(ing: Ingested, rows: I64) -> dict[str, NDArray[Any]]:
+    return {k: np.take(getattr(ing, k), rows) for k in _COLS}
 
 
 def _coded_partners(pair: I64, send: I64) -> tuple[I64, I64]:
