@@ -243,4 +243,3 @@ class Ingestor:
             known,
             slots,
         )
-
