@@ -189,11 +189,12 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         else:
             fabric = build_fabric(FabricShape(**fab_doc))
         s, c = dict(doc.get("sync", {})), dict(doc.get("controller", {}))
+        d = ClockSyncConfig()  # unset keys keep the pipeline's defaults (one solve per window)
         sync = ClockSyncConfig(
-            window_ns=int(float(s.pop("window_s", 20.0)) * 1e9),
-            solve_every_ns=int(float(s.pop("solve_every_s", 2.0)) * 1e9),
-            coded_tol_ns=int(s.pop("coded_tol_ns", 2000)),
-            use_uncoded=bool(s.pop("use_uncoded", False)),
+            window_ns=int(float(s.pop("window_s", d.window_ns / 1e9)) * 1e9),
+            solve_every_ns=int(float(s.pop("solve_every_s", d.solve_every_ns / 1e9)) * 1e9),
+            coded_tol_ns=int(s.pop("coded_tol_ns", d.coded_tol_ns)),
+            use_uncoded=bool(s.pop("use_uncoded", d.use_uncoded)),
         )
         live = LiveConfig(
             sync=sync,
