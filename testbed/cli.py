@@ -164,7 +164,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument(
             "--prefix",
             default=prefix_default,
-            help="name prefix of the testbed (default %(default)s)",
+            help=(
+                "name prefix of the testbed's namespaces and links (default %(default)s)"
+                if prefix_default
+                else "name prefix of the testbed (default: a fresh random one, so runs never collide)"
+            ),
         )
         p.set_defaults(func=func)
         return p
@@ -182,10 +186,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--latency-ms", type=float, default=20.0, help="tbf queue bound (default %(default)s)"
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print what was built as JSON")
     cmd("down", "remove everything the testbed made (idempotent, also after a crash)", _down)
     p = cmd("status", "list what exists of the testbed", _status)
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--json", action="store_true", help="print namespaces, links and processes as JSON"
+    )
     p = cmd(
         "flap", "flap a link: down/up cycles (the link black-holes both ways while down)", _flap
     )
@@ -194,26 +200,36 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--up", default="3s", help="up period (default %(default)s)")
     p.add_argument("--times", type=int, default=1, help="cycles (default %(default)s)")
     p = cmd("congest", "congest a link with background UDP sharing its queue", _congest)
-    p.add_argument("link")
+    p.add_argument("link", help="link id, e.g. leaf1-spine0")
     p.add_argument(
         "--rate", type=float, default=150.0, help="generator rate in Mbit/s (default %(default)s)"
     )
-    p.add_argument("--direction", choices=faults.DIRECTIONS, default="both")
+    p.add_argument(
+        "--direction",
+        choices=faults.DIRECTIONS,
+        default="both",
+        help="up = lower end sends, down = upper end sends (default %(default)s)",
+    )
     p.add_argument(
         "--for", dest="for_", help="duration, then stop (default: run in background for 1h)"
     )
     p.add_argument("--stop", action="store_true", help="stop this link's background congestion")
     p = cmd("loss", "random loss on a link, both directions (nftables numgen)", _loss)
-    p.add_argument("link")
-    p.add_argument("--percent", type=float, required=True, help="0 clears")
+    p.add_argument("link", help="link id, e.g. leaf0-spine1")
+    p.add_argument("--percent", type=float, required=True, help="drop percentage; 0 clears")
     p.add_argument("--for", dest="for_", help="duration, then clear (default: until cleared)")
     p = cmd("nic-down", "take a NIC down (or --up)", _nic_down)
-    p.add_argument("nic")
+    p.add_argument("nic", help="NIC id, e.g. nic5")
     p.add_argument("--up", action="store_true", help="bring it back up (routes restored)")
     p.add_argument("--for", dest="for_", help="duration, then bring it up")
     p = cmd("stop-prober", "stop the prober of a host (by pid)", _stop_prober)
-    p.add_argument("host")
-    p.add_argument("--signal", default="SIGKILL", choices=("SIGKILL", "SIGTERM", "SIGSTOP"))
+    p.add_argument("host", help="host id, e.g. host3")
+    p.add_argument(
+        "--signal",
+        default="SIGKILL",
+        choices=("SIGKILL", "SIGTERM", "SIGSTOP"),
+        help="SIGKILL (default) fires the prober's MQTT last will: 'prober down'",
+    )
     p = cmd(
         "run",
         "run a scenario: fabric, broker, probers, controller, faults -> JSON report",
@@ -221,9 +237,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         None,
     )
     p.add_argument("scenario", help="scenario TOML (see docs/scenarios.md)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.add_argument(
         "--random-faults", type=int, default=0, metavar="K", help="replace faults by K random ones"
     )
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seed for --random-faults and clocks")
     p.add_argument("--out", help="keep logs and report.json here (default /var/tmp/qpmesh/PREFIX)")
