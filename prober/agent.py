@@ -227,6 +227,9 @@ class Agent:
         for p in probes:
             session = self.sessions[p.src]
             dest = self.address[p.dst]
+            resolve = getattr(self.endpoints[p.src], "resolve", None)  # RDMA: learnt peers
+            if resolve is not None and (dest := resolve(p.dst)) is None:
+                continue  # peer not known yet: skipped and counted by the endpoint, not lost
             at = nic_now[p.src] + max(0, p.at_ns - plan_now_ns)
             if p.coded:
                 session.queue_pair(p.dst, dest, p.sport, at, self.cfg.schedule.pair_spacing_ns)
@@ -323,6 +326,9 @@ class Agent:
         await self.start()
         tasks: list[asyncio.Task[Any]] = [asyncio.create_task(ep.run())
                                           for ep in self.endpoints.values()]  # fmt: skip
+        extra = getattr(self._factory, "agent_tasks", None)  # RDMA: presence-based discovery
+        if extra is not None:
+            tasks.extend(asyncio.create_task(c) for c in extra(self))
         if self.discovery and not once:
             tasks.append(asyncio.create_task(self._trace_loop()))
             tasks.append(asyncio.create_task(self._paths_publisher()))
