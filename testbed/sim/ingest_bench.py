@@ -214,6 +214,6 @@ def register_ingest(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument(
         "--repeats", type=int, default=3, help="timed repeats (median; default %(default)s)"
     )
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="random seed (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd)

@@ -352,7 +352,12 @@ def register_localize(ssub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--nics", type=int, default=0, help="NICs (default: 4 leaves x 4 NICs)")
     p.add_argument("--load", type=float, default=None, help="background load (default 0.4)")
     p.add_argument("--step", type=float, default=0.1, help="detection window, s (default 0.1)")
-    p.add_argument("--timestamps", choices=("hw", "sw"), default="hw")
+    p.add_argument(
+        "--timestamps",
+        choices=("hw", "sw"),
+        default="hw",
+        help="NIC (hw) or kernel (sw) stamps (default %(default)s)",
+    )
     p.add_argument(
         "--pipeline",
         choices=("ingest", "truth-clocks"),
