@@ -8,7 +8,8 @@ spool only after the broker's PUBACK (`Spool.ack`). A failure leaves it at the h
 a reconnect it is retried before anything newer: batches arrive in order. A batch whose
 PUBACK was lost may arrive twice; consumers drop repeats by ``(origin, batch_seq)``.
 
-Presence: ``<prefix>/presence/<host>`` is retained; ``{"alive": true}`` after every connect,
+Presence: ``<prefix>/presence/<host>`` is retained; ``{"alive": true}`` after every connect
+(with the RDMA transport also ``"rdma": {nic: {qpn, gid, qkey, port}}``, `set_presence_rdma`),
 a last will ``{"alive": false}`` for the broker to publish if the prober dies, and an explicit
 ``{"alive": false}`` on a clean stop. The controller tells "prober down" (presence false) from
 "NIC down" (prober alive, probes to/from the NIC lost).
@@ -23,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,9 +37,18 @@ from prober.spool import Spool
 # ---- payloads -----------------------------------------------------------------------------------
 
 
-def presence_payload(alive: bool, t_ns: int) -> bytes:
-    """Return the JSON presence document."""
-    return json.dumps({"alive": alive, "t_ns": t_ns}, separators=(",", ":")).encode()
+def presence_payload(
+    alive: bool, t_ns: int, rdma: Mapping[str, Mapping[str, Any]] | None = None
+) -> bytes:
+    """Return the JSON presence document ``{"alive", "t_ns"[, "rdma"]}``.
+
+    ``rdma`` (NIC id -> {qpn, gid, qkey, port}, see `prober.rdma.peers.presence_rdma`) is
+    only included in an ``alive`` document: a stopped prober announces no queue pairs.
+    """
+    doc: dict[str, Any] = {"alive": alive, "t_ns": t_ns}
+    if alive and rdma:
+        doc["rdma"] = {nic: dict(entry) for nic, entry in rdma.items()}
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 # ---- pure policy --------------------------------------------------------------------------------
@@ -152,6 +162,8 @@ class Publisher:
         self.topics.probes(host)  # validates the host id as a topic level
         self._wake = asyncio.Event()
         self._health: bytes | None = None
+        self._rdma: dict[str, dict[str, Any]] | None = None
+        self._presence_dirty = False
         self.connected = False
         self.connects = 0
         self.errors = 0
@@ -170,6 +182,19 @@ class Publisher:
         """Queue ``doc`` as the next health message (only the latest one is kept)."""
         self._health = json.dumps(doc, separators=(",", ":"), default=str).encode()
         self._wake.set()
+
+    def set_presence_rdma(self, rdma: Mapping[str, Mapping[str, Any]] | None) -> None:
+        """Announce these RDMA queue pairs in every ``alive`` presence from now on.
+
+        Set before `run` to have them in the first presence; when connected, the retained
+        presence is republished with them.
+        """
+        self._rdma = {k: dict(v) for k, v in rdma.items()} if rdma else None
+        self._presence_dirty = True
+        self._wake.set()
+
+    def _alive_payload(self) -> bytes:
+        return presence_payload(True, self._now_ns(), self._rdma)
 
     def counters(self) -> dict[str, int]:
         """Return publisher and spool counters."""
@@ -200,11 +225,9 @@ class Publisher:
                     self.connected = True
                     self.connects += 1
                     attempt = 0
+                    self._presence_dirty = False
                     await self._publish(
-                        client,
-                        self.topics.presence(self.host),
-                        presence_payload(True, self._now_ns()),
-                        retain=True,
+                        client, self.topics.presence(self.host), self._alive_payload(), retain=True
                     )
                     await self._serve(client, stop)
                     await self._publish(
@@ -254,6 +277,10 @@ class Publisher:
             if self._health is not None:
                 doc, self._health = self._health, None
                 await self._publish(client, health, doc)
+            if self._presence_dirty and not stop.is_set():
+                self._presence_dirty = False
+                presence = self.topics.presence(self.host)
+                await self._publish(client, presence, self._alive_payload(), retain=True)
             item = self.spool.peek()
             if item is not None:
                 if drain_until is not None and loop.time() > drain_until:
