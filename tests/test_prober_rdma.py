@@ -185,3 +185,50 @@ async def test_ud_pingpong_on_hardware() -> None:
         b.close()
     res = [e for e in events if isinstance(e, ProbeResult)]
     assert res and res[0].sport == 0xC123 and 0 < res[0].rtt_ns < 10_000_000
+
+
+async def test_ud_probe_via_learnt_peer_on_hardware() -> None:
+    """Endpoint A learns B's QP from B's presence block (table), creates AHs, probes B."""
+    import asyncio
+
+    devs = list_rdma_devices()
+    if not devs:
+        pytest.skip("no RDMA device (/sys/class/infiniband missing): hardware test")
+    pytest.importorskip("pyverbs", reason="pyverbs not installed (extra 'rdma')")
+    from prober.config import NicConfig
+    from prober.events import ProbeEvent, ProbeResult
+    from prober.rdma.peers import RdmaPeerTable, presence_rdma
+    from prober.rdma.transport import RdmaEndpoint
+    from prober.session import ProbeSession
+
+    table = RdmaPeerTable()
+    events: list[ProbeEvent] = []
+    nic_a = NicConfig("nicA", "0.0.0.0", rdma_device=devs[0])
+    nic_b = NicConfig("nicB", "0.0.0.0", rdma_device=devs[0])
+    a = RdmaEndpoint(ProbeSession("nicA"), nic_a, sports=(0xC123,), on_events=events.extend,
+                     peers=table)  # fmt: skip
+    b = RdmaEndpoint(ProbeSession("nicB"), nic_b, peers=table)
+    a.open()
+    b.open()
+    try:
+        assert a.resolve("nicB") is None
+        changed = table.update(
+            "hB", {"alive": True, "rdma": presence_rdma([b.local_address("hB")])}
+        )
+        assert changed == {"nicB"} and a.refresh_peer("nicB") == (0, 1)
+        dest = a.resolve("nicB")
+        assert dest is not None
+        a.session.queue_probe("nicB", dest, 0xC123, a.now_ns())
+        tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
+        for _ in range(200):
+            if events:
+                break
+            await asyncio.sleep(0.01)
+        a.close()
+        b.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        a.close()
+        b.close()
+    res = [e for e in events if isinstance(e, ProbeResult)]
+    assert res and res[0].sport == 0xC123

@@ -448,3 +448,39 @@ async def test_publisher_announces_and_withdraws_qps(
         stop.set()
         ftask.cancel()
         await asyncio.gather(ptask, ftask, return_exceptions=True)
+
+
+# ---- the agent hook: unknown peers never enter the session -------------------------------
+
+
+async def test_agent_skips_unknown_rdma_peers_without_loss() -> None:
+    """Through `Agent._queue`: probes to unlearnt peers are skipped (counted), never lost;
+    learnt peers are queued with their (gid, qpn) as destination."""
+    from prober.agent import Agent, plan_round
+    from prober.config import PeerConfig
+    from prober.events import ProbeLost
+    from prober.publish import Publisher
+    from prober.spool import Spool
+
+    local = NicConfig("nicL", "10.0.0.9", rdma_device="mlx5_0")
+    peers = (PeerConfig("nicA", "10.0.0.1"), PeerConfig("nicB", "10.0.0.2"))
+    cfg = ProberConfig(host="hL", nics=(local,), peers=peers)
+    factory = rdma_endpoint_factory(cfg)
+    agent = Agent(
+        cfg, endpoint_factory=factory, publisher=Publisher(cfg.mqtt, "hL", Spool(10, 1 << 20, None))
+    )
+    ep = factory(local, agent.sessions["nicL"], agent.plan.ports["nicL"], agent._collect)
+    ep.now_ns = lambda: 1_000  # type: ignore[method-assign]
+    ep.wake = lambda: None  # type: ignore[method-assign]
+    agent.endpoints["nicL"] = ep
+    factory.peers.update("hA", doc(nicA=entry(qpn=0x4A, gid="fe80::a")))
+    probes = plan_round(agent.plan, agent.peers, 0)
+    assert {p.dst for p in probes} == {"nicA", "nicB"}
+    agent._queue(probes, 0)
+    session = agent.sessions["nicL"]
+    sent = session.next_datagrams(10**12)
+    assert sent and {d.meta.dst for d in sent} == {"nicA"}
+    assert {d.dest for d in sent} == {("fe80::a", 0x4A)}
+    assert session.counters["peer_unknown"] == ep.counters["peer_unknown"] == 1
+    lost = session.poll(10**15)  # everything times out: only nicA's probes can be lost
+    assert lost and all(isinstance(e, ProbeLost) and e.dst == "nicA" for e in lost)
