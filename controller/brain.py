@@ -1,10 +1,13 @@
 """The controller's brain: observations in, health and events out (pure; time passed in).
 
-`Brain.observe` folds a batch of `Observations` into the current detection window with array
-code only (bincounts over link / hop ids, baseline lookups); `Brain.tick(now_ns)` closes the
-window: localizes loss and queueing delay (`controller.localize`), separates causes
-(`controller.detect.causes`), steps every entity through the health table
-(`controller.health`) and returns the new `MeshEvent` findings. `presence` and `gpu` feed host
+`Brain.observe` assigns each observation to the detection window of its probe's *send* time
+(``Observations.t_ns``, controller timebase) with array code only (bincounts over link / hop
+ids, baseline lookups); `Brain.tick(now_ns)` marks a window boundary at ``now_ns`` and closes
+every open window whose end is at least ``BrainConfig.lateness_ns`` old (a lost probe is
+reported one loss timeout after the successes sent after it): for each it localizes loss and
+queueing delay (`controller.localize`), separates causes (`controller.detect.causes`), steps
+every entity through the health table (`controller.health`) and returns the new `MeshEvent`
+findings stamped with the window's end. `presence` and `gpu` feed host
 facts. Nothing here reads a clock, a file or the network.
 """
 
@@ -29,16 +32,32 @@ from controller.snapshot import Health, MeshEvent
 @dataclass(frozen=True, slots=True)
 class BrainConfig:
     """Detection knobs (see docs/detection.md). ``silent_ns``: a host whose NICs initiated no
-    probe for this long is reported ``prober_down``; 0 disables silence detection."""
+    probe for this long is reported ``prober_down``; 0 disables silence detection.
+    ``lateness_ns``: a window (probes sent between two ticks) is judged only once a tick is
+    this much past its end, so late reports (lost probes, delayed batches) land in the window
+    they were sent in; 0 = judge at the next tick (callers that deliver each step complete)."""
 
     loss: LossParams = field(default_factory=LossParams)
     delay: DelayParams = field(default_factory=DelayParams)
     health: HealthParams = field(default_factory=HealthParams)
     silent_ns: int = 2_000_000_000
+    lateness_ns: int = 1_500_000_000
 
     def __post_init__(self) -> None:
         if self.silent_ns < 0:
             raise ValueError("silent_ns must be >= 0")
+        if self.lateness_ns < 0:
+            raise ValueError("lateness_ns must be >= 0")
+
+
+@dataclass(eq=False)
+class _Window:
+    """Accumulators of one open detection window (probes sent up to ``end_ns``)."""
+
+    end_ns: int | None  # None: the current window (no tick yet)
+    loss: LossWindow
+    delay: DelayWindow
+    src_count: npt.NDArray[np.int64]
 
 
 class Brain:
@@ -48,13 +67,13 @@ class Brain:
         self.fabric = fabric
         self.config = config or BrainConfig()
         n_links, n_nics = len(fabric.links), len(fabric.nics)
-        self._loss = LossWindow(n_links, routing_tables(fabric).max_hops)
-        self._delay = DelayWindow(fabric.n_hops)
-        self._paths = PathIndex(routing_tables(fabric).max_hops)
+        width = routing_tables(fabric).max_hops
+        self._paths = PathIndex(width)
+        self._pairs = PathIndex(2 * width)
+        self._open: list[_Window] = [self._new_window()]
         self._states = [EntityState() for _ in range(n_links)]
         self._raised: dict[int, str] = {}
         self._nic_of_link = {int(lk): i for i, lk in enumerate(fabric.nic_link)}
-        self._src_count = np.zeros(n_nics, dtype=np.int64)
         self._last_src = np.full(n_nics, -1, dtype=np.int64)
         self._presence_down: set[str] = set()
         self._silent: set[str] = set()
@@ -66,22 +85,48 @@ class Brain:
 
     # ---- inputs --------------------------------------------------------------------------
     def observe(self, obs: Observations) -> None:
-        """Fold ``obs`` into the current window (vectorized; no per-record Python)."""
+        """Fold ``obs`` into the open windows of their send times (vectorized per window).
+
+        A record sent before the oldest open window (later than ``lateness_ns``) goes into
+        the oldest open window; one sent after the last tick into the current window.
+        """
         if not len(obs):
             return
-        self._src_count += np.bincount(obs.src, minlength=len(self._src_count))
         np.maximum.at(self._last_src, obs.src, obs.t_ns)
+        ends = np.array([w.end_ns for w in self._open[:-1]], dtype=np.int64)
+        if not len(ends):
+            self._fold(self._open[0], obs)
+            return
+        widx = np.searchsorted(ends, obs.t_ns, side="left")
+        lo, hi = int(widx.min()), int(widx.max())
+        if lo == hi:
+            self._fold(self._open[lo], obs)
+            return
+        for w in np.unique(widx):
+            self._fold(self._open[int(w)], obs.select(widx == w))
+
+    def _new_window(self) -> _Window:
+        f = self.fabric
+        return _Window(
+            None,
+            LossWindow(len(f.links), self._paths.width, self._pairs),
+            DelayWindow(f.n_hops),
+            np.zeros(len(f.nics), dtype=np.int64),
+        )
+
+    def _fold(self, win: _Window, obs: Observations) -> None:
+        win.src_count += np.bincount(obs.src, minlength=len(win.src_count))
         if self._excluded.any():
             keep = ~(self._excluded[obs.src] | self._excluded[obs.dst])
             if not keep.all():
                 obs = obs.select(keep)
         pf, pr = self._paths.paths(obs.hops_fwd), self._paths.paths(obs.hops_rev)
-        self._loss.add(pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
+        win.loss.add(pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
         p = self.config.delay
-        self._delay.add(
+        win.delay.add(
             self._paths, pf, obs.hops_fwd, obs.owd_fwd_ns, (obs.src, obs.dst, obs.sport), p
         )
-        self._delay.add(
+        win.delay.add(
             self._paths, pr, obs.hops_rev, obs.owd_rev_ns, (obs.dst, obs.src, obs.sport), p
         )
 
@@ -111,17 +156,35 @@ class Brain:
 
     # ---- the window ----------------------------------------------------------------------
     def tick(self, now_ns: int) -> list[MeshEvent]:
-        """Close the current window at ``now_ns``; return new findings (incl. clears)."""
+        """Mark a window boundary at ``now_ns`` and close the windows that ended at least
+        ``lateness_ns`` before it; return new findings (incl. clears), each window's stamped
+        with its end time."""
+        events, self._pending = self._pending, []
+        events += self._host_silence(now_ns)
+        cur = self._open[-1]
+        prev = self._open[-2].end_ns if len(self._open) > 1 else self._last_tick
+        if prev is None or now_ns > prev:
+            cur.end_ns = now_ns
+            self._open.append(self._new_window())
+        limit = now_ns - self.config.lateness_ns
+        while len(self._open) > 1:
+            end = self._open[0].end_ns
+            if end is None or end > limit:
+                break
+            events += self._close(self._open.pop(0), end)
+        return events
+
+    def _close(self, win: _Window, now_ns: int) -> list[MeshEvent]:
+        """Judge one window ending at ``now_ns``; return its findings."""
         f, cfg = self.fabric, self.config
         dt_s = 0.0 if self._last_tick is None else (now_ns - self._last_tick) / 1e9
         self._last_tick = now_ns
-        events, self._pending = self._pending, []
-        events += self._host_silence(now_ns)
-        quiet_hosts = host_quiet(f, self._src_count)
+        events: list[MeshEvent] = []
+        quiet_hosts = host_quiet(f, win.src_count)
         nic_quiet = quiet_hosts[f.nic_host_index] | self._excluded
 
-        loss = self._loss.verdict(cfg.loss)
-        slow_cover, slow_flows = self._delay.verdict(self._paths, cfg.delay)
+        loss = win.loss.verdict(cfg.loss)
+        slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay)
         signals: dict[int, Signal] = {}
         slow_hop: dict[int, int] = {}
         for hop, nbad in zip(slow_cover.picked, slow_cover.picked_bad, strict=True):
@@ -158,10 +221,7 @@ class Brain:
                 if ev is not None:
                     events.append(ev)
 
-        self._delay.fold_baselines(self._paths, dt_s, cfg.delay)
-        self._loss.reset()
-        self._delay.reset()
-        self._src_count[:] = 0
+        win.delay.fold_baselines(self._paths, dt_s, cfg.delay)
         return events
 
     def _host_silence(self, now_ns: int) -> list[MeshEvent]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.fabric import FabricShape
-from controller.live import LiveController
+from controller.live import LiveController, default_brain
 from controller.snapshot import MeshEvent
 from testbed.scenario import Fault, FaultKind, Scenario, load_scenario
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
@@ -48,7 +48,10 @@ class DemoRunner:
             peers=min(16, max(1, n - len(self.fabric.groups[self.fabric.nics[0].group]))),
         )
         self.sim = Simulator(self.fabric, cfg, faults=scenario.faults)
-        self.controller = LiveController(self.fabric)
+        # each step is delivered complete: judge it at its own tick (no lateness allowance)
+        self.controller = LiveController(
+            self.fabric, brain=default_brain(self.fabric, {"lateness_ns": 0})
+        )
         self.step_s = step_s
         self.t_s = 0.0
         self.events: list[MeshEvent] = []

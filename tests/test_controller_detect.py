@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from controller.brain import Brain
+from controller.brain import Brain, BrainConfig
 from controller.fabric import FabricShape, build_fabric
 from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
 from controller.observations import Observations
@@ -12,6 +14,7 @@ from controller.snapshot import Health
 
 FAB = build_fabric(FabricShape(leaves=4, hosts_per_leaf=4, spines=4))
 WIN = 100_000_000
+CFG = BrainConfig(lateness_ns=0)  # tests below deliver each window complete
 N = len(FAB.nics)
 S, D = (a.ravel() for a in np.meshgrid(np.arange(N), np.arange(N), indexing="ij"))
 KEEP = S != D
@@ -72,14 +75,14 @@ def drive(brain: Brain, k0: int, k1: int, rng: np.random.Generator, **kw: int) -
 
 def test_healthy_raises_nothing() -> None:
     rng = np.random.default_rng(1)
-    brain = Brain(FAB)
+    brain = Brain(FAB, CFG)
     assert drive(brain, 0, 50, rng) == []
     assert set(brain.link_health().values()) == {Health.UP}
 
 
 def test_link_flap_detected_within_two_windows_and_counted() -> None:
     rng = np.random.default_rng(2)
-    brain = Brain(FAB)
+    brain = Brain(FAB, CFG)
     lk = FAB.link_index["leaf1-spine2"]
     drive(brain, 0, 10, rng)
     ev = drive(brain, 10, 11, rng, dead_link=lk)
@@ -95,7 +98,7 @@ def test_link_flap_detected_within_two_windows_and_counted() -> None:
 
 def test_nic_down_reported_on_the_nic_not_a_leaf_link() -> None:
     rng = np.random.default_rng(3)
-    brain = Brain(FAB)
+    brain = Brain(FAB, CFG)
     drive(brain, 0, 10, rng)
     ev = drive(brain, 10, 13, rng, dead_link=int(FAB.nic_link[5]))
     assert [(e.kind, e.target) for e in ev] == [("nic_down", "nic5")]
@@ -104,7 +107,7 @@ def test_nic_down_reported_on_the_nic_not_a_leaf_link() -> None:
 
 def test_contention_names_directed_hop_and_flows() -> None:
     rng = np.random.default_rng(4)
-    brain = Brain(FAB)
+    brain = Brain(FAB, CFG)
     lk = FAB.link_index["leaf0-spine2"]
     hop = 2 * lk  # leaf0 -> spine2, up
     drive(brain, 0, 20, rng)
@@ -117,7 +120,7 @@ def test_contention_names_directed_hop_and_flows() -> None:
 
 def test_silent_prober_is_a_host_fault_not_a_network_fault() -> None:
     rng = np.random.default_rng(5)
-    brain = Brain(FAB)
+    brain = Brain(FAB, CFG)
     drive(brain, 0, 10, rng)
     ev = drive(brain, 10, 40, rng, silent_nic=7)
     assert [(e.kind, e.target) for e in ev] == [("prober_down", "host7")]
@@ -125,7 +128,7 @@ def test_silent_prober_is_a_host_fault_not_a_network_fault() -> None:
 
 
 def test_presence_and_gpu_events() -> None:
-    brain = Brain(FAB)
+    brain = Brain(FAB, CFG)
     brain.presence("host3", False, 10)
     brain.gpu("host4", False, "Xid 79", 10)
     ev = brain.tick(WIN)
@@ -136,3 +139,40 @@ def test_presence_and_gpu_events() -> None:
         ("clear", "host3"),
         ("clear", "host4"),
     }
+
+
+def _late_losses(brain: Brain, dead: set[int], lk: int, timeout: int, n: int) -> list:  # type: ignore[type-arg]
+    """Windows 0..n-1, link ``lk`` dead in windows ``dead``; a window's successes arrive at its
+    own tick, its lost probes ``timeout`` windows later (with that window's successes)."""
+    rng = np.random.default_rng(7)
+    late: dict[int, Observations] = {}
+    out = []
+    for k in range(n):
+        obs = window(k, rng, dead_link=lk if k in dead else None)
+        late[k + timeout] = obs.select(obs.lost)
+        now = obs.select(~obs.lost)
+        if k in late:
+            arrived = late.pop(k)
+            cols = [f.name for f in dataclasses.fields(Observations)]
+            now = Observations(
+                *(np.concatenate([getattr(now, c), getattr(arrived, c)]) for c in cols)
+            )
+        brain.observe(now)
+        out += brain.tick((k + 1) * WIN)
+    return out
+
+
+def test_flap_with_late_lost_probes_windowed_by_send_time() -> None:
+    # 1.5 s down / 1.5 s up, lost probes reported 1.5 s late: every arrival window mixes the
+    # dead period's losses with the up period's successes (~50 % loss), none is 100 % dead
+    lk = FAB.link_index["leaf1-spine2"]
+    dead = set(range(10, 25)) | set(range(40, 55))
+    ev = _late_losses(Brain(FAB, BrainConfig(lateness_ns=15 * WIN)), dead, lk, 15, 90)
+    mine = [(e.kind, e.t_ns) for e in ev if e.target == "leaf1-spine2"]
+    assert mine[0] == ("link_down", 11 * WIN)  # stamped with the dead window's end
+    assert ("link_flap", 41 * WIN) in mine
+    assert "loss" not in [k for k, _ in mine]
+    assert all(e.target == "leaf1-spine2" for e in ev)
+    # the same delivery judged by arrival (no lateness) never sees a dead window
+    old = _late_losses(Brain(FAB, CFG), dead, lk, 15, 90)
+    assert not {"link_down", "link_flap"} & {e.kind for e in old}

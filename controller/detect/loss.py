@@ -54,13 +54,19 @@ class LossWindow:
 
     n_links: int
     width: int
+    pairs: PathIndex | None = None  # shared pair numbering (several open windows); own if None
     seen: npt.NDArray[np.int64] = field(init=False)
-    pairs: PathIndex = field(init=False)
     _lost: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.seen = np.zeros(0, dtype=np.int64)
-        self.pairs = PathIndex(2 * self.width)
+        if self.pairs is None:
+            self.pairs = PathIndex(2 * self.width)
+
+    @property
+    def _pairs(self) -> PathIndex:
+        assert self.pairs is not None
+        return self.pairs
 
     def add(
         self,
@@ -76,8 +82,8 @@ class LossWindow:
         (both paths' links, each once) is computed once, when the pair is first seen.
         """
         sig = ((path_fwd + 1) << 32) | path_rev
-        pid = self.pairs.ids(sig, lambda sel: probe_links(hops_fwd[sel], hops_rev[sel]))
-        size = self.pairs.size
+        pid = self._pairs.ids(sig, lambda sel: probe_links(hops_fwd[sel], hops_rev[sel]))
+        size = self._pairs.size
         if size > len(self.seen):
             self.seen = np.concatenate([self.seen, np.zeros(size - len(self.seen), np.int64)])
         self.seen += np.bincount(pid, minlength=size)
@@ -86,7 +92,7 @@ class LossWindow:
 
     def totals(self) -> npt.NDArray[np.int64]:
         """Return the probes across each link in this window."""
-        return expand(self.seen, self.pairs.hops, self.n_links)
+        return expand(self.seen, self._pairs.hops, self.n_links)
 
     def lost_sets(self) -> npt.NDArray[np.int32]:
         """Return the link sets of this window's lost probes, (m, K)."""
