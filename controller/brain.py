@@ -41,7 +41,7 @@ class BrainConfig:
     delay: DelayParams = field(default_factory=DelayParams)
     health: HealthParams = field(default_factory=HealthParams)
     silent_ns: int = 2_000_000_000
-    lateness_ns: int = 1_500_000_000
+    lateness_ns: int = 0
 
     def __post_init__(self) -> None:
         if self.silent_ns < 0:
