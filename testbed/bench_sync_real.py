@@ -58,9 +58,11 @@ def _window(
     return {c: arr[:, k] for k, c in enumerate(cols)}
 
 
-def _errors(
+def window_errors(
     w: dict[str, np.ndarray], clocks: list[VirtualClock], coded_tol_ns: int
 ) -> dict[str, list[float]]:
+    """Sync one window of kernel-stamped probes (columns ``w``) seen through ``clocks``; return
+    per-window error lists (node offsets, pair thetas, NTP-style baseline) against the truth."""
     n = len(clocks)
     src, dst, lost = w["src"], w["dst"], w["lost"].astype(bool)
     k = ~lost
@@ -98,7 +100,9 @@ def _errors(
     }
 
 
-def _summary(errs: list[dict[str, list[float]]]) -> dict[str, float]:
+def summarize_errors(errs: list[dict[str, list[float]]]) -> dict[str, float]:
+    """Return p50/p99 figures (ns) over the error lists of several windows."""
+
     def cat(key: str) -> np.ndarray:
         out: np.ndarray = np.abs(np.concatenate([np.asarray(e[key]) for e in errs]))
         return out
@@ -141,8 +145,8 @@ def bench(
         for _ in range(windows):
             w = _window(eps, inits, nics, rounds, seq)
             seq += len(w["src"]) + 2
-            idle.append(_errors(w, clocks, coded_tol_ns))
-        out["idle"] = _summary(idle)
+            idle.append(window_errors(w, clocks, coded_tol_ns))
+        out["idle"] = summarize_errors(idle)
         procs = faults.start_congestion(plan, "leaf0-spine0", rate_mbit, seconds=3600)
         try:
             time.sleep(1.0)
@@ -150,12 +154,12 @@ def bench(
             for _ in range(windows):
                 w = _window(eps, inits, nics, rounds, seq)
                 seq += len(w["src"]) + 2
-                busy.append(_errors(w, clocks, coded_tol_ns))
+                busy.append(window_errors(w, clocks, coded_tol_ns))
         finally:
             for p in procs:
                 p.kill()
                 p.wait()
-        out["congested"] = _summary(busy)
+        out["congested"] = summarize_errors(busy)
         out["congested"]["congest_rate_mbit"] = rate_mbit
         out["probes_per_window"] = rounds * len(nics) * (len(nics) - 1) * len(SPORTS) * 2
         return out

@@ -22,7 +22,7 @@ import aiomqtt
 import numpy as np
 
 from prober.records import ProbeBatch, RecordError, decode_batch
-from testbed.bench_sync_real import _errors, _summary
+from testbed.bench_sync_real import summarize_errors, window_errors
 from testbed.scenario import Fault, FaultKind
 from testbed.vclock import VirtualClock
 
@@ -141,11 +141,11 @@ def sync_report(
                 continue
             sub = {k: v[m] for k, v in w.items()}
             with contextlib.suppress(ValueError, np.linalg.LinAlgError):
-                e = _errors(sub, host_clock, coded_tol_ns)
+                e = window_errors(sub, host_clock, coded_tol_ns)
                 if e["node"] and e["ntp_pair"]:
                     errs.append(e)
         if errs:
-            out[label] = {k: round(v, 1) for k, v in _summary(errs).items()}
+            out[label] = {k: round(v, 1) for k, v in summarize_errors(errs).items()}
     return out or None
 
 
