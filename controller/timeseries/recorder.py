@@ -1,0 +1,118 @@
+"""Glue between the live controller and the writer: intervals of points (time passed in).
+
+`TimeseriesRecorder(fabric, sink, interval_ns)` folds every batch of `Observations`
+(`observe`, or a `TeeBrain` that hands the brain's input to it as well) into
+`IntervalStats`, collects events and remediation actions, and on `tick(now_ns, snapshot,
+alive)` closes the interval when ``interval_ns`` has passed: it renders the interval with
+`PointBuilder` and hands the body to ``sink`` (`TsdbWriter.offer`). The sink must not block:
+the writer only appends to its bounded buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from controller.fabric import Fabric
+from controller.fabric.ecmp import routing_tables
+from controller.live import BrainLike
+from controller.observations import Observations
+from controller.snapshot import Health, MeshEvent, MeshSnapshot
+from controller.timeseries.points import MeshState, PointBuilder, RemediationAction
+from controller.timeseries.stats import IntervalStats
+
+
+class TimeseriesRecorder:
+    """Intervals of time-series points for one fabric. One owner (the controller's loop)."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        sink: Callable[[bytes], Any],
+        *,
+        interval_ns: int = 10_000_000_000,
+        gone_after_ns: int = 300_000_000_000,
+        max_samples: int = 4_000_000,
+    ) -> None:
+        if interval_ns <= 0:
+            raise ValueError("interval must be > 0")
+        self.fabric = fabric
+        self.sink = sink
+        self.interval_ns = interval_ns
+        self.stats = IntervalStats(fabric, routing_tables(fabric).max_hops, max_samples=max_samples)
+        self.builder = PointBuilder(fabric, gone_after_ns=gone_after_ns)
+        self._events: list[MeshEvent] = []
+        self._actions: list[RemediationAction] = []
+        self._last: int | None = None
+        self.intervals = 0
+        self.bytes_out = 0
+
+    def observe(self, obs: Observations) -> None:
+        """Fold one batch of probe outcomes into the open interval."""
+        self.stats.observe(obs)
+
+    def events(self, events: Sequence[MeshEvent]) -> None:
+        """Record events (written with the next interval, at their own times)."""
+        self._events.extend(events)
+
+    def action(self, doc: Mapping[str, Any]) -> RemediationAction:
+        """Record a remediation action document; return it. Raises ValueError if malformed."""
+        act = RemediationAction.from_doc(doc)
+        self._actions.append(act)
+        return act
+
+    def due(self, now_ns: int) -> bool:
+        """Return True when ``tick(now_ns)`` closes an interval."""
+        return self._last is None or now_ns - self._last >= self.interval_ns
+
+    def tick(
+        self, now_ns: int, snapshot: Callable[[], MeshSnapshot], alive: Mapping[str, bool]
+    ) -> int:
+        """Close the interval if due: render and hand it to the sink; return bytes written
+        (0 when not due). The first call only starts the first interval."""
+        if self._last is None:
+            self._last = now_ns
+            self.stats.close(now_ns)
+            return 0
+        if now_ns - self._last < self.interval_ns:
+            return 0
+        self._last = now_ns
+        summary = self.stats.close(now_ns)
+        state = MeshState.from_snapshot(snapshot(), alive, self._events, self._actions)
+        self._events, self._actions = [], []
+        body = self.builder.render(state, summary, now_ns)
+        self.sink(body)
+        self.intervals += 1
+        self.bytes_out += len(body)
+        return len(body)
+
+
+class TeeBrain:
+    """A `BrainLike` that forwards everything to ``brain`` and also hands each batch of
+    observations to ``recorder`` (so the time series sees what detection sees)."""
+
+    def __init__(self, brain: BrainLike, recorder: TimeseriesRecorder) -> None:
+        self.brain = brain
+        self.recorder = recorder
+
+    def observe(self, obs: Observations) -> None:
+        self.brain.observe(obs)
+        self.recorder.observe(obs)
+
+    def presence(self, host: str, alive: bool, now_ns: int) -> None:
+        self.brain.presence(host, alive, now_ns)
+
+    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
+        self.brain.gpu(host, ok, detail, now_ns)
+
+    def tick(self, now_ns: int) -> list[MeshEvent]:
+        return self.brain.tick(now_ns)
+
+    def link_health(self) -> dict[str, Health]:
+        return self.brain.link_health()
+
+    def nic_health(self) -> list[Health]:
+        return self.brain.nic_health()
+
+    def flap_counts(self) -> dict[str, int]:
+        return self.brain.flap_counts()

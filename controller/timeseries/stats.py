@@ -1,0 +1,251 @@
+"""Per-interval delay and loss statistics from `Observations` (pure; time passed in).
+
+`IntervalStats.observe(obs)` folds one batch of probe outcomes into the open interval:
+delay samples (forward and reply direction, each a one-way delay of a directed NIC pair on
+one path) and per-path probe and loss counts, all with array code. `close()` ends the
+interval and returns an `IntervalSummary`:
+
+- per directed NIC pair: p50 and p99 one-way delay, p99 queueing delay (one-way delay minus
+  the path's propagation baseline), sample count;
+- per switch path (the sequence of switches, e.g. ``leaf0>spine1>leaf2``: NIC links left out
+  so the label is shared by every NIC pair of the two leaves): p50/p99 delay, probes, lost;
+- per link: probe crossings and lost crossings (a probe counts against every link of its
+  forward and reply paths; the localized verdict is the link state, not this ratio).
+
+Percentiles are exact over the samples kept. At most ``max_samples`` delay samples are kept
+per interval; past that the interval keeps every 2nd, then every 4th... sample (stride
+doubles, the kept set is halved), so memory is bounded under any ingest rate and the kept
+samples stay a uniform subsample. Baselines: the minimum delay per path, allowed to creep up
+by ``drift`` per second (the brain's rule, `controller.detect.paths.PathIndex.fold`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.detect.paths import PathIndex, expand
+from controller.fabric import Fabric
+from controller.fabric.model import NodeKind
+from controller.observations import Observations
+
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, eq=False)
+class IntervalSummary:
+    """Statistics of one interval ``[start_ns, end_ns)``; arrays are parallel per row."""
+
+    start_ns: int
+    end_ns: int
+    pair_src: I32
+    pair_dst: I32
+    pair_p50_ns: F64
+    pair_p99_ns: F64
+    pair_queue_p99_ns: F64
+    pair_samples: I64
+    path_label: tuple[str, ...]
+    path_p50_ns: F64  # NaN where the path had no delay sample
+    path_p99_ns: F64
+    path_probes: I64
+    path_lost: I64
+    link_probes: I64  # per fabric link index
+    link_lost: I64
+
+
+def _quantiles(group: I64, values: F64, qs: tuple[float, ...]) -> tuple[I64, I64, list[F64]]:
+    """Return (groups, counts, [per-group quantile q for q in qs]) by nearest rank."""
+    if not len(group):
+        e = np.zeros(0, np.float64)
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), [e.copy() for _ in qs]
+    order = np.lexsort((values, group))
+    g, v = group[order], values[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    counts = np.diff(np.r_[starts, len(g)])
+    out = [v[starts + np.floor(q * (counts - 1) + 0.5).astype(np.int64)] for q in qs]
+    return g[starts], counts.astype(np.int64), out
+
+
+class IntervalStats:
+    """Accumulates one interval of probe outcomes for a fabric. One owner, not thread-safe."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        width: int,
+        *,
+        max_samples: int = 4_000_000,
+        drift: float = 50.0,
+        start_ns: int = 0,
+    ) -> None:
+        if max_samples < 2:
+            raise ValueError("max_samples must be >= 2")
+        self.fabric = fabric
+        self.max_samples = max_samples
+        self.drift = drift
+        self.paths = PathIndex(width)
+        self._label_of: I64 = np.zeros(0, np.int64)  # path number -> switch-path label number
+        self._labels: dict[str, int] = {}
+        self._kind_switch = {n.id for n in fabric.nodes if n.kind != NodeKind.HOST}
+        self._start = start_ns
+        self._last_close: int | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._chunks: list[tuple[I64, I64, F64, F64]] = []  # pair key, path, owd, queue
+        self._n = 0
+        self._stride = 1
+        self._phase = 0
+        self._probes = np.zeros(0, np.int64)  # per path number (forward direction)
+        self._lost = np.zeros(0, np.int64)
+        self._rprobes = np.zeros(0, np.int64)  # per path number (reply direction)
+        self._rlost = np.zeros(0, np.int64)
+
+    # ---- labels --------------------------------------------------------------------------
+    def _label(self, hops: I32) -> str:
+        f = self.fabric
+        nodes: list[str] = []
+        for h in hops.tolist():
+            if h < 0:
+                continue
+            lk = f.links[h >> 1]
+            a, b = (lk.upper, lk.lower) if h & 1 else (lk.lower, lk.upper)
+            if not nodes:
+                nodes.append(a)
+            nodes.append(b)
+        sw = [n for n in nodes if n in self._kind_switch]
+        return ">".join(sw)
+
+    def _grow_labels(self) -> None:
+        old = len(self._label_of)
+        new = self.paths.size
+        if new == old:
+            return
+        add = np.empty(new - old, np.int64)
+        for i in range(old, new):
+            lab = self._label(self.paths.hops[i])
+            add[i - old] = self._labels.setdefault(lab, len(self._labels)) if lab else -1
+        self._label_of = np.concatenate([self._label_of, add])
+
+    @staticmethod
+    def _bump(acc: I64, idx: I64, w: npt.NDArray[np.bool_] | None, size: int) -> I64:
+        if len(acc) < size:
+            acc = np.concatenate([acc, np.zeros(size - len(acc), np.int64)])
+        acc += np.bincount(idx, weights=w, minlength=size)[:size].astype(np.int64)
+        return acc
+
+    # ---- input ---------------------------------------------------------------------------
+    def observe(self, obs: Observations) -> None:
+        """Fold ``obs`` into the open interval (both directions of every probe)."""
+        if not len(obs):
+            return
+        n = len(self.fabric.nics)
+        pf = self.paths.paths(obs.hops_fwd)
+        pr = self.paths.paths(obs.hops_rev)
+        self._grow_labels()
+        size = self.paths.size
+        known_f = (obs.hops_fwd >= 0).any(axis=1)
+        known_r = (obs.hops_rev >= 0).any(axis=1)
+        lost = obs.lost
+        self._probes = self._bump(self._probes, pf[known_f], None, size)
+        self._lost = self._bump(self._lost, pf[known_f & lost], None, size)
+        self._rprobes = self._bump(self._rprobes, pr[known_r], None, size)
+        self._rlost = self._bump(self._rlost, pr[known_r & lost], None, size)
+        src = obs.src.astype(np.int64)
+        dst = obs.dst.astype(np.int64)
+        key = np.concatenate([src * n + dst, dst * n + src])
+        path = np.concatenate([np.where(known_f, pf, -1), np.where(known_r, pr, -1)])
+        owd = np.concatenate([obs.owd_fwd_ns, obs.owd_rev_ns])
+        ok = np.isfinite(owd)
+        key, path, owd = key[ok], path[ok], owd[ok]
+        base = np.where(path >= 0, self.paths.base[np.maximum(path, 0)], np.nan)
+        queue = np.where(np.isfinite(base), np.maximum(owd - base, 0.0), np.nan)
+        if self._stride > 1:
+            keep = (np.arange(len(key)) + self._phase) % self._stride == 0
+            self._phase = (self._phase + len(key)) % self._stride
+            key, path, owd, queue = key[keep], path[keep], owd[keep], queue[keep]
+        self._chunks.append((key, path, owd, queue))
+        self._n += len(key)
+        while self._n > self.max_samples:
+            self._halve()
+
+    def _halve(self) -> None:
+        chunks = [tuple(c[::2] for c in ch) for ch in self._chunks]
+        self._chunks = chunks  # type: ignore[assignment]
+        self._n = sum(len(c[0]) for c in self._chunks)
+        self._stride *= 2
+        self._phase = 0
+
+    # ---- output --------------------------------------------------------------------------
+    def close(self, now_ns: int) -> IntervalSummary:
+        """End the interval at ``now_ns``; return its summary and start the next one."""
+        n = len(self.fabric.nics)
+        if self._chunks:
+            key = np.concatenate([c[0] for c in self._chunks])
+            path = np.concatenate([c[1] for c in self._chunks])
+            owd = np.concatenate([c[2] for c in self._chunks])
+            queue = np.concatenate([c[3] for c in self._chunks])
+        else:
+            key = path = np.zeros(0, np.int64)
+            owd = queue = np.zeros(0, np.float64)
+        pk, pcount, (p50, p99) = _quantiles(key, owd, (0.5, 0.99))
+        qok = np.isfinite(queue)
+        qk, _, (q99,) = _quantiles(key[qok], queue[qok], (0.99,))
+        pair_q = np.full(len(pk), np.nan)
+        pair_q[np.searchsorted(pk, qk)] = q99
+        # per switch path: delays by label of the sample's path, counts by label of the path
+        nlab = len(self._labels)
+        size = self.paths.size
+        lab_s = np.where(path >= 0, self._label_of[np.maximum(path, 0)] if size else -1, -1)
+        lk, _, (l50, l99) = _quantiles(lab_s[lab_s >= 0], owd[lab_s >= 0], (0.5, 0.99))
+        path_p50 = np.full(nlab, np.nan)
+        path_p99 = np.full(nlab, np.nan)
+        path_p50[lk], path_p99[lk] = l50, l99
+        probes = np.zeros(size, np.int64)
+        lost = np.zeros(size, np.int64)
+        probes[: len(self._probes)] = self._probes
+        lost[: len(self._lost)] = self._lost
+        lab = self._label_of
+        has = lab >= 0
+        path_probes = np.bincount(lab[has], weights=probes[has], minlength=nlab).astype(np.int64)
+        path_lost = np.bincount(lab[has], weights=lost[has], minlength=nlab).astype(np.int64)
+        n_links = len(self.fabric.links)
+        hops = self.paths.hops
+        rprobes = np.zeros(size, np.int64)
+        rlost = np.zeros(size, np.int64)
+        rprobes[: len(self._rprobes)] = self._rprobes
+        rlost[: len(self._rlost)] = self._rlost
+        link_probes = expand(probes + rprobes, hops, n_links, links=True)
+        link_lost = expand(lost + rlost, hops, n_links, links=True)
+        # fold this interval's per-path minimum into the baselines
+        wmin = np.full(size, np.inf)
+        has_p = path >= 0
+        np.minimum.at(wmin, path[has_p], owd[has_p])
+        dt_s = 0.0 if self._last_close is None else (now_ns - self._last_close) / 1e9
+        self.paths.fold(wmin, dt_s, self.drift)
+        labels = tuple(sorted(self._labels, key=self._labels.__getitem__))
+        out = IntervalSummary(
+            self._start,
+            now_ns,
+            (pk // n).astype(np.int32),
+            (pk % n).astype(np.int32),
+            p50,
+            p99,
+            pair_q,
+            pcount,
+            labels,
+            path_p50,
+            path_p99,
+            path_probes,
+            path_lost,
+            link_probes,
+            link_lost,
+        )
+        self._start = now_ns
+        self._last_close = now_ns
+        self._reset()
+        return out

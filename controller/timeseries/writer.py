@@ -1,0 +1,290 @@
+"""The time-series writer: a bounded buffer and a retry policy (pure) around influxdb-client.
+
+`LineBuffer` holds line-protocol chunks up to ``max_bytes``: `offer` never blocks; past the
+bound it drops the oldest chunks (counted in lines and bytes). `Backoff` is the retry delay
+policy (exponential with a cap and jitter drawn from a passed-in random source). `TsdbWriter`
+runs one background thread that takes chunks from the buffer and writes them with
+influxdb-client's synchronous write API (InfluxDB v2 ``/api/v2/write``, ns precision, one
+request per batch of up to ``batch_bytes``); a failed request is retried after the backoff
+delay until it succeeds, the buffer keeps taking new chunks meanwhile, and nothing is lost
+unless the bound forces a drop. A batch the server rejects as malformed (HTTP 4xx other than
+408/429) cannot succeed on retry: it is dropped and counted as ``rejected``.
+
+influxdb-client's own batching `WriteApi` is not used: it drops a batch for good once its
+retries are spent and its retry delays run to minutes.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: Bytes of line protocol one interval writes at 1,024 NICs (32 leaves, 8 spines, 16
+#: cross-group peers per NIC: 48,128 directed pairs, ~8,000 switch paths, 1,280 links,
+#: 1,024 NICs and hosts), measured from `PointBuilder.render`: see docs/timeseries.md.
+BYTES_PER_INTERVAL_1024 = 6_500_000
+DEFAULT_INTERVAL_S = 10.0
+#: Default bound: 5 minutes of intervals at 1,024 NICs (30 x 6.5 MB = 195 MB), rounded up.
+DEFAULT_BUFFER_BYTES = 200 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Retry delays: ``initial_s * factor**attempt`` capped at ``max_s``, times a jitter
+    factor in ``[1 - jitter, 1]``."""
+
+    initial_s: float = 0.5
+    max_s: float = 10.0
+    factor: float = 2.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not (0 < self.initial_s <= self.max_s) or self.factor < 1 or not 0 <= self.jitter < 1:
+            raise ValueError("backoff needs 0 < initial_s <= max_s, factor >= 1, 0 <= jitter < 1")
+
+    def delay(self, attempt: int, rand: Callable[[], float]) -> float:
+        """Return the delay in s before retry number ``attempt`` (0 = first retry)."""
+        base = min(self.max_s, self.initial_s * self.factor ** min(attempt, 64))
+        return base * (1.0 - self.jitter * rand())
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStats:
+    """Counters of a writer (also reported in the controller's health)."""
+
+    buffered_bytes: int
+    buffered_lines: int
+    max_bytes: int
+    written_lines: int
+    dropped_lines: int
+    dropped_bytes: int
+    rejected_lines: int
+    failures: int
+    last_error: str
+
+    @property
+    def fill(self) -> float:
+        """Buffer fill ratio in [0, 1]."""
+        return self.buffered_bytes / self.max_bytes if self.max_bytes else 0.0
+
+
+class LineBuffer:
+    """Bounded FIFO of line-protocol chunks (bytes, each ending in a newline). Thread-safe."""
+
+    def __init__(self, max_bytes: int = DEFAULT_BUFFER_BYTES) -> None:
+        if max_bytes <= 0:
+            raise ValueError("buffer size must be > 0")
+        self.max_bytes = max_bytes
+        self._q: deque[tuple[bytes, int]] = deque()
+        self._bytes = 0
+        self._lines = 0
+        self.dropped_lines = 0
+        self.dropped_bytes = 0
+        self._lock = threading.Lock()
+        self.ready = threading.Event()
+
+    def offer(self, chunk: bytes) -> int:
+        """Append ``chunk``; drop the oldest chunks past the bound; return lines dropped."""
+        if not chunk:
+            return 0
+        lines = chunk.count(b"\n")
+        dropped = 0
+        with self._lock:
+            self._q.append((chunk, lines))
+            self._bytes += len(chunk)
+            self._lines += lines
+            while self._bytes > self.max_bytes and self._q:
+                old, n = self._q.popleft()
+                self._bytes -= len(old)
+                self._lines -= n
+                self.dropped_lines += n
+                self.dropped_bytes += len(old)
+                dropped += n
+            self.ready.set()
+        return dropped
+
+    def take(self, max_bytes: int) -> tuple[bytes, int]:
+        """Remove and return (joined chunks up to ``max_bytes`` (at least one), lines)."""
+        with self._lock:
+            parts: list[bytes] = []
+            size = lines = 0
+            while self._q and (not parts or size + len(self._q[0][0]) <= max_bytes):
+                c, n = self._q.popleft()
+                parts.append(c)
+                size += len(c)
+                lines += n
+            self._bytes -= size
+            self._lines -= lines
+            if not self._q:
+                self.ready.clear()
+            return b"".join(parts), lines
+
+    def putback(self, chunk: bytes, lines: int) -> int:
+        """Return a failed batch to the front (it is the oldest data); drop past the bound
+        from the back of that batch's age (oldest first); return lines dropped."""
+        with self._lock:
+            self._q.appendleft((chunk, lines))
+            self._bytes += len(chunk)
+            self._lines += lines
+            dropped = 0
+            while self._bytes > self.max_bytes and self._q:
+                old, n = self._q.popleft()
+                self._bytes -= len(old)
+                self._lines -= n
+                self.dropped_lines += n
+                self.dropped_bytes += len(old)
+                dropped += n
+            self.ready.set()
+            return dropped
+
+    def size(self) -> tuple[int, int]:
+        """Return (bytes, lines) buffered."""
+        with self._lock:
+            return self._bytes, self._lines
+
+
+class WriteRejected(Exception):
+    """The server refused a batch as malformed: retrying cannot help."""
+
+
+def _influx_post(
+    url: str, org: str, bucket: str, token: str, timeout_s: float
+) -> tuple[Callable[[bytes], None], Callable[[], None]]:
+    """Return (post(body), close()) writing with influxdb-client's synchronous write API.
+
+    ``post`` raises `WriteRejected` for HTTP 4xx other than 408/429 and OSError-family or
+    `ApiException` errors for anything retryable."""
+    from influxdb_client.client.influxdb_client import InfluxDBClient
+    from influxdb_client.client.write_api import SYNCHRONOUS
+    from influxdb_client.domain.write_precision import WritePrecision
+    from influxdb_client.rest import ApiException
+
+    client = InfluxDBClient(
+        url=url, token=token or "unused", org=org, timeout=int(timeout_s * 1000),
+        retries=False, enable_gzip=True,
+    )  # fmt: skip
+    api = client.write_api(write_options=SYNCHRONOUS)
+
+    def post(body: bytes) -> None:
+        try:
+            api.write(
+                bucket=bucket,
+                org=org,
+                record=body,
+                write_precision=WritePrecision.NS,  # type: ignore[arg-type]
+            )
+        except ApiException as exc:
+            status = int(exc.status or 0)
+            if 400 <= status < 500 and status not in (408, 429):
+                raise WriteRejected(f"HTTP {status}: {str(exc.body)[:200]}") from None
+            raise
+
+    return post, client.close
+
+
+class TsdbWriter:
+    """Background writer: `offer` from any thread (never blocks); a daemon thread sends.
+
+    ``post`` (tests) replaces the influxdb-client request. `close(timeout_s)` stops after
+    trying to send what is buffered for up to ``timeout_s``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        org: str = "qpmesh",
+        bucket: str = "qpmesh",
+        token: str = "",
+        max_bytes: int = DEFAULT_BUFFER_BYTES,
+        batch_bytes: int = 4 * 1024 * 1024,
+        backoff: Backoff | None = None,
+        timeout_s: float = 10.0,
+        post: Callable[[bytes], None] | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        if batch_bytes <= 0:
+            raise ValueError("batch_bytes must be > 0")
+        self.buffer = LineBuffer(max_bytes)
+        self.batch_bytes = batch_bytes
+        self.backoff = backoff or Backoff()
+        self._close: Callable[[], None] = lambda: None
+        if post is None:
+            post, self._close = _influx_post(url, org, bucket, token, timeout_s)
+        self._post = post
+        self._rand = rand
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.written_lines = 0
+        self.rejected_lines = 0
+        self.failures = 0
+        self.last_error = ""
+        self._inflight = 0
+        self._thread = threading.Thread(target=self._run, name="qpmesh-tsdb", daemon=True)
+        self._thread.start()
+
+    def offer(self, chunk: bytes) -> int:
+        """Queue ``chunk`` (line protocol); return lines dropped to keep the bound."""
+        return self.buffer.offer(chunk)
+
+    def stats(self) -> WriterStats:
+        """Return the current counters."""
+        b, n = self.buffer.size()
+        with self._lock:
+            return WriterStats(
+                b, n, self.buffer.max_bytes, self.written_lines, self.buffer.dropped_lines,
+                self.buffer.dropped_bytes, self.rejected_lines, self.failures, self.last_error,
+            )  # fmt: skip
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            if not self.buffer.ready.wait(0.2):
+                continue
+            with self._lock:
+                body, lines = self.buffer.take(self.batch_bytes)
+                self._inflight = lines
+            if not body:
+                continue
+            try:
+                self._post(body)
+            except WriteRejected as exc:
+                with self._lock:
+                    self._inflight = 0
+                    self.rejected_lines += lines
+                    self.last_error = str(exc)
+                continue
+            except Exception as exc:  # every transport error is retried
+                with self._lock:
+                    self.buffer.putback(body, lines)
+                    self._inflight = 0
+                    self.failures += 1
+                    self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                self._stop.wait(self.backoff.delay(attempt, self._rand))
+                attempt += 1
+                continue
+            attempt = 0
+            with self._lock:
+                self._inflight = 0
+                self.written_lines += lines
+                self.last_error = ""
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the buffer to drain; return True if it did."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.buffer.size()[0] == 0 and self._inflight == 0:
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Try to send what is buffered for up to ``timeout_s``, then stop the thread."""
+        self.flush(timeout_s)
+        self._stop.set()
+        self._thread.join(timeout=max(1.0, timeout_s))
+        self._close()
