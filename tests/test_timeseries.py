@@ -1,0 +1,311 @@
+"""Time series, pure parts: line protocol, interval statistics, the schema (points), the
+bounded buffer and retry policy, the writer with a fake transport, Prometheus metrics."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from controller.fabric import FabricShape, build_fabric
+from controller.fabric.ecmp import routing_tables
+from controller.observations import Observations
+from controller.snapshot import GpuHealth, Health, MeshEvent
+from controller.timeseries.lineproto import Point, PointError, to_line_protocol
+from controller.timeseries.metrics import ControllerMetrics, parse_listen, serve_metrics
+from controller.timeseries.points import MeshState, PointBuilder, RemediationAction
+from controller.timeseries.stats import IntervalStats
+from controller.timeseries.writer import (
+    BYTES_PER_INTERVAL_1024,
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_INTERVAL_S,
+    Backoff,
+    LineBuffer,
+    TsdbWriter,
+)
+
+
+def _fabric():  # type: ignore[no-untyped-def]
+    return build_fabric(FabricShape(leaves=2, hosts_per_leaf=2, nics_per_host=1, spines=2))
+
+
+def _obs(fab, src, dst, owd, lost=None, sport=None):  # type: ignore[no-untyped-def]
+    """Observations between NIC indices with the model ECMP paths (fwd and reply)."""
+    from controller.fabric.ecmp import flow_paths
+
+    n = len(src)
+    src = np.asarray(src, np.int32)
+    dst = np.asarray(dst, np.int32)
+    sport = np.asarray(sport if sport is not None else np.arange(n) + 49152, np.int32)
+    w = routing_tables(fab).max_hops
+    hf = np.asarray(flow_paths(fab, src, dst, sport, np.full(n, 4791)), np.int32)
+    hr = np.asarray(flow_paths(fab, dst, src, np.full(n, 4791), sport), np.int32)
+    pad = lambda h: np.hstack([h, np.full((n, w - h.shape[1]), -1, np.int32)])  # noqa: E731
+    lost = np.zeros(n, bool) if lost is None else np.asarray(lost, bool)
+    owd = np.asarray(owd, np.float64)
+    owd = np.where(lost, np.nan, owd)
+    return Observations(
+        np.zeros(n, np.int64), src, dst, sport, pad(hf), pad(hr), lost, owd, owd.copy(),
+        2 * owd,
+    )  # fmt: skip
+
+
+# ---- line protocol ------------------------------------------------------------------------
+def test_point_line_escapes_and_types() -> None:
+    p = Point("m x", {"b": "v,1", "a": "p q=r"}, {"f": 1.5, "i": 3, "ok": True}, 42)
+    assert p.line() == r"m\ x,a=p\ q\=r,b=v\,1 f=1.5,i=3i,ok=true 42"
+    assert to_line_protocol([p, p]).count(b"\n") == 2
+    assert to_line_protocol([]) == b""
+
+
+@pytest.mark.parametrize(
+    ("meas", "tags", "fields", "t"),
+    [
+        ("", {}, {"f": 1.0}, 0),
+        ("m", {}, {}, 0),
+        ("m", {}, {"f": float("nan")}, 0),
+        ("m", {}, {"f": float("inf")}, 0),
+        ("m", {"t": ""}, {"f": 1.0}, 0),
+        ("m", {"t": "a\nb"}, {"f": 1.0}, 0),
+        ("m", {}, {"f": "text"}, 0),
+        ("m", {}, {"f": 1.0}, -1),
+    ],
+)
+def test_point_rejects_bad_values(meas, tags, fields, t) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(PointError):
+        Point(meas, tags, fields, t)
+
+
+# ---- interval statistics ------------------------------------------------------------------
+def test_interval_percentiles_match_numpy_per_pair_and_path() -> None:
+    fab = _fabric()
+    rng = np.random.default_rng(3)
+    st = IntervalStats(fab, routing_tables(fab).max_hops)
+    n = 4000
+    src = rng.integers(0, 4, n)
+    dst = (src + rng.integers(1, 4, n)) % 4
+    owd = rng.gamma(2.0, 500.0, n) + 1000
+    st.observe(_obs(fab, src, dst, owd))
+    s = st.close(10)
+    assert s.end_ns == 10
+    for a, b, p50, p99, c in zip(
+        s.pair_src, s.pair_dst, s.pair_p50_ns, s.pair_p99_ns, s.pair_samples, strict=True
+    ):
+        # both directions are one-way samples of their directed pair
+        v = np.concatenate([owd[(src == a) & (dst == b)], owd[(src == b) & (dst == a)]])
+        v = np.sort(v)
+        assert c == len(v)
+        assert p50 == v[int(np.floor(0.5 * (len(v) - 1) + 0.5))]
+        assert p99 == v[int(np.floor(0.99 * (len(v) - 1) + 0.5))]
+    assert len(s.pair_src) == 12
+    # the first interval has no baseline yet; the next one has queueing >= 0
+    st.observe(_obs(fab, src, dst, owd + 300))
+    s2 = st.close(20)
+    assert np.all(s2.pair_queue_p99_ns >= 250)
+    # switch paths: same-leaf pairs cross one leaf; cross-leaf pairs leaf>spine>leaf
+    assert set(s.path_label) <= {"leaf0", "leaf1"} | {
+        f"leaf{a}>spine{k}>leaf{b}" for a in (0, 1) for b in (0, 1) for k in (0, 1) if a != b
+    }
+    assert int(s.path_probes.sum()) == n
+
+
+def test_interval_loss_counts_links_of_forward_and_reply_paths() -> None:
+    fab = _fabric()
+    st = IntervalStats(fab, routing_tables(fab).max_hops)
+    # nic0 (leaf0) -> nic2 (leaf1): 10 probes, 4 lost
+    lost = [True] * 4 + [False] * 6
+    st.observe(_obs(fab, [0] * 10, [2] * 10, [1000.0] * 10, lost=lost, sport=[50000] * 10))
+    s = st.close(1)
+    nic0 = fab.link_index["nic0-leaf0"]
+    nic1 = fab.link_index["nic1-leaf0"]
+    # forward and reply both cross nic0's link: 20 crossings, 8 lost
+    assert (s.link_probes[nic0], s.link_lost[nic0]) == (20, 8)
+    assert (s.link_probes[nic1], s.link_lost[nic1]) == (0, 0)
+    cross = [i for i, p in enumerate(s.path_label) if ">" in p]
+    assert sum(s.path_probes[i] for i in cross) == 10
+    assert sum(s.path_lost[i] for i in cross) == 4
+
+
+def test_interval_samples_are_bounded_by_halving() -> None:
+    fab = _fabric()
+    st = IntervalStats(fab, routing_tables(fab).max_hops, max_samples=1000)
+    for _ in range(20):
+        st.observe(_obs(fab, [0] * 200, [1] * 200, np.arange(200.0) + 1000))
+    s = st.close(1)
+    total = int(s.pair_samples.sum())
+    assert 250 <= total <= 1000  # 8,000 samples offered, kept set halved to fit
+    # uniform subsample: the median stays in the middle of the offered values
+    assert 1080 <= float(s.pair_p50_ns[0]) <= 1120
+
+
+# ---- the schema -------------------------------------------------------------------------
+def _state(fab, t, alive, events=(), actions=()):  # type: ignore[no-untyped-def]
+    n = len(fab.nics)
+    return MeshState(
+        t, (Health.UP,) * n, np.full(n, 5000.0), np.full(n, np.nan), np.arange(n) * 10.0,
+        np.full(n, 2.0), {"leaf0-spine1": Health.FLAPPING}, {"leaf0-spine1": 3},
+        {h.id: GpuHealth(True, ok=h.id != "host1") for h in fab.hosts}, alive,
+        tuple(events), tuple(actions),
+    )  # fmt: skip
+
+
+def test_points_schema_has_no_high_cardinality_tags_and_parses() -> None:
+    fab = _fabric()
+    st = IntervalStats(fab, routing_tables(fab).max_hops)
+    st.observe(_obs(fab, [0, 1, 2, 3] * 5, [2, 3, 0, 1] * 5, np.linspace(1e3, 2e3, 20)))
+    summ = st.close(5_000)
+    alive = {h.id: True for h in fab.hosts}
+    ev = MeshEvent(4_000, "link_flap", "leaf0-spine1", "flapped", "critical")
+    act = RemediationAction.from_doc(
+        {"t_ns": 4_500, "action": "exclude_nic", "target": "nic0", "job": "j1", "extra": [1]}
+    )
+    body = PointBuilder(fab).render(_state(fab, 5_000, alive, [ev], [act]), summ).decode()
+    lines = body.splitlines()
+    meas = {ln.split(",")[0] for ln in lines}
+    assert meas == {
+        "qpmesh_pair", "qpmesh_path", "qpmesh_link", "qpmesh_nic", "qpmesh_clock",
+        "qpmesh_presence", "qpmesh_gpu", "qpmesh_event", "qpmesh_remediation",
+    }  # fmt: skip
+    for ln in lines:
+        head, fields, t = ln.split(" ")
+        tags = dict(kv.split("=") for kv in head.split(",")[1:])
+        assert not {"sport", "flow_label", "qpn", "seq", "port"} & set(tags)
+        assert int(t) >= 0 and fields
+        assert '"' not in fields  # no string fields
+    assert (
+        "qpmesh_event,kind=link_flap,severity=critical,target=leaf0-spine1 count=1i 4000" in lines
+    )
+    assert any(
+        ln.startswith("qpmesh_remediation,action=exclude_nic,status=issued,target=nic0")
+        for ln in lines
+    )
+    assert any("link=leaf0-spine1," in ln and "state=4i,flaps=3i" in ln for ln in lines)
+    assert "qpmesh_gpu,host=host1 ok=0i,present=1i 5000" in lines
+    assert sum(ln.startswith("qpmesh_pair,") for ln in lines) == 4
+
+
+def test_departed_nics_stop_and_presence_lingers_then_stops() -> None:
+    fab = _fabric()
+    b = PointBuilder(fab, gone_after_ns=100)
+    st = IntervalStats(fab, routing_tables(fab).max_hops)
+    alive = {h.id: True for h in fab.hosts}
+    alive["host0"] = False  # nic0's prober left
+    st.observe(_obs(fab, [0, 1, 2], [1, 2, 3], [1e3, 1e3, 1e3]))
+    body = b.render(_state(fab, 1000, alive), st.close(1000)).decode()
+    assert "nic=nic0," not in body and "src=nic0," not in body and "dst=nic0," not in body
+    assert "link=nic0-leaf0," not in body
+    assert "qpmesh_presence,host=host0 alive=0i 1000" in body
+    assert "src=nic1," in body and "nic=nic1," in body
+    later = b.render(_state(fab, 1200, alive), None).decode()
+    assert "host=host0" not in later  # past gone_after_ns: the host's series stop too
+    alive["host0"] = True
+    back = b.render(_state(fab, 1300, alive), None).decode()
+    assert "qpmesh_presence,host=host0 alive=1i 1300" in back and "nic=nic0," in back
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"action": "x", "target": "nic0"},
+        {"t_ns": "1", "action": "x", "target": "nic0"},
+        {"t_ns": 1, "action": "", "target": "nic0"},
+        {"t_ns": 1, "action": "x", "target": "nic0", "status": 3},
+        {"t_ns": True, "action": "x", "target": "nic0"},
+    ],
+)
+def test_remediation_action_document_is_validated(doc) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError):
+        RemediationAction.from_doc(doc)
+
+
+# ---- buffer, backoff, writer ----------------------------------------------------------------
+def test_default_buffer_holds_five_minutes_at_1024_nics() -> None:
+    intervals = 300 / DEFAULT_INTERVAL_S
+    assert intervals * BYTES_PER_INTERVAL_1024 <= DEFAULT_BUFFER_BYTES
+
+
+def test_buffer_drops_oldest_past_bound_and_counts() -> None:
+    buf = LineBuffer(max_bytes=30)
+    assert buf.offer(b"a 1\nb 2\n") == 0  # 8 bytes
+    assert buf.offer(b"c" * 15 + b"\n") == 0  # 24
+    assert buf.offer(b"d" * 9 + b"\n") == 2  # 34 > 30: the oldest chunk (2 lines) goes
+    assert buf.dropped_lines == 2 and buf.dropped_bytes == 8
+    body, lines = buf.take(1 << 20)
+    assert body.startswith(b"ccc") and lines == 2
+    assert buf.size() == (0, 0)
+
+
+def test_backoff_grows_to_cap_with_bounded_jitter() -> None:
+    b = Backoff(initial_s=0.5, max_s=4.0, factor=2.0, jitter=0.25)
+    assert [b.delay(i, lambda: 0.0) for i in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
+    assert b.delay(10, lambda: 1.0) == 3.0
+    with pytest.raises(ValueError):
+        Backoff(initial_s=0)
+
+
+def test_writer_retries_until_the_server_takes_everything() -> None:
+    got: list[bytes] = []
+    fails = {"n": 5}
+    lock = threading.Lock()
+
+    def post(body: bytes) -> None:
+        with lock:
+            if fails["n"] > 0:
+                fails["n"] -= 1
+                raise ConnectionRefusedError("down")
+            got.append(body)
+
+    w = TsdbWriter("http://unused", post=post, backoff=Backoff(0.001, 0.01), batch_bytes=64)
+    sent = [f"m,k=v f={i}i {i}\n".encode() for i in range(200)]
+    try:
+        for c in sent:
+            assert w.offer(c) == 0
+        assert w.flush(60.0)
+    finally:
+        w.close(1.0)
+    assert b"".join(got) == b"".join(sent)  # all of it, in order
+    st = w.stats()
+    assert st.failures == 5 and st.dropped_lines == 0 and st.written_lines == 200
+    assert st.fill == 0.0
+
+
+def test_writer_offer_never_blocks_while_the_server_hangs() -> None:
+    release = threading.Event()
+    w = TsdbWriter(
+        "http://unused", post=lambda body: release.wait(30), max_bytes=1000, batch_bytes=100
+    )
+    try:
+        dropped = sum(w.offer(b"x" * 99 + b"\n") for _ in range(100))  # 10 kB into 1 kB
+        st = w.stats()
+        assert dropped == st.dropped_lines >= 80
+        assert st.buffered_bytes <= 1000
+    finally:
+        release.set()
+        w.close(5.0)
+
+
+# ---- Prometheus metrics -----------------------------------------------------------------
+def test_metrics_use_their_own_registry_and_serve() -> None:
+    reg = CollectorRegistry()
+    m = ControllerMetrics(reg)
+    m.records.inc(100)
+    m.decode_errors.labels("probes").inc()
+    m.websocket_clients.set(3)
+    m.solve_seconds.observe(0.2)
+    assert REGISTRY.get_sample_value("qpmesh_ingest_records_total") is None
+    assert reg.get_sample_value("qpmesh_ingest_records_total") == 100
+    ControllerMetrics(CollectorRegistry())  # a second controller in one process is fine
+    server = serve_metrics("127.0.0.1:0", reg)
+    try:
+        port = server.server_address[1]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        assert b"qpmesh_websocket_clients 3.0" in text
+        assert b'qpmesh_decode_errors_total{topic_kind="probes"} 1.0' in text
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(ValueError):
+        parse_listen("nohost")

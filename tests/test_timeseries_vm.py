@@ -1,0 +1,328 @@
+"""Time series against a real server: Debian's victoria-metrics (InfluxDB v2 write API).
+
+The ``vm`` fixture starts victoria-metrics on a free loopback port with its own temporary
+storage directory and stops it by PID (also when the test fails). Points written through
+`TsdbWriter` (influxdb-client) are read back with ``/api/v1/export`` and compared line by
+line with what the controller produced: none may be missing, also across a 30 s outage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+from controller.timeseries.writer import Backoff, TsdbWriter
+from testbed.demo import DemoRunner, demo_scenario
+
+VM = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
+EPOCH_S = 1_700_000_000
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VictoriaMetrics:
+    """One private victoria-metrics process: ``start()``, ``stop()`` (by PID), queries."""
+
+    def __init__(self, storage: Path, log: Path) -> None:
+        self.storage = storage
+        self.log = log
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, port: int | None = None, timeout_s: float = 30.0) -> None:
+        """Start on ``port`` (default: a free one; a lost race retries with another)."""
+        for _ in range(5):
+            self.port = port or _free_port()
+            with self.log.open("ab") as log:
+                self.proc = subprocess.Popen(
+                    [
+                        VM,
+                        f"-storageDataPath={self.storage}",
+                        f"-httpListenAddr=127.0.0.1:{self.port}",
+                        "-retentionPeriod=100y",  # the simulator's epoch is in 2023
+                        "-search.latencyOffset=0s",
+                        "-search.disableCache",
+                        "-loggerLevel=ERROR",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    with urllib.request.urlopen(f"{self.url}/health", timeout=1) as r:
+                        if r.status == 200:
+                            return
+                except OSError:
+                    time.sleep(0.1)
+            self.stop()
+            if port is not None:
+                time.sleep(1.0)  # same port wanted (restart): wait for it to free up
+        raise RuntimeError(f"victoria-metrics did not start; see {self.log}")
+
+    def stop(self) -> None:
+        """Stop the process by its PID (SIGTERM, then SIGKILL)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+        self.proc = None
+
+    def get(self, path: str, **params: Any) -> bytes:
+        q = urllib.parse.urlencode(params, doseq=True)
+        with urllib.request.urlopen(f"{self.url}{path}?{q}", timeout=60) as r:
+            return bytes(r.read())
+
+    def flush(self) -> None:
+        """Make everything ingested searchable."""
+        self.get("/internal/force_flush")
+
+    def export(self, match: str = '{__name__=~"qpmesh_.*"}') -> list[dict[str, Any]]:
+        self.flush()
+        body = self.get("/api/v1/export", **{"match[]": match, "start": "0"})
+        return [json.loads(ln) for ln in body.splitlines() if ln.strip()]
+
+    def query_range(self, expr: str, start: float, end: float, step: str) -> list[Any]:
+        doc = json.loads(
+            self.get("/api/v1/query_range", query=expr, start=start, end=end, step=step)
+        )
+        assert doc["status"] == "success", doc
+        return list(doc["data"]["result"])
+
+
+@pytest.fixture
+def vm(tmp_path: Path) -> Iterator[VictoriaMetrics]:
+    """A private victoria-metrics on a free loopback port; stopped by PID at the end."""
+    if not Path(VM).exists():
+        pytest.skip("victoria-metrics not installed (.ci/setup installs it)")
+    server = VictoriaMetrics(tmp_path / "vm-data", tmp_path / "vm.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# ---- expected samples from the line protocol we produced ---------------------------------
+def _unescape_split(s: str, sep: str) -> list[str]:
+    out, cur, esc = [], "", False
+    for ch in s:
+        if esc:
+            cur += ch
+            esc = False
+        elif ch == "\\":
+            esc = True
+        elif ch == sep:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return out
+
+
+def expected_samples(
+    bodies: list[bytes],
+) -> dict[tuple[str, frozenset[tuple[str, str]], int], float]:
+    """Return {(metric name, labels, timestamp ms): value} for every field of every line."""
+    out: dict[tuple[str, frozenset[tuple[str, str]], int], float] = {}
+    for body in bodies:
+        for line in body.decode().splitlines():
+            head, fields, t = _unescape_split(line, " ")
+            meas, *tags = _unescape_split(head, ",")
+            labels = frozenset(tuple(kv.split("=", 1)) for kv in tags)
+            for kv in fields.split(","):
+                k, v = kv.split("=", 1)
+                val = float(v[:-1]) if v.endswith("i") else float(v)
+                out[(f"{meas}_{k}", labels, int(t) // 1_000_000)] = val  # type: ignore[misc]
+    return out
+
+
+def exported_samples(
+    rows: list[dict[str, Any]],
+) -> Counter[tuple[str, frozenset[tuple[str, str]], int]]:
+    got: Counter[tuple[str, frozenset[tuple[str, str]], int]] = Counter()
+    values: dict[tuple[str, frozenset[tuple[str, str]], int], float] = {}
+    for row in rows:
+        m = dict(row["metric"])
+        name = m.pop("__name__")
+        labels = frozenset(m.items())
+        for ts, v in zip(row["timestamps"], row["values"], strict=True):
+            got[(name, labels, int(ts))] += 1
+            values[(name, labels, int(ts))] = float(v)
+    exported_samples.values = values  # type: ignore[attr-defined]
+    return got
+
+
+def assert_none_missing(bodies: list[bytes], server: VictoriaMetrics) -> int:
+    want = expected_samples(bodies)
+    got = exported_samples(server.export())
+    values = exported_samples.values  # type: ignore[attr-defined]
+    missing = [k for k in want if got[k] < 1]
+    assert not missing, f"{len(missing)} of {len(want)} samples missing, e.g. {missing[:3]}"
+    for k, v in want.items():
+        assert math.isclose(values[k], v, rel_tol=1e-9, abs_tol=1e-9), (k, values[k], v)
+    return len(want)
+
+
+def _run_demo(
+    writer_sink: Any,
+    seconds: float,
+    *,
+    interval_s: float = 2.0,
+    pace_s: float = 0.0,
+    during: Any = None,
+) -> tuple[DemoRunner, TimeseriesRecorder, list[bytes]]:
+    """Play the demo scenario (flap, contention, NIC down) for ``seconds`` simulated seconds,
+    recording time series; return the runner, recorder and every body produced."""
+    runner = DemoRunner(demo_scenario(None, nics=None, seed=7), step_s=0.5)
+    bodies: list[bytes] = []
+
+    def sink(body: bytes) -> None:
+        bodies.append(body)
+        writer_sink(body)
+
+    rec = TimeseriesRecorder(runner.fabric, sink, interval_ns=int(interval_s * 1e9))
+    runner.controller.brain = TeeBrain(runner.controller.brain, rec)
+    while runner.t_s < seconds - 1e-9:
+        new = runner.step()
+        rec.events(new)
+        if during is not None:
+            during(runner, rec)
+        rec.tick(runner.now_ns, runner.controller.snapshot, runner.controller.alive)
+        if pace_s:
+            time.sleep(pace_s)  # the outage test: intervals keep coming while the server is down
+    return runner, rec, bodies
+
+
+# ---- tests --------------------------------------------------------------------------------
+def test_round_trip_through_influxdb_client_loses_nothing(vm: VictoriaMetrics) -> None:
+    w = TsdbWriter(vm.url, org="o", bucket="b", token="t", batch_bytes=256 * 1024)
+    try:
+        _, rec, bodies = _run_demo(w.offer, 30.0)
+        assert w.flush(120.0), w.stats()
+    finally:
+        w.close(5.0)
+    n = assert_none_missing(bodies, vm)
+    assert n > 10_000 and rec.intervals == 14
+    st = w.stats()
+    assert st.dropped_lines == 0 and st.rejected_lines == 0
+    assert st.written_lines == sum(b.count(b"\n") for b in bodies)
+
+
+@pytest.mark.slow
+def test_nothing_lost_across_a_30s_server_outage(vm: VictoriaMetrics) -> None:
+    w = TsdbWriter(vm.url, backoff=Backoff(initial_s=0.2, max_s=2.0), timeout_s=5.0)
+    state: dict[str, float] = {}
+
+    def outage(runner: DemoRunner, rec: TimeseriesRecorder) -> None:
+        if runner.t_s >= 10.0 and "down" not in state:
+            vm.stop()
+            state["down"] = time.monotonic()
+        if "down" in state and "up" not in state and time.monotonic() - state["down"] >= 30.0:
+            vm.start(vm.port)  # same port and storage: the writer's URL stays valid
+            state["up"] = time.monotonic()
+
+    try:
+        # paced: 100 steps of >= 0.5 s wall; the 30 s outage starts at step 20
+        _, _rec, bodies = _run_demo(w.offer, 50.0, pace_s=0.5, during=outage)
+        assert "up" in state
+        assert w.flush(180.0), w.stats()
+    finally:
+        w.close(5.0)
+    st = w.stats()
+    assert st.failures >= 1, "the outage was not noticed"
+    assert st.dropped_lines == 0 and st.rejected_lines == 0
+    assert_none_missing(bodies, vm)
+
+
+# ---- the Grafana dashboard ----------------------------------------------------------------
+DASHBOARD = Path(__file__).parent.parent / "docs" / "grafana" / "qpmesh-dashboard.json"
+FLAP = "leaf1-spine2"  # the demo scenario's flapping link
+LEAF1 = {f"nic{i}" for i in range(8, 16)} | {f"host{i}" for i in range(8, 16)}
+LEAF2 = {f"nic{i}" for i in range(16, 24)}
+
+
+def _has(key: str, pred: Any) -> Any:
+    return lambda series: any(pred(s["metric"].get(key, "")) for s in series)
+
+
+# What each panel and annotation must show for the faulted run (by title / name). A panel
+# without an entry fails the test: a new panel needs its expectation here.
+EXPECT: dict[str, Any] = {
+    "Mesh heatmap: one-way delay p99 by source NIC": _has("src", LEAF1.__contains__),
+    "Delay matrix: latest p99 one-way delay (src x dst)": _has("src", LEAF1.__contains__),
+    # contention on leaf2->spine1: the worst queue pairs start on leaf2
+    "Worst queue pairs: p99 queueing delay over the path baseline": _has("src", LEAF2.__contains__),
+    "Switch paths: p99 one-way delay (top 10)": _has("path", lambda p: "leaf2>spine1" in p),
+    "Loss per link": _has("link", FLAP.__eq__),
+    "Loss per switch path": _has("path", lambda p: "leaf1>spine2" in p or "spine2>leaf1" in p),
+    "Flaps per link": _has("link", FLAP.__eq__),
+    "Link states (0 up, 2 degraded, 3 contended, 4 flapping, 5 down)": _has("link", FLAP.__eq__),
+    "Clock offsets": _has("nic", LEAF1.__contains__),
+    "Clock uncertainty": _has("nic", LEAF1.__contains__),
+    "Prober presence": _has("host", LEAF1.__contains__),
+    "NICs not up (state)": _has("nic", "nic27".__eq__),  # the scenario's failed NIC
+    "GPU health": _has("host", LEAF1.__contains__),
+    "Probers present": lambda series: any(float(v) == 32 for s in series for _, v in s["values"]),
+    "annotation:Events": _has("target", FLAP.__eq__),
+    "annotation:Remediation": _has("target", FLAP.__eq__),
+}
+
+
+def test_every_dashboard_query_returns_the_faulted_link(vm: VictoriaMetrics) -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    queries: list[tuple[str, str]] = []
+    for p in dash["panels"]:
+        assert p["datasource"]["type"] == "prometheus"
+        assert p["targets"], p["title"]
+        queries += [(p["title"], t["expr"]) for t in p["targets"]]
+    for a in dash["annotations"]["list"]:
+        queries.append((f"annotation:{a['name']}", a["expr"]))
+    assert {t for t, _ in queries} == set(EXPECT), "every panel needs an expectation"
+
+    acted: list[int] = []
+
+    def remediate(runner: DemoRunner, rec: TimeseriesRecorder) -> None:
+        # a remediation action document (the recovery component defines the full one)
+        if any(e.kind == "link_flap" for e in runner.events) and not acted:
+            rec.action({"t_ns": runner.now_ns, "action": "drain_link", "target": FLAP})
+            acted.append(runner.now_ns)
+
+    w = TsdbWriter(vm.url)
+    try:
+        _run_demo(w.offer, 30.0, during=remediate)
+        assert w.flush(120.0), w.stats()
+    finally:
+        w.close(5.0)
+    assert acted
+    vm.flush()
+    step = "2s"
+    for title, expr in queries:
+        series = vm.query_range(expr.replace("$__interval", step), EPOCH_S, EPOCH_S + 32, step)
+        assert series, f"{title}: {expr} returned no data"
+        assert EXPECT[title](series), f"{title}: {expr} lacks the faulted element: {series[:2]}"
