@@ -3,8 +3,10 @@ bounded buffer and retry policy, the writer with a fake transport, Prometheus me
 
 from __future__ import annotations
 
+import os
 import threading
 import urllib.request
+import zlib
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ from controller.timeseries.metrics import ControllerMetrics, parse_listen, serve
 from controller.timeseries.points import MeshState, PointBuilder, RemediationAction
 from controller.timeseries.stats import IntervalStats
 from controller.timeseries.writer import (
-    BYTES_PER_INTERVAL_1024,
+    COMPRESSED_BYTES_PER_INTERVAL_1024,
     DEFAULT_BUFFER_BYTES,
     DEFAULT_INTERVAL_S,
     Backoff,
@@ -96,7 +98,7 @@ def test_interval_percentiles_match_numpy_per_pair_and_path() -> None:
     ):
         # both directions are one-way samples of their directed pair
         v = np.concatenate([owd[(src == a) & (dst == b)], owd[(src == b) & (dst == a)]])
-        v = np.sort(v)
+        v = np.sort(np.rint(v))  # kept to the whole ns
         assert c == len(v)
         assert p50 == v[int(np.floor(0.5 * (len(v) - 1) + 0.5))]
         assert p99 == v[int(np.floor(0.99 * (len(v) - 1) + 0.5))]
@@ -222,20 +224,19 @@ def test_remediation_action_document_is_validated(doc) -> None:  # type: ignore[
 
 
 # ---- buffer, backoff, writer ----------------------------------------------------------------
-def test_default_buffer_holds_five_minutes_at_1024_nics() -> None:
-    intervals = 300 / DEFAULT_INTERVAL_S
-    assert intervals * BYTES_PER_INTERVAL_1024 <= DEFAULT_BUFFER_BYTES
-
-
 def test_buffer_drops_oldest_past_bound_and_counts() -> None:
-    buf = LineBuffer(max_bytes=30)
-    assert buf.offer(b"a 1\nb 2\n") == 0  # 8 bytes
-    assert buf.offer(b"c" * 15 + b"\n") == 0  # 24
-    assert buf.offer(b"d" * 9 + b"\n") == 2  # 34 > 30: the oldest chunk (2 lines) goes
-    assert buf.dropped_lines == 2 and buf.dropped_bytes == 8
-    body, lines = buf.take(1 << 20)
-    assert body.startswith(b"ccc") and lines == 2
+    chunks = [(os.urandom(60).hex() + "\n").encode() * 2 for _ in range(3)]  # 2 lines each
+    one = len(zlib.compress(chunks[0], 1))
+    buf = LineBuffer(max_bytes=2 * one + 10)
+    assert buf.offer(chunks[0]) == 0
+    assert buf.offer(chunks[1]) == 0
+    assert buf.offer(chunks[2]) == 2  # past the bound: the oldest chunk (2 lines) goes
+    assert buf.dropped_lines == 2 and buf.dropped_bytes == len(chunks[0])
+    got = buf.take(1 << 20)
+    assert [zlib.decompress(c.data) for c in got] == chunks[1:]
     assert buf.size() == (0, 0)
+    assert buf.putback(got) == 0 and buf.size()[1] == 4  # a failed batch goes back in front
+    assert zlib.decompress(buf.take(1)[0].data) == chunks[1]  # one chunk at least
 
 
 def test_backoff_grows_to_cap_with_bounded_jitter() -> None:
@@ -278,7 +279,8 @@ def test_writer_offer_never_blocks_while_the_server_hangs() -> None:
         "http://unused", post=lambda body: release.wait(30), max_bytes=1000, batch_bytes=100
     )
     try:
-        dropped = sum(w.offer(b"x" * 99 + b"\n") for _ in range(100))  # 10 kB into 1 kB
+        # 100 chunks of ~110 compressed bytes into a 1 kB buffer, the sender stuck
+        dropped = sum(w.offer((os.urandom(99).hex() + "\n").encode()) for _ in range(100))
         st = w.stats()
         assert dropped == st.dropped_lines >= 80
         assert st.buffered_bytes <= 1000
@@ -309,3 +311,28 @@ def test_metrics_use_their_own_registry_and_serve() -> None:
         server.server_close()
     with pytest.raises(ValueError):
         parse_listen("nohost")
+
+
+@pytest.mark.slow
+def test_default_buffer_holds_five_minutes_at_1024_nics() -> None:
+    """Measure one 10 s interval of the 1,024-NIC demo fabric (simulated, no faults) and check
+    the default bound holds 5 minutes of them compressed as the buffer keeps them."""
+    from dataclasses import replace
+
+    from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+    from testbed.demo import DemoRunner, demo_scenario
+
+    runner = DemoRunner(replace(demo_scenario(None, nics=1024, seed=1), faults=()), step_s=1.0)
+    bodies: list[bytes] = []
+    rec = TimeseriesRecorder(runner.fabric, bodies.append, interval_ns=10_000_000_000)
+    runner.controller.brain = TeeBrain(runner.controller.brain, rec)
+    while len(bodies) < 2:  # the second interval has queueing (a baseline exists)
+        runner.step()
+        rec.tick(runner.now_ns, runner.controller.snapshot, runner.controller.alive)
+    body = bodies[1]
+    packed = len(zlib.compress(body, 1))
+    lines = body.count(b"\n")
+    print(f"1,024 NICs: {lines} lines, {len(body)} B, {packed} B compressed")
+    assert lines > 70_000  # pairs, paths, links, NICs, clocks, hosts
+    assert packed <= 1.2 * COMPRESSED_BYTES_PER_INTERVAL_1024  # the documented figure holds
+    assert 300 / DEFAULT_INTERVAL_S * packed <= DEFAULT_BUFFER_BYTES

@@ -130,7 +130,12 @@ class MeshState:
 
 
 def _num(v: float) -> str:
-    return repr(float(v))
+    """A delay in ns to 0.1 ns (short lines; the clock sync is not finer)."""
+    return f"{v:.1f}"
+
+
+def _ratio(v: float) -> str:
+    return f"{v:.6g}"
 
 
 class PointBuilder:
@@ -229,7 +234,7 @@ class PointBuilder:
             top = max(sw, key=lambda x: _tier(self.fabric, x))
             fields = [f"probes={pr}i", f"lost={lo}i"]
             if pr:
-                fields.append(f"loss_ratio={_num(lo / pr)}")
+                fields.append(f"loss_ratio={_ratio(lo / pr)}")
             if not math.isnan(p50):
                 fields += [f"owd_p50_ns={_num(p50)}", f"owd_p99_ns={_num(p99)}"]
             out.append(
@@ -272,7 +277,7 @@ class PointBuilder:
                 pr, lo = int(s.link_probes[i]), int(s.link_lost[i])
                 fields += [f"probes={pr}i", f"lost={lo}i"]
                 if pr:
-                    fields.append(f"loss_ratio={_num(lo / pr)}")
+                    fields.append(f"loss_ratio={_ratio(lo / pr)}")
             out.append(f"qpmesh_link,{self._link_tags[i]} {','.join(fields)} {t}")
         for h in sorted(present | lingering):
             out.append(f"qpmesh_presence,host={_esc(h)} alive={int(h in present)}i {t}")

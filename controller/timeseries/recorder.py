@@ -19,7 +19,7 @@ from controller.live import BrainLike
 from controller.observations import Observations
 from controller.snapshot import Health, MeshEvent, MeshSnapshot
 from controller.timeseries.points import MeshState, PointBuilder, RemediationAction
-from controller.timeseries.stats import IntervalStats
+from controller.timeseries.stats import F64, IntervalStats, summarize
 
 
 class TimeseriesRecorder:
@@ -44,6 +44,7 @@ class TimeseriesRecorder:
         self._events: list[MeshEvent] = []
         self._actions: list[RemediationAction] = []
         self._last: int | None = None
+        self._fold: tuple[int, F64] | None = None
         self.intervals = 0
         self.bytes_out = 0
 
@@ -62,29 +63,59 @@ class TimeseriesRecorder:
         return act
 
     def due(self, now_ns: int) -> bool:
-        """Return True when ``tick(now_ns)`` closes an interval."""
-        return self._last is None or now_ns - self._last >= self.interval_ns
+        """Return True when ``begin(now_ns, ...)`` closes an interval."""
+        return self._last is not None and now_ns - self._last >= self.interval_ns
 
-    def tick(
+    def begin(
         self, now_ns: int, snapshot: Callable[[], MeshSnapshot], alive: Mapping[str, bool]
-    ) -> int:
-        """Close the interval if due: render and hand it to the sink; return bytes written
-        (0 when not due). The first call only starts the first interval."""
+    ) -> Callable[[], bytes] | None:
+        """Close the interval if due and return a job that renders it (None when not due).
+
+        The cut and the snapshot happen here (cheap, on the caller's thread); the job does the
+        sorting and formatting and may run in a worker thread while ingest goes on. Run jobs
+        one at a time, in order, and hand each body to `finish`. The first call only starts
+        the first interval."""
+        self._apply_fold()
         if self._last is None:
             self._last = now_ns
-            self.stats.close(now_ns)
-            return 0
+            self.stats.cut(now_ns)
+            return None
         if now_ns - self._last < self.interval_ns:
-            return 0
+            return None
         self._last = now_ns
-        summary = self.stats.close(now_ns)
+        raw = self.stats.cut(now_ns)
         state = MeshState.from_snapshot(snapshot(), alive, self._events, self._actions)
         self._events, self._actions = [], []
-        body = self.builder.render(state, summary, now_ns)
+
+        def job() -> bytes:
+            summary, wmin = summarize(raw)
+            self._fold = (raw.end_ns, wmin)
+            return self.builder.render(state, summary, now_ns)
+
+        return job
+
+    def _apply_fold(self) -> None:
+        fold, self._fold = self._fold, None
+        if fold is not None:
+            self.stats.fold(*fold)
+
+    def finish(self, body: bytes) -> int:
+        """Hand a rendered interval to the sink; return its size in bytes."""
         self.sink(body)
         self.intervals += 1
         self.bytes_out += len(body)
         return len(body)
+
+    def tick(
+        self, now_ns: int, snapshot: Callable[[], MeshSnapshot], alive: Mapping[str, bool]
+    ) -> int:
+        """`begin`, run the job here and `finish`; return bytes written (0 when not due)."""
+        job = self.begin(now_ns, snapshot, alive)
+        if job is None:
+            return 0
+        size = self.finish(job())
+        self._apply_fold()
+        return size
 
 
 class TeeBrain:

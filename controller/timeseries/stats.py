@@ -57,17 +57,112 @@ class IntervalSummary:
     link_lost: I64
 
 
+_OFF = 1 << 31  # values are kept as ns + 2**31 in the low 32 bits of a sort key
+_LOW = np.int64((1 << 32) - 1)
+
+
 def _quantiles(group: I64, values: F64, qs: tuple[float, ...]) -> tuple[I64, I64, list[F64]]:
-    """Return (groups, counts, [per-group quantile q for q in qs]) by nearest rank."""
+    """Return (groups, counts, [per-group quantile q for q in qs]) by nearest rank.
+
+    Values are rounded to whole ns and clipped to +-2.1 s; one int64 sort of
+    ``group << 32 | value`` orders them (groups must be < 2**31)."""
     if not len(group):
         e = np.zeros(0, np.float64)
         return np.zeros(0, np.int64), np.zeros(0, np.int64), [e.copy() for _ in qs]
-    order = np.lexsort((values, group))
-    g, v = group[order], values[order]
+    q = np.clip(np.rint(values) + _OFF, 0, (1 << 32) - 1).astype(np.int64)
+    key = np.sort((group.astype(np.int64) << 32) | q)
+    g = key >> 32
     starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
     counts = np.diff(np.r_[starts, len(g)])
-    out = [v[starts + np.floor(q * (counts - 1) + 0.5).astype(np.int64)] for q in qs]
+    out = [
+        ((key[starts + np.floor(qq * (counts - 1) + 0.5).astype(np.int64)] & _LOW) - _OFF).astype(
+            np.float64
+        )
+        for qq in qs
+    ]
     return g[starts], counts.astype(np.int64), out
+
+
+@dataclass(frozen=True, eq=False)
+class RawInterval:
+    """One interval's accumulated samples and counts, cut from `IntervalStats` (cheap) so
+    that `summarize` (the sorting) can run elsewhere, e.g. in a worker thread."""
+
+    start_ns: int
+    end_ns: int
+    n_nics: int
+    n_links: int
+    chunks: tuple[tuple[I64, I64, F64, F64], ...]  # pair key, path number, owd, queue
+    probes: I64  # per path number, forward direction
+    lost: I64
+    rprobes: I64  # per path number, reply direction
+    rlost: I64
+    label_of: I64  # path number -> switch-path label number (-1: unknown path)
+    labels: tuple[str, ...]
+    hops: I32  # per path number
+
+
+def summarize(raw: RawInterval) -> tuple[IntervalSummary, F64]:
+    """Return the interval's summary and the per-path minimum delay (inf where unseen) to
+    fold into the baselines (`IntervalStats.fold`). Pure; reads only ``raw``."""
+    n = raw.n_nics
+    if raw.chunks:
+        key = np.concatenate([c[0] for c in raw.chunks])
+        path = np.concatenate([c[1] for c in raw.chunks])
+        owd = np.concatenate([c[2] for c in raw.chunks])
+        queue = np.concatenate([c[3] for c in raw.chunks])
+    else:
+        key = path = np.zeros(0, np.int64)
+        owd = queue = np.zeros(0, np.float64)
+    pk, pcount, (p50, p99) = _quantiles(key, owd, (0.5, 0.99))
+    qok = np.isfinite(queue)
+    qk, _, (q99,) = _quantiles(key[qok], queue[qok], (0.99,))
+    pair_q = np.full(len(pk), np.nan)
+    pair_q[np.searchsorted(pk, qk)] = q99
+    size = len(raw.label_of)
+    nlab = len(raw.labels)
+
+    def fit(a: I64) -> I64:
+        out = np.zeros(size, np.int64)
+        out[: min(size, len(a))] = a[:size]
+        return out
+
+    probes, lost, rprobes, rlost = fit(raw.probes), fit(raw.lost), fit(raw.rprobes), fit(raw.rlost)
+    has_s = (path >= 0) & (path < size)
+    lab_s = np.full(len(path), -1, np.int64)
+    lab_s[has_s] = raw.label_of[path[has_s]]
+    sel = lab_s >= 0
+    lk, _, (l50, l99) = _quantiles(lab_s[sel], owd[sel], (0.5, 0.99))
+    path_p50 = np.full(nlab, np.nan)
+    path_p99 = np.full(nlab, np.nan)
+    path_p50[lk], path_p99[lk] = l50, l99
+    lab = raw.label_of
+    has = lab >= 0
+    path_probes = np.bincount(lab[has], weights=probes[has], minlength=nlab).astype(np.int64)
+    path_lost = np.bincount(lab[has], weights=lost[has], minlength=nlab).astype(np.int64)
+    hops = raw.hops[:size]
+    link_probes = expand(probes + rprobes, hops, raw.n_links, links=True)
+    link_lost = expand(lost + rlost, hops, raw.n_links, links=True)
+    wmin = np.full(size, np.inf)
+    np.minimum.at(wmin, path[has_s], owd[has_s])
+    summary = IntervalSummary(
+        raw.start_ns,
+        raw.end_ns,
+        (pk // n).astype(np.int32),
+        (pk % n).astype(np.int32),
+        p50,
+        p99,
+        pair_q,
+        pcount,
+        raw.labels,
+        path_p50,
+        path_p99,
+        path_probes,
+        path_lost,
+        link_probes,
+        link_lost,
+    )
+    return summary, wmin
 
 
 class IntervalStats:
@@ -181,71 +276,35 @@ class IntervalStats:
         self._phase = 0
 
     # ---- output --------------------------------------------------------------------------
-    def close(self, now_ns: int) -> IntervalSummary:
-        """End the interval at ``now_ns``; return its summary and start the next one."""
-        n = len(self.fabric.nics)
-        if self._chunks:
-            key = np.concatenate([c[0] for c in self._chunks])
-            path = np.concatenate([c[1] for c in self._chunks])
-            owd = np.concatenate([c[2] for c in self._chunks])
-            queue = np.concatenate([c[3] for c in self._chunks])
-        else:
-            key = path = np.zeros(0, np.int64)
-            owd = queue = np.zeros(0, np.float64)
-        pk, pcount, (p50, p99) = _quantiles(key, owd, (0.5, 0.99))
-        qok = np.isfinite(queue)
-        qk, _, (q99,) = _quantiles(key[qok], queue[qok], (0.99,))
-        pair_q = np.full(len(pk), np.nan)
-        pair_q[np.searchsorted(pk, qk)] = q99
-        # per switch path: delays by label of the sample's path, counts by label of the path
-        nlab = len(self._labels)
+    def cut(self, now_ns: int) -> RawInterval:
+        """End the interval at ``now_ns`` and return its raw data (no sorting; O(paths))."""
         size = self.paths.size
-        lab_s = np.where(path >= 0, self._label_of[np.maximum(path, 0)] if size else -1, -1)
-        lk, _, (l50, l99) = _quantiles(lab_s[lab_s >= 0], owd[lab_s >= 0], (0.5, 0.99))
-        path_p50 = np.full(nlab, np.nan)
-        path_p99 = np.full(nlab, np.nan)
-        path_p50[lk], path_p99[lk] = l50, l99
-        probes = np.zeros(size, np.int64)
-        lost = np.zeros(size, np.int64)
-        probes[: len(self._probes)] = self._probes
-        lost[: len(self._lost)] = self._lost
-        lab = self._label_of
-        has = lab >= 0
-        path_probes = np.bincount(lab[has], weights=probes[has], minlength=nlab).astype(np.int64)
-        path_lost = np.bincount(lab[has], weights=lost[has], minlength=nlab).astype(np.int64)
-        n_links = len(self.fabric.links)
-        hops = self.paths.hops
-        rprobes = np.zeros(size, np.int64)
-        rlost = np.zeros(size, np.int64)
-        rprobes[: len(self._rprobes)] = self._rprobes
-        rlost[: len(self._rlost)] = self._rlost
-        link_probes = expand(probes + rprobes, hops, n_links, links=True)
-        link_lost = expand(lost + rlost, hops, n_links, links=True)
-        # fold this interval's per-path minimum into the baselines
-        wmin = np.full(size, np.inf)
-        has_p = path >= 0
-        np.minimum.at(wmin, path[has_p], owd[has_p])
-        dt_s = 0.0 if self._last_close is None else (now_ns - self._last_close) / 1e9
-        self.paths.fold(wmin, dt_s, self.drift)
-        labels = tuple(sorted(self._labels, key=self._labels.__getitem__))
-        out = IntervalSummary(
+        raw = RawInterval(
             self._start,
             now_ns,
-            (pk // n).astype(np.int32),
-            (pk % n).astype(np.int32),
-            p50,
-            p99,
-            pair_q,
-            pcount,
-            labels,
-            path_p50,
-            path_p99,
-            path_probes,
-            path_lost,
-            link_probes,
-            link_lost,
+            len(self.fabric.nics),
+            len(self.fabric.links),
+            tuple(self._chunks),
+            self._probes,
+            self._lost,
+            self._rprobes,
+            self._rlost,
+            self._label_of[:size],
+            tuple(sorted(self._labels, key=self._labels.__getitem__)),
+            self.paths.hops[:size],
         )
         self._start = now_ns
-        self._last_close = now_ns
         self._reset()
-        return out
+        return raw
+
+    def fold(self, end_ns: int, wmin: F64) -> None:
+        """Fold an interval's per-path minimum delays (from `summarize`) into the baselines."""
+        dt_s = 0.0 if self._last_close is None else (end_ns - self._last_close) / 1e9
+        self._last_close = end_ns
+        self.paths.fold(wmin, dt_s, self.drift)
+
+    def close(self, now_ns: int) -> IntervalSummary:
+        """End the interval at ``now_ns``; return its summary (cut, summarize, fold)."""
+        summary, wmin = summarize(self.cut(now_ns))
+        self.fold(now_ns, wmin)
+        return summary

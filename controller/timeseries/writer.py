@@ -1,7 +1,8 @@
 """The time-series writer: a bounded buffer and a retry policy (pure) around influxdb-client.
 
-`LineBuffer` holds line-protocol chunks up to ``max_bytes``: `offer` never blocks; past the
-bound it drops the oldest chunks (counted in lines and bytes). `Backoff` is the retry delay
+`LineBuffer` holds line-protocol chunks, zlib-compressed, up to ``max_bytes`` of compressed
+data: `offer` never waits for the sender; past the bound it drops the oldest chunks (counted
+in lines and bytes). `Backoff` is the retry delay
 policy (exponential with a cap and jitter drawn from a passed-in random source). `TsdbWriter`
 runs one background thread that takes chunks from the buffer and writes them with
 influxdb-client's synchronous write API (InfluxDB v2 ``/api/v2/write``, ns precision, one
@@ -19,17 +20,20 @@ from __future__ import annotations
 import random
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-#: Bytes of line protocol one interval writes at 1,024 NICs (32 leaves, 8 spines, 16
-#: cross-group peers per NIC: 48,128 directed pairs, ~8,000 switch paths, 1,280 links,
-#: 1,024 NICs and hosts), measured from `PointBuilder.render`: see docs/timeseries.md.
-BYTES_PER_INTERVAL_1024 = 6_500_000
+#: One interval at 1,024 NICs (32 leaves x 32 NICs, 8 spines, 16 peers per NIC outside its
+#: group: 64,264 directed pairs, 7,968 switch paths, 1,280 links; 77,608 lines) is ~11.7 MB
+#: of line protocol, ~1.4 MB compressed (measured by the slow test
+#: ``test_default_buffer_holds_five_minutes_at_1024_nics``; see docs/timeseries.md).
+COMPRESSED_BYTES_PER_INTERVAL_1024 = 1_400_000
 DEFAULT_INTERVAL_S = 10.0
-#: Default bound: 5 minutes of intervals at 1,024 NICs (30 x 6.5 MB = 195 MB), rounded up.
-DEFAULT_BUFFER_BYTES = 200 * 1024 * 1024
+#: Default bound: 5 minutes at 1,024 NICs = 30 intervals x ~1.4 MB = ~42 MB compressed,
+#: rounded up to 64 MiB (~7 minutes).
+DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,77 +76,88 @@ class WriterStats:
         return self.buffered_bytes / self.max_bytes if self.max_bytes else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One offered body, zlib-compressed while it waits (line protocol compresses ~8x)."""
+
+    data: bytes
+    lines: int
+    raw_bytes: int
+
+
 class LineBuffer:
-    """Bounded FIFO of line-protocol chunks (bytes, each ending in a newline). Thread-safe."""
+    """Bounded FIFO of line-protocol chunks, kept compressed; the bound is on the compressed
+    bytes (memory held). Thread-safe; `offer` costs one zlib level-1 pass over the chunk
+    (~3 ms per MB) on the caller's thread and never waits for the sender."""
 
     def __init__(self, max_bytes: int = DEFAULT_BUFFER_BYTES) -> None:
         if max_bytes <= 0:
             raise ValueError("buffer size must be > 0")
         self.max_bytes = max_bytes
-        self._q: deque[tuple[bytes, int]] = deque()
+        self._q: deque[Chunk] = deque()
         self._bytes = 0
         self._lines = 0
         self.dropped_lines = 0
-        self.dropped_bytes = 0
+        self.dropped_bytes = 0  # uncompressed
         self._lock = threading.Lock()
         self.ready = threading.Event()
 
-    def offer(self, chunk: bytes) -> int:
-        """Append ``chunk``; drop the oldest chunks past the bound; return lines dropped."""
-        if not chunk:
+    def offer(self, body: bytes) -> int:
+        """Append ``body`` (lines ending in newlines); drop the oldest chunks past the bound;
+        return lines dropped."""
+        if not body:
             return 0
-        lines = chunk.count(b"\n")
-        dropped = 0
+        chunk = Chunk(zlib.compress(body, 1), body.count(b"\n"), len(body))
         with self._lock:
-            self._q.append((chunk, lines))
-            self._bytes += len(chunk)
-            self._lines += lines
-            while self._bytes > self.max_bytes and self._q:
-                old, n = self._q.popleft()
-                self._bytes -= len(old)
-                self._lines -= n
-                self.dropped_lines += n
-                self.dropped_bytes += len(old)
-                dropped += n
+            self._q.append(chunk)
+            self._bytes += len(chunk.data)
+            self._lines += chunk.lines
+            dropped = self._trim()
             self.ready.set()
         return dropped
 
-    def take(self, max_bytes: int) -> tuple[bytes, int]:
-        """Remove and return (joined chunks up to ``max_bytes`` (at least one), lines)."""
+    def _trim(self) -> int:
+        dropped = 0
+        while self._bytes > self.max_bytes and self._q:
+            old = self._q.popleft()
+            self._bytes -= len(old.data)
+            self._lines -= old.lines
+            self.dropped_lines += old.lines
+            self.dropped_bytes += old.raw_bytes
+            dropped += old.lines
+        return dropped
+
+    def take(self, max_raw_bytes: int) -> list[Chunk]:
+        """Remove and return the oldest chunks up to ``max_raw_bytes`` uncompressed (at
+        least one if any)."""
         with self._lock:
-            parts: list[bytes] = []
-            size = lines = 0
-            while self._q and (not parts or size + len(self._q[0][0]) <= max_bytes):
-                c, n = self._q.popleft()
-                parts.append(c)
-                size += len(c)
-                lines += n
-            self._bytes -= size
-            self._lines -= lines
+            out: list[Chunk] = []
+            size = 0
+            while self._q and (not out or size + self._q[0].raw_bytes <= max_raw_bytes):
+                c = self._q.popleft()
+                out.append(c)
+                size += c.raw_bytes
+                self._bytes -= len(c.data)
+                self._lines -= c.lines
             if not self._q:
                 self.ready.clear()
-            return b"".join(parts), lines
+            return out
 
-    def putback(self, chunk: bytes, lines: int) -> int:
-        """Return a failed batch to the front (it is the oldest data); drop past the bound
-        from the back of that batch's age (oldest first); return lines dropped."""
+    def putback(self, chunks: list[Chunk]) -> int:
+        """Return a failed batch to the front (it is the oldest data); if that passes the
+        bound, the oldest chunks go; return lines dropped."""
         with self._lock:
-            self._q.appendleft((chunk, lines))
-            self._bytes += len(chunk)
-            self._lines += lines
-            dropped = 0
-            while self._bytes > self.max_bytes and self._q:
-                old, n = self._q.popleft()
-                self._bytes -= len(old)
-                self._lines -= n
-                self.dropped_lines += n
-                self.dropped_bytes += len(old)
-                dropped += n
-            self.ready.set()
+            for c in reversed(chunks):
+                self._q.appendleft(c)
+                self._bytes += len(c.data)
+                self._lines += c.lines
+            dropped = self._trim()
+            if self._q:
+                self.ready.set()
             return dropped
 
     def size(self) -> tuple[int, int]:
-        """Return (bytes, lines) buffered."""
+        """Return (compressed bytes, lines) buffered."""
         with self._lock:
             return self._bytes, self._lines
 
@@ -200,7 +215,7 @@ class TsdbWriter:
         bucket: str = "qpmesh",
         token: str = "",
         max_bytes: int = DEFAULT_BUFFER_BYTES,
-        batch_bytes: int = 4 * 1024 * 1024,
+        batch_bytes: int = 16 * 1024 * 1024,
         backoff: Backoff | None = None,
         timeout_s: float = 10.0,
         post: Callable[[bytes], None] | None = None,
@@ -245,10 +260,12 @@ class TsdbWriter:
             if not self.buffer.ready.wait(0.2):
                 continue
             with self._lock:
-                body, lines = self.buffer.take(self.batch_bytes)
+                chunks = self.buffer.take(self.batch_bytes)
+                lines = sum(c.lines for c in chunks)
                 self._inflight = lines
-            if not body:
+            if not chunks:
                 continue
+            body = b"".join(zlib.decompress(c.data) for c in chunks)
             try:
                 self._post(body)
             except WriteRejected as exc:
@@ -259,7 +276,7 @@ class TsdbWriter:
                 continue
             except Exception as exc:  # every transport error is retried
                 with self._lock:
-                    self.buffer.putback(body, lines)
+                    self.buffer.putback(chunks)
                     self._inflight = 0
                     self.failures += 1
                     self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
