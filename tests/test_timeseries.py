@@ -336,3 +336,28 @@ def test_default_buffer_holds_five_minutes_at_1024_nics() -> None:
     assert lines > 70_000  # pairs, paths, links, NICs, clocks, hosts
     assert packed <= 1.2 * COMPRESSED_BYTES_PER_INTERVAL_1024  # the documented figure holds
     assert 300 / DEFAULT_INTERVAL_S * packed <= DEFAULT_BUFFER_BYTES
+
+
+def test_path_detail_and_pairs_knobs_bound_the_series() -> None:
+    fab = _fabric()
+    obs = _obs(
+        fab, [0, 1, 2, 3] * 20, [2, 3, 0, 1] * 20, np.full(80, 1e3), sport=np.arange(80) + 49152
+    )
+    alive = {h.id: True for h in fab.hosts}
+    labels = {}
+    for detail in ("full", "top", "off"):
+        st = IntervalStats(fab, routing_tables(fab).max_hops, path_detail=detail)
+        st.observe(obs)
+        s = st.close(1)
+        labels[detail] = set(s.path_label)
+        assert int(s.link_probes.sum()) > 0  # link loss is counted whatever the detail
+    assert labels["full"] == {f"leaf{a}>spine{k}>leaf{1 - a}" for a in (0, 1) for k in (0, 1)}
+    assert labels["top"] == {"spine0", "spine1"}
+    assert labels["off"] == set()
+    with pytest.raises(ValueError):
+        IntervalStats(fab, 4, path_detail="bogus")
+    st = IntervalStats(fab, routing_tables(fab).max_hops, path_detail="top")
+    st.observe(obs)
+    body = PointBuilder(fab, pairs=False).render(_state(fab, 5, alive), st.close(5)).decode()
+    assert "qpmesh_pair," not in body
+    assert "qpmesh_path,path=spine0,spine=spine0 " in body  # no leaf tags for a top label

@@ -24,7 +24,8 @@ Tags are the fabric's low-cardinality identities; a probe's source port, flow la
 number and sequence never become tags. States are `controller.snapshot.SEVERITY` codes
 (0 up, 1 unknown, 2 degraded, 3 contended, 4 flapping, 5 down).
 
-`PointBuilder.render(state, summary, now_ns)` returns one interval's body. It tracks prober
+`PointBuilder.render(state, summary, now_ns)` returns one interval's body (``pairs=False``
+leaves out the per-pair series, the largest part at 10,000 NICs). It tracks prober
 presence: the NICs of a host whose prober is gone (presence lost, or never seen) are not
 written (their series stop and age out); the host's ``alive = 0`` is written for
 ``gone_after_ns`` after it left, then the host's series stop too.
@@ -141,10 +142,13 @@ def _ratio(v: float) -> str:
 class PointBuilder:
     """Renders intervals for one fabric; remembers when each host's prober left."""
 
-    def __init__(self, fabric: Fabric, *, gone_after_ns: int = 300_000_000_000) -> None:
+    def __init__(
+        self, fabric: Fabric, *, gone_after_ns: int = 300_000_000_000, pairs: bool = True
+    ) -> None:
         if gone_after_ns < 0:
             raise ValueError("gone_after_ns must be >= 0")
         self.fabric = fabric
+        self.pairs = pairs
         self.gone_after_ns = gone_after_ns
         self._left: dict[str, int] = {}
         f = fabric
@@ -213,7 +217,7 @@ class PointBuilder:
         t = s.end_ns
         out: list[str] = []
         nic, leaf = self._nic, self._leaf
-        keep = nic_in[s.pair_src] & nic_in[s.pair_dst]
+        keep = nic_in[s.pair_src] & nic_in[s.pair_dst] & self.pairs
         for a, b, p50, p99, q99, c in zip(
             s.pair_src[keep].tolist(), s.pair_dst[keep].tolist(),
             s.pair_p50_ns[keep].tolist(), s.pair_p99_ns[keep].tolist(),
@@ -232,14 +236,18 @@ class PointBuilder:
                 continue
             sw = lab.split(">")
             top = max(sw, key=lambda x: _tier(self.fabric, x))
+            leaves = (
+                f",dst_leaf={_esc(sw[-1])},src_leaf={_esc(sw[0])}"
+                if _tier(self.fabric, sw[0]) == 1 and _tier(self.fabric, sw[-1]) == 1
+                else ""
+            )
             fields = [f"probes={pr}i", f"lost={lo}i"]
             if pr:
                 fields.append(f"loss_ratio={_ratio(lo / pr)}")
             if not math.isnan(p50):
                 fields += [f"owd_p50_ns={_num(p50)}", f"owd_p99_ns={_num(p99)}"]
             out.append(
-                f"qpmesh_path,dst_leaf={_esc(sw[-1])},path={_esc(lab)},spine={_esc(top)},"
-                f"src_leaf={_esc(sw[0])} {','.join(fields)} {t}"
+                f"qpmesh_path,path={_esc(lab)},spine={_esc(top)}{leaves} {','.join(fields)} {t}"
             )
         return out
 

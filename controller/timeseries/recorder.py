@@ -33,6 +33,8 @@ class TimeseriesRecorder:
         interval_ns: int = 10_000_000_000,
         gone_after_ns: int = 300_000_000_000,
         max_samples: int = 4_000_000,
+        pairs: bool = True,
+        path_detail: str = "full",
     ) -> None:
         if interval_ns <= 0:
             raise ValueError("interval must be > 0")

@@ -8,7 +8,8 @@ interval and returns an `IntervalSummary`:
 - per directed NIC pair: p50 and p99 one-way delay, p99 queueing delay (one-way delay minus
   the path's propagation baseline), sample count;
 - per switch path (the sequence of switches, e.g. ``leaf0>spine1>leaf2``: NIC links left out
-  so the label is shared by every NIC pair of the two leaves): p50/p99 delay, probes, lost;
+  so the label is shared by every NIC pair of the two leaves; or only the top switch, see
+  `PATH_DETAIL`): p50/p99 delay, probes, lost;
 - per link: probe crossings and lost crossings (a probe counts against every link of its
   forward and reply paths; the localized verdict is the link state, not this ratio).
 
@@ -28,7 +29,7 @@ import numpy.typing as npt
 
 from controller.detect.paths import PathIndex, expand
 from controller.fabric import Fabric
-from controller.fabric.model import NodeKind
+from controller.fabric.model import SWITCH_TIER, NodeKind
 from controller.observations import Observations
 
 I32 = npt.NDArray[np.int32]
@@ -56,6 +57,11 @@ class IntervalSummary:
     link_probes: I64  # per fabric link index
     link_lost: I64
 
+
+#: How switch paths are labelled: ``full`` the switch sequence (``leaf0>spine1>leaf2``),
+#: ``top`` only the highest switch crossed (``spine1``: few series at 10,000 NICs),
+#: ``off`` no per-path series (link loss is still counted).
+PATH_DETAIL = ("full", "top", "off")
 
 _OFF = 1 << 31  # values are kept as ns + 2**31 in the low 32 bits of a sort key
 _LOW = np.int64((1 << 32) - 1)
@@ -176,9 +182,13 @@ class IntervalStats:
         max_samples: int = 4_000_000,
         drift: float = 50.0,
         start_ns: int = 0,
+        path_detail: str = "full",
     ) -> None:
         if max_samples < 2:
             raise ValueError("max_samples must be >= 2")
+        if path_detail not in PATH_DETAIL:
+            raise ValueError(f"path detail must be one of {', '.join(PATH_DETAIL)}")
+        self.path_detail = path_detail
         self.fabric = fabric
         self.max_samples = max_samples
         self.drift = drift
@@ -213,6 +223,9 @@ class IntervalStats:
                 nodes.append(a)
             nodes.append(b)
         sw = [n for n in nodes if n in self._kind_switch]
+        if self.path_detail == "top" and sw:
+            tier = {n.id: SWITCH_TIER.get(n.kind, 0) for n in f.nodes}
+            return max(sw, key=tier.__getitem__)
         return ">".join(sw)
 
     def _grow_labels(self) -> None:
@@ -223,7 +236,8 @@ class IntervalStats:
         add = np.empty(new - old, np.int64)
         for i in range(old, new):
             lab = self._label(self.paths.hops[i])
-            add[i - old] = self._labels.setdefault(lab, len(self._labels)) if lab else -1
+            known = lab and self.path_detail != "off"
+            add[i - old] = self._labels.setdefault(lab, len(self._labels)) if known else -1
         self._label_of = np.concatenate([self._label_of, add])
 
     @staticmethod
