@@ -9,8 +9,10 @@ from controller.fabric import FabricShape, build_fabric
 from prober.records import MISSING, decode_batch, encode_batch
 from testbed.scenario import Fault, FaultKind, ScenarioError
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimError, Simulator
+from testbed.sim.model import ModelKnobs
 
 FABRIC = build_fabric(FabricShape())
+IDEAL = ModelKnobs.ideal_model()  # these tests pin the original model exactly
 
 
 def _offsets(sim: Simulator, t_ns: np.ndarray, nic: np.ndarray) -> np.ndarray:
@@ -19,7 +21,7 @@ def _offsets(sim: Simulator, t_ns: np.ndarray, nic: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("stamps,tol", [("hw", 400.0), ("sw", 40_000.0)])
 def test_stamps_equal_truth_plus_clock_offsets(stamps: str, tol: float) -> None:
-    sim = Simulator(FABRIC, SimConfig(timestamps=stamps, seed=3))
+    sim = Simulator(FABRIC, SimConfig(model=IDEAL, timestamps=stamps, seed=3))
     st = sim.step(0.0, 0.5)
     b = st.batch
     assert len(b) > 0 and not b.lost.any()
@@ -33,14 +35,14 @@ def test_stamps_equal_truth_plus_clock_offsets(stamps: str, tol: float) -> None:
 
 
 def test_delays_grow_with_load() -> None:
-    lo = Simulator(FABRIC, SimConfig(load=0.1, seed=1)).step(0, 2.0).true_fwd_ns
-    hi = Simulator(FABRIC, SimConfig(load=0.9, seed=1)).step(0, 2.0).true_fwd_ns
+    lo = Simulator(FABRIC, SimConfig(model=IDEAL, load=0.1, seed=1)).step(0, 2.0).true_fwd_ns
+    hi = Simulator(FABRIC, SimConfig(model=IDEAL, load=0.9, seed=1)).step(0, 2.0).true_fwd_ns
     assert np.mean(hi) > np.mean(lo) + 200.0
     assert np.min(lo) > 300.0  # at least a switch traversal
 
 
 def test_coded_pairs_share_path_and_spacing() -> None:
-    st = Simulator(FABRIC, SimConfig(seed=2)).step(0, 0.3)
+    st = Simulator(FABRIC, SimConfig(model=IDEAL, seed=2)).step(0, 0.3)
     b = st.batch
     first = np.flatnonzero(b.pos == 0)
     assert np.array_equal(b.pair[first], b.pair[first + 1])
@@ -52,7 +54,9 @@ def test_flap_loses_exactly_the_probes_crossing_the_link_while_down() -> None:
     link = FABRIC.link("leaf1-spine2")
     hop_ids = (2 * link.index, 2 * link.index + 1)
     sim = Simulator(
-        FABRIC, SimConfig(seed=4), [Fault(FaultKind.FLAP, link.id, 1.0, 4.0, down_s=1.0, up_s=1.0)]
+        FABRIC,
+        SimConfig(model=IDEAL, seed=4),
+        [Fault(FaultKind.FLAP, link.id, 1.0, 4.0, down_s=1.0, up_s=1.0)],
     )
     down = sim.step(1.0, 1.0)
     crosses = np.isin(down.hops_fwd, hop_ids).any(axis=1) | np.isin(down.hops_rev, hop_ids).any(
@@ -69,7 +73,9 @@ def test_congestion_adds_delay_only_on_crossing_probes() -> None:
     link = FABRIC.link("leaf0-spine1")
     hop_ids = (2 * link.index, 2 * link.index + 1)
     sim = Simulator(
-        FABRIC, SimConfig(seed=5), [Fault(FaultKind.CONGEST, link.id, 0.0, 10.0, magnitude=20.0)]
+        FABRIC,
+        SimConfig(model=IDEAL, seed=5),
+        [Fault(FaultKind.CONGEST, link.id, 0.0, 10.0, magnitude=20.0)],
     )
     st = sim.step(0.0, 2.0)
     crosses = np.isin(st.hops_fwd, hop_ids).any(axis=1)
@@ -77,7 +83,9 @@ def test_congestion_adds_delay_only_on_crossing_probes() -> None:
 
 
 def test_prober_down_host_sends_nothing_and_answers_nothing() -> None:
-    sim = Simulator(FABRIC, SimConfig(seed=6), [Fault(FaultKind.PROBER_DOWN, "host3", 0.0, 5.0)])
+    sim = Simulator(
+        FABRIC, SimConfig(model=IDEAL, seed=6), [Fault(FaultKind.PROBER_DOWN, "host3", 0.0, 5.0)]
+    )
     st = sim.step(0.0, 1.0)
     nic3 = FABRIC.nic_index["nic3"]
     assert not (st.batch.src == nic3).any()
@@ -87,8 +95,8 @@ def test_prober_down_host_sends_nothing_and_answers_nothing() -> None:
 
 
 def test_same_seed_same_batch_and_batches_roundtrip() -> None:
-    a = Simulator(FABRIC, SimConfig(seed=9)).step(0, 0.2).batch
-    b = Simulator(FABRIC, SimConfig(seed=9)).step(0, 0.2).batch
+    a = Simulator(FABRIC, SimConfig(model=IDEAL, seed=9)).step(0, 0.2).batch
+    b = Simulator(FABRIC, SimConfig(model=IDEAL, seed=9)).step(0, 0.2).batch
     assert np.array_equal(a.t2, b.t2) and np.array_equal(a.sport, b.sport)
     c = decode_batch(encode_batch(a))
     assert np.array_equal(c.t4, a.t4) and c.nic_ids == a.nic_ids
@@ -103,7 +111,7 @@ def test_bad_config_and_fault_targets_are_refused() -> None:
 
 def test_probe_graph_has_group_mesh_and_cross_group_peers() -> None:
     f = build_fabric(FabricShape(leaves=8, hosts_per_leaf=4))
-    sim = Simulator(f, SimConfig(peers=5, seed=1))
+    sim = Simulator(f, SimConfig(model=IDEAL, peers=5, seed=1))
     g = f.nic_group_index
     same = g[sim.pairs_src] == g[sim.pairs_dst]
     assert same.sum() == 8 * 4 * 3  # full mesh inside each group

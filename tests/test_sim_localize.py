@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 
+import pytest
+
+from controller.cli import main
 from controller.fabric import FabricShape, build_fabric
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.localize_bench import normalize, register_localize, run_once
+from testbed.sim.model import ModelKnobs
 
 FAB = build_fabric(FabricShape())
 
@@ -36,11 +41,33 @@ def test_normalize_and_cli_registration() -> None:
     assert a.random_faults == 2 and a.json and a.seed == 4
 
 
-def test_real_ingest_pipeline_localizes_loss_and_contention() -> None:
+def test_real_ingest_pipeline_localizes_loss_and_contention_on_the_ideal_model() -> None:
     faults = (
         Fault(FaultKind.LOSS, "leaf2-spine0", 3.0, 5.0, magnitude=20.0),
         Fault(FaultKind.CONGEST, "leaf0-spine3", 3.5, 5.0, magnitude=20.0),
     )
-    r = run_once(FAB, faults, duration_s=10.0, load=0.4, seed=5, step_s=0.1, pipeline="ingest")
+    r = run_once(
+        FAB,
+        faults,
+        duration_s=10.0,
+        load=0.4,
+        seed=5,
+        step_s=0.1,
+        pipeline="ingest",
+        model=ModelKnobs.ideal_model(),
+    )
     q = r["estimators"]["qpmesh"]  # type: ignore[index]
     assert q["recall"] == 1.0 and q["precision"] == 1.0 and r["false_alerts"] == 0
+
+
+def test_localize_cli_reports_the_model(capsys: pytest.CaptureFixture[str]) -> None:
+    cap = capsys
+    args = ["sim", "localize", "--random-faults", "0", "--duration", "1", "--json"]
+    assert main([*args, "--pipeline", "truth-clocks"]) == 0
+    model = json.loads(cap.readouterr().out)["model"]
+    assert model["ideal"] is False and model["background_loss"] > 0
+    assert main([*args, "--ideal", "--model-knob", "util_spread=0.1"]) == 0
+    model = json.loads(cap.readouterr().out)["model"]
+    assert model["ideal"] is True and model["util_spread"] == 0.1
+    assert main([*args, "--model-knob", "nope=1"]) == 2
+    assert "unknown model knob" in cap.readouterr().err

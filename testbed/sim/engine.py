@@ -21,6 +21,17 @@ Model:
   down link while it is down; loss drops with a probability per traversal; congest adds
   utilisation (magnitude <= 1) or a persistent queue of ``magnitude`` µs mean; prober_down drops
   the host's own probes and every probe to it; gpu_fault only shows in `SimStep.gpu_faults`.
+
+That is the *ideal* model (``SimConfig(model=ModelKnobs.ideal_model())``, ``--ideal`` on the
+CLI). The default adds the realistic effects of `testbed.sim.model.ModelKnobs` (one generator
+module each; docs/simulator.md): utilisation per directed hop and over time with hot spots,
+incasts, overflow loss and load moving off down links (`load_model`); cable lengths, per-port
+switch latency and NIC TX/RX delays (`asymmetry`); frequency wander and temperature steps
+(`clock_model`); per-host software-stamp bias and outliers (`stamp_model`); the two probes of a
+coded pair sharing queues; background loss and loss bursts (`loss_model`); ECMP hashing the
+controller does not know, with the controller's view of each path in `SimStep.seen_fwd`
+(`ecmp_model`). Effects draw from their own seeded generators, so the ideal model's random
+stream is the original one.
 """
 
 from __future__ import annotations
@@ -36,6 +47,13 @@ from controller.fabric import Fabric, NodeKind
 from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
 from prober.records import MISSING, ProbeBatch
 from testbed.scenario import Fault, FaultKind, validate_targets
+from testbed.sim.asymmetry import hop_base_ns, nic_txrx_ns, pair_asymmetry_ns
+from testbed.sim.clock_model import ClockWander
+from testbed.sim.ecmp_model import true_and_seen_paths
+from testbed.sim.load_model import UtilisationModel, redistribution
+from testbed.sim.loss_model import LossModel
+from testbed.sim.model import ModelKnobs
+from testbed.sim.stamp_model import StampModel
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -71,6 +89,7 @@ class SimConfig:
     probe_bytes: int = 64
     burst_prob: float = 2e-4  # per hop per probe, scaled by load
     turnaround_ns: tuple[float, float] = (1000.0, 4000.0)
+    model: ModelKnobs = field(default_factory=ModelKnobs)  # realistic effects (default on)
 
     def __post_init__(self) -> None:
         if not 0 <= self.load <= 0.95:
@@ -97,6 +116,8 @@ class SimStep:
     alive_hosts: frozenset[str]
     gpu_faults: frozenset[str]
     active_faults: tuple[Fault, ...] = field(default=())
+    seen_fwd: I32 | None = None  # the controller's view of each probe's path (None: = hops)
+    seen_rev: I32 | None = None
 
 
 def _probe_pairs(fabric: Fabric, cfg: SimConfig, rng: np.random.Generator) -> tuple[I64, I64]:
@@ -163,6 +184,16 @@ class Simulator:
         self.ports = self.rng.integers(SPORT_LO, SPORT_HI, size=(n_pairs, cfg.ports_per_pair))
         self.phase_s = self.rng.uniform(0, 1.0 / cfg.rate_hz, n_pairs)
         self.faults: list[Fault] = []
+        knobs = cfg.model
+        self.real = not knobs.ideal
+        self._fx = np.random.default_rng([cfg.seed, 900])
+        self._util = UtilisationModel(fabric, cfg.load, knobs, cfg.seed)
+        self._wander = ClockWander(n, knobs, cfg.seed) if self.real else None
+        self._stamps = StampModel(len(fabric.hosts), knobs, cfg.seed)
+        self._loss = LossModel(len(fabric.links), knobs, cfg.seed)
+        self.nic_tx_ns, self.nic_rx_ns = (
+            nic_txrx_ns(n, knobs, cfg.seed) if self.real else (np.zeros(n), np.zeros(n))
+        )
         for f in faults:
             self.add_fault(f)
         self._seq = 0
@@ -210,12 +241,16 @@ class Simulator:
             self._w_amp[idx]
             * np.sin(2 * np.pi * t_s[..., None] / self._w_per[idx] + self._w_phase[idx])
         ).sum(axis=-1)
+        if self._wander is not None:
+            wander = wander + self._wander.offset_ns(t, idx)
         return np.asarray(self.offset_ns[idx] + self.drift[idx] * t + wander, dtype=np.float64)
 
     @cached_property
     def _hop_base_ns(self) -> F64:
         """Fixed delay of each directed hop: propagation + serialization + switch forwarding."""
         f, cfg = self.fabric, self.config
+        if self.real:
+            return hop_base_ns(f, cfg.model, cfg.seed, cfg.switch_latency_ns, cfg.probe_bytes)
         rng = np.random.default_rng(cfg.seed + 7)
         tier_lat = {kind: float(rng.uniform(*cfg.switch_latency_ns)) for kind in NodeKind}
         sw_lat = {
@@ -238,15 +273,42 @@ class Simulator:
         return np.asarray(self.config.mtu_bytes * 8 / cap * 1e9, dtype=np.float64)
 
     @cached_property
-    def _paths(self) -> tuple[I32, I32]:
-        """Forward and reverse hops per (pair, port slot): shape (pairs, ports, H)."""
+    def _all_paths(self) -> tuple[I32, I32, I32, I32]:
+        """True fwd/rev and the controller's fwd/rev hops per (pair, port slot): (pairs, ports, H)."""
         n_pairs, k = self.ports.shape
         src = np.repeat(self.pairs_src, k)
         dst = np.repeat(self.pairs_dst, k)
-        sp = self.ports.ravel()
-        fwd = flow_paths(self.fabric, src, dst, sp)
-        rev = flow_paths(self.fabric, dst, src, ROCEV2_PORT, sp)
-        return fwd.reshape(n_pairs, k, -1), rev.reshape(n_pairs, k, -1)
+        sp = self.ports.ravel().astype(np.int64)
+        if self.real:
+            out = true_and_seen_paths(
+                self.fabric, src, dst, sp, self.config.model, self.config.seed
+            )
+        else:
+            fwd = flow_paths(self.fabric, src, dst, sp)
+            rev = flow_paths(self.fabric, dst, src, ROCEV2_PORT, sp)
+            out = (fwd, rev, fwd, rev)
+        a, b, c, d = (x.reshape(n_pairs, k, -1) for x in out)
+        return a, b, c, d
+
+    @property
+    def _paths(self) -> tuple[I32, I32]:
+        """True forward and reverse hops per (pair, port slot): shape (pairs, ports, H)."""
+        a, b, _, _ = self._all_paths
+        return a, b
+
+    def pair_asymmetry_ns(self) -> F64:
+        """Return per probed pair half its constant forward-minus-reverse delay (ns), averaged
+        over the pair's swept paths: the bias a two-way estimator cannot observe."""
+        fwd, rev = self._paths
+        return pair_asymmetry_ns(
+            fwd,
+            rev,
+            self._hop_base_ns,
+            self.nic_tx_ns,
+            self.nic_rx_ns,
+            self.pairs_src,
+            self.pairs_dst,
+        )
 
     # ---- generation ----------------------------------------------------------------------
     def step(self, t0_s: float, dt_s: float) -> SimStep:
@@ -276,6 +338,10 @@ class Simulator:
         fwd_paths, rev_paths = self._paths
         hops_f = fwd_paths[pidx2, slot]
         hops_r = rev_paths[pidx2, slot]
+        seen_f = seen_r = None
+        if self.real and self.config.model.ecmp_mismatch > 0:
+            _, _, sf, sr = self._all_paths
+            seen_f, seen_r = sf[pidx2, slot], sr[pidx2, slot]
 
         # faults active in this step
         active = [ft for ft in self.faults if ft.start_s < t1_s and ft.end_s > t0_s]
@@ -288,6 +354,7 @@ class Simulator:
         dead_hosts: set[str] = set()
         gpu_bad: set[str] = set()
         t_s = t_ns / 1e9
+        down_links: list[int] = []
         for ft in active:
             on = _active_mask(ft, t_s)
             if ft.kind == FaultKind.PROBER_DOWN:
@@ -304,6 +371,8 @@ class Simulator:
             crosses = np.isin(hops_f, hop_ids).any(axis=1) | np.isin(hops_r, hop_ids).any(axis=1)
             if ft.kind in (FaultKind.FLAP, FaultKind.LINK_DOWN, FaultKind.NIC_DOWN):
                 lost |= crosses & on
+                if on.mean() >= 0.5:
+                    down_links.append(li)
             elif ft.kind == FaultKind.LOSS:
                 p = ft.magnitude / 100.0
                 nf = np.isin(hops_f, hop_ids).sum(axis=1) + np.isin(hops_r, hop_ids).sum(axis=1)
@@ -324,8 +393,21 @@ class Simulator:
         else:
             keep = np.ones(n, dtype=bool)
 
-        owd_f = self._delays(hops_f, util_extra, queue_extra_us)
-        owd_r = self._delays(hops_r, util_extra, queue_extra_us)
+        if self.real:
+            rho = self._util.utilisation(t0_s)
+            if cfg.model.redistribute and down_links:
+                rho = rho + redistribution(f, down_links, rho)
+            rho = np.minimum(rho + util_extra, 0.98)
+            lost |= self._real_loss(hops_f, hops_r, rho, t_s)
+            incast = self._util.incast(t0_s)
+        else:
+            rho = np.minimum(cfg.load + util_extra, 0.98)
+            incast = None
+        owd_f = self._delays(hops_f, rho, queue_extra_us, incast)
+        owd_r = self._delays(hops_r, rho, queue_extra_us, incast)
+        if self.real:
+            owd_f += self.nic_tx_ns[src] + self.nic_rx_ns[dst]
+            owd_r += self.nic_tx_ns[dst] + self.nic_rx_ns[src]
         turn = rng.uniform(*cfg.turnaround_ns, n)
         T1 = t_ns
         T2 = T1 + owd_f
@@ -378,6 +460,8 @@ class Simulator:
             frozenset(h.id for h in hosts) - dead_hosts,
             frozenset(gpu_bad),
             tuple(active),
+            seen_f[keep] if seen_f is not None else None,
+            seen_r[keep] if seen_r is not None else None,
         )
 
     def run(
@@ -395,13 +479,21 @@ class Simulator:
     def _nic_ids(self) -> tuple[str, ...]:
         return tuple(n.id for n in self.fabric.nics)
 
-    def _delays(self, hops: I32, util_extra: F64, queue_extra_us: F64) -> F64:
-        """Return the one-way delay of each probe along ``hops`` (n, H) with queueing."""
+    def _delays(
+        self, hops: I32, rho_hop: F64, queue_extra_us: F64, incast: npt.NDArray[np.bool_] | None
+    ) -> F64:
+        """Return the one-way delay of each probe along ``hops`` (n, H) with queueing.
+
+        ``rho_hop``: utilisation per directed hop; ``incast``: hops with an incast burst in
+        this step (realistic model). Rows 2j and 2j+1 are the two probes of a coded pair; in
+        the realistic model the second waits exactly as the first on a hop with probability
+        ``coded_queue_share`` (back-to-back probes share the queue).
+        """
         cfg, rng = self.config, self.rng
         valid = hops >= 0
         h = np.where(valid, hops, 0)
         base = self._hop_base_ns[h]
-        rho = np.minimum(cfg.load + util_extra[h], 0.98)
+        rho = rho_hop[h]
         svc = self._service_ns[h]
         u = rng.random(hops.shape)
         waits = u < rho
@@ -414,7 +506,37 @@ class Simulator:
         if extra.any():
             on = extra > 0
             q[on] += rng.exponential(1.0, int(on.sum())) * extra[on] * 1000.0
+        if self.real:
+            fx, m = self._fx, cfg.model
+            if incast is not None and incast.any():
+                hit = incast[h] & valid & (fx.random(hops.shape) < m.incast_hit)
+                q[hit] += fx.exponential(m.incast_queue_us * 1000.0, int(hit.sum()))
+            if m.coded_queue_share > 0 and len(q) >= 2:
+                q2 = q[1::2]
+                k = min(len(q2), len(q[0::2]))
+                share = fx.random(q2[:k].shape) < m.coded_queue_share
+                q2[:k][share] = q[0::2][:k][share]
         return np.asarray(np.where(valid, base + q, 0.0).sum(axis=1), dtype=np.float64)
+
+    def _real_loss(self, hops_f: I32, hops_r: I32, rho: F64, t_s: F64) -> npt.NDArray[np.bool_]:
+        """Return which probes the realistic model drops: background loss, buffer overflow at
+        high utilisation and loss bursts (per directed hop traversal, both directions)."""
+        m, fx = self.config.model, self._fx
+        hops = np.concatenate([hops_f, hops_r], axis=1)
+        valid = hops >= 0
+        h = np.where(valid, hops, 0)
+        p_keep = np.where(
+            valid, (1.0 - m.background_loss) * (1.0 - self._util.overflow_loss(rho)[h]), 1.0
+        )
+        keep = p_keep.prod(axis=1)
+        for li, b0, b1 in self._loss.bursts(
+            float(t_s.min(initial=0.0)), float(t_s.max(initial=0.0)) + 1e-3
+        ):
+            inb = (t_s >= b0) & (t_s < b1)
+            crosses = ((h == 2 * li) | (h == 2 * li + 1)) & valid
+            n_cross = crosses.sum(axis=1)
+            keep = keep * np.where(inb, (1.0 - m.burst_loss) ** n_cross, 1.0)
+        return np.asarray(fx.random(len(keep)) >= keep)
 
     def _stamp(self, true_ns: F64, nic: I64, *, tx: bool) -> I64:
         """Return the int64 NIC-clock stamps of events at ``true_ns`` on ``nic``."""
@@ -429,6 +551,10 @@ class Simulator:
         else:
             mean = 500.0 if tx else 2000.0
             local = local + rng.exponential(mean, n) + np.abs(rng.normal(0, 200.0, n))
+            if self.real:
+                host = np.asarray(self.fabric.nic_host_index[nic], dtype=np.int64)
+                extra: F64 = self._stamps.extra_ns(host, tx=tx, rng=self._fx)
+                local = np.asarray(local + extra, dtype=np.float64)
         return np.asarray(np.round(local), dtype=np.int64) + EPOCH_NS
 
 

@@ -2,7 +2,9 @@
 
 Runs the simulator with faults (a scenario file or ``--random-faults K``), turns every step into
 `Observations` (truth-clocks adapter: the step's stamps with the simulator's true clock offsets
-removed, paths from the fabric's ECMP model, so only localization is measured), feeds the same
+removed, paths as the controller sees them: the fabric's ECMP model, corrected where path
+discovery found the real path (`SimStep.seen_fwd`); the ingest pipeline sees the model's
+paths only), feeds the same
 observations to `controller.brain.Brain` and to the 007-style `controller.voting.VotingBaseline`,
 and scores both: a fault is found when an event names its target while active (+ ``GRACE_S``);
 an event naming a non-faulty target is a false alert.
@@ -28,6 +30,8 @@ from controller.snapshot import Health, MeshEvent
 from controller.voting import VotingBaseline
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimStep, Simulator
+from testbed.sim.model import ModelKnobs
+from testbed.sim.options import add_model_options, model_from_args
 
 GRACE_S = 1.0
 
@@ -49,8 +53,8 @@ def observations_from_step(sim: Simulator, st: SimStep) -> Observations:
         src.astype(np.int32),
         dst.astype(np.int32),
         b.sport.astype(np.int32),
-        st.hops_fwd.astype(np.int32),
-        st.hops_rev.astype(np.int32),
+        (st.hops_fwd if st.seen_fwd is None else st.seen_fwd).astype(np.int32),
+        (st.hops_rev if st.seen_rev is None else st.seen_rev).astype(np.int32),
         lost,
         np.where(lost, nan, fwd),
         np.where(lost, nan, rev),
@@ -151,6 +155,7 @@ def run_once(
     step_s: float,
     timestamps: str = "hw",
     pipeline: str = "truth-clocks",
+    model: ModelKnobs | None = None,
 ) -> dict[str, object]:
     """Simulate ``duration_s`` with ``faults``; return the scores of both estimators.
 
@@ -158,7 +163,9 @@ def run_once(
     (`controller.live.LiveController`) and feeds its observations to both estimators;
     "truth-clocks" removes the simulator's true clock offsets instead.
     """
-    sim = Simulator(fabric, SimConfig(load=load, seed=seed, timestamps=timestamps), faults)
+    knobs = ModelKnobs() if model is None else model
+    cfg = SimConfig(load=load, seed=seed, timestamps=timestamps, model=knobs)
+    sim = Simulator(fabric, cfg, faults)
     brain = Brain(fabric, BrainConfig(lateness_ns=0))  # each step is delivered complete
     voter = VotingBaseline(fabric)
     live = None
@@ -272,6 +279,7 @@ def _localize(args: argparse.Namespace) -> int:
         else [FaultKind.FLAP, FaultKind.CONGEST, FaultKind.LOSS, FaultKind.NIC_DOWN]
     )
     wall = time.perf_counter()
+    model = model_from_args(args)
     for seed in seeds:
         if args.scenario:
             sc = load_scenario(args.scenario)
@@ -294,10 +302,16 @@ def _localize(args: argparse.Namespace) -> int:
             step_s=args.step,
             timestamps=args.timestamps,
             pipeline=args.pipeline,
+            model=model,
         )
         r["seed"] = seed
         runs.append(r)
-    out: dict[str, object] = {"pipeline": args.pipeline, "seeds": seeds, "step_s": args.step}
+    out: dict[str, object] = {
+        "pipeline": args.pipeline,
+        "seeds": seeds,
+        "step_s": args.step,
+        "model": model.to_dict(),
+    }
     est: dict[str, dict[str, float]] = {}
     for name in ("qpmesh", "voting_baseline"):
         est[name] = {
@@ -366,4 +380,5 @@ def register_localize(ssub: argparse._SubParsersAction[argparse.ArgumentParser])
         "simulator's true clock offsets (isolates localization)",
     )
     p.add_argument("--verbose", action="store_true", help="include every run in the JSON")
+    add_model_options(p)
     p.set_defaults(func=_localize)

@@ -9,8 +9,17 @@ estimates every NIC's clock offset three ways from the *same* probes:
   (`sync.anchor_tree`), i.e. without loop correction;
 - ``ntp_baseline``: per pair and per 1/8 of the window the min-RTT exchange's
   ``((t2-t1)-(t4-t3))/2`` (NTP's symmetric assumption), a least-squares line through those
-  (NTP's frequency discipline) evaluated at the window's reference time, chained the same way;
+  (NTP's frequency discipline) evaluated at the window's reference time, then the *same*
+  network solve as qpmesh (`sync.solve_network`, Huber loss, mean pinned): the fair baseline;
+- ``ntp_tree``: the same per-pair NTP estimates chained along a spanning tree (no network
+  effect), the baseline before the fair one;
 - ``ntp_plain`` (context only): the window's single min-RTT exchange per pair, no frequency fit.
+
+The report names the model in force (``"model": {"ideal": ..., knobs}``) and, as
+``asymmetry_floor``, the error a perfect two-way estimator would still make: the simulator's
+constant per-pair path asymmetry (half of fixed forward minus fixed reverse delay, averaged over
+the pair's swept paths) pushed through the same network solve. Two-way probes cannot observe
+it; qpmesh's error should be read beside it.
 
 Errors are absolute offset errors in ns at the window's middle after removing the common
 offset (no sync can observe it): ``|est_k - mean(est) - (true_k - mean(true))|`` over NICs.
@@ -32,6 +41,8 @@ from controller.fabric import FabricShape, build_fabric
 from sync import anchor_tree, ntp_offsets, solve_network
 from sync.window import EdgeSamples, orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator
+from testbed.sim.model import ModelKnobs
+from testbed.sim.options import add_model_options, model_from_args
 
 F64 = npt.NDArray[np.float64]
 
@@ -79,11 +90,15 @@ def _ntp_with_frequency(
     return theta, cnt >= 2
 
 
+Est = tuple[F64, npt.NDArray[np.bool_]]
+
+
 def _ntp_estimates(
     n_nodes: int, samples: EdgeSamples, c: dict[str, npt.NDArray[Any]], t_ref: int, window_s: float
-) -> tuple[tuple[F64, npt.NDArray[np.bool_]], tuple[F64, npt.NDArray[np.bool_]]]:
-    """(offset, known) per node for the NTP baseline with a frequency fit and for plain NTP
-    (the window's min-RTT exchange, no frequency fit), each chained along a spanning tree."""
+) -> tuple[Est, Est, Est]:
+    """(offset, known) per node for the NTP baseline with a frequency fit through qpmesh's
+    network solve, the same chained along a spanning tree, and plain NTP (the window's min-RTT
+    exchange, no frequency fit) chained along a spanning tree."""
     arrived = ~c["lost"]
     sel: slice | npt.NDArray[np.intp] = slice(None) if arrived.all() else np.flatnonzero(arrived)
     edge = samples.edge[sel]
@@ -102,7 +117,9 @@ def _ntp_estimates(
         ne = samples.edges[good]
         tree = anchor_tree(n_nodes, ne, th[good], np.ones(len(ne)), ref=int(ne[0, 0]))
         out.append((tree.offset_ns, tree.known))
-    return out[0], out[1]
+    ne = samples.edges[ok]
+    net = solve_network(n_nodes, ne, theta[ok], np.ones(len(ne)), pin="mean", loss="huber")
+    return (net.offset_ns, net.known), out[0], out[1]
 
 
 def run_sync_bench(
@@ -115,6 +132,7 @@ def run_sync_bench(
     window_s: float = 2.0,
     rate_hz: float = 50.0,
     progress: bool = False,
+    model: ModelKnobs | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark and return the report (see module docstring). Raises ValueError."""
     if nics < 4:
@@ -131,6 +149,7 @@ def run_sync_bench(
         mesh_in_group=False,
         ports_per_pair=8,
         seed=seed,
+        model=ModelKnobs() if model is None else model,
     )
     t0 = time.perf_counter()
     sim = Simulator(fabric, cfg)
@@ -150,6 +169,8 @@ def run_sync_bench(
     t_mid_ns = window_s / 2 * 1e9
     t_ref = EPOCH_NS + int(t_mid_ns)
     truth = sim.true_offset_ns(t_mid_ns)
+    asym = sim.pair_asymmetry_ns()
+    asym_edges = np.stack([sim.pairs_src, sim.pairs_dst], axis=1)
     del sim  # the simulator's cached paths are no longer needed
 
     t1 = time.perf_counter()
@@ -167,7 +188,7 @@ def run_sync_bench(
         coded_tol_ns=tol,
     )
     # NTP baselines on the same probes, oriented onto the same edges; then drop the raw stamps
-    ntp_fit, ntp_plain = _ntp_estimates(n_nodes, samples, c, t_ref, window_s)
+    ntp_net, ntp_fit, ntp_plain = _ntp_estimates(n_nodes, samples, c, t_ref, window_s)
     n_probes = len(c["t1"])
     del c
     quant = HW_TICK_NS if timestamps == "hw" else 0.0
@@ -195,8 +216,12 @@ def run_sync_bench(
 
     tree = anchor_tree(n_nodes, e, theta_fit, w, drift=ws.fits.drift[ok], ref=int(e[0, 0]))
     pw = _errors(tree.offset_ns, tree.known, truth)
-    nb = _errors(*ntp_fit, truth)
+    nb = _errors(*ntp_net, truth)
+    nt = _errors(*ntp_fit, truth)
     npl = _errors(*ntp_plain, truth)
+    # the unobservable part: constant path asymmetry through the same network solve
+    floor = solve_network(n_nodes, asym_edges, asym, np.ones(len(asym)), pin="mean")
+    af = _errors(floor.offset_ns, floor.known, np.zeros(n_nodes))
     est_s = time.perf_counter() - t1
 
     return {
@@ -219,8 +244,19 @@ def run_sync_bench(
         "estimate_seconds": round(est_s, 3),
         "simulate_seconds": round(sim_s, 3),
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "estimators": {"qpmesh": qp, "ntp_baseline": nb, "ntp_plain": npl, "pairwise_only": pw},
+        "model": cfg.model.to_dict(),
+        "estimators": {
+            "qpmesh": qp,
+            "ntp_baseline": nb,
+            "ntp_tree": nt,
+            "ntp_plain": npl,
+            "pairwise_only": pw,
+        },
+        "asymmetry_floor": af,
         "p99_ratio_ntp_over_qpmesh": round(nb["p99_ns"] / qp["p99_ns"], 1)
+        if qp["p99_ns"] > 0
+        else None,
+        "p99_ratio_ntp_tree_over_qpmesh": round(nt["p99_ns"] / qp["p99_ns"], 1)
         if qp["p99_ns"] > 0
         else None,
     }
@@ -236,6 +272,7 @@ def _cmd(args: argparse.Namespace) -> int:
         window_s=args.window,
         rate_hz=args.rate,
         progress=not args.json,
+        model=model_from_args(args),
     )
     if args.json:
         print(json.dumps(rep))
@@ -244,7 +281,9 @@ def _cmd(args: argparse.Namespace) -> int:
         f"{rep['nics']} NICs, {rep['peers']} peers, load {rep['load']}, {rep['timestamps']} stamps, "
         f"{rep['probes']} probes on {rep['edges']} pairs ({rep['edges_fitted']} fitted, {rep['edges_flagged']} flagged)"
     )
-    for name, e in rep["estimators"].items():
+    print(f"  model: {'ideal' if rep['model']['ideal'] else 'realistic'} (docs/simulator.md)")
+    rows = {**rep["estimators"], "asym_floor": rep["asymmetry_floor"]}
+    for name, e in rows.items():
         print(
             f"  {name:14s} p50 {e['p50_ns']:10.1f} ns  p99 {e['p99_ns']:10.1f} ns  max {e['max_ns']:10.1f} ns"
         )
@@ -288,4 +327,5 @@ def register_sync(ssub: Any) -> None:
         help="coded probe pairs per second per peer (default %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_model_options(p)
     p.set_defaults(func=_cmd)

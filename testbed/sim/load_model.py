@@ -1,0 +1,84 @@
+"""Utilisation per directed hop and over time: constant per-direction spread, moving hot spots,
+incast bursts on leaf->host hops, overflow loss at high utilisation (pure, seeded).
+
+Directed hop ``2 * link.index`` leaves the link's lower node, ``2 * link.index + 1`` its upper
+node (the convention of `testbed.sim.engine`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.fabric import Fabric, NodeKind
+from testbed.sim.model import ModelKnobs
+
+F64 = npt.NDArray[np.float64]
+B = npt.NDArray[np.bool_]
+RHO_MAX = 0.98
+
+
+class UtilisationModel:
+    """Utilisation of every directed hop at a time; hot spots and incasts drawn per time slot."""
+
+    def __init__(self, fabric: Fabric, load: float, knobs: ModelKnobs, seed: int) -> None:
+        self.knobs, self.seed, self.load = knobs, seed, load
+        rng = np.random.default_rng([seed, 101])
+        s = knobs.util_spread
+        self.base: F64 = np.clip(load + rng.uniform(-s, s, fabric.n_hops), 0.0, RHO_MAX)
+        kinds = {n.id: n.kind for n in fabric.nodes}
+        down = np.zeros(fabric.n_hops, dtype=bool)
+        for lk in fabric.links:
+            if kinds.get(lk.lower) == NodeKind.HOST or lk.lower not in kinds:
+                down[2 * lk.index + 1] = True  # leaf -> host (or NIC)
+        self.leaf_to_host: B = down
+
+    def hot(self, t_s: float) -> B:
+        """Return the mask of directed hops hot at ``t_s`` (redrawn every hotspot period)."""
+        k = self.knobs
+        if k.hotspot_frac <= 0:
+            return np.zeros(len(self.base), dtype=bool)
+        epoch = max(0, int(np.floor(t_s / k.hotspot_period_s)))
+        rng = np.random.default_rng([self.seed, 102, epoch])
+        return np.asarray(rng.random(len(self.base)) < k.hotspot_frac)
+
+    def utilisation(self, t_s: float) -> F64:
+        """Return the utilisation of every directed hop at ``t_s`` (before faults)."""
+        rho = self.base + np.where(self.hot(t_s), self.knobs.hotspot_util, 0.0)
+        return np.asarray(np.minimum(rho, RHO_MAX), dtype=np.float64)
+
+    def incast(self, t0_s: float) -> B:
+        """Return the leaf->host hops with an incast burst in the step starting at ``t0_s``."""
+        k = self.knobs
+        if k.incast_prob <= 0:
+            return np.zeros(len(self.base), dtype=bool)
+        rng = np.random.default_rng([self.seed, 103, max(0, round(t0_s * 1000))])
+        return self.leaf_to_host & (rng.random(len(self.base)) < k.incast_prob)
+
+    def overflow_loss(self, rho: F64) -> F64:
+        """Return the per-traversal buffer-overflow loss of each hop at utilisation ``rho``."""
+        k = self.knobs
+        x = np.clip((rho - k.overflow_rho) / (1.0 - k.overflow_rho), 0.0, 1.0)
+        return np.asarray(k.overflow_loss * x * x, dtype=np.float64)
+
+
+def redistribution(fabric: Fabric, down_links: list[int], rho: F64) -> F64:
+    """Return the utilisation added to each directed hop when ``down_links`` carry nothing.
+
+    A down link's utilisation (both directions) moves evenly to its siblings: the links with
+    the same lower switch whose upper node is of the same tier (ECMP re-hashes onto them).
+    """
+    extra = np.zeros(len(rho))
+    kinds = {n.id: n.kind for n in fabric.nodes}
+    for li in down_links:
+        lk = fabric.links[li]
+        sib = [
+            o.index
+            for o in fabric.links
+            if o.lower == lk.lower and o.index != li and kinds.get(o.upper) == kinds.get(lk.upper)
+        ]
+        if not sib:
+            continue
+        for d in (0, 1):
+            extra[[2 * s + d for s in sib]] += rho[2 * li + d] / len(sib)
+    return extra

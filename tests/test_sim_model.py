@@ -1,0 +1,196 @@
+"""The realistic simulator model: each effect does what its knob says (docs/simulator.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from controller.cli import main
+from controller.fabric import FabricShape, build_fabric
+from testbed.scenario import Fault, FaultKind
+from testbed.sim.clock_model import ClockWander
+from testbed.sim.engine import SimConfig, Simulator
+from testbed.sim.load_model import UtilisationModel, redistribution
+from testbed.sim.loss_model import LossModel
+from testbed.sim.model import ModelError, ModelKnobs
+from testbed.sim.stamp_model import StampModel
+
+FABRIC = build_fabric(FabricShape())
+QUIET = dataclasses.replace(  # realistic floors and clocks, nothing random on top
+    ModelKnobs(),
+    hotspot_frac=0.0,
+    incast_prob=0.0,
+    background_loss=0.0,
+    burst_per_link_h=0.0,
+    overflow_loss=0.0,
+)
+
+
+def test_realistic_is_the_default_and_ideal_switches_every_effect_off() -> None:
+    assert SimConfig().model == ModelKnobs() and not ModelKnobs().ideal
+    ideal = ModelKnobs.ideal_model().to_dict()
+    assert ideal["ideal"] is True
+    assert ideal["util_spread"] == ideal["background_loss"] == ideal["ecmp_mismatch"] == 0
+    with pytest.raises(ModelError):
+        ModelKnobs(background_loss=2.0)
+    with pytest.raises(ModelError):
+        ModelKnobs().with_overrides(["no_such=1"])
+    assert ModelKnobs().with_overrides(["cable_m=2,3"]).cable_m == (2.0, 3.0)
+
+
+def test_directed_utilisation_differs_per_direction_and_hot_spots_move() -> None:
+    m = UtilisationModel(FABRIC, 0.9, ModelKnobs(), seed=1)
+    up, down = m.base[0::2], m.base[1::2]
+    assert np.all(np.abs(m.base - 0.9) <= 0.05 + 1e-12)
+    assert np.mean(np.abs(up - down)) > 0.01  # the two directions of a link differ
+    # hot spots: redrawn every period, constant within one
+    assert np.array_equal(m.hot(0.0), m.hot(4.9))
+    assert not np.array_equal(m.hot(0.0), m.hot(5.0)) or not np.array_equal(m.hot(5.0), m.hot(10.0))
+    assert m.overflow_loss(np.array([0.5, 0.95]))[0] == 0 < m.overflow_loss(np.array([0.95]))[0]
+
+
+def test_directed_queueing_differs_between_the_two_directions_of_a_link() -> None:
+    knobs = dataclasses.replace(QUIET, util_spread=0.3, coded_queue_share=0.0)
+    sim = Simulator(FABRIC, SimConfig(load=0.5, seed=2, model=knobs))
+    rho = sim._util.utilisation(0.0)
+    li = int(np.argmax(np.abs(rho[0::2] - rho[1::2])))
+    up, down = 2 * li, 2 * li + 1
+    assert abs(rho[up] - rho[down]) > 0.2
+    n = 20_000
+    q = {
+        h: sim._delays(np.full((n, 1), h, dtype=np.int32), rho, np.zeros(len(rho)), None)
+        - sim._hop_base_ns[h]
+        for h in (up, down)
+    }
+    svc = sim._service_ns[up]
+    for h in (up, down):  # M/M/1-like waiting: mean rho * S / (1 - rho)
+        assert np.mean(q[h]) == pytest.approx(rho[h] * svc / (1 - rho[h]), rel=0.15)
+
+
+def test_constant_asymmetry_is_the_same_at_every_time() -> None:
+    sim = Simulator(
+        FABRIC, SimConfig(load=0.0, seed=3, model=dataclasses.replace(QUIET, util_spread=0.0))
+    )
+    a, b = sim.step(0.0, 0.5), sim.step(100.0, 0.5)
+    # at zero load the delay is the fixed part only: identical for the same pair and path
+    ka = {
+        (int(p), int(s)): d
+        for p, s, d in zip(a.pair_index, a.batch.sport, a.true_fwd_ns, strict=True)
+    }
+    same = [
+        (ka[(int(p), int(s))], d)
+        for p, s, d in zip(b.pair_index, b.batch.sport, b.true_fwd_ns, strict=True)
+        if (int(p), int(s)) in ka
+    ]
+    assert len(same) > 100
+    x, y = np.array(same).T
+    assert np.allclose(x, y)
+    asym = sim.pair_asymmetry_ns()
+    assert np.percentile(np.abs(asym), 90) > 2.0  # cables, ports and NICs: not symmetric
+    ideal = Simulator(FABRIC, SimConfig(load=0.0, seed=3, model=ModelKnobs.ideal_model()))
+    assert np.percentile(np.abs(ideal.pair_asymmetry_ns()), 90) < np.percentile(np.abs(asym), 90)
+
+
+def test_wander_has_the_configured_random_walk_spectrum() -> None:
+    knobs = dataclasses.replace(QUIET, wander_ppb_sqrt_s=10.0, temp_steps_per_h=0.0)
+    w = ClockWander(2000, knobs, seed=4)
+    w.offset_ns(np.array([200e9]), np.array([0]))
+    f = w.freq_ppb[:, :200]
+    for lag in (1, 16):
+        d = f[:, lag:] - f[:, :-lag]
+        # random-walk FM: the frequency change over T has std sigma * sqrt(T)
+        assert np.std(d) == pytest.approx(10.0 * np.sqrt(lag), rel=0.1)
+    # the offset is the integral of the frequency, continuous at knots
+    t = np.array([9.999999e9, 10.0e9])
+    o = w.offset_ns(t, np.array([7, 7]))
+    assert abs(o[1] - o[0]) < 1e-3 + abs(w.freq_ppb[7, 9]) * 1e-6
+    steps = dataclasses.replace(knobs, wander_ppb_sqrt_s=0.0, temp_steps_per_h=36.0)
+    ws = ClockWander(500, steps, seed=5)
+    ws.offset_ns(np.array([100e9]), np.array([0]))
+    jumps = np.abs(np.diff(ws.freq_ppb[:, :101], axis=1))
+    assert set(np.unique(np.round(jumps))) <= {0.0, 50.0, 100.0}
+    assert 0.5 * 500 < (jumps > 0).sum() < 1.5 * 500  # 36/h x 100 s = 1 per NIC
+
+
+def test_software_stamps_carry_a_per_host_bias() -> None:
+    sm = StampModel(16, ModelKnobs(), seed=6)
+    assert np.all(np.abs(sm.bias_tx) <= 500) and np.std(sm.bias_tx) > 100
+    knobs = dataclasses.replace(QUIET, sw_outlier_prob=0.0)
+    sim = Simulator(FABRIC, SimConfig(timestamps="sw", seed=6, model=knobs))
+    st = sim.step(0.0, 2.0)
+    b = st.batch
+    host = FABRIC.nic_host_index[b.dst]
+    theta = sim.true_offset_ns(st.true_t_ns, b.dst) - sim.true_offset_ns(st.true_t_ns, b.src)
+    err = (b.t2 - b.t1) - st.true_fwd_ns - theta  # receive-stamp lateness minus send's
+    per_host = [np.median(err[host == h]) for h in np.unique(host)]
+    assert np.ptp(per_host) > 300.0  # hosts differ by hundreds of ns
+
+
+def test_coded_pair_probes_share_queues() -> None:
+    def equal_fraction(share: float) -> float:
+        knobs = dataclasses.replace(QUIET, coded_queue_share=share)
+        st = Simulator(FABRIC, SimConfig(load=0.6, seed=7, model=knobs)).step(0.0, 1.0)
+        first = np.flatnonzero(st.batch.pos == 0)
+        first = first[first + 1 < len(st.batch)]
+        return float(np.mean(np.isclose(st.true_fwd_ns[first], st.true_fwd_ns[first + 1])))
+
+    assert equal_fraction(1.0) > 0.99
+    assert equal_fraction(0.0) < 0.5
+
+
+def test_background_loss_and_bursts() -> None:
+    knobs = dataclasses.replace(QUIET, background_loss=0.01)
+    st = Simulator(FABRIC, SimConfig(seed=8, model=knobs)).step(0.0, 2.0)
+    hops = (st.hops_fwd >= 0).sum(axis=1) + (st.hops_rev >= 0).sum(axis=1)
+    expect = float(np.mean(1 - 0.99**hops))
+    assert st.batch.lost.mean() == pytest.approx(expect, rel=0.2)
+    lm = LossModel(48, dataclasses.replace(QUIET, burst_per_link_h=10.0), seed=9)
+    whole = lm.bursts(0.0, 3600.0)
+    assert 300 < len(whole) < 700  # 48 links x 10/h
+    pieces = [b for t in range(0, 3600, 60) for b in lm.bursts(float(t), float(t + 60))]
+    assert set(whole) == set(pieces)  # independent of the step
+
+
+def test_load_moves_off_a_down_link_onto_its_siblings() -> None:
+    rho = np.full(FABRIC.n_hops, 0.4)
+    li = FABRIC.link("leaf0-spine0").index
+    extra = redistribution(FABRIC, [li], rho)
+    sib = FABRIC.link("leaf0-spine1").index
+    assert extra[2 * sib] > 0 and extra[2 * sib + 1] > 0
+    assert extra.sum() == pytest.approx(0.8)  # both directions' load, nothing invented
+    other = FABRIC.link("leaf1-spine1").index
+    assert extra[2 * other] == 0
+    sim = Simulator(
+        FABRIC,
+        SimConfig(load=0.6, seed=10, model=QUIET),
+        [Fault(FaultKind.LINK_DOWN, "leaf0-spine0", 0.0, 10.0)],
+    )
+    assert sim.step(0.0, 0.5).batch.lost.any()
+
+
+def test_controller_sees_a_realistic_fraction_of_wrong_paths() -> None:
+    sim = Simulator(FABRIC, SimConfig(seed=11))
+    st = sim.step(0.0, 2.0)
+    assert st.seen_fwd is not None
+    wrong = np.mean((st.seen_fwd != st.hops_fwd).any(axis=1))
+    assert 0.005 < wrong < ModelKnobs().ecmp_mismatch * (1 - ModelKnobs().discovered) + 0.02
+    ideal = Simulator(FABRIC, SimConfig(seed=11, model=ModelKnobs.ideal_model())).step(0.0, 0.5)
+    assert ideal.seen_fwd is None
+
+
+def test_sim_sync_json_names_the_model_and_the_asymmetry_floor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["sim", "sync", "--nics", "32", "--peers", "4", "--window", "0.5", "--rate", "20"]
+    assert main([*args, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["model"]["ideal"] is False and rep["model"]["wander_ppb_sqrt_s"] == 10.0
+    assert rep["asymmetry_floor"]["p99_ns"] > 0
+    assert {"ntp_baseline", "ntp_tree", "qpmesh"} <= set(rep["estimators"])
+    assert main([*args, "--json", "--ideal"]) == 0
+    ideal = json.loads(capsys.readouterr().out)
+    assert ideal["model"]["ideal"] is True
+    assert ideal["asymmetry_floor"]["p99_ns"] < rep["asymmetry_floor"]["p99_ns"]
