@@ -23,6 +23,7 @@ from controller.live import LiveController, default_brain
 from controller.snapshot import MeshEvent
 from testbed.scenario import Fault, FaultKind, Scenario, load_scenario
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
+from testbed.sim.model import ModelKnobs
 
 DEMO_SCENARIO = Path(__file__).with_name("scenarios") / "demo.toml"
 INJECT_KEYS = ("flap", "contention", "nic_down")
@@ -35,7 +36,11 @@ class DemoError(ValueError):
 class DemoRunner:
     """Simulator and controller in one process, advanced by `step` in simulated time."""
 
-    def __init__(self, scenario: Scenario, *, step_s: float = 0.5) -> None:
+    def __init__(
+        self, scenario: Scenario, *, step_s: float = 0.5, model: ModelKnobs | None = None
+    ) -> None:
+        """``model``: the simulator's fabric model (default: the ideal one, which the demo's
+        scripted faults were written for; `qpmesh sim run` passes the realistic default)."""
         if step_s <= 0:
             raise DemoError("step must be > 0")
         self.scenario = scenario
@@ -46,6 +51,7 @@ class DemoRunner:
             timestamps=scenario.timestamps,
             seed=scenario.seed,
             peers=min(16, max(1, n - len(self.fabric.groups[self.fabric.nics[0].group]))),
+            model=ModelKnobs.ideal_model() if model is None else model,
         )
         self.sim = Simulator(self.fabric, cfg, faults=scenario.faults)
         # each step is delivered complete: judge it at its own tick (no lateness allowance)

@@ -10,10 +10,11 @@ import sys
 def test_sim_ingest_json_small() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "controller.cli", "sim", "ingest", "--nics", "16",
-         "--seconds", "41", "--step", "0.5", "--repeats", "1", "--json"],
+         "--seconds", "41", "--step", "0.5", "--repeats", "1", "--json", "--ideal"],
         capture_output=True, text=True, check=True, timeout=120,
     )  # fmt: skip
     res = json.loads(out.stdout)
+    assert res["model"]["ideal"] is True  # the delay-error bound below is the ideal model's
     assert res["records_per_second"] > 0 and res["decode_only_records_per_second"] > 0
     assert res["records"] > res["steady_records"] > 0
     # steady state (after the 10 s warm-up window) holds one solve per window: 18, 28, 38 s

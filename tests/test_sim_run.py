@@ -8,13 +8,15 @@ from pathlib import Path
 import pytest
 
 from controller.cli import main
+from testbed.sim.model import ModelKnobs
 from testbed.sim.run_cmd import run_scenario
 
 DEMO = Path(__file__).parents[1] / "testbed" / "scenarios" / "demo.toml"
 
 
-def test_demo_scenario_faults_are_found_without_false_alerts() -> None:
-    rep = run_scenario(str(DEMO))
+def test_demo_scenario_faults_are_found_without_false_alerts_on_the_ideal_model() -> None:
+    rep = run_scenario(str(DEMO), model=ModelKnobs.ideal_model())
+    assert rep["model"]["ideal"] is True
     assert [f["found"] for f in rep["fault_results"]] == [True, True, True]
     assert all(f["latency_s"] <= 2.0 for f in rep["fault_results"])
     assert rep["false_alerts"] == 0

@@ -26,6 +26,8 @@ from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveConfig, LiveController
 from prober.records import ProbeBatch, decode_batch, encode_batch
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
+from testbed.sim.model import ModelKnobs
+from testbed.sim.options import add_model_options, model_from_args
 
 
 def _naive(batch: ProbeBatch, offsets: dict[str, float], limit: int) -> int:
@@ -74,7 +76,14 @@ def _timed_batch(
     return len(ing), d
 
 
-def run_bench(nics: int, seconds: float, step_s: float, repeats: int, seed: int) -> dict[str, Any]:
+def run_bench(
+    nics: int,
+    seconds: float,
+    step_s: float,
+    repeats: int,
+    seed: int,
+    model: ModelKnobs | None = None,
+) -> dict[str, Any]:
     """Return the benchmark figures as a JSON-ready dict.
 
     The first clock window (``LiveConfig().sync.window_ns``, with its warm-up solves) is timed
@@ -82,7 +91,8 @@ def run_bench(nics: int, seconds: float, step_s: float, repeats: int, seed: int)
     (`time.process_time`, so a BLAS thread on another core counts too) of the whole pipeline.
     """
     fabric = build_fabric(FabricShape.for_nics(nics))
-    sim = Simulator(fabric, SimConfig(seed=seed))
+    knobs = ModelKnobs() if model is None else model
+    sim = Simulator(fabric, SimConfig(seed=seed, model=knobs))
     sync_cfg = LiveConfig().sync
     warm_s = sync_cfg.window_ns / 1e9
     t_gen = time.perf_counter()
@@ -141,6 +151,7 @@ def run_bench(nics: int, seconds: float, step_s: float, repeats: int, seed: int)
     return {
         "records_per_second": round(rps),
         "nics": nics,
+        "model": knobs.to_dict(),
         "records": records,
         "steady_records": steady_records,
         "batches": len(payloads),
@@ -177,7 +188,9 @@ def _cmd(args: argparse.Namespace) -> int:
             f"need --nics >= 2, --seconds > {window_s:g} (the clock window) + --step, "
             "--repeats >= 1"
         )
-    res = run_bench(args.nics, args.seconds, args.step, args.repeats, args.seed)
+    res = run_bench(
+        args.nics, args.seconds, args.step, args.repeats, args.seed, model_from_args(args)
+    )
     if args.json:
         json.dump(res, sys.stdout)
         sys.stdout.write("\n")
@@ -216,4 +229,5 @@ def register_ingest(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     p.add_argument("--seed", type=int, default=1, help="random seed (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    add_model_options(p)
     p.set_defaults(func=_cmd)

@@ -16,6 +16,8 @@ from typing import Any
 
 from testbed.demo import DemoRunner, run_headless
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
+from testbed.sim.model import ModelKnobs
+from testbed.sim.options import add_model_options, model_from_args
 
 
 def _targets(fault: Fault, runner: DemoRunner) -> set[str]:
@@ -37,8 +39,11 @@ def run_scenario(
     step_s: float = 0.5,
     random_k: int | None = None,
     seed: int | None = None,
+    model: ModelKnobs | None = None,
 ) -> dict[str, Any]:
     """Play the scenario at ``path`` and return the report (events, per-fault found/latency).
+
+    ``model``: the simulator's fabric model (default: the realistic `ModelKnobs()`).
 
     Raises `ScenarioError` on a bad file, OSError if unreadable.
     """
@@ -52,8 +57,10 @@ def run_scenario(
                 sc.fabric(), random_k, seed=sc.seed, duration_s=duration_s or sc.duration_s
             ),
         )
-    runner = DemoRunner(sc, step_s=step_s)
+    knobs = ModelKnobs() if model is None else model
+    runner = DemoRunner(sc, step_s=step_s, model=knobs)
     report = run_headless(runner, duration_s or sc.duration_s)
+    report["model"] = knobs.to_dict()
     faults = []
     for fault in sc.faults:
         names = _targets(fault, runner)
@@ -89,6 +96,7 @@ def _cmd(args: argparse.Namespace) -> int:
         step_s=args.step,
         random_k=args.random_faults,
         seed=args.seed,
+        model=model_from_args(args),
     )
     if args.json:
         print(json.dumps(rep))
@@ -128,4 +136,5 @@ def register_run(ssub: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_model_options(p)
     p.set_defaults(func=_cmd)
