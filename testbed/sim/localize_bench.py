@@ -29,6 +29,7 @@ from controller.observations import Observations
 from controller.snapshot import Health, MeshEvent
 from controller.voting import VotingBaseline
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
+from testbed.scoring import cause_ok, prf
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimStep, Simulator
 from testbed.sim.model import ModelKnobs
 from testbed.sim.options import add_model_options, model_from_args
@@ -110,35 +111,37 @@ def normalize(fabric: Fabric, target: str) -> str:
 
 @dataclass
 class Score:
-    """Alerts of one estimator: (time s, normalized target) pairs."""
+    """Alerts of one estimator: (time s, normalized target, kind or None) triples.
 
-    alerts: list[tuple[float, str]] = field(default_factory=list)
+    A qpmesh alert on a faulty target with a cause that fault cannot show as
+    (`testbed.scoring.CAUSES`) is a false alert; voting alerts carry no kind.
+    """
+
+    alerts: list[tuple[float, str, str | None]] = field(default_factory=list)
 
     def evaluate(self, fabric: Fabric, faults: Sequence[Fault]) -> dict[str, object]:
         found = [False] * len(faults)
         first: list[float | None] = [None] * len(faults)
-        tp_targets, fp_targets, false_alerts = set(), set(), 0
-        for t, tgt in self.alerts:
+        tp_targets, fp_targets, false_alerts, wrong_cause = set(), set(), 0, 0
+        for t, tgt, kind in self.alerts:
             hit = False
             for i, f in enumerate(faults):
                 if tgt in accepted_targets(fabric, f) and f.start_s <= t <= f.end_s + GRACE_S:
+                    if not cause_ok(f.kind, kind):
+                        wrong_cause += 1
+                        continue
                     hit = True
                     found[i] = True
                     first[i] = t if first[i] is None else min(first[i] or t, t)
             if hit:
-                tp_targets.add(tgt)
+                tp_targets.add((tgt, kind))
             else:
-                fp_targets.add(tgt)
+                fp_targets.add((tgt, kind))
                 false_alerts += 1
-        n_pred = len(tp_targets | fp_targets)
-        precision = len(tp_targets) / n_pred if n_pred else 1.0
-        recall = sum(found) / len(faults) if faults else 1.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
         return {
-            "precision": round(precision, 4),
-            "recall": round(recall, 4),
-            "f1": round(f1, 4),
+            **prf(found, tp_targets, fp_targets),
             "false_alerts": false_alerts,
+            "wrong_cause_alerts": wrong_cause,
             "alerts": len(self.alerts),
             "_found": found,
             "_first": first,
@@ -206,12 +209,12 @@ def run_once(
         t_brain += time.perf_counter() - c0
         for ev in events:
             if ev.kind != "clear":
-                ours.alerts.append((st.t1_s, normalize(fabric, ev.target)))
+                ours.alerts.append((st.t1_s, normalize(fabric, ev.target), ev.kind))
         for lk in voter.tick(now):
-            theirs.alerts.append((st.t1_s, lk))
+            theirs.alerts.append((st.t1_s, lk, None))
         for ev in events:  # host findings come from presence / NVML: give them to both
             if ev.kind in ("prober_down", "gpu_fault"):
-                theirs.alerts.append((st.t1_s, ev.target))
+                theirs.alerts.append((st.t1_s, ev.target, ev.kind))
         _track_blamed(brain, fabric, faults, st.t1_s, blamed_first)
     ours_s, theirs_s = ours.evaluate(fabric, faults), theirs.evaluate(fabric, faults)
     fault_rows = []
@@ -241,7 +244,9 @@ def run_once(
         "false_alerts": ours_s["false_alerts"],
         "probes": n_probes,
         "pipeline_probes_per_s": round(n_probes / t_brain) if t_brain else None,
-        "alerts": [{"t_s": round(t, 3), "target": tgt} for t, tgt in ours.alerts[:50]],
+        "alerts": [
+            {"t_s": round(t, 3), "target": tgt, "kind": kind} for t, tgt, kind in ours.alerts[:50]
+        ],
     }
 
 
@@ -316,7 +321,7 @@ def _localize(args: argparse.Namespace) -> int:
     for name in ("qpmesh", "voting_baseline"):
         est[name] = {
             m: _median([float(r["estimators"][name][m]) for r in runs])  # type: ignore[index]
-            for m in ("precision", "recall", "f1", "false_alerts")
+            for m in ("precision", "recall", "f1", "false_alerts", "wrong_cause_alerts")
         }
     out["estimators"] = est
     out["faults"] = [f for r in runs for f in r["faults"]]  # type: ignore[attr-defined]
