@@ -209,8 +209,7 @@ def _run_demo(
     rec = TimeseriesRecorder(runner.fabric, sink, interval_ns=int(interval_s * 1e9))
     runner.controller.brain = TeeBrain(runner.controller.brain, rec)
     while runner.t_s < seconds - 1e-9:
-        new = runner.step()
-        rec.events(new)
+        runner.step()  # the TeeBrain hands observations and events to the recorder
         if during is not None:
             during(runner, rec)
         rec.tick(runner.now_ns, runner.controller.snapshot, runner.controller.alive)

@@ -122,7 +122,8 @@ class TimeseriesRecorder:
 
 class TeeBrain:
     """A `BrainLike` that forwards everything to ``brain`` and also hands each batch of
-    observations to ``recorder`` (so the time series sees what detection sees)."""
+    observations and each tick's new events to ``recorder`` (so the time series sees what
+    detection sees)."""
 
     def __init__(self, brain: BrainLike, recorder: TimeseriesRecorder) -> None:
         self.brain = brain
@@ -139,7 +140,9 @@ class TeeBrain:
         self.brain.gpu(host, ok, detail, now_ns)
 
     def tick(self, now_ns: int) -> list[MeshEvent]:
-        return self.brain.tick(now_ns)
+        events = self.brain.tick(now_ns)
+        self.recorder.events(events)
+        return events
 
     def link_health(self) -> dict[str, Health]:
         return self.brain.link_health()

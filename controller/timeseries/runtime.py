@@ -1,0 +1,143 @@
+"""The time series and metrics inside a running controller (thin asyncio shell).
+
+`TimeseriesRuntime(fabric, config)` owns a `TimeseriesRecorder` and a `TsdbWriter`; wrap the
+controller's brain with `brain(...)` before the first ingest (the recorder then sees every
+batch of observations and every new event), run `run(live, tick_s, clock)` as a task, and
+`close()` at the end (sends what is buffered for a few seconds). Each interval is cut on the
+loop and rendered, compressed and queued in a worker thread, so ingest never waits for it.
+
+`MetricsRuntime(metrics)` copies the controller's counters into the Prometheus families
+(`sync`), so the service only keeps its own counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from controller.fabric import Fabric
+from controller.live import BrainLike
+from controller.snapshot import MeshSnapshot
+from controller.timeseries.config import TimeseriesConfig
+from controller.timeseries.metrics import ControllerMetrics
+from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+from controller.timeseries.writer import TsdbWriter, WriterStats
+
+
+class LiveLike(Protocol):
+    """What the runtime reads from the live controller (`controller.live.LiveController`)."""
+
+    alive: dict[str, bool]
+    records: int
+
+    def snapshot(self) -> MeshSnapshot: ...
+
+
+class TimeseriesRuntime:
+    """Recorder + writer for one controller."""
+
+    def __init__(
+        self, fabric: Fabric, config: TimeseriesConfig, *, writer: TsdbWriter | None = None
+    ) -> None:
+        self.config = config
+        self.writer = writer or TsdbWriter(
+            config.url,
+            org=config.org,
+            bucket=config.bucket,
+            token=config.token,
+            max_bytes=config.buffer_bytes,
+        )
+        self.recorder = TimeseriesRecorder(
+            fabric,
+            self.writer.offer,
+            interval_ns=round(config.interval_s * 1e9),
+            pairs=config.pairs,
+            path_detail=config.path_detail,
+        )
+
+    def brain(self, brain: BrainLike) -> BrainLike:
+        """Return ``brain`` wrapped so the recorder sees its input and events."""
+        return TeeBrain(brain, self.recorder)
+
+    async def step(self, live: LiveLike, now_ns: int) -> int:
+        """Close the interval if due; render and queue it in a worker thread; return bytes."""
+        job = self.recorder.begin(now_ns, live.snapshot, live.alive)
+        if job is None:
+            return 0
+        rec = self.recorder
+        return await asyncio.to_thread(lambda: rec.finish(job()))
+
+    async def run(self, live: LiveLike, tick_s: float, clock: Callable[[], int]) -> None:
+        """Step every ``tick_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(tick_s)
+            await self.step(live, clock())
+
+    def stats(self) -> WriterStats:
+        """Return the writer's counters (for the controller's health)."""
+        return self.writer.stats()
+
+    def health(self) -> dict[str, Any]:
+        """Return the time-series part of the controller's health as JSON-ready values."""
+        st = self.writer.stats()
+        return {
+            "url": self.config.url,
+            "intervals": self.recorder.intervals,
+            "buffer_bytes": st.buffered_bytes,
+            "buffer_fill": round(st.fill, 4),
+            "written_lines": st.written_lines,
+            "dropped_lines": st.dropped_lines,
+            "rejected_lines": st.rejected_lines,
+            "write_failures": st.failures,
+            "last_error": st.last_error,
+        }
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Try to send what is buffered for up to ``timeout_s``; stop the writer."""
+        self.writer.close(timeout_s)
+
+
+class MetricsRuntime:
+    """Keeps the Prometheus families in step with the controller's own counters."""
+
+    def __init__(self, metrics: ControllerMetrics) -> None:
+        self.metrics = metrics
+        self._seen: dict[str, float] = {}
+
+    def _inc(self, name: str, total: float, counter: Any) -> None:
+        delta = total - self._seen.get(name, 0.0)
+        if delta > 0:
+            counter.inc(delta)
+            self._seen[name] = total
+
+    def sync(
+        self,
+        records: int,
+        counters: Mapping[str, int],
+        tsdb: WriterStats | None = None,
+    ) -> None:
+        """Copy totals: ``records`` ingested, the service's message ``counters`` (``probes``,
+        ``duplicate``, ``bad:<kind>`` or ``bad``) and the writer's counters."""
+        m = self.metrics
+        self._inc("records", records, m.records)
+        self._inc("batches", counters.get("probes", 0), m.batches)
+        self._inc("dropped", counters.get("duplicate", 0), m.batches_dropped)
+        for key, n in counters.items():
+            if key == "bad" or key.startswith("bad:"):
+                kind = key.removeprefix("bad").removeprefix(":") or "any"
+                self._inc(f"bad/{kind}", n, m.decode_errors.labels(kind))
+        if tsdb is not None:
+            m.tsdb(tsdb)
+
+    def solve(self, seconds: float) -> None:
+        """Record one clock solve's wall time."""
+        self.metrics.solve_seconds.observe(seconds)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """Return (fn(), its wall time in s) (for the clock-solve histogram)."""
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
