@@ -21,6 +21,8 @@ from typing import Any
 from controller.fabric import FabricShape
 from controller.live import LiveController, default_brain
 from controller.snapshot import MeshEvent
+from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+from controller.timeseries.writer import TsdbWriter
 from testbed.scenario import Fault, FaultKind, Scenario, load_scenario
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
@@ -63,6 +65,7 @@ class DemoRunner:
         self.events: list[MeshEvent] = []
         self._alive: set[str] = set()
         self._gpu_bad: frozenset[str] = frozenset()
+        self.timeseries: TimeseriesRecorder | None = None
         now = self.now_ns
         for h in self.fabric.hosts:
             self.controller.gpu(h.id, True, "", now)
@@ -94,7 +97,14 @@ class DemoRunner:
         self._gpu_bad = st.gpu_faults
         new = ctl.tick(now)
         self.events.extend(new)
+        if self.timeseries is not None:
+            self.timeseries.tick(now, ctl.snapshot, ctl.alive)
         return new
+
+    def record_to(self, recorder: TimeseriesRecorder) -> None:
+        """Write time series through ``recorder`` from now on (its intervals in sim time)."""
+        self.controller.brain = TeeBrain(self.controller.brain, recorder)
+        self.timeseries = recorder
 
     def fault_for(self, kind: str, duration_s: float = 30.0) -> Fault:
         """Return the fault the demo key ``kind`` (flap, contention, nic_down) injects now."""
@@ -175,12 +185,35 @@ def run_headless(runner: DemoRunner, duration_s: float) -> dict[str, Any]:
     }
 
 
+def demo_timeseries(runner: DemoRunner, url: str | None) -> TsdbWriter | None:
+    """With ``url``, write the demo's time series there (1 s intervals of simulated time,
+    stamped from the wall clock at the start); return the writer to close, else None."""
+    if not url:
+        return None
+    writer = TsdbWriter(url)
+    shift = time.time_ns() - runner.now_ns
+    runner.record_to(
+        TimeseriesRecorder(runner.fabric, writer.offer, interval_ns=1_000_000_000, shift_ns=shift)
+    )
+    return writer
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """``qpmesh demo``: the TUI on a live simulation, or ``--headless`` scenario playback."""
     sc = demo_scenario(args.scenario, nics=args.nics, seed=args.seed)
+    url = getattr(args, "timeseries", None)
     if args.headless:
         runner = DemoRunner(sc, step_s=args.step)
+        writer = demo_timeseries(runner, url)
         result = run_headless(runner, args.duration or sc.duration_s)
+        if writer is not None:
+            writer.close(30.0)
+            st = writer.stats()
+            result["timeseries"] = {
+                "url": url, "written_lines": st.written_lines,
+                "buffered_lines": st.buffered_lines, "dropped_lines": st.dropped_lines,
+                "last_error": st.last_error,
+            }  # fmt: skip
         if args.json:
             print(json.dumps(result))
         else:
@@ -191,7 +224,12 @@ def run_demo(args: argparse.Namespace) -> int:
 
     # Interactive: start with no scripted faults, the operator injects them with keys.
     runner = DemoRunner(replace(sc, faults=()), step_s=args.step)
-    DemoApp(runner, threshold_ns=args.threshold_us * 1e3).run()
+    writer = demo_timeseries(runner, url)
+    try:
+        DemoApp(runner, threshold_ns=args.threshold_us * 1e3).run()
+    finally:
+        if writer is not None:
+            writer.close(10.0)
     return 0
 
 

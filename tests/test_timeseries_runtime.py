@@ -94,6 +94,25 @@ async def test_runtime_writes_intervals_with_events_off_the_loop() -> None:
     assert h["dropped_lines"] == 0 and h["written_lines"] == text.count("\n")
 
 
+async def test_runtime_passes_the_series_knobs_on() -> None:
+    bodies: list[bytes] = []
+    writer = TsdbWriter("http://unused", post=bodies.append)
+    cfg = TimeseriesConfig("http://unused", interval_s=1.0, pairs=False, path_detail="top")
+    runner = DemoRunner(demo_scenario(None, nics=None, seed=7), step_s=0.5)
+    rt = TimeseriesRuntime(runner.fabric, cfg, writer=writer)
+    runner.controller.brain = rt.brain(runner.controller.brain)
+    try:
+        while runner.t_s < 3:
+            runner.step()
+            await rt.step(runner.controller, runner.now_ns)
+        assert writer.flush(30.0)
+    finally:
+        rt.close(2.0)
+    text = b"".join(bodies).decode()
+    assert "qpmesh_path,path=spine1,spine=spine1 " in text
+    assert "qpmesh_pair," not in text and "qpmesh_link," in text
+
+
 def test_metrics_runtime_copies_totals_once() -> None:
     reg = CollectorRegistry()
     mr = MetricsRuntime(ControllerMetrics(reg))

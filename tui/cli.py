@@ -54,6 +54,12 @@ def register(subparsers: Any) -> None:
     d.add_argument("--seed", type=int, default=None, help="simulator seed")
     d.add_argument("--step", type=float, default=0.5, help="simulated seconds per tick")
     d.add_argument("--threshold-us", type=float, default=5.0, help="delay threshold µs")
+    d.add_argument(
+        "--timeseries",
+        metavar="URL",
+        help="also write the time series to this InfluxDB v2 write API "
+        "(InfluxDB 2 or VictoriaMetrics, e.g. http://127.0.0.1:8428), 1 s intervals",
+    )
     d.set_defaults(func=_demo)
 
 

@@ -143,12 +143,18 @@ class PointBuilder:
     """Renders intervals for one fabric; remembers when each host's prober left."""
 
     def __init__(
-        self, fabric: Fabric, *, gone_after_ns: int = 300_000_000_000, pairs: bool = True
+        self,
+        fabric: Fabric,
+        *,
+        gone_after_ns: int = 300_000_000_000,
+        pairs: bool = True,
+        shift_ns: int = 0,
     ) -> None:
         if gone_after_ns < 0:
             raise ValueError("gone_after_ns must be >= 0")
         self.fabric = fabric
         self.pairs = pairs
+        self.shift_ns = shift_ns  # added to every timestamp (the demo maps sim time to now)
         self.gone_after_ns = gone_after_ns
         self._left: dict[str, int] = {}
         f = fabric
@@ -202,19 +208,19 @@ class PointBuilder:
         lines += self._state_lines(state, nic_in, present, lingering, summary)
         pts = [
             Point("qpmesh_event", {"kind": e.kind, "target": e.target, "severity": e.severity},
-                  {"count": 1}, e.t_ns)
+                  {"count": 1}, e.t_ns + self.shift_ns)
             for e in state.events
         ]  # fmt: skip
         pts += [
             Point("qpmesh_remediation", {"action": a.action, "target": a.target,
-                  "status": a.status}, {"count": 1}, a.t_ns)
+                  "status": a.status}, {"count": 1}, a.t_ns + self.shift_ns)
             for a in state.actions
         ]  # fmt: skip
         body = ("\n".join(lines) + "\n").encode() if lines else b""
         return body + to_line_protocol(pts)
 
     def _delay_lines(self, s: IntervalSummary, nic_in: npt.NDArray[np.bool_]) -> list[str]:
-        t = s.end_ns
+        t = s.end_ns + self.shift_ns
         out: list[str] = []
         nic, leaf = self._nic, self._leaf
         keep = nic_in[s.pair_src] & nic_in[s.pair_dst] & self.pairs
@@ -259,7 +265,7 @@ class PointBuilder:
         lingering: set[str],
         s: IntervalSummary | None,
     ) -> list[str]:
-        t = st.t_ns
+        t = st.t_ns + self.shift_ns
         f = self.fabric
         out: list[str] = []
         for i in np.flatnonzero(nic_in).tolist():

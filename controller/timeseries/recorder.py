@@ -35,14 +35,18 @@ class TimeseriesRecorder:
         max_samples: int = 4_000_000,
         pairs: bool = True,
         path_detail: str = "full",
+        shift_ns: int = 0,
     ) -> None:
         if interval_ns <= 0:
             raise ValueError("interval must be > 0")
         self.fabric = fabric
         self.sink = sink
         self.interval_ns = interval_ns
-        self.stats = IntervalStats(fabric, routing_tables(fabric).max_hops, max_samples=max_samples)
-        self.builder = PointBuilder(fabric, gone_after_ns=gone_after_ns)
+        width = routing_tables(fabric).max_hops
+        self.stats = IntervalStats(fabric, width, max_samples=max_samples, path_detail=path_detail)
+        self.builder = PointBuilder(
+            fabric, gone_after_ns=gone_after_ns, pairs=pairs, shift_ns=shift_ns
+        )
         self._events: list[MeshEvent] = []
         self._actions: list[RemediationAction] = []
         self._last: int | None = None
