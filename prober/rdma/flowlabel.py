@@ -39,3 +39,20 @@ def flow_label_for_sport(sport: int, high: int = 1) -> int:
     if low14 == 0 and high == 0:
         high = 1
     return (high << 14) | (low14 ^ high)
+
+
+RXE_VENDOR_ID = 0xFFFFFF  # Soft-RoCE (rdma_rxe) reports this vendor id
+_GOLDEN_RATIO_32 = 0x61C88647  # the kernel's hash_32 multiplier (include/linux/hash.h)
+
+
+def rxe_sport_of_qpn(qpn: int) -> int:
+    """Return the RoCEv2 UDP source port Soft-RoCE (rxe) uses for every packet of QP ``qpn``.
+
+    rxe ignores the address handle's flow label: a QP's port is fixed at creation,
+    ``0xC000 + hash_32(qpn, 14)`` (drivers/infiniband/sw/rxe/rxe_qp.c; seen on the wire with
+    kernel 6.1: QPN 17 -> 57236). To sweep paths on rxe a NIC needs one QP per source port.
+    Raises `ValueError` for a QPN outside 24 bits.
+    """
+    if not 0 <= qpn <= 0xFFFFFF:
+        raise ValueError(f"QPN must be in 0..{0xFFFFFF}, got {qpn}")
+    return SPORT_MIN + (((qpn * _GOLDEN_RATIO_32) & 0xFFFFFFFF) >> (32 - 14))

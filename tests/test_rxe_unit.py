@@ -1,0 +1,66 @@
+"""The pure parts of the Soft-RoCE support: rxe source ports, the QP sweep, the guest setup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prober.events import ProbeLost, ProbeResult
+from prober.rdma.flowlabel import rxe_sport_of_qpn
+from prober.rdma.transport import full_gid, rewrite_sports, sweep_assignment
+from testbed.rxevm.guest import RxePair, setup_script
+from testbed.rxevm.vm import find_kernel, vng_command
+
+
+def test_rxe_sport_matches_ports_seen_on_the_wire() -> None:
+    # captured on qpvb in a kernel 6.1 guest: UD QPs 17..20 of rxe0, any flow label
+    assert [rxe_sport_of_qpn(q) for q in (17, 18, 19, 20)] == [57236, 63494, 53368, 59626]
+    assert all(0xC000 <= rxe_sport_of_qpn(q) <= 0xFFFF for q in range(0, 5000, 7))
+    with pytest.raises(ValueError):
+        rxe_sport_of_qpn(1 << 24)
+
+
+def test_sweep_assignment_round_robin_and_replies_on_qp0() -> None:
+    assert sweep_assignment((50000, 50001, 50002), 2) == {0: 0, 50000: 0, 50001: 1, 50002: 0}
+    assert sweep_assignment((), 1) == {0: 0}
+    with pytest.raises(ValueError):
+        sweep_assignment((1,), 0)
+
+
+def test_rewrite_sports_replaces_only_mapped_results_and_losses() -> None:
+    r = ProbeResult(1, "a0", "b0", 50000, -1, 0, 1, 2, 3, 4)
+    lost = ProbeLost(2, "a0", "b0", 50001, -1, 0, 5, 5)
+    other = ProbeResult(3, "a0", "b0", 50002, -1, 0, 1, 2, 3, 4)
+    out = rewrite_sports([r, lost, other], {50000: 57236, 50001: 63494})
+    assert [e.sport for e in out] == [57236, 63494, 50002]
+    assert out[0].t4 == 4 and out[1].seq == 2 and out[2] is other
+
+
+def test_full_gid_forms_pyverbs_parses() -> None:
+    assert full_gid("10.9.0.2") == "0000:0000:0000:0000:0000:ffff:0a09:0002"
+    assert full_gid("::ffff:a09:2") == "0000:0000:0000:0000:0000:ffff:0a09:0002"
+    with pytest.raises(ValueError):
+        full_gid("not-a-gid")
+
+
+def test_setup_script_forces_traffic_onto_the_wire() -> None:
+    text = setup_script(RxePair())
+    assert text.startswith("set -e\nmodprobe rdma_rxe\n")
+    assert "ip rule add pref 10 to 10.9.0.2 iif lo lookup 100" in text
+    assert "ip route add 10.9.0.2 dev qpva src 10.9.0.1 table 100" in text
+    assert text.index("ip rule add pref 100 lookup local") < text.index("ip rule del pref 0")
+    assert "rdma link add rxe1 type rxe netdev qpvb" in text
+    with pytest.raises(ValueError):
+        RxePair(veth_a="bad name!")
+    with pytest.raises(ValueError):
+        RxePair(addr_b="10.9.0.1")
+
+
+def test_vng_command_and_kernel_lookup(tmp_path: Path) -> None:
+    cmd = vng_command(Path("/boot/vmlinuz-x"), "true", tmp_path)
+    assert cmd[:4] == ["vng", "--run", "/boot/vmlinuz-x", "--disable-kvm"]
+    assert cmd[cmd.index("--rwdir") + 1] == str(tmp_path) and cmd[-2:] == ["--exec", "true"]
+    assert find_kernel(tmp_path) is None
+    (tmp_path / "vmlinuz-0.0-none").write_bytes(b"")
+    assert find_kernel(tmp_path) is None  # no /lib/modules/0.0-none
