@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,54 @@ def test_vng_command_and_kernel_lookup(tmp_path: Path) -> None:
     assert find_kernel(tmp_path) is None
     (tmp_path / "vmlinuz-0.0-none").write_bytes(b"")
     assert find_kernel(tmp_path) is None  # no /lib/modules/0.0-none
+
+
+class _FakeCtx:
+    def __init__(self, khz: int) -> None:
+        self.khz = khz
+
+    def query_device_ex(self) -> object:
+        return type("A", (), {"hca_core_clock": self.khz, "completion_timestamp_mask": 0xFFFF})()
+
+    def query_rt_values_ex(self) -> tuple[int, int]:
+        return (0, 1234)
+
+
+@pytest.mark.parametrize(
+    ("khz", "cqex_errno", "want"),
+    [(0, None, "sw"), (1_000_000, 95, "sw"), (1_000_000, None, "hw")],
+)
+def test_stamp_source_falls_back_to_host_clock_without_completion_timestamps(
+    monkeypatch: pytest.MonkeyPatch, khz: int, cqex_errno: int | None, want: str
+) -> None:
+    """No NIC clock (rxe: hca_core_clock 0, or CQEX EOPNOTSUPP) -> plain CQs, "sw" stamps."""
+    cq_mod = pytest.importorskip("pyverbs.cq", reason="pyverbs not installed (make setup)")
+    from pyverbs.pyverbs_error import PyverbsRDMAError
+
+    from prober.config import NicConfig
+    from prober.rdma.transport import RdmaEndpoint
+    from prober.session import ProbeSession
+
+    made: list[str] = []
+
+    def cqex(_ctx: object, _attr: object) -> str:
+        if cqex_errno is not None:
+            raise PyverbsRDMAError("Failed to create extended CQ", cqex_errno)
+        made.append("cqex")
+        return "cqex"
+
+    def cq(_ctx: object, _n: int) -> str:
+        made.append("cq")
+        return "cq"
+
+    monkeypatch.setattr(cq_mod, "CQEX", cqex)
+    monkeypatch.setattr(cq_mod, "CqInitAttrEx", lambda **kw: kw)
+    monkeypatch.setattr(cq_mod, "CQ", cq)
+    e = pytest.importorskip("pyverbs.enums")
+    ep = RdmaEndpoint(ProbeSession("a0"), NicConfig("a0", "10.9.0.1", rdma_device="rxe0"))
+    ep._make_cqs(_FakeCtx(khz), e, 8, 8)
+    assert ep.stamp_source == want
+    assert made == (["cqex", "cqex"] if want == "hw" else ["cq", "cq"])
+    assert (ep.clock is None) == (want == "sw")
+    if want == "sw":
+        assert abs(ep.now_ns() - time.time_ns()) < 60_000_000_000
