@@ -14,8 +14,9 @@ Per NIC:
   (``stamp_source`` ``"hw"``). A device without completion timestamps (rxe: that CQEX fails
   with EOPNOTSUPP and ``hca_core_clock`` is 0) gets plain CQs and host-clock stamps
   (``time.time_ns``, ``stamp_source`` ``"sw"``, so batches are flagged ``stamp = "sw"``):
-  t1/t3 right after ``post_send`` returns (rxe hands the packet to the IP stack inside that
-  call), t2/t4 once per receive-CQ poll, right after the poll found completions;
+  t1/t3 right before ``post_send`` (rxe hands the packet to the IP stack inside that call; a
+  stamp after it returned could come after the peer's receive stamp if the process is
+  preempted there), t2/t4 once per receive-CQ poll, right after the poll found completions;
 - the source-port sweep, per device kind (`sport_mode`):
   ``flow_label`` (mlx5, the default): one UD QP and one global address handle per (peer GID,
   source port) with ``flow_label_for_sport(sport)``, so the NIC puts ``sport`` in the RoCEv2
@@ -339,14 +340,15 @@ class RdmaEndpoint:
         qp = self._qps[self._sport_qp.get(dgram.meta.sport, 0)]
         try:
             wr.set_wr_ud(self._ah(str(gid), dgram.meta.sport), int(qpn), qkey)
+            host_ns = time.time_ns()  # "sw" stamp: right before the post (never after the wire)
             qp.post_send(wr)
         except Exception as exc:  # PyverbsRDMAError: queue full, bad AH
             self.counters[f"send_error_{type(exc).__name__}"] += 1
             return []
         if not dgram.meta.wants_tx_stamp:
             return []
-        if self.clock is None:  # host stamp, right after the post returned
-            return self.session.on_tx_stamp(dgram.meta.token, time.time_ns())
+        if self.clock is None:
+            return self.session.on_tx_stamp(dgram.meta.token, host_ns)
         self._send_tokens[slot] = dgram.meta.token
         return []
 
