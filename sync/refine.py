@@ -123,6 +123,43 @@ def lowest_means(pair: ArrayLike, vals: ArrayLike, n: int, fractions: ArrayLike)
     return out
 
 
+def lowest_key_means(
+    group: ArrayLike, key: ArrayLike, vals: ArrayLike, n: int, fractions: ArrayLike
+) -> F64:
+    """Per fraction ``q`` and group ``0 <= p < n``: the mean of ``vals`` over the
+    ``max(1, round(q c_p))`` samples of group p with the smallest ``key`` (finite key and value
+    only); NaN for empty groups.
+
+    With ``key`` = round-trip time and ``vals`` = per-exchange offsets this is the min-RTT
+    filter generalized to a fraction: the exchanges least queued in *both* directions, whose
+    offset is unbiased however unequal the two directions' queueing. Returns shape
+    ``(len(fractions), n)``. Raises ValueError on fractions outside (0, 1] or malformed arrays.
+    """
+    pr = as_index(group, "group", n)
+    kk = as_float(key, "key", len(pr))
+    v = as_float(vals, "vals", len(pr))
+    q = np.atleast_1d(np.asarray(fractions, dtype=np.float64))
+    if q.ndim != 1 or not np.all((q > 0) & (q <= 1)):
+        raise ValueError("fractions must be a 1-D sequence of values in (0, 1]")
+    ok = np.isfinite(kk) & np.isfinite(v)
+    if not ok.all():
+        pr, kk, v = pr[ok], kk[ok], v[ok]
+    order = np.lexsort((kk, pr))
+    pr, v = pr[order], v[order]
+    del order, kk
+    count = np.bincount(pr, minlength=n)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]])
+    has = count > 0
+    s0 = start[has]
+    first = v[s0]
+    csum = np.concatenate([[0.0], np.cumsum(v - v[start[pr]])])
+    out = np.full((len(q), n), np.nan)
+    for r, frac in enumerate(q):
+        k = np.clip(np.rint(frac * count[has]), 1, count[has]).astype(np.int64)
+        out[r, has] = first + (csum[s0 + k] - csum[s0]) / k
+    return out
+
+
 def floor_excess_std(
     n_nodes: int,
     edges: ArrayLike,

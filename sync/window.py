@@ -33,12 +33,14 @@ from sync.batchfit import fit_pairs
 from sync.coded import coded_probe_mask
 from sync.network import solve_network
 from sync.pairfit import PairFits
-from sync.refine import floor_excess_std, lowest_means, refit_fixed_slope
+from sync.refine import floor_excess_std, lowest_key_means, lowest_means, refit_fixed_slope
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 # candidate envelope statistics of the second stage: mean of the lowest q of each direction
 FRACTIONS = (0.05, 0.1, 0.25, 0.5)
+# and the mean per-exchange offset of the lowest-RTT q of the exchanges (both directions at once)
+RTT_FRACTIONS = (0.01, 0.02, 0.05, 0.1)
 
 
 @dataclass(frozen=True)
@@ -278,27 +280,51 @@ def _second_stage(
         slope,
     )
     cands = [env_off]
+    names = ["envelope"]
+    # queueing each candidate keeps above the window's minimum, per edge: half of it bounds the
+    # bias the candidate cannot rule out without assuming both directions queue alike (the
+    # envelope keeps none: it is the floor itself)
+    excess = [np.zeros(m)]
     # candidates 1..: mean of the lowest fraction of every arrived sample (no coded filter)
+    arr = samples.arrived
+    idx = samples.edge if arr is None else samples.edge[arr]
+    tiny = (1e-12,)
     if fractions:
-        arr = samples.arrived
-        idx = samples.edge if arr is None else samples.edge[arr]
         lf = lowest_means(idx, _detrend(samples.fwd_t, samples.fwd_d, -slope, samples.edge, arr),
-                          m, fractions)  # fmt: skip
+                          m, tiny + tuple(fractions))  # fmt: skip
         lr = lowest_means(idx, _detrend(samples.rev_t, samples.rev_d, slope, samples.edge, arr),
-                          m, fractions)  # fmt: skip
-        cands.extend(0.5 * (lf - lr))
+                          m, tiny + tuple(fractions))  # fmt: skip
+        cands.extend(0.5 * (lf[1:] - lr[1:]))
+        excess.extend((lf[1:] - lf[0]) + (lr[1:] - lr[0]))
+        names.extend(f"lowest{q:g}" for q in fractions)
+    if RTT_FRACTIONS:
+        # per exchange: forward and reverse sample of the same probe, both detrended; the
+        # lowest-RTT exchanges are the least queued in both directions at once
+        xf = _detrend(samples.fwd_t, samples.fwd_d, -slope, samples.edge, arr)
+        xr = _detrend(samples.rev_t, samples.rev_d, slope, samples.edge, arr)
+        rtt = xf + xr
+        lk = lowest_key_means(idx, rtt, 0.5 * (xf - xr), m, RTT_FRACTIONS)
+        lr_rtt = lowest_means(idx, rtt, m, tiny + RTT_FRACTIONS)
+        del xf, xr, rtt
+        cands.extend(lk)
+        excess.extend(lr_rtt[1:] - lr_rtt[0])
+        names.extend(f"lowrtt{q:g}" for q in RTT_FRACTIONS)
     e = edges[usable]
     sd_env = floor_excess_std(
         n_nodes, e, env_floor[usable], np.maximum(fits.offset_std_ns[usable], 0.5)
     )
-    best, best_scale, best_theta = -1, np.inf, np.empty(0)
+    # score = loop-closure noise (what residuals around loops show) combined with the bias bound
+    # (what they cannot show: queueing that differs by direction looks like a node offset)
+    best, best_score, best_scale, best_theta = -1, np.inf, np.inf, np.empty(0)
     for c, off in enumerate(cands):
         th = (off + slope * shift)[usable]
         if not np.isfinite(th).all():
             continue
         scale = _closure_scale(n_nodes, e, th, ref)
-        if scale < best_scale:
-            best, best_scale, best_theta = c, scale, th
+        bias = 0.5 * float(np.nanmedian(excess[c][usable])) if c else 0.0
+        score = float(np.hypot(scale, bias))
+        if score < best_score:
+            best, best_score, best_scale, best_theta = c, score, scale, th
     if best < 0:
         return first
     if best == 0:
@@ -320,7 +346,7 @@ def _second_stage(
         fits,
         theta_all,
         flagged,
-        estimator="envelope" if best == 0 else f"lowest{fractions[best - 1]:g}",
+        estimator=names[best],
         closure_scale_ns=float(best_scale),
     )
 

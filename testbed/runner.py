@@ -29,6 +29,7 @@ from testbed.netns.plan import Plan
 from testbed.netns.state import record_process, state_dir
 from testbed.netns.teardown import tear_down
 from testbed.runreport import Monitor, localization, sync_report
+from testbed.runscore import estimators
 from testbed.scenario import FaultKind, Scenario, random_faults
 from testbed.schedule import Action, timeline
 from testbed.vclock import VirtualClock, assign_clocks, write_truth
@@ -264,6 +265,10 @@ def run_scenario(
         "events": [e for e in events if e.get("kind") not in ("remediation",)],
         "remediation": [e for e in events if e.get("kind") == "remediation" or "action" in e],
         "localization": localization(sc.faults, events),
+        "estimators": estimators(
+            fabric, sc.faults, events, monitor.batches if monitor is not None else [],
+            monitor.paths if monitor is not None else [], router_nodes(plan),
+        ),
         "sync": sync,
         "probe_batches": len(monitor.batches) if monitor is not None else 0,
         "paths": _paths_summary(monitor.paths if monitor is not None else []),

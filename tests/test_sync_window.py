@@ -72,9 +72,9 @@ def test_second_stage_meets_error_bounds_on_simulated_windows(
     assert _p99(first.offset_ns, truth) < first_max
     assert _p99(final.offset_ns, truth) < final_max
     assert final.estimator != first.estimator  # the second stage ran and reported its choice
-    if load > 0.5:  # loaded: envelopes miss the floor; a mean of low samples is chosen, and helps
-        assert final.estimator.startswith("lowest")
-        assert _p99(final.offset_ns, truth) < 0.7 * _p99(first.offset_ns, truth)
+    if load > 0.5:  # loaded: the second stage's choice helps (symmetric-mean statistics are
+        # no longer preferred on trust: their bias bound counts, see docs/sync.md)
+        assert _p99(final.offset_ns, truth) < 0.85 * _p99(first.offset_ns, truth)
     assert np.isfinite(final.closure_scale_ns)
 
 
@@ -126,3 +126,17 @@ def test_lowest_means_matches_sorting_each_group() -> None:
     assert np.isnan(got[:, 7]).all()  # empty group
     with pytest.raises(ValueError, match="fractions"):
         lowest_means(pair, vals, 8, (0.0,))
+
+
+def test_lowest_key_means_averages_values_of_the_smallest_keys() -> None:
+    from sync.refine import lowest_key_means
+
+    group = np.array([0, 0, 0, 0, 1, 1])
+    key = np.array([4.0, 1.0, 3.0, 2.0, 9.0, 8.0])
+    vals = np.array([40.0, 10.0, 30.0, 20.0, 90.0, 80.0])
+    out = lowest_key_means(group, key, vals, 3, (0.25, 0.5, 1.0))
+    assert out[:, 0].tolist() == [10.0, 15.0, 25.0]
+    assert out[:, 1].tolist() == [80.0, 80.0, 85.0]
+    assert np.isnan(out[:, 2]).all()
+    with pytest.raises(ValueError):
+        lowest_key_means(group, key, vals, 3, (0.0,))
