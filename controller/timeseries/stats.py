@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from controller.detect.paths import PathIndex, expand
+from controller.detect.paths import PathIndex, expand, path_signature
 from controller.fabric import Fabric
 from controller.fabric.model import SWITCH_TIER, NodeKind
 from controller.observations import Observations
@@ -196,6 +196,14 @@ class IntervalStats:
         self._label_of: I64 = np.zeros(0, np.int64)  # path number -> switch-path label number
         self._labels: dict[str, int] = {}
         self._kind_switch = {n.id for n in fabric.nodes if n.kind != NodeKind.HOST}
+        n_links = len(fabric.links)
+        self._is_nic_link = np.zeros(n_links + 1, bool)  # last entry: padding hop -1
+        self._is_nic_link[np.asarray(fabric.nic_link, np.int64)] = True
+        sw_index = {n.id: i for i, n in enumerate(fabric.switches)}
+        self._upper_switch = np.array(
+            [sw_index.get(lk.upper, -1) for lk in fabric.links] + [-1], np.int32
+        )
+        self._key_label: dict[int, int] = {}  # label key signature -> label number (-1: none)
         self._start = start_ns
         self._last_close: int | None = None
         self._reset()
@@ -229,16 +237,30 @@ class IntervalStats:
         return ">".join(sw)
 
     def _grow_labels(self) -> None:
+        """Give new paths their label number. Paths are grouped by a key that fixes the label
+        (their switch-link hops, and the leaf of their first NIC link), vectorized; only a key
+        never seen before builds its label string."""
         old = len(self._label_of)
         new = self.paths.size
         if new == old:
             return
-        add = np.empty(new - old, np.int64)
-        for i in range(old, new):
-            lab = self._label(self.paths.hops[i])
-            known = lab and self.path_detail != "off"
-            add[i - old] = self._labels.setdefault(lab, len(self._labels)) if known else -1
-        self._label_of = np.concatenate([self._label_of, add])
+        rows = self.paths.hops[old:new]
+        lk = np.where(rows >= 0, rows >> 1, -1)  # -1 indexes the padding entry
+        nic = self._is_nic_link[lk]
+        masked = np.where(nic, -1, rows)
+        first_leaf = np.where(nic[:, 0], self._upper_switch[lk[:, 0]], -1)
+        sig = path_signature(np.hstack([masked, first_leaf[:, None]]).astype(np.int32))
+        uniq, first, inv = np.unique(sig, return_index=True, return_inverse=True)
+        labs = np.empty(len(uniq), np.int64)
+        for j, (key, at) in enumerate(zip(uniq.tolist(), first.tolist(), strict=True)):
+            lab = self._key_label.get(key)
+            if lab is None:
+                text = self._label(rows[at])
+                known = bool(text) and self.path_detail != "off"
+                lab = self._labels.setdefault(text, len(self._labels)) if known else -1
+                self._key_label[key] = lab
+            labs[j] = lab
+        self._label_of = np.concatenate([self._label_of, labs[inv.reshape(-1)]])
 
     @staticmethod
     def _bump(acc: I64, idx: I64, w: npt.NDArray[np.bool_] | None, size: int) -> I64:
