@@ -361,3 +361,28 @@ def test_path_detail_and_pairs_knobs_bound_the_series() -> None:
     body = PointBuilder(fab, pairs=False).render(_state(fab, 5, alive), st.close(5)).decode()
     assert "qpmesh_pair," not in body
     assert "qpmesh_path,path=spine0,spine=spine0 " in body  # no leaf tags for a top label
+
+
+def test_dashboard_is_provisionable_against_its_datasource() -> None:
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent / "docs" / "grafana"
+    dash = json.loads((root / "qpmesh-dashboard.json").read_text())
+    ds_yaml = (root / "provisioning" / "datasources" / "qpmesh.yaml").read_text()
+    prov_yaml = (root / "provisioning" / "dashboards" / "qpmesh.yaml").read_text()
+    assert "type: prometheus" in ds_yaml and "uid: qpmesh-vm" in ds_yaml
+    assert "type: file" in prov_yaml and "apiVersion: 1" in ds_yaml and "apiVersion: 1" in prov_yaml
+    assert dash["uid"] and dash["title"] and dash["schemaVersion"] >= 36
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    uids = {p["datasource"]["uid"] for p in dash["panels"]}
+    uids |= {t["datasource"]["uid"] for p in dash["panels"] for t in p["targets"]}
+    uids |= {a["datasource"]["uid"] for a in dash["annotations"]["list"]}
+    assert uids == {"qpmesh-vm"}
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        assert all(t["expr"] and t["refId"] for t in p["targets"]), p["title"]
+    kinds = {p["type"] for p in dash["panels"]}
+    assert {"heatmap", "timeseries", "state-timeline"} <= kinds
