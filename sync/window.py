@@ -191,9 +191,15 @@ def sync_window(
     ref: int = 0,
     refine: bool = True,
     fractions: tuple[float, ...] = FRACTIONS,
+    bias_bound: bool = True,
 ) -> WindowSync:
     """Fit every edge of ``samples``, solve the network twice, then (``refine``) run the second
     stage with an automatic envelope statistic (see module docstring).
+
+    ``bias_bound``: score candidates by loop-closure noise *and* half the queueing they keep
+    (docs/sync.md). Right for NIC (hw) stamps; with kernel (sw) stamps the kept excess is
+    mostly stamp jitter, which each direction has alike (one TX and one RX stamp), so pass
+    False there and candidates are scored by closure noise alone.
 
     Nodes outside the largest connected part of usable edges come back ``known`` False with
     NaN estimates. Raises ValueError on malformed input.
@@ -250,11 +256,16 @@ def sync_window(
     )
     if not refine:
         return out
-    return _second_stage(n_nodes, samples, out, r, fractions)
+    return _second_stage(n_nodes, samples, out, r, fractions, bias_bound)
 
 
 def _second_stage(
-    n_nodes: int, samples: EdgeSamples, first: WindowSync, ref: int, fractions: tuple[float, ...]
+    n_nodes: int,
+    samples: EdgeSamples,
+    first: WindowSync,
+    ref: int,
+    fractions: tuple[float, ...],
+    bias_bound: bool = True,
 ) -> WindowSync:
     """Fixed-slope refit with the first solve's node drifts, candidate envelope statistics
     scored by loop-closure residuals, Huber network solve of the winner."""
@@ -321,7 +332,7 @@ def _second_stage(
         if not np.isfinite(th).all():
             continue
         scale = _closure_scale(n_nodes, e, th, ref)
-        bias = 0.5 * float(np.nanmedian(excess[c][usable])) if c else 0.0
+        bias = 0.5 * float(np.nanmedian(excess[c][usable])) if c and bias_bound else 0.0
         score = float(np.hypot(scale, bias))
         if score < best_score:
             best, best_score, best_scale, best_theta = c, score, scale, th

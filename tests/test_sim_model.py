@@ -194,3 +194,9 @@ def test_sim_sync_json_names_the_model_and_the_asymmetry_floor(
     ideal = json.loads(capsys.readouterr().out)
     assert ideal["model"]["ideal"] is True
     assert ideal["asymmetry_floor"]["p99_ns"] < rep["asymmetry_floor"]["p99_ns"]
+
+
+def test_software_stamp_bias_is_part_of_the_unobservable_floor() -> None:
+    hw = Simulator(FABRIC, SimConfig(seed=12)).pair_asymmetry_ns()
+    sw = Simulator(FABRIC, SimConfig(seed=12, timestamps="sw")).pair_asymmetry_ns()
+    assert np.percentile(np.abs(sw), 90) > 10 * np.percentile(np.abs(hw), 90)

@@ -298,16 +298,16 @@ class Simulator:
 
     def pair_asymmetry_ns(self) -> F64:
         """Return per probed pair half its constant forward-minus-reverse delay (ns), averaged
-        over the pair's swept paths: the bias a two-way estimator cannot observe."""
+        over the pair's swept paths (with software stamps, the hosts' stamp biases included):
+        the bias a two-way estimator cannot observe."""
         fwd, rev = self._paths
+        tx, rx = self.nic_tx_ns, self.nic_rx_ns
+        if self.real and self.config.timestamps == "sw":  # host stamp bias acts the same way
+            host = self.fabric.nic_host_index
+            tx = tx + self._stamps.bias_tx[host]
+            rx = rx + self._stamps.bias_rx[host]
         return pair_asymmetry_ns(
-            fwd,
-            rev,
-            self._hop_base_ns,
-            self.nic_tx_ns,
-            self.nic_rx_ns,
-            self.pairs_src,
-            self.pairs_dst,
+            fwd, rev, self._hop_base_ns, tx, rx, self.pairs_src, self.pairs_dst
         )
 
     # ---- generation ----------------------------------------------------------------------

@@ -193,7 +193,7 @@ def run_sync_bench(
     del c
     quant = HW_TICK_NS if timestamps == "hw" else 0.0
     t_fit = time.perf_counter()
-    ws = sync_window(n_nodes, samples, quant_ns=quant)
+    ws = sync_window(n_nodes, samples, quant_ns=quant, bias_bound=timestamps == "hw")
     solve_total = time.perf_counter() - t_fit
     n_edges = len(samples.edges)
     del samples
