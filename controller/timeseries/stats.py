@@ -98,14 +98,12 @@ class RawInterval:
     end_ns: int
     n_nics: int
     n_links: int
-    chunks: tuple[tuple[I64, I64, F64, F64], ...]  # pair key, path number, owd, queue
-    probes: I64  # per path number, forward direction
-    lost: I64
-    rprobes: I64  # per path number, reply direction
-    rlost: I64
+    chunks: tuple[tuple[I64, I64, F64], ...]  # pair key, path number, owd
+    counts: I64  # 4 x paths: probes, lost (forward direction), probes, lost (reply)
     label_of: I64  # path number -> switch-path label number (-1: unknown path)
     labels: tuple[str, ...]
     hops: I32  # per path number
+    base: F64  # per path number: propagation baseline during the interval (inf: none yet)
 
 
 def summarize(raw: RawInterval) -> tuple[IntervalSummary, F64]:
@@ -116,13 +114,16 @@ def summarize(raw: RawInterval) -> tuple[IntervalSummary, F64]:
         key = np.concatenate([c[0] for c in raw.chunks])
         path = np.concatenate([c[1] for c in raw.chunks])
         owd = np.concatenate([c[2] for c in raw.chunks])
-        queue = np.concatenate([c[3] for c in raw.chunks])
     else:
         key = path = np.zeros(0, np.int64)
-        owd = queue = np.zeros(0, np.float64)
+        owd = np.zeros(0, np.float64)
     pk, pcount, (p50, p99) = _quantiles(key, owd, (0.5, 0.99))
-    qok = np.isfinite(queue)
-    qk, _, (q99,) = _quantiles(key[qok], queue[qok], (0.99,))
+    inside = (path >= 0) & (path < len(raw.base))
+    base = np.full(len(path), np.inf)
+    base[inside] = raw.base[path[inside]]
+    qok = np.isfinite(base)
+    queue = np.maximum(owd[qok] - base[qok], 0.0)
+    qk, _, (q99,) = _quantiles(key[qok], queue, (0.99,))
     pair_q = np.full(len(pk), np.nan)
     pair_q[np.searchsorted(pk, qk)] = q99
     size = len(raw.label_of)
@@ -133,7 +134,7 @@ def summarize(raw: RawInterval) -> tuple[IntervalSummary, F64]:
         out[: min(size, len(a))] = a[:size]
         return out
 
-    probes, lost, rprobes, rlost = fit(raw.probes), fit(raw.lost), fit(raw.rprobes), fit(raw.rlost)
+    probes, lost, rprobes, rlost = (fit(c) for c in np.split(raw.counts, 4))
     has_s = (path >= 0) & (path < size)
     lab_s = np.full(len(path), -1, np.int64)
     lab_s[has_s] = raw.label_of[path[has_s]]
@@ -204,19 +205,19 @@ class IntervalStats:
             [sw_index.get(lk.upper, -1) for lk in fabric.links] + [-1], np.int32
         )
         self._key_label: dict[int, int] = {}  # label key signature -> label number (-1: none)
+        self._unknown_sig = path_signature(np.full((1, width), -1, np.int32))
         self._start = start_ns
         self._last_close: int | None = None
         self._reset()
 
     def _reset(self) -> None:
-        self._chunks: list[tuple[I64, I64, F64, F64]] = []  # pair key, path, owd, queue
+        self._chunks: list[tuple[I64, I64, F64]] = []  # pair key, path, owd
         self._n = 0
         self._stride = 1
         self._phase = 0
-        self._probes = np.zeros(0, np.int64)  # per path number (forward direction)
-        self._lost = np.zeros(0, np.int64)
-        self._rprobes = np.zeros(0, np.int64)  # per path number (reply direction)
-        self._rlost = np.zeros(0, np.int64)
+        self._codes: list[I64] = []  # pending counter codes (4 * path + counter), see _flush
+        self._ncodes = 0
+        self._acc = np.zeros(0, np.int64)  # 4 per path: fwd probes, fwd lost, rev probes, lost
 
     # ---- labels --------------------------------------------------------------------------
     def _label(self, hops: I32) -> str:
@@ -262,13 +263,6 @@ class IntervalStats:
             labs[j] = lab
         self._label_of = np.concatenate([self._label_of, labs[inv.reshape(-1)]])
 
-    @staticmethod
-    def _bump(acc: I64, idx: I64, w: npt.NDArray[np.bool_] | None, size: int) -> I64:
-        if len(acc) < size:
-            acc = np.concatenate([acc, np.zeros(size - len(acc), np.int64)])
-        acc += np.bincount(idx, weights=w, minlength=size)[:size].astype(np.int64)
-        return acc
-
     # ---- input ---------------------------------------------------------------------------
     def observe(self, obs: Observations) -> None:
         """Fold ``obs`` into the open interval (both directions of every probe)."""
@@ -278,14 +272,18 @@ class IntervalStats:
         pf = self.paths.paths(obs.hops_fwd)
         pr = self.paths.paths(obs.hops_rev)
         self._grow_labels()
-        size = self.paths.size
-        known_f = (obs.hops_fwd >= 0).any(axis=1)
-        known_r = (obs.hops_rev >= 0).any(axis=1)
+        unknown = int(self.paths.lookup(self._unknown_sig)[0])  # the all -1 row, if seen
+        known_f, known_r = pf != unknown, pr != unknown
         lost = obs.lost
-        self._probes = self._bump(self._probes, pf[known_f], None, size)
-        self._lost = self._bump(self._lost, pf[known_f & lost], None, size)
-        self._rprobes = self._bump(self._rprobes, pr[known_r], None, size)
-        self._rlost = self._bump(self._rlost, pr[known_r & lost], None, size)
+        # one code per (record, counter): 4 * path + (0 probe | 1 lost) (+ 2 for the reply)
+        codes = np.concatenate(
+            [4 * pf[known_f], 4 * pf[known_f & lost] + 1,
+             4 * pr[known_r] + 2, 4 * pr[known_r & lost] + 3]
+        )  # fmt: skip
+        self._codes.append(codes)
+        self._ncodes += len(codes)
+        if self._ncodes >= 1 << 21:
+            self._flush()
         src = obs.src.astype(np.int64)
         dst = obs.dst.astype(np.int64)
         key = np.concatenate([src * n + dst, dst * n + src])
@@ -293,16 +291,25 @@ class IntervalStats:
         owd = np.concatenate([obs.owd_fwd_ns, obs.owd_rev_ns])
         ok = np.isfinite(owd)
         key, path, owd = key[ok], path[ok], owd[ok]
-        base = np.where(path >= 0, self.paths.base[np.maximum(path, 0)], np.nan)
-        queue = np.where(np.isfinite(base), np.maximum(owd - base, 0.0), np.nan)
         if self._stride > 1:
             keep = (np.arange(len(key)) + self._phase) % self._stride == 0
             self._phase = (self._phase + len(key)) % self._stride
-            key, path, owd, queue = key[keep], path[keep], owd[keep], queue[keep]
-        self._chunks.append((key, path, owd, queue))
+            key, path, owd = key[keep], path[keep], owd[keep]
+        self._chunks.append((key, path, owd))
         self._n += len(key)
         while self._n > self.max_samples:
             self._halve()
+
+    def _flush(self) -> None:
+        """Fold pending counter codes into the per-path counters (one bincount per ~2 M
+        codes, so memory stays bounded and small batches do not each pay a full pass)."""
+        size = 4 * self.paths.size
+        if len(self._acc) < size:
+            self._acc = np.concatenate([self._acc, np.zeros(size - len(self._acc), np.int64)])
+        if self._codes:
+            codes = np.concatenate(self._codes)
+            self._acc += np.bincount(codes, minlength=size)[:size]
+        self._codes, self._ncodes = [], 0
 
     def _halve(self) -> None:
         chunks = [tuple(c[::2] for c in ch) for ch in self._chunks]
@@ -315,19 +322,19 @@ class IntervalStats:
     def cut(self, now_ns: int) -> RawInterval:
         """End the interval at ``now_ns`` and return its raw data (no sorting; O(paths))."""
         size = self.paths.size
+        self._flush()
+        counts = np.ascontiguousarray(self._acc.reshape(size, 4).T).reshape(-1)
         raw = RawInterval(
             self._start,
             now_ns,
             len(self.fabric.nics),
             len(self.fabric.links),
             tuple(self._chunks),
-            self._probes,
-            self._lost,
-            self._rprobes,
-            self._rlost,
+            counts,
             self._label_of[:size],
             tuple(sorted(self._labels, key=self._labels.__getitem__)),
             self.paths.hops[:size],
+            self.paths.base[:size].copy(),
         )
         self._start = now_ns
         self._reset()
