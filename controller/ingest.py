@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from contract.records import ProbeBatch
 from controller.fabric import Fabric
 from controller.fabric.ecmp import ROCEV2_PORT, flow_paths, routing_tables
 from controller.windows import KeyIndex, flow_key
-from prober.records import ProbeBatch
 
 I32 = NDArray[np.int32]
 I64 = NDArray[np.int64]

@@ -10,23 +10,23 @@ takes ``now_ns`` (same epoch as the NIC clocks, UNIX ns in production); nothing 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from controller.clocksync import ClockSync, ClockSyncConfig, Delays
+from contract.records import ProbeBatch
+from controller.brain import Brain, BrainConfig
+from controller.clocksync import ClockState, ClockSync, ClockSyncConfig, Delays, compute_state
 from controller.fabric import Fabric
 from controller.fabric.model import SWITCH_TIER, NodeKind
 from controller.ingest import Ingested, Ingestor, PathTable
 from controller.observations import Observations
 from controller.snapshot import ControlUnavailable, GpuHealth, Health, MeshEvent, MeshSnapshot
 from controller.windows import FlowStore
-from prober.records import ProbeBatch
 
 F64 = npt.NDArray[np.float64]
 
@@ -43,12 +43,11 @@ class BrainLike(Protocol):
     def flap_counts(self) -> dict[str, int]: ...
 
 
-def brain_config(options: Mapping[str, Any] | None = None) -> Any:
+def brain_config(options: Mapping[str, Any] | None = None) -> BrainConfig:
     """Return `controller.brain.BrainConfig` with ``options`` applied (nested tables such as
     ``loss = {...}`` update the nested parameter dataclasses). Raises ValueError naming the
     bad option."""
-    mod = importlib.import_module("controller.brain")
-    base = mod.BrainConfig()
+    base = BrainConfig()
     kw: dict[str, Any] = {}
     try:
         for key, value in dict(options or {}).items():
@@ -59,16 +58,14 @@ def brain_config(options: Mapping[str, Any] | None = None) -> Any:
                 kw[key] = dataclasses.replace(cur, **value)  # type: ignore[type-var]
             else:
                 kw[key] = value
-        return mod.BrainConfig(**kw)
+        return BrainConfig(**kw)
     except TypeError as exc:
         raise ValueError(f"bad detection thresholds: {exc}") from None
 
 
 def default_brain(fabric: Fabric, options: Mapping[str, Any] | None = None) -> BrainLike:
     """Return `controller.brain.Brain(fabric, brain_config(options))`; raises ValueError."""
-    mod = importlib.import_module("controller.brain")
-    brain: BrainLike = mod.Brain(fabric, brain_config(options))
-    return brain
+    return Brain(fabric, brain_config(options))
 
 
 @dataclass(frozen=True)
@@ -115,6 +112,46 @@ class LiveController:
         self._hist_head = 0
         self._hist_count = 0
         self._hop_spine = _hop_spine_table(fabric)
+
+    # ---- the service's narrow API ---------------------------------------------------------
+    def use_model_paths(self, enabled: bool) -> None:
+        """Trust the fabric model's ECMP hash for flows without a learnt path (or not: their
+        hops are unknown). Set before any ingest."""
+        self.ingestor.use_model_paths = enabled
+
+    @property
+    def max_hops(self) -> int:
+        """Return the most hops a learnt path may have."""
+        return self.ingestor.max_hops
+
+    def learn_paths(
+        self,
+        src: npt.NDArray[np.int64],
+        dst: npt.NDArray[np.int64],
+        sport: npt.NDArray[np.int64],
+        hops: npt.NDArray[np.int32],
+    ) -> None:
+        """Learn the forward hop ids of flows (src, dst, sport) (rows of ``hops``, -1 padded to
+        `max_hops`); their replies take the reverse hops back."""
+        rev = np.full_like(hops, -1)
+        for i in range(len(hops)):
+            ids = hops[i][hops[i] >= 0]
+            rev[i, : len(ids)] = ids[::-1] ^ 1
+        self.ingestor.paths.update(src, dst, sport, hops)
+        self.ingestor.reply_paths.update(src, dst, sport, rev)
+
+    def start_solve(self, now_ns: int) -> Callable[[], ClockState | None] | None:
+        """If a clock solve is due: mark it started and return the solve to run (pure, may run
+        in a worker thread; hand its result to `install_clock`); else None."""
+        window = self.clock.start_solve(now_ns)
+        if window is None:
+            return None
+        n, cfg = self.clock.n_nics, self.clock.config
+        return lambda: compute_state(window, n, cfg, now_ns)
+
+    def install_clock(self, state: ClockState | None) -> bool:
+        """Install a solved clock state; return True if it was new."""
+        return self.clock.install(state)
 
     # ---- inputs --------------------------------------------------------------------------
     def ingest_batch(self, batch: ProbeBatch, now_ns: int) -> int:

@@ -16,7 +16,6 @@ import dataclasses
 import itertools
 import json
 import time
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +24,15 @@ from typing import IO, Any
 import aiomqtt
 import numpy as np
 
-from controller.clocksync import ClockSyncConfig, compute_state
+from contract.records import RecordError, decode_batch
+from contract.tomlcheck import Table, parse_toml
+from contract.topics import TopicError, Topics
+from controller.brain import Brain, BrainConfig
+from controller.clocksync import ClockSyncConfig
 from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
-from controller.fabric.model import Link, Nic, Node, NodeKind
-from controller.live import LiveConfig, LiveController, brain_config, default_brain
-from controller.mqtt_topics import TopicError, Topics
+from controller.live import LiveConfig, LiveController
 from controller.snapshot import MeshEvent
-from prober.records import RecordError, decode_batch
+from mqttlink.reconnect import Backoff, reconnect_loop
 
 REQUEST_TIMEOUT_S = 10.0
 
@@ -46,7 +47,7 @@ class ServiceConfig:
 
     fabric: Fabric
     live: LiveConfig = field(default_factory=LiveConfig)
-    thresholds: Mapping[str, Any] = field(default_factory=dict)
+    brain: BrainConfig = field(default_factory=BrainConfig)
     tick_s: float = 1.0
     backoff_s: tuple[float, float] = (0.5, 30.0)
     router_nodes: Mapping[str, str] = field(default_factory=dict)
@@ -107,47 +108,21 @@ def apply_paths(live: LiveController, router_nodes: Mapping[str, str], doc: Any)
                 and isinstance(hops, list)):  # fmt: skip
             continue
         ids = path_hops(f, router_nodes, src, dst, hops)
-        ing = live.ingestor
-        if ids is None or len(ids) > ing.max_hops:
+        if ids is None or len(ids) > live.max_hops:
             continue
         rows.append((f.nic_index[src], f.nic_index[dst], sport, ids))
     if not rows:
         return 0
-    ing = live.ingestor
-    n = len(rows)
-    fwd = np.full((n, ing.max_hops), -1, np.int32)
-    rev = fwd.copy()
+    fwd = np.full((len(rows), live.max_hops), -1, np.int32)
     for i, (_, _, _, ids) in enumerate(rows):
         fwd[i, : len(ids)] = ids
-        rev[i, : len(ids)] = [h ^ 1 for h in reversed(ids)]
-    src_a = np.array([r[0] for r in rows], np.int64)
-    dst_a = np.array([r[1] for r in rows], np.int64)
-    sp_a = np.array([r[2] for r in rows], np.int64)
-    ing.paths.update(src_a, dst_a, sp_a, fwd)
-    ing.reply_paths.update(src_a, dst_a, sp_a, rev)
-    return n
-
-
-def fabric_from_dict(doc: Mapping[str, Any]) -> Fabric:
-    """Rebuild a `Fabric` from `Fabric.to_dict()` output; raises `ConfigError`."""
-    try:
-        nodes = tuple(
-            Node(n["id"], NodeKind(n["kind"]), int(n["index"]), int(n.get("pod", 0)))
-            for n in doc["nodes"]
-        )
-        nics = tuple(
-            Nic(n["id"], int(n["index"]), n["host"], n["leaf"], n["address"], n["group"],
-                int(n.get("port", 0)))
-            for n in doc["nics"]
-        )  # fmt: skip
-        links = tuple(
-            Link(k["id"], int(k["index"]), k["lower"], k["upper"], float(k["capacity_bps"]),
-                 float(k["prop_delay_ns"]))
-            for k in doc["links"]
-        )  # fmt: skip
-        return Fabric(nodes, nics, links, dict(doc.get("shape", {})))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"bad fabric description: {exc}") from None
+    live.learn_paths(
+        np.array([r[0] for r in rows], np.int64),
+        np.array([r[1] for r in rows], np.int64),
+        np.array([r[2] for r in rows], np.int64),
+        fwd,
+    )
+    return len(rows)
 
 
 def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfig:
@@ -155,84 +130,79 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
 
     Sections: ``[fabric]`` (shape keys of `FabricShape`, or ``file = "fabric.json"``),
     ``[sync]`` (``window_s``, ``solve_every_s``, ``coded_tol_ns``, ``use_uncoded``),
-    ``[controller]`` (``tick_s``, ``stale_s``, ``max_events``), ``[thresholds]`` (passed to
-    the detection `BrainConfig`), ``[paths]`` (``routers``: router address -> fabric node id,
-    to map the probers' discovered paths onto fabric links; ``model = false``: the fabric model's
-    ECMP hash is not authoritative, so flows without a discovered path get unknown hops). Raises `ConfigError` (one line) on anything invalid.
+    ``[controller]`` (``tick_s``, ``stale_s``, ``max_events``), ``[thresholds]`` (the
+    detection `BrainConfig`, nested tables for its parameter groups), ``[paths]``
+    (``routers``: router address -> fabric node id, to map the probers' discovered paths onto
+    fabric links; ``model = false``: the fabric model's ECMP hash is not authoritative, so
+    flows without a discovered path get unknown hops). Types are strict
+    (`contract.tomlcheck`): ``use_uncoded = "false"`` is an error, not True. Raises
+    `ConfigError` (one line naming the file and the key) on anything invalid.
     """
+    src = str(path) if path is not None else "<defaults>"
     doc: dict[str, Any] = {}
     if path is not None:
         try:
-            doc = tomllib.loads(path.read_text())
+            text = path.read_text()
         except OSError as exc:
             raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config {path}: {exc}") from None
+        doc = parse_toml(text, src, ConfigError)
         base_dir = base_dir or path.parent
-    known = {"fabric", "sync", "controller", "thresholds", "paths"}
-    if extra := set(doc) - known:
-        raise ConfigError(f"unknown config section(s): {', '.join(sorted(extra))}")
-    fab_doc = dict(doc.get("fabric", {}))
-    try:
-        if "file" in fab_doc:
-            fpath = Path(fab_doc.pop("file"))
-            if not fpath.is_absolute() and base_dir is not None:
-                fpath = base_dir / fpath
-            if fab_doc:
-                raise ConfigError("[fabric] takes either file or shape keys, not both")
-            try:
-                fabric = fabric_from_dict(json.loads(fpath.read_text()))
-            except OSError as exc:
-                raise ConfigError(f"cannot read fabric file {fpath}: {exc.strerror}") from None
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"fabric file {fpath}: bad JSON: {exc}") from None
-        else:
-            fabric = build_fabric(FabricShape(**fab_doc))
-        s, c = dict(doc.get("sync", {})), dict(doc.get("controller", {}))
-        d = ClockSyncConfig()  # unset keys keep the pipeline's defaults (one solve per window)
-        sync = ClockSyncConfig(
-            window_ns=int(float(s.pop("window_s", d.window_ns / 1e9)) * 1e9),
-            solve_every_ns=int(float(s.pop("solve_every_s", d.solve_every_ns / 1e9)) * 1e9),
-            coded_tol_ns=int(s.pop("coded_tol_ns", d.coded_tol_ns)),
-            use_uncoded=bool(s.pop("use_uncoded", d.use_uncoded)),
-        )
-        live = LiveConfig(
-            sync=sync,
-            stale_ns=int(float(c.pop("stale_s", 10.0)) * 1e9),
-            max_events=int(c.pop("max_events", 200)),
-        )
-        tick_s = float(c.pop("tick_s", 1.0))
-        if leftover := sorted(s) + sorted(c):
-            raise ConfigError(f"unknown config key(s): {', '.join(leftover)}")
-        if not tick_s > 0:
-            raise ConfigError("controller.tick_s must be > 0")
-    except TypeError as exc:
-        raise ConfigError(f"bad config: {exc}") from None
-    except (FabricError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"bad config: {exc}") from None
-    pdoc = dict(doc.get("paths", {}))
-    routers = pdoc.pop("routers", {})
-    model_paths = pdoc.pop("model", True)
-    if not isinstance(model_paths, bool):
-        raise ConfigError("[paths] model must be true or false")
-    if pdoc:
-        raise ConfigError(f"unknown config key(s): {', '.join(sorted(pdoc))}")
-    if not isinstance(routers, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and v in fabric.node_by_id
-        for k, v in routers.items()
-    ):
-        raise ConfigError("[paths] routers must map router addresses to fabric node ids")
-    thresholds = dict(doc.get("thresholds", {}))
-    try:
-        brain_config(thresholds)
-    except ValueError as exc:
-        raise ConfigError(str(exc).replace("\n", " ")) from None
+    root = Table.root(doc, src, ConfigError)
+    fab = root.table("fabric")
+    if fab.has("file"):
+        fpath = Path(fab.require("file", str))
+        if not fpath.is_absolute() and base_dir is not None:
+            fpath = base_dir / fpath
+        if set(fab.values) - {"file"}:
+            raise ConfigError(f"{src}: fabric: takes either file or shape keys, not both")
+        try:
+            fabric = Fabric.from_dict(json.loads(fpath.read_text()))
+        except OSError as exc:
+            raise ConfigError(f"cannot read fabric file {fpath}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"fabric file {fpath}: bad JSON: {exc}") from None
+        except FabricError as exc:
+            raise ConfigError(f"fabric file {fpath}: {exc}") from None
+    else:
+        try:
+            fabric = build_fabric(fab.dataclass(FabricShape()))
+        except FabricError as exc:
+            raise ConfigError(f"{src}: fabric: {exc}") from None
+    d = ClockSyncConfig()  # unset keys keep the pipeline's defaults (one solve per window)
+    sy = root.table("sync")
+    pos = "a number > 0"
+    sync = ClockSyncConfig(
+        window_ns=int(sy.get("window_s", float, d.window_ns / 1e9, lambda v: v > 0, pos) * 1e9),
+        solve_every_ns=int(
+            sy.get("solve_every_s", float, d.solve_every_ns / 1e9, lambda v: v > 0, pos) * 1e9
+        ),
+        coded_tol_ns=sy.get(
+            "coded_tol_ns", int, d.coded_tol_ns, lambda v: v >= 0, "an integer >= 0"
+        ),
+        use_uncoded=sy.get("use_uncoded", bool, d.use_uncoded),
+    )
+    sy.finish()
+    co = root.table("controller")
+    live = LiveConfig(
+        sync=sync,
+        stale_ns=int(co.get("stale_s", float, 10.0, lambda v: v > 0, pos) * 1e9),
+        max_events=co.get("max_events", int, 200, lambda v: v > 0, "an integer > 0"),
+    )
+    tick_s = co.get("tick_s", float, 1.0, lambda v: v > 0, pos)
+    co.finish()
+    pa = root.table("paths")
+    model_paths = pa.get("model", bool, True)
+    routers = pa.mapping("routers", str, "a fabric node id")
+    for addr, node in routers.items():
+        if node not in fabric.node_by_id:
+            raise ConfigError(f"{src}: paths.routers.{addr}: unknown fabric node {node!r}")
+    pa.finish()
+    brain = root.table("thresholds").dataclass(BrainConfig())
+    root.finish()
     return ServiceConfig(
         fabric=fabric,
         live=live,
-        thresholds=thresholds,
+        brain=brain,
         tick_s=tick_s,
         router_nodes=routers,
         model_paths=model_paths,
@@ -334,17 +304,31 @@ async def _ticker(
             )
 
 
-async def _solver(live: LiveController, tick_s: float, clock: Callable[[], int]) -> None:
-    """Run due clock solves in a worker thread so ingest goes on meanwhile."""
+async def _solver(
+    live: LiveController,
+    tick_s: float,
+    clock: Callable[[], int],
+    log: JsonLog,
+    counters: dict[str, int],
+) -> None:
+    """Run due clock solves in a worker thread so ingest goes on meanwhile.
+
+    A solve that raises is logged and counted (``solve_failed``); the controller keeps the
+    last good clock state and tries again at the next due solve.
+    """
     while True:
         await asyncio.sleep(tick_s)
         now = clock()
-        window = live.clock.start_solve(now)
-        if window is not None:
-            state = await asyncio.to_thread(
-                compute_state, window, live.clock.n_nics, live.clock.config, now
-            )
-            live.clock.install(state)
+        job = live.start_solve(now)
+        if job is None:
+            continue
+        try:
+            state = await asyncio.to_thread(job)
+        except Exception as exc:
+            counters["solve_failed"] = counters.get("solve_failed", 0) + 1
+            log(now, "clock solve failed", error=f"{type(exc).__name__}: {exc}")
+            continue
+        live.install_clock(state)
 
 
 async def serve_once(
@@ -359,8 +343,12 @@ async def serve_once(
     log: JsonLog,
     counters: dict[str, int],
     router_nodes: Mapping[str, str] | None = None,
+    connected: Callable[[], None] = lambda: None,
 ) -> None:
-    """One connection's lifetime: subscribe, pump messages, tick; raises `aiomqtt.MqttError`."""
+    """One connection's lifetime: subscribe, pump messages, tick; raises `aiomqtt.MqttError`.
+
+    ``connected()`` is called once the subscriptions are in place (it resets the backoff).
+    """
     async with aiomqtt.Client(
         host, port, protocol=aiomqtt.ProtocolVersion.V5, timeout=REQUEST_TIMEOUT_S
     ) as client:
@@ -372,8 +360,9 @@ async def serve_once(
         ):
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
         log(clock(), "connected", broker=f"{host}:{port}")
+        connected()
         tick = asyncio.create_task(_ticker(client, live, topics, tick_s, clock, log))
-        solver = asyncio.create_task(_solver(live, tick_s, clock))
+        solver = asyncio.create_task(_solver(live, tick_s, clock, log, counters))
         try:
             async for msg in client.messages:
                 for task in (tick, solver):
@@ -406,31 +395,33 @@ async def run_service(
 ) -> LiveController:
     """Run until cancelled, reconnecting with exponential backoff on broker errors.
 
+    The backoff starts again from its minimum after every connection that worked
+    (`mqttlink.reconnect`).
+
     ``max_attempts`` bounds the connection attempts (tests); returns the live state then.
     """
     if live is None:
         live = LiveController(
             config.fabric,
             dataclasses.replace(config.live, solve_inline=False),
-            brain=default_brain(config.fabric, config.thresholds),
+            brain=Brain(config.fabric, config.brain),
         )
         # before any ingest, so no flow has a model path yet
-        live.ingestor.use_model_paths = config.model_paths
+        live.use_model_paths(config.model_paths)
     counters: dict[str, int] = {}
-    delay, cap = config.backoff_s
-    attempts = 0
-    while max_attempts is None or attempts < max_attempts:
-        attempts += 1
-        try:
-            await serve_once(
-                host, port, live, topics,
-                share=share, tick_s=config.tick_s, clock=clock, log=log, counters=counters,
-                router_nodes=config.router_nodes,
-            )  # fmt: skip
-        except (aiomqtt.MqttError, TimeoutError) as exc:
-            log(clock(), "broker error", error=str(exc), retry_in_s=delay, counters=counters)
-            await asyncio.sleep(delay)
-            delay = min(cap, delay * 2)
-            continue
-        delay = config.backoff_s[0]
+
+    async def session(connected: Callable[[], None]) -> None:
+        await serve_once(
+            host, port, live, topics,
+            share=share, tick_s=config.tick_s, clock=clock, log=log, counters=counters,
+            router_nodes=config.router_nodes, connected=connected,
+        )  # fmt: skip
+
+    def on_error(exc: BaseException, retry_in_s: float) -> None:
+        log(clock(), "broker error", error=str(exc), retry_in_s=retry_in_s, counters=counters)
+
+    await reconnect_loop(
+        session, Backoff(*config.backoff_s), on_error=on_error, max_attempts=max_attempts,
+        errors=(aiomqtt.MqttError, TimeoutError),
+    )  # fmt: skip
     return live

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from controller.mqtt_topics import DEFAULT_PREFIX, Topics
+from contract.topics import DEFAULT_PREFIX, Topics
 from controller.service import ConfigError, JsonLog, load_config, run_service
 
 

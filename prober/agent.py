@@ -14,8 +14,8 @@ One agent per host drives every local NIC:
   second per NIC (`prober.pathsweep`), published as JSON on ``<prefix>/paths/<host>``.
 
 Clocks: every stamp and every "now" is in the NIC's clock (`Endpoint.now_ns`); the schedule
-runs on the host clock and each probe is queued at its NIC's "now". The testbed-only
-``[testbed] vclock`` gives the UDP endpoints a `testbed.vclock.VirtualClock` as clock hook.
+runs on the host clock and each probe is queued at its NIC's "now". `udp_endpoint_factory`
+takes the UDP endpoints' clock hook (kernel ns -> host ns; the testbed passes virtual clocks).
 
 Pure helpers (`batch_seq_start`, `plan_round`, `health_doc`) are unit-tested; `Agent.run`
 is the thin asyncio shell. Time sources are injectable.
@@ -34,13 +34,14 @@ from typing import Any, Protocol
 
 import aiomqtt
 
-from controller.mqtt_topics import Topics
-from prober.config import ConfigError, NicConfig, ProberConfig
+from contract.records import encode_batch
+from contract.topics import Topics
+from mqttlink.settings import BROKER_ERRORS
+from prober.config import NicConfig, ProberConfig
 from prober.events import ProbeEvent, results_to_batch
 from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery, PathTracer
 from prober.pathsweep import paths_payload, sweep_flows
-from prober.publish import BROKER_ERRORS, Publisher
-from prober.records import encode_batch
+from prober.publish import Publisher
 from prober.schedule import ProbePlan, ScheduledProbe, choose_peers
 from prober.session import ProbeSession
 from prober.spool import Spool
@@ -123,21 +124,20 @@ def health_doc(
     }
 
 
-def udp_endpoint_factory(cfg: ProberConfig) -> EndpointFactory:
-    """Return a factory of `prober.udp.UdpEndpoint` per NIC, per the config."""
+def udp_endpoint_factory(
+    cfg: ProberConfig, clock: Callable[[int], int] | None = None
+) -> EndpointFactory:
+    """Return a factory of `prober.udp.UdpEndpoint` per NIC, per the config.
+
+    ``clock`` is the clock hook (kernel stamp ns -> host clock ns) every endpoint applies to
+    its stamps; None is the identity (a real host). The namespace testbed passes a virtual
+    clock per emulated host (``qpmesh testbed prober``); the prober knows nothing of it.
+    """
     from prober.udp import UdpEndpoint
 
     # "auto" should try hardware stamps; until prober.timestamping.set_hw_timestamping's
     # ifreq packing is fixed (struct "=16sP" raises), only an explicit "hw" asks for them.
     want_hw = cfg.timestamps == "hw"
-    clock: Callable[[int], int] | None = None
-    if cfg.vclock is not None:  # testbed only (see prober.config._vclock)
-        from testbed.vclock import ClockError, VirtualClock
-
-        try:
-            clock = VirtualClock(**cfg.vclock)  # type: ignore[arg-type]
-        except ClockError as exc:
-            raise ConfigError(f"{cfg.source}: testbed.vclock: {exc}") from None
 
     def make(
         nic: NicConfig,

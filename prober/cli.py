@@ -1,7 +1,7 @@
 """``qpmesh prober``: run the prober agent of this host; ``qpmesh prober bench``.
 
 Bad configuration raises `prober.config.ConfigError` (exit 2); a missing RDMA device or an
-unusable socket raises an OSError (exit 1); both print one line (see `controller.cli`).
+unusable socket raises an OSError (exit 1); both print one line (see `qpmesh.cli`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import asyncio
 import json
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -112,7 +113,23 @@ def _run(args: argparse.Namespace) -> int:
     if args.dry_run:
         _print_dry_run(dry_run_plan(cfg), args.json)
         return 0
-    factory = None
+    return run_prober(cfg, once=args.once, as_json=args.json)
+
+
+def run_prober(
+    cfg: ProberConfig,
+    *,
+    clock: Callable[[int], int] | None = None,
+    once: bool = False,
+    as_json: bool = False,
+) -> int:
+    """Run the prober of ``cfg`` until SIGTERM/SIGINT (or one round with ``once``); return 0.
+
+    ``clock`` is the UDP endpoints' clock hook (kernel ns -> host ns), None on a real host.
+    Raises `prober.rdma.discover.RdmaUnavailable` (an OSError) for ``transport = "rdma"``
+    without a usable device.
+    """
+    factory: Any = None
     if cfg.transport == "rdma":
         from prober.rdma.discover import require_rdma
 
@@ -120,7 +137,11 @@ def _run(args: argparse.Namespace) -> int:
         from prober.rdma.transport import rdma_endpoint_factory
 
         factory = rdma_endpoint_factory(cfg)
-    return asyncio.run(_serve(cfg, factory, once=args.once, as_json=args.json))
+    elif clock is not None:
+        from prober.agent import udp_endpoint_factory
+
+        factory = udp_endpoint_factory(cfg, clock)
+    return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json))
 
 
 async def _serve(cfg: ProberConfig, factory: Any, *, once: bool, as_json: bool) -> int:

@@ -2,7 +2,8 @@
 
 Every problem becomes one `ConfigError` (a ValueError: the CLI exits 2) whose message names
 the file and the key, e.g. ``prober.toml: mqtt.port: must be an integer in 1..65535, got 0``.
-Unknown keys are errors too (a typo must not silently fall back to a default).
+Unknown keys are errors too (a typo must not silently fall back to a default). The reads are
+`contract.tomlcheck`'s, the same as the controller's and the scenario files'.
 
 Layout (see docs/prober.md for the full reference)::
 
@@ -12,7 +13,6 @@ Layout (see docs/prober.md for the full reference)::
     [spool]                       # max_batches, max_bytes, dir
     [telemetry]                   # interval_s, gpu
     [paths]                       # enabled, traces_per_s, max_ttl, refresh_s (path discovery)
-    [testbed]                     # vclock = {...}: TESTBED ONLY, see below
     [[nics]]   id, address, group, device, rdma_device, gid_index
     [[peers]]  id, address, group, port
 """
@@ -20,16 +20,15 @@ Layout (see docs/prober.md for the full reference)::
 from __future__ import annotations
 
 import ipaddress
-import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from prober.publish import BrokerSettings
+from contract.tomlcheck import Table, parse_toml
+from mqttlink.settings import BrokerSettings
 from prober.schedule import ScheduleConfig
 
-T = TypeVar("T")
 TRANSPORTS = ("udp", "rdma")
 STAMPS = ("auto", "hw", "sw")
 
@@ -88,7 +87,6 @@ class ProberConfig:
     paths_traces_per_s: float = 5.0
     paths_max_ttl: int = 8
     paths_refresh_s: float = 60.0
-    vclock: dict[str, float] | None = None  # testbed only: virtual clock of this host
     source: str = "<config>"
 
     def group_of(self) -> dict[str, str]:
@@ -102,43 +100,6 @@ class ProberConfig:
         out = {p.id: (p.address, p.port or self.port) for p in self.peers}
         out.update({n.id: (n.address, self.port) for n in self.nics})
         return out
-
-
-class _Section:
-    """Typed reads of one TOML table, with errors naming ``file: path.key``."""
-
-    def __init__(self, src: str, path: str, table: Mapping[str, Any]) -> None:
-        self.src, self.path, self.table = src, path, table
-        self.used: set[str] = set()
-
-    def err(self, key: str, msg: str) -> ConfigError:
-        where = f"{self.path}.{key}" if self.path else key
-        return ConfigError(f"{self.src}: {where}: {msg}")
-
-    def get(self, key: str, kind: type[T], default: T, check: Callable[[T], bool] | None = None,
-            want: str = "") -> T:  # fmt: skip
-        self.used.add(key)
-        if key not in self.table:
-            return default
-        value = self.table[key]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise self.err(key, f"must be {want or kind.__name__}, got {value!r}")
-        if check is not None and not check(value):
-            raise self.err(key, f"must be {want}, got {value!r}")
-        return value
-
-    def require(self, key: str, kind: type[T], check: Callable[[T], bool] | None = None,
-                want: str = "") -> T:  # fmt: skip
-        if key not in self.table:
-            raise self.err(key, "is required")
-        return self.get(key, kind, None, check, want)  # type: ignore[arg-type,return-value]
-
-    def finish(self) -> None:
-        extra = sorted(set(self.table) - self.used)
-        if extra:
-            raise self.err(extra[0], "unknown key")
 
 
 def _is_ip(value: str) -> bool:
@@ -157,30 +118,11 @@ def _port(v: int) -> bool:
     return 1 <= v <= 0xFFFF
 
 
-def _table(src: str, doc: Mapping[str, Any], key: str) -> _Section:
-    value = doc.get(key, {})
-    if not isinstance(value, dict):
-        raise ConfigError(f"{src}: {key}: must be a table")
-    return _Section(src, key, value)
-
-
-def _array(src: str, doc: Mapping[str, Any], key: str) -> list[_Section]:
-    value = doc.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise ConfigError(f"{src}: {key}: must be an array of tables ([[{key}]])")
-    return [_Section(src, f"{key}[{i}]", v) for i, v in enumerate(value)]
-
-
 def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConfig:
     """Return the validated configuration in TOML document ``doc``; raise `ConfigError`."""
     src = source
-    known = {"prober", "schedule", "mqtt", "spool", "telemetry", "paths", "testbed"}
-    known |= {"nics", "peers"}
-    for key in doc:
-        if key not in known:
-            raise ConfigError(f"{src}: {key}: unknown section")
-
-    pr = _table(src, doc, "prober")
+    root = Table.root(doc, src, ConfigError)
+    pr = root.table("prober")
     host = pr.require("host", str, _ident, "a host id (letters, digits, - _ . :)")
     transport = pr.get("transport", str, "udp", lambda v: v in TRANSPORTS, f"one of {TRANSPORTS}")
     port = pr.get("port", int, 4791, _port, "an integer in 1..65535")
@@ -189,7 +131,7 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConf
     batch_ms = pr.get("batch_interval_ms", int, 1000, lambda v: 10 <= v <= 600_000, "10..600000")
     pr.finish()
 
-    sc = _table(src, doc, "schedule")
+    sc = root.table("schedule")
     sched_kw: dict[str, Any] = {
         "rate_hz": sc.get("rate_hz", float, 10.0, lambda v: 0 < v <= 1e5, "a rate in (0, 1e5]"),
         "paths": sc.get("paths", int, 16, lambda v: 1 <= v <= 4096, "an integer in 1..4096"),
@@ -205,7 +147,7 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConf
     except ValueError as exc:
         raise ConfigError(f"{src}: schedule: {exc}") from None
 
-    mq = _table(src, doc, "mqtt")
+    mq = root.table("mqtt")
     mqtt_kw: dict[str, Any] = {
         "host": mq.get("host", str, "127.0.0.1", bool, "a host name or address"),
         "port": mq.get("port", int, 1883, _port, "an integer in 1..65535"),
@@ -221,31 +163,26 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConf
     except ValueError as exc:
         raise ConfigError(f"{src}: mqtt: {exc}") from None
 
-    sp = _table(src, doc, "spool")
+    sp = root.table("spool")
     max_batches = sp.get("max_batches", int, 10_000, lambda v: v >= 1, "a positive integer")
     max_bytes = sp.get("max_bytes", int, 64 << 20, lambda v: v >= 1024, "an integer >= 1024")
     spool_dir = sp.get("dir", str, "")
     sp.finish()
 
-    te = _table(src, doc, "telemetry")
+    te = root.table("telemetry")
     tel_interval = te.get("interval_s", float, 5.0, lambda v: 0.1 <= v <= 3600, "0.1..3600")
     tel_gpu = te.get("gpu", bool, True)
     te.finish()
 
-    pa = _table(src, doc, "paths")
+    pa = root.table("paths")
     paths_enabled = pa.get("enabled", bool, True)
     traces = pa.get("traces_per_s", float, 5.0, lambda v: 0 < v <= 1000, "in (0, 1000]")
     max_ttl = pa.get("max_ttl", int, 8, lambda v: 1 <= v <= 64, "1..64")
     refresh = pa.get("refresh_s", float, 60.0, lambda v: 1 <= v <= 86400, "1..86400")
     pa.finish()
 
-    tb = _table(src, doc, "testbed")
-    vclock_doc = tb.get("vclock", dict, {})
-    tb.finish()
-    vclock = _vclock(src, vclock_doc) if vclock_doc else None
-
     nics: list[NicConfig] = []
-    for s in _array(src, doc, "nics"):
+    for s in root.tables("nics"):
         nics.append(
             NicConfig(
                 id=s.require("id", str, _ident, "a NIC id"),
@@ -261,7 +198,7 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConf
     if not nics:
         raise ConfigError(f"{src}: nics: at least one [[nics]] entry is required")
     peers: list[PeerConfig] = []
-    for s in _array(src, doc, "peers"):
+    for s in root.tables("peers"):
         peers.append(
             PeerConfig(
                 id=s.require("id", str, _ident, "a NIC id"),
@@ -278,6 +215,7 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConf
         if nic_id in seen:
             raise ConfigError(f"{src}: {kind}[{i}].id: duplicate NIC id {nic_id!r}")
         seen.add(nic_id)
+    root.finish()
 
     return ProberConfig(
         host=host,
@@ -299,37 +237,8 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConf
         paths_traces_per_s=traces,
         paths_max_ttl=max_ttl,
         paths_refresh_s=refresh,
-        vclock=vclock,
         source=src,
     )
-
-
-VCLOCK_KEYS = ("offset_ns", "drift", "t0_ns", "wander_ns", "wander_period_s", "phase")
-
-
-def _vclock(src: str, doc: Mapping[str, Any]) -> dict[str, float]:
-    """Validate ``[testbed] vclock`` (a `testbed.vclock.VirtualClock` as a table).
-
-    Testbed only: all namespaces share one kernel clock, so the testbed gives each emulated
-    host a known offset/drift; a production config never sets it (the NIC clock is then the
-    kernel's). Raises `ConfigError`.
-    """
-    from testbed.vclock import ClockError, VirtualClock
-
-    sec = _Section(src, "testbed.vclock", doc)
-    vals: dict[str, float] = {}
-    for key in VCLOCK_KEYS:
-        if key in doc:
-            vals[key] = sec.get(key, float, 0.0) if key != "t0_ns" else sec.get(key, int, 0)
-    sec.finish()
-    for key in ("offset_ns", "drift", "t0_ns"):
-        if key not in vals:
-            raise sec.err(key, "is required")
-    try:
-        VirtualClock(**vals)  # type: ignore[arg-type]
-    except ClockError as exc:
-        raise ConfigError(f"{src}: testbed.vclock: {exc}") from None
-    return vals
 
 
 def load_config(path: Path | str) -> ProberConfig:
@@ -338,9 +247,4 @@ def load_config(path: Path | str) -> ProberConfig:
     Raises `ConfigError` for bad TOML or bad values, `OSError` if the file cannot be read.
     """
     p = Path(path)
-    data = p.read_bytes()
-    try:
-        doc = tomllib.loads(data.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-    return parse_config(doc, str(p))
+    return parse_config(parse_toml(p.read_bytes(), str(p), ConfigError), str(p))

@@ -4,7 +4,7 @@
 - `ProbeResult`: a completed round trip with its four timestamps.
 - `ProbeLost`: a probe with no complete reply before its timeout, with its path.
 - `TraceReached`: a path-discovery probe got an answer from its destination.
-- `results_to_batch`: many results/losses -> one columnar `prober.records.ProbeBatch`.
+- `results_to_batch`: many results/losses -> one columnar `contract.records.ProbeBatch`.
 
 All are frozen and validated on construction (`ValueError` on bad values).
 """
@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from prober.records import MISSING, ProbeBatch
+from contract.records import MISSING, ProbeBatch
 from prober.wire import MsgType
 
 Address = tuple[str, int]
@@ -148,7 +148,7 @@ def results_to_batch(
     `TraceReached` events are not probe records and are skipped.
 
     ``nic_ids`` seeds the string table (stable indices across batches); NICs not in it are
-    appended in first-seen order. Raises `prober.records.RecordError` on invalid columns.
+    appended in first-seen order. Raises `contract.records.RecordError` on invalid columns.
     """
     table = list(nic_ids)
     index = {nic: i for i, nic in enumerate(table)}

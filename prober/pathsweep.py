@@ -5,7 +5,7 @@ The agent traces its own probe flows (local NIC, peer, source port) with `prober
 sweep covers every flow once, interleaved across peers so early traces already cover every
 peer; the next sweep starts ``refresh_s`` after the previous one began (or at once when a
 path changed). Results go out as JSON on ``<prefix>/paths/<host>``
-(`controller.mqtt_topics.Topics.paths`). Pure helpers here; the agent runs the loop.
+(`contract.topics.Topics.paths`). Pure helpers here; the agent runs the loop.
 
 Reply paths are not traced: the reply of probe a -> b (sport s) is the flow b -> a with sport
 4791 and dport s, whose source port the responder cannot choose for a TRACE. The controller

@@ -24,6 +24,7 @@ import heapq
 from collections import Counter, deque
 from dataclasses import dataclass
 
+from contract.records import MISSING
 from prober.events import (
     NO_TOKEN,
     Address,
@@ -34,7 +35,6 @@ from prober.events import (
     SendMeta,
     TraceReached,
 )
-from prober.records import MISSING
 from prober.wire import Codec, Message, MsgType, WireError, nic_hash
 
 _REPLY_TOKEN_BASE = 1 << 32  # probe tokens are their seq; reply tokens live above 2**32

@@ -151,6 +151,14 @@ def _run(a: argparse.Namespace) -> int:
     return 130 if report.get("interrupted") else 0
 
 
+def _prober(a: argparse.Namespace) -> int:
+    from prober.cli import run_prober
+    from prober.config import load_config
+    from testbed.vclock import load_clock
+
+    return run_prober(load_config(a.config), clock=load_clock(a.clock).apply)
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``qpmesh testbed`` and its subcommands."""
     tb = sub.add_parser("testbed", help="emulated leaf-spine fabric in network namespaces, faults",
@@ -230,6 +238,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=("SIGKILL", "SIGTERM", "SIGSTOP"),
         help="SIGKILL (default) fires the prober's MQTT last will: 'prober down'",
     )
+    p = ts.add_parser(
+        "prober",
+        help="run a prober whose stamps read an emulated host's virtual clock (used by 'run')",
+        description=(
+            "Run 'qpmesh prober --config FILE' with the UDP endpoints' clock hook set to the "
+            "virtual clock in --clock (JSON of testbed.vclock.VirtualClock): all namespaces "
+            "share one kernel clock, so the testbed gives each emulated host its own."
+        ),
+    )
+    p.add_argument("--config", required=True, help="prober TOML (see docs/prober.md)")
+    p.add_argument("--clock", required=True, help="virtual clock JSON written by 'testbed run'")
+    p.set_defaults(func=_prober)
     p = cmd(
         "run",
         "run a scenario: fabric, broker, probers, controller, faults -> JSON report",

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from testbed.runreport import Monitor, localization, sync_report
 from testbed.runscore import estimators
 from testbed.scenario import FaultKind, Scenario, random_faults
 from testbed.schedule import Action, timeline
-from testbed.vclock import VirtualClock, assign_clocks, write_truth
+from testbed.vclock import VirtualClock, assign_clocks, write_clock, write_truth
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 
@@ -42,13 +42,12 @@ def prober_config(
     plan: Plan,
     host: str,
     broker: tuple[str, int],
-    clock: VirtualClock | None = None,
 ) -> str:
     """Return the prober TOML for ``host``: its NICs, every other NIC as a peer, the broker.
 
     Source ports per NIC cover the fabric's ECMP width (``paths`` = spines); path discovery
-    traces 20 flows/s per NIC up to TTL 4 (two tiers); ``clock``: the host's virtual clock
-    (``[testbed.vclock]``, testbed only).
+    traces 20 flows/s per NIC up to TTL 4 (two tiers). The host's virtual clock is not in
+    it: ``qpmesh testbed prober --clock`` supplies it as the prober's clock hook.
     """
     spines = sum(1 for n in fabric.switches if n.kind == NodeKind.SPINE)
     lines = [
@@ -58,9 +57,6 @@ def prober_config(
         "[paths]", "traces_per_s = 20.0", "max_ttl = 4", "refresh_s = 30.0", "",
         "[mqtt]", f'host = "{broker[0]}"', f"port = {broker[1]}", "",
     ]  # fmt: skip
-    if clock is not None:
-        lines += ["[testbed.vclock]"]
-        lines += [f"{k} = {v!r}" for k, v in asdict(clock).items()] + [""]
     for n in fabric.nics:
         table = "nics" if n.host == host else "peers"
         extra = f'\ndevice = "{n.id}"' if table == "nics" else ""
@@ -103,13 +99,6 @@ def controller_config(fabric: Fabric, plan: Plan) -> str:
     lines += ["", "[paths]", "model = false", "", "[paths.routers]"]
     lines += [f'"{a}" = "{n}"' for a, n in sorted(router_nodes(plan).items())]
     return "\n".join(lines) + "\n"
-
-
-def _has_command(name: str) -> bool:
-    from controller.cli import build_parser
-
-    sub = build_parser()._subparsers
-    return bool(sub and any(name in getattr(a, "choices", {}) or {} for a in sub._group_actions))
 
 
 def _spawn(
@@ -179,34 +168,21 @@ def run_scenario(
         monitor = Monitor(*broker)
         monitor.start()
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        qp = [sys.executable, "-m", "controller.cli"]
-        if _has_command("controller"):
-            ctl_log = d / "controller.jsonl"
-            ctl_conf = d / "controller.toml"
-            ctl_conf.write_text(controller_config(fabric, plan))
-            procs.append(_spawn([*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
-                                 "--config", str(ctl_conf), "--log", str(ctl_log)],
-                                d / "controller.out", prefix, "controller", env))  # fmt: skip
-        else:
-            missing.append("controller service (qpmesh controller) not registered")
-        if _has_command("prober"):
-            for h in fabric.hosts:
-                cfg = d / f"prober-{h.id}.toml"
-                cfg.write_text(prober_config(fabric, plan, h.id, broker, clocks[h.id]))
-                penv = env
-                argv = [
-                    "ip",
-                    "netns",
-                    "exec",
-                    plan.node_ns[h.id],
-                    *qp,
-                    "prober",
-                    "--config",
-                    str(cfg),
-                ]
-                procs.append(_spawn(argv, d / f"prober-{h.id}.log", prefix, f"prober:{h.id}", penv))
-        else:
-            missing.append("prober agent (qpmesh prober) not registered")
+        qp = [sys.executable, "-m", "qpmesh.cli"]
+        ctl_log = d / "controller.jsonl"
+        ctl_conf = d / "controller.toml"
+        ctl_conf.write_text(controller_config(fabric, plan))
+        procs.append(_spawn([*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
+                             "--config", str(ctl_conf), "--log", str(ctl_log)],
+                            d / "controller.out", prefix, "controller", env))  # fmt: skip
+        for h in fabric.hosts:
+            cfg = d / f"prober-{h.id}.toml"
+            cfg.write_text(prober_config(fabric, plan, h.id, broker))
+            clk = d / f"clock-{h.id}.json"
+            write_clock(clocks[h.id], clk)
+            argv = ["ip", "netns", "exec", plan.node_ns[h.id], *qp, "testbed", "prober",
+                    "--config", str(cfg), "--clock", str(clk)]  # fmt: skip
+            procs.append(_spawn(argv, d / f"prober-{h.id}.log", prefix, f"prober:{h.id}", env))
         progress(
             f"{len(fabric.hosts)} probers, controller: running {sc.duration_s:g}s, {len(sc.faults)} faults"
         )

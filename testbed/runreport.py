@@ -21,7 +21,7 @@ from typing import Any
 import aiomqtt
 import numpy as np
 
-from prober.records import ProbeBatch, RecordError, decode_batch
+from contract.records import ProbeBatch, RecordError, decode_batch
 from testbed.bench_sync_real import summarize_errors, window_errors
 from testbed.scenario import Fault, FaultKind
 from testbed.vclock import VirtualClock

@@ -97,6 +97,26 @@ def truth_doc(clocks: Mapping[str, VirtualClock], nic_host: Mapping[str, str]) -
     return {"clocks": {k: asdict(v) for k, v in clocks.items()}, "nic_host": dict(nic_host)}
 
 
+def write_clock(clock: VirtualClock, path: str | Path) -> None:
+    """Write ``clock`` as JSON to ``path`` (read back by `load_clock`)."""
+    Path(path).write_text(json.dumps(asdict(clock), sort_keys=True))
+
+
+def load_clock(path: str | Path) -> VirtualClock:
+    """Return the `VirtualClock` in JSON file ``path``.
+
+    Raises `ClockError` (a ValueError) naming the file if it is not a valid clock, OSError
+    if it cannot be read.
+    """
+    try:
+        doc = json.loads(Path(path).read_text())
+        if not isinstance(doc, dict):
+            raise TypeError("not a JSON object")
+        return VirtualClock(**doc)
+    except (ValueError, TypeError) as exc:
+        raise ClockError(f"{path}: not a virtual clock: {exc}") from None
+
+
 def write_truth(
     path: str | Path, clocks: Mapping[str, VirtualClock], nic_host: Mapping[str, str]
 ) -> Path:

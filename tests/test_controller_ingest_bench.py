@@ -9,7 +9,7 @@ import sys
 
 def test_sim_ingest_json_small() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "sim", "ingest", "--nics", "16",
+        [sys.executable, "-m", "qpmesh.cli", "sim", "ingest", "--nics", "16",
          "--seconds", "41", "--step", "0.5", "--repeats", "1", "--json", "--ideal"],
         capture_output=True, text=True, check=True, timeout=120,
     )  # fmt: skip

@@ -13,9 +13,10 @@ import aiomqtt
 import numpy as np
 import pytest
 
+from contract.records import encode_batch
+from contract.topics import TopicError, Topics
 from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveConfig, LiveController
-from controller.mqtt_topics import TopicError, Topics
 from controller.service import (
     ConfigError,
     JsonLog,
@@ -25,7 +26,6 @@ from controller.service import (
     run_service,
 )
 from controller.service_cli import parse_broker
-from prober.records import encode_batch
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 
 
@@ -58,16 +58,24 @@ def test_config_validation(tmp_path: Path) -> None:
     sc = load_config(cfg)
     assert len(sc.fabric.leaves) == 3 and sc.live.sync.window_ns == 5_000_000_000
     cfg.write_text("[thresholds]\nsilent_ns = 0\n")
-    assert load_config(cfg).thresholds == {"silent_ns": 0}
+    assert load_config(cfg).brain.silent_ns == 0
+    cfg.write_text("[thresholds.loss]\nmin_probes = 7\n")
+    assert load_config(cfg).brain.loss.min_probes == 7
     for text, msg in (
-        ("[fabric]\nleaves = 'x'\n", "bad config"),
-        ("[nope]\n", "unknown config section"),
-        ("[sync]\nwindo_s = 1\n", "unknown config key"),
+        ("[fabric]\nleaves = 'x'\n", r"c\.toml: fabric\.leaves: must be an integer"),
+        ("[fabric]\nleaves = 0\n", r"c\.toml: fabric: "),
+        ("[nope]\n", r"c\.toml: nope: unknown section"),
+        ("[sync]\nwindo_s = 1\n", r"c\.toml: sync\.windo_s: unknown key"),
         ("[fabric]\nfile = 'missing.json'\n", "cannot read fabric file"),
-        ("[fabric\n", "c.toml"),
-        ("[thresholds]\nnope = 1\n", "unknown detection threshold"),
-        ("[thresholds]\nsilent_ns = -1\n", "silent_ns"),
-        ("[thresholds.loss]\nnot_a_field = 1\n", "bad detection thresholds"),
+        ("[fabric\n", r"c\.toml"),
+        ("[thresholds]\nnope = 1\n", r"c\.toml: thresholds\.nope: unknown key"),
+        ("[thresholds]\nsilent_ns = -1\n", r"c\.toml: thresholds: silent_ns must be >= 0"),
+        ("[thresholds.loss]\nnot_a_field = 1\n", r"thresholds\.loss\.not_a_field: unknown key"),
+        # strict types, no coercion: bool("false") would be True, int("3") would pass
+        ('[sync]\nuse_uncoded = "false"\n', r"c\.toml: sync\.use_uncoded: must be true or false"),
+        ('[controller]\nmax_events = "3"\n', r"c\.toml: controller\.max_events: must be"),
+        ("[controller]\ntick_s = true\n", r"c\.toml: controller\.tick_s: must be"),
+        ("[paths]\nrouters = {'10.0.0.1' = 'nope'}\n", r"paths\.routers\.10\.0\.0\.1: unknown"),
     ):
         cfg.write_text(text)
         with pytest.raises(ConfigError, match=msg) as err:
@@ -274,3 +282,36 @@ async def test_model_paths_off_leaves_undiscovered_flows_unknown(tmp_path: Path)
     assert known.tolist() == [True, False]  # nic0 -> nic3 was never traced: no model guess
     assert (fwd[1] == -1).all() and (rev[1] == -1).all()
     assert [conf.fabric.hop_name(int(h)) for h in fwd[0] if h >= 0][1] == "leaf0->spine0"
+
+
+def test_a_failing_clock_solve_is_logged_and_counted_never_fatal() -> None:
+    import asyncio
+    import io
+
+    from controller.live import LiveController
+    from controller.service import JsonLog, _solver
+
+    live = LiveController(build_fabric(FabricShape(leaves=1, hosts_per_leaf=2, spines=1)))
+    installed: list[object] = []
+
+    def boom() -> None:
+        raise FloatingPointError("singular network solve")
+
+    live.start_solve = lambda now_ns: boom  # type: ignore[method-assign,assignment,return-value]
+    live.install_clock = lambda state: installed.append(state) or True  # type: ignore[method-assign,func-returns-value]
+    counters: dict[str, int] = {}
+    out = io.StringIO()
+
+    async def main() -> bool:
+        task = asyncio.create_task(_solver(live, 0.001, lambda: 5, JsonLog(out), counters))
+        for _ in range(5000):  # until three solves failed (bounded: no wall-clock assertion)
+            if counters.get("solve_failed", 0) >= 3:
+                break
+            await asyncio.sleep(0.001)
+        alive = not task.done()
+        task.cancel()
+        return alive
+
+    assert asyncio.run(main()), "the solver task died with its solve"
+    assert counters["solve_failed"] >= 3 and installed == []
+    assert "clock solve failed" in out.getvalue() and "singular network solve" in out.getvalue()

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from controller.cli import main
-from testbed.demo import DemoError, DemoRunner, demo_scenario, run_headless
+from qpmesh.cli import main
 from testbed.scenario import FaultKind
+from testbed.sim.demo_runner import DemoError, DemoRunner, demo_scenario, run_headless
 from tui.demo_app import DemoApp
 from tui.grid import MeshGrid
 

@@ -8,9 +8,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from controller.cli import main
 from controller.fabric import FabricError, FabricShape, build_fabric, flow_path, flow_paths
 from controller.fabric.ecmp import spine_of_path
+from qpmesh.cli import main
 
 
 def test_default_shape_is_a_small_rack_row() -> None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from pathlib import Path
 from typing import Any
 
 import aiomqtt
 import numpy as np
 import pytest
 
+from contract.records import MISSING, decode_batch
 from prober.agent import Agent, batch_seq_start, health_doc, plan_peers, plan_round
 from prober.config import parse_config
-from prober.records import MISSING, decode_batch
 from prober.schedule import ProbePlan
 from prober.telemetry.gpu import GpuReading
 
@@ -136,7 +137,6 @@ async def test_agent_once_without_broker_keeps_batch_in_spool() -> None:
 def test_cli_once_publishes_one_round(mosquitto: tuple[str, int], tmp_path: Any) -> None:
     import subprocess
     import sys
-    from pathlib import Path
 
     port = free_udp_port()
     cfg = tmp_path / "p.toml"
@@ -147,7 +147,7 @@ def test_cli_once_publishes_one_round(mosquitto: tuple[str, int], tmp_path: Any)
         '[[nics]]\nid = "nic1"\naddress = "127.0.0.3"\n'
     )
     r = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "prober", "--config", str(cfg), "--once", "--json"],
+        [sys.executable, "-m", "qpmesh.cli", "prober", "--config", str(cfg), "--once", "--json"],
         check=False, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1],
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -156,24 +156,27 @@ def test_cli_once_publishes_one_round(mosquitto: tuple[str, int], tmp_path: Any)
     assert doc["published"] == 1 and doc["spooled"] == 0
 
 
-def test_vclock_is_testbed_only_and_becomes_the_endpoint_clock() -> None:
+def test_clock_hook_becomes_the_endpoint_clock_and_config_knows_no_vclock(tmp_path: Path) -> None:
     from prober.agent import udp_endpoint_factory
     from prober.config import ConfigError
     from prober.pathsweep import sweep_flows
     from prober.session import ProbeSession
+    from testbed.vclock import ClockError, VirtualClock, load_clock, write_clock
 
-    assert config().vclock is None  # off by default
-    doc = {
-        "prober": {"host": "h"},
-        "nics": [{"id": "nic0", "address": "127.0.0.1"}],
-        "testbed": {"vclock": {"offset_ns": 1000.0, "drift": 1e-5, "t0_ns": 0}},
-    }
+    doc = {"prober": {"host": "h"}, "nics": [{"id": "nic0", "address": "127.0.0.1"}]}
     cfg = parse_config(doc, "t.toml")
-    assert cfg.vclock == {"offset_ns": 1000.0, "drift": 1e-5, "t0_ns": 0}
-    ep: Any = udp_endpoint_factory(cfg)(cfg.nics[0], ProbeSession("nic0"), (), lambda e: None)
+    plain: Any = udp_endpoint_factory(cfg)(cfg.nics[0], ProbeSession("nic0"), (), lambda e: None)
+    assert plain.clock(1_000_000_000) == 1_000_000_000  # a real host: identity
+    clk = tmp_path / "clock.json"
+    write_clock(VirtualClock(offset_ns=1000.0, drift=1e-5, t0_ns=0), clk)
+    hook = load_clock(clk).apply
+    ep: Any = udp_endpoint_factory(cfg, hook)(cfg.nics[0], ProbeSession("nic0"), (), lambda e: None)
     assert ep.clock(1_000_000_000) == 1_000_000_000 + 1000 + 10_000
-    bad = {**doc, "testbed": {"vclock": {"offset_ns": 0.0, "drift": 0.5, "t0_ns": 0}}}
-    with pytest.raises(ConfigError, match=r"testbed\.vclock"):
-        parse_config(bad, "t.toml")
+    # the prober's config has no testbed table any more: it is an unknown section
+    with pytest.raises(ConfigError, match=r"testbed"):
+        parse_config({**doc, "testbed": {"vclock": {"offset_ns": 1.0}}}, "t.toml")
+    clk.write_text('{"offset_ns": 0.0, "drift": 0.5, "t0_ns": 0}')
+    with pytest.raises(ClockError, match=r"clock\.json"):
+        load_clock(clk)
     flows = sweep_flows({"a": ("b", "c")}, {"a": (1, 2)})
     assert flows == [("a", "b", 1), ("a", "c", 1), ("a", "b", 2), ("a", "c", 2)]

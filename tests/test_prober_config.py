@@ -96,7 +96,7 @@ def test_defaults_from_minimal() -> None:
         ({"schedule": {"rate_hz": 0}}, "f.toml: schedule.rate_hz"),
         ({"schedule": {"confidence": 1.0}}, "f.toml: schedule.confidence"),
         ({"spool": {"max_batches": 0}}, "f.toml: spool.max_batches"),
-        ({"telemetry": {"gpu": "yes"}}, "f.toml: telemetry.gpu: must be bool"),
+        ({"telemetry": {"gpu": "yes"}}, "f.toml: telemetry.gpu: must be true or false"),
         ({"nics": []}, "f.toml: nics: at least one"),
         ({"nics": {"id": "x"}}, "f.toml: nics: must be an array of tables"),
         ({"nics": [{"id": "nic0"}]}, "f.toml: nics[0].address: is required"),
@@ -138,7 +138,7 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", "prober", *args],
+        [sys.executable, "-m", "qpmesh.cli", "prober", *args],
         check=False, capture_output=True, text=True, timeout=60,
         cwd=Path(__file__).parents[1],
     )  # fmt: skip

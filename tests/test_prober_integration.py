@@ -30,9 +30,9 @@ import aiomqtt
 import numpy as np
 import pytest
 
+from contract.records import MISSING, ProbeBatch, decode_batch
 from prober.agent import plan_peers
 from prober.config import load_config
-from prober.records import MISSING, ProbeBatch, decode_batch
 from prober.schedule import ProbePlan
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from prober.publish import BrokerSettings, MqttLike, Publisher, backoff_delay, presence_payload
+from mqttlink.settings import BrokerSettings, backoff_delay
+from prober.publish import MqttLike, Publisher, presence_payload
 from prober.spool import Spool
 
 HOST = "hostA"
@@ -262,7 +263,8 @@ async def test_real_broker_in_order_and_retained_presence(mosquitto: tuple[str, 
 
 _CRASHER = """
 import asyncio, sys
-from prober.publish import BrokerSettings, Publisher
+from mqttlink.settings import BrokerSettings
+from prober.publish import Publisher
 from prober.spool import Spool
 async def main():
     pub = Publisher(BrokerSettings(host=sys.argv[1], port=int(sys.argv[2]), keepalive_s=1), "hostA", Spool())

@@ -143,7 +143,7 @@ def test_cli_rdma_without_device_one_line_exit_1(tmp_path: Path) -> None:
     cfg.write_text('[prober]\nhost = "h"\n[[nics]]\nid = "nic0"\naddress = "10.0.0.1"\n'
                    'rdma_device = "mlx5_0"\n')  # fmt: skip
     r = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "prober", "--config", str(cfg), "--transport", "rdma"],
+        [sys.executable, "-m", "qpmesh.cli", "prober", "--config", str(cfg), "--transport", "rdma"],
         check=False, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1],
     )  # fmt: skip
     assert r.returncode == 1

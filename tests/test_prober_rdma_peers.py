@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.mqtt_topics import Topics
+from contract.topics import Topics
+from mqttlink.settings import BrokerSettings
 from prober.config import NicConfig, ProberConfig
-from prober.publish import BrokerSettings, presence_payload
+from prober.publish import presence_payload
 from prober.rdma.peers import (
     PeerAddress,
     PeerDocError,

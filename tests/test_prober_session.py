@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contract.records import MISSING, decode_batch, encode_batch
 from prober.events import Datagram, ProbeEvent, ProbeLost, ProbeResult, results_to_batch
-from prober.records import MISSING, decode_batch, encode_batch
 from prober.session import ProbeSession
 from prober.wire import Codec, Message, MsgType, nic_hash
 

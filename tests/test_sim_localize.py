@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from controller.cli import main
 from controller.fabric import FabricShape, build_fabric
+from qpmesh.cli import main
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.localize_bench import normalize, register_localize, run_once
 from testbed.sim.model import ModelKnobs

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from controller.cli import main
 from controller.fabric import FabricShape, build_fabric
+from qpmesh.cli import main
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.clock_model import ClockWander
 from testbed.sim.engine import SimConfig, Simulator

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import main
+from qpmesh.cli import main
 from testbed.sim.model import ModelKnobs
 from testbed.sim.run_cmd import run_scenario
 

@@ -22,7 +22,7 @@ pytestmark = [
 
 
 def _qpmesh(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "controller.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "qpmesh.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
 
 

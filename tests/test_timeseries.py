@@ -320,7 +320,7 @@ def test_default_buffer_holds_five_minutes_at_1024_nics() -> None:
     from dataclasses import replace
 
     from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
-    from testbed.demo import DemoRunner, demo_scenario
+    from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
     runner = DemoRunner(replace(demo_scenario(None, nics=1024, seed=1), faults=()), step_s=1.0)
     bodies: list[bytes] = []

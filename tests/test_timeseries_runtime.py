@@ -13,7 +13,7 @@ from controller.timeseries.config import TimeseriesConfig, metrics_config, times
 from controller.timeseries.metrics import ControllerMetrics
 from controller.timeseries.runtime import MetricsRuntime, TimeseriesRuntime
 from controller.timeseries.writer import Backoff, TsdbWriter
-from testbed.demo import DemoRunner, demo_scenario
+from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
 
 def test_timeseries_table_is_read_and_validated(tmp_path: Path) -> None:

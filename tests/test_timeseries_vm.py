@@ -25,7 +25,7 @@ import pytest
 
 from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
 from controller.timeseries.writer import Backoff, TsdbWriter
-from testbed.demo import DemoRunner, demo_scenario
+from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
 VM = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
 EPOCH_S = 1_700_000_000
@@ -331,7 +331,7 @@ def test_every_dashboard_query_returns_the_faulted_link(vm: VictoriaMetrics) -> 
 def test_demo_writes_its_time_series_stamped_now(
     vm: VictoriaMetrics, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from controller.cli import main
+    from qpmesh.cli import main
 
     t0 = time.time()
     rc = main(["demo", "--headless", "--duration", "6", "--json", "--timeseries", vm.url])

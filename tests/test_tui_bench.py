@@ -6,7 +6,7 @@ import io
 import json
 from contextlib import redirect_stdout
 
-from controller.cli import main
+from qpmesh.cli import main
 from tui.bench import bench
 
 

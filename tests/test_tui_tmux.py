@@ -36,7 +36,7 @@ def _wait_for(session: str, needle: str, timeout_s: float = 20.0) -> str:
 
 def test_tui_in_tmux_draws_grid_and_selects() -> None:
     session = f"qpmesh-tui-test-{uuid.uuid4().hex[:10]}"
-    cmd = f"{sys.executable} -m controller.cli tui --fake --interval 0.5"
+    cmd = f"{sys.executable} -m qpmesh.cli tui --fake --interval 0.5"
     subprocess.run(
         ["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "32", "-c", str(ROOT), cmd],
         check=True,

@@ -1,4 +1,7 @@
-"""``qpmesh tui`` (the live mesh grid), ``qpmesh tui bench`` and ``qpmesh demo``."""
+"""``qpmesh tui`` (the live mesh grid) and ``qpmesh tui bench``.
+
+``qpmesh demo`` (the simulator under the grid) is the testbed's: `testbed.demo_cli`.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +11,11 @@ from typing import Any
 
 
 class TuiError(ValueError):
-    """Bad ``qpmesh tui`` / ``qpmesh demo`` arguments."""
+    """Bad ``qpmesh tui`` arguments."""
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``tui`` and ``demo`` subcommands to the root parser."""
+    """Add the ``tui`` subcommand (and ``tui bench``) to the root parser."""
     p = subparsers.add_parser(
         "tui",
         help="live mesh grid (use --fake for a seeded example, or 'qpmesh demo')",
@@ -38,29 +41,6 @@ def register(subparsers: Any) -> None:
     b.add_argument("--width", type=int, default=160, help="grid width in columns (default 160)")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=_bench)
-
-    d = subparsers.add_parser(
-        "demo",
-        help="simulator + controller in-process with the mesh grid on top",
-        description="Runs the simulator and the controller core in-process (no broker, no "
-        "database). Keys: f link flap, e ECMP contention, n NIC failure, x clear faults, plus "
-        "the tui keys. --headless plays the scripted scenario in simulated time.",
-    )
-    d.add_argument("--headless", action="store_true", help="no screen; play the scenario")
-    d.add_argument("--duration", type=float, default=None, help="simulated seconds (headless)")
-    d.add_argument("--json", action="store_true", help="print the result as JSON (headless)")
-    d.add_argument("--scenario", default=None, help="scenario TOML (default: the demo's)")
-    d.add_argument("--nics", type=int, default=None, help="scale the fabric to N NICs")
-    d.add_argument("--seed", type=int, default=None, help="simulator seed")
-    d.add_argument("--step", type=float, default=0.5, help="simulated seconds per tick")
-    d.add_argument("--threshold-us", type=float, default=5.0, help="delay threshold µs")
-    d.add_argument(
-        "--timeseries",
-        metavar="URL",
-        help="also write the time series to this InfluxDB v2 write API "
-        "(InfluxDB 2 or VictoriaMetrics, e.g. http://127.0.0.1:8428), 1 s intervals",
-    )
-    d.set_defaults(func=_demo)
 
 
 def _tui(args: argparse.Namespace) -> int:
@@ -95,9 +75,3 @@ def _bench(args: argparse.Namespace) -> int:
         for k, v in result.items():
             print(f"{k}: {v}")
     return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from testbed.demo import run_demo
-
-    return run_demo(args)

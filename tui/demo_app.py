@@ -8,7 +8,7 @@ the snapshot that step produced, so the UI never waits on a step. Keys: ``f`` li
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -17,15 +17,51 @@ from textual.binding import Binding, BindingType
 from controller.snapshot import MeshSnapshot
 from tui.app import MeshApp
 
-if TYPE_CHECKING:
-    from testbed.demo import DemoRunner
+
+class DemoFault(Protocol):
+    """A fault the demo injected (what the notification shows)."""
+
+    @property
+    def kind(self) -> object: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def start_s(self) -> float: ...
+
+
+class DemoController(Protocol):
+    """The controller under the demo: what the screen reads and switches."""
+
+    def snapshot(self) -> MeshSnapshot: ...
+    def history(
+        self, nic: int, window_s: float
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]: ...
+    def set_control(self, enabled: bool) -> None: ...
+
+
+class DemoDriver(Protocol):
+    """What the demo screen needs of the simulation under it (the testbed's `DemoDriver`).
+
+    ``step`` advances one step of ``step_s`` simulated seconds; ``inject(kind)`` starts a fault
+    of demo kind ``kind`` (flap, contention, nic_down) now; ``clear`` ends them all.
+    """
+
+    @property
+    def step_s(self) -> float: ...
+    @property
+    def nic_count(self) -> int: ...
+    @property
+    def controller(self) -> DemoController: ...
+    def step(self) -> object: ...
+    def inject(self, kind: str) -> DemoFault: ...
+    def clear(self) -> None: ...
 
 
 class DemoSource:
-    """`SnapshotSource` over a `DemoRunner`: `advance` steps it (thread-safe), `snapshot` returns
+    """`SnapshotSource` over a `DemoDriver`: `advance` steps it (thread-safe), `snapshot` returns
     the snapshot taken after the last completed step."""
 
-    def __init__(self, runner: DemoRunner) -> None:
+    def __init__(self, runner: DemoDriver) -> None:
         self.runner = runner
         self.lock = threading.Lock()
         self._snap = runner.controller.snapshot()
@@ -65,7 +101,7 @@ class DemoSource:
 
 
 class DemoApp(MeshApp):
-    """`MeshApp` driving a `DemoRunner` in simulated time (one step per refresh)."""
+    """`MeshApp` driving a `DemoDriver` in simulated time (one step per refresh)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("f", "inject('flap')", "flap"),
@@ -74,12 +110,12 @@ class DemoApp(MeshApp):
         Binding("x", "clear", "clear"),
     ]
 
-    def __init__(self, runner: DemoRunner, *, threshold_ns: float = 5_000.0) -> None:
+    def __init__(self, runner: DemoDriver, *, threshold_ns: float = 5_000.0) -> None:
         self.demo = DemoSource(runner)
         super().__init__(
             self.demo, interval_s=runner.step_s, threshold_ns=threshold_ns, on_tick=self._kick
         )
-        self.sub_title = f"demo: {len(runner.fabric.nics)} NICs, simulated"
+        self.sub_title = f"demo: {runner.nic_count} NICs, simulated"
 
     def _kick(self) -> None:
         if not self.demo.lock.locked():

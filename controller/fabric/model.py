@@ -13,6 +13,7 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -277,6 +278,30 @@ class Fabric:
                 for lk in self.links
             ],
         }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Fabric:
+        """Rebuild a `Fabric` from `to_dict` output; raise `FabricError` if it is not one."""
+        try:
+            nodes = tuple(
+                Node(n["id"], NodeKind(n["kind"]), int(n["index"]), int(n.get("pod", 0)))
+                for n in doc["nodes"]
+            )
+            nics = tuple(
+                Nic(n["id"], int(n["index"]), n["host"], n["leaf"], n["address"], n["group"],
+                    int(n.get("port", 0)))
+                for n in doc["nics"]
+            )  # fmt: skip
+            links = tuple(
+                Link(k["id"], int(k["index"]), k["lower"], k["upper"], float(k["capacity_bps"]),
+                     float(k["prop_delay_ns"]))
+                for k in doc["links"]
+            )  # fmt: skip
+            return cls(nodes, nics, links, dict(doc.get("shape", {})))
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, FabricError):
+                raise
+            raise FabricError(f"bad fabric description: {exc}") from None
 
 
 def ids_to_indices(fabric: Fabric, ids: Sequence[str]) -> npt.NDArray[np.int32]:

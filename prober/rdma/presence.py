@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import aiomqtt
 
-from controller.mqtt_topics import TopicError, Topics
-from prober.publish import BROKER_ERRORS, BrokerSettings, backoff_delay
+from contract.topics import TopicError, Topics
+from mqttlink.settings import BROKER_ERRORS, BrokerSettings, backoff_delay
 from prober.rdma.peers import RdmaPeerTable
 
 

@@ -43,9 +43,9 @@ from functools import cached_property
 import numpy as np
 import numpy.typing as npt
 
+from contract.records import MISSING, ProbeBatch
 from controller.fabric import Fabric, NodeKind
 from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
-from prober.records import MISSING, ProbeBatch
 from testbed.scenario import Fault, FaultKind, validate_targets
 from testbed.sim.asymmetry import hop_base_ns, nic_txrx_ns, pair_asymmetry_ns
 from testbed.sim.clock_model import ClockWander

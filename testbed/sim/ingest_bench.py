@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from contract.records import ProbeBatch, decode_batch, encode_batch
 from controller.clocksync import Delays
 from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveConfig, LiveController
-from prober.records import ProbeBatch, decode_batch, encode_batch
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
 from testbed.sim.options import add_model_options, model_from_args

@@ -1,7 +1,7 @@
 """``qpmesh sim run SCENARIO``: replay a scenario file on the simulator at any scale.
 
 The same scenario TOML that ``qpmesh testbed run`` plays on the namespace fabric runs here on
-the vectorized simulator with the in-process controller (`testbed.demo.DemoRunner`): faults on
+the vectorized simulator with the in-process controller (`testbed.sim.demo_runner.DemoRunner`): faults on
 schedule, the controller's events with their simulated times, and for every fault whether an
 event named its target while it was active.
 """
@@ -14,8 +14,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from testbed.demo import DemoRunner, run_headless
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
+from testbed.sim.demo_runner import DemoRunner, run_headless
 from testbed.sim.model import ModelKnobs
 from testbed.sim.options import add_model_options, model_from_args
 

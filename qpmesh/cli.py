@@ -1,7 +1,8 @@
 """The ``qpmesh`` command: one entry point, one subcommand per component.
 
-Each component registers its own subcommands from its ``cli`` module (``register(subparsers)``),
-so this file only wires them together and turns bad input into a one-line error: exit code 2
+This is the composition root: the one module that imports every component (downward only;
+nothing imports it back). Each component registers its own subcommands from its ``cli``
+module (``register(subparsers)``), so this file only wires them together and turns bad input into a one-line error: exit code 2
 for bad input (``ValueError`` family: bad config, unknown ids, malformed files), 1 for an
 environment problem (``OSError`` family: missing device, permission, no namespace support).
 Set ``QPMESH_DEBUG=1`` to see the full traceback instead.
@@ -10,19 +11,28 @@ Set ``QPMESH_DEBUG=1`` to see the full traceback instead.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Sequence
+from types import ModuleType
+
+import controller.service_cli
+import prober.cli
+import sync.cli
+import testbed.cli
+import testbed.demo_cli
+import testbed.sim.cli
+import tui.cli
 
 # Components that contribute subcommands, in --help order.
-COMPONENTS = (
-    "prober.cli",
-    "controller.service_cli",
-    "tui.cli",
-    "testbed.cli",
-    "testbed.sim.cli",
-    "sync.cli",
+COMPONENTS: tuple[ModuleType, ...] = (
+    prober.cli,
+    controller.service_cli,
+    tui.cli,
+    testbed.demo_cli,
+    testbed.cli,
+    testbed.sim.cli,
+    sync.cli,
 )
 
 
@@ -37,13 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run 'qpmesh COMMAND --help' for the options of a command.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMPONENTS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # component not built yet
-                continue
-            raise
+    for module in COMPONENTS:
         module.register(sub)
     return parser
 

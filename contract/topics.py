@@ -2,7 +2,7 @@
 
 Under a configurable prefix (default ``qpmesh/v1``):
 
-- ``<prefix>/probes/<host>``: probe batches, payload = `prober.records.encode_batch` bytes;
+- ``<prefix>/probes/<host>``: probe batches, payload = `contract.records.encode_batch` bytes;
 - ``<prefix>/presence/<host>``: JSON ``{"alive": bool, "t_ns": int}``, retained; the prober's
   last-will publishes ``alive: false``;
 - ``<prefix>/health/<host>``: JSON GPU/NIC telemetry, e.g. ``{"gpu_ok": bool, "detail": str,

@@ -1,0 +1,15 @@
+"""The wire and file contract of qpmesh: what probers, controllers and tools agree on.
+
+Pure values and checks, importing nothing of qpmesh (numpy only), so every other package may
+import it and it imports none of them:
+
+- `contract.topics`: the MQTT topic layout (``<prefix>/probes|presence|health|paths/<host>``,
+  ``<prefix>/events/<kind>``);
+- `contract.records`: the binary probe batch (``QPMB``) a prober publishes on ``probes/<host>``;
+- `contract.documents`: the JSON documents on the other topics (presence, health, discovered
+  paths, events), frozen and validated, built on `contract.jsondoc`;
+- `contract.tomlcheck`: the one validator of qpmesh's TOML files (prober, controller, scenario).
+
+A new family of documents (remediation requests, job state, ...) gets a module of its own
+beside `contract.documents`, built on `contract.jsondoc` and raising `DocumentError`.
+"""

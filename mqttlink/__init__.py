@@ -1,0 +1,9 @@
+"""The MQTT link shared by probers, the controller and recovery agents.
+
+- `mqttlink.settings`: `BrokerSettings` (where and how to reach the broker, validated) and the
+  broker errors every loop catches;
+- `mqttlink.reconnect`: the one reconnect loop (exponential backoff that resets after a
+  connection that worked) that every long-lived MQTT client runs.
+
+Imports only `contract` and aiomqtt; every service package may import it.
+"""

@@ -1,0 +1,75 @@
+"""The one reconnect loop every long-lived MQTT client of qpmesh runs.
+
+`Backoff` is pure (exponential, capped, reset by a connection that worked). `reconnect_loop`
+runs one connection's lifetime (``session``) again and again: a broker error waits the next
+backoff delay and retries; a session that reported ``connected()`` before it failed starts the
+next wait from the minimum again, so a controller that was connected for an hour reconnects
+at once instead of after the cap it reached during some outage long ago.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from mqttlink.settings import BROKER_ERRORS, backoff_delay
+
+Session = Callable[[Callable[[], None]], Awaitable[None]]
+
+
+class Backoff:
+    """Reconnect delays lo, 2 lo, 4 lo, ... capped at hi; `reset` after a good connection.
+
+    Raises ValueError unless 0 < lo <= hi.
+    """
+
+    def __init__(self, lo_s: float, hi_s: float) -> None:
+        backoff_delay(0, lo_s, hi_s)  # validates
+        self.lo_s, self.hi_s = lo_s, hi_s
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        """Return the wait before the next attempt and advance."""
+        delay = backoff_delay(self.attempt, self.lo_s, self.hi_s)
+        self.attempt += 1
+        return delay
+
+    def reset(self) -> None:
+        """Start again from the minimum delay (a connection worked)."""
+        self.attempt = 0
+
+
+async def _sleep(delay_s: float) -> bool:
+    await asyncio.sleep(delay_s)
+    return False
+
+
+async def reconnect_loop(
+    session: Session,
+    backoff: Backoff,
+    *,
+    on_error: Callable[[BaseException, float], None],
+    pause: Callable[[float], Awaitable[bool]] = _sleep,
+    max_attempts: int | None = None,
+    errors: tuple[type[BaseException], ...] = BROKER_ERRORS,
+) -> int:
+    """Run ``session(connected)`` until it returns; return the number of attempts made.
+
+    ``session`` calls ``connected()`` once its connection works (subscribed, presence sent);
+    that resets ``backoff``. A raised ``errors`` exception is reported as
+    ``on_error(exc, next_delay_s)``, then ``pause(next_delay_s)`` waits (it returns True to
+    stop: e.g. a stop event was set). ``max_attempts`` bounds the attempts (tests). Anything
+    not in ``errors`` (and cancellation) propagates.
+    """
+    attempts = 0
+    while max_attempts is None or attempts < max_attempts:
+        attempts += 1
+        try:
+            await session(backoff.reset)
+            return attempts
+        except errors as exc:
+            delay = backoff.next_delay()
+            on_error(exc, delay)
+            if await pause(delay):
+                return attempts
+    return attempts

@@ -1,0 +1,93 @@
+"""The one reconnect loop: backoff grows while the broker is away, resets after a good
+connection, and `run_service` uses it (the bug was a controller that never reset)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Callable
+from typing import Any
+
+import aiomqtt
+import pytest
+
+from mqttlink.reconnect import Backoff, reconnect_loop
+
+
+def test_backoff_doubles_caps_and_resets() -> None:
+    b = Backoff(0.5, 3.0)
+    assert [b.next_delay() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    b.reset()
+    assert b.next_delay() == 0.5
+    with pytest.raises(ValueError):
+        Backoff(0.0, 1.0)
+
+
+def _run(session: Callable[[Callable[[], None]], Any], attempts: int) -> list[float]:
+    waits: list[float] = []
+
+    async def pause(delay: float) -> bool:
+        waits.append(delay)
+        return False
+
+    asyncio.run(
+        reconnect_loop(session, Backoff(1.0, 8.0), on_error=lambda e, d: None, pause=pause,
+                       max_attempts=attempts)
+    )  # fmt: skip
+    return waits
+
+
+def test_backoff_resets_after_a_connection_that_worked() -> None:
+    plan = iter([False, False, False, True, False, True, True])  # connected before failing?
+
+    async def session(connected: Callable[[], None]) -> None:
+        if next(plan):
+            connected()
+        raise aiomqtt.MqttError("broker went away")
+
+    waits = _run(session, 7)
+    # three refused connects grow the wait; a good connection starts it over
+    assert waits == [1.0, 2.0, 4.0, 1.0, 2.0, 1.0, 1.0]
+
+
+def test_clean_return_ends_the_loop_and_other_errors_propagate() -> None:
+    async def fine(connected: Callable[[], None]) -> None:
+        connected()
+
+    assert _run(fine, 5) == []
+
+    async def broken(connected: Callable[[], None]) -> None:
+        raise KeyError("a bug, not the broker")
+
+    with pytest.raises(KeyError):
+        _run(broken, 5)
+
+
+def test_run_service_resets_its_backoff_after_a_good_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from contract.topics import Topics
+    from controller import service
+    from controller.fabric import FabricShape, build_fabric
+
+    calls = {"n": 0}
+
+    async def serve_once(*args: Any, connected: Callable[[], None], **kw: Any) -> None:
+        calls["n"] += 1
+        connected()  # subscribed, then the broker drops us
+        raise aiomqtt.MqttError("connection lost")
+
+    monkeypatch.setattr(service, "serve_once", serve_once)
+    cfg = service.ServiceConfig(
+        fabric=build_fabric(FabricShape(leaves=1, hosts_per_leaf=2, spines=1)),
+        backoff_s=(0.001, 0.5),
+    )
+    out = io.StringIO()
+    asyncio.run(
+        service.run_service("127.0.0.1", 1, cfg, Topics(), log=service.JsonLog(out),
+                            max_attempts=6)
+    )  # fmt: skip
+    retries = [line for line in out.getvalue().splitlines() if "broker error" in line]
+    assert calls["n"] == 6 and len(retries) == 6
+    # every connection worked before it dropped: every wait is the minimum, never doubled
+    assert all('"retry_in_s": 0.001' in line for line in retries), retries
