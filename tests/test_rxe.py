@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from contract.records import MISSING
 from prober.rdma.flowlabel import rxe_sport_of_qpn
-from prober.records import MISSING
 from testbed.rxevm.vm import run_in_vm, vm_unavailable
 
 pytestmark = [pytest.mark.rxe, pytest.mark.slow, pytest.mark.timeout(900)]
