@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from contract.records import ProbeBatch
 from controller.brain import Brain, BrainConfig
 from controller.fabric import Fabric
 from controller.live import LiveController
 from controller.service import apply_paths
 from controller.voting import VotingBaseline
-from prober.records import ProbeBatch
 from testbed.scenario import Fault
 from testbed.scoring import cause_ok, prf
 from testbed.sim.localize_bench import _Tee

@@ -5,7 +5,7 @@
 
 1. `testbed.rxevm.guest.setup_script`: rxe0 on ``qpva`` (10.9.0.1), rxe1 on ``qpvb`` (10.9.0.2);
 2. a private mosquitto on 127.0.0.1, a subscriber to ``<prefix>/probes/+`` and
-   ``<prefix>/presence/+`` (records decoded with `prober.records.decode_batch`), and a packet
+   ``<prefix>/presence/+`` (records decoded with `contract.records.decode_batch`), and a packet
    sniffer on ``qpva`` that counts the RoCEv2 (UDP 4791) source ports really on the wire;
 3. two probers (``qpmesh prober --transport rdma``): host ``ha`` with NIC ``a0`` on rxe0 and
    host ``hb`` with NIC ``b0`` on rxe1; each learns the other's QPN from retained presence;
@@ -39,8 +39,8 @@ from typing import Any
 
 import aiomqtt
 
+from contract.records import decode_batch
 from prober.rdma.flowlabel import rxe_sport_of_qpn
-from prober.records import decode_batch
 from testbed.rxevm.guest import RxePair, setup_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -171,7 +171,7 @@ class Scenario:
         path = self.out / f"{host}.toml"
         path.write_text(config)
         log = (self.out / f"{host}-{self.runs[host]}.log").open("ab")
-        cmd = [sys.executable, "-m", "controller.cli", "prober", "--config", str(path)]
+        cmd = [sys.executable, "-m", "qpmesh.cli", "prober", "--config", str(path)]
         self.procs[host] = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=log)
 
     def stop(self, name: str, timeout_s: float = 60.0) -> int | None:
