@@ -71,7 +71,7 @@ def voting_alerts(
     voter = VotingBaseline(fabric)
     live = LiveController(fabric, brain=_Tee(brain, voter))
     if path_docs:  # as the run's controller: discovered paths only (model = false)
-        live.ingestor.use_model_paths = False
+        live.use_model_paths(False)
         apply_paths(live, routers, list(path_docs))
     blamed: list[str] = []
     for b in sorted((b for b in batches if len(b)), key=lambda b: int(b.t1.min())):
