@@ -1,0 +1,1 @@
+"""Remediation: from the controller's findings to actions (`policy`, pure) and out (`publish`)."""
