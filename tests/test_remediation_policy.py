@@ -300,3 +300,17 @@ def test_bad_ack_is_refused() -> None:
         AckDoc.decode(b'{"action":"x","receiver":"r","outcome":"maybe","t_ns":1}')
     with pytest.raises(DocumentError, match="receiver"):
         AckDoc.decode(b'{"action":"x","receiver":"","outcome":"done","t_ns":1}')
+
+
+def test_send_planned_publishes_only_send_and_audits_all() -> None:
+    from controller.remediation.publish import send_planned
+
+    st = PolicyState()
+    d_on = decide(CFG, st, (f("link_flap", "nic0-leaf0", 0.0),), JOBS, True, 0)
+    d_off = decide(CFG, st, (f("link_flap", "nic1-leaf0", 0.0),), JOBS, False, 0)
+    sent: list[tuple[str, bytes]] = []
+    audit = send_planned(d_on.actions + d_off.actions, lambda t, p: sent.append((t, p)), 5)
+    assert [t for t, _ in sent] == ["qpmesh/v1/remediation/nic0"]
+    assert ActionDoc.decode(sent[0][1]) == d_on.actions[0].action
+    assert [a["disposition"] for a in audit] == ["send", "would_have"]
+    assert audit[1]["job"] == "eval" and audit[1]["finding"].startswith("link_flap@nic1-leaf0")

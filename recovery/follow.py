@@ -1,0 +1,79 @@
+"""The agent's MQTT side: follow the remediation topics of this rank's NICs, send acks, register.
+
+A thin adapter on paho-mqtt's own network thread (training loops are not asyncio): actions
+decoded from ``<prefix>/remediation/<nic>`` go into ``inbox`` (a `queue.Queue` the gloo shell
+drains at safe points and while a collective is stuck); malformed payloads are logged and
+dropped; `ack` publishes an `AckDoc` on ``<prefix>/remediation-ack/<id>`` (QoS 1). `register`
+publishes the rank's NICs, retained, on ``<prefix>/jobs/<job>/rank<k>`` (the job registry's
+MQTT route).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+from typing import Any
+
+from contract.remediation import AckDoc, ActionDoc, DocumentError, ack_topic, action_topic
+
+log = logging.getLogger("qpmesh.recovery")
+
+
+def rank_topic(prefix: str, job: str, rank: int) -> str:
+    """Return ``<prefix>/jobs/<job>/rank<rank>`` (retained registration of one rank)."""
+    return f"{prefix}/jobs/{job}/rank{rank}"
+
+
+class Follower:
+    """Connects to the broker, follows ``nics``' action topics, publishes acks.
+
+    Raises OSError from `start` when the broker cannot be reached.
+    """
+
+    def __init__(self, host: str, port: int, nics: tuple[str, ...], inbox: queue.Queue[Any],
+                 *, prefix: str = "qpmesh/v1", client_id: str = "") -> None:  # fmt: skip
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self.prefix, self.nics, self.inbox = prefix, nics, inbox
+        self._topics = [action_topic(prefix, n) for n in nics]
+        self._client: Any = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
+        self._client.on_connect = self._on_connect
+        self._client.on_message = self._on_message
+        self.host, self.port = host, port
+        self.received = 0
+
+    def _on_connect(self, client: Any, _u: Any, _f: Any, _rc: Any, _p: Any = None) -> None:
+        for t in self._topics:
+            client.subscribe(t, qos=1)
+
+    def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
+        try:
+            doc = ActionDoc.decode(msg.payload)
+        except DocumentError as exc:
+            log.warning("dropped a malformed action on %s: %s", msg.topic, exc)
+            return
+        self.received += 1
+        self.inbox.put(doc)
+
+    def start(self) -> None:
+        """Connect and start the network thread."""
+        self._client.connect(self.host, self.port, keepalive=10)
+        self._client.loop_start()
+
+    def register(self, job: str, rank: int, host: str, nics: tuple[str, ...]) -> None:
+        """Publish this rank's NICs (retained)."""
+        doc = {"job": job, "rank": rank, "host": host, "nics": list(nics)}
+        self._client.publish(
+            rank_topic(self.prefix, job, rank), json.dumps(doc), qos=1, retain=True
+        )
+
+    def ack(self, ack: AckDoc) -> None:
+        """Publish ``ack`` on its action's ack topic."""
+        self._client.publish(ack_topic(self.prefix, ack.action), ack.encode(), qos=1)
+
+    def stop(self) -> None:
+        """Disconnect and stop the network thread."""
+        self._client.disconnect()
+        self._client.loop_stop()
