@@ -70,8 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="result JSON file")
     a = p.parse_args(argv)
 
+    import logging
+
     import torch
     import torch.distributed as _dist
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     dist: Any = _dist
     torch.set_num_threads(1)
