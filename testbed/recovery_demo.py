@@ -56,7 +56,7 @@ from testbed.netns.teardown import tear_down
 MOSQUITTO = "/usr/sbin/mosquitto"
 SHAPE = FabricShape(leaves=2, hosts_per_leaf=1, nics_per_host=2, spines=1)
 RANK_NICS = (("host0", ("nic0", "nic1")), ("host1", ("nic2", "nic3")))
-FAILED_NIC, FAILED_LINK = "nic2", "nic2-leaf1"
+FAILED_NIC, FAILED_LINK = "nic0", "nic0-leaf0"
 JOB = "demo"
 
 
@@ -229,7 +229,7 @@ def _summary(name: str, ranks: list[dict[str, Any]], stalled: bool, t_down: floa
     reforms = [x for r in ranks for x in r.get("reforms", [])]
     if reforms or name in ("recovery", "short_flap"):
         out["reforms"] = reforms
-        out["moved_to"] = sorted({r.get("final_nic", "") for r in ranks} - {"nic0"})
+        out["final_nics"] = [r.get("final_nic", "") for r in ranks]
     if t_down is not None and reforms:
         after = [min((t for t in r.get("step_done_wall", []) if t > t_down), default=None)
                  for r in ranks]  # fmt: skip
