@@ -177,7 +177,9 @@ class RecoverableGloo:
             log.info("%s: old group aborted after %.3f s", self.cfg.receiver, time.monotonic() - t0)
             self.store.set(f"qpmesh/g{gen}/step/{self.cfg.rank}", str(self.step))
             self.pg = self._build(gen, nic)
-            log.info("%s: group %d built after %.3f s", self.cfg.receiver, gen, time.monotonic() - t0)
+            log.info(
+                "%s: group %d built after %.3f s", self.cfg.receiver, gen, time.monotonic() - t0
+            )
             keys = [f"qpmesh/g{gen}/step/{r}" for r in range(self.world)]
             self.store.wait(keys, dt.timedelta(seconds=self.reform_timeout_s))
             resume = min(int(self.store.get(k).decode()) for k in keys)
