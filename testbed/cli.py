@@ -167,7 +167,8 @@ def _recovery_demo(a: argparse.Namespace) -> int:
         steps=a.steps, step_s=a.step_s, fault_step=a.fault_step,
         down_s=parse_duration(a.down), short_flap_s=parse_duration(a.short_flap),
         hold_s=parse_duration(a.hold), job_timeout_s=parse_duration(a.job_timeout),
-        collective_timeout_s=parse_duration(a.collective_timeout), prefix=a.prefix,
+        collective_timeout_s=parse_duration(a.collective_timeout), trigger=a.trigger,
+        prefix=a.prefix,
         progress=_progress, out_dir=Path(a.out) if a.out else None,
     )  # fmt: skip
     if a.json:
@@ -325,5 +326,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--collective-timeout",
         default="1s",
         help="the agent's short collective timeout (default %(default)s)",
+    )
+    p.add_argument(
+        "--trigger",
+        choices=("injector", "mesh"),
+        default="injector",
+        help="who reports the link failure to the policy: the fault injector at once, or the "
+        "probe mesh (probers + controller, adds their detection time) (default %(default)s)",
     )
     p.add_argument("--out", help="copy the runs' logs and per-rank results here")

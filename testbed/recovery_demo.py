@@ -58,6 +58,45 @@ SHAPE = FabricShape(leaves=2, hosts_per_leaf=1, nics_per_host=2, spines=1)
 RANK_NICS = (("host0", ("nic0", "nic1")), ("host1", ("nic2", "nic3")))
 FAILED_NIC, FAILED_LINK = "nic0", "nic0-leaf0"
 JOB = "demo"
+TRIGGERS = {
+    "injector": "injector: the fault injector hands the link-down finding to the remediation "
+    "policy when it cuts the link (probe-mesh detection latency not included)",
+    "mesh": "mesh: probers in the host namespaces + the qpmesh controller detect the link; the "
+    "driver feeds the controller's findings (events on MQTT) to the remediation policy",
+}
+MESH_WARMUP_S = 10.0
+
+
+def _start_mesh(fabric: Any, plan: Any, d: Path, port: int, progress: Callable[[str], None]
+                ) -> list[subprocess.Popen[bytes]]:  # fmt: skip
+    """Start the controller and one prober per host (recorded by pid); wait the warm-up."""
+    from testbed.runner import controller_config, prober_config
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    qp = [sys.executable, "-m", "controller.cli"]
+    broker = (plan.broker_addr, port)
+    (d / "controller.toml").write_text(controller_config(fabric, plan))
+    out = []
+    argvs = [("controller", [*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
+                             "--config", str(d / "controller.toml"),
+                             "--log", str(d / "controller.jsonl")])]  # fmt: skip
+    for h in fabric.hosts:
+        cfg = d / f"prober-{h.id}.toml"
+        cfg.write_text(prober_config(fabric, plan, h.id, broker))
+        argvs.append((f"prober:{h.id}", ["ip", "netns", "exec", plan.node_ns[h.id], *qp,
+                                         "prober", "--config", str(cfg)]))  # fmt: skip
+    for role, argv in argvs:
+        fh = (d / f"{role.replace(':', '-')}.log").open("wb")
+        p = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)  # fmt: skip
+        fh.close()
+        record_process(plan.prefix, role, p.pid)
+        out.append(p)
+    progress(
+        f"probe mesh: controller + {len(fabric.hosts)} probers, warming up {MESH_WARMUP_S:g} s"
+    )
+    time.sleep(MESH_WARMUP_S)
+    return out
 
 
 def _free_port(addr: str) -> int:
@@ -83,6 +122,7 @@ class _Mqtt:
         from paho.mqtt.enums import CallbackAPIVersion
 
         self.acks: queue.Queue[AckDoc] = queue.Queue()
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.ranks: dict[str, dict[str, Any]] = {}
         self.c: Any = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"demo-{os.getpid()}")
         self.c.on_connect = self._connected
@@ -93,17 +133,36 @@ class _Mqtt:
     def _connected(self, c: Any, *_a: Any) -> None:
         c.subscribe("qpmesh/v1/remediation-ack/#", 1)
         c.subscribe("qpmesh/v1/jobs/#", 1)
+        c.subscribe("qpmesh/v1/events/#", 1)
 
     def _msg(self, _c: Any, _u: Any, msg: Any) -> None:
         if "/remediation-ack/" in msg.topic:
             with contextlib.suppress(DocumentError):
                 self.acks.put(AckDoc.decode(msg.payload))
+        elif "/events/" in msg.topic:
+            with contextlib.suppress(ValueError):
+                doc = json.loads(msg.payload)
+                if isinstance(doc, dict) and doc.get("kind") and doc.get("target"):
+                    self.events.put(doc)
         elif "/jobs/" in msg.topic and msg.payload:
             with contextlib.suppress(ValueError):
                 self.ranks[msg.topic] = json.loads(msg.payload)
 
     def publish(self, topic: str, payload: bytes) -> None:
         self.c.publish(topic, payload, qos=1)
+
+    def findings(self, t_min_ns: int) -> list[Any]:
+        """Return the controller's findings since the last call at or after ``t_min_ns``."""
+        out = []
+        while not self.events.empty():
+            e = self.events.get()
+            if int(e.get("t_ns", 0)) >= t_min_ns and e["kind"] in (
+                "nic_down", "link_down", "link_flap", "clear", "contention"
+            ):  # fmt: skip
+                flows = tuple(tuple(f) for f in e.get("flows", []) if len(f) == 3)
+                out.append(finding(e["kind"], e["target"], int(e["t_ns"]), e.get("detail", ""),
+                                   flows))  # type: ignore[arg-type]  # fmt: skip
+        return out
 
     def clear_retained(self) -> None:
         for t in list(self.ranks):
@@ -143,6 +202,7 @@ def _run_once(
                 "--steps", str(args["steps"]), "--step-s", str(args["step_s"]),
                 "--timeout-s", str(args["job_timeout_s"]),
                 "--collective-timeout-s", str(args["collective_timeout_s"]),
+                "--verdict-wait-s", str(args["verdict_wait_s"]),
                 "--out", str(outs[r])]  # fmt: skip
         fh = (d / f"{name}-rank{r}.log").open("wb")
         p = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
@@ -170,15 +230,25 @@ def _run_once(
             faults.set_link(plan, FAILED_LINK, up=False)
             t_down = time.time()
             progress(f"{name}: {FAILED_LINK} down at step >= {args['fault_step']} for {down_s:g} s")
-            pending = [finding("link_down", FAILED_LINK, time.time_ns(), "fault injector")]
+            t_down_ns = time.time_ns()
+            pending = []
+            if args["trigger"] == "injector":
+                pending = [finding("link_down", FAILED_LINK, t_down_ns, "fault injector")]
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             now = time.time()
             if t_down is not None and t_up is None and now - t_down >= down_s:
                 faults.set_link(plan, FAILED_LINK, up=True)
                 t_up = now
                 progress(f"{name}: {FAILED_LINK} up again")
-                pending.append(finding("clear", FAILED_LINK, time.time_ns(), "fault injector"))
+                if args["trigger"] == "injector":
+                    pending.append(finding("clear", FAILED_LINK, time.time_ns(), "fault injector"))
             if mode == "agent" and mq is not None and t_down is not None:
+                if args["trigger"] == "mesh":
+                    found = mq.findings(t_down_ns - SEC)
+                    pending += found
+                    for f in found:
+                        progress(f"{name}: controller finding {f.kind} {f.target} at "
+                                 f"+{(f.t_ns - t_down_ns) / SEC:.2f} s (seen +{now - t_down:.2f} s)")  # fmt: skip
                 dec = decide(cfg, st, tuple(pending), mq.jobs(), True, time.time_ns())
                 st, pending = dec.state, []
                 actions += send_planned(dec.actions, mq.publish, time.time_ns())
@@ -252,6 +322,7 @@ def run_demo(
     hold_s: float = 1.0,
     job_timeout_s: float = 3.0,
     collective_timeout_s: float = 1.0,
+    trigger: str = "injector",
     prefix: str | None = None,
     progress: Callable[[str], None] = lambda _m: None,
     out_dir: Path | None = None,
@@ -264,14 +335,18 @@ def run_demo(
         raise PlanError(
             "need steps > fault step >= 1, down > job timeout > 0, 0 < short flap < hold"
         )
+    if trigger not in TRIGGERS:
+        raise PlanError(f"trigger must be one of {', '.join(TRIGGERS)}")
     prefix = prefix or ("rd" + secrets.token_hex(2) + "-")
-    _, plan = up(SHAPE, prefix, progress=progress)
+    fabric, plan = up(SHAPE, prefix, progress=progress)
     d = state_dir(prefix)
     mq: _Mqtt | None = None
     mosq: subprocess.Popen[bytes] | None = None
     args = {"steps": steps, "step_s": step_s, "fault_step": fault_step, "hold_s": hold_s,
             "job_timeout_s": job_timeout_s, "collective_timeout_s": collective_timeout_s,
-            "run_timeout_s": steps * step_s * 4 + down_s + 60}  # fmt: skip
+            "run_timeout_s": steps * step_s * 4 + down_s + 60, "trigger": trigger,
+            "verdict_wait_s": 8.0 if trigger == "injector" else down_s + 10}  # fmt: skip
+    mesh: list[subprocess.Popen[bytes]] = []
     report: dict[str, Any] = {"prefix": prefix, "ranks": 2, "steps": steps, "runs": {}}
     try:
         port = _free_port(plan.broker_addr)
@@ -288,6 +363,8 @@ def run_demo(
             raise OSError(f"mosquitto did not listen on {plan.broker_addr}:{port}")
         args["broker_port"] = port
         mq = _Mqtt(plan.broker_addr, port)
+        if trigger == "mesh":
+            mesh = _start_mesh(fabric, plan, d, port, progress)
         runs = report["runs"]
         for name, mode, down in (("no_failure", "plain", 0.0), ("no_recovery", "plain", down_s),
                                  ("recovery", "agent", down_s),
@@ -301,6 +378,14 @@ def run_demo(
     finally:
         if mq is not None:
             mq.stop()
+        for p in mesh:
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+        for p in mesh:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
         if mosq is not None:
             mosq.terminate()
             mosq.wait(timeout=5)
@@ -320,8 +405,7 @@ def run_demo(
         "agent_collective_timeout_s": collective_timeout_s,
         "failed_nic": FAILED_NIC,
         "failed_link": FAILED_LINK,
-        "trigger": "injector: the fault injector hands the link-down finding to the remediation "
-        "policy when it cuts the link (probe-mesh detection latency not included)",
+        "trigger": TRIGGERS[trigger],
         "same_params_as_no_failure": bool(rec.get("param_sha256"))
         and rec.get("param_sha256") == base.get("param_sha256"),
         "time_ratio_vs_no_failure_plus_down": (
