@@ -329,9 +329,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--trigger",
-        choices=("injector", "mesh"),
-        default="injector",
-        help="who reports the link failure to the policy: the fault injector at once, or the "
-        "probe mesh (probers + controller, adds their detection time) (default %(default)s)",
+        choices=("mesh", "injector"),
+        default="mesh",
+        help="who reports the link failure to the policy: the probe mesh (probers + controller, "
+        "their detection time included), or the fault injector at once (default %(default)s)",
     )
     p.add_argument("--out", help="copy the runs' logs and per-rank results here")
