@@ -329,9 +329,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--trigger",
-        choices=("mesh", "injector"),
-        default="mesh",
-        help="who reports the link failure to the policy: the probe mesh (probers + controller, "
-        "their detection time included), or the fault injector at once (default %(default)s)",
+        choices=("injector", "mesh"),
+        default="injector",
+        help="who reports the link failure to the policy: the fault injector when it cuts the link "
+        "(deterministic), or the probe mesh (probers + controller, detection time included; "
+        "see docs/recovery.md for how often it reported in time here) (default %(default)s)",
     )
     p.add_argument("--out", help="copy the runs' logs and per-rank results here")

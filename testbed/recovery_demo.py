@@ -15,11 +15,12 @@ management bridge. Runs, reported side by side:
 4. ``short_flap`` (run second): as 3 with a down time shorter than the policy's hold: the job
    is not moved.
 
-What triggers the action (``trigger``): ``mesh`` (default) runs a prober per host and the
-qpmesh controller; the driver feeds the controller's findings (events on MQTT) to the policy,
-so ``recovery_seconds`` (link down to the first step completed after the re-form) includes
-detection. ``injector`` hands the finding to the policy the moment the link is cut (no
-detection time; faster, for iterating on the agent). The report says which in ``trigger``.
+What triggers the action (``trigger``): ``injector`` (default) hands the link-down finding to
+the policy the moment the link is cut (no detection time in ``recovery_seconds``: link down
+to the first step completed after the re-form). ``mesh`` runs a prober per host and the qpmesh
+controller and feeds the controller's findings (events on MQTT) to the policy, detection
+included; here the controller did not always report the NIC within the run (docs/recovery.md).
+The report says which in ``trigger``.
 """
 
 from __future__ import annotations
@@ -331,7 +332,7 @@ def run_demo(
     hold_s: float = 1.0,
     job_timeout_s: float = 3.0,
     collective_timeout_s: float = 1.0,
-    trigger: str = "mesh",
+    trigger: str = "injector",
     prefix: str | None = None,
     progress: Callable[[str], None] = lambda _m: None,
     out_dir: Path | None = None,
