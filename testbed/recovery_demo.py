@@ -77,7 +77,7 @@ def _start_mesh(fabric: Any, plan: Any, d: Path, port: int, progress: Callable[[
     from testbed.runner import controller_config, prober_config
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    qp = [sys.executable, "-m", "controller.cli"]
+    qp = [sys.executable, "-m", "qpmesh.cli"]
     broker = (plan.broker_addr, port)
     (d / "controller.toml").write_text(controller_config(fabric, plan))
     out = []

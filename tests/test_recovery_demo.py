@@ -35,7 +35,7 @@ def test_recovery_demo_job_survives_the_link_failure(tmp_path: Path) -> None:
     prefix = "t" + secrets.token_hex(2) + "-"
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "controller.cli", "testbed", "recovery-demo", "--json",
+            [sys.executable, "-m", "qpmesh.cli", "testbed", "recovery-demo", "--json",
              "--trigger", "injector", "--prefix", prefix, "--out", str(tmp_path)],
             cwd=ROOT, capture_output=True, text=True, timeout=270, check=False,
         )  # fmt: skip
@@ -64,5 +64,5 @@ def test_recovery_demo_job_survives_the_link_failure(tmp_path: Path) -> None:
         assert not any(a["kind"] == "move_off_nic" for a in short.get("actions", []))
         assert short["param_sha256"] == base["param_sha256"]
     finally:
-        subprocess.run([sys.executable, "-m", "controller.cli", "testbed", "down", "--prefix", prefix],
+        subprocess.run([sys.executable, "-m", "qpmesh.cli", "testbed", "down", "--prefix", prefix],
                        cwd=ROOT, capture_output=True, timeout=60, check=False)  # fmt: skip
