@@ -200,3 +200,13 @@ def test_software_stamp_bias_is_part_of_the_unobservable_floor() -> None:
     hw = Simulator(FABRIC, SimConfig(seed=12)).pair_asymmetry_ns()
     sw = Simulator(FABRIC, SimConfig(seed=12, timestamps="sw")).pair_asymmetry_ns()
     assert np.percentile(np.abs(sw), 90) > 10 * np.percentile(np.abs(hw), 90)
+
+
+def test_discovered_paths_are_the_controllers_view() -> None:
+    sim = Simulator(FABRIC, SimConfig(seed=13))
+    src, dst, sport, fwd, rev = sim.discovered_paths()
+    true_f, _ = sim._paths
+    true_f = true_f.reshape(len(src), -1)
+    assert len(src) == len(dst) == len(sport) == len(fwd) == len(rev) > 0
+    wrong = np.mean((fwd != true_f).any(axis=1))
+    assert 0 < wrong < 0.1  # mismatched and not discovered: ~5 % by default

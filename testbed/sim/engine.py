@@ -296,6 +296,20 @@ class Simulator:
         a, b, _, _ = self._all_paths
         return a, b
 
+    def discovered_paths(self) -> tuple[I64, I64, I64, I32, I32]:
+        """Return what the probers' path discovery tells the controller, one row per probed
+        flow: (src, dst, sport, forward hops, reply hops) as the controller sees them (the
+        model's hash where discovery missed a flow the real hash routes elsewhere)."""
+        n_pairs, k = self.ports.shape
+        _, _, sf, sr = self._all_paths
+        return (
+            np.repeat(self.pairs_src, k),
+            np.repeat(self.pairs_dst, k),
+            self.ports.ravel().astype(np.int64),
+            sf.reshape(n_pairs * k, -1),
+            sr.reshape(n_pairs * k, -1),
+        )
+
     def pair_asymmetry_ns(self) -> F64:
         """Return per probed pair half its constant forward-minus-reverse delay (ns), averaged
         over the pair's swept paths (with software stamps, the hosts' stamp biases included):

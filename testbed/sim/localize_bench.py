@@ -163,7 +163,8 @@ def run_once(
     """Simulate ``duration_s`` with ``faults``; return the scores of both estimators.
 
     ``pipeline``: "ingest" runs the controller's real ingest + clock sync
-    (`controller.live.LiveController`) and feeds its observations to both estimators;
+    (`controller.live.LiveController`, holding the paths the probers discovered:
+    `Simulator.discovered_paths`) and feeds its observations to both estimators;
     "truth-clocks" removes the simulator's true clock offsets instead.
     """
     knobs = ModelKnobs() if model is None else model
@@ -176,6 +177,10 @@ def run_once(
     if pipeline == "ingest":
         live = LiveController(fabric, brain=_Tee(brain, voter))
         epoch = EPOCH_NS
+        # the paths the probers discovered (TTL probes), as a real controller holds them
+        src, dst, sport, fwd, rev = sim.discovered_paths()
+        live.ingestor.paths.update(src, dst, sport, fwd)
+        live.ingestor.reply_paths.update(src, dst, sport, rev)
     hosts = {h.id for h in fabric.hosts}
     alive, gpu_bad = set(hosts), set[str]()
     ours, theirs = Score(), Score()
