@@ -71,3 +71,16 @@ def test_localize_cli_reports_the_model(capsys: pytest.CaptureFixture[str]) -> N
     assert model["ideal"] is True and model["util_spread"] == 0.1
     assert main([*args, "--model-knob", "nope=1"]) == 2
     assert "unknown model knob" in cap.readouterr().err
+
+
+def test_an_alert_on_a_real_loss_burst_is_not_a_false_alert() -> None:
+    from testbed.sim.localize_bench import _split_burst_alerts
+
+    li = FAB.link("leaf2-spine1").index
+    alerts = [
+        (5.1, "leaf2-spine1", "loss"),
+        (5.1, "leaf0-spine0", "loss"),
+        (9.0, "leaf2-spine1", "loss"),
+    ]
+    kept, n = _split_burst_alerts(FAB, alerts, [(li, 5.0, 5.05)])
+    assert n == 1 and kept == alerts[1:]

@@ -296,6 +296,11 @@ class Simulator:
         a, b, _, _ = self._all_paths
         return a, b
 
+    def loss_bursts(self, t0_s: float, t1_s: float) -> list[tuple[int, float, float]]:
+        """Return the background loss bursts (link index, start s, end s) in [t0_s, t1_s)
+        (none in the ideal model)."""
+        return self._loss.bursts(t0_s, t1_s) if self.real else []
+
     def discovered_paths(self) -> tuple[I64, I64, I64, I32, I32]:
         """Return what the probers' path discovery tells the controller, one row per probed
         flow: (src, dst, sport, forward hops, reply hops) as the controller sees them (the
