@@ -1,0 +1,413 @@
+"""The aiohttp application of ``/api/v1/``: thin handlers over `controller.api.views`.
+
+`make_app(model, tokens, ...)` returns the app. ``model`` is the narrow `ReadModel` (the
+`controller.api.hub.ApiHub` the producer publishes into); ``jobs`` and ``control`` are the
+controller's `JobRegistry` and `Control` (Control None = unavailable). Every request needs a
+bearer token (401 otherwise); a tenant token sees only its jobs' NICs (another tenant's NIC is
+404, exactly like a NIC that does not exist); every token has a token bucket (429 past it).
+Every error is a JSON body ``{"error": {"status", "message"}}``; 4xx answers are counted per
+route in `ApiStats` (shown by ``/api/v1/health``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Protocol
+
+from aiohttp import WSMsgType, web
+
+from controller.api.auth import Principal, TokenBucket, TokenTable, bearer
+from controller.api.hub import Subscriber, snapshot_wait
+from controller.api.views import (
+    BadQuery,
+    NotFound,
+    Scope,
+    clocks_view,
+    delays_view,
+    event_doc,
+    events_view,
+    jobs_view,
+    links_view,
+    nic_doc,
+    nic_index,
+    parse_event_query,
+    snapshot_view,
+    tenant_scope,
+)
+from controller.control import Control
+from controller.jobs import JobRegistry
+from controller.snapshot import MeshEvent, MeshSnapshot
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1"
+PREFIX = "/api/v1"
+
+
+class ReadModel(Protocol):
+    """What the API reads: the latest snapshot, the event log, subscriptions, health."""
+
+    def snapshot(self) -> MeshSnapshot: ...
+    def events(self) -> Sequence[tuple[int, MeshEvent]]: ...
+    def subscribe(self) -> Subscriber: ...
+    def unsubscribe(self, sub: Subscriber) -> None: ...
+    def health(self) -> Mapping[str, object]: ...
+
+
+@dataclass
+class ApiStats:
+    """Counters: requests and 4xx/5xx answers per route, websocket messages sent."""
+
+    requests: Counter[str] = field(default_factory=Counter)
+    client_errors: Counter[str] = field(default_factory=Counter)
+    server_errors: Counter[str] = field(default_factory=Counter)
+    ws_sent: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the counters as JSON-ready values."""
+        return {
+            "requests": sum(self.requests.values()),
+            "client_errors": dict(self.client_errors),
+            "server_errors": dict(self.server_errors),
+            "ws_messages_sent": self.ws_sent,
+        }
+
+
+@dataclass(frozen=True)
+class ApiOptions:
+    """Rate limit per token (requests/s and burst) and the websocket snapshot interval."""
+
+    rate_per_s: float = 50.0
+    burst: float = 100.0
+    ws_min_interval_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        TokenBucket.full(self.rate_per_s, self.burst, 0.0)  # validates
+        if not self.ws_min_interval_s > 0:
+            raise ValueError("ws_min_interval_s must be > 0")
+
+
+@dataclass
+class _State:
+    model: ReadModel
+    tokens: TokenTable
+    jobs: JobRegistry
+    control: Control | None
+    options: ApiOptions
+    clock: Callable[[], float]
+    wall_ns: Callable[[], int]
+    stats: ApiStats = field(default_factory=ApiStats)
+    buckets: dict[str, TokenBucket] = field(default_factory=dict)
+
+
+STATE: web.AppKey[_State] = web.AppKey("qpmesh_api", _State)
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("qpmesh_principal", Principal)
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    body = {"error": {"status": status, "message": message}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _route_name(request: web.Request) -> str:
+    info = request.match_info.route.resource
+    return info.canonical if info is not None else "(unmatched)"
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every error into a JSON body and count it per route."""
+    st = request.app[STATE]
+    route = _route_name(request)
+    st.stats.requests[route] += 1
+    try:
+        resp = await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "WWW-Authenticate",
+                                                                  "Retry-After")}  # fmt: skip
+        resp = _error(exc.status, exc.reason if exc.text is None else _plain(exc), headers)
+    except (BadQuery, json.JSONDecodeError) as exc:
+        resp = _error(400, str(exc))
+    except NotFound as exc:
+        resp = _error(404, str(exc))
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception as exc:  # a bug: still JSON, counted, logged, never silent
+        log.exception("API %s %s failed", request.method, request.path)
+        st.stats.server_errors[route] += 1
+        return _error(500, f"internal error: {type(exc).__name__}")
+    if 400 <= resp.status < 500:
+        st.stats.client_errors[route] += 1
+    elif resp.status >= 500:
+        st.stats.server_errors[route] += 1
+    return resp
+
+
+def _plain(exc: web.HTTPException) -> str:
+    text = exc.text or exc.reason
+    if text.startswith("{"):  # already JSON (raised by our handlers)
+        try:
+            doc = json.loads(text)
+            return str(doc["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            return text
+    return text.removeprefix(f"{exc.status}: ").strip()
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Require a known bearer token and charge its token bucket."""
+    st = request.app[STATE]
+    tok = bearer(request.headers.get("Authorization"))
+    who = st.tokens.lookup(tok) if tok is not None else None
+    if tok is None or who is None:
+        return _error(401, "a valid bearer token is required", {"WWW-Authenticate": "Bearer"})
+    now = st.clock()
+    bucket = st.buckets.get(tok) or TokenBucket.full(st.options.rate_per_s, st.options.burst, now)
+    ok, bucket, wait = bucket.take(now)
+    st.buckets[tok] = bucket
+    if not ok:
+        return _error(429, "rate limit exceeded", {"Retry-After": str(max(1, round(wait)))})
+    request[PRINCIPAL] = who
+    return await handler(request)
+
+
+def _scope(request: web.Request, snap: MeshSnapshot) -> Scope:
+    who: Principal = request[PRINCIPAL]
+    if who.is_operator:
+        return Scope.fleet()
+    return tenant_scope(snap.fabric, request.app[STATE].jobs.tenant_nics(who.name))
+
+
+def _params(request: web.Request, allowed: tuple[str, ...] = ()) -> dict[str, str]:
+    q = request.query
+    for key in q:
+        if key not in allowed:
+            raise BadQuery(f"unknown query parameter {key!r}")
+        if len(q.getall(key)) > 1:
+            raise BadQuery(f"query parameter {key!r} given more than once")
+    return {k: q[k] for k in q}
+
+
+def _running_jobs(st: _State, who: Principal) -> int:
+    return len(st.jobs.jobs() if who.is_operator else st.jobs.jobs_of(who.name))
+
+
+async def _snapshot(request: web.Request) -> web.Response:
+    _params(request)
+    st = request.app[STATE]
+    snap = st.model.snapshot()
+    ctl = None if st.control is None else st.control.enabled
+    doc = snapshot_view(snap, _scope(request, snap), control=ctl,
+                        jobs=_running_jobs(st, request[PRINCIPAL]))  # fmt: skip
+    return web.json_response(doc)
+
+
+async def _nic(request: web.Request) -> web.Response:
+    _params(request)
+    snap = request.app[STATE].model.snapshot()
+    i = nic_index(snap, _scope(request, snap), request.match_info["nic"])
+    return web.json_response(nic_doc(snap, i))
+
+
+async def _delays(request: web.Request) -> web.Response:
+    q = _params(request, ("nic",))
+    snap = request.app[STATE].model.snapshot()
+    return web.json_response(delays_view(snap, _scope(request, snap), q.get("nic")))
+
+
+async def _links(request: web.Request) -> web.Response:
+    _params(request)
+    snap = request.app[STATE].model.snapshot()
+    return web.json_response(
+        {"t_ns": int(snap.t_ns), "links": links_view(snap, _scope(request, snap))}
+    )
+
+
+async def _events(request: web.Request) -> web.Response:
+    q = parse_event_query(_params(request, ("since_ns", "until_ns", "kind", "target",
+                                            "severity", "limit")))  # fmt: skip
+    st = request.app[STATE]
+    snap = st.model.snapshot()
+    return web.json_response(events_view(st.model.events(), snap.fabric, _scope(request, snap), q))
+
+
+async def _clocks(request: web.Request) -> web.Response:
+    _params(request)
+    snap = request.app[STATE].model.snapshot()
+    return web.json_response(clocks_view(snap, _scope(request, snap)))
+
+
+async def _jobs(request: web.Request) -> web.Response:
+    _params(request)
+    st = request.app[STATE]
+    who: Principal = request[PRINCIPAL]
+    return web.json_response(
+        jobs_view(st.jobs.jobs() if who.is_operator else st.jobs.jobs_of(who.name))
+    )
+
+
+def _control_doc(st: _State, who: Principal) -> dict[str, object]:
+    if st.control is None:
+        return {"available": False, "enabled": None}
+    doc: dict[str, object] = {"available": True, "enabled": st.control.enabled}
+    if who.is_operator:
+        doc["audit"] = [c.to_dict() for c in st.control.audit()[-20:]]
+    return doc
+
+
+async def _control_get(request: web.Request) -> web.Response:
+    _params(request)
+    st = request.app[STATE]
+    return web.json_response(_control_doc(st, request[PRINCIPAL]))
+
+
+async def _control_put(request: web.Request) -> web.Response:
+    _params(request)
+    st = request.app[STATE]
+    who: Principal = request[PRINCIPAL]
+    if not who.is_operator:
+        return _error(403, "writing Control needs an operator token")
+    if st.control is None:
+        return _error(409, "Control is not available in this controller")
+    try:
+        body: Any = json.loads(await request.read() or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise BadQuery('body must be JSON: {"enabled": true|false}') from None
+    if not (
+        isinstance(body, dict) and set(body) == {"enabled"} and isinstance(body["enabled"], bool)
+    ):
+        raise BadQuery('body must be {"enabled": true|false}')
+    st.control.set(body["enabled"], who.name, st.wall_ns())
+    return web.json_response(_control_doc(st, who))
+
+
+async def _health(request: web.Request) -> web.Response:
+    _params(request)
+    st = request.app[STATE]
+    snap = st.model.snapshot()
+    return web.json_response({
+        "status": "ok",
+        "t_ns": int(snap.t_ns),
+        "nics": len(snap.fabric.nics),
+        "source": dict(st.model.health()),
+        "api": st.stats.to_dict(),
+    })  # fmt: skip
+
+
+def package_version() -> str:
+    """Return the installed qpmesh version ("unknown" if not installed)."""
+    try:
+        return metadata.version("qpmesh")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+async def _version(request: web.Request) -> web.Response:
+    _params(request)
+    return web.json_response({"qpmesh": package_version(), "api": API_VERSION})
+
+
+async def _ws(request: web.Request) -> web.StreamResponse:
+    """Stream ``{"type": "snapshot"|"event", "data": ...}`` messages (snapshots coalesced to
+    at most one per ``ws_min_interval_s``, events as they are published)."""
+    _params(request)
+    st = request.app[STATE]
+    ws = web.WebSocketResponse(heartbeat=30.0)
+    if not ws.can_prepare(request).ok:
+        return _error(400, "this route needs a websocket upgrade")
+    await ws.prepare(request)
+    sub = st.model.subscribe()
+    sender = asyncio.create_task(_ws_send(request, ws, sub))
+    try:
+        async for msg in ws:
+            if msg.type == WSMsgType.ERROR:
+                break
+    finally:
+        sender.cancel()
+        st.model.unsubscribe(sub)
+        await asyncio.gather(sender, return_exceptions=True)
+    return ws
+
+
+async def _ws_send(request: web.Request, ws: web.WebSocketResponse, sub: Subscriber) -> None:
+    st = request.app[STATE]
+    who: Principal = request[PRINCIPAL]
+    last: float | None = None
+    while not ws.closed:
+        wait = snapshot_wait(last, st.clock(), st.options.ws_min_interval_s)
+        if not (sub.snap_dirty and wait == 0):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sub.wake.wait(), wait if sub.snap_dirty else None)
+        sub.wake.clear()
+        snap = st.model.snapshot()
+        scope = _scope(request, snap)
+        for seq, ev in sub.drain():
+            if scope.target_visible(snap.fabric, ev.target):
+                await ws.send_json(
+                    {"type": "event", "data": event_doc(ev, snap.fabric, scope, seq)}
+                )
+                st.stats.ws_sent += 1
+        if sub.snap_dirty and snapshot_wait(last, st.clock(), st.options.ws_min_interval_s) == 0:
+            sub.snap_dirty = False
+            ctl = None if st.control is None else st.control.enabled
+            doc = snapshot_view(snap, scope, control=ctl, jobs=_running_jobs(st, who))
+            await ws.send_json({"type": "snapshot", "data": doc})
+            st.stats.ws_sent += 1
+            last = st.clock()
+
+
+ROUTES: tuple[tuple[str, str, Handler], ...] = (
+    ("GET", "/snapshot", _snapshot),
+    ("GET", "/nics/{nic}", _nic),
+    ("GET", "/delays", _delays),
+    ("GET", "/links", _links),
+    ("GET", "/events", _events),
+    ("GET", "/clocks", _clocks),
+    ("GET", "/jobs", _jobs),
+    ("GET", "/control", _control_get),
+    ("PUT", "/control", _control_put),
+    ("GET", "/health", _health),
+    ("GET", "/version", _version),
+    ("GET", "/ws", _ws),
+)
+
+
+def make_app(
+    model: ReadModel,
+    tokens: TokenTable,
+    *,
+    jobs: JobRegistry | None = None,
+    control: Control | None = None,
+    options: ApiOptions | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall_ns: Callable[[], int] = time.time_ns,
+) -> web.Application:
+    """Return the API app. ``clock`` (seconds, monotonic) drives rate limits and websocket
+    coalescing; ``wall_ns`` stamps Control changes. Raises ValueError without any token."""
+    if not len(tokens):
+        raise ValueError("the API needs at least one token")
+    app = web.Application(middlewares=[_errors, _auth], client_max_size=64 * 1024)
+    app[STATE] = _State(model, tokens, jobs or JobRegistry(), control, options or ApiOptions(),
+                        clock, wall_ns)  # fmt: skip
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, PREFIX + path, handler)
+    return app
+
+
+def api_stats(app: web.Application) -> ApiStats:
+    """Return the counters of an app made by `make_app`."""
+    return app[STATE].stats

@@ -1,0 +1,77 @@
+"""Serving the API app: on the running loop (`start_api`) or in its own thread (`ApiThread`).
+
+Thin shell: aiohttp's `AppRunner` and `TCPSite`. `parse_listen` (pure) reads ``HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+
+from aiohttp import web
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """Return (host, port) of ``HOST:PORT`` (``[v6]:PORT`` too; port 0 = any free port);
+    raise ValueError."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"listen address must look like HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+async def start_api(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host:port`` in the running loop; return the runner (call its
+    ``cleanup()`` to stop) and the bound port. Raises OSError if the address is taken."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    addrs = runner.addresses
+    return runner, int(addrs[0][1]) if addrs else port
+
+
+class ApiThread:
+    """The API served by an event loop in a daemon thread (for synchronous producers)."""
+
+    def __init__(self, app: web.Application, host: str, port: int) -> None:
+        self.app, self.host, self.port = app, host, port
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="qpmesh-api",
+                                        daemon=True)  # fmt: skip
+        self._runner: web.AppRunner | None = None
+
+    def start(self, timeout_s: float = 10.0) -> int:
+        """Start serving; return the bound port. Raises OSError if the address is taken."""
+        self._thread.start()
+        fut = asyncio.run_coroutine_threadsafe(start_api(self.app, self.host, self.port),
+                                               self._loop)  # fmt: skip
+        try:
+            self._runner, self.port = fut.result(timeout_s)
+        except BaseException:
+            self._stop_loop()
+            raise
+        return self.port
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving and end the thread (idempotent)."""
+        if self._runner is not None and self._loop.is_running():
+            fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+            with contextlib.suppress(Exception):
+                fut.result(timeout_s)
+            self._runner = None
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        if not self._loop.is_running() and not self._loop.is_closed():
+            self._loop.close()

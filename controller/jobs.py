@@ -1,0 +1,92 @@
+"""The job registry: which tenant's job runs on which NICs (pure, in memory).
+
+A `Job` is an id, a tenant and its ranks, each rank with the NIC ids it uses. `JobRegistry`
+holds the running jobs: `register` (a new id; raises `JobError` on a duplicate or a bad job),
+`unregister` (raises `JobError` for an unknown id), `get`, `jobs`, `jobs_of(tenant)` and
+`tenant_nics(tenant)`. The API scopes a tenant's view by `tenant_nics`; the recovery agent
+registers jobs here. Methods take a lock, so the API's event loop and another thread may share
+one registry.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+class JobError(ValueError):
+    """A bad job, a duplicate job id or an unknown job id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job: ``id``, ``tenant``, and ``ranks`` (per rank, the ids of the NICs it uses)."""
+
+    id: str
+    tenant: str
+    ranks: tuple[tuple[str, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not _ID.match(self.id) or not _ID.match(self.tenant):
+            raise JobError(f"bad job id {self.id!r} or tenant {self.tenant!r}")
+        if not self.ranks or any(not r for r in self.ranks):
+            raise JobError(f"job {self.id}: needs at least one rank, each with a NIC")
+
+    @property
+    def nics(self) -> frozenset[str]:
+        """Return the NIC ids of every rank."""
+        return frozenset(n for r in self.ranks for n in r)
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the job as JSON-ready values."""
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "ranks": [{"rank": i, "nics": list(r)} for i, r in enumerate(self.ranks)],
+        }
+
+
+class JobRegistry:
+    """The running jobs, by id (thread-safe)."""
+
+    def __init__(self, jobs: tuple[Job, ...] = ()) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, Job] = {}
+        for j in jobs:
+            self.register(j)
+
+    def register(self, job: Job) -> None:
+        """Add ``job``; raise `JobError` if its id is already registered."""
+        with self._lock:
+            if job.id in self._jobs:
+                raise JobError(f"job {job.id!r} is already registered")
+            self._jobs[job.id] = job
+
+    def unregister(self, job_id: str) -> Job:
+        """Remove and return the job ``job_id``; raise `JobError` if it is unknown."""
+        with self._lock:
+            try:
+                return self._jobs.pop(job_id)
+            except KeyError:
+                raise JobError(f"no job {job_id!r}") from None
+
+    def get(self, job_id: str) -> Job | None:
+        """Return the job ``job_id`` or None."""
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def jobs(self) -> tuple[Job, ...]:
+        """Return every job, in registration order."""
+        with self._lock:
+            return tuple(self._jobs.values())
+
+    def jobs_of(self, tenant: str) -> tuple[Job, ...]:
+        """Return the jobs of ``tenant``."""
+        return tuple(j for j in self.jobs() if j.tenant == tenant)
+
+    def tenant_nics(self, tenant: str) -> frozenset[str]:
+        """Return the NIC ids used by any job of ``tenant`` (empty if it has none)."""
+        return frozenset(n for j in self.jobs_of(tenant) for n in j.nics)
