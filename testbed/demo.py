@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 
+from testbed.demo_serve import DemoApi, new_token
 from testbed.sim.demo_runner import (
     DEMO_SCENARIO,
     INJECT_KEYS,
@@ -36,10 +38,18 @@ def run_demo(args: argparse.Namespace) -> int:
     """``qpmesh demo``: the TUI on a live simulation, or ``--headless`` scenario playback."""
     sc = demo_scenario(args.scenario, nics=args.nics, seed=args.seed)
     url = getattr(args, "timeseries", None)
+    listen = getattr(args, "serve", None)
     if args.headless:
         runner = DemoRunner(sc, step_s=args.step)
+        api = _serve(runner, listen, getattr(args, "token", None))
         writer = demo_timeseries(runner, url)
-        result = run_headless(runner, args.duration or sc.duration_s)
+        try:
+            result = run_headless(runner, args.duration or sc.duration_s, realtime=api is not None)
+        finally:
+            if api is not None:
+                api.stop()
+        if api is not None:
+            result["api"] = {"url": api.url}
         if writer is not None:
             writer.close(30.0)
             st = writer.stats()
@@ -58,10 +68,24 @@ def run_demo(args: argparse.Namespace) -> int:
 
     # Interactive: start with no scripted faults, the operator injects them with keys.
     runner = DemoRunner(replace(sc, faults=()), step_s=args.step)
+    api = _serve(runner, listen, getattr(args, "token", None))
     writer = demo_timeseries(runner, url)
     try:
         DemoApp(runner, threshold_ns=args.threshold_us * 1e3).run()
     finally:
         if writer is not None:
             writer.close(10.0)
+        if api is not None:
+            api.stop()
     return 0
+
+
+def _serve(runner: DemoRunner, listen: str | None, token: str | None) -> DemoApi | None:
+    """With ``listen``, serve the API (printing its URL and token on stderr); else None."""
+    if not listen:
+        return None
+    tok = token or new_token()
+    api = DemoApi(runner, listen, tok)
+    api.url = api.start()
+    print(f"qpmesh demo: API on {api.url} (operator token: {tok})", file=sys.stderr, flush=True)
+    return api

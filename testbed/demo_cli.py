@@ -33,6 +33,17 @@ def register(sub: Any) -> None:
         help="also write the time series to this InfluxDB v2 write API "
         "(InfluxDB 2 or VictoriaMetrics, e.g. http://127.0.0.1:8428), 1 s intervals",
     )
+    d.add_argument(
+        "--serve",
+        metavar="HOST:PORT",
+        help="also serve the HTTP API and websocket (/api/v1/, docs/api.md) on this address "
+        "while the demo runs; with --headless the demo then runs in real time",
+    )
+    d.add_argument(
+        "--token",
+        help="the API's operator bearer token with --serve (default: a random one, printed "
+        "on stderr at start)",
+    )
     d.set_defaults(func=_demo)
 
 

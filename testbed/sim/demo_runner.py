@@ -11,6 +11,7 @@ events as JSON-ready values.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,8 @@ class DemoRunner:
         self._alive: set[str] = set()
         self._gpu_bad: frozenset[str] = frozenset()
         self.timeseries: TimeseriesRecorder | None = None
+        # called after every step with its new events (the demo's API publishes from here)
+        self.on_step: list[Callable[[list[MeshEvent]], None]] = []
         now = self.now_ns
         for h in self.fabric.hosts:
             self.controller.gpu(h.id, True, "", now)
@@ -101,6 +104,8 @@ class DemoRunner:
         self.events.extend(new)
         if self.timeseries is not None:
             self.timeseries.tick(now, ctl.snapshot, ctl.alive)
+        for hook in self.on_step:
+            hook(new)
         return new
 
     def record_to(self, recorder: TimeseriesRecorder) -> None:
@@ -160,11 +165,21 @@ def demo_scenario(path: str | None, *, nics: int | None, seed: int | None) -> Sc
     return sc
 
 
-def run_headless(runner: DemoRunner, duration_s: float) -> dict[str, Any]:
-    """Step ``runner`` for ``duration_s`` simulated seconds; return events and a summary."""
+def pace(sim_s: float, wall_elapsed_s: float) -> float:
+    """Return seconds to sleep so that ``sim_s`` simulated seconds take as long on the wall."""
+    return max(0.0, sim_s - wall_elapsed_s)
+
+
+def run_headless(
+    runner: DemoRunner, duration_s: float, *, realtime: bool = False
+) -> dict[str, Any]:
+    """Step ``runner`` for ``duration_s`` simulated seconds (as fast as possible, or with
+    ``realtime`` one simulated second per wall second); return events and a summary."""
     t_wall = time.perf_counter()
     while runner.t_s < duration_s - 1e-9:
         runner.step()
+        if realtime:
+            time.sleep(pace(runner.t_s, time.perf_counter() - t_wall))
     snap = runner.controller.snapshot()
     return {
         "scenario": runner.scenario.name,

@@ -1,0 +1,80 @@
+"""End to end: ``qpmesh demo --headless --serve`` — the scripted flap in the simulator-fed
+controller appears in the API's events and on the websocket while the demo runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import socket
+import sys
+
+import aiohttp
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+async def test_demo_serves_the_flap_on_api_and_websocket() -> None:
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "qpmesh.cli", "demo", "--headless", "--duration", "10",
+        "--serve", f"127.0.0.1:{port}", "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
+        m = re.search(r"API on (\S+) \(operator token: (\S+)\)", line)
+        assert m, line
+        base, token = m.group(1), m.group(2)  # no --token: a random one, printed
+        assert base == f"http://127.0.0.1:{port}/api/v1/"
+        hdr = {"Authorization": f"Bearer {token}"}
+        ws_kinds: list[str] = []
+        async with aiohttp.ClientSession() as http:
+            async with http.get(base + "version") as r:
+                assert r.status == 401
+            async with http.ws_connect(base + "ws", headers=hdr) as ws:
+                while "link_flap" not in ws_kinds:  # the flap starts at 4 s simulated
+                    msg = await ws.receive_json(timeout=60)
+                    if msg["type"] == "event":
+                        ws_kinds.append(msg["data"]["kind"])
+                        flap_target = msg["data"]["target"]
+            async with http.get(base + "events?kind=link_flap", headers=hdr) as r:
+                events = (await r.json())["events"]
+            async with http.get(base + "links", headers=hdr) as r:
+                links = {lk["id"]: lk for lk in (await r.json())["links"]}
+        assert flap_target == "leaf1-spine2"  # the scenario's flapping link
+        assert [e["target"] for e in events] == ["leaf1-spine2"]
+        assert links["leaf1-spine2"]["flaps"] >= 1
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0
+        result = json.loads(out)
+        assert result["api"]["url"] == base
+        assert any(e["kind"] == "link_flap" for e in result["events"])
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with contextlib.suppress(Exception):
+                await proc.wait()
+
+
+def test_demo_serve_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from qpmesh.cli import main
+
+    base = ["demo", "--headless", "--duration", "1", "--nics", "8"]
+    assert main([*base, "--serve", "no-port"]) == 2
+    assert main([*base, "--serve", "127.0.0.1:0", "--token", "short"]) == 2
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main([*base, "--serve", f"127.0.0.1:{port}", "--token", "long-enough-1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(e.startswith("qpmesh demo: error: ") for e in err), err
