@@ -32,11 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiomqtt
-
 from contract.records import encode_batch
-from contract.topics import Topics
-from mqttlink.settings import BROKER_ERRORS
 from prober.config import NicConfig, ProberConfig
 from prober.events import ProbeEvent, results_to_batch
 from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery, PathTracer
@@ -441,24 +437,13 @@ class Agent:
                     self.discovery[k.src].start(k.dst, self.address[k.dst], k.sport)
 
     async def _paths_publisher(self) -> None:
-        """Publish queued paths once a second on ``<prefix>/paths/<host>`` (own connection)."""
-        m = self.cfg.mqtt
-        topic = Topics(m.prefix).paths(self.cfg.host)
+        """Hand queued paths to the publisher once a second (``<prefix>/paths/<host>``, sent
+        on the publisher's connection, at most 500 paths a document)."""
         while True:
-            try:
-                async with aiomqtt.Client(
-                    m.host, m.port, identifier=f"qpmesh-paths-{self.cfg.host}",
-                    keepalive=m.keepalive_s, timeout=m.timeout_s,
-                ) as client:  # fmt: skip
-                    while True:
-                        await asyncio.sleep(1.0)
-                        if not self._paths_out:
-                            continue
-                        out = list(self._paths_out)
-                        for k in range(0, len(out), 500):
-                            payload = paths_payload(out[k : k + 500])
-                            await client.publish(topic, payload, qos=1, timeout=m.timeout_s)
-                        for _ in out:
-                            self._paths_out.popleft()
-            except BROKER_ERRORS:
-                await asyncio.sleep(m.backoff_max_s)
+            await asyncio.sleep(1.0)
+            if not self._paths_out:
+                continue
+            out = list(self._paths_out)
+            self._paths_out.clear()
+            for k in range(0, len(out), 500):
+                self.publisher.submit_paths(paths_payload(out[k : k + 500]))

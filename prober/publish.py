@@ -1,7 +1,8 @@
 """MQTT publisher of the prober: spool in, QoS 1 batches out, presence with a last will.
 
-Shape (aiomqtt 2.x): one connection is an ``async with`` block; reconnection is the explicit
-loop in `Publisher.run` with exponential backoff; every await on the broker has a timeout.
+Shape (aiomqtt 2.x): one connection is an ``async with`` block; reconnection is the shared
+loop of `mqttlink.reconnect` (exponential backoff, starting over after a good connection);
+every await on the broker has a timeout.
 
 Delivery: the publisher always publishes the OLDEST spooled batch and removes it from the
 spool only after the broker's PUBACK (`Spool.ack`). A failure leaves it at the head, so after
@@ -14,6 +15,10 @@ a last will ``{"alive": false}`` for the broker to publish if the prober dies, a
 ``{"alive": false}`` on a clean stop. The controller tells "prober down" (presence false) from
 "NIC down" (prober alive, probes to/from the NIC lost).
 
+Discovered paths (`submit_paths`) go out on ``<prefix>/paths/<host>`` over the same connection:
+a bounded queue (oldest dropped and counted at its bound), each document removed only after its
+PUBACK, like the batches.
+
 Errors from the broker boundary (aiomqtt `MqttError`, `OSError`, timeouts) are caught in the
 loop and counted; nothing escapes `run` except cancellation.
 """
@@ -24,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
@@ -31,8 +37,13 @@ from typing import Any, Protocol
 import aiomqtt
 
 from contract.topics import Topics
+from mqttlink.reconnect import Backoff, reconnect_loop
 from mqttlink.settings import BROKER_ERRORS, BrokerSettings, backoff_delay
 from prober.spool import Spool
+
+PATHS_QUEUE = 64  # path documents waiting for the broker at most (oldest dropped)
+
+__all__ = ["BROKER_ERRORS", "BrokerSettings", "MqttLike", "Publisher", "backoff_delay"]
 
 # ---- payloads -----------------------------------------------------------------------------------
 
@@ -131,6 +142,8 @@ class Publisher:
         self._health: bytes | None = None
         self._rdma: dict[str, dict[str, Any]] | None = None
         self._presence_dirty = False
+        self._paths: deque[bytes] = deque()
+        self.paths_dropped = 0
         self.connected = False
         self.connects = 0
         self.errors = 0
@@ -142,6 +155,18 @@ class Publisher:
     def submit(self, batch_seq: int, payload: bytes) -> int:
         """Spool one encoded batch and wake the sender; return how many old batches were dropped."""
         dropped = self.spool.put(batch_seq, payload)
+        self._wake.set()
+        return dropped
+
+    def submit_paths(self, payload: bytes) -> int:
+        """Queue one ``paths/<host>`` document (JSON bytes) and wake the sender; return how many
+        old documents were dropped to stay within `PATHS_QUEUE`."""
+        dropped = 0
+        while len(self._paths) >= PATHS_QUEUE:
+            self._paths.popleft()
+            dropped += 1
+        self._paths.append(payload)
+        self.paths_dropped += dropped
         self._wake.set()
         return dropped
 
@@ -169,6 +194,7 @@ class Publisher:
             "connects": self.connects,
             "errors": self.errors,
             "published": self.published,
+            "paths_dropped": self.paths_dropped,
             **self.spool.counters(),
         }
 
@@ -184,14 +210,16 @@ class Publisher:
         On stop, spooled batches are flushed for up to ``drain_on_stop_s`` if connected, then
         presence ``alive=false`` is published and the connection closed.
         """
-        attempt = 0
         client_id = f"qpmesh-prober-{self.host}"
-        while not stop.is_set():
+
+        async def session(connected: Callable[[], None]) -> None:
+            if stop.is_set():
+                return
             try:
                 async with self._factory(self.settings, client_id, self._will()) as client:
                     self.connected = True
                     self.connects += 1
-                    attempt = 0
+                    connected()
                     self._presence_dirty = False
                     await self._publish(
                         client, self.topics.presence(self.host), self._alive_payload(), retain=True
@@ -203,17 +231,20 @@ class Publisher:
                         presence_payload(False, self._now_ns()),
                         retain=True,
                     )
-                    return
-            except BROKER_ERRORS as exc:
-                self.errors += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
             finally:
                 self.connected = False
-            if stop.is_set():
-                return
-            await self._pause(backoff_delay(attempt, self.settings.backoff_min_s,
-                                            self.settings.backoff_max_s), stop)  # fmt: skip
-            attempt += 1
+
+        def on_error(exc: BaseException, delay_s: float) -> None:
+            self.errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+
+        async def pause(delay_s: float) -> bool:
+            if not stop.is_set():
+                await self._pause(delay_s, stop)
+            return stop.is_set()
+
+        backoff = Backoff(self.settings.backoff_min_s, self.settings.backoff_max_s)
+        await reconnect_loop(session, backoff, on_error=on_error, pause=pause)
 
     async def _pause(self, delay_s: float, stop: asyncio.Event) -> None:
         sleeper = asyncio.ensure_future(self._sleep(delay_s))
@@ -236,6 +267,7 @@ class Publisher:
         """Publish until stop (then drain for a bounded time); raise broker errors."""
         probes = self.topics.probes(self.host)
         health = self.topics.health(self.host)
+        paths = self.topics.paths(self.host)
         drain_until: float | None = None
         loop = asyncio.get_running_loop()
         while True:
@@ -248,6 +280,10 @@ class Publisher:
                 self._presence_dirty = False
                 presence = self.topics.presence(self.host)
                 await self._publish(client, presence, self._alive_payload(), retain=True)
+            if self._paths and not stop.is_set():
+                await self._publish(client, paths, self._paths[0])
+                self._paths.popleft()
+                continue
             item = self.spool.peek()
             if item is not None:
                 if drain_until is not None and loop.time() > drain_until:

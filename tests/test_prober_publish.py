@@ -318,3 +318,52 @@ async def test_unreachable_broker_keeps_spool(mosquitto: tuple[str, int]) -> Non
     stop.set()
     await asyncio.wait_for(task, 5)
     assert pub.errors >= 2 and pub.connects == 0 and len(pub.spool) == 1
+
+
+async def test_paths_go_through_the_publisher_connection_and_survive_a_drop() -> None:
+    """Discovered paths share the publisher's connection (no second client) and are resent
+    after a lost PUBACK; the queue is bounded (oldest dropped, counted)."""
+    from prober.publish import PATHS_QUEUE
+
+    broker = FakeBroker()
+    broker.up = True
+    broker.lose_ack = {b'[{"p":1}]'}
+    pub = Publisher(settings(), HOST, Spool(), client_factory=broker.factory(), sleep=FakeSleep())
+    pub.submit_paths(b'[{"p":1}]')
+    pub.submit_paths(b'[{"p":2}]')
+    pub.submit(1, b"batch")
+    paths = lambda: [p for t, p, _ in broker.received if t == f"qpmesh/v1/paths/{HOST}"]  # noqa: E731
+    await run_until(pub, lambda: len(paths()) >= 3 and not len(pub.spool))
+    assert paths() == [b'[{"p":1}]', b'[{"p":1}]', b'[{"p":2}]']
+    assert broker.probes() == [b"batch"] and broker.connects == 2
+    for i in range(PATHS_QUEUE + 5):
+        pub.submit_paths(str(i).encode())
+    assert pub.counters()["paths_dropped"] == 5
+
+
+async def test_agent_paths_go_to_the_publisher(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prober.agent import Agent
+    from prober.config import parse_config
+    from prober.pathdisc import DiscoveredPath, PathKey
+
+    cfg = parse_config({"prober": {"host": HOST}, "nics": [{"id": "n0", "address": "127.0.0.1"}]})
+    pub = Publisher(settings(), HOST, Spool())
+    agent = Agent(cfg, publisher=pub, endpoint_factory=lambda *a: None)  # type: ignore[arg-type,return-value]
+    sent: list[bytes] = []
+    monkeypatch.setattr(pub, "submit_paths", sent.append)
+    agent._paths_out.append(DiscoveredPath(PathKey("n0", "n1", 50000), ("10.0.0.254",), True, 0))
+
+    real_sleep = asyncio.sleep
+
+    async def fast_sleep(s: float) -> None:
+        await real_sleep(0)
+
+    monkeypatch.setattr("prober.agent.asyncio.sleep", fast_sleep)
+    task = asyncio.create_task(agent._paths_publisher())
+    for _ in range(100):
+        if sent:
+            break
+        await real_sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert len(sent) == 1 and json.loads(sent[0])[0]["sport"] == 50000

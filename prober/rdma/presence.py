@@ -4,19 +4,19 @@ Presence is retained, so every live prober's document (and every dead one's last
 ``alive: false``) arrives right after subscribing; later changes arrive as they happen.
 Each message goes through `RdmaPeerTable.update_payload`; the NIC ids it reports changed are
 handed to ``on_change`` (the transport refreshes those address handles). Broker errors
-reconnect with the publisher's backoff; the table is kept across reconnects (retained
+reconnect through the shared loop (`mqttlink.reconnect`, the publisher's backoff bounds); the table is kept across reconnects (retained
 messages bring it up to date again). Runs until cancelled.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import aiomqtt
 
 from contract.topics import TopicError, Topics
-from mqttlink.settings import BROKER_ERRORS, BrokerSettings, backoff_delay
+from mqttlink.reconnect import Backoff, reconnect_loop
+from mqttlink.settings import BrokerSettings
 from prober.rdma.peers import RdmaPeerTable
 
 
@@ -51,23 +51,26 @@ async def follow_presence(
     """Subscribe to every host's presence and keep ``table`` current until cancelled."""
     topics = Topics(settings.prefix)
     flt = presence_filter(settings.prefix)
-    attempt = 0
-    while True:
-        try:
-            async with aiomqtt.Client(
-                settings.host, settings.port, identifier=client_id,
-                keepalive=settings.keepalive_s, timeout=settings.timeout_s,
-            ) as client:  # fmt: skip
-                await client.subscribe(flt, qos=1, timeout=settings.timeout_s)
-                table.counters["presence_connects"] += 1
-                attempt = 0
-                async for msg in client.messages:
-                    payload = msg.payload if isinstance(msg.payload, bytes | bytearray) else b""
-                    changed = apply_presence(table, topics, str(msg.topic), payload)
-                    if changed:
-                        on_change(changed)
-        except BROKER_ERRORS as exc:
-            table.counters["presence_errors"] += 1
-            table.last_error = f"presence subscription: {type(exc).__name__}: {exc}"
-        await asyncio.sleep(backoff_delay(attempt, settings.backoff_min_s, settings.backoff_max_s))
-        attempt += 1
+
+    async def session(connected: Callable[[], None]) -> None:
+        async with aiomqtt.Client(
+            settings.host, settings.port, identifier=client_id,
+            keepalive=settings.keepalive_s, timeout=settings.timeout_s,
+        ) as client:  # fmt: skip
+            await client.subscribe(flt, qos=1, timeout=settings.timeout_s)
+            table.counters["presence_connects"] += 1
+            connected()
+            async for msg in client.messages:
+                payload = msg.payload if isinstance(msg.payload, bytes | bytearray) else b""
+                changed = apply_presence(table, topics, str(msg.topic), payload)
+                if changed:
+                    on_change(changed)
+        raise aiomqtt.MqttError("presence subscription ended")  # reconnect, as on a drop
+
+    def on_error(exc: BaseException, delay_s: float) -> None:
+        table.counters["presence_errors"] += 1
+        table.last_error = f"presence subscription: {type(exc).__name__}: {exc}"
+
+    await reconnect_loop(
+        session, Backoff(settings.backoff_min_s, settings.backoff_max_s), on_error=on_error
+    )
