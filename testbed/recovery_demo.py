@@ -41,16 +41,8 @@ from typing import Any
 
 from contract.remediation import AckDoc, DocumentError
 from controller.fabric import FabricShape
-from controller.remediation.policy import (
-    SEC,
-    PolicyConfig,
-    PolicyState,
-    Rule,
-    decide,
-    finding,
-    nic_of,
-)
-from controller.remediation.publish import send_planned
+from controller.remediation.loop import Remediator
+from controller.remediation.policy import SEC, PolicyConfig, Rule, finding, nic_of
 from testbed import faults
 from testbed.netns.lifecycle import up
 from testbed.netns.plan import PlanError
@@ -225,7 +217,7 @@ def _run_once(
                     hold_ns=int(args["hold_s"] * SEC)),),
         ttl_ns=60 * SEC, min_interval_ns=5 * SEC,
     )  # fmt: skip
-    st = PolicyState()
+    rem = Remediator(cfg)
     actions: list[dict[str, Any]] = []
     acks: list[dict[str, Any]] = []
     t_down = t_up = None
@@ -259,9 +251,10 @@ def _run_once(
                     for f in found:
                         progress(f"{name}: controller finding {f.kind} {f.target} at "
                                  f"+{(f.t_ns - t_down_ns) / SEC:.2f} s (seen +{now - t_down:.2f} s)")  # fmt: skip
-                dec = decide(cfg, st, tuple(pending), mq.jobs(), True, time.time_ns())
-                st, pending = dec.state, []
-                actions += send_planned(dec.actions, mq.publish, time.time_ns())
+                for f in pending:
+                    rem.observe(f)
+                pending = []
+                actions += rem.tick(mq.jobs(), True, time.time_ns(), mq.publish)
             time.sleep(0.05)
     finally:
         if t_down is not None and t_up is None:

@@ -314,3 +314,23 @@ def test_send_planned_publishes_only_send_and_audits_all() -> None:
     assert ActionDoc.decode(sent[0][1]) == d_on.actions[0].action
     assert [a["disposition"] for a in audit] == ["send", "would_have"]
     assert audit[1]["job"] == "eval" and audit[1]["finding"].startswith("link_flap@nic1-leaf0")
+
+
+def test_remediator_turns_published_events_into_actions_over_ticks() -> None:
+    from types import SimpleNamespace
+
+    from controller.remediation.loop import Remediator
+
+    def ev(kind: str, target: str) -> SimpleNamespace:  # an EventDoc's / MeshEvent's fields
+        return SimpleNamespace(t_ns=0, kind=kind, target=target, detail="", flows=())
+
+    r = Remediator(CFG)
+    sent: list[str] = []
+    assert r.observe(ev("gpu_fault", "host1")) is None
+    r.observe(ev("nic_down", "nic0"))
+    assert r.tick(JOBS, True, int(0.5 * SEC), lambda t, p: sent.append(t)) == []  # in the hold
+    out = r.tick(JOBS, True, 1 * SEC, lambda t, p: sent.append(t))
+    assert [(a["kind"], a["nic"], a["job"], a["disposition"]) for a in out] == [
+        ("move_off_nic", "nic0", "train", "send")
+    ]
+    assert sent == ["qpmesh/v1/remediation/nic0"] and list(r.audit) == out

@@ -1,0 +1,73 @@
+"""The controller-side glue: findings in, actions out, an audit trail kept. Time passed in.
+
+`Remediator` holds the policy's state between steps. The service (or any driver) calls
+`observe` with each finding as it is published (an `EventDoc`, or anything with ``t_ns``,
+``kind``, ``target``, ``detail``, ``flows``: a `MeshEvent` too) and `tick` on a timer with the
+registered jobs' NICs, the Control switch and a ``publish(topic, payload)`` callable; `tick`
+returns this step's audit records (`controller.remediation.publish.audit_record`), which
+also stay in `audit` (bounded) for the API and the events pane.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from controller.remediation.policy import (
+    DOWN_KINDS,
+    Finding,
+    JobNics,
+    PolicyConfig,
+    PolicyState,
+    decide,
+    finding,
+)
+from controller.remediation.publish import send_planned
+
+KINDS = (*DOWN_KINDS, "clear", "contention")
+
+
+class FindingLike(Protocol):
+    """What `Remediator.observe` reads of a controller finding (read-only attributes)."""
+
+    @property
+    def t_ns(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def detail(self) -> str: ...
+    @property
+    def flows(self) -> Sequence[Sequence[Any]]: ...
+
+
+class Remediator:
+    """Policy state + pending findings + audit (see the module docstring)."""
+
+    def __init__(self, config: PolicyConfig | None = None, prefix: str = "qpmesh/v1",
+                 audit_limit: int = 1000) -> None:  # fmt: skip
+        self.config = config or PolicyConfig()
+        self.prefix = prefix
+        self.state = PolicyState()
+        self.pending: list[Finding] = []
+        self.audit: deque[dict[str, Any]] = deque(maxlen=audit_limit)
+
+    def observe(self, ev: FindingLike) -> Finding | None:
+        """Queue one finding for the next tick; return it, or None when the policy ignores it."""
+        if ev.kind not in KINDS:
+            return None
+        flows = tuple((str(f[0]), str(f[1]), int(f[2])) for f in ev.flows if len(f) == 3)
+        f = finding(ev.kind, ev.target, ev.t_ns, ev.detail, flows)
+        self.pending.append(f)
+        return f
+
+    def tick(self, jobs: JobNics, control_enabled: bool, now_ns: int,
+             publish: Callable[[str, bytes], None]) -> list[dict[str, Any]]:  # fmt: skip
+        """Run one policy step; publish the ``send`` actions; return their audit records."""
+        d = decide(self.config, self.state, tuple(self.pending), jobs, control_enabled, now_ns)
+        self.state, self.pending = d.state, []
+        out = send_planned(d.actions, publish, now_ns, self.prefix)
+        self.audit.extend(out)
+        return out
