@@ -11,7 +11,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from contract.topics import DEFAULT_PREFIX, Topics
-from controller.service import ConfigError, JsonLog, load_config, run_service
+from controller.config import ConfigError, load_config
+from controller.dispatch import JsonLog
+from controller.service import run_service
 
 
 def parse_broker(url: str) -> tuple[str, int]:

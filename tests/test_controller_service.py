@@ -15,16 +15,11 @@ import pytest
 
 from contract.records import encode_batch
 from contract.topics import TopicError, Topics
+from controller.config import ConfigError, ServiceConfig, load_config
+from controller.dispatch import JsonLog, handle_message
 from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveConfig, LiveController
-from controller.service import (
-    ConfigError,
-    JsonLog,
-    ServiceConfig,
-    handle_message,
-    load_config,
-    run_service,
-)
+from controller.service import run_service
 from controller.service_cli import parse_broker
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 
@@ -288,8 +283,9 @@ def test_a_failing_clock_solve_is_logged_and_counted_never_fatal() -> None:
     import asyncio
     import io
 
+    from controller.dispatch import JsonLog
     from controller.live import LiveController
-    from controller.service import JsonLog, _solver
+    from controller.service import _solver
 
     live = LiveController(build_fabric(FabricShape(leaves=1, hosts_per_leaf=2, spines=1)))
     installed: list[object] = []

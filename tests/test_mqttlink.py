@@ -68,6 +68,8 @@ def test_run_service_resets_its_backoff_after_a_good_connection(
 ) -> None:
     from contract.topics import Topics
     from controller import service
+    from controller.config import ServiceConfig
+    from controller.dispatch import JsonLog
     from controller.fabric import FabricShape, build_fabric
 
     calls = {"n": 0}
@@ -78,13 +80,13 @@ def test_run_service_resets_its_backoff_after_a_good_connection(
         raise aiomqtt.MqttError("connection lost")
 
     monkeypatch.setattr(service, "serve_once", serve_once)
-    cfg = service.ServiceConfig(
+    cfg = ServiceConfig(
         fabric=build_fabric(FabricShape(leaves=1, hosts_per_leaf=2, spines=1)),
         backoff_s=(0.001, 0.5),
     )
     out = io.StringIO()
     asyncio.run(
-        service.run_service("127.0.0.1", 1, cfg, Topics(), log=service.JsonLog(out),
+        service.run_service("127.0.0.1", 1, cfg, Topics(), log=JsonLog(out),
                             max_attempts=6)
     )  # fmt: skip
     retries = [line for line in out.getvalue().splitlines() if "broker error" in line]

@@ -1,0 +1,121 @@
+"""The controller's configuration: a TOML file -> a frozen, validated `ServiceConfig`.
+
+Read through `contract.tomlcheck` (the same validator as the prober's and the scenario
+files'): strict types, unknown sections and keys are errors, every error is one `ConfigError`
+line naming the file and the key. The sections are listed at `load_config`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contract.tomlcheck import Table, parse_toml
+from controller.brain import BrainConfig
+from controller.clocksync import ClockSyncConfig
+from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
+from controller.live import LiveConfig
+
+
+class ConfigError(ValueError):
+    """The controller configuration is invalid (one-line message)."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Everything the service needs, validated."""
+
+    fabric: Fabric
+    live: LiveConfig = field(default_factory=LiveConfig)
+    brain: BrainConfig = field(default_factory=BrainConfig)
+    tick_s: float = 1.0
+    backoff_s: tuple[float, float] = (0.5, 30.0)
+    router_nodes: Mapping[str, str] = field(default_factory=dict)
+    model_paths: bool = True  # False: flows without a discovered path have unknown hops
+
+
+def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfig:
+    """Read and validate a TOML config (None = defaults: a default-shaped fabric).
+
+    Sections: ``[fabric]`` (shape keys of `FabricShape`, or ``file = "fabric.json"``),
+    ``[sync]`` (``window_s``, ``solve_every_s``, ``coded_tol_ns``, ``use_uncoded``),
+    ``[controller]`` (``tick_s``, ``stale_s``, ``max_events``), ``[thresholds]`` (the
+    detection `BrainConfig`, nested tables for its parameter groups), ``[paths]``
+    (``routers``: router address -> fabric node id, to map the probers' discovered paths onto
+    fabric links; ``model = false``: the fabric model's ECMP hash is not authoritative, so
+    flows without a discovered path get unknown hops). Types are strict
+    (`contract.tomlcheck`): ``use_uncoded = "false"`` is an error, not True. Raises
+    `ConfigError` (one line naming the file and the key) on anything invalid.
+    """
+    src = str(path) if path is not None else "<defaults>"
+    doc: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+        doc = parse_toml(text, src, ConfigError)
+        base_dir = base_dir or path.parent
+    root = Table.root(doc, src, ConfigError)
+    fab = root.table("fabric")
+    if fab.has("file"):
+        fpath = Path(fab.require("file", str))
+        if not fpath.is_absolute() and base_dir is not None:
+            fpath = base_dir / fpath
+        if set(fab.values) - {"file"}:
+            raise ConfigError(f"{src}: fabric: takes either file or shape keys, not both")
+        try:
+            fabric = Fabric.from_dict(json.loads(fpath.read_text()))
+        except OSError as exc:
+            raise ConfigError(f"cannot read fabric file {fpath}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"fabric file {fpath}: bad JSON: {exc}") from None
+        except FabricError as exc:
+            raise ConfigError(f"fabric file {fpath}: {exc}") from None
+    else:
+        try:
+            fabric = build_fabric(fab.dataclass(FabricShape()))
+        except FabricError as exc:
+            raise ConfigError(f"{src}: fabric: {exc}") from None
+    d = ClockSyncConfig()  # unset keys keep the pipeline's defaults (one solve per window)
+    sy = root.table("sync")
+    pos = "a number > 0"
+    sync = ClockSyncConfig(
+        window_ns=int(sy.get("window_s", float, d.window_ns / 1e9, lambda v: v > 0, pos) * 1e9),
+        solve_every_ns=int(
+            sy.get("solve_every_s", float, d.solve_every_ns / 1e9, lambda v: v > 0, pos) * 1e9
+        ),
+        coded_tol_ns=sy.get(
+            "coded_tol_ns", int, d.coded_tol_ns, lambda v: v >= 0, "an integer >= 0"
+        ),
+        use_uncoded=sy.get("use_uncoded", bool, d.use_uncoded),
+    )
+    sy.finish()
+    co = root.table("controller")
+    live = LiveConfig(
+        sync=sync,
+        stale_ns=int(co.get("stale_s", float, 10.0, lambda v: v > 0, pos) * 1e9),
+        max_events=co.get("max_events", int, 200, lambda v: v > 0, "an integer > 0"),
+    )
+    tick_s = co.get("tick_s", float, 1.0, lambda v: v > 0, pos)
+    co.finish()
+    pa = root.table("paths")
+    model_paths = pa.get("model", bool, True)
+    routers = pa.mapping("routers", str, "a fabric node id")
+    for addr, node in routers.items():
+        if node not in fabric.node_by_id:
+            raise ConfigError(f"{src}: paths.routers.{addr}: unknown fabric node {node!r}")
+    pa.finish()
+    brain = root.table("thresholds").dataclass(BrainConfig())
+    root.finish()
+    return ServiceConfig(
+        fabric=fabric,
+        live=live,
+        brain=brain,
+        tick_s=tick_s,
+        router_nodes=routers,
+        model_paths=model_paths,
+    )
