@@ -40,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from contract.remediation import AckDoc, DocumentError
+from controller.control import Control
 from controller.fabric import FabricShape
+from controller.jobs import Job, JobRegistry
 from controller.remediation.loop import Remediator
 from controller.remediation.policy import SEC, PolicyConfig, Rule, finding, nic_of
 from testbed import faults
@@ -171,11 +173,15 @@ class _Mqtt:
             self.c.publish(t, b"", qos=1, retain=True)
         self.ranks.clear()
 
-    def jobs(self) -> dict[str, frozenset[str]]:
-        out: dict[str, set[str]] = {}
+    def registry(self) -> JobRegistry:
+        """Return the job registry built from the ranks' retained registrations."""
+        ranks: dict[str, dict[int, tuple[str, ...]]] = {}
         for doc in self.ranks.values():
-            out.setdefault(str(doc.get("job")), set()).update(doc.get("nics", []))
-        return {k: frozenset(v) for k, v in out.items()}
+            ranks.setdefault(str(doc.get("job")), {})[int(doc.get("rank", 0))] = tuple(
+                doc.get("nics", [])
+            )
+        return JobRegistry(tuple(Job(j, "demo", tuple(rs[k] for k in sorted(rs)))
+                                 for j, rs in ranks.items()))  # fmt: skip
 
     def stop(self) -> None:
         self.c.disconnect()
@@ -218,6 +224,7 @@ def _run_once(
         ttl_ns=60 * SEC, min_interval_ns=5 * SEC,
     )  # fmt: skip
     rem = Remediator(cfg)
+    control = Control(enabled=True)
     actions: list[dict[str, Any]] = []
     acks: list[dict[str, Any]] = []
     t_down = t_up = None
@@ -254,7 +261,7 @@ def _run_once(
                 for f in pending:
                     rem.observe(f)
                 pending = []
-                actions += rem.tick(mq.jobs(), True, time.time_ns(), mq.publish)
+                actions += rem.tick_with(mq.registry(), control, time.time_ns(), mq.publish)
             time.sleep(0.05)
     finally:
         if t_down is not None and t_up is None:

@@ -334,3 +334,24 @@ def test_remediator_turns_published_events_into_actions_over_ticks() -> None:
         ("move_off_nic", "nic0", "train", "send")
     ]
     assert sent == ["qpmesh/v1/remediation/nic0"] and list(r.audit) == out
+
+
+def test_remediator_with_the_job_registry_and_control_switch() -> None:
+    from types import SimpleNamespace
+
+    from controller.control import Control
+    from controller.jobs import Job, JobRegistry
+    from controller.remediation.loop import Remediator
+
+    reg = JobRegistry((Job("train", "t1", (("nic0",), ("nic3",))), Job("eval", "t2", (("nic1",),))))
+    control = Control(enabled=False)
+    r = Remediator(CFG)
+    sent: list[str] = []
+    r.observe(SimpleNamespace(t_ns=0, kind="link_flap", target="nic3-leaf1", detail="", flows=()))
+    out = r.tick_with(reg, control, 0, lambda t, p: sent.append(t))
+    assert [(a["job"], a["disposition"]) for a in out] == [("train", "would_have")] and sent == []
+    control.set(True, "operator", 1)
+    r.observe(SimpleNamespace(t_ns=SEC, kind="link_flap", target="nic1-leaf0", detail="", flows=()))
+    out = r.tick_with(reg, control, SEC, lambda t, p: sent.append(t))
+    assert [(a["job"], a["disposition"]) for a in out] == [("eval", "send")]
+    assert sent == ["qpmesh/v1/remediation/nic1"]

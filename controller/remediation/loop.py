@@ -3,7 +3,8 @@
 `Remediator` holds the policy's state between steps. The service (or any driver) calls
 `observe` with each finding as it is published (an `EventDoc`, or anything with ``t_ns``,
 ``kind``, ``target``, ``detail``, ``flows``: a `MeshEvent` too) and `tick` on a timer with the
-registered jobs' NICs, the Control switch and a ``publish(topic, payload)`` callable; `tick`
+registered jobs' NICs, the Control switch and a ``publish(topic, payload)`` callable (or
+`tick_with` the API's `controller.jobs.JobRegistry` and `controller.control.Control`); `tick`
 returns this step's audit records (`controller.remediation.publish.audit_record`), which
 also stay in `audit` (bounded) for the API and the events pane.
 """
@@ -14,6 +15,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from controller.control import Control
+from controller.jobs import JobRegistry
 from controller.remediation.policy import (
     DOWN_KINDS,
     Finding,
@@ -26,6 +29,11 @@ from controller.remediation.policy import (
 from controller.remediation.publish import send_planned
 
 KINDS = (*DOWN_KINDS, "clear", "contention")
+
+
+def job_nics(registry: JobRegistry) -> JobNics:
+    """Return job id -> NICs of every rank, from the job registry (`controller.jobs`)."""
+    return {j.id: j.nics for j in registry.jobs()}
 
 
 class FindingLike(Protocol):
@@ -71,3 +79,8 @@ class Remediator:
         out = send_planned(d.actions, publish, now_ns, self.prefix)
         self.audit.extend(out)
         return out
+
+    def tick_with(self, registry: JobRegistry, control: Control, now_ns: int,
+                  publish: Callable[[str, bytes], None]) -> list[dict[str, Any]]:  # fmt: skip
+        """`tick` with the jobs of ``registry`` and the state of ``control`` (the API's)."""
+        return self.tick(job_nics(registry), control.enabled, now_ns, publish)
