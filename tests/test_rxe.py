@@ -12,7 +12,6 @@ judges one part of that run's JSON. Skipped only when this machine cannot run th
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,10 @@ from contract.records import MISSING
 from prober.rdma.flowlabel import rxe_sport_of_qpn
 from testbed.rxevm.vm import run_in_vm, vm_unavailable
 
-pytestmark = [pytest.mark.rxe, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.rxe, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[1]
-VM_TIMEOUT_S = 780.0
+VM_TIMEOUT_S = 1080.0  # a busy 2-core host slows emulation down a lot
 MARGIN_NS = 300_000_000
 
 # row layout of result.json "rows"
@@ -34,25 +33,27 @@ ORIGIN, STAMP, SRC, DST, SPORT, SEQ, T1, T2, T3, T4, LOST, RX = range(12)
 
 
 @pytest.fixture(scope="module")
-def run() -> Iterator[dict[str, Any]]:
-    """Boot the VM once, run the scenario, return its result.json (fails with log tails)."""
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Boot the VM once, run the scenario, return its result.json (fails with log tails).
+
+    The run's folder (result.json, logs) stays in pytest's temp area (last 3 sessions kept).
+    """
     reason = vm_unavailable()
     if reason is not None:
         pytest.skip(f"cannot run a VM here: {reason}")
-    with tempfile.TemporaryDirectory(prefix="qpmesh-rxe-") as tmp:
-        out = Path(tmp)
-        py = REPO / ".venv" / "bin" / "python"
-        python = py if py.exists() else Path("python3")
-        cmd = f"cd {REPO} && {python} -m testbed.rxevm.scenario --out {out}"
-        vm = run_in_vm(cmd, out, timeout_s=VM_TIMEOUT_S)
-        path = out / "result.json"
-        assert path.exists(), f"no result (vng exit {vm.returncode}): {vm.stderr[-2000:]}"
-        res: dict[str, Any] = json.loads(path.read_text())
-        res["vm_seconds"] = vm.seconds
-        if "error" in res:
-            logs = "\n".join(f"== {k}\n{v[-1200:]}" for k, v in res["logs"].items())
-            pytest.fail(f"scenario failed: {res['error']}\n{logs}")
-        yield res
+    out = tmp_path_factory.mktemp("rxe")
+    py = REPO / ".venv" / "bin" / "python"
+    python = py if py.exists() else Path("python3")
+    cmd = f"cd {REPO} && {python} -m testbed.rxevm.scenario --out {out}"
+    vm = run_in_vm(cmd, out, timeout_s=VM_TIMEOUT_S)
+    path = out / "result.json"
+    assert path.exists(), f"no result (vng exit {vm.returncode}): {vm.stderr[-2000:]}"
+    res: dict[str, Any] = json.loads(path.read_text())
+    res["vm_seconds"] = vm.seconds
+    if "error" in res:
+        logs = "\n".join(f"== {k}\n{v[-1200:]}" for k, v in res["logs"].items())
+        pytest.fail(f"scenario failed: {res['error']}\n{logs}")
+    yield res
 
 
 def rows(res: dict[str, Any], src: str, dst: str, lo: int = 0, hi: int = 2**63) -> list[Any]:
@@ -95,7 +96,7 @@ def test_netem_loss_on_one_source_port_hits_exactly_those_probes(run: dict[str, 
     hit = [r for r in inside if r[SPORT] == bad]
     spared = [r for r in inside if r[SPORT] != bad]
     assert len(hit) >= 3 and all(r[LOST] for r in hit), [(r[SPORT], r[LOST]) for r in hit]
-    assert spared and not any(r[LOST] for r in spared)
+    assert spared and not [(r[SPORT], r[T1] - f0) for r in spared if r[LOST]], run["fault_sport"]
     back = rows(run, "b0", "a0", f0, f1)
     assert back and not any(r[LOST] for r in back)  # a0's replies leave from its home QP
     c0, c1 = run["phases"]["clean"]
@@ -107,11 +108,18 @@ def test_netem_loss_on_one_source_port_hits_exactly_those_probes(run: dict[str, 
 
 def test_restart_keeps_discovery_working(run: dict[str, Any]) -> None:
     """hb restarts with a new QP; ha re-learns it from presence and probes it again."""
-    _stop, gone, start, back, end = run["phases"]["restart"]
+    stop, gone, start, back, end = run["phases"]["restart"]
     assert run["qpn_b_before"] and run["qpn_b_after"]
     assert [r for r in rows(run, "a0", "b0", back, end) if not r[LOST]]
     assert [r for r in rows(run, "b0", "a0", start, end) if not r[LOST]]
     # once ha saw hb leave, its probes to b0 are skipped (peer unknown), never lost
     assert not [r for r in rows(run, "a0", "b0", gone + MARGIN_NS, end) if r[LOST]]
+
+    def skipped(lo: int, hi: int) -> list[int]:
+        return [h["doc"]["counters"]["sessions"]["a0"].get("peer_unknown", 0)
+                for h in run["health"] if h["host"] == "ha" and lo <= h["rx_ns"] < hi]  # fmt: skip
+
+    before, away = skipped(0, stop), skipped(gone, back)
+    assert before and away and max(away) > max(before)  # skipped and counted while hb was away
     codes = run["exit_codes"]
     assert all(c == 0 for c in codes.values()), codes

@@ -52,6 +52,7 @@ def test_setup_script_forces_traffic_onto_the_wire() -> None:
     assert "ip route add 10.9.0.2 dev qpva src 10.9.0.1 table 100" in text
     assert text.index("ip rule add pref 100 lookup local") < text.index("ip rule del pref 0")
     assert "rdma link add rxe1 type rxe netdev qpvb" in text
+    assert "ip neigh replace 10.9.0.2 dev qpva lladdr $(cat /sys/class/net/qpvb/address)" in text
     with pytest.raises(ValueError):
         RxePair(veth_a="bad name!")
     with pytest.raises(ValueError):

@@ -6,7 +6,8 @@ one network stack, so by default the kernel routes traffic between them through 
 cannot create address handles ("Failed to create AH"). Policy routing forces it onto the wire
 (the recipe of ``../shared/FIELD-NOTES.md``): a table per destination used for locally generated
 packets (``iif lo``), ``accept_local`` and no reverse-path filter, and the ``local`` table moved
-behind those rules. A qdisc on either veth end (``sch_netem``) then acts on the RDMA traffic.
+behind those rules. The two neighbour entries are permanent (no ARP re-resolution, which
+queues or drops packets, in the middle of a run). A qdisc on either veth end (``sch_netem``) then acts on the RDMA traffic.
 
 GID index 1 of each rxe device is the IPv4-mapped RoCE v2 GID (``::ffff:10.9.0.x``).
 """
@@ -66,6 +67,9 @@ def setup_script(pair: RxePair = RxePair()) -> str:
         f"ip route add {ia} dev {b} src {ib} table 101",
         "ip rule add pref 100 lookup local",
         "ip rule del pref 0 lookup local",
+        # permanent neighbours: no ARP re-resolution (which queues or drops packets) mid-run
+        f"ip neigh replace {ib} dev {a} lladdr $(cat /sys/class/net/{b}/address) nud permanent",
+        f"ip neigh replace {ia} dev {b} lladdr $(cat /sys/class/net/{a}/address) nud permanent",
         f"rdma link add {shlex.quote(pair.rxe_a)} type rxe netdev {a}",
         f"rdma link add {shlex.quote(pair.rxe_b)} type rxe netdev {b}",
         "rdma link show",

@@ -5,7 +5,8 @@
 
 1. `testbed.rxevm.guest.setup_script`: rxe0 on ``qpva`` (10.9.0.1), rxe1 on ``qpvb`` (10.9.0.2);
 2. a private mosquitto on 127.0.0.1, a subscriber to ``<prefix>/probes/+`` and
-   ``<prefix>/presence/+`` (records decoded with `contract.records.decode_batch`), and a packet
+   ``<prefix>/presence/+`` and ``<prefix>/health/+`` (records decoded with
+   `contract.records.decode_batch`), and a packet
    sniffer on ``qpva`` that counts the RoCEv2 (UDP 4791) source ports really on the wire;
 3. two probers (``qpmesh prober --transport rdma``): host ``ha`` with NIC ``a0`` on rxe0 and
    host ``hb`` with NIC ``b0`` on rxe1; each learns the other's QPN from retained presence;
@@ -46,7 +47,7 @@ from testbed.rxevm.guest import RxePair, setup_script
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "rxe"
 ROCE_PORT = 4791
-TIMEOUT_MS = 2000
+TIMEOUT_MS = 8000  # a starved guest must not turn slow answers into losses
 
 
 def prober_config(host: str, nic: str, dev: str, addr: str, peer: str, peer_addr: str,
@@ -57,7 +58,7 @@ def prober_config(host: str, nic: str, dev: str, addr: str, peer: str, peer_addr
         f"batch_interval_ms = 250\n"
         f"[schedule]\nrate_hz = 10.0\npaths = 4\nseed = 7\n"
         f'[mqtt]\nhost = "127.0.0.1"\nport = {broker_port}\nprefix = "{PREFIX}"\n'
-        f"timeout_s = 5.0\nbackoff_min_s = 0.1\nbackoff_max_s = 1.0\nkeepalive_s = 10\n"
+        f"timeout_s = 10.0\nbackoff_min_s = 0.1\nbackoff_max_s = 1.0\nkeepalive_s = 60\n"
         f"[telemetry]\ninterval_s = 5.0\n"
         f'[[nics]]\nid = "{nic}"\naddress = "{addr}"\nrdma_device = "{dev}"\ngid_index = 1\n'
         f'[[peers]]\nid = "{peer}"\naddress = "{peer_addr}"\n'
@@ -70,6 +71,7 @@ class Observed:
     def __init__(self) -> None:
         self.rows: list[list[Any]] = []  # origin, stamp, src, dst, sport, seq, t1..t4, lost, rx_ns
         self.presence: list[dict[str, Any]] = []
+        self.health: list[dict[str, Any]] = []
         self.wire: dict[str, Counter[int]] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -124,11 +126,15 @@ async def subscribe(port: int, obs: Observed, ready: asyncio.Event) -> None:
             async with aiomqtt.Client("127.0.0.1", port, identifier="rxe-scenario") as c:
                 await c.subscribe(f"{PREFIX}/probes/+", qos=1)
                 await c.subscribe(f"{PREFIX}/presence/+", qos=1)
+                await c.subscribe(f"{PREFIX}/health/+", qos=1)
                 ready.set()
                 async for msg in c.messages:
                     _, kind, host = str(msg.topic).split("/")
                     payload = msg.payload if isinstance(msg.payload, bytes) else b""
                     now = time.time_ns()
+                    if kind == "health":
+                        obs.health.append({"host": host, "doc": json.loads(payload), "rx_ns": now})
+                        continue
                     if kind == "presence":
                         doc = json.loads(payload) if payload else {}
                         obs.presence.append({"host": host, "doc": doc, "rx_ns": now})
@@ -226,7 +232,7 @@ async def run(out: Path, phase_s: float) -> dict[str, Any]:
         sc.start_prober("hb", cfg_b)
         w = res["waits"]
         w["first_results"] = await wait_for(
-            lambda: obs.results("a0", "b0") and obs.results("b0", "a0"), 150, "first results"
+            lambda: obs.results("a0", "b0") and obs.results("b0", "a0"), 420, "first results"
         )
         t = time.time_ns()
         await asyncio.sleep(phase_s)
@@ -260,11 +266,11 @@ async def run(out: Path, phase_s: float) -> dict[str, Any]:
         await asyncio.sleep(1.0)
         t_start = time.time_ns()
         sc.start_prober("hb", cfg_b)
-        w["hb_back"] = await wait_for(lambda: obs.alive_since("hb", t_start), 120, "hb back")
+        w["hb_back"] = await wait_for(lambda: obs.alive_since("hb", t_start), 300, "hb back")
         t_back = time.time_ns()
         w["relearnt"] = await wait_for(
             lambda: obs.results("a0", "b0", t_back) >= 5 and obs.results("b0", "a0", t_start),
-            90, "results after restart")  # fmt: skip
+            120, "results after restart")  # fmt: skip
         await asyncio.sleep(1.0)
         res["phases"]["restart"] = [t_stop, t_gone, t_start, t_back, time.time_ns()]
         res["qpn_b_after"] = obs.qpn("hb")
@@ -284,6 +290,7 @@ async def run(out: Path, phase_s: float) -> dict[str, Any]:
     sniffer.join(timeout=5)
     res["rows"] = obs.rows
     res["presence"] = obs.presence
+    res["health"] = obs.health
     res["wire"] = {src: dict(c) for src, c in obs.wire.items()}
     res["exit_codes"] = sc.codes
     res["logs"] = {p.name: p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log"))}
