@@ -11,13 +11,15 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from contract.topics import DEFAULT_PREFIX, Topics
-from controller.config import ConfigError, load_config
-from controller.dispatch import JsonLog
-from controller.service import run_service
+
+# The controller's modules (sync, scipy) load inside the command: every qpmesh command, a
+# prober starting on a GPU host included, builds this parser.
 
 
 def parse_broker(url: str) -> tuple[str, int]:
     """Return (host, port) of ``mqtt://HOST[:PORT]``; raises `ConfigError`."""
+    from controller.config import ConfigError
+
     parts = urlsplit(url)
     if parts.scheme != "mqtt" or not parts.hostname:
         raise ConfigError(f"broker must look like mqtt://HOST:PORT, got {url!r}")
@@ -29,6 +31,10 @@ def parse_broker(url: str) -> tuple[str, int]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from controller.config import load_config
+    from controller.dispatch import JsonLog
+    from controller.service import run_service
+
     host, port = parse_broker(args.broker)
     config = load_config(Path(args.config) if args.config else None)
     topics = Topics(args.prefix)

@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 
-from sync.bench import bench_network_solve, bench_pair_fits
-
 
 def _network(args: argparse.Namespace) -> int:
+    from sync.bench import bench_network_solve  # scipy loads with the command, not the parser
+
     res = bench_network_solve(args.nodes, args.peers, args.seed, repeats=args.repeats)
     _print(res, args.json)
     return 0
 
 
 def _fits(args: argparse.Namespace) -> int:
+    from sync.bench import bench_pair_fits
+
     res = bench_pair_fits(args.pairs, args.samples, args.seed)
     _print(res, args.json)
     return 0
