@@ -18,6 +18,7 @@ from controller.brain import BrainConfig
 from controller.clocksync import ClockSyncConfig
 from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
 from controller.live import LiveConfig
+from controller.timeseries.config import TimeseriesConfig, read_metrics, read_timeseries
 
 
 class ConfigError(ValueError):
@@ -35,6 +36,8 @@ class ServiceConfig:
     backoff_s: tuple[float, float] = (0.5, 30.0)
     router_nodes: Mapping[str, str] = field(default_factory=dict)
     model_paths: bool = True  # False: flows without a discovered path have unknown hops
+    timeseries: TimeseriesConfig | None = None  # [timeseries]; None = not written
+    metrics_listen: str | None = None  # [metrics] listen: Prometheus scrape address
 
 
 def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfig:
@@ -46,7 +49,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     detection `BrainConfig`, nested tables for its parameter groups), ``[paths]``
     (``routers``: router address -> fabric node id, to map the probers' discovered paths onto
     fabric links; ``model = false``: the fabric model's ECMP hash is not authoritative, so
-    flows without a discovered path get unknown hops). Types are strict
+    flows without a discovered path get unknown hops), ``[timeseries]`` and ``[metrics]``
+    (`controller.timeseries.config`, docs/timeseries.md). Types are strict
     (`contract.tomlcheck`): ``use_uncoded = "false"`` is an error, not True. Raises
     `ConfigError` (one line naming the file and the key) on anything invalid.
     """
@@ -110,6 +114,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
             raise ConfigError(f"{src}: paths.routers.{addr}: unknown fabric node {node!r}")
     pa.finish()
     brain = root.table("thresholds").dataclass(BrainConfig())
+    timeseries = read_timeseries(root.table("timeseries"), base_dir)
+    metrics_listen = read_metrics(root.table("metrics"))
     root.finish()
     return ServiceConfig(
         fabric=fabric,
@@ -118,4 +124,6 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         tick_s=tick_s,
         router_nodes=routers,
         model_paths=model_paths,
+        timeseries=timeseries,
+        metrics_listen=metrics_listen,
     )

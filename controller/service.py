@@ -19,11 +19,12 @@ from collections.abc import Callable, Mapping
 
 import aiomqtt
 
-from contract.topics import Topics
+from contract.topics import TopicError, Topics
 from controller.brain import Brain
 from controller.config import ServiceConfig
 from controller.dispatch import JsonLog, event_json, handle_message
 from controller.live import LiveController
+from controller.timeseries.runtime import Observability
 from mqttlink.reconnect import Backoff, reconnect_loop
 
 REQUEST_TIMEOUT_S = 10.0
@@ -54,8 +55,10 @@ async def _solver(
     clock: Callable[[], int],
     log: JsonLog,
     counters: dict[str, int],
+    on_solve: Callable[[float], None] = lambda s: None,
 ) -> None:
-    """Run due clock solves in a worker thread so ingest goes on meanwhile.
+    """Run due clock solves in a worker thread so ingest goes on meanwhile; ``on_solve``
+    gets each solve's wall time in s.
 
     A solve that raises is logged and counted (``solve_failed``); the controller keeps the
     last good clock state and tries again at the next due solve.
@@ -66,8 +69,10 @@ async def _solver(
         job = live.start_solve(now)
         if job is None:
             continue
+        t0 = time.perf_counter()
         try:
             state = await asyncio.to_thread(job)
+            on_solve(time.perf_counter() - t0)
         except Exception as exc:
             counters["solve_failed"] = counters.get("solve_failed", 0) + 1
             log(now, "clock solve failed", error=f"{type(exc).__name__}: {exc}")
@@ -88,6 +93,7 @@ async def serve_once(
     counters: dict[str, int],
     router_nodes: Mapping[str, str] | None = None,
     connected: Callable[[], None] = lambda: None,
+    on_solve: Callable[[float], None] = lambda s: None,
 ) -> None:
     """One connection's lifetime: subscribe, pump messages, tick; raises `aiomqtt.MqttError`.
 
@@ -106,7 +112,7 @@ async def serve_once(
         log(clock(), "connected", broker=f"{host}:{port}")
         connected()
         tick = asyncio.create_task(_ticker(client, live, topics, tick_s, clock, log))
-        solver = asyncio.create_task(_solver(live, tick_s, clock, log, counters))
+        solver = asyncio.create_task(_solver(live, tick_s, clock, log, counters, on_solve))
         try:
             async for msg in client.messages:
                 for task in (tick, solver):
@@ -117,12 +123,21 @@ async def serve_once(
                 key = "bad" if out.startswith("bad:") else out
                 counters[key] = counters.get(key, 0) + 1
                 if key == "bad":
+                    kind = f"bad:{_topic_kind(topics, str(msg.topic))}"
+                    counters[kind] = counters.get(kind, 0) + 1
                     log(clock(), "bad message", topic=str(msg.topic), reason=out[4:])
         finally:
             for task in (tick, solver):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError, TimeoutError):
                     await task
+
+
+def _topic_kind(topics: Topics, topic: str) -> str:
+    try:
+        return topics.parse(topic)[0]
+    except TopicError:
+        return "unknown"
 
 
 async def run_service(
@@ -136,6 +151,7 @@ async def run_service(
     live: LiveController | None = None,
     clock: Callable[[], int] = time.time_ns,
     max_attempts: int | None = None,
+    observability: Observability | None = None,
 ) -> LiveController:
     """Run until cancelled, reconnecting with exponential backoff on broker errors.
 
@@ -143,6 +159,10 @@ async def run_service(
     (`mqttlink.reconnect`).
 
     ``max_attempts`` bounds the connection attempts (tests); returns the live state then.
+    With ``config.timeseries`` every interval is written there (the brain is wrapped so the
+    recorder sees its input and events); with ``config.metrics_listen`` the controller's own
+    metrics are served for Prometheus (`controller.timeseries.runtime.Observability`; pass
+    ``observability`` to share it, e.g. with the API for its websocket gauge and health).
     """
     if live is None:
         live = LiveController(
@@ -153,19 +173,32 @@ async def run_service(
         # before any ingest, so no flow has a model path yet
         live.use_model_paths(config.model_paths)
     counters: dict[str, int] = {}
+    obs = observability or Observability(
+        config.fabric, config.timeseries, config.metrics_listen, log
+    )
+    live.brain = obs.brain(live.brain)
 
     async def session(connected: Callable[[], None]) -> None:
         await serve_once(
             host, port, live, topics,
             share=share, tick_s=config.tick_s, clock=clock, log=log, counters=counters,
-            router_nodes=config.router_nodes, connected=connected,
+            router_nodes=config.router_nodes, connected=connected, on_solve=obs.solve,
         )  # fmt: skip
 
     def on_error(exc: BaseException, retry_in_s: float) -> None:
         log(clock(), "broker error", error=str(exc), retry_in_s=retry_in_s, counters=counters)
 
-    await reconnect_loop(
-        session, Backoff(*config.backoff_s), on_error=on_error, max_attempts=max_attempts,
-        errors=(aiomqtt.MqttError, TimeoutError),
-    )  # fmt: skip
+    async with obs:
+        if (addr := obs.metrics_address) is not None:
+            log(clock(), "metrics", listen=f"{addr[0]}:{addr[1]}")
+        side = asyncio.create_task(obs.run(live, counters, config.tick_s, clock))
+        try:
+            await reconnect_loop(
+                session, Backoff(*config.backoff_s), on_error=on_error,
+                max_attempts=max_attempts, errors=(aiomqtt.MqttError, TimeoutError),
+            )  # fmt: skip
+        finally:
+            side.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await side
     return live

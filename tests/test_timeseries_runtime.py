@@ -9,53 +9,85 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.timeseries.config import TimeseriesConfig, metrics_config, timeseries_config
+from contract.tomlcheck import Table
+from controller.timeseries.config import TimeseriesConfig, read_metrics, read_timeseries
 from controller.timeseries.metrics import ControllerMetrics
 from controller.timeseries.runtime import MetricsRuntime, TimeseriesRuntime
 from controller.timeseries.writer import Backoff, TsdbWriter
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
 
+def _ts(doc: dict, base: Path | None = None):  # type: ignore[no-untyped-def, type-arg]
+    root = Table.root(doc, "c.toml")
+    return read_timeseries(root.table("timeseries"), base)
+
+
 def test_timeseries_table_is_read_and_validated(tmp_path: Path) -> None:
     (tmp_path / "tok").write_text("s3cret\n")
-    cfg = timeseries_config(
-        {
+    cfg = _ts(
+        {"timeseries": {
             "url": "http://127.0.0.1:8428", "org": "o", "bucket": "b", "token_file": "tok",
             "interval_s": 5, "buffer_mb": 1.5, "path_detail": "top", "pairs": False,
-        },
+        }},
         tmp_path,
     )  # fmt: skip
     assert cfg == TimeseriesConfig(
         "http://127.0.0.1:8428", "o", "b", "s3cret", 5.0, 1572864, "top", False
     )
-    assert timeseries_config(None) is None and timeseries_config({}) is None
-    assert metrics_config({"listen": "127.0.0.1:9464"}) == "127.0.0.1:9464"
+    assert _ts({}) is None
+    assert _ts({"timeseries": {"url": "http://h"}}) == TimeseriesConfig("http://h")
+    root = Table.root({"metrics": {"listen": "127.0.0.1:9464"}}, "c.toml")
+    assert read_metrics(root.table("metrics")) == "127.0.0.1:9464"
+    assert read_metrics(Table.root({}, "c.toml").table("metrics")) is None
 
 
 @pytest.mark.parametrize(
     ("table", "msg"),
     [
-        ({"org": "x"}, "url is required"),
-        ({"url": "ftp://x"}, "http"),
-        ({"url": "http://x", "interval_s": 0}, "interval_s"),
-        ({"url": "http://x", "interval_s": "10"}, "interval_s must be a number"),
-        ({"url": "http://x", "pairs": 1}, "pairs must be true or false"),
-        ({"url": "http://x", "buffer_mb": True}, "buffer_mb must be a number"),
-        ({"url": "http://x", "path_detail": "all"}, "path_detail"),
-        ({"url": "http://x", "token_file": "/nonexistent/tok"}, "token_file"),
-        ({"url": "http://x", "bukket": "b"}, "unknown timeseries key(s): bukket"),
+        ({"org": "x"}, "c.toml: timeseries.url: is required"),
+        ({"url": "ftp://x"}, "timeseries.url: must be an http(s)://HOST[:PORT] URL"),
+        ({"url": "http://x", "interval_s": 0}, "timeseries.interval_s: must be a number > 0"),
+        ({"url": "http://x", "interval_s": "10"}, "timeseries.interval_s: must be a number > 0"),
+        ({"url": "http://x", "pairs": 1}, "timeseries.pairs: must be true or false"),
+        ({"url": "http://x", "buffer_mb": True}, "timeseries.buffer_mb"),
+        (
+            {"url": "http://x", "path_detail": "all"},
+            "timeseries.path_detail: must be full or top or off",
+        ),
+        (
+            {"url": "http://x", "token_file": "/nonexistent/tok"},
+            "timeseries.token_file: cannot read",
+        ),
+        ({"url": "http://x", "bukket": "b"}, "timeseries.bukket: unknown key"),
     ],
 )
 def test_bad_timeseries_tables_give_one_line_errors(table, msg) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError, match=None) as exc:
-        timeseries_config(table)
+    with pytest.raises(ValueError) as exc:
+        _ts({"timeseries": table})
     assert msg in str(exc.value) and "\n" not in str(exc.value)
 
 
 @pytest.mark.parametrize("table", [{"listen": "9464"}, {"listen": 9464}, {"port": 1}])
 def test_bad_metrics_tables(table) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError):
-        metrics_config(table)
+    with pytest.raises(ValueError, match=r"c\.toml: metrics"):
+        read_metrics(Table.root({"metrics": table}, "c.toml").table("metrics"))
+
+
+def test_controller_config_takes_the_two_tables(tmp_path: Path) -> None:
+    from controller.config import ConfigError, load_config
+
+    conf = tmp_path / "c.toml"
+    conf.write_text(
+        '[timeseries]\nurl = "http://127.0.0.1:8428"\ninterval_s = 5\n'
+        '[metrics]\nlisten = "127.0.0.1:9464"\n'
+    )
+    cfg = load_config(conf)
+    assert cfg.timeseries == TimeseriesConfig("http://127.0.0.1:8428", interval_s=5.0)
+    assert cfg.metrics_listen == "127.0.0.1:9464"
+    assert load_config(None).timeseries is None and load_config(None).metrics_listen is None
+    conf.write_text('[timeseries]\nurl = "http://h"\nbuffer = 3\n')
+    with pytest.raises(ConfigError, match=r"timeseries\.buffer: unknown key"):
+        load_config(conf)
 
 
 async def test_runtime_writes_intervals_with_events_off_the_loop() -> None:

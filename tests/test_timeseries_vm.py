@@ -343,3 +343,99 @@ def test_demo_writes_its_time_series_stamped_now(
     stamps = [t / 1000 for r in rows for t in r["timestamps"]]
     assert stamps and min(stamps) >= t0 - 5  # sim time mapped onto the wall clock
     assert sum(len(r["timestamps"]) for r in rows) == 5 * 48  # 5 intervals x 48 links
+
+
+# ---- the controller service writes while it runs ------------------------------------------
+@pytest.mark.broker
+@pytest.mark.slow
+async def test_controller_service_writes_a_flap_and_serves_metrics(
+    mosquitto: tuple[str, int], vm: VictoriaMetrics, tmp_path: Path
+) -> None:
+    import asyncio
+
+    import aiomqtt
+
+    from contract.records import encode_batch
+    from contract.topics import Topics
+    from controller.config import load_config
+    from controller.dispatch import JsonLog
+    from controller.fabric import FabricShape, build_fabric
+    from controller.service import run_service
+    from testbed.scenario import Fault, FaultKind
+    from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
+
+    host, port = mosquitto
+    shape = FabricShape(leaves=3, hosts_per_leaf=4, nics_per_host=1, spines=2)
+    fab = build_fabric(shape)
+    link = "leaf1-spine1"
+    flap = Fault(FaultKind.FLAP, link, 1.0, 6.0, down_s=1.0, up_s=1.0)
+    sim = Simulator(fab, SimConfig(peers=4, seed=3), faults=(flap,))
+    steps = list(sim.run(8.0, 0.5))
+    conf = tmp_path / "controller.toml"
+    conf.write_text(
+        "[fabric]\nleaves = 3\nhosts_per_leaf = 4\nnics_per_host = 1\nspines = 2\n"
+        "[controller]\ntick_s = 0.1\n"
+        "[thresholds]\nlateness_ns = 0\n"
+        f'[timeseries]\nurl = "{vm.url}"\ninterval_s = 1.0\n'
+        '[metrics]\nlisten = "127.0.0.1:0"\n'
+    )
+    config = load_config(conf)
+    assert config.timeseries is not None and config.metrics_listen == "127.0.0.1:0"
+    topics = Topics("qpmesh/tstest")
+    t0 = time.monotonic_ns()
+
+    def clock() -> int:  # the simulator's timebase, advancing in real time
+        return EPOCH_NS + (time.monotonic_ns() - t0)
+
+    log_path = tmp_path / "log.jsonl"
+    with log_path.open("w") as log_file:
+        svc = asyncio.create_task(
+            run_service(host, port, config, topics, log=JsonLog(log_file), clock=clock)
+        )
+        try:
+            for _ in range(400):
+                if "connected" in log_path.read_text():
+                    break
+                await asyncio.sleep(0.05)
+            async with aiomqtt.Client(host, port) as client:
+                for h in fab.hosts:
+                    await client.publish(topics.presence(h.id), b'{"alive": true}', qos=1)
+                for st in steps:  # each step's batch once the clock has passed its end
+                    while clock() < EPOCH_NS + int(st.t1_s * 1e9):
+                        await asyncio.sleep(0.02)
+                    await client.publish(topics.probes("host0"), encode_batch(st.batch), qos=1)
+            metrics = next(
+                json.loads(x) for x in log_path.read_text().splitlines() if '"metrics"' in x
+            )
+            mport = int(metrics["listen"].rsplit(":", 1)[1])
+            records = sum(len(st.batch) for st in steps)
+            want = f"qpmesh_ingest_records_total {float(records)}".encode()
+
+            def scrape() -> bytes:
+                url = f"http://127.0.0.1:{mport}/metrics"
+                return bytes(urllib.request.urlopen(url, timeout=10).read())
+
+            def intervals() -> int:
+                return log_path.read_text().count('"msg": "timeseries"')
+
+            deadline = time.monotonic() + 60  # generous: a busy machine, not a timing check
+            while want not in await asyncio.to_thread(scrape) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            done = intervals()
+            while intervals() < done + 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)  # two more intervals close after the last batch
+            text = await asyncio.to_thread(scrape)
+        finally:
+            svc.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await svc
+    assert want in text
+    assert b"qpmesh_tsdb_buffer_fill_ratio" in text
+    vm.flush()
+    events = vm.export('{__name__="qpmesh_event_count"}')
+    kinds = {(r["metric"]["kind"], r["metric"]["target"]) for r in events}
+    assert any(t == link and k in ("link_down", "link_flap") for k, t in kinds), kinds
+    flaps = vm.export(f'{{__name__="qpmesh_link_flaps",link="{link}"}}')
+    assert flaps and max(v for r in flaps for v in r["values"]) >= 1
+    health = [json.loads(x) for x in log_path.read_text().splitlines() if '"timeseries"' in x]
+    assert health and health[-1]["dropped_lines"] == 0

@@ -8,6 +8,10 @@ loop and rendered, compressed and queued in a worker thread, so ingest never wai
 
 `MetricsRuntime(metrics)` copies the controller's counters into the Prometheus families
 (`sync`), so the service only keeps its own counters.
+
+`Observability(fabric, timeseries, metrics_listen, log)` is what the service shell wires in:
+``async with`` it (starts the metrics server), wrap the brain with `brain`, run
+`run(live, counters, tick_s, clock)` as a task and time clock solves with `solve`.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from prometheus_client import CollectorRegistry
+
 from controller.fabric import Fabric
 from controller.live import BrainLike
 from controller.snapshot import MeshSnapshot
 from controller.timeseries.config import TimeseriesConfig
-from controller.timeseries.metrics import ControllerMetrics
+from controller.timeseries.metrics import ControllerMetrics, serve_metrics
 from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter, WriterStats
 
@@ -141,3 +147,81 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
+
+
+class Observability:
+    """Time series and Prometheus metrics of one running controller (either may be off)."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        timeseries: TimeseriesConfig | None,
+        metrics_listen: str | None,
+        log: Callable[..., None] | None = None,
+        *,
+        writer: TsdbWriter | None = None,
+    ) -> None:
+        self.timeseries = (
+            TimeseriesRuntime(fabric, timeseries, writer=writer) if timeseries else None
+        )
+        self.metrics_listen = metrics_listen
+        self.registry = CollectorRegistry()
+        self.metrics = MetricsRuntime(ControllerMetrics(self.registry))
+        self.log = log
+        self._server: Any = None
+        self._intervals = 0
+
+    def brain(self, brain: BrainLike) -> BrainLike:
+        """Return ``brain``, wrapped for the time series when they are on."""
+        return self.timeseries.brain(brain) if self.timeseries else brain
+
+    async def __aenter__(self) -> Observability:
+        if self.metrics_listen:
+            self._server = serve_metrics(self.metrics_listen, self.registry)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.timeseries is not None:
+            await asyncio.to_thread(self.timeseries.close, 5.0)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """The (host, port) the metrics server listens on, if any."""
+        if self._server is None:
+            return None
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def solve(self, seconds: float) -> None:
+        """Record the wall time of one clock solve."""
+        self.metrics.solve(seconds)
+
+    async def step(self, live: LiveLike, counters: Mapping[str, int], now_ns: int) -> None:
+        """Write an interval if due; copy counters into the metrics; log the writer's
+        health once per interval."""
+        ts = self.timeseries
+        if ts is not None:
+            await ts.step(live, now_ns)
+        self.metrics.sync(live.records, counters, ts.stats() if ts else None)
+        if ts is not None and self.log is not None and ts.recorder.intervals != self._intervals:
+            self._intervals = ts.recorder.intervals
+            self.log(now_ns, "timeseries", **ts.health())
+
+    def health(self) -> dict[str, Any]:
+        """Return the time-series health (``{}`` when off) for the controller's health."""
+        return self.timeseries.health() if self.timeseries else {}
+
+    async def run(
+        self,
+        live: LiveLike,
+        counters: Mapping[str, int],
+        tick_s: float,
+        clock: Callable[[], int],
+    ) -> None:
+        """`step` every ``tick_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(tick_s)
+            await self.step(live, counters, clock())
