@@ -208,6 +208,14 @@ def test_departed_nics_stop_and_presence_lingers_then_stops() -> None:
     assert "qpmesh_presence,host=host0 alive=1i 1300" in back and "nic=nic0," in back
 
 
+def test_remediation_audit_records_of_the_policy_are_taken() -> None:
+    from contract.remediation import ActionDoc
+
+    act = ActionDoc("a1", "move_off_nic", "nic down", "nic_down", 5, 10, nic="nic3", job="j")
+    doc = {"t_ns": 7, "kind": "remediation", "disposition": "send", **act.to_dict()}
+    assert RemediationAction.from_doc(doc) == RemediationAction(7, "move_off_nic", "nic3", "send")
+
+
 @pytest.mark.parametrize(
     "doc",
     [

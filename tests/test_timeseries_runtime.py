@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from contract.tomlcheck import Table
 from controller.timeseries.config import TimeseriesConfig, read_metrics, read_timeseries
 from controller.timeseries.metrics import ControllerMetrics
-from controller.timeseries.runtime import MetricsRuntime, TimeseriesRuntime
+from controller.timeseries.runtime import MetricsRuntime, Observability, TimeseriesRuntime
 from controller.timeseries.writer import Backoff, TsdbWriter
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
@@ -132,16 +132,24 @@ async def test_runtime_passes_the_series_knobs_on() -> None:
     cfg = TimeseriesConfig("http://unused", interval_s=1.0, pairs=False, path_detail="top")
     runner = DemoRunner(demo_scenario(None, nics=None, seed=7), step_s=0.5)
     rt = TimeseriesRuntime(runner.fabric, cfg, writer=writer)
-    runner.controller.brain = rt.brain(runner.controller.brain)
+    obs = Observability(runner.fabric, None, None)
+    obs.timeseries = rt
+    runner.controller.brain = obs.brain(runner.controller.brain)
     try:
         while runner.t_s < 3:
             runner.step()
+            if runner.t_s == 1.0:
+                obs.action(
+                    {"t_ns": runner.now_ns, "kind": "replace_link", "link": "leaf1-spine2",
+                     "disposition": "send"}
+                )  # fmt: skip
             await rt.step(runner.controller, runner.now_ns)
         assert writer.flush(30.0)
     finally:
         rt.close(2.0)
     text = b"".join(bodies).decode()
     assert "qpmesh_path,path=spine1,spine=spine1 " in text
+    assert "qpmesh_remediation,action=replace_link,status=send,target=leaf1-spine2" in text
     assert "qpmesh_pair," not in text and "qpmesh_link," in text
 
 

@@ -58,11 +58,9 @@ def _esc(s: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RemediationAction:
-    """A remediation action as the time series records it (from a generic action document).
-
-    `from_doc` takes any mapping with ``t_ns`` (int, ns), ``action`` and ``target``
-    (non-empty strings) and optional ``status`` (string, default ``issued``); other keys are
-    ignored here (they belong to the recovery component's own record)."""
+    """A remediation action as the time series records it: time, action kind, target (NIC or
+    link), status (``issued``, or the policy's disposition: ``send``, ``would_have``,
+    ``suppressed``). Other keys of an action document are ignored here."""
 
     t_ns: int
     action: str
@@ -79,13 +77,20 @@ class RemediationAction:
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> RemediationAction:
-        """Return the action of ``doc``; raises ValueError naming the missing or bad key."""
+        """Return the action of ``doc``; raises ValueError naming the missing or bad key.
+
+        Takes the generic form (``t_ns``, ``action``, ``target``, ``status``) or the
+        remediation policy's audit record (``controller.remediation.publish.audit_record``:
+        ``t_ns``, ``kind`` = the action kind, ``nic`` or ``link``, ``disposition``)."""
         if not isinstance(doc, Mapping):
             raise ValueError("remediation action document must be an object")
-        for key in ("t_ns", "action", "target"):
-            if key not in doc:
-                raise ValueError(f"remediation action document lacks {key!r}")
-        return cls(doc["t_ns"], doc["action"], doc["target"], doc.get("status", "issued"))
+        action = doc.get("action", doc.get("kind"))
+        target = doc.get("target") or doc.get("nic") or doc.get("link")
+        status = doc.get("status", doc.get("disposition", "issued"))
+        if "t_ns" not in doc or action is None or target is None:
+            missing = "t_ns" if "t_ns" not in doc else "action" if action is None else "target"
+            raise ValueError(f"remediation action document lacks {missing!r}")
+        return cls(doc["t_ns"], action, target, status)
 
 
 @dataclass(frozen=True, eq=False)

@@ -199,6 +199,13 @@ class Observability:
         """Record the wall time of one clock solve."""
         self.metrics.solve(seconds)
 
+    def action(self, doc: Mapping[str, Any]) -> None:
+        """Record a remediation action document (an audit record of the remediation policy,
+        or the generic form; see `RemediationAction.from_doc`) in the time series, if on.
+        Raises ValueError if it is malformed."""
+        if self.timeseries is not None:
+            self.timeseries.recorder.action(doc)
+
     async def step(self, live: LiveLike, counters: Mapping[str, int], now_ns: int) -> None:
         """Write an interval if due; copy counters into the metrics; log the writer's
         health once per interval."""
