@@ -159,6 +159,10 @@ def test_metrics_runtime_copies_totals_once() -> None:
     mr.sync(100, {"probes": 3, "duplicate": 1, "bad:probes": 2, "bad": 1})
     mr.sync(250, {"probes": 5, "duplicate": 1, "bad:probes": 2, "bad": 1})
     mr.solve(0.25)
+    obs = Observability(None, None, None)  # type: ignore[arg-type]
+    obs.metrics = mr
+    obs.websocket_clients(4)
+    assert reg.get_sample_value("qpmesh_websocket_clients") == 4
     assert reg.get_sample_value("qpmesh_ingest_records_total") == 250
     assert reg.get_sample_value("qpmesh_ingest_batches_total") == 5
     assert reg.get_sample_value("qpmesh_batches_dropped_total") == 1

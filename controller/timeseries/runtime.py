@@ -199,6 +199,10 @@ class Observability:
         """Record the wall time of one clock solve."""
         self.metrics.solve(seconds)
 
+    def websocket_clients(self, n: int) -> None:
+        """Set the websocket-clients gauge (the API calls this as clients come and go)."""
+        self.metrics.metrics.websocket_clients.set(n)
+
     def action(self, doc: Mapping[str, Any]) -> None:
         """Record a remediation action document (an audit record of the remediation policy,
         or the generic form; see `RemediationAction.from_doc`) in the time series, if on.
