@@ -28,7 +28,6 @@ from contract.jsondoc import DocumentError, check, decode_json, decode_object, e
 from contract.jsondoc import field as read
 
 SEVERITIES = ("info", "warning", "critical")
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 def _frozen(doc: Mapping[str, Any], what: str) -> Mapping[str, Any]:
@@ -97,9 +96,9 @@ class HealthDoc:
     detail: str = ""
     host: str = ""
     t_ns: int = 0
-    gpu: Mapping[str, Any] = field(default=_EMPTY)
-    nics: Mapping[str, Any] = field(default=_EMPTY)
-    counters: Mapping[str, Any] = field(default=_EMPTY)
+    gpu: Mapping[str, Any] = field(default_factory=dict)
+    nics: Mapping[str, Any] = field(default_factory=dict)
+    counters: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key in ("gpu_ok", "gpu_present"):

@@ -1,0 +1,75 @@
+"""The JSON documents of the contract read exactly what the producers write: a prober's
+presence, health and discovered paths, and the controller's events (round trips through the
+real producers), and a malformed document is one `DocumentError` line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from contract.documents import EventDoc, HealthDoc, PathsDoc, PresenceDoc
+from contract.jsondoc import DocumentError
+from controller.dispatch import event_json
+from controller.snapshot import MeshEvent
+from prober.agent import health_doc
+from prober.pathdisc import DiscoveredPath, PathKey
+from prober.pathsweep import paths_payload
+from prober.publish import presence_payload
+from prober.telemetry.gpu import GpuReading
+
+
+def test_presence_round_trip_from_the_prober() -> None:
+    rdma = {"nic0": {"qpn": 17, "gid": "fe80::1", "qkey": 0x11111111, "port": 1}}
+    doc = PresenceDoc.decode(presence_payload(True, 123, rdma))
+    assert doc.alive and doc.t_ns == 123 and doc.rdma is not None
+    assert dict(doc.rdma["nic0"]) == rdma["nic0"]
+    assert PresenceDoc.decode(doc.encode()) == doc
+    gone = PresenceDoc.decode(presence_payload(False, 5, rdma))  # a stopped prober: no QPs
+    assert not gone.alive and gone.rdma is None
+    assert not PresenceDoc.decode(b"").alive  # a cleared retained message
+
+
+def test_health_round_trip_from_the_prober() -> None:
+    payload = json.dumps(
+        health_doc("h1", 9, GpuReading(False, reason="no GPU"), None, {"nic0": {"up": 1}}, {"x": 2})
+    ).encode()
+    doc = HealthDoc.decode(payload)
+    assert (doc.host, doc.t_ns, doc.gpu_present) == ("h1", 9, False)
+    assert dict(doc.nics) == {"nic0": {"up": 1}} and dict(doc.counters) == {"x": 2}
+    assert HealthDoc.decode(doc.encode()) == doc
+    assert dict(HealthDoc().gpu) == {}  # defaults are per instance, frozen
+
+
+def test_paths_and_events_round_trip() -> None:
+    path = DiscoveredPath(PathKey("nic0", "nic3", 49152), ("10.0.0.1", None), True, 7)
+    doc = PathsDoc.decode(paths_payload([path]))
+    (tp,) = doc.paths
+    assert (tp.src, tp.dst, tp.sport, tp.hops, tp.reached) == ("nic0", "nic3", 49152,
+                                                               ("10.0.0.1", None), True)  # fmt: skip
+    assert PathsDoc.decode(doc.encode()) == doc
+    ev = MeshEvent(5, "link_flap", "leaf0-spine1", "down 1.0 s", "critical", (("a", "b", 7),))
+    got = EventDoc.decode(event_json(ev))
+    assert (got.t_ns, got.kind, got.target, got.severity, got.flows) == (
+        5, "link_flap", "leaf0-spine1", "critical", (("a", "b", 7),))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("decode", "payload", "where"),
+    [
+        (PresenceDoc.decode, b'{"alive": "yes"}', "presence"),
+        (PresenceDoc.decode, b"[1]", "presence"),
+        (HealthDoc.decode, b'{"gpu_ok": 1}', "health"),
+        (HealthDoc.decode, b"not json", "health"),
+        (PathsDoc.decode, b'[{"src": "a", "dst": "b", "sport": 70000, "hops": []}]', r"paths\[0\]"),
+        (PathsDoc.decode, b'{"src": "a"}', "paths"),
+        (EventDoc.decode, b'{"t_ns": 1, "kind": "", "target": "x"}', "event"),
+        (EventDoc.decode, b'{"t_ns": 1, "kind": "k", "target": "x", "severity": "bad"}', "event"),
+    ],
+)
+def test_malformed_documents_are_one_line_errors(
+    decode: object, payload: bytes, where: str
+) -> None:
+    with pytest.raises(DocumentError, match=where) as err:
+        decode(payload)  # type: ignore[operator]
+    assert "\n" not in str(err.value)
