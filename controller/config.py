@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.tomlcheck import Table, parse_toml
+from controller.api.config import ApiConfig, read_api_table
 from controller.brain import BrainConfig
 from controller.clocksync import ClockSyncConfig
 from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
@@ -38,6 +39,7 @@ class ServiceConfig:
     model_paths: bool = True  # False: flows without a discovered path have unknown hops
     timeseries: TimeseriesConfig | None = None  # [timeseries]; None = not written
     metrics_listen: str | None = None  # [metrics] listen: Prometheus scrape address
+    api: ApiConfig | None = None  # [api]: serve /api/v1/ (controller.api.config)
 
 
 def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfig:
@@ -50,7 +52,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     (``routers``: router address -> fabric node id, to map the probers' discovered paths onto
     fabric links; ``model = false``: the fabric model's ECMP hash is not authoritative, so
     flows without a discovered path get unknown hops), ``[timeseries]`` and ``[metrics]``
-    (`controller.timeseries.config`, docs/timeseries.md). Types are strict
+    (`controller.timeseries.config`, docs/timeseries.md), ``[api]`` (`controller.api.config`,
+    docs/api.md). Types are strict
     (`contract.tomlcheck`): ``use_uncoded = "false"`` is an error, not True. Raises
     `ConfigError` (one line naming the file and the key) on anything invalid.
     """
@@ -116,6 +119,7 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     brain = root.table("thresholds").dataclass(BrainConfig())
     timeseries = read_timeseries(root.table("timeseries"), base_dir)
     metrics_listen = read_metrics(root.table("metrics"))
+    api = read_api_table(root.table("api"), base_dir)
     root.finish()
     return ServiceConfig(
         fabric=fabric,
@@ -126,4 +130,5 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         model_paths=model_paths,
         timeseries=timeseries,
         metrics_listen=metrics_listen,
+        api=api,
     )

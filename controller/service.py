@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 import aiomqtt
 
 from contract.topics import TopicError, Topics
+from controller.api.runtime import ApiRuntime
 from controller.brain import Brain
 from controller.config import ServiceConfig
 from controller.dispatch import JsonLog, event_json, handle_message
@@ -37,11 +38,15 @@ async def _ticker(
     tick_s: float,
     clock: Callable[[], int],
     log: JsonLog,
+    api: ApiRuntime | None = None,
 ) -> None:
     while True:
         await asyncio.sleep(tick_s)
         now = clock()
-        for ev in live.tick(now):
+        new = live.tick(now)
+        if api is not None:
+            api.publish(live.snapshot(), tuple(new))
+        for ev in new:
             log(now, "event", kind=ev.kind, target=ev.target, detail=ev.detail)
             await asyncio.wait_for(
                 client.publish(topics.events(ev.kind), event_json(ev), qos=1),
@@ -94,6 +99,7 @@ async def serve_once(
     router_nodes: Mapping[str, str] | None = None,
     connected: Callable[[], None] = lambda: None,
     on_solve: Callable[[float], None] = lambda s: None,
+    api: ApiRuntime | None = None,
 ) -> None:
     """One connection's lifetime: subscribe, pump messages, tick; raises `aiomqtt.MqttError`.
 
@@ -111,7 +117,7 @@ async def serve_once(
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
         log(clock(), "connected", broker=f"{host}:{port}")
         connected()
-        tick = asyncio.create_task(_ticker(client, live, topics, tick_s, clock, log))
+        tick = asyncio.create_task(_ticker(client, live, topics, tick_s, clock, log, api))
         solver = asyncio.create_task(_solver(live, tick_s, clock, log, counters, on_solve))
         try:
             async for msg in client.messages:
@@ -163,6 +169,8 @@ async def run_service(
     recorder sees its input and events); with ``config.metrics_listen`` the controller's own
     metrics are served for Prometheus (`controller.timeseries.runtime.Observability`; pass
     ``observability`` to share it, e.g. with the API for its websocket gauge and health).
+    With ``config.api`` the HTTP API (`controller.api`) serves from the start (also while the
+    broker is away), fed after every tick; raises OSError if its address is taken.
     """
     if live is None:
         live = LiveController(
@@ -177,12 +185,16 @@ async def run_service(
         config.fabric, config.timeseries, config.metrics_listen, log
     )
     live.brain = obs.brain(live.brain)
+    api = None
+    if config.api is not None:
+        api = ApiRuntime(config.api, live.snapshot(), on_clients=obs.websocket_clients)
+        log(clock(), "api serving", url=await api.start())
 
     async def session(connected: Callable[[], None]) -> None:
         await serve_once(
             host, port, live, topics,
             share=share, tick_s=config.tick_s, clock=clock, log=log, counters=counters,
-            router_nodes=config.router_nodes, connected=connected, on_solve=obs.solve,
+            router_nodes=config.router_nodes, connected=connected, on_solve=obs.solve, api=api,
         )  # fmt: skip
 
     def on_error(exc: BaseException, retry_in_s: float) -> None:
@@ -201,4 +213,6 @@ async def run_service(
             side.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await side
+            if api is not None:
+                await api.stop()
     return live
