@@ -16,8 +16,10 @@ import pytest
 
 from contract.records import encode_batch
 from contract.topics import Topics
+from controller.config import ConfigError, load_config
+from controller.dispatch import JsonLog
 from controller.fabric import FabricShape, build_fabric
-from controller.service import ConfigError, JsonLog, load_config, run_service
+from controller.service import run_service
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
