@@ -24,6 +24,7 @@ from controller.detect.loss import LossParams, LossWindow
 from controller.detect.paths import PathIndex
 from controller.fabric import Fabric
 from controller.fabric.ecmp import routing_tables
+from controller.fabric.model import hop_id, hop_link
 from controller.health import EntityState, Finding, HealthParams, Signal, step
 from controller.observations import Observations
 from controller.snapshot import Health, MeshEvent
@@ -188,7 +189,7 @@ class Brain:
         signals: dict[int, Signal] = {}
         slow_hop: dict[int, int] = {}
         for hop, nbad in zip(slow_cover.picked, slow_cover.picked_bad, strict=True):
-            lk = int(hop) // 2
+            lk = hop_link(int(hop))
             signals[lk] = Signal.SLOW
             if lk not in slow_hop or nbad > slow_cover.bad[slow_hop[lk]]:
                 slow_hop[lk] = int(hop)
@@ -273,7 +274,7 @@ class Brain:
         elif finding == Finding.LOSS:
             ev = MeshEvent(now_ns, "loss", link, f"{rate or 0:.1%} of probes across it lost")
         else:
-            hop = slow_hop.get(lk, 2 * lk)
+            hop = slow_hop.get(lk, hop_id(lk, down=False))
             names = f.nics
             flows = tuple((names[a].id, names[b].id, c) for a, b, c in slow_flows.get(hop, []))
             ev = MeshEvent(

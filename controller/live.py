@@ -22,7 +22,7 @@ from contract.records import ProbeBatch
 from controller.brain import Brain, BrainConfig
 from controller.clocksync import ClockState, ClockSync, ClockSyncConfig, Delays, compute_state
 from controller.fabric import Fabric
-from controller.fabric.model import SWITCH_TIER, NodeKind
+from controller.fabric.model import SWITCH_TIER, NodeKind, hop_id
 from controller.ingest import Ingested, Ingestor, PathTable
 from controller.observations import Observations
 from controller.snapshot import ControlUnavailable, GpuHealth, Health, MeshEvent, MeshSnapshot
@@ -136,7 +136,7 @@ class LiveController:
         rev = np.full_like(hops, -1)
         for i in range(len(hops)):
             ids = hops[i][hops[i] >= 0]
-            rev[i, : len(ids)] = ids[::-1] ^ 1
+            rev[i, : len(ids)] = ids[::-1] ^ 1  # reverse_hop, vectorized
         self.ingestor.paths.update(src, dst, sport, hops)
         self.ingestor.reply_paths.update(src, dst, sport, rev)
 
@@ -313,12 +313,12 @@ class LiveController:
 def _hop_spine_table(fabric: Fabric) -> npt.NDArray[np.int64]:
     """Per directed hop: (tier << 32 | switch index) of the link's upper switch."""
     sidx = {s.id: i for i, s in enumerate(fabric.switches)}
-    out = np.full(2 * len(fabric.links) + 1, -1, np.int64)  # last entry: padding hop -1
+    out = np.full(fabric.n_hops + 1, -1, np.int64)  # last entry: padding hop -1
     for lk in fabric.links:
         node = fabric.node_by_id.get(lk.upper)
         if node is not None and node.kind != NodeKind.HOST:
             v = (SWITCH_TIER[node.kind] << 32) | sidx[lk.upper]
-            out[2 * lk.index] = out[2 * lk.index + 1] = v
+            out[hop_id(lk.index, down=False)] = out[hop_id(lk.index, down=True)] = v
     return out
 
 

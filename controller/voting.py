@@ -16,6 +16,7 @@ from controller.detect.loss import LossWindow
 from controller.detect.paths import PathIndex
 from controller.fabric import Fabric
 from controller.fabric.ecmp import routing_tables
+from controller.fabric.model import hop_links
 from controller.observations import Observations
 
 
@@ -83,7 +84,7 @@ class VotingBaseline:
         self._last = now_ns
         votes = _votes(self._loss.lost_sets(), n)
         slow = self._delay.slow_sets()
-        links = np.where(slow >= 0, slow // 2, -1)
+        links = hop_links(slow)  # padding -1 stays -1
         votes += _votes(links, n)
         top = float(votes.max()) if len(votes) else 0.0
         blamed = (votes >= self.min_votes) & (votes >= self.top_frac * top)

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.detect.paths import PathIndex, expand
+from controller.fabric.model import hop_links
 from controller.localize import Cover, greedy_cover, unique_rows
 
 
@@ -20,7 +21,7 @@ def probe_links(
     hops_fwd: npt.NDArray[np.int32], hops_rev: npt.NDArray[np.int32]
 ) -> npt.NDArray[np.int32]:
     """Return per probe the links of its forward and reply paths, each once, (n, 2H), -1 padded."""
-    return unique_rows(np.concatenate([hops_fwd, hops_rev], axis=1) >> 1)
+    return unique_rows(hop_links(np.concatenate([hops_fwd, hops_rev], axis=1)))
 
 
 @dataclass(frozen=True, slots=True)

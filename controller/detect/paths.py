@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from controller.fabric.model import hop_links
 from controller.windows import KeyIndex
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)
@@ -58,7 +59,7 @@ def expand(
     m = min(len(per_path), len(hops))
     h = hops[:m]
     if links:
-        h = h >> 1
+        h = hop_links(h).astype(np.int32, copy=False)
     w = np.repeat(np.asarray(per_path[:m], dtype=np.float64), h.shape[1])
     out = np.bincount(h.ravel() + 1, weights=w, minlength=n_elems + 1)[1:]
     return np.rint(out).astype(np.int64)

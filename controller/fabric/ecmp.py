@@ -15,7 +15,14 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric.model import SWITCH_TIER, Fabric, FabricError, NodeKind
+from controller.fabric.model import (
+    SWITCH_TIER,
+    Fabric,
+    FabricError,
+    NodeKind,
+    hop_ids,
+    hop_link,
+)
 
 ROCEV2_PORT = 4791
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -159,7 +166,7 @@ def flow_paths(
     out = np.full((n, t.max_hops), -1, dtype=np.int32)
     if n == 0:
         return out
-    out[:, 0] = 2 * t.nic_link[s_arr]
+    out[:, 0] = hop_ids(t.nic_link[s_arr], down=False)
     cur = t.nic_leaf[s_arr].astype(np.int64)
     dleaf = t.nic_leaf[d_arr].astype(np.int64)
     src_a, dst_a = t.nic_addr[s_arr], t.nic_addr[d_arr]
@@ -171,20 +178,20 @@ def flow_paths(
         c, dl = cur[idx], dleaf[idx]
         at_leaf = c == dl
         fin = idx[at_leaf]
-        out[fin, col] = 2 * t.nic_link[d_arr[fin]] + 1
+        out[fin, col] = hop_ids(t.nic_link[d_arr[fin]], down=True)
         active[fin] = False
         rest = idx[~at_leaf]
         c, dl = cur[rest], dleaf[rest]
         dn = t.down_next[c, dl]
         go_down = dn >= 0
         r_dn = rest[go_down]
-        out[r_dn, col] = 2 * t.down_link[c[go_down], dl[go_down]] + 1
+        out[r_dn, col] = hop_ids(t.down_link[c[go_down], dl[go_down]], down=True)
         cur[r_dn] = dn[go_down]
         r_up = rest[~go_down]
         cu = c[~go_down]
         h = ecmp_hash(src_a[r_up], dst_a[r_up], p_arr[r_up], dp_arr[r_up], t.seed[cu])
         k = (h % t.n_up[cu].astype(np.uint64)).astype(np.int64)
-        out[r_up, col] = 2 * t.up_link[cu, k]
+        out[r_up, col] = hop_ids(t.up_link[cu, k], down=False)
         cur[r_up] = t.up_next[cu, k]
     return out
 
@@ -201,7 +208,7 @@ def spine_of_path(fabric: Fabric, hops: list[int]) -> str | None:
     """Return the id of the highest switch a path crosses (its spine in two tiers), or None."""
     best: tuple[int, str] | None = None
     for h in hops:
-        upper = fabric.links[h // 2].upper
+        upper = fabric.links[hop_link(h)].upper
         node = fabric.node_by_id.get(upper)
         if node is not None and node.kind != NodeKind.HOST:
             tier = SWITCH_TIER[node.kind]

@@ -114,6 +114,21 @@ def hop_link(hop: int) -> int:
     return hop // 2
 
 
+def hop_ids(links: npt.NDArray[np.integer[Any]], down: bool) -> npt.NDArray[np.int64]:
+    """Return the directed hop ids of traversing ``links`` (link indices) up or down."""
+    return 2 * np.asarray(links, np.int64) + int(down)
+
+
+def hop_links(hops: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.integer[Any]]:
+    """Return the link index of each directed hop id; padding (-1) stays -1."""
+    return np.asarray(hops) >> 1
+
+
+def reverse_hop(hop: int) -> int:
+    """Return the same link traversed the other way."""
+    return hop ^ 1
+
+
 def hop_direction(hop: int) -> str:
     """Return ``"up"`` or ``"down"`` for a directed hop id."""
     return "down" if hop % 2 else "up"
@@ -220,7 +235,7 @@ class Fabric:
     @property
     def n_hops(self) -> int:
         """Number of directed hops (two per link)."""
-        return 2 * len(self.links)
+        return hop_id(len(self.links), down=False)
 
     def nic(self, ident: str) -> Nic:
         """Return the NIC with id ``ident``; raise `FabricError` if unknown."""
@@ -243,7 +258,7 @@ class Fabric:
     def hop_name(self, hop: int) -> str:
         """Return a readable name for a directed hop, e.g. ``leaf0->spine2``."""
         lk = self.links[hop_link(hop)]
-        a, b = (lk.lower, lk.upper) if hop % 2 == 0 else (lk.upper, lk.lower)
+        a, b = (lk.lower, lk.upper) if hop_direction(hop) == "up" else (lk.upper, lk.lower)
         return f"{a}->{b}"
 
     def to_dict(self) -> dict[str, object]:
