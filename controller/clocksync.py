@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 from controller.ingest import Ingested
 from controller.windows import KeyIndex
 from sync import ClockModels
-from sync.window import orient_samples, sync_window
+from sync.window import drift_std_per_node, orient_samples, sync_window
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -77,7 +77,6 @@ class ClockState:
     n_pairs: int
     n_samples: int = 0
     estimator: str = ""
-    inv_rate: F64 | None = None  # 1 / (1 + drift) per NIC, for the stamp inversion
 
     @property
     def t_ref_ns(self) -> int:
@@ -308,16 +307,11 @@ class ClockSync:
     # ---- models --------------------------------------------------------------------------
     def true_rel(self, nic: I32, t_ns: I64) -> F64:
         """Reference time minus the models' t_ref (ns) at which ``nic`` read ``t_ns``; NaN if
-        unknown. Same inversion as `sync.ClockModels.true_rel`, without the uncertainty."""
+        unknown (`sync.ClockModels.true_rel_ns`)."""
         st = self.state
         if st is None:
             return np.full(len(nic), np.nan)
-        m = st.models
-        lam = (t_ns - m.t_ref_ns).astype(np.float64)
-        lam -= np.take(m.offset_ns, nic)
-        inv = st.inv_rate if st.inv_rate is not None else 1.0 / (1.0 + m.drift)
-        lam *= np.take(inv, nic)
-        return lam
+        return st.models.true_rel_ns(t_ns, nic)
 
     def offsets(self, t_ns: int) -> tuple[F64, F64]:
         """Return (clock offset, uncertainty) of every NIC at reference time ``t_ns`` (NaN
@@ -432,11 +426,7 @@ def compute_state(
     good = fits.ok & np.isfinite(fits.drift_std)
     if not ws.known.any() or not good.any():
         return None
-    e = ws.edges[good]
-    wd = 1.0 / np.maximum(fits.drift_std[good], 1e-12) ** 2
-    wsum = np.bincount(e[:, 0], wd, n_nics) + np.bincount(e[:, 1], wd, n_nics)
-    with np.errstate(divide="ignore"):
-        drift_std = np.sqrt(1.0 / wsum)
+    drift_std = drift_std_per_node(ws, n_nics)
     known = ws.known & np.isfinite(ws.offset_ns) & np.isfinite(ws.drift)
     nan = np.full(n_nics, np.nan)
     models = ClockModels.build(
@@ -453,5 +443,4 @@ def compute_state(
         n_pairs=int(fits.ok.sum()),
         n_samples=len(w),
         estimator=ws.estimator,
-        inv_rate=1.0 / (1.0 + models.drift),
     )

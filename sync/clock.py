@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -125,13 +126,21 @@ class ClockModels:
             self.wander_ns2_per_s,
         )
 
+    def true_rel_ns(self, local_ns: NDArray[np.int64], nic: NDArray[np.integer[Any]]) -> F64:
+        """(true time - t_ref) in float ns for stamps ``local_ns`` of NICs ``nic``, NaN for
+        unknown NICs: the inversion of `true_rel` without its checks and uncertainty (for hot
+        paths whose indices are already valid)."""
+        lam = (local_ns - self.t_ref_ns).astype(np.float64)
+        lam -= np.take(self.offset_ns, nic)
+        lam /= np.take(1.0 + self.drift, nic)
+        return lam
+
     def true_rel(self, local_ns: ArrayLike, nic: ArrayLike) -> tuple[F64, F64]:
         """(true time - t_ref, std) in float ns for stamps ``local_ns`` (int64) of NICs ``nic``;
         NaN for unknown NICs. Raises ValueError on mismatched lengths or bad NIC indices."""
         loc = as_int(local_ns, "local_ns")
         idx = as_index(nic, "nic", len(self), len(loc))
-        lam = (loc - self.t_ref_ns).astype(np.float64)
-        dt = (lam - self.offset_ns[idx]) / (1.0 + self.drift[idx])
+        dt = self.true_rel_ns(loc, idx)
         var = self.offset_std_ns[idx] ** 2 + (self.drift_std[idx] * dt) ** 2
         var = var + self.wander_ns2_per_s * np.abs(dt) / 1e9
         return dt, np.sqrt(var)

@@ -85,6 +85,19 @@ class WindowSync:
     closure_scale_ns: float = float("nan")
 
 
+def drift_std_per_node(ws: WindowSync, n_nodes: int) -> F64:
+    """Return each node's drift uncertainty: the inverse-variance combination of the drift
+    std of the fitted edges it is on (inf where it has none)."""
+    fits = ws.fits
+    good = fits.ok & np.isfinite(fits.drift_std)
+    e = ws.edges[good]
+    wd = 1.0 / np.maximum(fits.drift_std[good], 1e-12) ** 2
+    wsum = np.bincount(e[:, 0], wd, n_nodes) + np.bincount(e[:, 1], wd, n_nodes)
+    with np.errstate(divide="ignore"):
+        out: F64 = np.sqrt(1.0 / wsum)
+    return out
+
+
 def orient_samples(
     src: ArrayLike,
     dst: ArrayLike,
