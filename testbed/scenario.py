@@ -29,7 +29,6 @@ prober_down and gpu_fault. `load_scenario` validates everything against the fabr
 from __future__ import annotations
 
 import enum
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from contract.tomlcheck import Table, parse_toml
 from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
 
 
@@ -159,54 +159,50 @@ def validate_targets(fabric: Fabric, faults: Sequence[Fault]) -> None:
 
 
 def parse_scenario(doc: Mapping[str, Any], *, source: str = "<scenario>") -> Scenario:
-    """Return the `Scenario` described by a parsed TOML document; raise `ScenarioError`."""
-    known_top = {"name", "duration_s", "load", "timestamps", "seed", "fabric", "faults", "extra"}
-    unknown = set(doc) - known_top
-    if unknown:
-        raise ScenarioError(f"{source}: unknown key(s) {sorted(unknown)}")
-    shape_doc = doc.get("fabric", {})
-    shape_fields = {f.name for f in fields(FabricShape)}
-    if not isinstance(shape_doc, dict) or set(shape_doc) - shape_fields:
-        raise ScenarioError(f"{source}: [fabric] accepts {sorted(shape_fields)}")
+    """Return the `Scenario` described by a parsed TOML document; raise `ScenarioError`.
+
+    Read through `contract.tomlcheck` (as the prober and controller configs): strict types,
+    unknown keys are errors, every error names the file and the key.
+    """
+    root = Table.root(doc, source, ScenarioError)
     try:
-        shape = FabricShape(**shape_doc)
-    except (FabricError, TypeError) as exc:
-        raise ScenarioError(f"{source}: [fabric]: {exc}") from None
+        shape = root.table("fabric").dataclass(FabricShape())
+    except FabricError as exc:
+        raise ScenarioError(f"{source}: fabric: {exc}") from None
+    kinds = [k.value for k in FaultKind]
     faults: list[Fault] = []
-    fault_fields = {f.name for f in fields(Fault)}
-    raw_faults = doc.get("faults", [])
-    if not isinstance(raw_faults, list):
-        raise ScenarioError(f"{source}: faults must be an array of tables ([[faults]])")
-    for i, fd in enumerate(raw_faults, 1):
-        if not isinstance(fd, dict):
-            raise ScenarioError(f"{source}: fault {i} must be a table")
-        bad = set(fd) - fault_fields
-        if bad:
-            raise ScenarioError(f"{source}: fault {i}: unknown key(s) {sorted(bad)}")
+    for t in root.tables("faults"):
+        kind = FaultKind(t.require("kind", str, lambda v: v in kinds, f"one of {kinds}"))
+        target = t.require("target", str, bool, "a link, NIC or host id")
+        start_s = t.require("start_s", float)
+        duration_s = t.require("duration_s", float)
+        magnitude = t.get("magnitude", float, 0.0)
+        down_s = t.get("down_s", float, 1.0)
+        up_s = t.get("up_s", float, 2.0)
+        t.finish()
         try:
-            kind = FaultKind(fd.get("kind", ""))
-        except ValueError:
-            raise ScenarioError(
-                f"{source}: fault {i}: kind must be one of {[k.value for k in FaultKind]}"
-            ) from None
-        try:
-            faults.append(Fault(**{**fd, "kind": kind}))
-        except TypeError as exc:
-            raise ScenarioError(f"{source}: fault {i}: {exc}") from None
+            faults.append(Fault(kind, target, start_s, duration_s, magnitude, down_s, up_s))
         except ScenarioError as exc:
-            raise ScenarioError(f"{source}: fault {i}: {exc}") from None
+            raise ScenarioError(f"{source}: {t.path}: {exc}") from None
+    name = root.get("name", str, Path(source).stem)
+    duration_s = root.get("duration_s", float, 30.0)
+    load = root.get("load", float, 0.4)
+    timestamps = root.get("timestamps", str, "hw")
+    seed = root.get("seed", int, 1)
+    extra = dict(root.table("extra").values)  # free-form: read by whoever uses it
+    root.finish()
     try:
         sc = Scenario(
-            name=str(doc.get("name", Path(source).stem)),
+            name=name,
             shape=shape,
-            duration_s=float(doc.get("duration_s", 30.0)),
-            load=float(doc.get("load", 0.4)),
-            timestamps=str(doc.get("timestamps", "hw")),
-            seed=int(doc.get("seed", 1)),
+            duration_s=duration_s,
+            load=load,
+            timestamps=timestamps,
+            seed=seed,
             faults=tuple(faults),
-            extra=dict(doc.get("extra", {})),
+            extra=extra,
         )
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
     validate_targets(sc.fabric(), sc.faults)
     return sc
@@ -215,11 +211,7 @@ def parse_scenario(doc: Mapping[str, Any], *, source: str = "<scenario>") -> Sce
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario TOML file; raise `ScenarioError` (or OSError if unreadable)."""
     p = Path(path)
-    try:
-        doc = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{p}: not valid TOML: {exc}") from None
-    return parse_scenario(doc, source=str(p))
+    return parse_scenario(parse_toml(p.read_bytes(), str(p), ScenarioError), source=str(p))
 
 
 def random_faults(

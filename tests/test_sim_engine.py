@@ -120,3 +120,26 @@ def test_probe_graph_has_group_mesh_and_cross_group_peers() -> None:
     assert len(set(zip(sim.pairs_src.tolist(), sim.pairs_dst.tolist(), strict=True))) == len(
         sim.pairs_src
     )
+
+
+def test_scenario_files_are_read_strictly_with_file_and_key_named() -> None:
+    from testbed.scenario import parse_scenario
+
+    ok = {"fabric": {"leaves": 2, "spines": 2}, "faults": [
+        {"kind": "flap", "target": "leaf0-spine1", "start_s": 1, "duration_s": 5.0}]}  # fmt: skip
+    sc = parse_scenario(ok, source="s.toml")
+    assert sc.faults[0].start_s == 1.0 and sc.shape.leaves == 2
+    for doc, msg in (
+        ({"seed": "3"}, r"s\.toml: seed: must be an integer, got '3'"),
+        ({"load": True}, r"s\.toml: load: must be a number"),
+        ({"fabric": {"leaves": 2.5}}, r"s\.toml: fabric\.leaves: must be an integer"),
+        ({"nope": 1}, r"s\.toml: nope: unknown key"),
+        ({"faults": [{"kind": "flap", "target": "leaf0-spine1", "start_s": "1", "duration_s": 5}]},
+         r"s\.toml: faults\[0\]\.start_s: must be a number"),
+        ({"faults": [{"kind": "melt", "target": "x", "start_s": 0, "duration_s": 1}]},
+         r"s\.toml: faults\[0\]\.kind: must be one of"),
+        ({"faults": [{"kind": "flap", "target": "x", "start_s": 0, "duration_s": 1, "x": 1}]},
+         r"s\.toml: faults\[0\]\.x: unknown key"),
+    ):  # fmt: skip
+        with pytest.raises(ScenarioError, match=msg):
+            parse_scenario(doc, source="s.toml")
