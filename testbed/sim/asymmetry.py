@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric, NodeKind
+from controller.fabric import Fabric, NodeKind, hop_id
 from testbed.sim.model import ModelKnobs
 
 F64 = npt.NDArray[np.float64]
@@ -39,8 +39,9 @@ def hop_base_ns(
         ser = probe_bytes * 8 / lk.capacity_bps * 1e9
         for d, leaving in ((0, lk.lower), (1, lk.upper)):
             kind = kinds.get(leaving, NodeKind.HOST)
-            sw = 0.0 if kind == NodeKind.HOST else tier_lat[kind] + port[2 * lk.index + d]
-            base[2 * lk.index + d] = cable[lk.index] + ser + sw
+            hop = hop_id(lk.index, bool(d))
+            sw = 0.0 if kind == NodeKind.HOST else tier_lat[kind] + port[hop]
+            base[hop] = cable[lk.index] + ser + sw
     return base
 
 

@@ -44,8 +44,9 @@ import numpy as np
 import numpy.typing as npt
 
 from contract.records import MISSING, ProbeBatch
-from controller.fabric import Fabric, NodeKind
+from controller.fabric import Fabric, NodeKind, hop_id
 from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
+from controller.fabric.model import hop_links
 from testbed.scenario import Fault, FaultKind, validate_targets
 from testbed.sim.asymmetry import hop_base_ns, nic_txrx_ns, pair_asymmetry_ns
 from testbed.sim.clock_model import ClockWander
@@ -262,8 +263,8 @@ class Simulator:
         for lk in f.links:
             ser = cfg.probe_bytes * 8 / lk.capacity_bps * 1e9
             prop = lk.prop_delay_ns + float(rng.uniform(-1, 1)) * cfg.cable_spread_ns
-            base[2 * lk.index] = prop + ser + sw_lat.get(lk.lower, 0.0)
-            base[2 * lk.index + 1] = prop + ser + sw_lat.get(lk.upper, 0.0)
+            base[hop_id(lk.index, False)] = prop + ser + sw_lat.get(lk.lower, 0.0)
+            base[hop_id(lk.index, True)] = prop + ser + sw_lat.get(lk.upper, 0.0)
         return base
 
     @cached_property
@@ -386,7 +387,7 @@ class Simulator:
                 li = int(f.nic_link[f.nic_index[ft.target]])
             else:
                 li = f.link_index[ft.target]
-            hop_ids = (2 * li, 2 * li + 1)
+            hop_ids = (hop_id(li, False), hop_id(li, True))
             crosses = np.isin(hops_f, hop_ids).any(axis=1) | np.isin(hops_r, hop_ids).any(axis=1)
             if ft.kind in (FaultKind.FLAP, FaultKind.LINK_DOWN, FaultKind.NIC_DOWN):
                 lost |= crosses & on
@@ -552,7 +553,7 @@ class Simulator:
             float(t_s.min(initial=0.0)), float(t_s.max(initial=0.0)) + 1e-3
         ):
             inb = (t_s >= b0) & (t_s < b1)
-            crosses = ((h == 2 * li) | (h == 2 * li + 1)) & valid
+            crosses = (hop_links(h) == li) & valid
             n_cross = crosses.sum(axis=1)
             keep = keep * np.where(inb, (1.0 - m.burst_loss) ** n_cross, 1.0)
         return np.asarray(fx.random(len(keep)) >= keep)

@@ -1,7 +1,7 @@
 """Utilisation per directed hop and over time: constant per-direction spread, moving hot spots,
 incast bursts on leaf->host hops, overflow loss at high utilisation (pure, seeded).
 
-Directed hop ``2 * link.index`` leaves the link's lower node, ``2 * link.index + 1`` its upper
+Directed hop ``hop_id(link.index, False)`` leaves the link's lower node, ``hop_id(.., True)`` its upper
 node (the convention of `testbed.sim.engine`).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric, NodeKind
+from controller.fabric import Fabric, NodeKind, hop_id
 from testbed.sim.model import ModelKnobs
 
 F64 = npt.NDArray[np.float64]
@@ -30,7 +30,7 @@ class UtilisationModel:
         down = np.zeros(fabric.n_hops, dtype=bool)
         for lk in fabric.links:
             if kinds.get(lk.lower) == NodeKind.HOST or lk.lower not in kinds:
-                down[2 * lk.index + 1] = True  # leaf -> host (or NIC)
+                down[hop_id(lk.index, True)] = True  # leaf -> host (or NIC)
         self.leaf_to_host: B = down
 
     def hot(self, t_s: float) -> B:
@@ -80,5 +80,5 @@ def redistribution(fabric: Fabric, down_links: list[int], rho: F64) -> F64:
         if not sib:
             continue
         for d in (0, 1):
-            extra[[2 * s + d for s in sib]] += rho[2 * li + d] / len(sib)
+            extra[[hop_id(s, bool(d)) for s in sib]] += rho[hop_id(li, bool(d))] / len(sib)
     return extra
