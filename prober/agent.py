@@ -27,15 +27,15 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from contract.records import encode_batch
 from prober.config import NicConfig, ProberConfig
-from prober.events import ProbeEvent, results_to_batch
-from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery, PathTracer
+from prober.events import Address, ProbeEvent, results_to_batch
+from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery, PathTracer, TracingEndpoint
 from prober.pathsweep import paths_payload, sweep_flows
 from prober.publish import Publisher
 from prober.schedule import ProbePlan, ScheduledProbe, choose_peers
@@ -43,26 +43,45 @@ from prober.session import ProbeSession
 from prober.spool import Spool
 from prober.telemetry.gpu import GpuReading, gpu_health, read_gpus
 from prober.telemetry.nic import NicTelemetryError, read_nic
+from prober.udp import UdpEndpoint
 
 
 class Endpoint(Protocol):
-    """What the agent needs from a transport endpoint (UDP or RDMA)."""
+    """What the agent needs from a transport endpoint (UDP or RDMA).
 
-    session: ProbeSession
+    ``start`` opens it (and warms it up); ``resolve`` says where to probe a peer NIC (UDP: its
+    configured address; RDMA: the queue pair learnt from presence, None while unknown: the
+    probe is skipped and counted, not lost). Path discovery needs TTL-limited traces and ICMP
+    errors, which only the UDP transport has: it wraps a `prober.udp.UdpEndpoint` in a
+    `prober.pathdisc.TracingEndpoint`.
+    """
 
+    @property
+    def session(self) -> ProbeSession: ...
+    @property
+    def stamp_source(self) -> str: ...
     def open(self) -> None: ...
+    async def start(self) -> None: ...
     def close(self) -> None: ...
     async def run(self) -> None: ...
     def wake(self) -> None: ...
     def now_ns(self) -> int: ...
-
-    @property
-    def stamp_source(self) -> str: ...
+    def resolve(self, nic_id: str, configured: Address) -> Address | None: ...
 
 
-EndpointFactory = Callable[
-    [NicConfig, ProbeSession, Sequence[int], Callable[[list[ProbeEvent]], None]], Endpoint
-]
+class EndpointFactory(Protocol):
+    """Makes one endpoint per local NIC; ``agent_tasks`` are the transport's own background
+    tasks once the endpoints are open (RDMA: announce the QPs, follow the peers' presence)."""
+
+    def __call__(
+        self,
+        nic: NicConfig,
+        session: ProbeSession,
+        sports: Sequence[int],
+        on_events: Callable[[list[ProbeEvent]], None],
+    ) -> Endpoint: ...
+
+    def agent_tasks(self, agent: Any) -> list[Coroutine[Any, Any, None]]: ...
 
 
 def batch_seq_start(now_ns: int) -> int:
@@ -120,40 +139,51 @@ def health_doc(
     }
 
 
+class UdpEndpointFactory:
+    """The agent's endpoint factory for the UDP transport (no background tasks of its own)."""
+
+    def __init__(self, cfg: ProberConfig, clock: Callable[[int], int] | None = None) -> None:
+        self.cfg = cfg
+        self.clock = clock if clock is not None else _identity
+        # "auto" should try hardware stamps; until prober.timestamping.set_hw_timestamping's
+        # ifreq packing is fixed (struct "=16sP" raises), only an explicit "hw" asks for them.
+        self.want_hw = cfg.timestamps == "hw"
+
+    def __call__(
+        self,
+        nic: NicConfig,
+        session: ProbeSession,
+        sports: Sequence[int],
+        on_events: Callable[[list[ProbeEvent]], None],
+    ) -> Endpoint:
+        """Return a (not yet started) `prober.udp.UdpEndpoint` of ``nic``."""
+        return UdpEndpoint(
+            session,
+            nic.address,
+            device=nic.device or None,
+            dport=self.cfg.port,
+            sports=sports,
+            timestamping=True,
+            want_hw=self.want_hw,
+            on_events=on_events,
+            clock=self.clock,
+        )
+
+    def agent_tasks(self, agent: Any) -> list[Coroutine[Any, Any, None]]:
+        """Return no tasks: UDP peers are configured, not discovered."""
+        return []
+
+
 def udp_endpoint_factory(
     cfg: ProberConfig, clock: Callable[[int], int] | None = None
-) -> EndpointFactory:
+) -> UdpEndpointFactory:
     """Return a factory of `prober.udp.UdpEndpoint` per NIC, per the config.
 
     ``clock`` is the clock hook (kernel stamp ns -> host clock ns) every endpoint applies to
     its stamps; None is the identity (a real host). The namespace testbed passes a virtual
     clock per emulated host (``qpmesh testbed prober``); the prober knows nothing of it.
     """
-    from prober.udp import UdpEndpoint
-
-    # "auto" should try hardware stamps; until prober.timestamping.set_hw_timestamping's
-    # ifreq packing is fixed (struct "=16sP" raises), only an explicit "hw" asks for them.
-    want_hw = cfg.timestamps == "hw"
-
-    def make(
-        nic: NicConfig,
-        session: ProbeSession,
-        sports: Sequence[int],
-        on_events: Callable[[list[ProbeEvent]], None],
-    ) -> Endpoint:
-        return UdpEndpoint(
-            session,
-            nic.address,
-            device=nic.device or None,
-            dport=cfg.port,
-            sports=sports,
-            timestamping=True,
-            want_hw=want_hw,
-            on_events=on_events,
-            clock=clock if clock is not None else _identity,
-        )
-
-    return make
+    return UdpEndpointFactory(cfg, clock)
 
 
 def _identity(ns: int) -> int:
@@ -222,10 +252,9 @@ class Agent:
         nic_now = {src: self.endpoints[src].now_ns() for src in {p.src for p in probes}}
         for p in probes:
             session = self.sessions[p.src]
-            dest = self.address[p.dst]
-            resolve = getattr(self.endpoints[p.src], "resolve", None)  # RDMA: learnt peers
-            if resolve is not None and (dest := resolve(p.dst)) is None:
-                continue  # peer not known yet: skipped and counted by the endpoint, not lost
+            dest = self.endpoints[p.src].resolve(p.dst, self.address[p.dst])
+            if dest is None:
+                continue  # RDMA peer not known yet: skipped and counted by the endpoint, not lost
             at = nic_now[p.src] + max(0, p.at_ns - plan_now_ns)
             if p.coded:
                 session.queue_pair(p.dst, dest, p.sport, at, self.cfg.schedule.pair_spacing_ns)
@@ -282,30 +311,27 @@ class Agent:
     # ---- the asyncio shell --------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start one endpoint per local NIC (``start()``: open + stamp warm-up, else ``open()``).
+        """Start one endpoint per local NIC; raise the transport's OSError.
 
-        Raises the transport's OSError. UDP endpoints get a `PathDiscovery` when enabled.
+        With path discovery on, an endpoint that can trace is wrapped in a `TracingEndpoint`
+        (its trace results and ICMP errors feed a `PathDiscovery`, its other events reach the
+        agent as before).
         """
         try:
             for n in self.cfg.nics:
                 ep = self._factory(n, self.sessions[n.id], self.plan.ports[n.id], self._collect)
-                start = getattr(ep, "start", None)
-                if start is not None:
-                    await start()
-                else:
-                    ep.open()
+                await ep.start()
                 self.endpoints[n.id] = ep
-                if self.cfg.paths_enabled and hasattr(ep, "on_icmp"):
-                    self._attach_discovery(n.id, ep)
+                if self.cfg.paths_enabled and isinstance(ep, UdpEndpoint):
+                    tracing = TracingEndpoint(
+                        ep, PathTracer(timeout_ns=1_000_000_000), self.cfg.paths_max_ttl,
+                        self._collect,
+                    )  # fmt: skip
+                    self.endpoints[n.id] = tracing
+                    self.discovery[n.id] = tracing.discovery
         except BaseException:
             self.close()
             raise
-
-    def _attach_discovery(self, nic: str, ep: Any) -> None:
-        pd = PathDiscovery(ep, PathTracer(timeout_ns=1_000_000_000), self.cfg.paths_max_ttl)
-        ep.on_icmp = pd.handle_icmp
-        ep.on_events = lambda evs: self._collect(pd.handle_events(evs))
-        self.discovery[nic] = pd
 
     def close(self) -> None:
         """Close every endpoint."""
@@ -322,9 +348,7 @@ class Agent:
         await self.start()
         tasks: list[asyncio.Task[Any]] = [asyncio.create_task(ep.run())
                                           for ep in self.endpoints.values()]  # fmt: skip
-        extra = getattr(self._factory, "agent_tasks", None)  # RDMA: presence-based discovery
-        if extra is not None:
-            tasks.extend(asyncio.create_task(c) for c in extra(self))
+        tasks.extend(asyncio.create_task(c) for c in self._factory.agent_tasks(self))
         if self.discovery and not once:
             tasks.append(asyncio.create_task(self._trace_loop()))
             tasks.append(asyncio.create_task(self._paths_publisher()))

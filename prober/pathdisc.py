@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from prober.events import Address, ProbeEvent, TraceReached
+from prober.session import ProbeSession
 from prober.timestamping import ICMP_DEST_UNREACH, ICMP_TIME_EXCEEDED, ExtendedErr
 from prober.udp import UdpEndpoint
 from prober.wire import MsgType, WireError, nic_hash
@@ -214,3 +215,67 @@ class PathDiscovery:
             if loop.time() >= end:
                 return None
             await asyncio.sleep(0.005)
+
+
+class TracingEndpoint:
+    """An endpoint with path discovery: wraps a transport endpoint that can trace (UDP).
+
+    The inner endpoint's events and ICMP errors are routed through a `PathDiscovery`
+    (``discovery``): trace results are consumed, every other event reaches ``sink`` unchanged.
+    Everything else is the inner endpoint's, so the agent treats both alike.
+    """
+
+    def __init__(
+        self,
+        inner: UdpEndpoint,
+        tracer: PathTracer,
+        max_ttl: int,
+        sink: Callable[[list[ProbeEvent]], None],
+    ) -> None:
+        self.inner = inner
+        self.discovery = PathDiscovery(inner, tracer, max_ttl)
+        self._sink = sink
+        inner.route(self._events, self.discovery.handle_icmp)
+
+    def _events(self, events: list[ProbeEvent]) -> None:
+        rest = self.discovery.handle_events(events)
+        if rest:
+            self._sink(rest)
+
+    @property
+    def session(self) -> ProbeSession:
+        """The inner endpoint's probe session."""
+        return self.inner.session
+
+    @property
+    def stamp_source(self) -> str:
+        """The inner endpoint's stamp source."""
+        return str(self.inner.stamp_source)
+
+    def open(self) -> None:
+        """Open the inner endpoint."""
+        self.inner.open()
+
+    async def start(self) -> None:
+        """Start the inner endpoint."""
+        await self.inner.start()
+
+    def close(self) -> None:
+        """Close the inner endpoint."""
+        self.inner.close()
+
+    async def run(self) -> None:
+        """Run the inner endpoint."""
+        await self.inner.run()
+
+    def wake(self) -> None:
+        """Wake the inner endpoint."""
+        self.inner.wake()
+
+    def now_ns(self) -> int:
+        """The inner endpoint's clock."""
+        return self.inner.now_ns()
+
+    def resolve(self, nic_id: str, configured: Address) -> Address | None:
+        """Where the inner endpoint probes ``nic_id``."""
+        return self.inner.resolve(nic_id, configured)

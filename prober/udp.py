@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from prober.events import Datagram, ProbeEvent
+from prober.events import Address, Datagram, ProbeEvent
 from prober.session import ProbeSession
 from prober.timestamping import (
     ANC_BUFSIZE,
@@ -127,6 +127,21 @@ class UdpEndpoint:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._closed = False
+
+    def resolve(self, nic_id: str, configured: Address) -> Address | None:
+        """Return where to probe NIC ``nic_id``: its configured address (UDP learns nothing)."""
+        return configured
+
+    def route(
+        self,
+        on_events: Callable[[list[ProbeEvent]], None] | None,
+        on_icmp: IcmpHandler | None,
+    ) -> None:
+        """Send future events and ICMP errors to these handlers (None: keep events for
+        `take_events`, drop ICMP errors); `prober.pathdisc.TracingEndpoint` routes them
+        through path discovery."""
+        self.on_events = on_events
+        self.on_icmp = on_icmp
 
     # ---- lifecycle ---------------------------------------------------------------------------
 

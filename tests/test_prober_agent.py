@@ -180,3 +180,33 @@ def test_clock_hook_becomes_the_endpoint_clock_and_config_knows_no_vclock(tmp_pa
         load_clock(clk)
     flows = sweep_flows({"a": ("b", "c")}, {"a": (1, 2)})
     assert flows == [("a", "b", 1), ("a", "c", 1), ("a", "b", 2), ("a", "c", 2)]
+
+
+def test_path_discovery_wraps_the_endpoint_instead_of_patching_it() -> None:
+    """`TracingEndpoint` routes the UDP endpoint's trace results and ICMP errors into path
+    discovery through the endpoint's declared `route`, and passes every other event on."""
+    from prober.events import ProbeLost, TraceReached
+    from prober.pathdisc import PathTracer, TracingEndpoint
+    from prober.session import ProbeSession
+    from prober.udp import UdpEndpoint
+
+    inner = UdpEndpoint(ProbeSession("nicA"), "127.0.0.1")
+    got: list[Any] = []
+    tracing = TracingEndpoint(inner, PathTracer(), 4, got.extend)
+    assert inner.on_icmp == tracing.discovery.handle_icmp
+    lost = ProbeLost(
+        seq=7, src="nicA", dst="nicB", sport=50000, pair_id=0, pair_pos=0, t1=1, sent_ns=1
+    )
+    assert inner.on_events is not None
+    inner.on_events([TraceReached(seq=99, sender=1, rx_ns=5), lost])
+    assert got == [lost]  # the trace result went to discovery (an unmatched round there)
+    assert tracing.discovery.tracer.counters["unmatched"] == 1
+    assert tracing.session is inner.session
+    assert tracing.resolve("nicB", ("10.0.0.2", 4791)) == ("10.0.0.2", 4791)
+
+
+def test_the_factory_owns_its_background_tasks() -> None:
+    from prober.agent import udp_endpoint_factory
+
+    cfg = parse_config({"prober": {"host": "h"}, "nics": [{"id": "nic0", "address": "127.0.0.1"}]})
+    assert udp_endpoint_factory(cfg).agent_tasks(object()) == []

@@ -150,6 +150,10 @@ class RdmaEndpoint:
 
     # ---- setup ----------------------------------------------------------------------------
 
+    async def start(self) -> None:
+        """Open the endpoint (no warm-up: the stamp source is known once open)."""
+        self.open()
+
     def open(self) -> None:
         """Create the verbs resources; raise `RdmaUnavailable` on any verbs error."""
         try:
@@ -275,8 +279,11 @@ class RdmaEndpoint:
         """Return this NIC's UD address for the presence document (after `open`)."""
         return local_address(host, self.nic.id, self.qpn, self.gid, QKEY, self.nic.rdma_port)
 
-    def resolve(self, nic_id: str) -> tuple[str, int] | None:
-        """Return the (gid, qpn) to probe NIC ``nic_id`` at; None (counted) while unknown."""
+    def resolve(self, nic_id: str, configured: object = None) -> tuple[str, int] | None:
+        """Return the (gid, qpn) to probe NIC ``nic_id`` at; None (counted) while unknown.
+
+        ``configured`` (the peer's configured IP address) is not used: RDMA peers are learnt
+        from their presence."""
         peer = self.peers.lookup(nic_id)
         if peer is None:
             self.counters["peer_unknown"] += 1
