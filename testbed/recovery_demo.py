@@ -47,6 +47,7 @@ from controller.remediation.loop import Remediator
 from controller.remediation.policy import SEC, PolicyConfig, Rule, finding, nic_of
 from testbed import faults
 from testbed.netns.lifecycle import up
+from testbed.netns.nsutil import stop_processes
 from testbed.netns.plan import PlanError
 from testbed.netns.state import record_process, state_dir
 from testbed.netns.teardown import tear_down
@@ -397,14 +398,7 @@ def run_demo(
     finally:
         if mq is not None:
             mq.stop()
-        for p in mesh:
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
-        for p in mesh:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(mesh)
         if mosq is not None:
             mosq.terminate()
             mosq.wait(timeout=5)

@@ -25,6 +25,7 @@ from typing import Any
 from controller.fabric import Fabric, NodeKind
 from testbed import faults
 from testbed.netns.lifecycle import up
+from testbed.netns.nsutil import stop_processes
 from testbed.netns.plan import Plan
 from testbed.netns.state import record_process, state_dir
 from testbed.netns.teardown import tear_down
@@ -213,14 +214,7 @@ def run_scenario(
                 p.kill()
         if monitor is not None:
             monitor.stop()
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         out = out_dir or Path("/var/tmp/qpmesh") / prefix
         with contextlib.suppress(OSError):
             shutil.copytree(d, out, dirs_exist_ok=True)

@@ -118,3 +118,26 @@ def test_virtual_clock_is_exact_and_seeded() -> None:
 def test_generator_pacing() -> None:
     assert packets_due(8e6, 1000, 1.0, 0) == 1000
     assert packets_due(8e6, 1000, 1.0, 1000) == 0
+
+
+def test_stop_processes_terminates_then_kills_what_ignores_sigterm() -> None:
+    import subprocess
+    import sys
+
+    from testbed.netns.nsutil import stop_processes
+
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c",
+         "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+         "print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    stop_processes([polite, stubborn, done], timeout_s=0.5)
+    stubborn.wait(timeout=30)
+    assert polite.returncode == -15  # SIGTERM was enough
+    assert stubborn.returncode == -9  # ignored SIGTERM: killed
+    assert done.returncode == 0  # already gone: fine

@@ -10,8 +10,9 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
+import subprocess
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
@@ -68,3 +69,17 @@ def write_sysctls(name: str, settings: tuple[str, ...] | list[str]) -> None:
             if optional and not path.exists():
                 continue
             path.write_text(value.strip() + "\n")
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 5.0) -> None:
+    """Terminate every process of ``procs`` (by its PID), wait up to ``timeout_s`` each, then
+    kill what is still running. Processes already gone are fine."""
+    procs = list(procs)
+    for p in procs:
+        with suppress(ProcessLookupError):
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
