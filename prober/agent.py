@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contract.records import encode_batch
-from prober.config import NicConfig, ProberConfig
+from prober.config import NicConfig, ProberConfig, load_probe_keys
 from prober.events import Address, ProbeEvent, results_to_batch
 from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery, PathTracer, TracingEndpoint
 from prober.pathsweep import paths_payload, sweep_flows
@@ -44,6 +44,7 @@ from prober.spool import Spool
 from prober.telemetry.gpu import GpuReading, gpu_health, read_gpus
 from prober.telemetry.nic import NicTelemetryError, read_nic
 from prober.udp import UdpEndpoint
+from prober.wire import codec_for
 
 
 class Endpoint(Protocol):
@@ -231,9 +232,14 @@ class Agent:
         self.nic_table = tuple(sorted(cfg.group_of()))
         self.address = cfg.peer_address()
         self.plan = ProbePlan(self.peers, cfg.schedule, start_ns=now_ns())
+        # [auth] key_file: every session tags with the send key and verifies with every key;
+        # untagged or badly tagged datagrams are counted as bad_auth and never become records.
+        self.probe_keys = load_probe_keys(cfg)
         self.sessions = {
-            n.id: ProbeSession(n.id, timeout_ns=cfg.timeout_ms * 1_000_000) for n in cfg.nics
-        }
+            n.id: ProbeSession(n.id, codec_for(self.probe_keys),
+                               timeout_ns=cfg.timeout_ms * 1_000_000)
+            for n in cfg.nics
+        }  # fmt: skip
         self.endpoints: dict[str, Endpoint] = {}
         self._events: list[ProbeEvent] = []
         self._batch_seq = batch_seq_start(now_ns())
@@ -303,6 +309,8 @@ class Agent:
         counters: dict[str, Any] = {
             "publisher": self.publisher.counters(),
             "sessions": {k: dict(s.counters) for k, s in self.sessions.items()},
+            "bad_auth": sum(s.counters["bad_auth"] for s in self.sessions.values()),
+            "auth_key": self.probe_keys.send_id if self.probe_keys else "",
         }
         doc = health_doc(self.cfg.host, self._now_ns(), gpu, self._gpu_prev, nics, counters)
         self._gpu_prev = gpu

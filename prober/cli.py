@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from prober.config import ProberConfig, load_config
+from prober.config import ProberConfig, load_config, load_probe_keys
 
 
 def register(subparsers: Any) -> None:
@@ -99,6 +99,13 @@ def _print_dry_run(doc: dict[str, Any], as_json: bool) -> None:
     )
     print(f"{doc['streams']} streams, {doc['probes_per_s']:.1f} probes/s, "
           f"{doc['ports_per_nic']} source ports per NIC")  # fmt: skip
+    auth = doc.get("auth")
+    print(
+        f"probe auth: HMAC-SHA256, sending with key {auth['send']} of {', '.join(auth['ids'])}"
+        f" ({auth['key_file']})"
+        if auth
+        else "probe auth: off (no [auth] key_file)"
+    )
     for nic, d in doc["nics"].items():
         print(f"  {nic} {d['address']}: peers {', '.join(d['peers']) or '(none)'}")
         ports = d["sports"]
@@ -110,8 +117,11 @@ def _print_dry_run(doc: dict[str, Any], as_json: bool) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     cfg = _load(args)
+    keys = load_probe_keys(cfg)  # a bad key file fails here, in one line, before anything runs
     if args.dry_run:
-        _print_dry_run(dry_run_plan(cfg), args.json)
+        doc = dry_run_plan(cfg)
+        doc["auth"] = {"key_file": cfg.auth_key_file, **keys.describe()} if keys else None
+        _print_dry_run(doc, args.json)
         return 0
     return run_prober(cfg, once=args.once, as_json=args.json)
 

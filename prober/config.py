@@ -13,6 +13,7 @@ Layout (see docs/prober.md for the full reference)::
     [spool]                       # max_batches, max_bytes, dir
     [telemetry]                   # interval_s, gpu
     [paths]                       # enabled, traces_per_s, max_ttl, refresh_s (path discovery)
+    [auth]                        # key_file: probe HMAC keys (contract.keys; docs/security.md)
     [[nics]]   id, address, group, device, rdma_device, gid_index
     [[peers]]  id, address, group, port
 """
@@ -21,10 +22,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contract.keys import HMAC, KeySet, load_key_file
 from contract.tomlcheck import Table, parse_toml
 from mqttlink.settings import BrokerSettings
 from prober.schedule import ScheduleConfig
@@ -87,6 +89,7 @@ class ProberConfig:
     paths_traces_per_s: float = 5.0
     paths_max_ttl: int = 8
     paths_refresh_s: float = 60.0
+    auth_key_file: str = ""  # "" = probes are not authenticated; relative: to the config file
     source: str = "<config>"
 
     def group_of(self) -> dict[str, str]:
@@ -181,6 +184,10 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConf
     refresh = pa.get("refresh_s", float, 60.0, lambda v: 1 <= v <= 86400, "1..86400")
     pa.finish()
 
+    au = root.table("auth")
+    key_file = au.get("key_file", str, "", bool, "a key file path (docs/security.md)")
+    au.finish()
+
     nics: list[NicConfig] = []
     for s in root.tables("nics"):
         nics.append(
@@ -237,14 +244,30 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConf
         paths_traces_per_s=traces,
         paths_max_ttl=max_ttl,
         paths_refresh_s=refresh,
+        auth_key_file=key_file,
         source=src,
     )
 
 
 def load_config(path: Path | str) -> ProberConfig:
-    """Read and validate the TOML file at ``path``.
+    """Read and validate the TOML file at ``path``; a relative ``auth.key_file`` is made
+    relative to the file's directory (the key file itself is read by `load_probe_keys`).
 
     Raises `ConfigError` for bad TOML or bad values, `OSError` if the file cannot be read.
     """
     p = Path(path)
-    return parse_config(parse_toml(p.read_bytes(), str(p), ConfigError), str(p))
+    cfg = parse_config(parse_toml(p.read_bytes(), str(p), ConfigError), str(p))
+    if cfg.auth_key_file and not Path(cfg.auth_key_file).is_absolute():
+        cfg = replace(cfg, auth_key_file=str(p.parent / cfg.auth_key_file))
+    return cfg
+
+
+def load_probe_keys(cfg: ProberConfig) -> KeySet | None:
+    """Return the probe keys ``cfg`` names (None: no ``[auth] key_file``).
+
+    Raises `contract.keys.KeyFileError` (a ValueError, one line naming the file and what is
+    wrong: missing, mode open to group/others, malformed; never the key material).
+    """
+    if not cfg.auth_key_file:
+        return None
+    return load_key_file(cfg.auth_key_file, HMAC)

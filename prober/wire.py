@@ -37,6 +37,8 @@ import hmac
 import struct
 from typing import NamedTuple
 
+from contract.keys import HMAC, KeySet
+
 MAGIC = 0x5150
 VERSION = 1
 TAG_LEN = 16
@@ -193,14 +195,22 @@ class Codec:
     With a key, every encoded message is tagged and `decode` rejects untagged or badly tagged
     datagrams with `AuthError`. Without a key, tagged datagrams are rejected too (the two ends
     disagree on configuration, which must be visible rather than silently accepted).
+    ``accept``: further keys whose tags `decode` also takes (a key rotation: the old key still
+    verifies while ``key``, the new one, tags what is sent). The datagram names no key, so a
+    tag is checked against ``key`` first and the others only when it does not match.
     """
 
-    __slots__ = ("_key", "tag_len")
+    __slots__ = ("_accept", "_key", "tag_len")
 
-    def __init__(self, key: bytes | None = None) -> None:
+    def __init__(self, key: bytes | None = None, accept: tuple[bytes, ...] = ()) -> None:
         if key is not None and len(key) < 16:
             raise ValueError("HMAC key must be at least 16 bytes")
+        if accept and key is None:
+            raise ValueError("accepted keys need a sending key")
+        if any(len(k) < 16 for k in accept):
+            raise ValueError("HMAC key must be at least 16 bytes")
         self._key = key
+        self._accept = tuple(k for k in accept if k != key)
         self.tag_len = TAG_LEN if key is not None else 0
 
     @property
@@ -208,9 +218,15 @@ class Codec:
         """Return True when this codec tags and verifies messages."""
         return self._key is not None
 
-    def _tag(self, data: bytes | memoryview) -> bytes:
-        assert self._key is not None
-        return hmac.digest(self._key, data, "sha256")[:TAG_LEN]
+    def _tag(self, data: bytes | memoryview, key: bytes | None = None) -> bytes:
+        k = key if key is not None else self._key
+        assert k is not None
+        return hmac.digest(k, data, "sha256")[:TAG_LEN]
+
+    def _verify(self, body: memoryview, tag: bytes) -> bool:
+        if hmac.compare_digest(self._tag(body), tag):
+            return True
+        return any(hmac.compare_digest(self._tag(body, k), tag) for k in self._accept)
 
     def encode(self, msg: Message) -> bytes:
         """Return the wire bytes of ``msg`` (body, zero padding, tag when keyed)."""
@@ -278,7 +294,7 @@ class Codec:
             raise TruncatedError("no room for the tag")
         if self._key is not None:
             view = memoryview(data)
-            if not hmac.compare_digest(self._tag(view[:end]), bytes(view[end:])):
+            if not self._verify(view[:end], bytes(view[end:])):
                 raise AuthError("tag mismatch")
         pad = end - BODY_LEN
         if pad > MAX_PAD:
@@ -289,3 +305,13 @@ class Codec:
             _TYPES[mtype], sender, peer, seq, pair, pos, ta, tb,
             bool(flags & FLAG_T3_FINAL), pad, bool(flags & FLAG_TRACE),
         )  # fmt: skip
+
+
+def codec_for(keys: KeySet | None) -> Codec:
+    """Return the codec of a probe key set (`contract.keys`): the ``send`` key tags, every
+    key verifies; None: an unauthenticated codec. Raises ValueError for non-HMAC keys."""
+    if keys is None:
+        return Codec()
+    if keys.type != HMAC:
+        raise ValueError(f"{keys.source}: probe keys must be {HMAC}, got {keys.type}")
+    return Codec(keys.send.material, tuple(k.material for k in keys.others()))
