@@ -60,16 +60,24 @@ class Monitor:
                     await c.subscribe(f"{self.prefix}/events/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/probes/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/paths/#", qos=1, timeout=5)
-                    it = c.messages.__aiter__()
-                    while not self._stop.is_set():
-                        try:
-                            msg = await asyncio.wait_for(it.__anext__(), 0.2)
-                        except TimeoutError:
-                            continue
-                        self._take(str(msg.topic), msg.payload)
+                    # The reader is never cancelled while it runs: cancelling aiomqtt's
+                    # ``messages.__anext__`` (e.g. by a wait_for timeout) just after it took a
+                    # message off its queue loses that message, which a busy machine hits.
+                    reader = asyncio.create_task(self._read(c))
+                    while not self._stop.is_set() and not reader.done():
+                        await asyncio.sleep(0.2)
+                    if reader.done():
+                        reader.result()  # re-raise the reader's broker error
+                    reader.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await reader
             except (aiomqtt.MqttError, OSError, TimeoutError) as exc:
                 self.errors.append(str(exc))
                 await asyncio.sleep(0.2)
+
+    async def _read(self, client: aiomqtt.Client) -> None:
+        async for msg in client.messages:
+            self._take(str(msg.topic), msg.payload)
 
     def _take(self, topic: str, payload: Any) -> None:
         data = payload if isinstance(payload, bytes) else b""
