@@ -10,13 +10,19 @@ Topics (under the topic prefix, default ``qpmesh/v1``):
 - ``<prefix>/remediation/<target>``: an `ActionDoc`, ``target`` being the NIC the action is
   about (``move_off_nic``, ``may_move_back``: a job's agent follows the topics of its NICs) or
   the link (``replace_link``, ``report_contention``: operators follow ``remediation/#``);
-- ``<prefix>/remediation-ack/<action id>``: an `AckDoc` per receiver and action.
+- ``<prefix>/remediation-ack/<action id>``: an `AckDoc` per receiver and action;
+- ``<prefix>/jobs/<job>/rank<k>``: a `RankDoc`, retained: the NICs one rank of a job uses (the
+  recovery agent registers its rank; an empty retained payload unregisters it). The controller
+  builds its job registry from these (and from ``POST /api/v1/jobs``).
 
 `ActionDoc`: ``{"id", "kind", "nic", "link", "job", "reason", "finding", "issued_at_ns",
 "expires_at_ns"[, "flows"]}``: ``id`` is stable for one episode of one finding (receivers
 de-duplicate on it), ``nic``/``link``/``job`` are "" where they do not apply, times are
 nanoseconds of the controller's clock (wall clock, Unix epoch), ``flows`` lists the affected
 queue pairs of a contention report as [src NIC, dst NIC, sport].
+
+`RankDoc`: ``{"job", "rank", "host", "nics"[, "tenant"]}``: ``nics`` the NIC ids the rank
+uses, preferred first; ``tenant`` the job's owner (default ``default``).
 
 `AckDoc`: ``{"action", "receiver", "outcome", "detail", "t_ns"}`` with ``outcome`` one of
 `OUTCOMES` (``done``: acted; ``ignored``: not for me or Control off; ``failed``: tried and
@@ -37,6 +43,8 @@ NIC_ACTIONS = ("move_off_nic", "may_move_back")
 OUTCOMES = ("done", "ignored", "failed", "expired")
 REMEDIATION = "remediation"
 REMEDIATION_ACK = "remediation-ack"
+JOBS = "jobs"
+DEFAULT_TENANT = "default"
 _LEVEL = re.compile(r"^[^/+#\x00$][^/+#\x00]*$")
 _ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
@@ -49,9 +57,13 @@ __all__ = [
     "AckDoc",
     "ActionDoc",
     "DocumentError",
+    "RankDoc",
     "ack_topic",
     "action_subscription",
     "action_topic",
+    "jobs_subscription",
+    "parse_rank_topic",
+    "rank_topic",
 ]
 
 
@@ -76,6 +88,33 @@ def ack_topic(prefix: str, action_id: str) -> str:
     """Return ``<prefix>/remediation-ack/<action id>``; raise `DocumentError` on a bad id."""
     check(bool(_ID.match(action_id)), "remediation ack topic", "action", "an action id", action_id)
     return f"{prefix}/{REMEDIATION_ACK}/{action_id}"
+
+
+def rank_topic(prefix: str, job: str, rank: int) -> str:
+    """Return ``<prefix>/jobs/<job>/rank<rank>``; raise `DocumentError` on a bad job or rank."""
+    _level(job, "job topic", "job")
+    check(isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0, "job topic",
+          "rank", "an integer >= 0", rank)  # fmt: skip
+    return f"{prefix}/{JOBS}/{job}/rank{rank}"
+
+
+def jobs_subscription(prefix: str) -> str:
+    """Return the filter of every rank registration: ``<prefix>/jobs/#``."""
+    return f"{prefix}/{JOBS}/#"
+
+
+def parse_rank_topic(prefix: str, topic: str) -> tuple[str, int] | None:
+    """Return (job, rank) of a rank registration topic, None for any other topic."""
+    head = f"{prefix}/{JOBS}/"
+    if not topic.startswith(head):
+        return None
+    parts = topic[len(head) :].split("/")
+    if len(parts) != 2 or not parts[0] or not parts[1].startswith("rank"):
+        return None
+    digits = parts[1][4:]
+    if not digits.isdigit() or len(digits) > 9:
+        return None
+    return parts[0], int(digits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,4 +248,52 @@ class AckDoc:
             outcome=read(d, "outcome", str, w),
             t_ns=read(d, "t_ns", int, w),
             detail=read(d, "detail", str, w, ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RankDoc:
+    """One rank of a job and the NICs it uses (see the module docstring)."""
+
+    job: str
+    rank: int
+    nics: tuple[str, ...]
+    host: str = ""
+    tenant: str = DEFAULT_TENANT
+
+    def __post_init__(self) -> None:
+        w = "rank registration"
+        check(isinstance(self.job, str) and bool(_ID.match(self.job)), w, "job", "a job id",
+              self.job)  # fmt: skip
+        check(isinstance(self.rank, int) and not isinstance(self.rank, bool) and self.rank >= 0,
+              w, "rank", "an integer >= 0", self.rank)  # fmt: skip
+        check(isinstance(self.nics, tuple) and bool(self.nics) and all(
+            isinstance(n, str) and bool(_LEVEL.match(n)) for n in self.nics), w, "nics",
+            "a non-empty list of NIC ids", self.nics)  # fmt: skip
+        check(isinstance(self.host, str), w, "host", "a string", self.host)
+        check(isinstance(self.tenant, str) and bool(_ID.match(self.tenant)), w, "tenant",
+              "a tenant name", self.tenant)  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the plain JSON object of this registration."""
+        return {"job": self.job, "rank": self.rank, "host": self.host, "nics": list(self.nics),
+                "tenant": self.tenant}  # fmt: skip
+
+    def encode(self) -> bytes:
+        """Return the compact JSON of this registration."""
+        return encode_json(self.to_dict())
+
+    @classmethod
+    def decode(cls, payload: bytes | bytearray) -> RankDoc:
+        """Return the registration in ``payload``; raise `DocumentError` (one line)."""
+        w = "rank registration"
+        d = decode_object(payload, w)
+        nics = d.get("nics")
+        check(isinstance(nics, list), w, "nics", "a list of NIC ids", nics)
+        return cls(
+            job=read(d, "job", str, w),
+            rank=read(d, "rank", int, w),
+            nics=tuple(nics or ()),
+            host=read(d, "host", str, w, ""),
+            tenant=read(d, "tenant", str, w, DEFAULT_TENANT),
         )

@@ -19,6 +19,7 @@ from controller.brain import BrainConfig
 from controller.clocksync import ClockSyncConfig
 from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
 from controller.live import LiveConfig
+from controller.remediation.config import RemediationConfig, read_remediation
 from controller.timeseries.config import TimeseriesConfig, read_metrics, read_timeseries
 
 
@@ -40,6 +41,9 @@ class ServiceConfig:
     timeseries: TimeseriesConfig | None = None  # [timeseries]; None = not written
     metrics_listen: str | None = None  # [metrics] listen: Prometheus scrape address
     api: ApiConfig | None = None  # [api]: serve /api/v1/ (controller.api.config)
+    # [remediation]: the policy, Control at start, webhooks (controller.remediation.config);
+    # without the table the policy runs with its defaults and Control off ("would have")
+    remediation: RemediationConfig = field(default_factory=RemediationConfig)
 
 
 def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfig:
@@ -53,7 +57,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     fabric links; ``model = false``: the fabric model's ECMP hash is not authoritative, so
     flows without a discovered path get unknown hops), ``[timeseries]`` and ``[metrics]``
     (`controller.timeseries.config`, docs/timeseries.md), ``[api]`` (`controller.api.config`,
-    docs/api.md). Types are strict
+    docs/api.md), ``[remediation]`` (`controller.remediation.config`, docs/recovery.md).
+    Types are strict
     (`contract.tomlcheck`): ``use_uncoded = "false"`` is an error, not True. Raises
     `ConfigError` (one line naming the file and the key) on anything invalid.
     """
@@ -120,6 +125,7 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     timeseries = read_timeseries(root.table("timeseries"), base_dir)
     metrics_listen = read_metrics(root.table("metrics"))
     api = read_api_table(root.table("api"), base_dir)
+    remediation = read_remediation(root.table("remediation"), base_dir) or RemediationConfig()
     root.finish()
     return ServiceConfig(
         fabric=fabric,
@@ -131,4 +137,5 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         timeseries=timeseries,
         metrics_listen=metrics_listen,
         api=api,
+        remediation=remediation,
     )

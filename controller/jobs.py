@@ -2,6 +2,7 @@
 
 A `Job` is an id, a tenant and its ranks, each rank with the NIC ids it uses. `JobRegistry`
 holds the running jobs: `register` (a new id; raises `JobError` on a duplicate or a bad job),
+`put` (add or replace, same tenant),
 `unregister` (raises `JobError` for an unknown id), `get`, `jobs`, `jobs_of(tenant)` and
 `tenant_nics(tenant)`. The API scopes a tenant's view by `tenant_nics`; the recovery agent
 registers jobs here. Methods take a lock, so the API's event loop and another thread may share
@@ -64,6 +65,16 @@ class JobRegistry:
             if job.id in self._jobs:
                 raise JobError(f"job {job.id!r} is already registered")
             self._jobs[job.id] = job
+
+    def put(self, job: Job) -> Job | None:
+        """Add ``job`` or replace the job of that id (its ranks changed); return the job it
+        replaced, or None. Raises `JobError` if that id belongs to another tenant."""
+        with self._lock:
+            old = self._jobs.get(job.id)
+            if old is not None and old.tenant != job.tenant:
+                raise JobError(f"job {job.id!r} belongs to another tenant")
+            self._jobs[job.id] = job
+            return old
 
     def unregister(self, job_id: str) -> Job:
         """Remove and return the job ``job_id``; raise `JobError` if it is unknown."""

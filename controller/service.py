@@ -23,8 +23,11 @@ from contract.topics import TopicError, Topics
 from controller.api.runtime import ApiRuntime
 from controller.brain import Brain
 from controller.config import ServiceConfig
+from controller.control import ControlChange
 from controller.dispatch import JsonLog, event_json, handle_message
 from controller.live import LiveController
+from controller.remediation.runtime import RemediationRuntime, action_event
+from controller.snapshot import MeshEvent
 from controller.timeseries.runtime import Observability
 from mqttlink.reconnect import Backoff, reconnect_loop
 
@@ -39,15 +42,29 @@ async def _ticker(
     clock: Callable[[], int],
     log: JsonLog,
     api: ApiRuntime | None = None,
+    remediation: RemediationRuntime | None = None,
+    on_action: Callable[[dict[str, object]], None] = lambda doc: None,
 ) -> None:
     while True:
         await asyncio.sleep(tick_s)
         now = clock()
-        new = live.tick(now)
+        new = list(live.tick(now))
+        actions: list[tuple[str, bytes]] = []
+        if remediation is not None:
+            remediation.observe(new)
+            actions, docs = remediation.tick(now)
+            for doc in docs:
+                log(now, "action", id=doc["id"], kind=doc["kind"], status=doc["status"],
+                    nic=doc["nic"], link=doc["link"], job=doc["job"], reason=doc["reason"])  # fmt: skip
+                on_action(doc)
+            new += [action_event(doc) for doc in docs]
         if api is not None:
             api.publish(live.snapshot(), tuple(new))
+        for topic, payload in actions:  # the actions first: a job waits on them
+            await asyncio.wait_for(client.publish(topic, payload, qos=1), REQUEST_TIMEOUT_S)
         for ev in new:
-            log(now, "event", kind=ev.kind, target=ev.target, detail=ev.detail)
+            if ev.kind != "remediation":
+                log(now, "event", kind=ev.kind, target=ev.target, detail=ev.detail)
             await asyncio.wait_for(
                 client.publish(topics.events(ev.kind), event_json(ev), qos=1),
                 REQUEST_TIMEOUT_S,
@@ -100,10 +117,16 @@ async def serve_once(
     connected: Callable[[], None] = lambda: None,
     on_solve: Callable[[float], None] = lambda s: None,
     api: ApiRuntime | None = None,
+    remediation: RemediationRuntime | None = None,
+    on_action: Callable[[dict[str, object]], None] = lambda doc: None,
 ) -> None:
     """One connection's lifetime: subscribe, pump messages, tick; raises `aiomqtt.MqttError`.
 
     ``connected()`` is called once the subscriptions are in place (it resets the backoff).
+    With ``remediation`` the policy runs every tick (`controller.remediation.runtime`): its
+    actions go out on ``<prefix>/remediation/<target>``, its audit records to ``on_action``,
+    the log, the API's events and ``<prefix>/events/remediation``; acks and rank registrations
+    are read from their topics.
     """
     async with aiomqtt.Client(
         host, port, protocol=aiomqtt.ProtocolVersion.V5, timeout=REQUEST_TIMEOUT_S
@@ -113,11 +136,14 @@ async def serve_once(
             topics.subscription("presence"),
             topics.subscription("health"),
             topics.subscription("paths"),
+            *(remediation.subscriptions if remediation is not None else ()),
         ):
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
         log(clock(), "connected", broker=f"{host}:{port}")
         connected()
-        tick = asyncio.create_task(_ticker(client, live, topics, tick_s, clock, log, api))
+        tick = asyncio.create_task(
+            _ticker(client, live, topics, tick_s, clock, log, api, remediation, on_action)
+        )
         solver = asyncio.create_task(_solver(live, tick_s, clock, log, counters, on_solve))
         try:
             async for msg in client.messages:
@@ -125,7 +151,15 @@ async def serve_once(
                     if task.done():
                         task.result()  # re-raise the ticker's or solver's error
                 payload = msg.payload if isinstance(msg.payload, bytes) else b""
-                out = handle_message(live, topics, str(msg.topic), payload, clock(), router_nodes)
+                mine = None if remediation is None else remediation.handle(str(msg.topic), payload)
+                if mine is not None:
+                    out, ev = mine
+                    if ev is not None:
+                        await _publish_event(client, topics, api, ev)
+                else:
+                    out = handle_message(
+                        live, topics, str(msg.topic), payload, clock(), router_nodes
+                    )
                 key = "bad" if out.startswith("bad:") else out
                 counters[key] = counters.get(key, 0) + 1
                 if key == "bad":
@@ -137,6 +171,16 @@ async def serve_once(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError, TimeoutError):
                     await task
+
+
+async def _publish_event(
+    client: aiomqtt.Client, topics: Topics, api: ApiRuntime | None, ev: MeshEvent
+) -> None:
+    if api is not None:
+        api.publish(None, (ev,))
+    await asyncio.wait_for(
+        client.publish(topics.events(ev.kind), event_json(ev), qos=1), REQUEST_TIMEOUT_S
+    )
 
 
 def _topic_kind(topics: Topics, topic: str) -> str:
@@ -158,6 +202,7 @@ async def run_service(
     clock: Callable[[], int] = time.time_ns,
     max_attempts: int | None = None,
     observability: Observability | None = None,
+    remediation: RemediationRuntime | None = None,
 ) -> LiveController:
     """Run until cancelled, reconnecting with exponential backoff on broker errors.
 
@@ -171,6 +216,9 @@ async def run_service(
     ``observability`` to share it, e.g. with the API for its websocket gauge and health).
     With ``config.api`` the HTTP API (`controller.api`) serves from the start (also while the
     broker is away), fed after every tick; raises OSError if its address is taken.
+    Remediation (``config.remediation``; pass ``remediation`` to share or inspect it) runs
+    every tick; its job registry and Control are the API's, so ``PUT /api/v1/control``
+    switches real remediation and jobs registered through the API feed the policy.
     """
     if live is None:
         live = LiveController(
@@ -185,9 +233,26 @@ async def run_service(
         config.fabric, config.timeseries, config.metrics_listen, log
     )
     live.brain = obs.brain(live.brain)
+
+    def control_changed(change: ControlChange) -> None:
+        log(change.t_ns, "control", enabled=change.enabled, actor=change.actor)
+
+    rem = remediation or RemediationRuntime(
+        config.remediation, topics.prefix, on_control=control_changed
+    )
+
+    def on_action(doc: dict[str, object]) -> None:
+        try:  # the status as a tag value: sent, would_have, suppressed
+            obs.action({**doc, "status": str(doc["status"]).replace(" ", "_")})
+        except ValueError as exc:
+            log(clock(), "action not recorded", error=str(exc))
+
     api = None
     if config.api is not None:
-        api = ApiRuntime(config.api, live.snapshot(), on_clients=obs.websocket_clients)
+        api = ApiRuntime(
+            config.api, live.snapshot(), jobs=rem.jobs, control=rem.control, actions=rem.log,
+            on_clients=obs.websocket_clients,
+        )  # fmt: skip
         log(clock(), "api serving", url=await api.start())
 
     async def session(connected: Callable[[], None]) -> None:
@@ -195,6 +260,7 @@ async def run_service(
             host, port, live, topics,
             share=share, tick_s=config.tick_s, clock=clock, log=log, counters=counters,
             router_nodes=config.router_nodes, connected=connected, on_solve=obs.solve, api=api,
+            remediation=rem, on_action=on_action,
         )  # fmt: skip
 
     def on_error(exc: BaseException, retry_in_s: float) -> None:

@@ -4,25 +4,31 @@ A thin adapter on paho-mqtt's own network thread (training loops are not asyncio
 decoded from ``<prefix>/remediation/<nic>`` go into ``inbox`` (a `queue.Queue` the gloo shell
 drains at safe points and while a collective is stuck); malformed payloads are logged and
 dropped; `ack` publishes an `AckDoc` on ``<prefix>/remediation-ack/<id>`` (QoS 1). `register`
-publishes the rank's NICs, retained, on ``<prefix>/jobs/<job>/rank<k>`` (the job registry's
-MQTT route).
+publishes the rank's NICs (`contract.remediation.RankDoc`), retained, on
+``<prefix>/jobs/<job>/rank<k>`` (the controller's job registry reads it).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 from typing import Any
 
-from contract.remediation import AckDoc, ActionDoc, DocumentError, ack_topic, action_topic
+from contract.remediation import (
+    DEFAULT_TENANT,
+    AckDoc,
+    ActionDoc,
+    DocumentError,
+    RankDoc,
+    ack_topic,
+    action_topic,
+    rank_topic,
+)
 
 log = logging.getLogger("qpmesh.recovery")
 
 
-def rank_topic(prefix: str, job: str, rank: int) -> str:
-    """Return ``<prefix>/jobs/<job>/rank<rank>`` (retained registration of one rank)."""
-    return f"{prefix}/jobs/{job}/rank{rank}"
+__all__ = ["Follower", "rank_topic"]
 
 
 class Follower:
@@ -62,12 +68,12 @@ class Follower:
         self._client.connect(self.host, self.port, keepalive=10)
         self._client.loop_start()
 
-    def register(self, job: str, rank: int, host: str, nics: tuple[str, ...]) -> None:
-        """Publish this rank's NICs (retained)."""
-        doc = {"job": job, "rank": rank, "host": host, "nics": list(nics)}
-        self._client.publish(
-            rank_topic(self.prefix, job, rank), json.dumps(doc), qos=1, retain=True
-        )
+    def register(self, job: str, rank: int, host: str, nics: tuple[str, ...],
+                 tenant: str = DEFAULT_TENANT) -> None:  # fmt: skip
+        """Publish this rank's NICs (a `RankDoc`, retained; the controller's job registry
+        reads it). Raises `DocumentError` on a bad job id, rank, NIC or tenant."""
+        doc = RankDoc(job, rank, tuple(nics), host, tenant)
+        self._client.publish(rank_topic(self.prefix, job, rank), doc.encode(), qos=1, retain=True)
 
     def ack(self, ack: AckDoc) -> None:
         """Publish ``ack`` on its action's ack topic."""

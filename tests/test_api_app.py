@@ -151,6 +151,15 @@ BAD_REQUESTS = [
     ("GET", "/clocks?a=b", None, 400),
     ("GET", "/jobs?tenant=acme", None, 400),
     ("GET", "/control?x=1", None, 400),
+    ("POST", "/jobs", b"not json", 400),
+    ("POST", "/jobs", b'{"id": "j9", "ranks": []}', 400),
+    ("POST", "/jobs", b'{"id": "j9", "ranks": [{"nics": ["nic0"]}], "x": 1}', 400),
+    ("POST", "/jobs", b'{"id": "j/9", "ranks": [{"nics": ["nic0"]}]}', 400),
+    ("POST", "/jobs", b'{"id": "j9", "ranks": [{"nics": ["nic999"]}]}', 400),
+    ("POST", "/jobs", b'{"id": "train-1", "tenant": "acme", "ranks": [{"nics": ["nic0"]}]}', 409),
+    ("DELETE", "/jobs/nope", None, 404),
+    ("GET", "/actions?status=done", None, 400),
+    ("GET", "/actions?since_ns=9&until_ns=3", None, 400),
     ("PUT", "/control", b"not json", 400),
     ("PUT", "/control", b'{"enabled": "yes"}', 400),
     ("PUT", "/control", b'{"enabled": true, "x": 1}', 400),
@@ -177,7 +186,8 @@ async def test_every_route_answers_bad_requests_with_counted_json_4xx(
         doc = await r.json()
         assert doc["error"]["status"] == want and doc["error"]["message"]
         routes_hit.add(path.split("?")[0])
-    assert {p.replace("{nic}", "nic999") for _, p, _ in ROUTES} <= routes_hit | {"/nics/nic999"}
+    served = {p.replace("{nic}", "nic999").replace("{job}", "nope") for _, p, _ in ROUTES}
+    assert served <= routes_hit | {"/nics/nic999"}
     assert sum(stats.client_errors.values()) == len(BAD_REQUESTS)
     assert not stats.server_errors
 

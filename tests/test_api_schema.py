@@ -17,6 +17,7 @@ from controller.api.hub import ApiHub
 from controller.api.server import ApiThread
 from controller.control import Control
 from controller.jobs import Job, JobRegistry
+from controller.remediation.audit import ActionLog
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
 OPENAPI = Path(__file__).parents[1] / "docs" / "openapi.yaml"
@@ -39,7 +40,11 @@ def live_api() -> Iterator[tuple[str, ApiThread]]:
         hub.publish(runner.controller.snapshot(), tuple(runner.step()))
     tokens = TokenTable({TOKEN: Principal("operator", "st"), TENANT: Principal("tenant", "t")})
     jobs = JobRegistry((Job("j", "t", (("nic0",), ("nic1",))),))
-    app = make_app(hub, tokens, jobs=jobs, control=Control(False),
+    actions = ActionLog()
+    actions.add({"t_ns": 5, "disposition": "would_have", "id": "move_off_nic-1", "kind":
+                 "move_off_nic", "nic": "nic0", "link": "", "job": "j", "reason": "down",
+                 "finding": "nic_down@nic0@1", "issued_at_ns": 5, "expires_at_ns": 9}, "t")  # fmt: skip
+    app = make_app(hub, tokens, jobs=jobs, control=Control(False), actions=actions,
                    options=ApiOptions(rate_per_s=1e6, burst=1e6))  # fmt: skip
     srv = ApiThread(app, "127.0.0.1", 0)
     port = srv.start()

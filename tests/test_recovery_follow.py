@@ -47,6 +47,7 @@ def test_follower_delivers_its_nics_actions_and_publishes_acks(mosquitto: tuple[
             "rank": 3,
             "host": "host2",
             "nics": ["nic0", "nic1"],
+            "tenant": "default",
         }
         a = ActionDoc("move_off_nic-ab", "move_off_nic", "down", "f", 1, 2, nic="nic1", job="job1")
         other = ActionDoc("move_off_nic-cd", "move_off_nic", "down", "f", 1, 2, nic="nic7", job="j")

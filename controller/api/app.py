@@ -1,8 +1,9 @@
 """The aiohttp application of ``/api/v1/``: thin handlers over `controller.api.views`.
 
 `make_app(model, tokens, ...)` returns the app. ``model`` is the narrow `ReadModel` (the
-`controller.api.hub.ApiHub` the producer publishes into); ``jobs`` and ``control`` are the
-controller's `JobRegistry` and `Control` (Control None = unavailable). Every request needs a
+`controller.api.hub.ApiHub` the producer publishes into); ``jobs``, ``control`` and
+``actions`` are the controller's `JobRegistry`, `Control` (None = unavailable) and
+remediation `ActionLog` (None = no actions). Every request needs a
 bearer token (401 otherwise); a tenant token sees only its jobs' NICs (another tenant's NIC is
 404, exactly like a NIC that does not exist); every token has a token bucket (429 past it).
 Every error is a JSON body ``{"error": {"status", "message"}}``; 4xx answers are counted per
@@ -43,7 +44,8 @@ from controller.api.views import (
     tenant_scope,
 )
 from controller.control import Control
-from controller.jobs import JobRegistry
+from controller.jobs import Job, JobError, JobRegistry
+from controller.remediation.audit import ActionLog, ActionQueryError, parse_action_query
 from controller.snapshot import MeshEvent, MeshSnapshot
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,7 @@ class _State:
     tokens: TokenTable
     jobs: JobRegistry
     control: Control | None
+    actions: ActionLog | None
     options: ApiOptions
     clock: Callable[[], float]
     wall_ns: Callable[[], int]
@@ -139,7 +142,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "WWW-Authenticate",
                                                                   "Retry-After")}  # fmt: skip
         resp = _error(exc.status, exc.reason if exc.text is None else _plain(exc), headers)
-    except (BadQuery, json.JSONDecodeError) as exc:
+    except (BadQuery, ActionQueryError, json.JSONDecodeError) as exc:
         resp = _error(400, str(exc))
     except NotFound as exc:
         resp = _error(404, str(exc))
@@ -260,6 +263,74 @@ async def _jobs(request: web.Request) -> web.Response:
     )
 
 
+async def _json_body(request: web.Request, want: str) -> Any:
+    try:
+        return json.loads(await request.read() or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise BadQuery(f"body must be JSON: {want}") from None
+
+
+def _job_from(body: Any, who: Principal) -> Job:
+    want = '{"id": str, "tenant": str, "ranks": [{"nics": [str, ...]}, ...]}'
+    if not (isinstance(body, dict) and set(body) <= {"id", "tenant", "ranks"}
+            and isinstance(body.get("id"), str) and isinstance(body.get("ranks"), list)):  # fmt: skip
+        raise BadQuery(f"body must be {want}")
+    tenant = body.get("tenant", "default" if who.is_operator else who.name)
+    if not isinstance(tenant, str):
+        raise BadQuery(f"body must be {want}")
+    if not who.is_operator and tenant != who.name:
+        raise web.HTTPForbidden(reason="a tenant token registers its own jobs only")
+    ranks = []
+    for r in body["ranks"]:
+        nics = r.get("nics") if isinstance(r, dict) and set(r) <= {"rank", "nics"} else None
+        if not (isinstance(nics, list) and nics and all(isinstance(n, str) for n in nics)):
+            raise BadQuery(f"body must be {want}")
+        ranks.append(tuple(nics))
+    try:
+        return Job(body["id"], tenant, tuple(ranks))
+    except JobError as exc:
+        raise BadQuery(str(exc)) from None
+
+
+async def _jobs_post(request: web.Request) -> web.Response:
+    _params(request)
+    st = request.app[STATE]
+    who: Principal = request[PRINCIPAL]
+    job = _job_from(await _json_body(request, "a job"), who)
+    snap = st.model.snapshot()
+    unknown = sorted(job.nics - {n.id for n in snap.fabric.nics})
+    if unknown:
+        raise BadQuery(f"job {job.id}: unknown NIC {unknown[0]!r}")
+    try:
+        st.jobs.register(job)
+    except JobError as exc:
+        return _error(409, str(exc))
+    return web.json_response(job.to_dict(), status=201)
+
+
+async def _jobs_delete(request: web.Request) -> web.Response:
+    _params(request)
+    st = request.app[STATE]
+    who: Principal = request[PRINCIPAL]
+    job_id = request.match_info["job"]
+    job = st.jobs.get(job_id)
+    if job is None or not (who.is_operator or job.tenant == who.name):
+        raise NotFound(f"no job {job_id!r}")
+    with contextlib.suppress(JobError):  # gone meanwhile: the same answer
+        st.jobs.unregister(job_id)
+    return web.json_response(job.to_dict())
+
+
+async def _actions(request: web.Request) -> web.Response:
+    q = parse_action_query(_params(request, ("since_ns", "until_ns", "kind", "status", "job",
+                                             "limit")))  # fmt: skip
+    st = request.app[STATE]
+    who: Principal = request[PRINCIPAL]
+    if st.actions is None:
+        return web.json_response({"actions": [], "truncated": False})
+    return web.json_response(st.actions.query(q, None if who.is_operator else who.name))
+
+
 def _control_doc(st: _State, who: Principal) -> dict[str, object]:
     if st.control is None:
         return {"available": False, "enabled": None}
@@ -283,10 +354,7 @@ async def _control_put(request: web.Request) -> web.Response:
         return _error(403, "writing Control needs an operator token")
     if st.control is None:
         return _error(409, "Control is not available in this controller")
-    try:
-        body: Any = json.loads(await request.read() or b"null")
-    except (ValueError, UnicodeDecodeError):
-        raise BadQuery('body must be JSON: {"enabled": true|false}') from None
+    body = await _json_body(request, '{"enabled": true|false}')
     if not (
         isinstance(body, dict) and set(body) == {"enabled"} and isinstance(body["enabled"], bool)
     ):
@@ -378,6 +446,9 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/events", _events),
     ("GET", "/clocks", _clocks),
     ("GET", "/jobs", _jobs),
+    ("POST", "/jobs", _jobs_post),
+    ("DELETE", "/jobs/{job}", _jobs_delete),
+    ("GET", "/actions", _actions),
     ("GET", "/control", _control_get),
     ("PUT", "/control", _control_put),
     ("GET", "/health", _health),
@@ -392,6 +463,7 @@ def make_app(
     *,
     jobs: JobRegistry | None = None,
     control: Control | None = None,
+    actions: ActionLog | None = None,
     options: ApiOptions | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall_ns: Callable[[], int] = time.time_ns,
@@ -401,8 +473,8 @@ def make_app(
     if not len(tokens):
         raise ValueError("the API needs at least one token")
     app = web.Application(middlewares=[_errors, _auth], client_max_size=64 * 1024)
-    app[STATE] = _State(model, tokens, jobs or JobRegistry(), control, options or ApiOptions(),
-                        clock, wall_ns)  # fmt: skip
+    app[STATE] = _State(model, tokens, jobs or JobRegistry(), control, actions,
+                        options or ApiOptions(), clock, wall_ns)  # fmt: skip
     for method, path, handler in ROUTES:
         app.router.add_route(method, PREFIX + path, handler)
     return app

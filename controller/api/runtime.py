@@ -1,6 +1,6 @@
 """The API inside the controller service (thin shell): hub + app + site on the service's loop.
 
-`ApiRuntime(config, snapshot, jobs=..., control=...)`; ``await start()`` serves and returns the
+`ApiRuntime(config, snapshot, jobs=..., control=..., actions=...)`; ``await start()`` serves and returns the
 base URL; the service calls `publish(snapshot, events)` after every tick (from the loop's
 thread or another); ``await stop()`` ends serving.
 """
@@ -17,6 +17,7 @@ from controller.api.hub import ApiHub
 from controller.api.server import start_api
 from controller.control import Control
 from controller.jobs import JobRegistry
+from controller.remediation.audit import ActionLog
 from controller.snapshot import MeshEvent, MeshSnapshot
 
 
@@ -30,6 +31,7 @@ class ApiRuntime:
         *,
         jobs: JobRegistry | None = None,
         control: Control | None = None,
+        actions: ActionLog | None = None,
         on_clients: Callable[[int], None] = lambda n: None,
     ) -> None:
         """``on_clients`` gets the number of websocket clients after every publish (the
@@ -39,7 +41,7 @@ class ApiRuntime:
         self.hub = ApiHub(snapshot)
         self.jobs = jobs or JobRegistry()
         self.app = make_app(self.hub, config.tokens, jobs=self.jobs, control=control,
-                            options=config.options)  # fmt: skip
+                            actions=actions, options=config.options)  # fmt: skip
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -50,8 +52,8 @@ class ApiRuntime:
         self.url = f"http://{host}:{port}/api/v1/"
         return self.url
 
-    def publish(self, snapshot: MeshSnapshot, events: tuple[MeshEvent, ...]) -> None:
-        """Hand the API the latest snapshot and the tick's new events."""
+    def publish(self, snapshot: MeshSnapshot | None, events: tuple[MeshEvent, ...]) -> None:
+        """Hand the API the latest snapshot (None keeps the current one) and new events."""
         self.hub.publish(snapshot, events)
         self._on_clients(self.hub.clients)
 
