@@ -21,6 +21,7 @@ from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
 from controller.live import LiveConfig
 from controller.remediation.config import RemediationConfig, read_remediation
 from controller.timeseries.config import TimeseriesConfig, read_metrics, read_timeseries
+from mqttlink.settings import MqttSecurity, read_security
 
 
 class ConfigError(ValueError):
@@ -44,6 +45,7 @@ class ServiceConfig:
     # [remediation]: the policy, Control at start, webhooks (controller.remediation.config);
     # without the table the policy runs with its defaults and Control off ("would have")
     remediation: RemediationConfig = field(default_factory=RemediationConfig)
+    mqtt_security: MqttSecurity = field(default_factory=MqttSecurity)  # [mqtt]: TLS, login
 
 
 def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfig:
@@ -57,8 +59,10 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     fabric links; ``model = false``: the fabric model's ECMP hash is not authoritative, so
     flows without a discovered path get unknown hops), ``[timeseries]`` and ``[metrics]``
     (`controller.timeseries.config`, docs/timeseries.md), ``[api]`` (`controller.api.config`,
-    docs/api.md), ``[remediation]`` (`controller.remediation.config`, docs/recovery.md).
-    Types are strict
+    docs/api.md), ``[remediation]`` (`controller.remediation.config`, docs/recovery.md),
+    ``[mqtt]`` (TLS and credentials: ``tls``, ``ca_file``, ``cert_file``, ``key_file``,
+    ``username``, ``password_file``; `mqttlink.settings.read_security`; the broker's address
+    is the command's ``--broker``). Types are strict
     (`contract.tomlcheck`): ``use_uncoded = "false"`` is an error, not True. Raises
     `ConfigError` (one line naming the file and the key) on anything invalid.
     """
@@ -126,6 +130,9 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     metrics_listen = read_metrics(root.table("metrics"))
     api = read_api_table(root.table("api"), base_dir)
     remediation = read_remediation(root.table("remediation"), base_dir) or RemediationConfig()
+    mq = root.table("mqtt")
+    mqtt_security = read_security(mq, base_dir)
+    mq.finish()
     root.finish()
     return ServiceConfig(
         fabric=fabric,
@@ -138,4 +145,5 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         metrics_listen=metrics_listen,
         api=api,
         remediation=remediation,
+        mqtt_security=mqtt_security,
     )

@@ -30,6 +30,7 @@ from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.snapshot import MeshEvent
 from controller.timeseries.runtime import Observability
 from mqttlink.reconnect import Backoff, reconnect_loop
+from mqttlink.settings import CredentialError, MqttSecurity, client_kwargs
 
 REQUEST_TIMEOUT_S = 10.0
 
@@ -119,6 +120,7 @@ async def serve_once(
     api: ApiRuntime | None = None,
     remediation: RemediationRuntime | None = None,
     on_action: Callable[[dict[str, object]], None] = lambda doc: None,
+    security: MqttSecurity | None = None,
 ) -> None:
     """One connection's lifetime: subscribe, pump messages, tick; raises `aiomqtt.MqttError`.
 
@@ -127,10 +129,12 @@ async def serve_once(
     actions go out on ``<prefix>/remediation/<target>``, its audit records to ``on_action``,
     the log, the API's events and ``<prefix>/events/remediation``; acks and rank registrations
     are read from their topics.
+    ``security``: TLS and credentials (`mqttlink.settings.client_kwargs`).
     """
     async with aiomqtt.Client(
-        host, port, protocol=aiomqtt.ProtocolVersion.V5, timeout=REQUEST_TIMEOUT_S
-    ) as client:
+        host, port, protocol=aiomqtt.ProtocolVersion.V5, timeout=REQUEST_TIMEOUT_S,
+        **client_kwargs(security or MqttSecurity()),
+    ) as client:  # fmt: skip
         for flt in (
             topics.subscription("probes", share),
             topics.subscription("presence"),
@@ -261,6 +265,7 @@ async def run_service(
             share=share, tick_s=config.tick_s, clock=clock, log=log, counters=counters,
             router_nodes=config.router_nodes, connected=connected, on_solve=obs.solve, api=api,
             remediation=rem, on_action=on_action,
+            security=config.mqtt_security,
         )  # fmt: skip
 
     def on_error(exc: BaseException, retry_in_s: float) -> None:
@@ -273,7 +278,8 @@ async def run_service(
         try:
             await reconnect_loop(
                 session, Backoff(*config.backoff_s), on_error=on_error,
-                max_attempts=max_attempts, errors=(aiomqtt.MqttError, TimeoutError),
+                max_attempts=max_attempts,
+                errors=(aiomqtt.MqttError, TimeoutError, CredentialError),
             )  # fmt: skip
         finally:
             side.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import signal
 import sys
 import time
@@ -11,6 +12,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from contract.topics import DEFAULT_PREFIX, Topics
+from mqttlink.settings import add_security_args, security_from_args
+
+# the options of `add_security_args`; any of them given replaces the config's [mqtt] table
+SECURITY_OPTIONS = (
+    "mqtt_tls", "mqtt_ca", "mqtt_cert", "mqtt_key", "mqtt_user", "mqtt_password_file",
+)  # fmt: skip
 
 # The controller's modules (sync, scipy) load inside the command: every qpmesh command, a
 # prober starting on a GPU host included, builds this parser.
@@ -37,6 +44,8 @@ def _run(args: argparse.Namespace) -> int:
 
     host, port = parse_broker(args.broker)
     config = load_config(Path(args.config) if args.config else None)
+    if any(getattr(args, k) for k in SECURITY_OPTIONS):  # the options replace [mqtt]
+        config = dataclasses.replace(config, mqtt_security=security_from_args(args))
     topics = Topics(args.prefix)
     log_stream = open(args.log, "a") if args.log else sys.stderr  # noqa: SIM115
     log = JsonLog(log_stream)
@@ -75,4 +84,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic prefix (default %(default)s)")
     p.add_argument("--share", help="shared-subscription group for probes (split load)")
     p.add_argument("--log", help="append JSON-lines log here (default stderr)")
+    add_security_args(p)
     p.set_defaults(func=_run)

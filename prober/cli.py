@@ -75,6 +75,7 @@ def dry_run_plan(cfg: ProberConfig, probes_shown: int = 8) -> dict[str, Any]:
         "transport": cfg.transport,
         "broker": f"{cfg.mqtt.host}:{cfg.mqtt.port}",
         "prefix": cfg.mqtt.prefix,
+        "mqtt_security": cfg.mqtt.security.describe(),
         "streams": len(plan),
         "probes_per_s": plan.probes_per_second * (2 if cfg.schedule.coded else 1),
         "ports_per_nic": cfg.schedule.ports_per_nic,
@@ -97,6 +98,9 @@ def _print_dry_run(doc: dict[str, Any], as_json: bool) -> None:
     print(
         f"prober {doc['host']} ({doc['transport']}) -> mqtt {doc['broker']} under {doc['prefix']}/"
     )
+    sec = doc["mqtt_security"]
+    print(f"mqtt tls {'on' if sec['tls'] else 'off'}, user {sec['username'] or '(none)'}, "
+          f"password {sec['password'] or '(none)'}")  # fmt: skip
     print(f"{doc['streams']} streams, {doc['probes_per_s']:.1f} probes/s, "
           f"{doc['ports_per_nic']} source ports per NIC")  # fmt: skip
     auth = doc.get("auth")

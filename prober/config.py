@@ -9,7 +9,8 @@ Layout (see docs/prober.md for the full reference)::
 
     [prober]                      # host = "host0", transport = "udp", port = 4791, ...
     [schedule]                    # rate_hz, paths, confidence, cross_peers, coded, seed
-    [mqtt]                        # host, port, prefix, keepalive_s, timeout_s, backoff_*
+    [mqtt]                        # host, port, prefix, keepalive_s, timeout_s, backoff_*,
+                                  # tls, ca_file, cert_file, key_file, username, password_file
     [spool]                       # max_batches, max_bytes, dir
     [telemetry]                   # interval_s, gpu
     [paths]                       # enabled, traces_per_s, max_ttl, refresh_s (path discovery)
@@ -28,7 +29,7 @@ from typing import Any
 
 from contract.keys import HMAC, KeySet, load_key_file
 from contract.tomlcheck import Table, parse_toml
-from mqttlink.settings import BrokerSettings
+from mqttlink.settings import BrokerSettings, read_security
 from prober.schedule import ScheduleConfig
 
 TRANSPORTS = ("udp", "rdma")
@@ -121,8 +122,14 @@ def _port(v: int) -> bool:
     return 1 <= v <= 0xFFFF
 
 
-def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConfig:
-    """Return the validated configuration in TOML document ``doc``; raise `ConfigError`."""
+def parse_config(
+    doc: Mapping[str, Any], source: str = "<config>", base_dir: Path | None = None
+) -> ProberConfig:
+    """Return the validated configuration in TOML document ``doc``; raise `ConfigError`.
+
+    Relative file names in ``[mqtt]`` (``ca_file``, ``cert_file``, ``key_file``,
+    ``password_file``) are taken from ``base_dir`` (the config file's folder).
+    """
     src = source
     root = Table.root(doc, src, ConfigError)
     pr = root.table("prober")
@@ -159,6 +166,7 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>") -> ProberConf
         "timeout_s": mq.get("timeout_s", float, 5.0, lambda v: 0 < v <= 600, "in (0, 600]"),
         "backoff_min_s": mq.get("backoff_min_s", float, 0.2, lambda v: 0 < v <= 60, "(0, 60]"),
         "backoff_max_s": mq.get("backoff_max_s", float, 5.0, lambda v: 0 < v <= 600, "(0, 600]"),
+        "security": read_security(mq, base_dir),
     }
     mq.finish()
     try:
@@ -256,7 +264,7 @@ def load_config(path: Path | str) -> ProberConfig:
     Raises `ConfigError` for bad TOML or bad values, `OSError` if the file cannot be read.
     """
     p = Path(path)
-    cfg = parse_config(parse_toml(p.read_bytes(), str(p), ConfigError), str(p))
+    cfg = parse_config(parse_toml(p.read_bytes(), str(p), ConfigError), str(p), p.parent)
     if cfg.auth_key_file and not Path(cfg.auth_key_file).is_absolute():
         cfg = replace(cfg, auth_key_file=str(p.parent / cfg.auth_key_file))
     return cfg

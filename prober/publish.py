@@ -38,7 +38,7 @@ import aiomqtt
 
 from contract.topics import Topics
 from mqttlink.reconnect import Backoff, reconnect_loop
-from mqttlink.settings import BROKER_ERRORS, BrokerSettings, backoff_delay
+from mqttlink.settings import BROKER_ERRORS, BrokerSettings, backoff_delay, client_kwargs
 from prober.spool import Spool
 
 PATHS_QUEUE = 64  # path documents waiting for the broker at most (oldest dropped)
@@ -102,6 +102,7 @@ async def aiomqtt_client(
         timeout=settings.timeout_s,
         will=will,
         clean_session=True,
+        **client_kwargs(settings.security),
     )
     async with asyncio.timeout(settings.timeout_s):
         await client.__aenter__()

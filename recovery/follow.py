@@ -24,6 +24,7 @@ from contract.remediation import (
     action_topic,
     rank_topic,
 )
+from mqttlink.settings import MqttSecurity, configure_paho
 
 log = logging.getLogger("qpmesh.recovery")
 
@@ -34,17 +35,22 @@ __all__ = ["Follower", "rank_topic"]
 class Follower:
     """Connects to the broker, follows ``nics``' action topics, publishes acks.
 
-    Raises OSError from `start` when the broker cannot be reached.
+    ``security``: TLS and credentials (`mqttlink.settings.configure_paho`); with an ACL the
+    agent's identity may read only its NICs' action topics (docs/security.md). Raises
+    OSError from `start` when the broker cannot be reached (an `ssl.SSLError` for TLS
+    trouble), `mqttlink.settings.CredentialError` for an unreadable password file.
     """
 
     def __init__(self, host: str, port: int, nics: tuple[str, ...], inbox: queue.Queue[Any],
-                 *, prefix: str = "qpmesh/v1", client_id: str = "") -> None:  # fmt: skip
+                 *, prefix: str = "qpmesh/v1", client_id: str = "",
+                 security: MqttSecurity | None = None) -> None:  # fmt: skip
         import paho.mqtt.client as mqtt
         from paho.mqtt.enums import CallbackAPIVersion
 
         self.prefix, self.nics, self.inbox = prefix, nics, inbox
         self._topics = [action_topic(prefix, n) for n in nics]
         self._client: Any = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
+        configure_paho(self._client, security or MqttSecurity())
         self._client.on_connect = self._on_connect
         self._client.on_message = self._on_message
         self.host, self.port = host, port

@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Any
 
+from mqttlink.settings import add_security_args, security_from_args
+
 
 def _data(seed: int, step: int, rank: int, dim: int) -> tuple[Any, Any]:
     import torch
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "--verdict-wait-s", type=float, default=8.0, help="agent: wait for a verdict when stuck"
     )
     p.add_argument("--out", required=True, help="result JSON file")
+    add_security_args(p)
     a = p.parse_args(argv)
 
     import logging
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
         inbox: queue.Queue[Any] = queue.Queue()
         bhost, bport = a.broker.rsplit(":", 1)
-        follower = Follower(bhost, int(bport), nics, inbox, client_id=f"{a.job}-r{a.rank}")
+        follower = Follower(bhost, int(bport), nics, inbox, client_id=f"{a.job}-r{a.rank}",
+                            security=security_from_args(a))  # fmt: skip
         follower.start()
         follower.register(a.job, a.rank, socket.gethostname(), nics)
         cfg = AgentConfig(a.job, a.rank, nics, verdict_wait_ns=int(a.verdict_wait_s * SEC))

@@ -22,6 +22,7 @@ import aiomqtt
 import numpy as np
 
 from contract.records import ProbeBatch, RecordError, decode_batch
+from mqttlink.settings import MqttSecurity, client_kwargs
 from testbed.bench_sync_real import summarize_errors, window_errors
 from testbed.scenario import Fault, FaultKind
 from testbed.vclock import VirtualClock
@@ -32,8 +33,11 @@ WINDOW_S = 5.0
 class Monitor:
     """Subscribe to events and probe batches of a broker in a background thread."""
 
-    def __init__(self, host: str, port: int, prefix: str = "qpmesh/v1") -> None:
+    def __init__(
+        self, host: str, port: int, prefix: str = "qpmesh/v1", security: MqttSecurity | None = None
+    ) -> None:
         self.host, self.port, self.prefix = host, port, prefix
+        self.security = security or MqttSecurity()
         self.events: list[dict[str, Any]] = []
         self.batches: list[ProbeBatch] = []
         self.errors: list[str] = []
@@ -56,7 +60,8 @@ class Monitor:
     async def _serve(self) -> None:
         while not self._stop.is_set():
             try:
-                async with aiomqtt.Client(self.host, self.port, timeout=5) as c:
+                kw = client_kwargs(self.security)
+                async with aiomqtt.Client(self.host, self.port, timeout=5, **kw) as c:
                     await c.subscribe(f"{self.prefix}/events/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/probes/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/paths/#", qos=1, timeout=5)

@@ -16,7 +16,7 @@ import aiomqtt
 
 from contract.topics import TopicError, Topics
 from mqttlink.reconnect import Backoff, reconnect_loop
-from mqttlink.settings import BrokerSettings
+from mqttlink.settings import BrokerSettings, client_kwargs
 from prober.rdma.peers import RdmaPeerTable
 
 
@@ -56,6 +56,7 @@ async def follow_presence(
         async with aiomqtt.Client(
             settings.host, settings.port, identifier=client_id,
             keepalive=settings.keepalive_s, timeout=settings.timeout_s,
+            **client_kwargs(settings.security),
         ) as client:  # fmt: skip
             await client.subscribe(flt, qos=1, timeout=settings.timeout_s)
             table.counters["presence_connects"] += 1
