@@ -24,6 +24,7 @@ from mqttlink.settings import MqttSecurity
 
 CONTROLLER_USER = "controller"
 MONITOR_USER = "monitor"
+CONTROLLER_READS = ("probes", "presence", "health", "paths", "remediation-ack", "jobs")
 
 
 def agent_user(job: str, rank: int) -> str:
@@ -58,8 +59,7 @@ def acl_text(
         f"pattern read {p}/presence/+",
         "",
         f"user {controller}",
-        *(f"topic read {p}/{kind}/#" for kind in
-          ("probes", "presence", "health", "paths", "remediation-ack", "jobs")),  # fmt: skip
+        *(f"topic read {p}/{kind}/#" for kind in CONTROLLER_READS),
         f"topic readwrite {p}/events/#",
         f"topic readwrite {p}/remediation/#",
         "",

@@ -152,7 +152,9 @@ def test_prober_and_controller_configs_take_tls_and_credentials(tmp_path: Path) 
 
 
 @pytest.mark.broker
-async def test_prober_publishes_under_its_own_host_only(secure_broker: tuple[int, Material]) -> None:
+async def test_prober_publishes_under_its_own_host_only(
+    secure_broker: tuple[int, Material],
+) -> None:
     """The real `Publisher` of host0 delivers; host0's credentials under host1's topic do not."""
     port, m = secure_broker
     async with _client(port, m.security("monitor"), "t-monitor") as mon:
