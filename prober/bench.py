@@ -138,27 +138,38 @@ def _session_rate(seconds: float, clock: Callable[[], float]) -> float:
     return done / (clock() - start)
 
 
-async def _endpoint_rate(seconds: float) -> float:
-    """Return complete probes/s through two `UdpEndpoint` objects on loopback (full stack)."""
-    import asyncio
+PATHS = ("batched", "per-datagram")
 
+
+async def _endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, float]:
+    """Run full round trips through two endpoints on loopback for ``seconds``.
+
+    Returns (round trips completed, CPU seconds of this process, wall seconds). Both roles run
+    in this process, so the CPU time covers initiator and responder (kernel time included:
+    ``time.process_time`` is user + system time). ``path``: `prober.fastudp.BatchUdpEndpoint`
+    ("batched") or `prober.udp.UdpEndpoint` ("per-datagram", today's path, the baseline).
+    """
     from prober.events import ProbeEvent
+    from prober.fastudp import BatchUdpEndpoint
     from prober.session import ProbeSession
     from prober.udp import UdpEndpoint
 
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    cls = BatchUdpEndpoint if path == "batched" else UdpEndpoint
     done = 0
 
     def count(events: list[ProbeEvent]) -> None:
         nonlocal done
         done += len(events)
 
-    a = UdpEndpoint(ProbeSession("bench-a"), "127.0.0.1", dport=0, on_events=count)
-    b = UdpEndpoint(ProbeSession("bench-b"), "127.0.0.1", dport=0)
+    a = cls(ProbeSession("bench-a"), "127.0.0.1", dport=0, on_events=count)
+    b = cls(ProbeSession("bench-b"), "127.0.0.1", dport=0)
     async with a, b:
         sport = a.add_source_port(0)
         dest = ("127.0.0.1", b.dport)
         loop = asyncio.get_running_loop()
-        start = loop.time()
+        cpu0, start = time.process_time(), loop.time()
         while loop.time() - start < seconds:
             if a.session.pending < 4 * _BATCH:  # keep a window of probes in flight
                 now = a.now_ns()
@@ -166,17 +177,59 @@ async def _endpoint_rate(seconds: float) -> float:
                     a.session.queue_probe("bench-b", dest, sport, now)
                 a.flush()
             await asyncio.sleep(0)
-        elapsed = loop.time() - start
+        cpu, elapsed = time.process_time() - cpu0, loop.time() - start
+    return done, cpu, elapsed
+
+
+async def _endpoint_rate(seconds: float) -> float:
+    """Return complete probes/s (wall clock) through two per-datagram endpoints on loopback."""
+    done, _, elapsed = await _endpoint_round_trips(seconds, "per-datagram")
     return done / elapsed
 
 
-def measure(seconds: float = 5.0, rounds: int = _ROUNDS) -> dict[str, object]:
+def measure_round_trips(
+    seconds: float = 1.0, repeats: int = 3, paths: tuple[str, ...] = PATHS
+) -> dict[str, object]:
+    """Return full round trips per CPU second for each path, interleaved repeat by repeat.
+
+    ``round_trips_per_core_second`` (batched) and ``baseline_round_trips_per_core_second``
+    (per-datagram) are medians over ``repeats``; ``round_trip_ratio`` = batched / baseline.
+    Raises `ValueError` for non-positive ``seconds``/``repeats`` or an unknown path.
+    """
+    if seconds <= 0 or repeats <= 0:
+        raise ValueError("seconds and repeats must be positive")
+    runs: dict[str, list[float]] = {p: [] for p in paths}
+    for _ in range(repeats):
+        for p in paths:
+            done, cpu, _ = asyncio.run(_endpoint_round_trips(seconds, p))
+            runs[p].append(done / cpu if cpu > 0 else 0.0)
+    out: dict[str, object] = {"repeats": repeats, "seconds_per_run": seconds}
+    med = {p: statistics.median(v) for p, v in runs.items()}
+    if "batched" in med:
+        out["round_trips_per_core_second"] = round(med["batched"])
+        out["cpu_us_per_round_trip"] = round(1e6 / med["batched"], 2) if med["batched"] else None
+        out["per_repeat_round_trips_per_core_second"] = [round(x) for x in runs["batched"]]
+    if "per-datagram" in med:
+        base = med["per-datagram"]
+        out["baseline_round_trips_per_core_second"] = round(base)
+        out["baseline_cpu_us_per_round_trip"] = round(1e6 / base, 2) if base else None
+        out["per_repeat_baseline"] = [round(x) for x in runs["per-datagram"]]
+    if "batched" in med and "per-datagram" in med and med["per-datagram"]:
+        out["round_trip_ratio"] = round(med["batched"] / med["per-datagram"], 3)
+    return out
+
+
+def measure(
+    seconds: float = 5.0, rounds: int = _ROUNDS, path: str = "both", repeats: int = 3
+) -> dict[str, object]:
     """Run the interleaved benchmark for about ``seconds`` and return the figures.
 
-    Raises `ValueError` for non-positive ``seconds`` or ``rounds``.
+    Adds the full round trips per CPU second of ``path`` ("both": the batched path and the
+    per-datagram baseline, interleaved; see `measure_round_trips`).
+    Raises `ValueError` for non-positive ``seconds``, ``rounds`` or ``repeats``.
     """
-    if seconds <= 0 or rounds <= 0:
-        raise ValueError("seconds and rounds must be positive")
+    if seconds <= 0 or rounds <= 0 or repeats <= 0:
+        raise ValueError("seconds, rounds and repeats must be positive")
     per = seconds / (2 * rounds)
     clock = time.perf_counter
     _run_loop(True, min(per, 0.1), clock)  # warm-up: lets the kernel switch RX stamping on
@@ -188,6 +241,8 @@ def measure(seconds: float = 5.0, rounds: int = _ROUNDS) -> dict[str, object]:
     pps, base = statistics.median(stamped), statistics.median(plain)
     session = _session_rate(min(per, 1.0), clock)
     endpoint = asyncio.run(_endpoint_rate(min(per, 1.0)))
+    paths = PATHS if path == "both" else (path,)
+    round_trips = measure_round_trips(max(0.5, seconds / repeats / 2), repeats, paths)
     return {
         "probes_per_second": round(pps),
         "baseline_probes_per_second": round(base),
@@ -200,12 +255,35 @@ def measure(seconds: float = 5.0, rounds: int = _ROUNDS) -> dict[str, object]:
         "endpoint_probes_per_second": round(endpoint),
         "per_round_probes_per_second": [round(x) for x in stamped],
         "per_round_baseline": [round(x) for x in plain],
+        **round_trips,
     }
 
 
-def run_bench(seconds: float = 5.0, json: bool = False) -> dict[str, object]:
-    """Measure, print (one JSON object if ``json`` else a summary), and return the figures."""
-    result = measure(seconds)
+def run_bench(
+    seconds: float = 5.0,
+    json: bool = False,
+    *,
+    path: str = "both",
+    repeats: int = 3,
+    profile: bool = False,
+) -> dict[str, object]:
+    """Measure, print (one JSON object if ``json`` else a summary), and return the figures.
+
+    ``profile``: print `prober.benchprofile.profile_round_trips` of ``path`` instead
+    ("both" profiles the per-datagram path).
+    """
+    if profile:
+        from prober.benchprofile import profile_round_trips
+
+        result = profile_round_trips(seconds, "per-datagram" if path == "both" else path)
+        if json:
+            print(jsonlib.dumps(result))
+        else:
+            print(f"{result['path']}: {result['cpu_us_per_round_trip']} us CPU per round trip")
+            for row in result["stages"]:  # type: ignore[attr-defined]
+                print(f"  {row['us']:8.2f} us  {100 * row['share']:5.1f} %  {row['stage']}")
+        return result
+    result = measure(seconds, path=path, repeats=repeats)
     if json:
         print(jsonlib.dumps(result))
     else:
@@ -214,6 +292,15 @@ def run_bench(seconds: float = 5.0, json: bool = False) -> dict[str, object]:
             f"baseline: {result['baseline_probes_per_second']}  "
             f"overhead ratio: {result['timestamp_overhead_ratio']}"
         )
+        if "round_trips_per_core_second" in result:
+            print(f"batched round trips per core-second: {result['round_trips_per_core_second']}")
+        if "baseline_round_trips_per_core_second" in result:
+            print(
+                "per-datagram round trips per core-second: "
+                f"{result['baseline_round_trips_per_core_second']}"
+            )
+        if "round_trip_ratio" in result:
+            print(f"ratio: {result['round_trip_ratio']}")
     return result
 
 

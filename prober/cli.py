@@ -33,7 +33,22 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_run)
     sub = p.add_subparsers(dest="prober_command", metavar="SUBCOMMAND")
     b = sub.add_parser("bench", help="measure the probe protocol and transport throughput")
-    b.add_argument("--seconds", type=float, default=3.0, help="duration of each measurement")
+    b.add_argument("--seconds", type=float, default=3.0,
+                   help="duration of each measurement (the round-trip runs last seconds/repeats/2 "
+                        "each, at least 0.5 s)")  # fmt: skip
+    b.add_argument("--path", choices=("both", "batched", "per-datagram"), default="both",
+                   help="hot path(s) whose full round trips per CPU second are measured: the "
+                        "batched path (prober.fastudp), today's per-datagram path (prober.udp, "
+                        "the baseline) or both, interleaved, with their ratio (default)")  # fmt: skip
+    b.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="round-trip runs per path; medians are reported (default 3)",
+    )
+    b.add_argument("--profile", action="store_true",
+                   help="instead: profile one path's round trip (--path, default per-datagram) "
+                        "and print CPU microseconds per stage")  # fmt: skip
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=_bench)
 
@@ -43,7 +58,11 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.seconds <= 0:
         raise ValueError("--seconds must be positive")
-    result = run_bench(args.seconds, args.json)
+    if args.repeats <= 0:
+        raise ValueError("--repeats must be positive")
+    result = run_bench(
+        args.seconds, args.json, path=args.path, repeats=args.repeats, profile=args.profile
+    )
     return int(result) if isinstance(result, int) else 0
 
 

@@ -21,7 +21,9 @@ Time is always passed in; nothing reads a clock.
 from __future__ import annotations
 
 import heapq
+import struct
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contract.records import MISSING
@@ -35,9 +37,18 @@ from prober.events import (
     SendMeta,
     TraceReached,
 )
-from prober.wire import Codec, Message, MsgType, WireError, nic_hash
+from prober.wire import BODY_LEN, MAGIC, VERSION, Codec, Message, MsgType, WireError, nic_hash
 
 _REPLY_TOKEN_BASE = 1 << 32  # probe tokens are their seq; reply tokens live above 2**32
+# the 48-byte body of `prober.wire` (magic, version, type, flags, pair_pos, reserved, sender,
+# peer, seq, pair_id, ta, tb): the batched methods pack unauthenticated replies and follow-ups
+# with it directly (their fields come from an already validated message); a test checks the
+# bytes equal `Codec.encode`
+_BODY = struct.Struct("!HBBBBHQQIiqq")
+assert _BODY.size == BODY_LEN
+_I64 = (1 << 63) - 1
+_REPLY, _FOLLOW_UP = MsgType.REPLY, MsgType.FOLLOW_UP
+_PROBE = MsgType.PROBE
 
 
 @dataclass(slots=True)
@@ -318,6 +329,134 @@ class ProbeSession:
             return []
         return [ProbeResult(seq, self.nic_id, p.dst, p.sport, p.pair_id, p.pair_pos,
                             p.t1, p.t2, p.t3, p.t4)]  # fmt: skip
+
+    # ---- batched receive / transmit stamps (the lean path of `prober.fastudp`) ------------------
+
+    def receive_many(
+        self, batch: Sequence[tuple[bytes | bytearray | memoryview, Address, int]], now_ns: int
+    ) -> list[ProbeEvent]:
+        """Process datagrams ``(data, src, rx_stamp_ns)`` received by ``now_ns``, in order.
+
+        The same outcome as calling `receive` for each (same `Codec.decode`, so the same
+        validation and HMAC check, same counters, same results, same replies queued), with less
+        work per datagram: unauthenticated two-step replies are packed directly instead of
+        being rebuilt as validated `Message` values.
+        """
+        events: list[ProbeEvent] = []
+        decode = self.codec.decode
+        fast = not self.codec.authenticated and not self.one_step
+        pending, counters, nic = self._pending, self.counters, self.nic
+        for data, src, rx in batch:
+            try:
+                msg = decode(data)
+            except WireError as exc:
+                counters[exc.reason] += 1
+                continue
+            if msg.peer != nic:
+                counters["misdirected"] += 1
+                continue
+            mtype = msg.mtype
+            if mtype is _PROBE:
+                if fast and not msg.trace and 0 <= rx <= _I64:
+                    self._answer_fast(msg, src, rx, now_ns)
+                else:
+                    self._answer(msg, src, rx, now_ns)
+                continue
+            if msg.trace:
+                events.append(TraceReached(msg.seq, msg.sender, rx))
+                continue
+            seq = msg.seq
+            p = pending.get(seq)
+            if p is None:
+                counters["unmatched"] += 1
+                continue
+            if msg.sender != p.dst_hash:
+                counters["wrong_sender"] += 1
+                continue
+            if msg.pair_id != p.pair_id or msg.pair_pos != p.pair_pos:
+                counters["mismatch"] += 1
+                continue
+            if p.t2 is not None and msg.ta != p.t2:
+                counters["duplicate"] += 1
+                continue
+            if mtype is _REPLY:
+                if p.t4 is not None:
+                    counters["duplicate"] += 1
+                    continue
+                p.t4, p.t2 = rx, msg.ta
+                if msg.t3_final:
+                    p.t3 = msg.tb
+            else:
+                if p.t3 is not None:
+                    counters["duplicate"] += 1
+                    continue
+                p.t2, p.t3 = msg.ta, msg.tb
+            if p.t1 is not None and p.t2 is not None and p.t3 is not None and p.t4 is not None:
+                events += self._maybe_complete(seq, p)
+        return events
+
+    def _answer_fast(self, msg: Message, src: Address, t2: int, now_ns: int) -> None:
+        """`_answer` for an unauthenticated two-step reply, packed without a new `Message`."""
+        if len(self._await_tx) >= self.max_pending:
+            self.counters["overflow"] += 1
+            return
+        # the reply's fields are the validated probe's, t2 is in range: skip re-validation
+        reply = Message._make((_REPLY, self.nic, msg.sender, msg.seq, msg.pair_id, msg.pair_pos,
+                               t2, 0, False, msg.pad, False))  # fmt: skip
+        self._reply_token += 1
+        token = _REPLY_TOKEN_BASE + self._reply_token
+        self._await_tx[token] = _AwaitTx(src, reply, now_ns)
+        data = _BODY.pack(MAGIC, VERSION, 2, 0, msg.pair_pos, 0, self.nic, msg.sender, msg.seq,
+                          msg.pair_id, t2, 0)  # fmt: skip
+        if msg.pad:
+            data += bytes(msg.pad)
+        meta = SendMeta(token, _REPLY, self.nic_id, "", 0, msg.seq, msg.pair_id, msg.pair_pos)
+        self._outbox.append(Datagram(src, data, meta))
+
+    def on_tx_stamps(self, stamps: Sequence[tuple[int, int]]) -> list[ProbeEvent]:
+        """Record many transmit stamps ``(token, tx_stamp_ns)`` in order; return completed results.
+
+        The same outcome as `on_tx_stamp` for each; unauthenticated follow-ups are packed
+        directly (their fields come from the reply this session built).
+        """
+        if self.codec.authenticated:
+            out: list[ProbeEvent] = []
+            for token, tx in stamps:
+                out += self.on_tx_stamp(token, tx)
+            return out
+        events: list[ProbeEvent] = []
+        await_tx, pending, counters, outbox = (
+            self._await_tx,
+            self._pending,
+            self.counters,
+            self._outbox,
+        )
+        for token, tx in stamps:
+            if token >= _REPLY_TOKEN_BASE:
+                wait = await_tx.pop(token, None)
+                if wait is None:
+                    counters["late_tx_stamp"] += 1
+                    continue
+                m = wait.msg
+                t3 = max(tx, m.ta) if tx >= 0 else m.ta
+                if t3 > _I64:
+                    await_tx[token] = wait  # out of range: let the validating path raise as before
+                    events += self.on_tx_stamp(token, tx)
+                    continue
+                data = _BODY.pack(MAGIC, VERSION, 3, 0, m.pair_pos, 0, self.nic, m.peer, m.seq,
+                                  m.pair_id, m.ta, t3)  # fmt: skip
+                meta = SendMeta(NO_TOKEN, _FOLLOW_UP, self.nic_id, "", 0, m.seq, m.pair_id,
+                                m.pair_pos)  # fmt: skip
+                outbox.append(Datagram(wait.dest, data, meta))
+                continue
+            p = pending.get(token)
+            if p is None or p.t1 is not None:
+                counters["late_tx_stamp"] += 1
+                continue
+            p.t1 = tx
+            if p.t2 is not None and p.t3 is not None and p.t4 is not None:
+                events += self._maybe_complete(token, p)
+        return events
 
     # ---- timeouts ----------------------------------------------------------------------------
 

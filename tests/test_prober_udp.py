@@ -11,6 +11,7 @@ import pytest
 from prober.events import ProbeEvent, ProbeLost, ProbeResult
 from prober.session import ProbeSession
 from prober.timestamping import ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, ExtendedErr, StampSource
+from prober.fastudp import BatchUdpEndpoint
 from prober.udp import UdpEndpoint, UdpError
 from prober.wire import Codec
 
@@ -37,15 +38,23 @@ class Collector:
         return self.events
 
 
+@pytest.fixture(params=[UdpEndpoint, BatchUdpEndpoint], ids=["per-datagram", "batched"])
+def ep_cls(request: pytest.FixtureRequest) -> type[UdpEndpoint]:
+    """Both hot paths: today's per-datagram endpoint and the batched one."""
+    cls: type[UdpEndpoint] = request.param
+    return cls
+
+
 @contextlib.asynccontextmanager
 async def endpoint(
     nic: str,
     collector: Collector | None = None,
     clock: Callable[[int], int] = lambda ns: ns,
+    cls: type[UdpEndpoint] = UdpEndpoint,
     **kw: object,
 ) -> AsyncIterator[UdpEndpoint]:
     session = ProbeSession(nic, Codec(KEY), timeout_ns=300_000_000)
-    ep = UdpEndpoint(session, LO, dport=0, clock=clock, on_events=collector, **kw)  # type: ignore[arg-type]
+    ep = cls(session, LO, dport=0, clock=clock, on_events=collector, **kw)  # type: ignore[arg-type]
     await ep.start()
     task = asyncio.create_task(ep.run())
     try:
@@ -57,9 +66,9 @@ async def endpoint(
             await task
 
 
-async def test_loopback_round_trip_has_ordered_software_stamps() -> None:
+async def test_loopback_round_trip_has_ordered_software_stamps(ep_cls: type[UdpEndpoint]) -> None:
     got = Collector()
-    async with endpoint("nicA", got) as a, endpoint("nicB") as b:
+    async with endpoint("nicA", got, cls=ep_cls) as a, endpoint("nicB", cls=ep_cls) as b:
         sport = a.add_source_port(0)
         for _ in range(20):
             a.session.queue_probe("nicB", (LO, b.dport), sport, a.now_ns())
@@ -77,10 +86,13 @@ async def test_loopback_round_trip_has_ordered_software_stamps() -> None:
     assert not a.session.counters and not b.session.counters
 
 
-async def test_coded_pair_keeps_spacing_and_clock_hook_applies() -> None:
+async def test_coded_pair_keeps_spacing_and_clock_hook_applies(ep_cls: type[UdpEndpoint]) -> None:
     got = Collector()
     offset = 1_000_000_000  # B's virtual clock runs 1 s ahead
-    async with endpoint("nicA", got) as a, endpoint("nicB", clock=lambda ns: ns + offset) as b:
+    async with (
+        endpoint("nicA", got, cls=ep_cls) as a,
+        endpoint("nicB", cls=ep_cls, clock=lambda ns: ns + offset) as b,
+    ):
         sport = a.add_source_port(0)
         pid = a.session.queue_pair("nicB", (LO, b.dport), sport, a.now_ns(), spacing_ns=20_000)
         a.wake()
@@ -95,11 +107,13 @@ async def test_coded_pair_keeps_spacing_and_clock_hook_applies() -> None:
     assert offset < r0.t3 - r0.t4 + 50_000_000
 
 
-async def test_no_listener_gives_icmp_error_and_loss() -> None:
+async def test_no_listener_gives_icmp_error_and_loss(ep_cls: type[UdpEndpoint]) -> None:
     got = Collector()
     icmp: list[tuple[int, ExtendedErr]] = []
-    async with endpoint("nicA", got, on_icmp=lambda p, e, d, n: icmp.append((p, e))) as a:
-        async with endpoint("nicB") as b:
+    async with endpoint(
+        "nicA", got, cls=ep_cls, on_icmp=lambda p, e, d, n: icmp.append((p, e))
+    ) as a:
+        async with endpoint("nicB", cls=ep_cls) as b:
             dead = b.dport
         sport = a.add_source_port(0)
         a.session.queue_probe("nicB", (LO, dead), sport, a.now_ns())
@@ -145,9 +159,12 @@ async def test_send_after_icmp_error_is_not_swallowed() -> None:
         live.close()
 
 
-async def test_without_timestamping_uses_user_clock() -> None:
+async def test_without_timestamping_uses_user_clock(ep_cls: type[UdpEndpoint]) -> None:
     got = Collector()
-    async with endpoint("nicA", got, timestamping=False) as a, endpoint("nicB") as b:
+    async with (
+        endpoint("nicA", got, cls=ep_cls, timestamping=False) as a,
+        endpoint("nicB", cls=ep_cls) as b,
+    ):
         sport = a.add_source_port(0)
         a.session.queue_probe("nicB", (LO, b.dport), sport, a.now_ns())
         a.wake()
@@ -165,9 +182,12 @@ async def test_bad_bind_raises_udp_error() -> None:
     ep.close()
 
 
-async def test_bind_to_device_lo_and_unknown_device() -> None:
+async def test_bind_to_device_lo_and_unknown_device(ep_cls: type[UdpEndpoint]) -> None:
     got = Collector()
-    async with endpoint("nicA", got, device="lo") as a, endpoint("nicB", device="lo") as b:
+    async with (
+        endpoint("nicA", got, cls=ep_cls, device="lo") as a,
+        endpoint("nicB", cls=ep_cls, device="lo") as b,
+    ):
         sport = a.add_source_port(0)
         a.session.queue_probe("nicB", (LO, b.dport), sport, a.now_ns())
         a.wake()
