@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from prober.events import ProbeEvent, ProbeLost, ProbeResult
+from prober.fastudp import BatchUdpEndpoint
 from prober.session import ProbeSession
 from prober.timestamping import ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, ExtendedErr, StampSource
-from prober.fastudp import BatchUdpEndpoint
 from prober.udp import UdpEndpoint, UdpError
 from prober.wire import Codec
 
