@@ -67,7 +67,8 @@ def handle_message(
     """Apply one MQTT message to ``live``; return a short outcome (for counters and logs).
 
     Outcomes: ``probes``, ``duplicate``, ``presence``, ``health``, ``paths``, ``ignored``;
-    malformed payloads return ``bad:<reason>`` instead of raising. ``router_nodes`` maps
+    malformed payloads return ``bad:<reason>`` instead of raising, and so does an old batch
+    published again (``bad:replayed batch <seq> from <origin>``, `Ingestor.is_replay`). ``router_nodes`` maps
     router addresses of discovered paths to fabric nodes (no map: paths are ignored).
     """
     try:
@@ -76,7 +77,10 @@ def handle_message(
         return "ignored"
     try:
         if kind == "probes":
-            n = live.ingest_batch(decode_batch(payload), now_ns)
+            batch = decode_batch(payload)
+            if live.ingestor.is_replay(batch.origin, batch.batch_seq):
+                return f"bad:replayed batch {batch.batch_seq} from {batch.origin}"
+            n = live.ingest_batch(batch, now_ns)
             return "probes" if n else "duplicate"
         if kind == "presence":
             doc = json.loads(payload) if payload else {"alive": False}

@@ -22,6 +22,9 @@ from controller.fabric import Fabric
 from controller.fabric.ecmp import ROCEV2_PORT, flow_paths, routing_tables
 from controller.windows import KeyIndex, flow_key
 
+# batches an origin's batch_seq may lie below its newest before it counts as a replay
+REPLAY_SLACK = 64
+
 I32 = NDArray[np.int32]
 I64 = NDArray[np.int64]
 
@@ -91,11 +94,13 @@ class Ingested:
 
 @dataclass
 class IngestStats:
-    """Counters: batches and records accepted, duplicates and unknown-NIC records dropped."""
+    """Counters: batches and records accepted, duplicates, replays (`Ingestor.is_replay`) and
+    unknown-NIC records dropped."""
 
     batches: int = 0
     records: int = 0
     duplicates: int = 0
+    replays: int = 0
     unknown_nic_records: int = 0
     origins: dict[str, int] = field(default_factory=dict)
 
@@ -123,6 +128,7 @@ class Ingestor:
         self.stats = IngestStats()
         self._dedup_depth = dedup_depth
         self._seen: dict[str, tuple[set[int], deque[int]]] = {}
+        self._newest: dict[str, int] = {}  # origin -> highest batch_seq taken
         self._table_cache: tuple[tuple[str, ...], I64] | None = None
         # flows (src, dst, sport) -> dense slots; model (hash) paths of probe and reply for
         # the RoCEv2 dport never change for a fabric, so they are computed once per flow
@@ -139,6 +145,22 @@ class Ingestor:
         table = np.array([idx.get(x, -1) for x in nic_ids], dtype=np.int64)
         self._table_cache = (nic_ids, table)
         return table
+
+    def is_replay(self, origin: str, batch_seq: int) -> bool:
+        """Return True (and count it) if ``batch_seq`` lies more than `REPLAY_SLACK` batches
+        below the newest batch taken from ``origin``: an old batch published again.
+
+        A prober publishes its batches in order with one in flight, so only a QoS 1
+        redelivery of its last few batches arrives late (those are duplicates, not
+        replays); a restarted prober continues above its predecessor (batch_seq starts at
+        its start time in ms). Not caught: a replay before the controller saw anything newer
+        from that origin (e.g. just after a controller restart), see docs/security.md.
+        """
+        newest = self._newest.get(origin)
+        if newest is None or batch_seq >= newest - REPLAY_SLACK:
+            return False
+        self.stats.replays += 1
+        return True
 
     def is_duplicate(self, origin: str, batch_seq: int) -> bool:
         """Return True if (origin, batch_seq) was seen; otherwise remember it, return False."""
@@ -209,6 +231,8 @@ class Ingestor:
         if self.is_duplicate(batch.origin, batch.batch_seq):
             self.stats.duplicates += 1
             return None
+        self._newest[batch.origin] = max(self._newest.get(batch.origin, batch.batch_seq),
+                                         batch.batch_seq)  # fmt: skip
         table = self._map_table(batch.nic_ids)
         src = table[batch.src] if len(batch) else np.zeros(0, np.int64)
         dst = table[batch.dst] if len(batch) else np.zeros(0, np.int64)
