@@ -9,15 +9,27 @@ time passed in.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import IO, Any
 
+from contract.documents import HealthDoc, PresenceDoc
+from contract.jsondoc import DocumentError
+from contract.origin import batch_origin_error, health_origin_error, presence_origin_error
 from contract.records import RecordError, decode_batch
 from contract.topics import TopicError, Topics
+from controller.fabric import Fabric
 from controller.live import LiveController
 from controller.pathmap import path_rows
 from controller.snapshot import MeshEvent
+
+
+@functools.lru_cache(maxsize=8)
+def nic_hosts(fabric: Fabric) -> Mapping[str, str]:
+    """Return NIC id -> owning host id of ``fabric`` (cached: a fabric never changes)."""
+    return MappingProxyType({n.id: n.host for n in fabric.nics})
 
 
 def apply_paths(live: LiveController, router_nodes: Mapping[str, str], doc: Any) -> int:
@@ -68,7 +80,10 @@ def handle_message(
 
     Outcomes: ``probes``, ``duplicate``, ``presence``, ``health``, ``paths``, ``ignored``;
     malformed payloads return ``bad:<reason>`` instead of raising, and so does an old batch
-    published again (``bad:replayed batch <seq> from <origin>``, `Ingestor.is_replay`). ``router_nodes`` maps
+    published again (``bad:replayed batch <seq> from <origin>``, `Ingestor.is_replay`) and
+    a message that cannot come from the host of its topic (``bad:untrusted: ...``,
+    `contract.origin`: a batch whose origin or probing NICs are another host's, presence or
+    health of a host the fabric does not have or naming another host's NICs). ``router_nodes`` maps
     router addresses of discovered paths to fabric nodes (no map: paths are ignored).
     """
     try:
@@ -78,16 +93,19 @@ def handle_message(
     try:
         if kind == "probes":
             batch = decode_batch(payload)
+            why = batch_origin_error(batch, host, nic_hosts(live.fabric))
+            if why:
+                return f"bad:{why}"
             if live.ingestor.is_replay(batch.origin, batch.batch_seq):
                 return f"bad:replayed batch {batch.batch_seq} from {batch.origin}"
             n = live.ingest_batch(batch, now_ns)
             return "probes" if n else "duplicate"
         if kind == "presence":
-            doc = json.loads(payload) if payload else {"alive": False}
-            alive = doc.get("alive")
-            if not isinstance(alive, bool):
-                return "bad:presence needs a boolean alive"
-            live.presence(host, alive, now_ns)
+            presence = PresenceDoc.decode(payload)
+            why = presence_origin_error(presence, host, nic_hosts(live.fabric))
+            if why:
+                return f"bad:{why}"
+            live.presence(host, presence.alive, now_ns)
             return "presence"
         if kind == "paths":
             if not router_nodes:
@@ -95,15 +113,13 @@ def handle_message(
             apply_paths(live, router_nodes, json.loads(payload))
             return "paths"
         if kind == "health":
-            doc = json.loads(payload)
-            ok = doc.get("gpu_ok", True)
-            present = doc.get("present", True)
-            detail = str(doc.get("detail", ""))
-            if not isinstance(ok, bool) or not isinstance(present, bool):
-                return "bad:health needs boolean gpu_ok/present"
-            live.gpu(host, ok, detail, now_ns, present=present)
+            health = HealthDoc.decode(payload)
+            why = health_origin_error(health, host, nic_hosts(live.fabric))
+            if why:
+                return f"bad:{why}"
+            live.gpu(host, health.gpu_ok, health.detail, now_ns, present=health.gpu_present)
             return "health"
-    except RecordError as exc:
+    except (RecordError, DocumentError) as exc:
         return f"bad:{exc}"
     except (ValueError, AttributeError) as exc:
         return f"bad:{type(exc).__name__}: {exc}"

@@ -14,10 +14,11 @@ import aiohttp
 import aiomqtt
 import pytest
 
+from contract.origin import split_by_host
 from contract.records import encode_batch
 from contract.topics import Topics
 from controller.config import ConfigError, load_config
-from controller.dispatch import JsonLog
+from controller.dispatch import JsonLog, nic_hosts
 from controller.fabric import FabricShape, build_fabric
 from controller.service import run_service
 from testbed.scenario import Fault, FaultKind
@@ -102,7 +103,8 @@ async def test_flap_reaches_api_events_and_websocket(
                 t = 0.0
                 while t < 14.0:
                     st = sim.step(t, 0.5)
-                    await client.publish(topics.probes("host1"), encode_batch(st.batch), qos=1)
+                    for h, b in split_by_host(st.batch, nic_hosts(fab)).items():
+                        await client.publish(topics.probes(h), encode_batch(b), qos=1)
                     t = st.t1_s
                     await asyncio.sleep(0.15)  # ticks run between batches
                     sim_t[0] = t

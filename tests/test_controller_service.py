@@ -7,16 +7,18 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import aiomqtt
 import numpy as np
 import pytest
 
+from contract.origin import split_by_host
 from contract.records import encode_batch
 from contract.topics import TopicError, Topics
 from controller.config import ConfigError, ServiceConfig, load_config
-from controller.dispatch import JsonLog, handle_message
+from controller.dispatch import JsonLog, handle_message, nic_hosts
 from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveConfig, LiveController
 from controller.service import run_service
@@ -86,7 +88,8 @@ def test_handle_message_dispatch() -> None:
     live = LiveController(fab)
     t = Topics()
     st = Simulator(fab, SimConfig(peers=4)).step(0.0, 0.5)
-    payload = encode_batch(st.batch)
+    host0 = np.isin(st.batch.src, [n.index for n in fab.nics_of_host("host0")])
+    payload = encode_batch(replace(st.batch.select(host0), origin="host0"))
     assert handle_message(live, t, t.probes("host0"), payload, EPOCH_NS) == "probes"
     assert handle_message(live, t, t.probes("host0"), payload, EPOCH_NS) == "duplicate"
     assert handle_message(live, t, t.probes("host0"), b"junk", EPOCH_NS).startswith("bad:")
@@ -151,11 +154,13 @@ async def test_service_end_to_end(mosquitto: tuple[str, int], tmp_path: Path) ->
                     break
                 await asyncio.sleep(0.05)
             expected = 0
-            for st in steps:
-                await client.publish(topics.probes("host1"), encode_batch(st.batch), qos=1)
-                expected += len(st.batch)
+            for st in steps:  # as each host's prober publishes them
+                for h, b in split_by_host(st.batch, nic_hosts(fab)).items():
+                    await client.publish(topics.probes(h), encode_batch(b), qos=1)
+                    expected += len(b)
             # a replayed batch must not count twice
-            await client.publish(topics.probes("host1"), encode_batch(steps[0].batch), qos=1)
+            h, b = next(iter(split_by_host(steps[0].batch, nic_hosts(fab)).items()))
+            await client.publish(topics.probes(h), encode_batch(b), qos=1)
             prober.kill()  # abrupt death: the broker publishes the last-will
             prober.wait(timeout=10)
             got: list[dict[str, object]] = []

@@ -355,10 +355,11 @@ async def test_controller_service_writes_a_flap_and_serves_metrics(
 
     import aiomqtt
 
+    from contract.origin import split_by_host
     from contract.records import encode_batch
     from contract.topics import Topics
     from controller.config import load_config
-    from controller.dispatch import JsonLog
+    from controller.dispatch import JsonLog, nic_hosts
     from controller.fabric import FabricShape, build_fabric
     from controller.service import run_service
     from testbed.scenario import Fault, FaultKind
@@ -403,7 +404,8 @@ async def test_controller_service_writes_a_flap_and_serves_metrics(
                 for st in steps:  # each step's batch once the clock has passed its end
                     while clock() < EPOCH_NS + int(st.t1_s * 1e9):
                         await asyncio.sleep(0.02)
-                    await client.publish(topics.probes("host0"), encode_batch(st.batch), qos=1)
+                    for h, b in split_by_host(st.batch, nic_hosts(fab)).items():
+                        await client.publish(topics.probes(h), encode_batch(b), qos=1)
             metrics = next(
                 json.loads(x) for x in log_path.read_text().splitlines() if '"metrics"' in x
             )
