@@ -104,4 +104,3 @@ def test_health_of_another_host_is_dropped() -> None:
     own = HealthDoc(gpu_ok=False, gpu_present=True, detail="xid 79", host="host3").encode()
     assert handle_message(live, T, T.health("host3"), own, EPOCH_NS) == "health"
     assert live.gpu_state["host3"].ok is False and live.gpu_state["host3"].detail == "xid 79"
-
