@@ -242,8 +242,11 @@ async def run_service(
         log(change.t_ns, "control", enabled=change.enabled, actor=change.actor)
 
     rem = remediation or RemediationRuntime(
-        config.remediation, topics.prefix, on_control=control_changed
-    )
+        config.remediation, topics.prefix, on_control=control_changed,
+        leaf_of={n.id: n.leaf for n in config.fabric.nics},
+    )  # fmt: skip
+    if rem.restored:
+        log(clock(), "remediation state restored", ids=rem.restored, records=len(rem.log.records()))
 
     def on_action(doc: dict[str, object]) -> None:
         try:  # the status as a tag value: sent, would_have, suppressed
@@ -255,7 +258,7 @@ async def run_service(
     if config.api is not None:
         api = ApiRuntime(
             config.api, live.snapshot(), jobs=rem.jobs, control=rem.control, actions=rem.log,
-            on_clients=obs.websocket_clients,
+            ask=rem.ask, on_clients=obs.websocket_clients,
         )  # fmt: skip
         log(clock(), "api serving", url=await api.start())
 
@@ -287,4 +290,6 @@ async def run_service(
                 await side
             if api is not None:
                 await api.stop()
+            await rem.sender.drain(2.0)  # give queued webhook deliveries a moment
+            await rem.sender.stop()
     return live

@@ -159,6 +159,7 @@ BAD_REQUESTS = [
     ("POST", "/jobs", b'{"id": "train-1", "tenant": "acme", "ranks": [{"nics": ["nic0"]}]}', 409),
     ("DELETE", "/jobs/nope", None, 404),
     ("GET", "/actions?status=done", None, 400),
+    ("POST", "/alertmanager", b'{"version": "4"}', 409),  # no remediation in this app
     ("GET", "/actions?since_ns=9&until_ns=3", None, 400),
     ("PUT", "/control", b"not json", 400),
     ("PUT", "/control", b'{"enabled": "yes"}', 400),

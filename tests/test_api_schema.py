@@ -18,6 +18,7 @@ from controller.api.server import ApiThread
 from controller.control import Control
 from controller.jobs import Job, JobRegistry
 from controller.remediation.audit import ActionLog
+from controller.remediation.runtime import RemediationRuntime
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
 OPENAPI = Path(__file__).parents[1] / "docs" / "openapi.yaml"
@@ -45,6 +46,7 @@ def live_api() -> Iterator[tuple[str, ApiThread]]:
                  "move_off_nic", "nic": "nic0", "link": "", "job": "j", "reason": "down",
                  "finding": "nic_down@nic0@1", "issued_at_ns": 5, "expires_at_ns": 9}, "t")  # fmt: skip
     app = make_app(hub, tokens, jobs=jobs, control=Control(False), actions=actions,
+                   ask=RemediationRuntime().ask,
                    options=ApiOptions(rate_per_s=1e6, burst=1e6))  # fmt: skip
     srv = ApiThread(app, "127.0.0.1", 0)
     port = srv.start()

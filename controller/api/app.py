@@ -3,7 +3,8 @@
 `make_app(model, tokens, ...)` returns the app. ``model`` is the narrow `ReadModel` (the
 `controller.api.hub.ApiHub` the producer publishes into); ``jobs``, ``control`` and
 ``actions`` are the controller's `JobRegistry`, `Control` (None = unavailable) and
-remediation `ActionLog` (None = no actions). Every request needs a
+remediation `ActionLog` (None = no actions); ``ask`` takes Alertmanager webhooks
+(``POST /alertmanager``; None = unavailable). Every request needs a
 bearer token (401 otherwise); a tenant token sees only its jobs' NICs (another tenant's NIC is
 404, exactly like a NIC that does not exist); every token has a token bucket (429 past it).
 Every error is a JSON body ``{"error": {"status", "message"}}``; 4xx answers are counted per
@@ -45,6 +46,7 @@ from controller.api.views import (
 )
 from controller.control import Control
 from controller.jobs import Job, JobError, JobRegistry
+from controller.remediation.alerts import WebhookError
 from controller.remediation.audit import ActionLog, ActionQueryError, parse_action_query
 from controller.snapshot import MeshEvent, MeshSnapshot
 
@@ -52,6 +54,10 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "v1"
 PREFIX = "/api/v1"
+
+
+AlertIntake = Callable[[Any, int], Mapping[str, object]]
+"""(Alertmanager webhook payload, now ns) -> summary; raises `WebhookError` when malformed."""
 
 
 class ReadModel(Protocol):
@@ -104,6 +110,7 @@ class _State:
     jobs: JobRegistry
     control: Control | None
     actions: ActionLog | None
+    ask: AlertIntake | None
     options: ApiOptions
     clock: Callable[[], float]
     wall_ns: Callable[[], int]
@@ -142,7 +149,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "WWW-Authenticate",
                                                                   "Retry-After")}  # fmt: skip
         resp = _error(exc.status, exc.reason if exc.text is None else _plain(exc), headers)
-    except (BadQuery, ActionQueryError, json.JSONDecodeError) as exc:
+    except (BadQuery, ActionQueryError, WebhookError, json.JSONDecodeError) as exc:
         resp = _error(400, str(exc))
     except NotFound as exc:
         resp = _error(404, str(exc))
@@ -331,6 +338,18 @@ async def _actions(request: web.Request) -> web.Response:
     return web.json_response(st.actions.query(q, None if who.is_operator else who.name))
 
 
+async def _alertmanager(request: web.Request) -> web.Response:
+    _params(request)
+    st = request.app[STATE]
+    who: Principal = request[PRINCIPAL]
+    if not who.is_operator:
+        return _error(403, "asking for actions needs an operator token")
+    if st.ask is None:
+        return _error(409, "remediation is not available in this controller")
+    body = await _json_body(request, "an Alertmanager webhook payload")
+    return web.json_response(dict(st.ask(body, st.wall_ns())))
+
+
 def _control_doc(st: _State, who: Principal) -> dict[str, object]:
     if st.control is None:
         return {"available": False, "enabled": None}
@@ -449,6 +468,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/jobs", _jobs_post),
     ("DELETE", "/jobs/{job}", _jobs_delete),
     ("GET", "/actions", _actions),
+    ("POST", "/alertmanager", _alertmanager),
     ("GET", "/control", _control_get),
     ("PUT", "/control", _control_put),
     ("GET", "/health", _health),
@@ -464,6 +484,7 @@ def make_app(
     jobs: JobRegistry | None = None,
     control: Control | None = None,
     actions: ActionLog | None = None,
+    ask: AlertIntake | None = None,
     options: ApiOptions | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall_ns: Callable[[], int] = time.time_ns,
@@ -473,7 +494,7 @@ def make_app(
     if not len(tokens):
         raise ValueError("the API needs at least one token")
     app = web.Application(middlewares=[_errors, _auth], client_max_size=64 * 1024)
-    app[STATE] = _State(model, tokens, jobs or JobRegistry(), control, actions,
+    app[STATE] = _State(model, tokens, jobs or JobRegistry(), control, actions, ask,
                         options or ApiOptions(), clock, wall_ns)  # fmt: skip
     for method, path, handler in ROUTES:
         app.router.add_route(method, PREFIX + path, handler)

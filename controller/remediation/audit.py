@@ -130,6 +130,15 @@ class ActionLog:
             cut = len(hits) > q.limit
             return {"actions": [_copy(d) for d in hits[-q.limit :]], "truncated": cut}
 
+    def restore(self, docs: list[dict[str, Any]]) -> None:
+        """Put back the records of a previous run (a restarted controller), oldest first;
+        numbering goes on after the highest sequence number among them."""
+        with self._lock:
+            for d in docs:
+                if {"t_ns", "id", "kind", "status", "job"} <= set(d):
+                    self._docs.append({**d, "acks": list(d.get("acks", []))})
+            self._seq = max([self._seq, *(int(d.get("seq", 0)) for d in self._docs)])
+
     def records(self) -> tuple[dict[str, Any], ...]:
         """Return every kept record (copies), oldest first."""
         with self._lock:

@@ -7,26 +7,48 @@ switch (``PUT /api/v1/control``), the `Remediator` (the policy's state) and the 
 `tick(now_ns)`, which returns the MQTT messages to publish (``send`` actions only: with
 Control off nothing is sent and the records say "would have") and the audit records, which
 the service hands to the API's event stream (`events_of`), the time series and its log.
-`handle` takes the messages of the remediation-ack and jobs topics. No I/O here: the service
-publishes the returned messages.
+`handle` takes the messages of the remediation-ack and jobs topics.
+
+Around that, when configured (`RemediationConfig`): every sent action is POSTed as JSON to the
+webhooks and every finding becomes an Alertmanager v2 alert (`controller.remediation.alerts`),
+both through one `HookSender` (bounded queues, retries, timeouts: never blocking the tick);
+`ask(payload, now_ns)` takes an Alertmanager v4 webhook (an operator's alert pipeline asking
+for actions; one action per alert fingerprint, ever); with ``state_dir`` the policy state, the
+fingerprints and the recent audit records are written after each tick that changed them and
+read back at start (`controller.remediation.state`), so a restarted controller does not repeat
+what it sent. The service publishes the returned messages; HTTP runs in the sender's tasks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from contract.remediation import REMEDIATION_ACK, AckDoc, DocumentError, jobs_subscription
+from contract.remediation import (
+    REMEDIATION_ACK,
+    AckDoc,
+    ActionDoc,
+    DocumentError,
+    jobs_subscription,
+)
 from controller.control import Control, ControlChange
 from controller.jobfeed import RankFeed
 from controller.jobs import JobRegistry
+from controller.remediation.alerts import Request, alert_for, parse_webhook, resolve
 from controller.remediation.audit import ActionLog
 from controller.remediation.config import RemediationConfig
 from controller.remediation.loop import FindingLike, Remediator
+from controller.remediation.policy import Planned, action_id
+from controller.remediation.publish import send_planned
+from controller.remediation.state import StateFile, dump_state, load_state
+from controller.remediation.webhook import Delivery, HookSender
 from controller.snapshot import MeshEvent
 
 Message = tuple[str, bytes]
 """(topic, payload) to publish with QoS 1."""
+ALERT_HOLD_S = 300.0  # an alert Alertmanager hears nothing more about ends this much later
+MAX_FINGERPRINTS = 100_000
+KEEP_RECORDS = 500  # audit records kept in the state file
 
 
 def action_event(doc: dict[str, Any]) -> MeshEvent:
@@ -49,7 +71,10 @@ def ack_event(doc: dict[str, Any], ack: AckDoc) -> MeshEvent:
 
 
 class RemediationRuntime:
-    """The service's remediation state (see the module docstring)."""
+    """The service's remediation state (see the module docstring).
+
+    Raises `StateError` at construction when ``state_dir`` holds an unusable state file.
+    """
 
     def __init__(
         self,
@@ -58,6 +83,8 @@ class RemediationRuntime:
         *,
         jobs: JobRegistry | None = None,
         on_control: Callable[[ControlChange], None] | None = None,
+        leaf_of: Mapping[str, str] | None = None,
+        sender: HookSender | None = None,
     ) -> None:
         self.config = config or RemediationConfig()
         self.prefix = prefix
@@ -67,32 +94,135 @@ class RemediationRuntime:
         self.log = ActionLog()
         self.feed = RankFeed(self.jobs, prefix)
         self.counters: dict[str, int] = {}
+        self.leaf_of = dict(leaf_of or {})
+        self.sender = sender or HookSender(timeout_s=self.config.webhook_timeout_s,
+                                           retries=self.config.webhook_retries)  # fmt: skip
+        self.fingerprints: dict[str, int] = {}
+        self._asked: list[tuple[Request, int]] = []
+        self._alerts: list[dict[str, Any]] = []
+        self._firing: dict[str, dict[str, Any]] = {}
+        self.restored = 0
+        self.state_error = ""
+        self.state_file = StateFile(self.config.state_dir) if self.config.state_dir else None
+        if self.state_file is not None:
+            doc = self.state_file.read()
+            if doc is not None:
+                st, self.fingerprints, records = load_state(doc)
+                self.remediator.state = st
+                self.log.restore(records)
+                self.restored = len(st.issued)
 
     @property
     def subscriptions(self) -> tuple[str, ...]:
         """Return the filters the service subscribes to for acks and rank registrations."""
         return (f"{self.prefix}/{REMEDIATION_ACK}/#", jobs_subscription(self.prefix))
 
-    def _count(self, key: str) -> None:
-        self.counters[key] = self.counters.get(key, 0) + 1
+    def _count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
 
     def observe(self, findings: Iterable[FindingLike]) -> None:
-        """Queue the tick's findings for the policy (kinds it does not act on are dropped)."""
+        """Queue the tick's findings for the policy (kinds it does not act on are dropped) and
+        for Alertmanager (when configured)."""
         for f in findings:
             self.remediator.observe(f)
+            if not self.config.alertmanager:
+                continue
+            if f.kind == "clear":
+                for key in [k for k in self._firing if k.endswith(f"|{f.target}")]:
+                    self._alerts.append(resolve(self._firing.pop(key), f.t_ns))
+                continue
+            alert = alert_for(f.kind, f.target, f.detail, f.t_ns, self.leaf_of, ALERT_HOLD_S)
+            if alert is not None:
+                self._alerts.append(alert)
+                self._firing[f"{alert['labels']['alertname']}|{f.target}"] = alert
+
+    def ask(self, payload: Any, now_ns: int) -> dict[str, Any]:
+        """Take an Alertmanager v4 webhook payload; queue one action request per new alert
+        fingerprint for the next tick; return ``{"accepted", "duplicates", "ignored"}``.
+        Raises `controller.remediation.alerts.WebhookError` on a malformed payload."""
+        reqs, ignored = parse_webhook(payload)
+        accepted = dups = 0
+        for r in reqs:
+            if r.fingerprint in self.fingerprints:
+                dups += 1
+                continue
+            if len(self.fingerprints) >= MAX_FINGERPRINTS:
+                oldest = min(self.fingerprints, key=self.fingerprints.__getitem__)
+                del self.fingerprints[oldest]
+            self.fingerprints[r.fingerprint] = now_ns
+            self._asked.append((r, now_ns))
+            accepted += 1
+        self._count("alert_requests", accepted)
+        return {"accepted": accepted, "duplicates": dups, "ignored": ignored}
+
+    def _requested(self, now_ns: int) -> list[Planned]:
+        """Return the actions the queued alert requests ask for (Control decides send or
+        would have; the fingerprint keeps each id unique)."""
+        out = []
+        ttl = self.config.policy.ttl_ns
+        disp = "send" if self.control.enabled else "would_have"
+        for r, _t in self._asked:
+            jobs = [r.job] if r.job else (
+                sorted(j.id for j in self.jobs.jobs() if r.nic in j.nics) if r.nic else []
+            ) or [""]  # fmt: skip
+            for job in jobs:
+                target = r.nic or r.link
+                try:
+                    a = ActionDoc(
+                        id=action_id(r.kind, target, f"{job}|alert:{r.fingerprint}", 0),
+                        kind=r.kind, reason=r.reason, finding=f"alert@{r.fingerprint}",
+                        issued_at_ns=now_ns, expires_at_ns=now_ns + ttl, nic=r.nic,
+                        link=r.link,
+                        job=job,
+                    )  # fmt: skip
+                except DocumentError:  # parse_webhook checked the labels: not expected
+                    self._count("alert_requests_bad")
+                    continue
+                out.append(Planned(a, disp))
+        self._asked = []
+        return out
 
     def tick(self, now_ns: int) -> tuple[list[Message], list[dict[str, Any]]]:
-        """Run one policy step; return (messages to publish, audit documents)."""
+        """Run one policy step (and the alert requests); return (messages to publish, audit
+        documents). Sent actions are offered to the webhooks, alerts to Alertmanager."""
         out: list[Message] = []
         records = self.remediator.tick_with(
             self.jobs, self.control, now_ns, lambda t, p: out.append((t, p))
         )
+        if self._asked:
+            asked = send_planned(self._requested(now_ns), lambda t, p: out.append((t, p)),
+                                 now_ns, self.prefix)  # fmt: skip
+            self.remediator.audit.extend(asked)
+            records += asked
         docs = []
         for rec in records:
             job = self.jobs.get(str(rec.get("job", ""))) if rec.get("job") else None
-            docs.append(self.log.add(rec, job.tenant if job is not None else ""))
-            self._count(f"action_{docs[-1]['status'].replace(' ', '_')}")
+            doc = self.log.add(rec, job.tenant if job is not None else "")
+            docs.append(doc)
+            self._count(f"action_{doc['status'].replace(' ', '_')}")
+            if doc["status"] == "sent":
+                body = {k: v for k, v in doc.items() if k not in ("acks", "seq")}
+                for url in self.config.webhooks:
+                    self.sender.offer(Delivery(url, body, doc["id"]))
+        if self._alerts:
+            url = self.config.alertmanager.rstrip("/") + "/api/v2/alerts"
+            self.sender.offer(Delivery(url, self._alerts, f"alerts-{now_ns}"))
+            self._alerts = []
+        if docs:
+            self.save()
         return out, docs
+
+    def save(self) -> None:
+        """Write the state file (if configured and changed); a write that fails is counted
+        (``state_write_failed``, ``state_error``) and tried again at the next change."""
+        if self.state_file is None:
+            return
+        recs = self.log.records()[-KEEP_RECORDS:]
+        try:
+            self.state_file.write(dump_state(self.remediator.state, self.fingerprints, recs))
+        except OSError as exc:
+            self._count("state_write_failed")
+            self.state_error = f"{self.state_file.path}: {exc.strerror or exc}"
 
     def handle(self, topic: str, payload: bytes) -> tuple[str, MeshEvent | None] | None:
         """Apply a message of an ack or jobs topic; return (outcome, event to show or None),
@@ -106,6 +236,12 @@ class RemediationRuntime:
             doc = self.log.ack(ack)
             if doc is None:
                 return "ack_unmatched", None
+            self.save()
             return "ack", ack_event(doc, ack)
         out = self.feed.apply(topic, payload)
         return None if out == "ignored" else (out, None)
+
+    def health(self) -> dict[str, Any]:
+        """Return the counters and the webhook sender's figures."""
+        return {**self.counters, "restored_ids": self.restored,
+                "hooks": self.sender.stats.to_dict(), "hooks_pending": self.sender.pending}  # fmt: skip

@@ -1,0 +1,245 @@
+"""Webhooks (retries, backoff, timeout, bounded queue) against a local HTTP server that fails
+and recovers; findings as Alertmanager v2 alerts to a fake Alertmanager; the Alertmanager v4
+webhook intake (fingerprint de-duplication) through the API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from controller.api.app import PREFIX, make_app
+from controller.api.auth import Principal, TokenTable
+from controller.api.hub import ApiHub
+from controller.fabric import FabricShape, build_fabric
+from controller.jobs import Job
+from controller.live import LiveController
+from controller.remediation.alerts import WebhookError, alert_for, labels_for, parse_webhook
+from controller.remediation.config import RemediationConfig
+from controller.remediation.policy import SEC, PolicyConfig
+from controller.remediation.runtime import RemediationRuntime
+from controller.remediation.webhook import Delivery, HookSender
+from controller.snapshot import MeshEvent
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class FlakyReceiver:
+    """A local HTTP receiver: the first ``fail`` requests get 500, the next ``hang`` ones
+    never answer (until the client gives up), then 200. Counts what it answered 200."""
+
+    def __init__(self, fail: int = 0, hang: int = 0) -> None:
+        self.fail, self.hang = fail, hang
+        self.seen = 0
+        self.ok: list[tuple[str, Any]] = []
+        self.bodies: list[Any] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.seen += 1
+        body = json.loads(await request.read())
+        if self.fail > 0:
+            self.fail -= 1
+            return web.Response(status=500, text="down")
+        if self.hang > 0:
+            self.hang -= 1
+            await asyncio.sleep(3600)
+        self.ok.append((request.headers.get("Idempotency-Key", ""), body))
+        return web.json_response({"ok": True})
+
+
+@contextlib.asynccontextmanager
+async def serve(recv: FlakyReceiver, path: str = "/hook") -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post(path, recv.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url(path))
+    finally:
+        await server.close()
+
+
+async def _no_sleep(_s: float) -> None:
+    await asyncio.sleep(0)
+
+
+async def test_webhook_retries_a_failing_then_hanging_receiver_and_delivers_once() -> None:
+    recv = FlakyReceiver(fail=2, hang=1)
+    delays: list[float] = []
+
+    async def sleep(s: float) -> None:
+        delays.append(s)
+        await asyncio.sleep(0)
+
+    sender = HookSender(timeout_s=0.5, retries=5, backoff_s=0.1, backoff_max_s=1.0, sleep=sleep)
+    async with serve(recv) as url:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        sender.offer(Delivery(url, {"id": "move_off_nic-1", "kind": "move_off_nic"}, "a-1"))
+        assert loop.time() - t0 < 0.1  # offer never waits for the receiver
+        assert await sender.drain(30)
+        await sender.stop()
+    assert [k for k, _ in recv.ok] == ["a-1"]  # delivered exactly once
+    assert recv.seen == 4 and sender.stats.retries == 3 and sender.stats.delivered == 1
+    assert delays == [0.1, 0.2, 0.4]  # backoff doubles
+    assert sender.stats.failed == 0 and "HTTP 500" not in sender.stats.last_error
+
+
+async def test_webhook_gives_up_after_retries_and_rejects_4xx() -> None:
+    recv = FlakyReceiver(fail=100)
+    sender = HookSender(timeout_s=1.0, retries=2, backoff_s=0.01, sleep=_no_sleep)
+    async with serve(recv) as url:
+        sender.offer(Delivery(url, {"n": 1}, "k1"))
+        assert await sender.drain(30)
+        assert sender.stats.failed == 1 and sender.stats.retries == 2 and recv.seen == 3
+        sender.offer(Delivery(url.replace("/hook", "/nope"), {"n": 2}, "k2"))  # 404
+        assert await sender.drain(30)
+        await sender.stop()
+    assert sender.stats.rejected == 1 and not recv.ok
+
+
+async def test_webhook_queue_is_bounded_and_a_hung_url_does_not_hold_up_others() -> None:
+    slow, fine = FlakyReceiver(hang=100), FlakyReceiver()
+    sender = HookSender(timeout_s=30.0, retries=0, max_queue=3, sleep=_no_sleep)
+    async with serve(slow) as slow_url, serve(fine) as fine_url:
+        for i in range(10):
+            sender.offer(Delivery(slow_url, {"i": i}, f"s{i}"))
+        sender.offer(Delivery(fine_url, {"i": 0}, "f0"))
+        for _ in range(200):
+            if fine.ok:
+                break
+            await asyncio.sleep(0.02)
+        assert [k for k, _ in fine.ok] == ["f0"]  # while the slow URL hangs
+        assert sender.pending == 3 and sender.stats.dropped == 7
+        await sender.stop()
+
+
+def test_alert_labels_and_shape() -> None:
+    leaf_of = {"nic3": "leaf1"}
+    assert labels_for("link_flap", "leaf0-spine1", leaf_of) == {
+        "alertname": "QpmeshLinkFlap", "link": "leaf0-spine1", "nic": "", "leaf": "leaf0",
+        "action": "replace_link", "severity": "warning", "target": "leaf0-spine1",
+    }  # fmt: skip
+    lab = labels_for("link_down", "nic3-leaf1", leaf_of)
+    assert (lab["alertname"], lab["nic"], lab["leaf"], lab["action"]) == (
+        "QpmeshNicDown", "nic3", "leaf1", "move_off_nic"
+    )  # fmt: skip
+    assert labels_for("nic_down", "nic3", leaf_of)["leaf"] == "leaf1"
+    assert labels_for("contention", "leaf1-spine0", leaf_of)["alertname"] == "QpmeshContention"
+    a = alert_for("nic_down", "nic3", "silent", 1_700_000_000_123_000_000, leaf_of, 300)
+    assert a is not None
+    assert a["startsAt"] == "2023-11-14T22:13:20.123Z" and a["endsAt"] == "2023-11-14T22:18:20.123Z"
+    assert alert_for("prober_down", "host1", "", 1, leaf_of, 1) is None
+
+
+def _am(alerts: list[dict[str, Any]], status: str = "firing") -> dict[str, Any]:
+    return {"version": "4", "groupKey": "{}:{alertname=\"X\"}", "status": status,
+            "receiver": "qpmesh", "alerts": alerts}  # fmt: skip
+
+
+def test_parse_alertmanager_webhook() -> None:
+    alerts = [
+        {"status": "firing", "fingerprint": "f1", "labels": {"action": "move_off_nic", "nic": "nic0"}},
+        {"status": "resolved", "fingerprint": "f2", "labels": {"action": "move_off_nic", "nic": "nic0"}},
+        {"status": "firing", "fingerprint": "f3", "labels": {"alertname": "HighTemp"}},
+        {"status": "firing", "labels": {"action": "replace_link", "link": "leaf0-spine1", "job": "j"}},
+    ]  # fmt: skip
+    reqs, ignored = parse_webhook(_am(alerts))
+    assert ignored == 2 and (reqs[0].fingerprint, reqs[0].kind, reqs[0].nic, reqs[0].link) == (
+        "f1", "move_off_nic", "nic0", ""
+    )  # fmt: skip
+    assert reqs[1].job == "j" and len(reqs[1].fingerprint) == 16  # derived from the labels
+    for bad in (
+        [], {"version": "3", "groupKey": "", "status": "firing", "alerts": []},
+        _am([{"labels": {"action": "move_off_nic"}}]),  # no nic
+        _am([{"labels": {"action": "move_off_nic", "nic": "a/b"}}]),
+        _am([{"labels": {"action": "replace_link", "link": "l", "job": "bad job"}}]),
+        _am([{"labels": {"x": 1}}]), _am(["x"]),  # type: ignore[list-item]
+    ):  # fmt: skip
+        with pytest.raises(WebhookError):
+            parse_webhook(bad)
+
+
+async def test_findings_reach_a_fake_alertmanager_and_sent_actions_the_webhook() -> None:
+    am, hook = FlakyReceiver(fail=1), FlakyReceiver()
+    async with serve(am, "/api/v2/alerts") as am_url, serve(hook) as hook_url:
+        cfg = RemediationConfig(
+            policy=PolicyConfig(min_interval_ns=0), control=True, webhooks=(hook_url,),
+            alertmanager=am_url.removesuffix("/api/v2/alerts"),
+        )  # fmt: skip
+        sender = HookSender(timeout_s=2.0, retries=3, backoff_s=0.01, sleep=_no_sleep)
+        rt = RemediationRuntime(cfg, "p", leaf_of={"nic0": "leaf0"}, sender=sender)
+        rt.jobs.register(Job("train", "acme", (("nic0",),)))
+        rt.observe([MeshEvent(1 * SEC, "link_flap", "nic0-leaf0", "3 flaps"),
+                    MeshEvent(1 * SEC, "contention", "leaf0-spine1", "q")])  # fmt: skip
+        msgs, docs = rt.tick(2 * SEC)
+        rt.observe([MeshEvent(3 * SEC, "clear", "nic0-leaf0")])
+        rt.tick(4 * SEC)
+        assert await sender.drain(30)
+        await sender.stop()
+    assert sorted(t for t, _ in msgs) == ["p/remediation/leaf0-spine1", "p/remediation/nic0"]
+    # the webhook: one POST per sent action, the action's fields and its status
+    assert sorted(k for k, _ in hook.ok) == sorted(d["id"] for d in docs)
+    body = next(b for _, b in hook.ok if b["kind"] == "move_off_nic")
+    assert body["job"] == "train" and body["status"] == "sent" and body["nic"] == "nic0"
+    # Alertmanager: a list of v2 alerts per tick (the first POST failed and was retried)
+    assert am.seen == 3 and len(am.ok) == 2
+    first, second = am.ok[0][1], am.ok[1][1]
+    assert {a["labels"]["alertname"] for a in first} == {"QpmeshLinkFlap", "QpmeshContention"}
+    flap = next(a for a in first if a["labels"]["alertname"] == "QpmeshLinkFlap")
+    assert flap["labels"] == {"alertname": "QpmeshLinkFlap", "link": "nic0-leaf0", "nic": "nic0",
+                              "leaf": "leaf0", "action": "move_off_nic", "severity": "warning",
+                              "target": "nic0-leaf0"}  # fmt: skip
+    assert set(flap) == {"labels", "annotations", "startsAt", "endsAt"}
+    assert flap["startsAt"].endswith("Z") and flap["endsAt"] > flap["startsAt"]
+    (resolved,) = second  # the clear resolves the flap alert: endsAt = the clear's time
+    assert resolved["labels"] == flap["labels"] and resolved["endsAt"] == "1970-01-01T00:00:03.000Z"
+
+
+TOK, TEN = "am-operator-token", "am-tenant-token"
+
+
+async def test_alertmanager_intake_route_deduplicates_by_fingerprint() -> None:
+    fab = build_fabric(FabricShape.for_nics(4))
+    rt = RemediationRuntime(RemediationConfig(control=True), "p")
+    rt.jobs.register(Job("train", "acme", (("nic0",), ("nic1",))))
+    tokens = TokenTable({TOK: Principal("operator", "ops"), TEN: Principal("tenant", "acme")})
+    app = make_app(ApiHub(LiveController(fab).snapshot()), tokens, jobs=rt.jobs, control=rt.control,
+                   actions=rt.log, ask=rt.ask, wall_ns=lambda: 5 * SEC)  # fmt: skip
+    payload = _am([{"status": "firing", "fingerprint": "abc123",
+                    "labels": {"alertname": "NicErrors", "action": "move_off_nic", "nic": "nic0"}}])  # fmt: skip
+    async with TestClient(TestServer(app)) as c:
+        op = {"Authorization": f"Bearer {TOK}"}
+        r = await c.post(PREFIX + "/alertmanager", json=payload, headers=op)
+        assert r.status == 200 and await r.json() == {"accepted": 1, "duplicates": 0, "ignored": 0}
+        msgs, docs = rt.tick(6 * SEC)
+        r = await c.post(PREFIX + "/alertmanager", json=payload, headers=op)  # same fingerprint
+        assert (await r.json())["duplicates"] == 1
+        assert rt.tick(7 * SEC) == ([], [])
+        r = await c.post(PREFIX + "/alertmanager", json=payload,
+                         headers={"Authorization": f"Bearer {TEN}"})  # fmt: skip
+        assert r.status == 403
+        r = await c.post(PREFIX + "/alertmanager", json={"version": "4"}, headers=op)
+        assert r.status == 400 and "alerts" in (await r.json())["error"]["message"]
+        r = await c.get(PREFIX + "/actions", headers=op)
+        (act,) = (await r.json())["actions"]
+    assert [t for t, _ in msgs] == ["p/remediation/nic0"]
+    assert (act["kind"], act["nic"], act["job"], act["status"]) == (
+        "move_off_nic", "nic0", "train", "sent"
+    )  # fmt: skip
+    assert act["finding"] == "alert@abc123" and "NicErrors" in act["reason"]
+    assert docs[0]["id"] == act["id"]
+
+
+def test_alert_request_with_control_off_is_would_have() -> None:
+    rt = RemediationRuntime(RemediationConfig(control=False), "p")
+    payload = _am([{"fingerprint": "z", "labels": {"action": "replace_link", "link": "leaf0-spine1"}}])  # fmt: skip
+    assert rt.ask(payload, 1)["accepted"] == 1
+    msgs, docs = rt.tick(2)
+    assert msgs == [] and [d["status"] for d in docs] == ["would have"]
