@@ -157,7 +157,7 @@ class ScriptedLive(LiveController):
 
 @contextlib.asynccontextmanager
 async def _controller(
-    mosquitto: tuple[str, int], tmp_path: Path, remediation: str
+    mosquitto: tuple[str, int], tmp_path: Path, remediation: str, prefix: str = ""
 ) -> AsyncIterator[tuple[str, ScriptedLive, Topics, Path]]:
     host, port = mosquitto
     api_port = _free_port()
@@ -170,7 +170,7 @@ async def _controller(
     )
     config = load_config(conf)
     live = ScriptedLive(config.fabric, LiveConfig(solve_inline=False))
-    topics = Topics(f"qpmesh/rem{api_port}")
+    topics = Topics(prefix or f"qpmesh/rem{api_port}")
     log_path = tmp_path / "log.jsonl"
     log_file = log_path.open("w")
     svc = asyncio.create_task(
@@ -312,3 +312,96 @@ async def test_controller_remediates_with_control_and_jobs_from_api_and_mqtt(
 
 async def _true(v: bool) -> bool:
     return v
+
+
+def test_restart_resumes_from_the_state_file_without_repeating(tmp_path: Path) -> None:
+    from controller.remediation.config import RemediationConfig
+    from controller.remediation.policy import PolicyConfig
+    from controller.remediation.state import FILE, StateError
+
+    cfg = RemediationConfig(policy=PolicyConfig(min_interval_ns=0), control=True,
+                            state_dir=tmp_path / "st")  # fmt: skip
+    job = Job("train", "acme", (("nic0",), ("nic2",)))
+    first = RemediationRuntime(cfg, "p", jobs=JobRegistry((job,)))
+    first.observe([MeshEvent(1 * SEC, "link_flap", "nic0-leaf0")])
+    msgs, docs = first.tick(2 * SEC)
+    assert [t for t, _ in msgs] == ["p/remediation/nic0"]
+    assert first.handle(f"p/remediation-ack/{docs[0]['id']}",
+                        AckDoc(docs[0]["id"], "train/rank0", "done", 3).encode())  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "st").iterdir()) == [FILE]  # no temporary left
+    # a new controller on the same state: the same NIC seen down anew is a new episode, but
+    # the job was told already; another NIC of the job still gets its action
+    second = RemediationRuntime(cfg, "p", jobs=JobRegistry((job,)))
+    assert second.restored == 1
+    (old,) = second.log.records()
+    assert old["id"] == docs[0]["id"] and old["acks"][0]["outcome"] == "done"
+    second.observe([MeshEvent(50 * SEC, "nic_down", "nic0")])
+    assert second.tick(51 * SEC)[0] == []
+    second.observe([MeshEvent(52 * SEC, "nic_down", "nic2")])
+    msgs2, docs2 = second.tick(53 * SEC)
+    assert [t for t, _ in msgs2] == ["p/remediation/nic2"] and docs2[0]["seq"] == 2
+    # without the state file the same run repeats the action: the file is what prevents it
+    fresh = RemediationRuntime(RemediationConfig(policy=cfg.policy, control=True), "p",
+                               jobs=JobRegistry((job,)))  # fmt: skip
+    fresh.observe([MeshEvent(50 * SEC, "nic_down", "nic0")])
+    assert [t for t, _ in fresh.tick(51 * SEC)[0]] == ["p/remediation/nic0"]
+    (tmp_path / "st" / FILE).write_text("{not json")
+    with pytest.raises(StateError, match="not JSON"):
+        RemediationRuntime(cfg, "p")
+    (tmp_path / "st" / FILE).write_text('{"version": 1, "issued": []}')
+    with pytest.raises(StateError, match="issued must be an object"):
+        RemediationRuntime(cfg, "p")
+
+
+@pytest.mark.broker
+async def test_two_controller_runs_on_one_state_send_an_action_once(
+    mosquitto: tuple[str, int], tmp_path: Path
+) -> None:
+    host, port = mosquitto
+    rem = 'control = true\nhold_s = 0\nstate_dir = "state"'
+    async with aiomqtt.Client(host, port) as mq:
+        got: list[ActionDoc] = []
+        prefix = f"qpmesh/restart{_free_port()}"
+        await mq.subscribe(f"{prefix}/remediation/#", qos=1)
+        rank = RankDoc("train", 0, ("nic0",), "host0", "acme")
+        await mq.publish(rank_topic(prefix, "train", 0), rank.encode(), qos=1, retain=True)
+
+        async def collect() -> None:
+            async for msg in mq.messages:
+                assert isinstance(msg.payload, bytes)
+                got.append(ActionDoc.decode(msg.payload))
+
+        reader = asyncio.create_task(collect())
+        op = {"Authorization": f"Bearer {TOKEN}"}
+        try:
+            await _two_runs(mosquitto, tmp_path, rem, prefix, op, got)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                await reader
+            await mq.publish(rank_topic(prefix, "train", 0), b"", qos=1, retain=True)
+
+
+async def _two_runs(mosquitto: tuple[str, int], tmp_path: Path, rem: str, prefix: str,
+                op: dict[str, str], got: list[ActionDoc]) -> None:  # fmt: skip
+    for run in range(2):
+        async with (
+            _controller(mosquitto, tmp_path, rem, prefix) as (base, live, _t, log_path),
+            aiohttp.ClientSession() as http,
+        ):  # fmt: skip
+
+            async def registered(http: aiohttp.ClientSession = http, base: str = base) -> bool:
+                async with http.get(base + "jobs", headers=op) as r:
+                    return bool((await r.json())["jobs"])
+
+            await _wait(registered)  # from the retained registration
+            live.inject.append(("nic_down", "nic0"))
+            if run == 0:
+                await _wait(lambda: _true(bool(got)))
+            await asyncio.sleep(1.0)  # 20 ticks
+            async with http.get(base + "actions", headers=op) as r:
+                acts = (await r.json())["actions"]
+            assert [(a["status"], a["nic"]) for a in acts] == [("sent", "nic0")], acts
+    assert [(a.kind, a.nic, a.job) for a in got] == [("move_off_nic", "nic0", "train")]
+    lines = [json.loads(x) for x in log_path.read_text().splitlines()]
+    assert any(x["msg"] == "remediation state restored" and x["ids"] == 1 for x in lines)
