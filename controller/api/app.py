@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -114,6 +115,7 @@ class _State:
     options: ApiOptions
     clock: Callable[[], float]
     wall_ns: Callable[[], int]
+    instance: str = field(default_factory=lambda: secrets.token_hex(8))
     stats: ApiStats = field(default_factory=ApiStats)
     buckets: dict[str, TokenBucket] = field(default_factory=dict)
 
@@ -404,8 +406,13 @@ def package_version() -> str:
 
 
 async def _version(request: web.Request) -> web.Response:
+    """Versions and this app's ``instance`` id (random per start: a client that sees it
+    change knows the controller restarted and its event sequence numbers started over)."""
     _params(request)
-    return web.json_response({"qpmesh": package_version(), "api": API_VERSION})
+    st = request.app[STATE]
+    return web.json_response(
+        {"qpmesh": package_version(), "api": API_VERSION, "instance": st.instance}
+    )
 
 
 async def _ws(request: web.Request) -> web.StreamResponse:
