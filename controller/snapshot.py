@@ -4,8 +4,8 @@ A `MeshSnapshot` is an immutable picture of the mesh at one instant: per-NIC sta
 one-way delays (inbound and outbound), the latest one-way delay per NIC pair, per-link state and
 flap counts, clock models, events, and the places for features that arrive later (Control,
 jobs, remediation) which are ``None`` while unavailable. A `SnapshotSource` hands out the latest
-snapshot and per-NIC history; an in-process controller implements it now, a websocket client
-of a remote controller later.
+snapshot and per-NIC history: the in-process controller (demo) or `tui.apiclient.ApiSource`,
+a remote controller through its HTTP API and websocket.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ arrows/hjkl move, Enter/click select, ``/`` filter, ``m`` mode, ``a`` inbound/ou
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, Protocol, runtime_checkable
 
 from textual import on
 from textual.app import App, ComposeResult
@@ -21,11 +22,28 @@ from textual.widgets import Button, Footer, Input, Label, Static
 
 from controller.snapshot import ControlUnavailable, MeshSnapshot, SnapshotSource
 from tui.grid import MeshGrid
-from tui.panes import detail_text, events_text, header_text, legend_text, status_text
+from tui.panes import (
+    Connection,
+    detail_text,
+    events_text,
+    header_text,
+    legend_text,
+    status_text,
+)
 from tui.render import DEFAULT_THRESHOLD_NS
 from tui.view import WINDOWS, Alerts, Mode, ViewState, looks_for, visible_groups, visible_nics
 
 NARROW_COLS = 120
+
+
+@runtime_checkable
+class RemoteSource(Protocol):
+    """A source that reaches its controller over a connection (`tui.apiclient.ApiSource`):
+    the screen shows ``connection()`` and tells it which NIC is selected (``focus``), whose
+    delay row and column it then fetches."""
+
+    def connection(self) -> Connection: ...
+    def focus(self, nic: int | None) -> None: ...
 
 
 class ConfirmControl(ModalScreen[bool]):
@@ -115,6 +133,7 @@ class MeshApp(App[None]):
         self.view = ViewState(threshold_ns=threshold_ns)
         self.snap: MeshSnapshot = source.snapshot()
         self.selected: int | None = None
+        self.note = ""  # the last refusal (e.g. of Control), shown in the status line
         self._mounted = False
 
     def compose(self) -> ComposeResult:
@@ -166,7 +185,10 @@ class MeshApp(App[None]):
             visible_groups(snap.fabric, shown), looks_for(snap, view, members), len(snap.nic_health)
         )
         self._static("header").update(header_text(snap))
-        self._static("status").update(status_text(snap, view))
+        conn = self.source.connection() if isinstance(self.source, RemoteSource) else None
+        self._static("status").update(
+            status_text(snap, view, conn=conn, now_s=time.monotonic(), note=self.note)
+        )
         self._static("legend").update(legend_text(view.threshold_ns))
         self._draw_detail()
         self._static("events").update(events_text(snap, view.window_s))
@@ -193,6 +215,8 @@ class MeshApp(App[None]):
     @on(MeshGrid.Selected)
     def _selected(self, message: MeshGrid.Selected) -> None:
         self.selected = message.nic
+        if isinstance(self.source, RemoteSource):
+            self.source.focus(message.nic)
         self._draw_detail()
 
     @on(Input.Changed, "#filter")
@@ -253,8 +277,11 @@ class MeshApp(App[None]):
             try:
                 self.source.set_control(enable)
             except ControlUnavailable as exc:
+                self.note = f"Control refused: {exc}"
                 self.notify(f"Control unavailable: {exc}", severity="error")
+                self.redraw()
                 return
+            self.note = ""
             self.snap = self.source.snapshot()
             self.redraw()
             self.notify(f"Control {'enabled' if enable else 'disabled'}")

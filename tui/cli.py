@@ -18,11 +18,26 @@ def register(subparsers: Any) -> None:
     """Add the ``tui`` subcommand (and ``tui bench``) to the root parser."""
     p = subparsers.add_parser(
         "tui",
-        help="live mesh grid (use --fake for a seeded example, or 'qpmesh demo')",
-        description="The live mesh grid. Keys: arrows/hjkl move, Enter/click select, / filter, "
-        "m mode, a inbound/outbound, w window, c Control, q quit.",
+        help="live mesh grid of a controller (--api URL --token T), or --fake",
+        description="The live mesh grid of a running controller, through its HTTP API and "
+        "websocket (--api, --token), or of a seeded example (--fake). Keys: arrows/hjkl move, "
+        "Enter/click select, / filter, m mode, a inbound/outbound, w window, c Control, q quit. "
+        "Exit 2: bad URL or the token is refused; exit 1: the controller cannot be reached.",
     )
-    p.add_argument("--fake", action="store_true", help="show a seeded example fabric")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--api",
+        metavar="URL",
+        help="the controller's API, http://HOST:PORT (as served by 'qpmesh controller' [api] "
+        "listen or 'qpmesh demo --serve'); reconnects when it goes away",
+    )
+    src.add_argument("--fake", action="store_true", help="show a seeded example fabric")
+    p.add_argument("--token", help="the API bearer token (operator or tenant) with --api")
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="read the bearer token from FILE (first line) instead of --token",
+    )
     p.add_argument("--nics", type=int, default=32, help="NICs of the --fake fabric (default 32)")
     p.add_argument("--seed", type=int, default=1, help="seed of the --fake source")
     p.add_argument(
@@ -48,9 +63,12 @@ def _tui(args: argparse.Namespace) -> int:
     from tui.app import MeshApp
     from tui.fake import FakeSource
 
+    if args.api is not None:
+        return _remote(args)
     if not args.fake:
         raise TuiError(
-            "no remote controller connection yet: use 'qpmesh tui --fake' or 'qpmesh demo'"
+            "say where the mesh comes from: --api http://HOST:PORT --token T (a running "
+            "controller), or --fake; 'qpmesh demo' runs a simulated one"
         )
     fabric = build_fabric(
         FabricShape.for_nics(args.nics, nics_per_leaf=8 if args.nics <= 64 else 32)
@@ -62,6 +80,39 @@ def _tui(args: argparse.Namespace) -> int:
         threshold_ns=args.threshold_us * 1e3,
         on_tick=lambda: source.advance(args.interval),
     ).run()
+    return 0
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token is not None and args.token_file is not None:
+        raise TuiError("give --token or --token-file, not both")
+    if args.token_file is not None:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                tok = f.readline().strip()
+        except OSError as exc:
+            raise TuiError(f"--token-file: cannot read {args.token_file}: {exc.strerror}") from None
+        if not tok:
+            raise TuiError(f"--token-file: {args.token_file} has no token on its first line")
+        return tok
+    if not args.token:
+        raise TuiError("--api needs --token T or --token-file FILE")
+    return str(args.token)
+
+
+def _remote(args: argparse.Namespace) -> int:
+    """``qpmesh tui --api URL --token T``: connect first (errors exit 2/1), then the screen."""
+    from tui.apiclient import ApiSource
+    from tui.app import MeshApp
+
+    source = ApiSource(args.api, _token(args))  # ValueError: bad URL (exit 2)
+    source.start()  # ApiTokenRefused (exit 2), ApiUnreachable (exit 1)
+    try:
+        app = MeshApp(source, interval_s=args.interval, threshold_ns=args.threshold_us * 1e3)
+        app.sub_title = f"controller {source.base}"
+        app.run()
+    finally:
+        source.close()
     return 0
 
 

@@ -7,6 +7,7 @@ nothing reads a clock: times are shown relative to the snapshot's ``t_ns``.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -48,8 +49,49 @@ def header_text(snap: MeshSnapshot) -> Text:
     return t
 
 
-def status_text(snap: MeshSnapshot, view: ViewState) -> Text:
-    """Return the mode / alerts / window / threshold line with the key that changes each."""
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """A remote source's link to its controller: ``url``, ``connected``; when it is not,
+    ``reason``, when the next attempt starts (``retry_at_s``) and when the data on screen
+    arrived (``since_s``), both on the caller's monotonic clock in s."""
+
+    url: str
+    connected: bool
+    reason: str = ""
+    retry_at_s: float | None = None
+    since_s: float | None = None
+
+
+def connection_text(conn: Connection, now_s: float) -> Text:
+    """Return the connection state: ``live <url>``, or ``DISCONNECTED, retrying in N s``
+    with the reason and how old the data on screen is."""
+    t = Text()
+    if conn.connected:
+        t.append("● live ", Style(color="green", bold=True))
+        t.append(conn.url, DIM)
+        return t
+    t.append("✖ DISCONNECTED, retrying", Style(color="red", bold=True, reverse=True))
+    if conn.retry_at_s is not None:
+        t.append(f" in {max(0.0, conn.retry_at_s - now_s):.0f} s", Style(color="red", bold=True))
+    t.append(f"  {conn.url}", DIM)
+    if conn.reason:
+        t.append(f"  ({conn.reason})", DIM)
+    if conn.since_s is not None:
+        t.append(f"  data shown is {max(0.0, now_s - conn.since_s):.0f} s old", Style(bold=True))
+    return t
+
+
+def status_text(
+    snap: MeshSnapshot,
+    view: ViewState,
+    *,
+    conn: Connection | None = None,
+    now_s: float = 0.0,
+    note: str = "",
+) -> Text:
+    """Return the mode / alerts / window / threshold line with the key that changes each,
+    then the connection state of a remote source (``conn`` at ``now_s``) and ``note`` (the
+    last refusal, e.g. of Control), if any."""
     t = Text()
     t.append("[m] Mode ", DIM)
     if view.mode == Mode.WORKLOAD and snap.jobs:
@@ -64,6 +106,12 @@ def status_text(snap: MeshSnapshot, view: ViewState) -> Text:
     t.append(view.window_label, BOLD)
     t.append("  Threshold ", DIM)
     t.append(fmt_ns(view.threshold_ns), BOLD)
+    if conn is not None:
+        t.append("\n")
+        t.append_text(connection_text(conn, now_s))
+    if note:
+        t.append("\n" if conn is None else "  ")
+        t.append(note, Style(color="yellow", bold=True))
     return t
 
 
