@@ -185,7 +185,11 @@ def load_key_file(path: Path | str, want_type: str | None = None) -> KeySet:
 
 def format_key_file(keys: list[tuple[str, str, bytes]], send: str = "") -> str:
     """Return the text of a key file holding ``keys`` ((id, type, material) triples)."""
-    lines = ["# qpmesh key file (docs/security.md); keep it mode 0600"]
+    public = bool(keys) and all(t not in SECRET_TYPES for _, t, _ in keys)
+    lines = [
+        "# qpmesh key file (docs/security.md): "
+        + ("a public verify key, may be readable by all" if public else "keep it mode 0600")
+    ]
     if send:
         lines.append(f'send = "{send}"')
     for kid, ktype, material in keys:

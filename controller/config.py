@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.keys import ED25519_PRIVATE, KeyFileError, KeySet, load_key_file
 from contract.tomlcheck import Table, parse_toml
 from controller.api.config import ApiConfig, read_api_table
 from controller.brain import BrainConfig
@@ -46,6 +47,9 @@ class ServiceConfig:
     # without the table the policy runs with its defaults and Control off ("would have")
     remediation: RemediationConfig = field(default_factory=RemediationConfig)
     mqtt_security: MqttSecurity = field(default_factory=MqttSecurity)  # [mqtt]: TLS, login
+    # [auth] action_key_file: the Ed25519 key that signs remediation actions (contract.keys,
+    # read at load; repr shows key ids only); None: actions go out unsigned (a warning)
+    action_keys: KeySet | None = None
 
 
 def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfig:
@@ -62,7 +66,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     docs/api.md), ``[remediation]`` (`controller.remediation.config`, docs/recovery.md),
     ``[mqtt]`` (TLS and credentials: ``tls``, ``ca_file``, ``cert_file``, ``key_file``,
     ``username``, ``password_file``; `mqttlink.settings.read_security`; the broker's address
-    is the command's ``--broker``). Types are strict
+    is the command's ``--broker``), ``[auth]`` (``action_key_file``: the ``ed25519-private``
+    key file that signs remediation actions, mode 0600, docs/security.md). Types are strict
     (`contract.tomlcheck`): ``use_uncoded = "false"`` is an error, not True. Raises
     `ConfigError` (one line naming the file and the key) on anything invalid.
     """
@@ -133,7 +138,19 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     mq = root.table("mqtt")
     mqtt_security = read_security(mq, base_dir)
     mq.finish()
+    au = root.table("auth")
+    action_key_file = au.get("action_key_file", str, "", bool, "a key file path")
+    au.finish()
     root.finish()
+    action_keys = None
+    if action_key_file:
+        kpath = Path(action_key_file)
+        if not kpath.is_absolute() and base_dir is not None:
+            kpath = base_dir / kpath
+        try:  # KeyFileError: one line naming the file, never the key
+            action_keys = load_key_file(kpath, ED25519_PRIVATE)
+        except KeyFileError as exc:
+            raise ConfigError(str(exc)) from None
     return ServiceConfig(
         fabric=fabric,
         live=live,
@@ -146,4 +163,5 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         api=api,
         remediation=remediation,
         mqtt_security=mqtt_security,
+        action_keys=action_keys,
     )

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 import aiomqtt
 
+from contract.actionsig import ActionSigner
 from contract.topics import TopicError, Topics
 from controller.api.runtime import ApiRuntime
 from controller.brain import Brain
@@ -241,12 +242,19 @@ async def run_service(
     def control_changed(change: ControlChange) -> None:
         log(change.t_ns, "control", enabled=change.enabled, actor=change.actor)
 
+    signer = ActionSigner(config.action_keys) if config.action_keys is not None else None
     rem = remediation or RemediationRuntime(
         config.remediation, topics.prefix, on_control=control_changed,
         leaf_of={n.id: n.leaf for n in config.fabric.nics},
+        sign=signer.sign if signer is not None else None,
     )  # fmt: skip
     if rem.restored:
         log(clock(), "remediation state restored", ids=rem.restored, records=len(rem.log.records()))
+    if signer is not None:
+        log(clock(), "remediation actions signed", key=signer.key_id)
+    elif rem.remediator.sign is None:
+        log(clock(), "warning: remediation actions are unsigned (no [auth] action_key_file); "
+            "agents with a verify key will ignore them")  # fmt: skip
 
     def on_action(doc: dict[str, object]) -> None:
         try:  # the status as a tag value: sent, would_have, suppressed

@@ -18,6 +18,7 @@ from types import ModuleType
 
 import controller.service_cli
 import prober.cli
+import qpmesh.keys
 import sync.cli
 import testbed.cli
 import testbed.demo_cli
@@ -33,6 +34,7 @@ COMPONENTS: tuple[ModuleType, ...] = (
     testbed.cli,
     testbed.sim.cli,
     sync.cli,
+    qpmesh.keys,
 )
 
 

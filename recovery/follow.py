@@ -2,8 +2,9 @@
 
 A thin adapter on paho-mqtt's own network thread (training loops are not asyncio): actions
 decoded from ``<prefix>/remediation/<nic>`` go into ``inbox`` (a `queue.Queue` the gloo shell
-drains at safe points and while a collective is stuck); malformed payloads are logged and
-dropped; `ack` publishes an `AckDoc` on ``<prefix>/remediation-ack/<id>`` (QoS 1). `register`
+drains at safe points and while a collective is stuck) once `recovery.trust.ActionGate` has
+admitted them (with a verify key: signed by the controller, not replayed, for this topic);
+what it refuses is counted in ``gate.counters``, logged and dropped; `ack` publishes an `AckDoc` on ``<prefix>/remediation-ack/<id>`` (QoS 1). `register`
 publishes the rank's NICs (`contract.remediation.RankDoc`), retained, on
 ``<prefix>/jobs/<job>/rank<k>`` (the controller's job registry reads it).
 """
@@ -12,19 +13,20 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from typing import Any
 
+from contract.keys import KeySet
 from contract.remediation import (
     DEFAULT_TENANT,
     AckDoc,
-    ActionDoc,
-    DocumentError,
     RankDoc,
     ack_topic,
     action_topic,
     rank_topic,
 )
 from mqttlink.settings import MqttSecurity, configure_paho
+from recovery.trust import ActionGate
 
 log = logging.getLogger("qpmesh.recovery")
 
@@ -43,7 +45,8 @@ class Follower:
 
     def __init__(self, host: str, port: int, nics: tuple[str, ...], inbox: queue.Queue[Any],
                  *, prefix: str = "qpmesh/v1", client_id: str = "",
-                 security: MqttSecurity | None = None) -> None:  # fmt: skip
+                 security: MqttSecurity | None = None,
+                 verify_keys: KeySet | None = None) -> None:  # fmt: skip
         import paho.mqtt.client as mqtt
         from paho.mqtt.enums import CallbackAPIVersion
 
@@ -55,16 +58,21 @@ class Follower:
         self._client.on_message = self._on_message
         self.host, self.port = host, port
         self.received = 0
+        # verify_keys (contract.keys ed25519-public): only actions the controller signed are
+        # put in the inbox; replays, other topics' actions and forgeries are counted in
+        # gate.counters and logged (recovery.trust.ActionGate)
+        self.gate = ActionGate(verify_keys, prefix)
+        if verify_keys is None:
+            log.warning("no action verify key: remediation actions are believed unsigned")
 
     def _on_connect(self, client: Any, _u: Any, _f: Any, _rc: Any, _p: Any = None) -> None:
         for t in self._topics:
             client.subscribe(t, qos=1)
 
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
-        try:
-            doc = ActionDoc.decode(msg.payload)
-        except DocumentError as exc:
-            log.warning("dropped a malformed action on %s: %s", msg.topic, exc)
+        doc = self.gate.admit(str(msg.topic), msg.payload, time.time_ns())
+        if doc is None:
+            log.warning("dropped an action on %s: %s", msg.topic, self.gate.last_reason)
             return
         self.received += 1
         self.inbox.put(doc)

@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         "--verdict-wait-s", type=float, default=8.0, help="agent: wait for a verdict when stuck"
     )
     p.add_argument("--out", required=True, help="result JSON file")
+    p.add_argument("--action-verify-key", metavar="FILE", default="",
+                   help="agent: ed25519-public key file; only actions the controller signed "
+                   "with it are acted on (docs/security.md)")  # fmt: skip
     add_security_args(p)
     a = p.parse_args(argv)
 
@@ -103,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
 
         inbox: queue.Queue[Any] = queue.Queue()
         bhost, bport = a.broker.rsplit(":", 1)
+        from contract.keys import ED25519_PUBLIC, load_key_file
+
+        verify = load_key_file(a.action_verify_key, ED25519_PUBLIC) if a.action_verify_key else None
         follower = Follower(bhost, int(bport), nics, inbox, client_id=f"{a.job}-r{a.rank}",
-                            security=security_from_args(a))  # fmt: skip
+                            security=security_from_args(a), verify_keys=verify)  # fmt: skip
         follower.start()
         follower.register(a.job, a.rank, socket.gethostname(), nics)
         cfg = AgentConfig(a.job, a.rank, nics, verdict_wait_ns=int(a.verdict_wait_s * SEC))

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from contract.remediation import ActionDoc
 from controller.control import Control
 from controller.jobs import JobRegistry
 from controller.remediation.policy import (
@@ -55,9 +56,11 @@ class Remediator:
     """Policy state + pending findings + audit (see the module docstring)."""
 
     def __init__(self, config: PolicyConfig | None = None, prefix: str = "qpmesh/v1",
-                 audit_limit: int = 1000) -> None:  # fmt: skip
+                 audit_limit: int = 1000,
+                 sign: Callable[[ActionDoc], bytes] | None = None) -> None:  # fmt: skip
         self.config = config or PolicyConfig()
         self.prefix = prefix
+        self.sign = sign  # contract.actionsig.ActionSigner.sign; None: actions go out unsigned
         self.state = PolicyState()
         self.pending: list[Finding] = []
         self.audit: deque[dict[str, Any]] = deque(maxlen=audit_limit)
@@ -76,7 +79,7 @@ class Remediator:
         """Run one policy step; publish the ``send`` actions; return their audit records."""
         d = decide(self.config, self.state, tuple(self.pending), jobs, control_enabled, now_ns)
         self.state, self.pending = d.state, []
-        out = send_planned(d.actions, publish, now_ns, self.prefix)
+        out = send_planned(d.actions, publish, now_ns, self.prefix, self.sign)
         self.audit.extend(out)
         return out
 

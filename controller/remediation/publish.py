@@ -1,7 +1,8 @@
 """The thin adapter that sends the policy's actions: MQTT publish + audit lines.
 
-`send_planned` publishes each ``send`` action on ``<prefix>/remediation/<target>`` (QoS 1)
-through any ``publish(topic, payload)`` callable (aiomqtt, paho, a test double), and returns
+`send_planned` publishes each ``send`` action on ``<prefix>/remediation/<target>`` (QoS 1),
+signed when a signer is given (`contract.actionsig`, docs/security.md), through any
+``publish(topic, payload)`` callable (aiomqtt, paho, a test double), and returns
 one audit record per planned action (``would_have`` and ``suppressed`` ones included, nothing
 sent for them), ready for the event log and the API.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from contract.remediation import action_topic
+from contract.remediation import ActionDoc, action_topic
 from controller.remediation.policy import Planned
 
 
@@ -26,11 +27,17 @@ def send_planned(
     publish: Callable[[str, bytes], None],
     now_ns: int,
     prefix: str = "qpmesh/v1",
+    sign: Callable[[ActionDoc], bytes] | None = None,
 ) -> list[dict[str, Any]]:
-    """Publish the ``send`` actions; return the audit records of all of them."""
+    """Publish the ``send`` actions; return the audit records of all of them.
+
+    ``sign`` (`contract.actionsig.ActionSigner.sign`) makes each payload a signed action the
+    recovery agents verify; None publishes the plain `ActionDoc` JSON (unsigned).
+    """
     out = []
     for p in planned:
         if p.disposition == "send":
-            publish(action_topic(prefix, p.action.target), p.action.encode())
+            payload = sign(p.action) if sign is not None else p.action.encode()
+            publish(action_topic(prefix, p.action.target), payload)
         out.append(audit_record(p, now_ns))
     return out

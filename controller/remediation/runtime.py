@@ -85,12 +85,15 @@ class RemediationRuntime:
         on_control: Callable[[ControlChange], None] | None = None,
         leaf_of: Mapping[str, str] | None = None,
         sender: HookSender | None = None,
+        sign: Callable[[ActionDoc], bytes] | None = None,
     ) -> None:
         self.config = config or RemediationConfig()
         self.prefix = prefix
         self.jobs = jobs or JobRegistry()
         self.control = Control(self.config.control, on_change=on_control)
-        self.remediator = Remediator(self.config.policy, prefix)
+        # sign: contract.actionsig.ActionSigner.sign (the controller's [auth] action_key_file);
+        # None: actions are published unsigned (the service logs a warning)
+        self.remediator = Remediator(self.config.policy, prefix, sign=sign)
         self.log = ActionLog()
         self.feed = RankFeed(self.jobs, prefix)
         self.counters: dict[str, int] = {}
