@@ -24,6 +24,7 @@ from controller.fabric import Fabric
 from controller.live import LiveController
 from controller.pathmap import path_rows
 from controller.snapshot import MeshEvent
+from controller.throughput import nic_byte_counters
 
 
 @functools.lru_cache(maxsize=8)
@@ -118,6 +119,9 @@ def handle_message(
             if why:
                 return f"bad:{why}"
             live.gpu(host, health.gpu_ok, health.detail, now_ns, present=health.gpu_present)
+            counters = nic_byte_counters(health.nics)
+            if counters:
+                live.nic_counters(counters, health.t_ns or now_ns, now_ns)
             return "health"
     except (RecordError, DocumentError) as exc:
         return f"bad:{exc}"

@@ -26,6 +26,7 @@ from controller.fabric.model import SWITCH_TIER, NodeKind, hop_id
 from controller.ingest import Ingested, Ingestor, PathTable
 from controller.observations import Observations
 from controller.snapshot import ControlUnavailable, GpuHealth, Health, MeshEvent, MeshSnapshot
+from controller.throughput import NicRates
 from controller.windows import FlowStore
 
 F64 = npt.NDArray[np.float64]
@@ -74,6 +75,7 @@ class LiveConfig:
 
     sync: ClockSyncConfig = field(default_factory=ClockSyncConfig)
     stale_ns: int = 10_000_000_000  # flows not measured for this long leave the snapshot
+    throughput_stale_ns: int = 60_000_000_000  # NIC rates older than this leave the average
     baseline_bucket_ns: int = 60_000_000_000
     history_len: int = 3600  # ticks kept per NIC
     max_events: int = 200
@@ -104,6 +106,7 @@ class LiveController:
         self.brain = brain if brain is not None else default_brain(fabric)
         self.events: deque[MeshEvent] = deque(maxlen=self.config.max_events)
         self.gpu_state: dict[str, GpuHealth] = {}
+        self.rates = NicRates()  # NIC byte counters from health documents -> throughput
         self.alive: dict[str, bool] = {}
         self.now_ns = 0
         self.records = 0
@@ -202,6 +205,14 @@ class LiveController:
         self.gpu_state[host] = GpuHealth(present=present, ok=ok, detail=detail)
         self.brain.gpu(host, ok, detail, now_ns)
 
+    def nic_counters(self, counters: Mapping[str, tuple[int, int]], t_ns: int, now_ns: int) -> None:
+        """Record NIC byte counters (``{nic id: (rx_bytes, tx_bytes)}``) read by a prober at
+        ``t_ns`` (its clock) and received at ``now_ns``; NICs the fabric lacks are ignored."""
+        self.now_ns = max(self.now_ns, now_ns)
+        for nic, (rx, tx) in counters.items():
+            if nic in self.fabric.nic_index:
+                self.rates.update(nic, rx, tx, t_ns, now_ns)
+
     def tick(self, now_ns: int) -> list[MeshEvent]:
         """Solve clocks if due, run detection, record history; return the new events."""
         self.now_ns = max(self.now_ns, now_ns)
@@ -287,6 +298,7 @@ class LiveController:
             path_owd=path_owd,
             events=tuple(self.events),
             gpu=dict(self.gpu_state),
+            throughput_bps=self.rates.average_bps(now, self.config.throughput_stale_ns),
             control_enabled=None,
             jobs=None,
         )

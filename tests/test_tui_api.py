@@ -20,7 +20,7 @@ from controller.api.views import Scope, snapshot_view
 from controller.control import Control
 from controller.fabric import FabricShape, build_fabric
 from controller.jobs import Job, JobRegistry
-from controller.snapshot import ControlUnavailable, Health, MeshEvent, MeshSnapshot
+from controller.snapshot import ControlUnavailable, GpuHealth, Health, MeshEvent, MeshSnapshot
 from tui.apiclient import ApiSource, ApiTokenRefused, ApiUnreachable, api_base
 from tui.apimodel import (
     ApiDocError,
@@ -56,7 +56,7 @@ def _snapshot(t_s: float = 100.0) -> MeshSnapshot:
         owd_src=src, owd_dst=dst, owd_ns=owd, path_owd=paths,
         clock_offset_ns=np.linspace(-100.0, 100.0, n), clock_uncertainty_ns=np.full(n, 7.0),
         link_health={"leaf1-spine1": Health.FLAPPING}, flap_counts={"leaf1-spine1": 3},
-        throughput_bps=2.5e11,
+        throughput_bps=2.5e11, gpu={"host2": GpuHealth(True, False, "Xid 79")},
     )  # fmt: skip
 
 
@@ -81,6 +81,7 @@ def test_fabric_and_snapshot_round_trip_through_the_documents() -> None:
     assert got.link_health == {"leaf1-spine1": Health.FLAPPING}
     assert got.flap_counts == {"leaf1-spine1": 3}
     assert got.throughput_bps == 2.5e11 and got.control_enabled is False
+    assert got.gpu == {"host2": GpuHealth(True, False, "Xid 79")}
     assert got.jobs is not None and len(got.jobs) == 1
     blank = build_snapshot({**doc, "running_jobs": None, "control_enabled": None,
                             "throughput_bps": None}, fab)  # fmt: skip
@@ -322,3 +323,15 @@ def test_cli_errors_are_one_line_with_exit_codes(
     assert main(["tui", "--api", url, "--token", OP]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 5 and all(e.startswith("qpmesh tui: error: ") for e in err), err
+
+
+def test_remediation_verdict_follows_the_controllers_status() -> None:
+    from tui.panes import remediation_verdict
+
+    def ev(detail: str) -> MeshEvent:
+        return MeshEvent(1, "remediation", "nic3", detail, "info")
+
+    assert remediation_verdict(ev("sent: move_off_nic (a1): nic3 down"), False) == "Control ran it"
+    assert remediation_verdict(ev("would have: move_off_nic (a1)"), True).startswith("advice")
+    assert remediation_verdict(ev("suppressed: move_off_nic (a1)"), True).startswith("suppressed")
+    assert remediation_verdict(ev("exclude from NCCL_IB_HCA"), True) == "Control ran it"

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from controller.fabric import Fabric, Link, Nic, Node, NodeKind
 from controller.fabric.model import FabricError
-from controller.snapshot import Health, MeshEvent, MeshSnapshot
+from controller.snapshot import GpuHealth, Health, MeshEvent, MeshSnapshot
 
 F64 = npt.NDArray[np.float64]
 MAX_EVENTS = 5000
@@ -240,10 +240,16 @@ def build_snapshot(
     arr = {k: np.full(n, np.nan) for k in ("worst_in_ns", "worst_out_ns", "clock_offset_ns",
                                             "clock_uncertainty_ns")}  # fmt: skip
     health = []
+    gpu: dict[str, GpuHealth] = {}
     for i, d in enumerate(nics):
         if not isinstance(d, Mapping):
             raise ApiDocError("snapshot: a NIC is not an object")
         health.append(_health(d.get("state")))
+        g = d.get("gpu")
+        if isinstance(g, Mapping) and isinstance(g.get("present"), bool):
+            gpu[fabric.nics[i].host] = GpuHealth(
+                g["present"], bool(g.get("ok", True)), str(g.get("detail", ""))
+            )
         for k, a in arr.items():
             a[i] = _num(d.get(k))
     link_health: dict[str, Health] = {}
@@ -275,6 +281,7 @@ def build_snapshot(
         flap_counts=flaps,
         path_owd=dl.paths,
         events=tuple(e for _, e in events),
+        gpu=gpu,
         throughput_bps=None if tp is None else _num(tp),
         control_enabled=ctl if isinstance(ctl, bool) else None,
         jobs=None if running is None else (jobs if jobs is not None else ()),

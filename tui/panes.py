@@ -231,8 +231,23 @@ _KIND_STYLE = {
     "contention": Style(color="orange1", bold=True),
     "nic_down": Style(color="red", bold=True),
     "remediation": Style(color="cyan", bold=True),
+    "remediation_ack": Style(color="cyan"),
     "clear": Style(color="green"),
 }
+
+
+def remediation_verdict(ev: MeshEvent, control: bool | None) -> str:
+    """Return whether a remediation event's action ran: from the status the controller puts
+    first in its detail (``sent: ...``, ``would have: ...``, ``suppressed: ...``), else from
+    the Control state ``control``."""
+    status = ev.detail.split(":", 1)[0] if ":" in ev.detail else ""
+    if status == "sent":
+        return "Control ran it"
+    if status == "would have":
+        return "advice only: Control off"
+    if status == "suppressed":
+        return "suppressed: rate limit"
+    return "Control ran it" if control else "advice only: Control off"
 
 
 def event_line(ev: MeshEvent, snap: MeshSnapshot) -> Text:
@@ -245,10 +260,7 @@ def event_line(ev: MeshEvent, snap: MeshSnapshot) -> Text:
     if ev.kind == "link_flap" and ev.target in snap.flap_counts:
         t.append(f" flaps={snap.flap_counts[ev.target]}", BOLD)
     if ev.kind == "remediation":
-        ran = getattr(ev, "executed", None)
-        if ran is None:
-            ran = snap.control_enabled
-        t.append(" [Control ran it]" if ran else " [advice only: Control off]", BOLD)
+        t.append(f" [{remediation_verdict(ev, snap.control_enabled)}]", BOLD)
     if ev.detail:
         t.append(f"  {ev.detail}", DIM)
     return t

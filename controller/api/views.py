@@ -101,7 +101,8 @@ def nic_index(snap: MeshSnapshot, scope: Scope, nic: str) -> int:
 
 
 def nic_doc(snap: MeshSnapshot, i: int) -> dict[str, object]:
-    """Return NIC ``i``'s document: ids, state, worst in/out delay and its clock."""
+    """Return NIC ``i``'s document: ids, state, worst in/out delay, its clock and its host's
+    GPU health (null until the host's prober reported it)."""
     n = snap.fabric.nics[i]
     return {
         "id": n.id,
@@ -115,7 +116,13 @@ def nic_doc(snap: MeshSnapshot, i: int) -> dict[str, object]:
         "worst_out_ns": _num(snap.worst_out_ns[i]),
         "clock_offset_ns": _num(snap.clock_offset_ns[i]),
         "clock_uncertainty_ns": _num(snap.clock_uncertainty_ns[i]),
+        "gpu": _gpu_doc(snap, n.host),
     }
+
+
+def _gpu_doc(snap: MeshSnapshot, host: str) -> dict[str, object] | None:
+    g = snap.gpu.get(host)
+    return None if g is None else {"present": g.present, "ok": g.ok, "detail": g.detail}
 
 
 def _visible_nics(snap: MeshSnapshot, scope: Scope) -> list[int]:

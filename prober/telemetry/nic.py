@@ -14,6 +14,8 @@ from typing import Any
 
 SYSFS_NET = Path("/sys/class/net")
 COUNTERS = (
+    "rx_bytes",  # the controller's NIC throughput (controller.throughput)
+    "tx_bytes",
     "rx_packets",
     "tx_packets",
     "rx_errors",
