@@ -23,7 +23,7 @@ from controller.fabric.ecmp import ROCEV2_PORT, flow_paths, routing_tables
 from controller.windows import KeyIndex, flow_key
 
 # batches an origin's batch_seq may lie below its newest before it counts as a replay
-REPLAY_SLACK = 64
+REPLAY_SLACK = 16
 
 I32 = NDArray[np.int32]
 I64 = NDArray[np.int64]

@@ -141,13 +141,19 @@ def _run(a: argparse.Namespace) -> int:
     prefix = a.prefix or ("r" + secrets.token_hex(3) + "-")
     report: dict[str, Any] = run_scenario(
         sc, prefix, random_k=a.random_faults, seed=a.seed, progress=_progress,
-        out_dir=Path(a.out) if a.out else None,
+        out_dir=Path(a.out) if a.out else None, secure=a.secure,
     )  # fmt: skip
     if a.json:
         print(json.dumps(report))
     else:
         print(f"scenario {report['scenario']}: {len(report['applied'])} fault actions, "
               f"{len(report['events'])} events; missing: {report['missing'] or 'nothing'}")  # fmt: skip
+        if "security" in report:
+            s = report["security"]
+            print("security: " + ", ".join(f"{k} {s[k]}" for k in (
+                "forged_probes_sent", "forged_probes_accepted", "forged_batches_sent",
+                "forged_batches_accepted", "replayed_batches_sent", "replayed_batches_accepted",
+                "forged_actions_sent", "forged_actions_accepted")))  # fmt: skip
     return 130 if report.get("interrupted") else 0
 
 
@@ -288,6 +294,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--seed", type=int, default=None, help="seed for --random-faults and clocks")
     p.add_argument("--out", help="keep logs and report.json here (default /var/tmp/qpmesh/PREFIX)")
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS, passwords and the ACL on the broker, probe HMAC, and an adversary (forged "
+        "probes, batches as another host, a replay, a forged action); the report gains "
+        '"security": what was tried and what got through (docs/security.md)',
+    )
     p = cmd(
         "recovery-demo",
         "a PyTorch (CPU, gloo) job across two hosts survives a NIC link failure: runs no_failure, "

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from testbed.runreport import Monitor, localization, sync_report
 from testbed.runscore import estimators
 from testbed.scenario import FaultKind, Scenario, random_faults
 from testbed.schedule import Action, timeline
+from testbed.securerun import SecureRun
 from testbed.vclock import VirtualClock, assign_clocks, write_clock, write_truth
 
 MOSQUITTO = "/usr/sbin/mosquitto"
@@ -43,8 +44,12 @@ def prober_config(
     plan: Plan,
     host: str,
     broker: tuple[str, int],
+    mqtt_extra: Sequence[str] = (),
+    extra: str = "",
 ) -> str:
     """Return the prober TOML for ``host``: its NICs, every other NIC as a peer, the broker.
+
+    ``mqtt_extra``: more ``[mqtt]`` lines (TLS, credentials); ``extra``: more tables.
 
     Source ports per NIC cover the fabric's ECMP width (``paths`` = spines); path discovery
     traces 20 flows/s per NIC up to TTL 4 (two tiers). The host's virtual clock is not in
@@ -56,7 +61,7 @@ def prober_config(
         "batch_interval_ms = 500", "",
         "[schedule]", f"paths = {max(2, spines)}", "",
         "[paths]", "traces_per_s = 20.0", "max_ttl = 4", "refresh_s = 30.0", "",
-        "[mqtt]", f'host = "{broker[0]}"', f"port = {broker[1]}", "",
+        "[mqtt]", f'host = "{broker[0]}"', f"port = {broker[1]}", *mqtt_extra, "", extra,
     ]  # fmt: skip
     for n in fabric.nics:
         table = "nics" if n.host == host else "peers"
@@ -129,11 +134,13 @@ def run_scenario(
     seed: int | None = None,
     progress: Callable[[str], None] = lambda _: None,
     out_dir: Path | None = None,
+    secure: bool = False,
 ) -> dict[str, Any]:
     """Run ``sc`` on a fresh namespace testbed; return the JSON-ready report.
 
     ``out_dir`` (default ``/var/tmp/qpmesh/<prefix>``) keeps the run's logs, configs, clock
-    truth and ``report.json`` after teardown.
+    truth and ``report.json`` after teardown. ``secure``: TLS, passwords and the ACL on the
+    broker, probe HMAC, and an adversary (`testbed.securerun`); the report gains ``security``.
     """
     if random_k:
         sc = replace(
@@ -151,6 +158,7 @@ def run_scenario(
     d = state_dir(prefix)
     report: dict[str, Any] = {"scenario": sc.name, "prefix": prefix, "duration_s": sc.duration_s}
     monitor: Monitor | None = None
+    sec: SecureRun | None = None
     t0_wall = 0
     clocks: dict[str, VirtualClock] = {}
     try:
@@ -162,23 +170,36 @@ def run_scenario(
         conf.write_text(
             f"listener {broker[1]} {broker[0]}\nallow_anonymous true\npersistence false\n"
         )
+        if secure:
+            sec = SecureRun(d, fabric, plan)
+            broker = sec.broker
+            conf.write_text(sec.broker_conf())
         procs.append(_spawn([MOSQUITTO, "-c", str(conf)], d / "mosquitto.log", prefix, "mosquitto"))
         if not _wait_port(*broker, timeout_s=5):
             raise OSError(f"mosquitto did not listen on {broker[0]}:{broker[1]}")
         progress(f"broker on {broker[0]}:{broker[1]}")
-        monitor = Monitor(*broker)
+        monitor = sec.monitor() if sec is not None else Monitor(*broker)
         monitor.start()
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
         qp = [sys.executable, "-m", "qpmesh.cli"]
         ctl_log = d / "controller.jsonl"
         ctl_conf = d / "controller.toml"
-        ctl_conf.write_text(controller_config(fabric, plan))
+        ctl_conf.write_text(
+            controller_config(fabric, plan) + (sec.controller_extra() if sec is not None else "")
+        )
         procs.append(_spawn([*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
                              "--config", str(ctl_conf), "--log", str(ctl_log)],
                             d / "controller.out", prefix, "controller", env))  # fmt: skip
         for h in fabric.hosts:
             cfg = d / f"prober-{h.id}.toml"
-            cfg.write_text(prober_config(fabric, plan, h.id, broker))
+            if sec is not None:
+                cfg.write_text(
+                    prober_config(
+                        fabric, plan, h.id, broker, sec.prober_mqtt_lines(h.id), sec.prober_extra()
+                    )
+                )
+            else:
+                cfg.write_text(prober_config(fabric, plan, h.id, broker))
             clk = d / f"clock-{h.id}.json"
             write_clock(clocks[h.id], clk)
             argv = ["ip", "netns", "exec", plan.node_ns[h.id], *qp, "testbed", "prober",
@@ -189,6 +210,8 @@ def run_scenario(
         )
         t0 = time.monotonic()
         t0_wall = time.time_ns()
+        if sec is not None:
+            sec.start(monitor, t0, sc.duration_s, progress, env)
         for act in timeline(sc.faults, _fabric_rate(plan)):
             delay = act.t_s - (time.monotonic() - t0)
             if delay > 0:
@@ -212,6 +235,8 @@ def run_scenario(
         for ps in congest.values():
             for p in ps:
                 p.kill()
+        if sec is not None:
+            sec.stop()
         if monitor is not None:
             monitor.stop()
         stop_processes(procs)
@@ -245,6 +270,11 @@ def run_scenario(
         "missing": missing,
         "out_dir": str(out),
     })  # fmt: skip
+    if sec is not None:
+        report["security"] = sec.report(monitor, out / "controller.jsonl")
+        missing += [
+            f"security: {k} not tried: {v}" for k, v in report["security"]["not_tried"].items()
+        ]
     with contextlib.suppress(OSError):
         (out / "report.json").write_text(json.dumps(report, indent=1))
     return report

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import threading
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,11 @@ from testbed.vclock import VirtualClock
 WINDOW_S = 5.0
 
 
+def digest(payload: bytes) -> str:
+    """Return a short digest of a message payload (tells a forged copy from its twin)."""
+    return hashlib.sha256(payload).hexdigest()[:16]
+
+
 class Monitor:
     """Subscribe to events and probe batches of a broker in a background thread."""
 
@@ -42,6 +48,12 @@ class Monitor:
         self.batches: list[ProbeBatch] = []
         self.errors: list[str] = []
         self.paths: list[dict[str, Any]] = []
+        # every probe batch delivered, (topic, origin, batch_seq, payload digest), repeats
+        # included (a replay shows twice); ``batches`` keeps each (origin, batch_seq) once
+        self.arrivals: list[tuple[str, str, int, str]] = []
+        self.health: dict[str, dict[str, Any]] = {}  # host -> its latest health document
+        self._seen: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True)
 
@@ -65,6 +77,7 @@ class Monitor:
                     await c.subscribe(f"{self.prefix}/events/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/probes/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/paths/#", qos=1, timeout=5)
+                    await c.subscribe(f"{self.prefix}/health/#", qos=1, timeout=5)
                     # The reader is never cancelled while it runs: cancelling aiomqtt's
                     # ``messages.__anext__`` (e.g. by a wait_for timeout) just after it took a
                     # message off its queue loses that message, which a busy machine hits.
@@ -87,9 +100,18 @@ class Monitor:
     def _take(self, topic: str, payload: Any) -> None:
         data = payload if isinstance(payload, bytes) else b""
         kind = topic[len(self.prefix) + 1 :].split("/", 1)[0]
-        with contextlib.suppress(RecordError, ValueError):
+        with contextlib.suppress(RecordError, ValueError), self._lock:
             if kind == "probes":
-                self.batches.append(decode_batch(data))
+                b = decode_batch(data)
+                key = (b.origin, b.batch_seq)
+                if key not in self._seen:
+                    self._seen.add(key)
+                    self.batches.append(b)
+                self.arrivals.append((topic, b.origin, b.batch_seq, digest(data)))
+            elif kind == "health":
+                doc = json.loads(data)
+                if isinstance(doc, dict):
+                    self.health[topic.rsplit("/", 1)[-1]] = doc
             elif kind == "paths":
                 doc = json.loads(data)
                 if isinstance(doc, list):
@@ -98,6 +120,35 @@ class Monitor:
                 doc = json.loads(data)
                 if isinstance(doc, dict):
                     self.events.append(doc)
+
+    def bad_auth(self) -> dict[str, int]:
+        """Return each host's ``bad_auth`` probe counter from its latest health document."""
+        with self._lock:
+            docs = dict(self.health)
+        out: dict[str, int] = {}
+        for host, doc in docs.items():
+            counters = doc.get("counters")
+            n = counters.get("bad_auth") if isinstance(counters, dict) else None
+            if isinstance(n, int):
+                out[host] = n
+        return out
+
+    def latest_batch(self, origin: str) -> ProbeBatch | None:
+        """Return the newest batch seen from ``origin`` (None if none)."""
+        with self._lock:
+            mine = [b for b in self.batches if b.origin == origin]
+        return max(mine, key=lambda b: b.batch_seq, default=None)
+
+    def old_batch(self, origin: str, behind: int = 24) -> ProbeBatch | None:
+        """Return the oldest batch seen from ``origin`` if it lies at least ``behind``
+        batches below the newest (a batch worth replaying), else None."""
+        with self._lock:
+            mine = [b for b in self.batches if b.origin == origin]
+        if not mine:
+            return None
+        old = min(mine, key=lambda b: b.batch_seq)
+        new = max(b.batch_seq for b in mine)
+        return old if new - old.batch_seq >= behind else None
 
 
 def _to_kernel(clock: VirtualClock, local: np.ndarray) -> np.ndarray:
