@@ -154,7 +154,7 @@ class Ingestor:
         redelivery of its last few batches arrives late (those are duplicates, not
         replays); a restarted prober continues above its predecessor (batch_seq starts at
         its start time in ms). Not caught: a replay before the controller saw anything newer
-        from that origin (e.g. just after a controller restart), see docs/security.md.
+        from that origin (e.g. just after a controller restart), see docs/mqtt-security.md.
         """
         newest = self._newest.get(origin)
         if newest is None or batch_seq >= newest - REPLAY_SLACK:

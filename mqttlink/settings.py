@@ -199,7 +199,7 @@ def _username_ok(value: str) -> bool:
 def add_security_args(parser: argparse.ArgumentParser) -> None:
     """Add the MQTT TLS and credential options (``--mqtt-tls``, ``--mqtt-ca``,
     ``--mqtt-cert``, ``--mqtt-key``, ``--mqtt-user``, ``--mqtt-password-file``)."""
-    g = parser.add_argument_group("MQTT TLS and credentials (docs/security.md)")
+    g = parser.add_argument_group("MQTT TLS and credentials (docs/mqtt-security.md)")
     g.add_argument("--mqtt-tls", action="store_true",
                    help="connect with TLS (implied by --mqtt-ca and --mqtt-cert)")  # fmt: skip
     g.add_argument("--mqtt-ca", default="", metavar="FILE",

@@ -38,7 +38,7 @@ class Follower:
     """Connects to the broker, follows ``nics``' action topics, publishes acks.
 
     ``security``: TLS and credentials (`mqttlink.settings.configure_paho`); with an ACL the
-    agent's identity may read only its NICs' action topics (docs/security.md). Raises
+    agent's identity may read only its NICs' action topics (docs/mqtt-security.md). Raises
     OSError from `start` when the broker cannot be reached (an `ssl.SSLError` for TLS
     trouble), `mqttlink.settings.CredentialError` for an unreadable password file.
     """

@@ -299,7 +299,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="TLS, passwords and the ACL on the broker, probe HMAC, and an adversary (forged "
         "probes, batches as another host, a replay, a forged action); the report gains "
-        '"security": what was tried and what got through (docs/security.md)',
+        '"security": what was tried and what got through (docs/mqtt-security.md)',
     )
     p = cmd(
         "recovery-demo",

@@ -1,7 +1,7 @@
-"""A mosquitto set up like docs/mosquitto-secure.md: TLS, a password file and an ACL.
+"""A mosquitto set up like docs/mqtt-security.md: TLS, a password file and an ACL.
 
 Used by the tests and by ``qpmesh testbed run --secure``. Pure parts: `acl_text` (the ACL
-of docs/security.md: probers publish only under their own host, only the controller publishes
+of docs/mqtt-security.md: probers publish only under their own host, only the controller publishes
 events and remediation, a recovery agent reads only its NICs' actions) and `broker_conf`.
 Thin shell: `make_material` generates a CA, the broker's certificate (for the addresses
 clients connect to), a second, untrusted CA (for tests), random passwords (hashed with
@@ -50,11 +50,11 @@ def acl_text(
     - ``readers``: read-only users of everything (the testbed's monitor).
     Mosquitto applies ``pattern`` lines to every user, so every user may also publish under
     ``<prefix>/probes/<its own user name>``: the controller drops batches from a host that
-    is not in its fabric (docs/security.md, "What the ACL does not do").
+    is not in its fabric (docs/mqtt-security.md, "What the ACL does not do").
     """
     p = prefix
     lines = [
-        "# qpmesh ACL (docs/security.md). Probers log in with their host id as user name.",
+        "# qpmesh ACL (docs/mqtt-security.md). Probers log in with their host id as user name.",
         *(f"pattern write {p}/{kind}/%u" for kind in ("probes", "presence", "health", "paths")),
         f"pattern read {p}/presence/+",
         "",

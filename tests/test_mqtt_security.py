@@ -1,4 +1,4 @@
-"""MQTT with TLS, credentials and an ACL against a real mosquitto (docs/security.md).
+"""MQTT with TLS, credentials and an ACL against a real mosquitto (docs/mqtt-security.md).
 
 The broker (`secure_broker`) listens with TLS on a free loopback port, takes no anonymous
 clients, checks a password file and the ACL of `testbed.securebroker.acl_text`; certificates
