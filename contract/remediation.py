@@ -13,7 +13,9 @@ Topics (under the topic prefix, default ``qpmesh/v1``):
 - ``<prefix>/remediation-ack/<action id>``: an `AckDoc` per receiver and action;
 - ``<prefix>/jobs/<job>/rank<k>``: a `RankDoc`, retained: the NICs one rank of a job uses (the
   recovery agent registers its rank; an empty retained payload unregisters it). The controller
-  builds its job registry from these (and from ``POST /api/v1/jobs``).
+  builds its job registry from these (and from ``POST /api/v1/jobs``);
+- ``<prefix>/jobs/<job>/rank<k>/perf``: a `PerfDoc` now and then: the rank's recent step time
+  and its collective timeouts (the controller attributes a job's slowdown to the fabric).
 
 `ActionDoc`: ``{"id", "kind", "nic", "link", "job", "reason", "finding", "issued_at_ns",
 "expires_at_ns"[, "flows"]}``: ``id`` is stable for one episode of one finding (receivers
@@ -23,6 +25,10 @@ queue pairs of a contention report as [src NIC, dst NIC, sport].
 
 `RankDoc`: ``{"job", "rank", "host", "nics"[, "tenant"]}``: ``nics`` the NIC ids the rank
 uses, preferred first; ``tenant`` the job's owner (default ``default``).
+
+`PerfDoc`: ``{"job", "rank", "t_ns", "steps", "step_s", "timeouts", "nic"}``: ``steps``
+done so far, ``step_s`` the median step time (s) over the last ``window`` steps, ``timeouts``
+the collective timeouts so far, ``nic`` the NIC the rank uses now.
 
 `AckDoc`: ``{"action", "receiver", "outcome", "detail", "t_ns"}`` with ``outcome`` one of
 `OUTCOMES` (``done``: acted; ``ignored``: not for me or Control off; ``failed``: tried and
@@ -57,12 +63,15 @@ __all__ = [
     "AckDoc",
     "ActionDoc",
     "DocumentError",
+    "PerfDoc",
     "RankDoc",
     "ack_topic",
     "action_subscription",
     "action_topic",
     "jobs_subscription",
+    "parse_perf_topic",
     "parse_rank_topic",
+    "perf_topic",
     "rank_topic",
 ]
 
@@ -115,6 +124,18 @@ def parse_rank_topic(prefix: str, topic: str) -> tuple[str, int] | None:
     if not digits.isdigit() or len(digits) > 9:
         return None
     return parts[0], int(digits)
+
+
+def perf_topic(prefix: str, job: str, rank: int) -> str:
+    """Return ``<prefix>/jobs/<job>/rank<rank>/perf``; raise `DocumentError` on a bad job."""
+    return rank_topic(prefix, job, rank) + "/perf"
+
+
+def parse_perf_topic(prefix: str, topic: str) -> tuple[str, int] | None:
+    """Return (job, rank) of a perf report topic, None for any other topic."""
+    if not topic.endswith("/perf"):
+        return None
+    return parse_rank_topic(prefix, topic[: -len("/perf")])
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,4 +317,58 @@ class RankDoc:
             nics=tuple(nics or ()),
             host=read(d, "host", str, w, ""),
             tenant=read(d, "tenant", str, w, DEFAULT_TENANT),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PerfDoc:
+    """A rank's recent step time and collective timeouts (see the module docstring)."""
+
+    job: str
+    rank: int
+    t_ns: int
+    steps: int
+    step_s: float
+    timeouts: int = 0
+    nic: str = ""
+    window: int = 1
+
+    def __post_init__(self) -> None:
+        w = "perf report"
+        check(isinstance(self.job, str) and bool(_ID.match(self.job)), w, "job", "a job id",
+              self.job)  # fmt: skip
+        for key in ("rank", "t_ns", "steps", "timeouts"):
+            v = getattr(self, key)
+            check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, w, key,
+                  "an integer >= 0", v)  # fmt: skip
+        check(isinstance(self.window, int) and not isinstance(self.window, bool)
+              and self.window >= 1, w, "window", "an integer >= 1", self.window)  # fmt: skip
+        ok = isinstance(self.step_s, float | int) and not isinstance(self.step_s, bool)
+        check(ok and 0 < float(self.step_s) < 1e6, w, "step_s", "a duration > 0 s", self.step_s)
+        check(isinstance(self.nic, str), w, "nic", "a string", self.nic)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the plain JSON object of this report."""
+        return {"job": self.job, "rank": self.rank, "t_ns": self.t_ns, "steps": self.steps,
+                "step_s": self.step_s, "timeouts": self.timeouts, "nic": self.nic,
+                "window": self.window}  # fmt: skip
+
+    def encode(self) -> bytes:
+        """Return the compact JSON of this report."""
+        return encode_json(self.to_dict())
+
+    @classmethod
+    def decode(cls, payload: bytes | bytearray) -> PerfDoc:
+        """Return the report in ``payload``; raise `DocumentError` (one line)."""
+        w = "perf report"
+        d = decode_object(payload, w)
+        return cls(
+            job=read(d, "job", str, w),
+            rank=read(d, "rank", int, w),
+            t_ns=read(d, "t_ns", int, w),
+            steps=read(d, "steps", int, w),
+            step_s=read(d, "step_s", float, w),
+            timeouts=read(d, "timeouts", int, w, 0),
+            nic=read(d, "nic", str, w, ""),
+            window=read(d, "window", int, w, 1),
         )

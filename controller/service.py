@@ -60,6 +60,7 @@ async def _ticker(
                     nic=doc["nic"], link=doc["link"], job=doc["job"], reason=doc["reason"])  # fmt: skip
                 on_action(doc)
             new += [action_event(doc) for doc in docs]
+            new += remediation.job_events(now)  # slowdowns attributed to the fabric
         if api is not None:
             api.publish(live.snapshot(), tuple(new))
         for topic, payload in actions:  # the actions first: a job waits on them
@@ -266,7 +267,7 @@ async def run_service(
     if config.api is not None:
         api = ApiRuntime(
             config.api, live.snapshot(), jobs=rem.jobs, control=rem.control, actions=rem.log,
-            ask=rem.ask, on_clients=obs.websocket_clients,
+            ask=rem.ask, job_status=rem.job_status, on_clients=obs.websocket_clients,
         )  # fmt: skip
         log(clock(), "api serving", url=await api.start())
 

@@ -6,7 +6,8 @@ drains at safe points and while a collective is stuck) once `recovery.trust.Acti
 admitted them (with a verify key: signed by the controller, not replayed, for this topic);
 what it refuses is counted in ``gate.counters``, logged and dropped; `ack` publishes an `AckDoc` on ``<prefix>/remediation-ack/<id>`` (QoS 1). `register`
 publishes the rank's NICs (`contract.remediation.RankDoc`), retained, on
-``<prefix>/jobs/<job>/rank<k>`` (the controller's job registry reads it).
+``<prefix>/jobs/<job>/rank<k>`` (the controller's job registry reads it); `report`
+publishes a `PerfDoc` (step time, collective timeouts) on ``.../rank<k>/perf``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from contract.keys import KeySet
 from contract.remediation import (
     DEFAULT_TENANT,
     AckDoc,
+    PerfDoc,
     RankDoc,
     ack_topic,
     action_topic,
+    perf_topic,
     rank_topic,
 )
 from mqttlink.settings import MqttSecurity, configure_paho
@@ -88,6 +91,11 @@ class Follower:
         reads it). Raises `DocumentError` on a bad job id, rank, NIC or tenant."""
         doc = RankDoc(job, rank, tuple(nics), host, tenant)
         self._client.publish(rank_topic(self.prefix, job, rank), doc.encode(), qos=1, retain=True)
+
+    def report(self, doc: PerfDoc) -> None:
+        """Publish a step-time report (`recovery.perf.StepMeter.report`) on the rank's perf
+        topic (QoS 0: the next report supersedes a lost one)."""
+        self._client.publish(perf_topic(self.prefix, doc.job, doc.rank), doc.encode(), qos=0)
 
     def ack(self, ack: AckDoc) -> None:
         """Publish ``ack`` on its action's ack topic."""

@@ -102,6 +102,7 @@ class RecoverableGloo:
         self.state = initial(cfg)
         self.step = 0
         self.reforms: list[dict[str, Any]] = []
+        self.timeouts = 0  # collectives that outlived collective_timeout_s
         self.pg: Any = None
         self._stuck_at: float | None = None
 
@@ -205,6 +206,7 @@ class RecoverableGloo:
         work_t = tensor.clone()
         work = self.pg.allreduce([work_t])
         wait_s = self.collective_timeout_s
+        stuck = False
         while True:
             try:
                 work.wait(dt.timedelta(seconds=wait_s))
@@ -216,6 +218,9 @@ class RecoverableGloo:
                     work = _Dead()
             # stuck: let the machine decide; keep waiting on the real work (a short flap ends
             # with the collective completing late) in short polls while it waits for a verdict
+            if not stuck:
+                stuck = True
+                self.timeouts += 1  # one per stuck collective (reported in PerfDoc)
             wait_s = min(self.poll_s, self.collective_timeout_s)
             r = self._drain() or self._feed(CollectiveTimedOut())
             if r is not None:

@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         from recovery.follow import Follower
         from recovery.gloo import RecoverableGloo
         from recovery.machine import SEC, AgentConfig
+        from recovery.perf import StepMeter
 
         inbox: queue.Queue[Any] = queue.Queue()
         bhost, bport = a.broker.rsplit(":", 1)
@@ -123,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         agent = RecoverableGloo(cfg, store, a.world, inbox=inbox, ack=ack,
                                 collective_timeout_s=a.collective_timeout_s)  # fmt: skip
         agent.start()
+        meter = StepMeter(a.job, a.rank)
+        meter.step(time.time_ns())
     else:
         gloo: Any = dist.ProcessGroupGloo
         opts = gloo._Options()
@@ -158,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
             if a.rank == 0:
                 store.set("demo/step", str(step))
             if agent is not None:
+                meter.step(time.time_ns())
+                meter.timeouts = agent.timeouts
+                doc = meter.report(time.time_ns(), agent.state.nic)
+                if doc is not None and follower is not None:
+                    follower.report(doc)
                 try:
                     agent.safe_point(step)
                 except Reformed as r:

@@ -16,7 +16,7 @@ import aiohttp
 import aiomqtt
 import pytest
 
-from contract.remediation import AckDoc, ActionDoc, RankDoc, rank_topic
+from contract.remediation import AckDoc, ActionDoc, PerfDoc, RankDoc, perf_topic, rank_topic
 from contract.topics import Topics
 from controller.config import ConfigError, load_config
 from controller.dispatch import JsonLog
@@ -147,10 +147,12 @@ class ScriptedLive(LiveController):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.inject: list[tuple[str, str]] = []
+        self.inject_flows: tuple[tuple[str, str, int], ...] = ()
 
     def tick(self, now_ns: int) -> list[MeshEvent]:
         out = super().tick(now_ns)
-        out += [MeshEvent(now_ns, k, t, "injected", "critical") for k, t in self.inject]
+        out += [MeshEvent(now_ns, k, t, "injected", "critical", self.inject_flows)
+                for k, t in self.inject]  # fmt: skip
         self.inject.clear()
         return out
 
@@ -300,13 +302,35 @@ async def test_controller_remediates_with_control_and_jobs_from_api_and_mqtt(
         assert any(d.startswith("sent: move_off_nic") for d in seen), seen
         assert any(d.startswith("ack done by infer/rank0") for d in seen), seen
         await ws.close()
+        # the ranks report their step times; contention on their ring explains a slowdown
+        for k, step_s in ((0, 0.1), (1, 0.1), (1, 0.3)):
+            d = PerfDoc("train", k, 1, 10, step_s)
+            await mq.publish(perf_topic(topics.prefix, "train", k), d.encode(), qos=1)
+            await asyncio.sleep(0.1)
+        live.inject.append(("clear", "nic0"))  # nic0 was down earlier: back now
+        await asyncio.sleep(0.2)
+        live.inject_flows = (("nic0", "nic2", 4791),)
+        live.inject.append(("contention", "leaf0->spine1"))
+
+        async def explained() -> bool:
+            async with http.get(base + "events?kind=job_slowdown", headers=acme) as r:
+                return any("ring" in e["detail"] for e in (await r.json())["events"])
+
+        await _wait(explained)  # a tenant sees it: the hop is on its NICs' paths
+        async with http.get(base + "events?kind=job_slowdown", headers=acme) as r:
+            slow = (await r.json())["events"][-1]
+        assert slow["detail"] == ("job train: step time 3.0x; its ring crosses contended link "
+                                  "leaf0->spine1 on queue pairs nic0->nic2")  # fmt: skip
+        async with http.get(base + "jobs", headers=acme) as r:
+            (train,) = (await r.json())["jobs"]
+        assert train["perf"]["cause"] == "fabric" and train["perf"]["slowdown"] == 3.0
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
         await mq.publish(rank_topic(topics.prefix, "infer", 0), b"", qos=1, retain=True)
     lines = [json.loads(x) for x in log_path.read_text().splitlines()]
     statuses = [x["status"] for x in lines if x["msg"] == "action"]
-    assert statuses == ["would have", "sent"]
+    assert statuses == ["would have", "sent", "sent"]  # the last: report_contention
     assert any(x["msg"] == "control" and x["enabled"] and x["actor"] == "ops" for x in lines)
 
 

@@ -4,7 +4,8 @@
 `controller.api.hub.ApiHub` the producer publishes into); ``jobs``, ``control`` and
 ``actions`` are the controller's `JobRegistry`, `Control` (None = unavailable) and
 remediation `ActionLog` (None = no actions); ``ask`` takes Alertmanager webhooks
-(``POST /alertmanager``; None = unavailable). Every request needs a
+(``POST /alertmanager``; None = unavailable); ``job_status`` gives each job's step time
+and slowdown attribution (``perf`` in ``/jobs``). Every request needs a
 bearer token (401 otherwise); a tenant token sees only its jobs' NICs (another tenant's NIC is
 404, exactly like a NIC that does not exist); every token has a token bucket (429 past it).
 Every error is a JSON body ``{"error": {"status", "message"}}``; 4xx answers are counted per
@@ -61,6 +62,10 @@ AlertIntake = Callable[[Any, int], Mapping[str, object]]
 """(Alertmanager webhook payload, now ns) -> summary; raises `WebhookError` when malformed."""
 
 
+JobStatus = Callable[[str], Mapping[str, object] | None]
+"""job id -> its step-time figures and slowdown attribution (``perf`` in ``/jobs``), or None."""
+
+
 class ReadModel(Protocol):
     """What the API reads: the latest snapshot, the event log, subscriptions, health."""
 
@@ -112,6 +117,7 @@ class _State:
     control: Control | None
     actions: ActionLog | None
     ask: AlertIntake | None
+    job_status: JobStatus | None
     options: ApiOptions
     clock: Callable[[], float]
     wall_ns: Callable[[], int]
@@ -267,9 +273,8 @@ async def _jobs(request: web.Request) -> web.Response:
     _params(request)
     st = request.app[STATE]
     who: Principal = request[PRINCIPAL]
-    return web.json_response(
-        jobs_view(st.jobs.jobs() if who.is_operator else st.jobs.jobs_of(who.name))
-    )
+    jobs = st.jobs.jobs() if who.is_operator else st.jobs.jobs_of(who.name)
+    return web.json_response(jobs_view(jobs, st.job_status))
 
 
 async def _json_body(request: web.Request, want: str) -> Any:
@@ -492,6 +497,7 @@ def make_app(
     control: Control | None = None,
     actions: ActionLog | None = None,
     ask: AlertIntake | None = None,
+    job_status: JobStatus | None = None,
     options: ApiOptions | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall_ns: Callable[[], int] = time.time_ns,
@@ -501,7 +507,7 @@ def make_app(
     if not len(tokens):
         raise ValueError("the API needs at least one token")
     app = web.Application(middlewares=[_errors, _auth], client_max_size=64 * 1024)
-    app[STATE] = _State(model, tokens, jobs or JobRegistry(), control, actions, ask,
+    app[STATE] = _State(model, tokens, jobs or JobRegistry(), control, actions, ask, job_status,
                         options or ApiOptions(), clock, wall_ns)  # fmt: skip
     for method, path, handler in ROUTES:
         app.router.add_route(method, PREFIX + path, handler)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from controller.api.app import AlertIntake, ApiStats, api_stats, make_app
+from controller.api.app import AlertIntake, ApiStats, JobStatus, api_stats, make_app
 from controller.api.config import ApiConfig
 from controller.api.hub import ApiHub
 from controller.api.server import start_api
@@ -33,6 +33,7 @@ class ApiRuntime:
         control: Control | None = None,
         actions: ActionLog | None = None,
         ask: AlertIntake | None = None,
+        job_status: JobStatus | None = None,
         on_clients: Callable[[int], None] = lambda n: None,
     ) -> None:
         """``on_clients`` gets the number of websocket clients after every publish (the
@@ -42,7 +43,8 @@ class ApiRuntime:
         self.hub = ApiHub(snapshot)
         self.jobs = jobs or JobRegistry()
         self.app = make_app(self.hub, config.tokens, jobs=self.jobs, control=control,
-                            actions=actions, ask=ask, options=config.options)  # fmt: skip
+                            actions=actions, ask=ask, job_status=job_status,
+                            options=config.options)  # fmt: skip
         self._runner: web.AppRunner | None = None
         self.url = ""
 

@@ -10,7 +10,7 @@ cannot learn whether another tenant's NIC exists) and `BadQuery` for a malformed
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.fabric import Fabric
@@ -56,12 +56,16 @@ class Scope:
         return self.links is None or link in self.links
 
     def target_visible(self, fabric: Fabric, target: str) -> bool:
-        """Return True if an event on ``target`` (NIC, host or link id) is in scope."""
+        """Return True if an event on ``target`` (NIC, host or link id, or a directed hop
+        ``leaf0->spine1`` as contention findings name it: visible with its link) is in scope."""
         if self.nics is None:
             return True
         i = fabric.nic_index.get(target)
         if i is not None:
             return i in self.nics
+        if "->" in target:
+            a, _, b = target.partition("->")
+            return self.links is not None and bool({f"{a}-{b}", f"{b}-{a}"} & self.links)
         return (self.hosts is not None and target in self.hosts) or (
             self.links is not None and target in self.links
         )
@@ -303,6 +307,17 @@ def events_view(
     return {"events": [event_doc(ev, fabric, scope, s) for s, ev in hits], "truncated": cut}
 
 
-def jobs_view(jobs: Sequence[Job]) -> dict[str, object]:
-    """Return the jobs as JSON-ready values."""
-    return {"jobs": [j.to_dict() for j in jobs]}
+def jobs_view(
+    jobs: Sequence[Job], status: Callable[[str], Mapping[str, object] | None] | None = None
+) -> dict[str, object]:
+    """Return the jobs as JSON-ready values; with ``status``, each job's ``perf`` (its step
+    time, baseline, slowdown, collective timeouts and the slowdown's attribution; null
+    before its first report)."""
+    out = []
+    for j in jobs:
+        doc = j.to_dict()
+        if status is not None:
+            st = status(j.id)
+            doc["perf"] = dict(st) if st is not None else None
+        out.append(doc)
+    return {"jobs": out}

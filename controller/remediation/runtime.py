@@ -21,6 +21,7 @@ what it sent. The service publishes the returned messages; HTTP runs in the send
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -29,8 +30,11 @@ from contract.remediation import (
     AckDoc,
     ActionDoc,
     DocumentError,
+    PerfDoc,
     jobs_subscription,
+    parse_perf_topic,
 )
+from controller.attribution import Attribution, AttributionConfig, JobPerf, attribute
 from controller.control import Control, ControlChange
 from controller.jobfeed import RankFeed
 from controller.jobs import JobRegistry
@@ -105,6 +109,11 @@ class RemediationRuntime:
         self._alerts: list[dict[str, Any]] = []
         self._firing: dict[str, dict[str, Any]] = {}
         self.restored = 0
+        self.attribution_config = AttributionConfig()
+        self.perf: dict[str, JobPerf] = {}
+        self.attributions: dict[str, Attribution] = {}
+        self._recent: deque[MeshEvent] = deque(maxlen=2000)
+        self._perf_dirty: set[str] = set()
         self.state_error = ""
         self.state_file = StateFile(self.config.state_dir) if self.config.state_dir else None
         if self.state_file is not None:
@@ -128,6 +137,10 @@ class RemediationRuntime:
         for Alertmanager (when configured)."""
         for f in findings:
             self.remediator.observe(f)
+            if f.kind in ("nic_down", "link_down", "link_flap", "clear", "contention"):
+                flows = tuple((str(x[0]), str(x[1]), int(x[2])) for x in f.flows if len(x) == 3)
+                self._recent.append(MeshEvent(f.t_ns, f.kind, f.target, f.detail, flows=flows))
+                self._perf_dirty.update(self.perf)  # a new finding may explain a slowdown
             if not self.config.alertmanager:
                 continue
             if f.kind == "clear":
@@ -241,8 +254,66 @@ class RemediationRuntime:
                 return "ack_unmatched", None
             self.save()
             return "ack", ack_event(doc, ack)
+        where = parse_perf_topic(self.prefix, topic)
+        if where is not None:
+            return self._perf_report(where, payload), None
         out = self.feed.apply(topic, payload)
         return None if out == "ignored" else (out, None)
+
+    def _perf_report(self, where: tuple[str, int], payload: bytes) -> str:
+        try:
+            doc = PerfDoc.decode(payload)
+        except DocumentError as exc:
+            return f"bad:{exc}"
+        if (doc.job, doc.rank) != where:
+            return f"bad:perf report of {doc.job}/rank{doc.rank} on the topic of {where}"
+        job = self.jobs.get(doc.job)
+        if job is None:
+            return "perf_unknown_job"
+        self.perf[doc.job] = self.perf.get(doc.job, JobPerf()).with_report(doc, len(job.ranks))
+        self._perf_dirty.add(doc.job)
+        return "perf"
+
+    def job_events(self, now_ns: int) -> list[MeshEvent]:
+        """Attribute the slowdowns of the jobs with news (a report, a finding); return an event
+        (kind ``job_slowdown``) per job whose explanation changed."""
+        out = []
+        for job_id in sorted(self._perf_dirty):
+            job, perf = self.jobs.get(job_id), self.perf.get(job_id)
+            if job is None or perf is None:
+                self.perf.pop(job_id, None)
+                self.attributions.pop(job_id, None)
+                continue
+            a = attribute(job, perf, self._recent, now_ns, self.attribution_config)
+            self.perf[job_id] = JobPerf(perf.ranks, perf.baseline_s, perf.timeouts)
+            old = self.attributions.pop(job_id, None)
+            if a is None:
+                continue
+            self.attributions[job_id] = a
+            if old is None or old.text != a.text:
+                nics = sorted(job.nics)
+                target = a.links[0] if a.links else nics[0]
+                sev = "warning" if a.cause == "fabric" else "info"
+                out.append(MeshEvent(now_ns, "job_slowdown", target, f"job {job_id}: {a.text}",
+                                     sev, a.flows))  # fmt: skip
+        self._perf_dirty.clear()
+        return out
+
+    def job_status(self, job_id: str) -> dict[str, Any] | None:
+        """Return the job's step-time figures and its slowdown's attribution for the API
+        (None before its first report)."""
+        perf = self.perf.get(job_id)
+        if perf is None or perf.step_s is None:
+            return None
+        a = self.attributions.get(job_id)
+        base = perf.baseline_s or perf.step_s
+        doc: dict[str, Any] = {"step_s": perf.step_s, "baseline_s": base,
+                               "slowdown": round(perf.step_s / base, 2),
+                               "timeouts": perf.timeouts, "cause": "none", "text": "",
+                               "links": [], "flows": []}  # fmt: skip
+        if a is not None:
+            doc.update(a.to_dict())
+        return doc
 
     def health(self) -> dict[str, Any]:
         """Return the counters and the webhook sender's figures."""
