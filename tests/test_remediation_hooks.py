@@ -243,3 +243,19 @@ def test_alert_request_with_control_off_is_would_have() -> None:
     assert rt.ask(payload, 1)["accepted"] == 1
     msgs, docs = rt.tick(2)
     assert msgs == [] and [d["status"] for d in docs] == ["would have"]
+
+
+def test_alert_requested_actions_are_signed_like_the_policys() -> None:
+    from contract.actionsig import ActionSigner, public_from_private, verify_action
+    from contract.keys import ED25519_PRIVATE, ED25519_PUBLIC, format_key_file, parse_key_file
+
+    seed = bytes(range(32))
+    priv = parse_key_file(format_key_file([("c1", ED25519_PRIVATE, seed)]), "ctl.keys")
+    pub = parse_key_file(
+        format_key_file([("c1", ED25519_PUBLIC, public_from_private(seed))]), "agent.pub"
+    )
+    rt = RemediationRuntime(RemediationConfig(control=True), "p", sign=ActionSigner(priv).sign)
+    payload = _am([{"fingerprint": "s", "labels": {"action": "move_off_nic", "nic": "nic0"}}])
+    rt.ask(payload, 1 * SEC)
+    ((topic, signed),) = rt.tick(2 * SEC)[0]
+    assert topic == "p/remediation/nic0" and verify_action(signed, pub).nic == "nic0"

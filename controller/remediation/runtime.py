@@ -207,7 +207,7 @@ class RemediationRuntime:
         )
         if self._asked:
             asked = send_planned(self._requested(now_ns), lambda t, p: out.append((t, p)),
-                                 now_ns, self.prefix)  # fmt: skip
+                                 now_ns, self.prefix, self.remediator.sign)  # fmt: skip
             self.remediator.audit.extend(asked)
             records += asked
         docs = []
