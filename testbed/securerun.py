@@ -1,7 +1,8 @@
 """``qpmesh testbed run --secure``: the broker, configs and adversary of a secure run.
 
 `SecureRun` (thin shell) generates the run's CA, broker certificate, passwords, ACL
-(`testbed.securebroker`) and the per-fabric probe HMAC key file (`contract.keys` format),
+(`testbed.securebroker`), the per-fabric probe HMAC key file and the controller's action
+signing key with the agents' verify key (`contract.keys` format),
 hands the runner the extra config lines (``[mqtt]`` TLS and credentials for every prober and
 the controller, ``[auth] key_file``), runs a recovery-agent follower for the victim's NICs
 and, in a thread, the adversary (`testbed.adversary`): forged probes at `PROBE_ATTACK_S`, the
@@ -27,6 +28,8 @@ from typing import Any
 
 import aiomqtt
 
+from contract.actionsig import new_private_seed, public_from_private
+from contract.keys import ED25519_PRIVATE, ED25519_PUBLIC, HMAC, format_key_file, load_key_file
 from controller.fabric import Fabric
 from mqttlink.settings import MqttSecurity, client_kwargs
 from recovery.follow import Follower
@@ -40,6 +43,13 @@ PROBE_ATTACK_S = 6.0
 MQTT_ATTACK_BEFORE_END_S = 10.0
 FORGED_PER_NIC = 40
 JOB = "secjob"
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(path, mode)
 
 
 def _security_lines(sec: MqttSecurity) -> list[str]:
@@ -67,10 +77,13 @@ class SecureRun:
             agents={self.agent: (JOB, self.victim_nics)},
         )  # fmt: skip
         self.key_file = d / "probe-keys.toml"
-        fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write('[[keys]]\nid = "run"\ntype = "hmac-sha256"\n'
-                     f'hex = "{secrets.token_hex(32)}"\n')  # fmt: skip
+        _write(self.key_file, format_key_file([("run", HMAC, secrets.token_bytes(32))]), 0o600)
+        seed = new_private_seed()
+        self.action_key = d / "action-key.toml"  # the controller signs with it
+        _write(self.action_key, format_key_file([("run", ED25519_PRIVATE, seed)]), 0o600)
+        self.action_verify = d / "action-verify.toml"  # the agents verify with it
+        _write(self.action_verify,
+               format_key_file([("run", ED25519_PUBLIC, public_from_private(seed))]), 0o644)  # fmt: skip
         self.sent = Sent()
         self.bad_auth_before: dict[str, int] = {}
         self.actions: queue.Queue[Any] = queue.Queue()
@@ -96,8 +109,11 @@ class SecureRun:
         return f'[auth]\nkey_file = "{self.key_file}"\n\n[telemetry]\ninterval_s = 1.0\n'
 
     def controller_extra(self) -> str:
-        """Return the controller's ``[mqtt]`` table."""
-        return "\n[mqtt]\n" + "\n".join(_security_lines(self.material.security("controller")))
+        """Return the controller's ``[mqtt]`` and ``[auth]`` (action signing key) tables."""
+        sec = _security_lines(self.material.security("controller"))
+        return (
+            "\n[mqtt]\n" + "\n".join(sec) + f'\n\n[auth]\naction_key_file = "{self.action_key}"\n'
+        )
 
     def monitor(self) -> Monitor:
         """Return the run's monitor, logged in as the read-only monitor user."""
@@ -109,7 +125,9 @@ class SecureRun:
         `time.monotonic`)."""
         self.follower = Follower(*self.broker, tuple(self.victim_nics), self.actions,
                                  prefix=self.prefix, client_id="secure-run-agent",
-                                 security=self.material.security(self.agent))  # fmt: skip
+                                 security=self.material.security(self.agent),
+                                 verify_keys=load_key_file(self.action_verify,
+                                                           ED25519_PUBLIC))  # fmt: skip
         try:
             self.follower.start()
         except OSError as exc:
@@ -195,6 +213,8 @@ class SecureRun:
             received,
             self.prefix,
         )
-        out.update({"tls": True, "acl": True, "probe_hmac": True, "victim": self.victim,
-                    "compromised_host": self.own})  # fmt: skip
+        out.update({"tls": True, "acl": True, "probe_hmac": True, "signed_actions": True,
+                    "victim": self.victim, "compromised_host": self.own,
+                    "agent_action_gate": dict(self.follower.gate.counters)
+                    if self.follower is not None else {}})  # fmt: skip
         return out

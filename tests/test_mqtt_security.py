@@ -15,6 +15,7 @@ import json
 import os
 import queue
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,26 @@ async def test_controller_with_a_wrong_password_logs_one_line_and_retries(
     errors = [x for x in lines if x["msg"] == "broker error"]
     assert len(errors) == 2 and all("Not authorized" in x["error"] for x in errors)
     assert Path(sec.password_file).read_text().strip() not in out.getvalue()
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_prober_dry_run_names_the_password_file_never_the_password(
+    tmp_path: Path, as_json: bool
+) -> None:
+    pw = tmp_path / "host0.password"
+    pw.write_text("dry-run-secret-42\n")
+    pw.chmod(0o600)
+    cfg = _prober_toml(
+        tmp_path, 'tls = true\nusername = "host0"\npassword_file = "host0.password"\n'
+    )
+    argv = [sys.executable, "-m", "qpmesh.cli", "prober", "--config", str(cfg), "--dry-run"]
+    out = subprocess.run(argv + (["--json"] if as_json else []), capture_output=True, text=True,
+                         timeout=60, check=False, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "dry-run-secret" not in out.stdout + out.stderr
+    if as_json:
+        sec = json.loads(out.stdout)["mqtt_security"]
+        assert sec == {"tls": True, "ca_file": "", "cert_file": "", "username": "host0",
+                       "password": "from file"}  # fmt: skip
+    else:
+        assert "mqtt tls on, user host0, password from file" in out.stdout
