@@ -16,9 +16,10 @@ from types import MappingProxyType
 from typing import IO, Any
 
 from contract.documents import HealthDoc, PresenceDoc
-from contract.jsondoc import DocumentError
+from contract.jsondoc import DocumentError, decode_json
 from contract.origin import batch_origin_error, health_origin_error, presence_origin_error
 from contract.records import RecordError, decode_batch
+from contract.remediation import JOBS, REMEDIATION_ACK
 from contract.topics import TopicError, Topics
 from controller.fabric import Fabric
 from controller.live import LiveController
@@ -69,6 +70,22 @@ class JsonLog:
         self.stream.flush()
 
 
+def message_kind(topics: Topics, topic: str) -> str:
+    """Return the kind a message's topic names, for per-kind counters: ``probes``,
+    ``presence``, ``health``, ``paths``, ``events``, ``remediation-ack``, ``jobs``, or
+    ``unknown``."""
+    try:
+        return topics.parse(topic)[0]
+    except TopicError:
+        pass
+    rest = topic.removeprefix(topics.prefix + "/")
+    if rest != topic:
+        head = rest.split("/", 1)[0]
+        if head in (REMEDIATION_ACK, JOBS):
+            return head
+    return "unknown"
+
+
 def handle_message(
     live: LiveController,
     topics: Topics,
@@ -111,7 +128,9 @@ def handle_message(
         if kind == "paths":
             if not router_nodes:
                 return "ignored"
-            apply_paths(live, router_nodes, json.loads(payload))
+            # decode_json, not json.loads: a deeply nested payload is a DocumentError, not a
+            # RecursionError that would end the service
+            apply_paths(live, router_nodes, decode_json(payload, "paths"))
             return "paths"
         if kind == "health":
             health = HealthDoc.decode(payload)

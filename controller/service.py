@@ -20,12 +20,12 @@ from collections.abc import Callable, Mapping
 import aiomqtt
 
 from contract.actionsig import ActionSigner
-from contract.topics import TopicError, Topics
+from contract.topics import Topics
 from controller.api.runtime import ApiRuntime
 from controller.brain import Brain
 from controller.config import ServiceConfig
 from controller.control import ControlChange
-from controller.dispatch import JsonLog, event_json, handle_message
+from controller.dispatch import JsonLog, event_json, handle_message, message_kind
 from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.snapshot import MeshEvent
@@ -190,10 +190,7 @@ async def _publish_event(
 
 
 def _topic_kind(topics: Topics, topic: str) -> str:
-    try:
-        return topics.parse(topic)[0]
-    except TopicError:
-        return "unknown"
+    return message_kind(topics, topic)  # knows the jobs and remediation-ack topics too
 
 
 async def run_service(
