@@ -31,7 +31,7 @@ from testbed.netns.state import record_process, state_dir
 from testbed.netns.teardown import tear_down
 from testbed.runreport import Monitor, localization, sync_report
 from testbed.runscore import estimators
-from testbed.scenario import FaultKind, Scenario, random_faults
+from testbed.scenario import TESTBED_CONGEST, FaultKind, Scenario, random_faults
 from testbed.schedule import Action, timeline
 from testbed.securerun import SecureRun
 from testbed.vclock import VirtualClock, assign_clocks, write_clock, write_truth
@@ -146,7 +146,11 @@ def run_scenario(
         sc = replace(
             sc,
             faults=random_faults(
-                sc.fabric(), random_k, seed=seed or sc.seed, duration_s=sc.duration_s
+                sc.fabric(),
+                random_k,
+                seed=seed or sc.seed,
+                duration_s=sc.duration_s,
+                congest_magnitude=TESTBED_CONGEST,
             ),
         )
     missing: list[str] = []

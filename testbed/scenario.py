@@ -214,6 +214,11 @@ def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(parse_toml(p.read_bytes(), str(p), ScenarioError), source=str(p))
 
 
+TESTBED_CONGEST = 0.6
+"""Random congestion on the namespace testbed: a generator at 1.6x the shaped link rate (the
+acceptance scenario's magnitude, which builds a standing queue of ms on this machine)."""
+
+
 def random_faults(
     fabric: Fabric,
     k: int,
@@ -227,11 +232,18 @@ def random_faults(
         FaultKind.NIC_DOWN,
     ),
     spacing_s: float = 0.0,
+    congest_magnitude: float = 20.0,
+    loss_percent: float = 20.0,
 ) -> tuple[Fault, ...]:
     """Draw ``k`` faults of mixed kinds on distinct targets, inside ``duration_s``.
 
     Link faults go on leaf-spine (fabric) links, NIC faults on NICs. With ``spacing_s`` = 0 the
     faults overlap in time (concurrent); otherwise they start ``spacing_s`` apart.
+    ``congest_magnitude`` is in the units of whoever applies the fault: the simulator reads
+    20 as 20 µs of extra queueing, the namespace testbed reads a magnitude <= 1 as extra
+    utilisation of the shaped link (0.6: a generator at 1.6x the link rate, a standing queue)
+    and one > 1 as a generator rate in Mbit/s (see `testbed.schedule.timeline`), so the
+    testbed passes its own (`TESTBED_CONGEST`). ``loss_percent``: loss faults drop that share.
     Raises `ScenarioError` if ``k`` < 0 or the fabric is too small.
     """
     if k < 0:
@@ -253,8 +265,10 @@ def random_faults(
             out.append(Fault(kind, str(nics_pick.pop()), start, dur))
         elif kind == FaultKind.FLAP:
             out.append(Fault(kind, str(links_pick.pop()), start, dur, down_s=1.0, up_s=2.0))
-        elif kind in {FaultKind.CONGEST, FaultKind.LOSS}:
-            out.append(Fault(kind, str(links_pick.pop()), start, dur, magnitude=20.0))
+        elif kind == FaultKind.CONGEST:
+            out.append(Fault(kind, str(links_pick.pop()), start, dur, magnitude=congest_magnitude))
+        elif kind == FaultKind.LOSS:
+            out.append(Fault(kind, str(links_pick.pop()), start, dur, magnitude=loss_percent))
         else:
             out.append(Fault(kind, str(links_pick.pop()), start, dur))
     return tuple(out)

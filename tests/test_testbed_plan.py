@@ -9,7 +9,7 @@ from controller.fabric import FabricShape, build_fabric
 from testbed import faults
 from testbed.netns.blast import packets_due
 from testbed.netns.plan import PlanError, check_prefix, make_plan, names_pattern
-from testbed.scenario import Fault, FaultKind, ScenarioError
+from testbed.scenario import TESTBED_CONGEST, Fault, FaultKind, ScenarioError, random_faults
 from testbed.schedule import parse_duration, timeline
 from testbed.vclock import ClockError, VirtualClock, assign_clocks
 
@@ -141,3 +141,17 @@ def test_stop_processes_terminates_then_kills_what_ignores_sigterm() -> None:
     assert polite.returncode == -15  # SIGTERM was enough
     assert stubborn.returncode == -9  # ignored SIGTERM: killed
     assert done.returncode == 0  # already gone: fine
+
+
+def test_random_congestion_on_the_testbed_runs_above_the_shaped_rate() -> None:
+    """Random faults in testbed units: every congest fault's generator outruns the shaped link
+    (the simulator's 20 µs read as 20 Mbit/s under a 100 Mbit/s shaper built no queue)."""
+    fabric = build_fabric(FabricShape(leaves=3, hosts_per_leaf=2, nics_per_host=1, spines=2))
+    congests = []
+    for seed in range(1, 30):
+        fs = random_faults(fabric, 2, seed=seed, duration_s=40, congest_magnitude=TESTBED_CONGEST)
+        congests += [a for a in timeline(fs, fabric_rate_mbit=100) if a.op == "congest"]
+    assert congests
+    assert all(a.value == pytest.approx(160.0) for a in congests)
+    sim = random_faults(fabric, 2, seed=3, duration_s=40)
+    assert {f.magnitude for f in sim if f.kind == FaultKind.CONGEST} <= {20.0}
