@@ -59,12 +59,17 @@ class ClockSyncConfig:
     bins: int = 4  # time bins per window; per bin and directed pair one coded pair is kept
     min_coded: int = 8  # thin-edge fallback of `orient_samples`
     refine: bool = True  # second stage of `sync_window`
+    warmup_bins: int = 8  # the first bin after start is split in this many (drift observable)
+    max_unc_ns: float = 1000.0  # delays of a NIC whose clock is less certain are withheld
+    min_span_ns: int = 1_000_000_000  # a solve over less data cannot see drift: not trusted
 
     def __post_init__(self) -> None:
         if self.window_ns <= 0 or self.solve_every_ns <= 0 or self.capacity < 16:
             raise ValueError("window and solve period must be > 0 and capacity >= 16")
-        if self.coded_tol_ns < 0 or self.bins < 1:
-            raise ValueError("coded_tol_ns must be >= 0 and bins >= 1")
+        if self.coded_tol_ns < 0 or self.bins < 1 or self.warmup_bins < 1:
+            raise ValueError("coded_tol_ns must be >= 0, bins and warmup_bins >= 1")
+        if not self.max_unc_ns > 0 or self.min_span_ns < 0:
+            raise ValueError("max_unc_ns must be > 0 and min_span_ns >= 0")
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,6 +82,8 @@ class ClockState:
     n_pairs: int
     n_samples: int = 0
     estimator: str = ""
+    span_ns: int = 0  # time covered by the solved samples (initiator clocks)
+    end_ns: int = 0  # latest send stamp of the solved samples (initiator clocks)
 
     @property
     def t_ref_ns(self) -> int:
@@ -131,6 +138,11 @@ class ClockSync:
         self._span_solved = 0  # data span at the last solve (warm-up cadence)
         self.solves = 0
         self.last_solve_samples = 0
+        # per NIC: the last solve-to-solve disagreement (ns), the drift error it implies and
+        # the distance from t_ref within which its clock error stays under max_unc (-1: never)
+        self.miss_ns = np.full(n_nics, np.nan)
+        self.drift_err = np.full(n_nics, np.inf)
+        self.trust_ns = np.full(n_nics, -1.0)
 
     # ---- samples -------------------------------------------------------------------------
     def add(self, ing: Ingested) -> int:
@@ -156,7 +168,7 @@ class ClockSync:
         self._t_max = t_hi if self._t_max is None else max(self._t_max, t_hi)
         if self._t0 is None:
             self._t0 = int(t1f.min())
-        b = (t1f - self._t0) // self._binw
+        b = self._bin_of(t1f - self._t0)
         b_lo, b_hi = int(b.min()), int(b.max())
         improved = 0
         for bb in range(b_lo, b_hi + 1):
@@ -166,6 +178,15 @@ class ClockSync:
         self._flush(self._latest_bin - 1)
         self._expire()
         return improved
+
+    def _bin_of(self, dt: I64) -> I64:
+        """Bin index of send times ``dt`` after the first stamp: the first bin is split in
+        ``warmup_bins`` (one kept pair per directed pair and bin: from a single bin the solve
+        cannot see drift), then bins of ``window_ns / bins``."""
+        sub = self.config.warmup_bins
+        w = self._binw
+        dt = np.maximum(dt, 0)
+        return np.where(dt < w, dt // max(1, w // sub), sub - 1 + dt // w)
 
     def _fold(self, ing: Ingested, bb: int, dp: I64, score: I64, first: I64, second: I64) -> int:
         """Update open bin ``bb`` with candidate pairs; return how many became its best."""
@@ -294,11 +315,23 @@ class ClockSync:
 
     def install(self, state: ClockState | None) -> bool:
         """Adopt a computed clock state (None = the solve found nothing; an older solve than
-        the installed one is ignored); return True if adopted."""
+        the installed one is ignored); return True if adopted.
+
+        Each NIC's trust is set from how far the previous state, extrapolated, missed the new
+        one (`solve_miss`): the solver's own uncertainty assumes its envelope is unqueued and
+        its drift observable, neither of which holds on little data."""
         if state is None:
             return False
-        if self.state is not None and state.solved_at_ns < self.state.solved_at_ns:
+        old = self.state
+        if old is not None and state.solved_at_ns < old.solved_at_ns:
             return False
+        self.miss_ns, self.drift_err = solve_miss(old, state)
+        if state.span_ns < self.config.min_span_ns:
+            self.drift_err = np.full(self.n_nics, np.inf)  # one instant: drift unobservable
+        self.trust_ns = trust_horizon(state.models, self.drift_err, self.config.max_unc_ns)
+        # two solves that disagree by more than a clock may err: one of them is wrong, and
+        # which one is unknown: withhold the NIC until a later solve agrees
+        self.trust_ns[~(self.miss_ns <= self.config.max_unc_ns / np.sqrt(2.0))] = -1.0
         self.state = state
         self.solves += 1
         self.last_solve_samples = state.n_samples
@@ -315,7 +348,7 @@ class ClockSync:
 
     def offsets(self, t_ns: int) -> tuple[F64, F64]:
         """Return (clock offset, uncertainty) of every NIC at reference time ``t_ns`` (NaN
-        where unknown)."""
+        where unknown; inf while no later solve has confirmed the NIC's drift)."""
         st = self.state
         if st is None:
             nan = np.full(self.n_nics, np.nan)
@@ -323,8 +356,14 @@ class ClockSync:
         m = st.models
         rel = float(t_ns - m.t_ref_ns)
         off = m.offset_ns + m.drift * rel
-        unc = np.sqrt(m.offset_std_ns**2 + (m.drift_std * abs(rel - st.center_ns)) ** 2)
-        return off, unc
+        ds = np.fmax(m.drift_std, self.drift_err)
+        with np.errstate(invalid="ignore"):
+            unc = np.sqrt(m.offset_std_ns**2 + (ds * abs(rel - st.center_ns)) ** 2)
+        return off, np.where(m.known, unc, np.nan)
+
+    def trusted(self, nic: I32, rel_ns: F64) -> NDArray[np.bool_]:
+        """True where NIC ``nic``'s clock at ``rel_ns`` from t_ref is within ``max_unc_ns``."""
+        return np.abs(rel_ns) <= np.take(self.trust_ns, nic)
 
     def delays(self, ing: Ingested) -> Delays:
         """Return one-way delays of the batch's probes and replies from the current models."""
@@ -336,10 +375,13 @@ class ClockSync:
             nan = np.full(len(ing), np.nan)
             return Delays(ing.t1, nan, nan.copy(), rtt)
         r1 = self.true_rel(ing.src, ing.t1)
-        owd_f = self.true_rel(ing.dst, ing.t2) - r1
+        r2 = self.true_rel(ing.dst, ing.t2)
+        owd_f = r2 - r1
         owd_r = self.true_rel(ing.src, ing.t4) - self.true_rel(ing.dst, ing.t3)
-        owd_f[lost] = np.nan
-        owd_r[lost] = np.nan
+        # a delay is only as good as both clocks: withhold it where either is too uncertain
+        bad = lost | ~(self.trusted(ing.src, r1) & self.trusted(ing.dst, r2))
+        owd_f[bad] = np.nan
+        owd_r[bad] = np.nan
         t_ns = np.where(np.isfinite(r1), np.rint(np.nan_to_num(r1)).astype(np.int64) +
                         st.models.t_ref_ns, ing.t1)  # fmt: skip
         return Delays(t_ns, owd_f, owd_r, rtt)
@@ -443,4 +485,41 @@ def compute_state(
         n_pairs=int(fits.ok.sum()),
         n_samples=len(w),
         estimator=ws.estimator,
+        span_ns=t_hi - t_lo,
+        end_ns=t_hi,
     )
+
+
+def solve_miss(old: ClockState | None, new: ClockState) -> tuple[F64, F64]:
+    """Return per NIC (miss ns, drift error) of ``old``'s models extrapolated to ``new``'s
+    latest samples: the reference time each assigns to the same reading of the NIC's clock,
+    minus the median over NICs (the two solves' reference timescales differ by a common
+    offset), and that miss divided by the extrapolation distance. (NaN, inf) where either
+    state does not know the NIC or there is no old state."""
+    n = len(new.models)
+    nan, inf = np.full(n, np.nan), np.full(n, np.inf)
+    if old is None or len(old.models) != n:
+        return nan, inf
+    nic = np.arange(n)
+    at = np.full(n, new.end_ns, np.int64)
+    x_old = old.models.true_rel_ns(at, nic) + float(old.models.t_ref_ns - new.models.t_ref_ns)
+    d = x_old - new.models.true_rel_ns(at, nic)
+    ok = np.isfinite(d)
+    if not ok.any():
+        return nan, inf
+    miss = np.abs(d - np.median(d[ok]))
+    dist = max(abs(float(new.end_ns - old.models.t_ref_ns)), 1.0)
+    return miss, np.where(ok, miss / dist, np.inf)
+
+
+def trust_horizon(models: ClockModels, drift_err: F64, max_unc_ns: float) -> F64:
+    """Return per NIC the distance |t - t_ref| (ns) within which its clock uncertainty
+    ``sqrt(offset_std^2 + (max(drift_std, drift_err) * dt)^2)`` stays under ``max_unc_ns``
+    per clock (``max_unc_ns / sqrt 2``: a delay has two); -1 where never (unknown NICs)."""
+    lim2 = max_unc_ns**2 / 2.0
+    os2 = np.nan_to_num(models.offset_std_ns, nan=np.inf) ** 2
+    ds = np.fmax(np.nan_to_num(models.drift_std, nan=np.inf), drift_err)
+    room = lim2 - os2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = np.where(ds > 0, np.sqrt(np.maximum(room, 0.0)) / ds, np.inf)
+    return np.where(models.known & (room > 0) & np.isfinite(ds), h, -1.0)

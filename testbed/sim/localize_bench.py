@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from controller.brain import Brain, BrainConfig
 from controller.fabric import Fabric, FabricShape, build_fabric
@@ -68,10 +69,17 @@ class _Tee:
 
     def __init__(self, brain: Brain, voter: VotingBaseline) -> None:
         self.brain, self.voter = brain, voter
+        self.seen: list[Observations] = []  # since the last `take` (for the clock error)
 
     def observe(self, obs: Observations) -> None:
         self.brain.observe(obs)
         self.voter.observe(obs)
+        self.seen.append(obs)
+
+    def take(self) -> list[Observations]:
+        """Return and forget the observations seen since the last call."""
+        out, self.seen = self.seen, []
+        return out
 
     def presence(self, host: str, alive: bool, now_ns: int) -> None:
         self.brain.presence(host, alive, now_ns)
@@ -107,6 +115,53 @@ def normalize(fabric: Fabric, target: str) -> str:
         if lk is not None:
             return fabric.links[lk].id
     return target
+
+
+_ERR_EDGES = np.concatenate([[0.0], np.logspace(0, 6, 241)])  # ns, 40 bins per decade
+
+
+@dataclass
+class ClockError:
+    """The controller's one-way delays against the simulator's truth, over a run: how many
+    arrived delays were judged (not withheld by clock trust) and how far off they were."""
+
+    hist: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(len(_ERR_EDGES), np.int64))
+    arrived: int = 0
+    judged: int = 0
+    worst: float = 0.0
+    first_judged_s: float | None = None
+
+    def add(self, t_s: float, owd: npt.NDArray[np.float64], true: npt.NDArray[np.float64]) -> None:
+        """Fold one step's delays (NaN = withheld or lost) and their truth (NaN = lost)."""
+        arrived = np.isfinite(true)
+        err = np.abs(owd - true)[arrived & np.isfinite(owd)]
+        self.arrived += int(arrived.sum())
+        self.judged += len(err)
+        if len(err):
+            self.first_judged_s = t_s if self.first_judged_s is None else self.first_judged_s
+            self.worst = max(self.worst, float(err.max()))
+            idx = np.searchsorted(_ERR_EDGES, err, side="right") - 1
+            self.hist += np.bincount(idx, minlength=len(_ERR_EDGES))
+
+    def _q(self, q: float) -> float | None:
+        if not self.judged:
+            return None
+        k = int(np.searchsorted(np.cumsum(self.hist), q * self.judged))
+        return round(float(_ERR_EDGES[min(k + 1, len(_ERR_EDGES) - 1)]), 1)  # bin's upper edge
+
+    def to_dict(self) -> dict[str, object]:
+        """Summary: judged fraction, |error| p50 / p99 (upper bin edges, 6 %) and max, counts
+        over 1 and 4 µs (the delay floor), time of the first judged delay."""
+        over = [int(self.hist[np.searchsorted(_ERR_EDGES, x) :].sum()) for x in (1e3, 4e3)]
+        return {
+            "judged_frac": round(self.judged / self.arrived, 4) if self.arrived else None,
+            "first_judged_s": self.first_judged_s,
+            "owd_err_p50_ns": self._q(0.5),
+            "owd_err_p99_ns": self._q(0.99),
+            "owd_err_max_ns": round(self.worst, 1),
+            "over_1us": over[0],
+            "over_4us": over[1],
+        }
 
 
 @dataclass
@@ -174,8 +229,10 @@ def run_once(
     voter = VotingBaseline(fabric)
     live = None
     epoch = 0
+    tee = _Tee(brain, voter)
+    clock_err = ClockError()
     if pipeline == "ingest":
-        live = LiveController(fabric, brain=_Tee(brain, voter))
+        live = LiveController(fabric, brain=tee)
         epoch = EPOCH_NS
         # the paths the probers discovered (TTL probes), as a real controller holds them
         src, dst, sport, fwd, rev = sim.discovered_paths()
@@ -211,6 +268,10 @@ def run_once(
         else:
             live.ingest_batch(st.batch, now)
             events = live.tick(now)
+            seen = tee.take()
+            if len(seen) == 1 and len(seen[0]) == len(st.batch):  # rows in batch order
+                clock_err.add(st.t1_s, seen[0].owd_fwd_ns, st.true_fwd_ns)
+                clock_err.add(st.t1_s, seen[0].owd_rev_ns, st.true_rev_ns)
         t_brain += time.perf_counter() - c0
         for ev in events:
             if ev.kind != "clear":
@@ -251,6 +312,7 @@ def run_once(
         "estimators": {"qpmesh": ours_s, "voting_baseline": theirs_s},
         "faults": fault_rows,
         "false_alerts": ours_s["false_alerts"],
+        "clock": clock_err.to_dict() if live is not None else None,
         "probes": n_probes,
         "pipeline_probes_per_s": round(n_probes / t_brain) if t_brain else None,
         "alerts": [
@@ -377,7 +439,12 @@ def _localize(args: argparse.Namespace) -> int:
         runs
         if args.verbose
         else [
-            {"seed": r["seed"], "estimators": r["estimators"], "alerts": r["alerts"][:10]}  # type: ignore[index]
+            {
+                "seed": r["seed"],
+                "estimators": r["estimators"],
+                "clock": r["clock"],
+                "alerts": r["alerts"][:10],  # type: ignore[index]
+            }
             for r in runs
         ]
     )
