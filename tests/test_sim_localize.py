@@ -84,3 +84,28 @@ def test_an_alert_on_a_real_loss_burst_is_not_a_false_alert() -> None:
     ]
     kept, n = _split_burst_alerts(FAB, alerts, [(li, 5.0, 5.05)])
     assert n == 1 and kept == alerts[1:]
+
+
+def test_clock_error_summary_counts_judged_delays_and_their_error() -> None:
+    import numpy as np
+
+    from testbed.sim.localize_bench import ClockError
+
+    ce = ClockError()
+    true = np.array([1000.0, 1000.0, 1000.0, 1000.0, np.nan])
+    ce.add(0.1, np.array([np.nan, np.nan, np.nan, np.nan, np.nan]), true)  # all withheld
+    ce.add(0.2, np.array([1010.0, 990.0, 3000.0, np.nan, np.nan]), true)
+    d = ce.to_dict()
+    assert d["judged_frac"] == 3 / 8 and d["first_judged_s"] == 0.2
+    assert d["owd_err_max_ns"] == 2000.0 and d["over_1us"] == 1 and d["over_4us"] == 0
+    assert 10.0 <= d["owd_err_p50_ns"] <= 10.0 * 1.06  # type: ignore[operator]
+
+
+def test_real_ingest_pipeline_on_the_realistic_model_judges_only_certain_delays() -> None:
+    faults = (Fault(FaultKind.CONGEST, "leaf1-spine2", 3.0, 3.0, magnitude=20.0),)
+    r = run_once(FAB, faults, duration_s=7.0, load=0.4, seed=2, step_s=0.1, pipeline="ingest")
+    q = r["estimators"]["qpmesh"]  # type: ignore[index]
+    assert q["recall"] == 1.0 and r["false_alerts"] == 0
+    clock = r["clock"]
+    assert clock["over_1us"] == 0 and clock["judged_frac"] > 0.5  # type: ignore[index]
+    assert clock["first_judged_s"] <= 2.0  # type: ignore[index]
