@@ -517,8 +517,8 @@ def trust_horizon(models: ClockModels, drift_err: F64, max_unc_ns: float) -> F64
     ``sqrt(offset_std^2 + (max(drift_std, drift_err) * dt)^2)`` stays under ``max_unc_ns``
     per clock (``max_unc_ns / sqrt 2``: a delay has two); -1 where never (unknown NICs)."""
     lim2 = max_unc_ns**2 / 2.0
-    os2 = np.nan_to_num(models.offset_std_ns, nan=np.inf) ** 2
-    ds = np.fmax(np.nan_to_num(models.drift_std, nan=np.inf), drift_err)
+    os2 = np.where(np.isnan(models.offset_std_ns), np.inf, models.offset_std_ns) ** 2
+    ds = np.fmax(np.where(np.isnan(models.drift_std), np.inf, models.drift_std), drift_err)
     room = lim2 - os2
     with np.errstate(divide="ignore", invalid="ignore"):
         h = np.where(ds > 0, np.sqrt(np.maximum(room, 0.0)) / ds, np.inf)
