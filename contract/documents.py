@@ -88,7 +88,8 @@ class HealthDoc:
 
     ``gpu_ok`` False: the GPUs reported errors (``detail`` says which); ``gpu_present`` False:
     the host has no GPU. ``gpu``, ``nics`` (per NIC id) and ``counters`` are JSON objects
-    whose contents the contract does not fix.
+    whose contents the contract does not fix, except one key the controller acts on: a NIC's
+    ``up`` (true/false: carrier present and not administratively down), see `nic_links`.
     """
 
     gpu_ok: bool = True
@@ -125,6 +126,15 @@ class HealthDoc:
                 "counters": _plain(self.counters),
             }
         )
+
+    def nic_links(self) -> dict[str, bool]:
+        """Return ``{nic id: up}`` for the NICs whose section has a boolean ``up``."""
+        out: dict[str, bool] = {}
+        for nic, sec in self.nics.items():
+            up = sec.get("up") if isinstance(sec, Mapping) else None
+            if isinstance(up, bool):
+                out[str(nic)] = up
+        return out
 
     @classmethod
     def decode(cls, payload: bytes | bytearray) -> HealthDoc:

@@ -7,12 +7,14 @@ every open window whose end is at least ``BrainConfig.lateness_ns`` old (a lost 
 reported one loss timeout after the successes sent after it): for each it localizes loss and
 queueing delay (`controller.localize`), separates causes (`controller.detect.causes`), steps
 every entity through the health table (`controller.health`) and returns the new `MeshEvent`
-findings stamped with the window's end. `presence` and `gpu` feed host
-facts. Nothing here reads a clock, a file or the network.
+findings stamped with the window's end. `presence`, `gpu` and `nic_links` (the NIC link
+states a host's prober read from its own NICs) feed host facts. Nothing here reads a clock, a
+file or the network.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,6 +81,8 @@ class Brain:
         self._presence_down: set[str] = set()
         self._silent: set[str] = set()
         self._excluded = np.zeros(n_nics, dtype=bool)
+        self._nic_index = {n.id: i for i, n in enumerate(fabric.nics)}
+        self._reported_down: set[int] = set()
         self._gpu_bad: dict[str, str] = {}
         self._pending: list[MeshEvent] = []
         self._last_tick: int | None = None
@@ -155,6 +159,27 @@ class Brain:
             del self._gpu_bad[host]
             self._pending.append(MeshEvent(now_ns, "clear", host, "GPU healthy", "info"))
 
+    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
+        """Record the link state (carrier) of ``host``'s NICs as its own prober read them.
+
+        A NIC its host reports down is judged down from the next window on (``nic_down``),
+        also when the host, having no other NIC, initiates nothing: a quiet host whose NICs
+        are all reported down is not a silent prober. NICs of other hosts are ignored.
+        """
+        del now_ns  # the report is a state, applied to the windows closed from now on
+        for nic_id, is_up in up.items():
+            i = self._nic_index.get(nic_id)
+            if i is None or self.fabric.nics[i].host != host:
+                continue
+            if is_up:
+                self._reported_down.discard(i)
+            else:
+                self._reported_down.add(i)
+
+    def _all_reported_down(self, host: str) -> bool:
+        idx = [n.index for n in self.fabric.nics if n.host == host]
+        return bool(idx) and all(i in self._reported_down for i in idx)
+
     # ---- the window ----------------------------------------------------------------------
     def tick(self, now_ns: int) -> list[MeshEvent]:
         """Mark a window boundary at ``now_ns`` and close the windows that ended at least
@@ -183,6 +208,9 @@ class Brain:
         events: list[MeshEvent] = []
         quiet_hosts = host_quiet(f, win.src_count)
         nic_quiet = quiet_hosts[f.nic_host_index] | self._excluded
+        reported = np.zeros(len(f.nics), dtype=bool)
+        reported[list(self._reported_down)] = True
+        nic_quiet &= ~reported  # its host says the link is down: that is evidence, not quiet
 
         loss = win.loss.verdict(cfg.loss)
         slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay)
@@ -195,6 +223,8 @@ class Brain:
                 slow_hop[lk] = int(hop)
         for lk, rate in loss.blamed.items():
             signals[lk] = Signal.DEAD if rate >= cfg.loss.dead_rate else Signal.LOSSY
+        for down_nic in self._reported_down:
+            signals[int(f.nic_link[down_nic])] = Signal.DEAD
         blamed = set()
         for lk in signals:
             nic = self._nic_of_link.get(lk)
@@ -230,6 +260,7 @@ class Brain:
         if not self.config.silent_ns:
             return out
         silent = silent_hosts(self.fabric, self._last_src, now_ns, self.config.silent_ns)
+        silent = {h for h in silent if not self._all_reported_down(h)}  # it cannot send
         for host in sorted(silent - self._silent):
             if host not in self._presence_down:
                 out.append(MeshEvent(now_ns, "prober_down", host, "prober silent", "warning"))
@@ -262,9 +293,10 @@ class Brain:
         if finding == Finding.DOWN:
             kind, target = ("nic_down", f.nics[nic].id) if nic is not None else ("link_down", link)
             loss_txt = f"{rate:.0%}" if rate is not None else "all"
-            ev = MeshEvent(
-                now_ns, kind, target, f"{loss_txt} of probes across {link} lost", "critical"
-            )
+            detail = f"{loss_txt} of probes across {link} lost"
+            if nic is not None and nic in self._reported_down:
+                detail = f"{f.nics[nic].host} reports the link of {target} down (no carrier)"
+            ev = MeshEvent(now_ns, kind, target, detail, "critical")
         elif finding == Finding.FLAP:
             n = st.flap_count(now_ns, self.config.health.flap_window_ns)
             win = self.config.health.flap_window_ns / 1e9

@@ -138,6 +138,8 @@ def handle_message(
             if why:
                 return f"bad:{why}"
             live.gpu(host, health.gpu_ok, health.detail, now_ns, present=health.gpu_present)
+            if links := health.nic_links():
+                live.nic_links(host, links, now_ns)
             counters = nic_byte_counters(health.nics)
             if counters:
                 live.nic_counters(counters, health.t_ns or now_ns, now_ns)

@@ -127,6 +127,23 @@ def test_silent_prober_is_a_host_fault_not_a_network_fault() -> None:
     assert brain.nic_health()[7] == Health.UNKNOWN
 
 
+def test_nic_its_host_reports_down_is_nic_down_not_a_silent_prober() -> None:
+    """A one-NIC host whose NIC lost carrier sends nothing, like a dead prober; its prober's
+    health report (the NIC's link down) makes it a NIC fault, and the report of the link back
+    up clears it. Without the report the same data stays a host fault (test above)."""
+    rng = np.random.default_rng(5)
+    brain = Brain(FAB, CFG)
+    drive(brain, 0, 10, rng)
+    brain.nic_links("host7", {"nic7": False, "nic3": False}, 10 * WIN)  # nic3: not host7's
+    ev = drive(brain, 10, 40, rng, silent_nic=7)
+    assert [(e.kind, e.target) for e in ev] == [("nic_down", "nic7")]
+    assert "host7 reports the link of nic7 down" in ev[0].detail
+    assert brain.nic_health()[7] == Health.DOWN and brain.nic_health()[3] == Health.UP
+    brain.nic_links("host7", {"nic7": True}, 40 * WIN)
+    ev = drive(brain, 40, 50, rng)
+    assert [(e.kind, e.target) for e in ev] == [("clear", "nic7")]
+
+
 def test_presence_and_gpu_events() -> None:
     brain = Brain(FAB, CFG)
     brain.presence("host3", False, 10)

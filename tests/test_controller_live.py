@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pytest
 
@@ -29,6 +31,9 @@ class StubBrain:
             self.pending.append(MeshEvent(now_ns, "prober_down", host))
 
     def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
+        pass
+
+    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
         pass
 
     def tick(self, now_ns: int) -> list[MeshEvent]:

@@ -4,14 +4,17 @@ snapshot's ``throughput_bps`` (the API's and the TUI header's); unknown stays No
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 
 from contract.topics import Topics
 from controller.api.views import Scope, snapshot_view
+from controller.brain import Brain
 from controller.dispatch import handle_message
 from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveController
+from controller.snapshot import Health
 from controller.throughput import NicRates, nic_byte_counters
 from prober.agent import health_doc
 from prober.telemetry.gpu import GpuReading
@@ -67,3 +70,27 @@ def test_health_documents_fill_the_snapshots_throughput() -> None:
     assert snap.throughput_bps == pytest.approx((200e9 + 8.0) / 2)  # nic1: 2 bytes in 2 s
     view = snapshot_view(snap, Scope.fleet(), control=None, jobs=None)
     assert view["throughput_bps"] == pytest.approx(snap.throughput_bps)
+
+
+def test_health_documents_carry_the_nic_link_states_to_the_brain() -> None:
+    """The prober's own reading of its NICs' carrier (``up``) reaches the brain (which then
+    tells a NIC that lost its link from a silent prober, `tests/test_controller_detect.py`)."""
+    fab = build_fabric(FabricShape.for_nics(8, nics_per_leaf=4))
+    seen: list[tuple[str, dict[str, bool]]] = []
+
+    class Recording(Brain):
+        def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
+            seen.append((host, dict(up)))
+            super().nic_links(host, up, now_ns)
+
+    live = LiveController(fab, brain=Recording(fab))
+    t = Topics()
+    down = {"operstate": "down", "carrier": "0"}
+    doc = health_doc(
+        "host0", S, GpuReading(False), None, {"nic0": nic_status("eth0", down).to_json()}, {}
+    )
+    assert handle_message(live, t, t.health("host0"), json.dumps(doc).encode(), S) == "health"
+    no_state = health_doc("host1", S, GpuReading(False), None, {"nic1": {"device": "eth1"}}, {})
+    assert handle_message(live, t, t.health("host1"), json.dumps(no_state).encode(), S) == "health"
+    assert seen == [("host0", {"nic0": False})]
+    assert live.brain.nic_health()[0] == Health.UP  # judged from the next window on

@@ -143,6 +143,9 @@ class TeeBrain:
     def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
         self.brain.gpu(host, ok, detail, now_ns)
 
+    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
+        self.brain.nic_links(host, up, now_ns)
+
     def tick(self, now_ns: int) -> list[MeshEvent]:
         events = self.brain.tick(now_ns)
         self.recorder.events(events)

@@ -17,7 +17,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,6 +86,9 @@ class _Tee:
 
     def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
         self.brain.gpu(host, ok, detail, now_ns)
+
+    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
+        self.brain.nic_links(host, up, now_ns)
 
     def tick(self, now_ns: int) -> list[MeshEvent]:
         return self.brain.tick(now_ns)
