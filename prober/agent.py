@@ -9,7 +9,8 @@ One agent per host drives every local NIC:
 - every ``batch_interval_ms`` the collected events become one columnar `ProbeBatch` (NIC
   table = all configured NIC ids, so indices are stable) with an increasing ``batch_seq``,
   encoded and handed to the `Publisher` (which spools it until the broker has it);
-- every ``telemetry.interval_s`` a health document (GPU, NIC counters, prober counters);
+- every ``telemetry.interval_s`` a health document (GPU, NIC counters, prober counters),
+  and one at once when a NIC's link state changes (checked every `LINK_CHECK_S`);
 - path discovery (``[paths]``, UDP only): TTL traces of the probe flows themselves, a few per
   second per NIC (`prober.pathsweep`), published as JSON on ``<prefix>/paths/<host>``.
 
@@ -42,7 +43,7 @@ from prober.schedule import ProbePlan, ScheduledProbe, choose_peers
 from prober.session import ProbeSession
 from prober.spool import Spool
 from prober.telemetry.gpu import GpuReading, gpu_health, read_gpus
-from prober.telemetry.nic import NicTelemetryError, read_nic
+from prober.telemetry.nic import NicTelemetryError, read_link_up, read_nic
 from prober.udp import UdpEndpoint
 from prober.wire import codec_for
 
@@ -191,6 +192,10 @@ def _identity(ns: int) -> int:
     return ns
 
 
+LINK_CHECK_S = 1.0
+"""How often the agent reads its NICs' link state (two sysfs reads per NIC)."""
+
+
 @dataclass(slots=True)
 class AgentStats:
     """What the agent did (for --once output and tests)."""
@@ -214,8 +219,11 @@ class Agent:
         publisher: Publisher | None = None,
         now_ns: Callable[[], int] = time.time_ns,
         gpu_reader: Callable[[], GpuReading] = read_gpus,
+        link_reader: Callable[[str], bool | None] = read_link_up,
     ) -> None:
         self.cfg = cfg
+        self._link_reader = link_reader
+        self._links: dict[str, bool | None] = {}
         self._now_ns = now_ns
         self._factory = endpoint_factory or udp_endpoint_factory(cfg)
         if publisher is None:
@@ -316,6 +324,18 @@ class Agent:
         self._gpu_prev = gpu
         self.publisher.set_health(doc)
 
+    def check_links(self) -> bool:
+        """Read the link state of the NICs with a device; when one changed since the last
+        check, publish a health document at once (the controller tells a NIC that lost its
+        link from a dead prober by it, instead of waiting for ``telemetry.interval_s``).
+        Return whether it published; the first check only takes the reading."""
+        now = {n.id: self._link_reader(n.device) for n in self.cfg.nics if n.device}
+        changed = bool(self._links) and now != self._links
+        self._links = now
+        if changed:
+            self.publish_health()
+        return changed
+
     # ---- the asyncio shell --------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -407,6 +427,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         next_batch = loop.time() + batch_s
         next_health = loop.time() + self.cfg.telemetry_interval_s
+        next_links = loop.time()
         while not stop.is_set():
             plan_now = self._now_ns()
             self._queue(self.plan.due(plan_now + 2_000_000), plan_now)  # 2 ms look-ahead
@@ -419,6 +440,10 @@ class Agent:
             if now >= next_health:
                 self.publish_health()
                 next_health = now + self.cfg.telemetry_interval_s
+            if now >= next_links:
+                if self.check_links():
+                    next_health = now + self.cfg.telemetry_interval_s
+                next_links = now + LINK_CHECK_S
             nxt = self.plan.next_at_ns()
             gap_s = 0.05 if nxt is None else max(0.0, (nxt - self._now_ns()) / 1e9 - 0.001)
             with contextlib.suppress(TimeoutError):

@@ -17,6 +17,7 @@ from prober.agent import Agent, batch_seq_start, health_doc, plan_peers, plan_ro
 from prober.config import parse_config
 from prober.schedule import ProbePlan
 from prober.telemetry.gpu import GpuReading
+from prober.telemetry.nic import read_link_up
 
 
 def free_udp_port() -> int:
@@ -210,3 +211,29 @@ def test_the_factory_owns_its_background_tasks() -> None:
 
     cfg = parse_config({"prober": {"host": "h"}, "nics": [{"id": "nic0", "address": "127.0.0.1"}]})
     assert udp_endpoint_factory(cfg).agent_tasks(object()) == []
+
+
+def test_a_nic_link_change_publishes_health_at_once() -> None:
+    """The controller tells a NIC that lost its link from a dead prober by the health report:
+    it goes out when the link changes, not a telemetry interval later."""
+    links = {"lo": True}
+    agent = Agent(config(), link_reader=links.get)
+    sent: list[dict[str, Any]] = []
+    agent.publish_health = lambda: sent.append(dict(links))  # type: ignore[method-assign]
+    assert agent.check_links() is False  # first reading
+    assert agent.check_links() is False and not sent  # nothing changed
+    links["lo"] = False
+    assert agent.check_links() is True and sent == [{"lo": False}]
+    assert agent.check_links() is False and len(sent) == 1
+
+
+def test_link_reading_of_sysfs_files(tmp_path: Path) -> None:
+
+    (tmp_path / "eth0").mkdir()
+    (tmp_path / "eth0" / "operstate").write_text("up\n")
+    (tmp_path / "eth0" / "carrier").write_text("1\n")
+    (tmp_path / "eth1").mkdir()
+    (tmp_path / "eth1" / "operstate").write_text("down\n")  # carrier unreadable when down
+    assert read_link_up("eth0", tmp_path) is True
+    assert read_link_up("eth1", tmp_path) is False
+    assert read_link_up("eth9", tmp_path) is None

@@ -110,6 +110,21 @@ def read_nic_raw(device: str, root: Path = SYSFS_NET) -> dict[str, str]:
     return raw
 
 
+def read_link_up(device: str, root: Path = SYSFS_NET) -> bool | None:
+    """Return whether ``device``'s link is up (as `NicStatus.up`: two small sysfs reads),
+    None if the device does not exist."""
+    base = root / device
+    if not base.is_dir():
+        return None
+    raw: dict[str, str] = {}
+    for name in ("operstate", "carrier"):
+        try:
+            raw[name] = (base / name).read_text()
+        except OSError:  # carrier of an administratively down device: EINVAL
+            continue
+    return nic_status(device, raw).up
+
+
 def read_nic(device: str, root: Path = SYSFS_NET) -> NicStatus:
     """Return the current `NicStatus` of ``device`` (raises `NicTelemetryError`)."""
     return nic_status(device, read_nic_raw(device, root))
