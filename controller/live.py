@@ -25,7 +25,14 @@ from controller.fabric import Fabric
 from controller.fabric.model import SWITCH_TIER, NodeKind, hop_id
 from controller.ingest import Ingested, Ingestor, PathTable
 from controller.observations import Observations
-from controller.snapshot import ControlUnavailable, GpuHealth, Health, MeshEvent, MeshSnapshot
+from controller.snapshot import (
+    ControlUnavailable,
+    GpuHealth,
+    Health,
+    MeshEvent,
+    MeshSnapshot,
+    PairPaths,
+)
 from controller.throughput import NicRates
 from controller.windows import FlowStore
 
@@ -275,15 +282,9 @@ class LiveController:
         owd = self.flows.last_owd[live]
         spine = self.flows.spine[live]
         pkey = src.astype(np.int64) * n + dst
-        uk, inv = np.unique(pkey, return_inverse=True)
-        worst = np.full(len(uk), -np.inf)
-        np.maximum.at(worst, inv, owd)
-        path_owd: dict[tuple[int, int], dict[str, float]] = {}
-        names = [s.id for s in fab.switches]
-        for k, sp_i, v in zip(pkey.tolist(), spine.tolist(), owd.tolist(), strict=True):
-            per = path_owd.setdefault((k // n, k % n), {})
-            name = names[sp_i] if sp_i >= 0 else "?"
-            per[name] = max(per.get(name, -np.inf), v)
+        names = tuple(s.id for s in fab.switches)
+        path_owd = PairPaths(n, pkey, spine.astype(np.int64), owd, names)
+        uk, worst = path_owd.worst()
         off, unc = self.clock.offsets(now)
         nic_health = list(self.brain.nic_health())
         if len(nic_health) != n:

@@ -11,7 +11,7 @@ a remote controller through its HTTP API and websocket.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -71,12 +71,81 @@ class GpuHealth:
     detail: str = ""
 
 
+class PairPaths(Mapping[tuple[int, int], Mapping[str, float]]):
+    """Per NIC pair (src, dst): the worst one-way delay through each top switch, held as
+    arrays (one row per (pair, switch)) and turned into a small dict only when one pair is
+    asked for: a 1,024-NIC snapshot has ~50,000 pairs, too many to build dicts for on every
+    tick. Rows are (pair key ``src * n + dst``, switch index into ``names``, -1 = unknown
+    ``"?"``, delay ns)."""
+
+    def __init__(
+        self,
+        n: int,
+        pair_key: npt.NDArray[np.int64],
+        switch: npt.NDArray[np.int64],
+        owd_ns: npt.NDArray[np.float64],
+        names: tuple[str, ...],
+    ) -> None:
+        """Rows may repeat a (pair, switch): the worst delay wins. Raises ValueError if the
+        arrays differ in length."""
+        if not len(pair_key) == len(switch) == len(owd_ns):
+            raise ValueError("pair_key, switch and owd_ns must have equal lengths")
+        self.n, self.names = n, names
+        width = len(names) + 1
+        combo = np.asarray(pair_key, np.int64) * width + (np.asarray(switch, np.int64) + 1)
+        uc, inv = np.unique(combo, return_inverse=True)
+        worst = np.full(len(uc), -np.inf)
+        np.maximum.at(worst, inv, np.asarray(owd_ns, np.float64))
+        self._pair = uc // width
+        self._switch = uc % width - 1
+        self._owd = worst
+        self._keys, self._start = np.unique(self._pair, return_index=True)
+        self._end = np.append(self._start[1:], len(self._pair))
+
+    def _row(self, k: int) -> dict[str, float]:
+        i = int(np.searchsorted(self._keys, k))
+        if i >= len(self._keys) or self._keys[i] != k:
+            raise KeyError(k)
+        lo, hi = int(self._start[i]), int(self._end[i])
+        return {
+            (self.names[j] if j >= 0 else "?"): v
+            for j, v in zip(self._switch[lo:hi].tolist(), self._owd[lo:hi].tolist(), strict=True)
+        }
+
+    def __getitem__(self, key: tuple[int, int]) -> Mapping[str, float]:
+        s, d = key
+        if not (0 <= s < self.n and 0 <= d < self.n):
+            raise KeyError(key)
+        return self._row(s * self.n + d)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        n = self.n
+        return ((k // n, k % n) for k in self._keys.tolist())
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def worst(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Return (pair keys ``src * n + dst`` ascending, worst delay over their switches)."""
+        if not len(self._keys):
+            return self._keys, np.zeros(0)
+        return self._keys, np.maximum.reduceat(self._owd, self._start)
+
+    def touching(self, nic: int) -> Iterator[tuple[tuple[int, int], Mapping[str, float]]]:
+        """Return the (pair, per-switch delays) items whose source or destination is ``nic``."""
+        keys = self._keys
+        hit = (keys // self.n == nic) | (keys % self.n == nic)
+        for k in keys[hit].tolist():
+            yield (k // self.n, k % self.n), self._row(k)
+
+
 @dataclass(frozen=True, eq=False)
 class MeshSnapshot:
     """The mesh at ``t_ns``. Arrays are indexed by NIC index of ``fabric``.
 
     ``owd_src``/``owd_dst``/``owd_ns`` list the latest one-way delay per probed NIC pair
-    (worst over its paths); ``path_owd`` maps (src, dst) to per-spine delays for drill-down.
+    (worst over its paths); ``path_owd`` maps (src, dst) to per-spine delays for drill-down
+    (a `PairPaths` from the live controller).
     Delays are NaN where unknown. ``control_enabled``/``jobs`` are None while unavailable.
     """
 

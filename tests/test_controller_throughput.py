@@ -94,3 +94,24 @@ def test_health_documents_carry_the_nic_link_states_to_the_brain() -> None:
     assert handle_message(live, t, t.health("host1"), json.dumps(no_state).encode(), S) == "health"
     assert seen == [("host0", {"nic0": False})]
     assert live.brain.nic_health()[0] == Health.UP  # judged from the next window on
+
+
+def test_pair_paths_keep_the_worst_per_switch_and_build_dicts_on_access() -> None:
+    import numpy as np
+
+    from controller.snapshot import PairPaths
+
+    pp = PairPaths(
+        4,
+        np.array([1, 1, 1, 6, 6, 9], np.int64),  # pairs (0,1) x3, (1,2) x2, (2,1)
+        np.array([0, 0, 1, -1, 1, 0], np.int64),
+        np.array([5.0, 7.0, 3.0, 2.0, 4.0, 1.0]),
+        ("spine0", "spine1"),
+    )
+    assert len(pp) == 3 and list(pp) == [(0, 1), (1, 2), (2, 1)]
+    assert pp[(0, 1)] == {"spine0": 7.0, "spine1": 3.0}
+    assert pp[(1, 2)] == {"?": 2.0, "spine1": 4.0}
+    assert pp.get((3, 3)) is None and pp.get((9, 9)) is None
+    keys, worst = pp.worst()
+    assert keys.tolist() == [1, 6, 9] and worst.tolist() == [7.0, 4.0, 1.0]
+    assert [k for k, _ in pp.touching(2)] == [(1, 2), (2, 1)]

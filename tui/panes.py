@@ -14,7 +14,7 @@ import numpy.typing as npt
 from rich.style import Style
 from rich.text import Text
 
-from controller.snapshot import Health, MeshEvent, MeshSnapshot
+from controller.snapshot import Health, MeshEvent, MeshSnapshot, PairPaths
 from tui.render import (
     HEAT_CHARS,
     HEAT_STYLES,
@@ -156,7 +156,9 @@ def pair_vectors(
 def path_breakdown(snap: MeshSnapshot, nic: int) -> dict[str, tuple[float, float]]:
     """Return per spine/path: (worst outbound delay, worst inbound delay) of ``nic`` (NaN = none)."""
     out: dict[str, list[float]] = defaultdict(lambda: [np.nan, np.nan])
-    for (s, d), per in snap.path_owd.items():
+    po = snap.path_owd
+    items = po.touching(nic) if isinstance(po, PairPaths) else po.items()
+    for (s, d), per in items:
         if nic not in (s, d):
             continue
         k = 0 if s == nic else 1

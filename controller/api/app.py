@@ -122,6 +122,8 @@ class _State:
     clock: Callable[[], float]
     wall_ns: Callable[[], int]
     instance: str = field(default_factory=lambda: secrets.token_hex(8))
+    # the latest fleet snapshot document: ((snapshot, control, jobs), JSON text)
+    fleet_text: tuple[tuple[MeshSnapshot, bool | None, int], str] | None = None
     stats: ApiStats = field(default_factory=ApiStats)
     buckets: dict[str, TokenBucket] = field(default_factory=dict)
 
@@ -224,14 +226,31 @@ def _running_jobs(st: _State, who: Principal) -> int:
     return len(st.jobs.jobs() if who.is_operator else st.jobs.jobs_of(who.name))
 
 
+def _snapshot_text(st: _State, request: web.Request, snap: MeshSnapshot) -> str:
+    """Return the snapshot document as JSON text. The fleet document of one snapshot (with
+    one Control state and job count) is made once and shared by every operator request and
+    websocket: a 1,024-NIC document is ~0.5 MB of JSON, 20 clients at 4/s would otherwise
+    serialize it 80 times a second."""
+    who: Principal = request[PRINCIPAL]
+    scope = _scope(request, snap)
+    ctl = None if st.control is None else st.control.enabled
+    jobs = _running_jobs(st, who)
+    key = (snap, ctl, jobs)
+    if scope.is_fleet:
+        hit = st.fleet_text
+        if hit is not None and hit[0][0] is snap and hit[0][1:] == key[1:]:
+            return hit[1]
+    text = json.dumps(snapshot_view(snap, scope, control=ctl, jobs=jobs))
+    if scope.is_fleet:
+        st.fleet_text = (key, text)
+    return text
+
+
 async def _snapshot(request: web.Request) -> web.Response:
     _params(request)
     st = request.app[STATE]
-    snap = st.model.snapshot()
-    ctl = None if st.control is None else st.control.enabled
-    doc = snapshot_view(snap, _scope(request, snap), control=ctl,
-                        jobs=_running_jobs(st, request[PRINCIPAL]))  # fmt: skip
-    return web.json_response(doc)
+    text = _snapshot_text(st, request, st.model.snapshot())
+    return web.Response(text=text, content_type="application/json")
 
 
 async def _nic(request: web.Request) -> web.Response:
@@ -444,7 +463,6 @@ async def _ws(request: web.Request) -> web.StreamResponse:
 
 async def _ws_send(request: web.Request, ws: web.WebSocketResponse, sub: Subscriber) -> None:
     st = request.app[STATE]
-    who: Principal = request[PRINCIPAL]
     last: float | None = None
     while not ws.closed:
         wait = snapshot_wait(last, st.clock(), st.options.ws_min_interval_s)
@@ -462,9 +480,8 @@ async def _ws_send(request: web.Request, ws: web.WebSocketResponse, sub: Subscri
                 st.stats.ws_sent += 1
         if sub.snap_dirty and snapshot_wait(last, st.clock(), st.options.ws_min_interval_s) == 0:
             sub.snap_dirty = False
-            ctl = None if st.control is None else st.control.enabled
-            doc = snapshot_view(snap, scope, control=ctl, jobs=_running_jobs(st, who))
-            await ws.send_json({"type": "snapshot", "data": doc})
+            text = _snapshot_text(st, request, snap)
+            await ws.send_str('{"type": "snapshot", "data": ' + text + "}")
             st.stats.ws_sent += 1
             last = st.clock()
 
