@@ -98,9 +98,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     register_localize(ssub)
 
+    from testbed.sim.api_bench import register_api_bench
     from testbed.sim.ingest_bench import register_ingest
 
     register_ingest(ssub)
+    register_api_bench(ssub)
 
     from testbed.sim.run_cmd import register_run
 

@@ -1,0 +1,263 @@
+"""``qpmesh sim api-bench``: what serving the API costs a controller under full ingest.
+
+A simulated fabric (default 1,024 NICs) gives probe batches; the controller core
+(`LiveController.ingest_batch`, ``tick`` every ``tick_s`` of wall time) ingests them as fast
+as it can on this thread, twice per repeat, alternating:
+
+- **no API** (the baseline): ingest and tick only;
+- **API**: as `qpmesh controller` does with ``[api]``: after every tick the snapshot and new
+  events go to an `ApiHub`; `controller.api` serves it from its own thread (aiohttp), and a
+  separate client process (`testbed.sim.api_bench_clients`) keeps ``clients`` websockets open
+  (each receives every coalesced snapshot, at most 4/s) and times ``GET /api/v1/snapshot``
+  (``poll_hz`` per second, latency = request to last byte).
+
+Batches are replayed in cycles (stamps shifted, sequence numbers raised, outside the timed
+ingest calls) so a run can last longer than the simulated traffic. The ingest rate is records
+per wall second spent in the ingest and tick calls (wall, not CPU: the API thread takes the
+GIL from them, which is the cost to measure); the ratio API/no-API is the figure that
+survives a busy machine. Returns JSON-ready figures with medians over repeats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from contract.records import ProbeBatch
+from controller.api.app import ApiOptions, make_app
+from controller.api.auth import Principal, TokenTable
+from controller.api.hub import ApiHub
+from controller.api.server import ApiThread
+from controller.fabric import FabricShape, build_fabric
+from controller.live import LiveController
+from controller.snapshot import MeshEvent
+from testbed.sim.engine import SimConfig, Simulator
+
+
+def _cycles(batches: list[ProbeBatch], span_ns: int) -> Iterator[ProbeBatch]:
+    """The batches again and again, stamps shifted by ``span_ns`` and sequence numbers raised
+    per cycle, so the controller sees new traffic, never duplicates."""
+    k = 0
+    while True:
+        shift = k * span_ns
+        for b in batches:
+            if k == 0:
+                yield b
+                continue
+            yield dataclasses.replace(
+                b, batch_seq=b.batch_seq + k * 1_000_000, t1=b.t1 + shift, t2=b.t2 + shift,
+                t3=b.t3 + shift, t4=b.t4 + shift,
+            )  # fmt: skip
+        k += 1
+
+
+@dataclasses.dataclass
+class IngestRun:
+    """One timed ingest: records, wall seconds in ingest + tick, ticks, publish seconds."""
+
+    records: int = 0
+    busy_s: float = 0.0
+    ticks: int = 0
+    publish_s: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        """Records per wall second of ingest + tick (+ publish, when the API is on)."""
+        return self.records / max(self.busy_s, 1e-9)
+
+
+def _ingest(
+    live: LiveController,
+    source: Iterator[ProbeBatch],
+    duration_s: float,
+    tick_s: float,
+    publish: Callable[[LiveController, list[MeshEvent]], None] | None,
+) -> IngestRun:
+    run = IngestRun()
+    pc = time.perf_counter
+    end = pc() + duration_s
+    next_tick = pc() + tick_s
+    while pc() < end:
+        batch = next(source)  # shifting a replayed batch is not ingest: untimed
+        now = int(batch.t4.max()) if len(batch) else live.now_ns
+        t0 = pc()
+        run.records += live.ingest_batch(batch, now)
+        if pc() >= next_tick:
+            new = live.tick(live.now_ns)
+            run.ticks += 1
+            if publish is not None:
+                t1 = pc()
+                publish(live, new)
+                run.publish_s += pc() - t1
+            next_tick += tick_s
+        run.busy_s += pc() - t0
+    return run
+
+
+def _publisher(hub: ApiHub) -> Callable[[LiveController, list[MeshEvent]], None]:
+    """What the service does after a tick with ``[api]``: snapshot and new events to the hub."""
+
+    def publish(live: LiveController, new: list[MeshEvent]) -> None:
+        hub.publish(live.snapshot(), tuple(new))
+
+    return publish
+
+
+def _clients(url: str, token: str, clients: int, poll_hz: float) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "testbed.sim.api_bench_clients", url, token, str(clients),
+           str(poll_hz)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
+
+
+def _pct(v: list[float], q: float) -> float | None:
+    return float(np.percentile(v, q)) if v else None
+
+
+def run_api_bench(
+    *,
+    nics: int = 1024,
+    sim_s: float = 4.0,
+    step_s: float = 0.5,
+    duration_s: float = 20.0,
+    repeats: int = 3,
+    clients: int = 20,
+    poll_hz: float = 20.0,
+    tick_s: float = 1.0,
+    seed: int = 1,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict[str, Any]:
+    """Return the figures (see the module docstring). Raises ValueError on bad arguments,
+    RuntimeError if the client process fails."""
+    if nics < 2 or sim_s <= 0 or duration_s <= 0 or repeats < 1 or clients < 0 or tick_s <= 0:
+        raise ValueError("nics >= 2, sim_s, duration_s, tick_s > 0, repeats >= 1, clients >= 0")
+    fabric = build_fabric(FabricShape.for_nics(nics))
+    t0 = time.perf_counter()
+    batches = [st.batch for st in Simulator(fabric, SimConfig(seed=seed)).run(sim_s, step_s)]
+    log(f"simulated {sim_s:g} s of {nics} NICs in {time.perf_counter() - t0:.1f} s "
+        f"({sum(len(b) for b in batches)} records)")  # fmt: skip
+    span_ns = int(sim_s * 1e9)
+    token = secrets.token_urlsafe(18)
+    tokens = TokenTable({token: Principal("operator", "bench")})
+    options = ApiOptions(rate_per_s=1e6, burst=1e6)
+    off: list[IngestRun] = []
+    on: list[IngestRun] = []
+    lat: list[list[float]] = []
+    client_stats: list[dict[str, Any]] = []
+    for r in range(repeats):
+        live = LiveController(fabric)
+        off.append(_ingest(live, _cycles(batches, span_ns), duration_s, tick_s, None))
+        log(f"repeat {r + 1}: no API {off[-1].rate / 1e6:.3f} M records/s")
+        live = LiveController(fabric)
+        hub = ApiHub(live.snapshot())
+        server = ApiThread(make_app(hub, tokens, options=options), "127.0.0.1", 0)
+        port = server.start()
+        proc = _clients(f"http://127.0.0.1:{port}/api/v1/", token, clients, poll_hz)
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            ready = proc.stdout.readline()
+            if not ready.startswith("ready"):
+                raise RuntimeError(f"bench clients did not start: {ready.strip()!r}")
+
+            on.append(_ingest(live, _cycles(batches, span_ns), duration_s, tick_s,
+                              _publisher(hub)))  # fmt: skip
+            proc.stdin.write("stop\n")
+            proc.stdin.flush()
+            out, _ = proc.communicate(timeout=120)
+            doc = json.loads(out.strip().splitlines()[-1])
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            server.stop()
+        lat.append(doc.pop("latencies_s"))
+        client_stats.append(doc)
+        log(f"repeat {r + 1}: API {on[-1].rate / 1e6:.3f} M records/s, snapshot p99 "
+            f"{(_pct(lat[-1], 99) or 0) * 1e3:.1f} ms over {len(lat[-1])} requests, "
+            f"{doc['ws_messages']} websocket messages")  # fmt: skip
+    rate_off = [x.rate for x in off]
+    rate_on = [x.rate for x in on]
+    ratios = [b / a for a, b in zip(rate_off, rate_on, strict=True)]
+    p99 = [(_pct(v, 99) or float("nan")) * 1e3 for v in lat]
+    p50 = [(_pct(v, 50) or float("nan")) * 1e3 for v in lat]
+    return {
+        "nics": nics,
+        "records_per_batch": len(batches[0]) if batches else 0,
+        "duration_s": duration_s,
+        "repeats": repeats,
+        "clients": clients,
+        "tick_s": tick_s,
+        "ingest_no_api_records_per_s": statistics.median(rate_off),
+        "ingest_api_records_per_s": statistics.median(rate_on),
+        "api_over_no_api": statistics.median(ratios),
+        "api_cost_percent": 100 * (1 - statistics.median(ratios)),
+        "snapshot_p99_ms": statistics.median(p99),
+        "snapshot_p50_ms": statistics.median(p50),
+        "snapshot_requests": sum(len(v) for v in lat),
+        "publish_ms_per_tick": statistics.median([1e3 * x.publish_s / max(x.ticks, 1) for x in on]),
+        "per_repeat": {
+            "no_api": rate_off,
+            "api": rate_on,
+            "ratio": ratios,
+            "p99_ms": p99,
+            "p50_ms": p50,
+            "clients": client_stats,
+        },
+        "targets": {"ingest_records_per_s": 1e6, "snapshot_p99_ms": 50.0, "api_cost_percent": 10},
+    }
+
+
+def _cmd(args: Any) -> int:
+    res = run_api_bench(
+        nics=args.nics, sim_s=args.sim_seconds, duration_s=args.duration, repeats=args.repeats,
+        clients=args.clients, poll_hz=args.poll_hz, tick_s=args.tick, seed=args.seed,
+        log=lambda m: print(f"api-bench: {m}", file=sys.stderr, flush=True),
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(
+            f"{res['nics']} NICs, {res['clients']} websocket clients: ingest "
+            f"{res['ingest_api_records_per_s'] / 1e6:.3f} M records/s with the API vs "
+            f"{res['ingest_no_api_records_per_s'] / 1e6:.3f} M without "
+            f"(x{res['api_over_no_api']:.3f}, API costs {res['api_cost_percent']:.1f}%); "
+            f"snapshot p50 {res['snapshot_p50_ms']:.1f} ms, p99 {res['snapshot_p99_ms']:.1f} ms"
+        )
+    return 0
+
+
+def register_api_bench(ssub: Any) -> None:
+    """Register ``qpmesh sim api-bench``."""
+    p = ssub.add_parser(
+        "api-bench",
+        help="what serving the API (20 websockets, snapshot polling) costs full-rate ingest",
+        description="Ingest simulated probe batches as fast as possible with and without the "
+        "HTTP API served (websocket clients and a snapshot poller in another process); "
+        "reports both ingest rates, their ratio and the snapshot latency p50/p99.",
+    )
+    p.add_argument("--nics", type=int, default=1024, help="NICs (default %(default)s)")
+    p.add_argument("--sim-seconds", type=float, default=4.0,
+                   help="simulated traffic, replayed in cycles (default %(default)s)")  # fmt: skip
+    p.add_argument("--duration", type=float, default=20.0,
+                   help="wall seconds of ingest per run (default %(default)s)")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=3,
+                   help="repeats, each a no-API run then an API run (default %(default)s)")  # fmt: skip
+    p.add_argument("--clients", type=int, default=20, help="websocket clients (default 20)")
+    p.add_argument("--poll-hz", type=float, default=20.0,
+                   help="GET /snapshot per second to time (default %(default)s)")  # fmt: skip
+    p.add_argument("--tick", type=float, default=1.0,
+                   help="controller tick in wall s: detection + API publish (default 1)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=1, help="simulator seed (default 1)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd)

@@ -1,0 +1,62 @@
+"""The API benchmark's clients, in their own process: ``python -m testbed.sim.api_bench_clients
+URL TOKEN CLIENTS POLL_HZ``. Opens CLIENTS websockets (each reads every message), then prints
+``ready``; times ``GET URL/snapshot`` POLL_HZ times a second until a line arrives on stdin;
+prints one JSON line: latencies (s), websocket messages and bytes received, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+import aiohttp
+
+
+async def _reader(ws: aiohttp.ClientWebSocketResponse, stats: dict[str, int]) -> None:
+    async for msg in ws:
+        if msg.type == aiohttp.WSMsgType.TEXT:
+            stats["ws_messages"] += 1
+            stats["ws_bytes"] += len(msg.data)
+        elif msg.type == aiohttp.WSMsgType.ERROR:
+            stats["errors"] += 1
+            return
+
+
+async def main(url: str, token: str, clients: int, poll_hz: float) -> dict[str, Any]:
+    """Run the clients until stdin has a line; return the figures."""
+    stats = {"ws_messages": 0, "ws_bytes": 0, "errors": 0}
+    lat: list[float] = []
+    hdr = {"Authorization": f"Bearer {token}"}
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(headers=hdr, timeout=timeout) as http:
+        socks = [await http.ws_connect(url + "ws", max_msg_size=0) for _ in range(clients)]
+        readers = [asyncio.create_task(_reader(ws, stats)) for ws in socks]
+        print("ready", flush=True)
+        loop = asyncio.get_running_loop()
+        stop = loop.run_in_executor(None, sys.stdin.readline)
+        period = 1.0 / poll_hz
+        while not stop.done():
+            t0 = time.perf_counter()
+            try:
+                async with http.get(url + "snapshot") as r:
+                    await r.read()
+                    if r.status == 200:
+                        lat.append(time.perf_counter() - t0)
+                    else:
+                        stats["errors"] += 1
+            except (aiohttp.ClientError, TimeoutError):
+                stats["errors"] += 1
+            await asyncio.sleep(max(0.0, period - (time.perf_counter() - t0)))
+        for ws in socks:
+            await ws.close()
+        for t in readers:
+            t.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+    return {**stats, "latencies_s": lat}
+
+
+if __name__ == "__main__":
+    url, token, n, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    print(json.dumps(asyncio.run(main(url, token, n, hz))), flush=True)
