@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from contract.records import encode_batch
 from prober.config import NicConfig, ProberConfig, load_probe_keys
 from prober.events import Address, ProbeEvent, results_to_batch
+from prober.fastudp import BatchUdpEndpoint
 from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery, PathTracer, TracingEndpoint
 from prober.pathsweep import paths_payload, sweep_flows
 from prober.publish import Publisher
@@ -158,8 +159,11 @@ class UdpEndpointFactory:
         sports: Sequence[int],
         on_events: Callable[[list[ProbeEvent]], None],
     ) -> Endpoint:
-        """Return a (not yet started) `prober.udp.UdpEndpoint` of ``nic``."""
-        return UdpEndpoint(
+        """Return a (not yet started) UDP endpoint of ``nic``: `prober.fastudp.BatchUdpEndpoint`
+        (``prober.hot_path = "batched"``, the default) or `prober.udp.UdpEndpoint`
+        (``"per-datagram"``, the path before batching)."""
+        cls = BatchUdpEndpoint if self.cfg.hot_path == "batched" else UdpEndpoint
+        return cls(
             session,
             nic.address,
             device=nic.device or None,

@@ -34,6 +34,7 @@ from prober.schedule import ScheduleConfig
 
 TRANSPORTS = ("udp", "rdma")
 STAMPS = ("auto", "hw", "sw")
+HOT_PATHS = ("batched", "per-datagram")
 
 
 class ConfigError(ValueError):
@@ -77,6 +78,7 @@ class ProberConfig:
     transport: str = "udp"
     port: int = 4791
     timestamps: str = "auto"
+    hot_path: str = "batched"  # UDP: "batched" (prober.fastudp) or "per-datagram" (prober.udp)
     timeout_ms: int = 1000
     batch_interval_ms: int = 1000
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -137,6 +139,7 @@ def parse_config(
     transport = pr.get("transport", str, "udp", lambda v: v in TRANSPORTS, f"one of {TRANSPORTS}")
     port = pr.get("port", int, 4791, _port, "an integer in 1..65535")
     stamps = pr.get("timestamps", str, "auto", lambda v: v in STAMPS, f"one of {STAMPS}")
+    hot_path = pr.get("hot_path", str, "batched", lambda v: v in HOT_PATHS, f"one of {HOT_PATHS}")
     timeout_ms = pr.get("timeout_ms", int, 1000, lambda v: 1 <= v <= 60_000, "1..60000")
     batch_ms = pr.get("batch_interval_ms", int, 1000, lambda v: 10 <= v <= 600_000, "10..600000")
     pr.finish()
@@ -239,6 +242,7 @@ def parse_config(
         transport=transport,
         port=port,
         timestamps=stamps,
+        hot_path=hot_path,
         timeout_ms=timeout_ms,
         batch_interval_ms=batch_ms,
         schedule=schedule,

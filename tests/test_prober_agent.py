@@ -237,3 +237,16 @@ def test_link_reading_of_sysfs_files(tmp_path: Path) -> None:
     assert read_link_up("eth0", tmp_path) is True
     assert read_link_up("eth1", tmp_path) is False
     assert read_link_up("eth9", tmp_path) is None
+
+
+def test_hot_path_picks_the_endpoint_class() -> None:
+    from prober.agent import udp_endpoint_factory
+    from prober.fastudp import BatchUdpEndpoint
+    from prober.session import ProbeSession
+    from prober.udp import UdpEndpoint
+
+    nic = {"nics": [{"id": "nic0", "address": "127.0.0.1"}]}
+    for hot_path, cls in (("batched", BatchUdpEndpoint), ("per-datagram", UdpEndpoint)):
+        cfg = parse_config({"prober": {"host": "h", "hot_path": hot_path}, **nic})
+        ep = udp_endpoint_factory(cfg)(cfg.nics[0], ProbeSession("nic0"), (), lambda e: None)
+        assert type(ep) is cls

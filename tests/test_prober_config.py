@@ -74,6 +74,9 @@ def test_defaults_from_minimal() -> None:
     cfg = parse_config(base(), "f.toml")
     assert cfg.transport == "udp" and cfg.port == 4791 and cfg.mqtt.port == 1883
     assert cfg.mqtt.prefix == "qpmesh/v1" and cfg.peers == ()
+    assert cfg.hot_path == "batched"
+    slow = parse_config({**base(), "prober": {"host": "h", "hot_path": "per-datagram"}}, "f")
+    assert slow.hot_path == "per-datagram"
 
 
 @pytest.mark.parametrize(
@@ -83,6 +86,7 @@ def test_defaults_from_minimal() -> None:
         ({"prober": {}}, "f.toml: prober.host: is required"),
         ({"prober": {"host": "a b"}}, "f.toml: prober.host: must be a host id"),
         ({"prober": {"host": "h", "transport": "tcp"}}, "f.toml: prober.transport: must be one of"),
+        ({"prober": {"host": "h", "hot_path": "fast"}}, "f.toml: prober.hot_path: must be one of"),
         (
             {"prober": {"host": "h", "port": 0}},
             "f.toml: prober.port: must be an integer in 1..65535, got 0",
