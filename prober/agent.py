@@ -432,9 +432,14 @@ class Agent:
         next_batch = loop.time() + batch_s
         next_health = loop.time() + self.cfg.telemetry_interval_s
         next_links = loop.time()
+        # the batched hot path queues 10 ms ahead and wakes at most every 5 ms (its endpoints
+        # send on their own tick); per-datagram: 2 ms ahead, woken for every probe, as before
+        lead_ns, min_sleep_s = (
+            (10_000_000, 0.005) if self.cfg.hot_path == "batched" else (2_000_000, 0.0)
+        )
         while not stop.is_set():
             plan_now = self._now_ns()
-            self._queue(self.plan.due(plan_now + 2_000_000), plan_now)  # 2 ms look-ahead
+            self._queue(self.plan.due(plan_now + lead_ns), plan_now)
             now = loop.time()
             if now >= next_batch:
                 self.flush_batch()
@@ -449,7 +454,7 @@ class Agent:
                     next_health = now + self.cfg.telemetry_interval_s
                 next_links = now + LINK_CHECK_S
             nxt = self.plan.next_at_ns()
-            gap_s = 0.05 if nxt is None else max(0.0, (nxt - self._now_ns()) / 1e9 - 0.001)
+            gap_s = 0.05 if nxt is None else max(min_sleep_s, (nxt - self._now_ns()) / 1e9 - 0.001)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), min(gap_s, 0.05, max(0.0, next_batch - now)))
 

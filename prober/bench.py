@@ -144,12 +144,12 @@ PATHS = ("batched", "per-datagram")
 async def _endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, float]:
     """Run full round trips through two endpoints on loopback for ``seconds``.
 
-    Returns (round trips completed, CPU seconds of this process, wall seconds). Both roles run
+    Returns (round trips completed with all four stamps, CPU seconds of this process, wall seconds). Both roles run
     in this process, so the CPU time covers initiator and responder (kernel time included:
     ``time.process_time`` is user + system time). ``path``: `prober.fastudp.BatchUdpEndpoint`
     ("batched") or `prober.udp.UdpEndpoint` ("per-datagram", today's path, the baseline).
     """
-    from prober.events import ProbeEvent
+    from prober.events import ProbeEvent, ProbeResult
     from prober.fastudp import BatchUdpEndpoint
     from prober.session import ProbeSession
     from prober.udp import UdpEndpoint
@@ -161,7 +161,7 @@ async def _endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, 
 
     def count(events: list[ProbeEvent]) -> None:
         nonlocal done
-        done += len(events)
+        done += sum(1 for e in events if isinstance(e, ProbeResult))
 
     a = cls(ProbeSession("bench-a"), "127.0.0.1", dport=0, on_events=count)
     b = cls(ProbeSession("bench-b"), "127.0.0.1", dport=0)

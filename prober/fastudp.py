@@ -14,12 +14,15 @@ datagram costs:
   event-loop iteration (``call_soon``) sends everything the session has due, grouped by
   socket, with ``sendmmsg``. OPT_ID numbering stays per datagram (each message of a
   ``sendmmsg`` is its own send for the kernel).
-- **timers**: `run` wakes once per ``tick_ns`` (default 1 ms) at most and sends everything due
-  by then (a probe leaves up to one tick after its planned time: the schedule jitters probe
-  times by a quarter period anyway, and stamps are taken by the kernel, not by the planner);
+- **timers**: `run` wakes at most once per ``tick_ns`` (default 5 ms), on a tick grid shared
+  by every endpoint of the process, and sends everything due by then (a probe leaves up to
+  one tick after its planned time: the schedule jitters probe times by a quarter period, 25 ms
+  at 10 Hz, anyway, and stamps are taken by the kernel, not by the planner); `wake` only
+  interrupts the sleep when new work is due before the planned wake-up;
   only a deadline closer than ``pair_spin_ns`` (the second probe of a coded pair, 20 µs) is
-  busy-waited. The per-datagram path spins up to 300 µs before every probe and runs an
-  ``asyncio.wait_for`` (a task) per wake-up.
+  busy-waited; probe timeouts are checked every ``poll_ns`` (10 ms), not at each probe's own
+  deadline. The per-datagram path spins up to 300 µs before every probe, wakes at every
+  probe's timeout and runs an ``asyncio.wait_for`` (a task) per wake-up.
 
 Runtime errors are counted in ``counters`` as in `UdpEndpoint`; nothing raises at run time.
 """
@@ -27,6 +30,7 @@ Runtime errors are counted in ``counters`` as in `UdpEndpoint`; nothing raises a
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import defaultdict
 
 from prober.events import Datagram, ProbeEvent
@@ -45,22 +49,26 @@ _RING = 64
 class BatchUdpEndpoint(UdpEndpoint):
     """`UdpEndpoint` with batched socket calls, per-tick timers and batched session calls.
 
-    Extra arguments: ``tick_ns`` (timer granularity of `run`), ``pair_spin_ns`` (deadlines
-    closer than this are busy-waited: coded-pair spacing). See the module docstring.
+    Extra arguments: ``tick_ns`` (timer granularity of `run`), ``pair_spin_ns`` (send times
+    closer than this are busy-waited: coded-pair spacing), ``poll_ns`` (timeouts are
+    reported at most this long after they pass: one timer for many probes' timeouts). See
+    the module docstring.
     """
 
-    def __init__(self, *args: object, tick_ns: int = 1_000_000, pair_spin_ns: int = 50_000,
-                 **kwargs: object) -> None:  # fmt: skip
+    def __init__(self, *args: object, tick_ns: int = 5_000_000, pair_spin_ns: int = 50_000,
+                 poll_ns: int = 10_000_000, **kwargs: object) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        if tick_ns <= 0 or pair_spin_ns < 0:
-            raise ValueError("tick_ns must be positive and pair_spin_ns >= 0")
+        if tick_ns <= 0 or pair_spin_ns < 0 or poll_ns <= 0:
+            raise ValueError("tick_ns and poll_ns must be positive and pair_spin_ns >= 0")
         self.tick_ns = tick_ns
+        self.poll_ns = poll_ns
         self.pair_spin_ns = pair_spin_ns
         self._rx = RecvRing(_RING, 2048, 256)
         self._errq = RecvRing(_RING, 2048, 256, errqueue=True)
         self._tx = SendRing(_RING, 2048 + 64)
         self._flush_scheduled = False
         self._waiter: asyncio.Future[None] | None = None
+        self._wake_at_ns = 0
 
     # ---- receiving ---------------------------------------------------------------------------
 
@@ -185,9 +193,16 @@ class BatchUdpEndpoint(UdpEndpoint):
     # ---- timer loop --------------------------------------------------------------------------
 
     def wake(self) -> None:
-        """Tell `run` that the session has new work (after ``queue_probe`` and friends)."""
+        """Tell `run` that the session has new work (after ``queue_probe`` and friends).
+
+        `run` is only woken early when the new work is due before its planned wake-up (the
+        agent queues probes ahead of time: most calls cost nothing).
+        """
         w = self._waiter
-        if w is not None and not w.done():
+        if w is None or w.done():
+            return
+        nxt = self.session.next_send_ns()
+        if nxt is not None and nxt < self._wake_at_ns:
             w.set_result(None)
 
     def close(self) -> None:
@@ -196,24 +211,45 @@ class BatchUdpEndpoint(UdpEndpoint):
         self.wake()
 
     async def run(self) -> None:
-        """Send due probes and report timeouts once per tick, until `close`."""
+        """Send due probes once per tick and report timeouts every ``poll_ns``, until `close`.
+
+        Every turn ends in an ``await`` of at least one tick, also when probes are overdue (a
+        backlog after a stall is sent a tick at a time, everything due at once): the
+        readiness callbacks, the publisher and the agent keep running.
+        """
         loop = asyncio.get_running_loop()
-        tick = self.tick_ns
+        tick, session, now_ns = self.tick_ns, self.session, self.now_ns
+        tick_s = tick / 1e9
+        next_poll = 0
         while not self._closed:
-            self._deliver(self.session.poll(self.now_ns()))
+            now = now_ns()
+            if now >= next_poll:
+                self._deliver(session.poll(now))
+                next_poll = now + self.poll_ns
             self.flush()
-            deadline = self.session.next_deadline_ns()
+            send_at = session.next_send_ns()
+            timeout_at = session.next_timeout_ns()
+            deadline = None if timeout_at is None else max(timeout_at, next_poll)
+            if send_at is not None:
+                gap = send_at - now_ns()
+                if gap <= self.pair_spin_ns:  # the second probe of a coded pair: keep 20 us
+                    while now_ns() < send_at:
+                        pass
+                    self.flush()
+                    send_at = session.next_send_ns()
+                if send_at is not None:
+                    deadline = send_at if deadline is None else min(deadline, send_at)
             wait_ns = 1_000_000_000
             if deadline is not None:
-                gap = deadline - self.now_ns()
-                if gap <= self.pair_spin_ns:
-                    while self.now_ns() < deadline:
-                        pass
-                    continue
-                wait_ns = min(wait_ns, max(gap, tick))
+                wait_ns = min(wait_ns, max(deadline - now_ns(), tick))
+            # wake on the tick grid of the loop's clock: the timers of all endpoints of this
+            # process fire together, one event-loop turn for all of them
+            t = loop.time()
+            at = math.ceil((t + wait_ns / 1e9) / tick_s) * tick_s
             fut: asyncio.Future[None] = loop.create_future()
             self._waiter = fut
-            handle = loop.call_later(wait_ns / 1e9, _resolve, fut)
+            self._wake_at_ns = now_ns() + int((at - t) * 1e9)
+            handle = loop.call_at(at, _resolve, fut)
             try:
                 await fut
             finally:

@@ -216,6 +216,16 @@ class ProbeSession:
             times.append(0)
         return min(times) if times else None
 
+    def next_send_ns(self) -> int | None:
+        """Return when the next datagram is due (0: something is waiting now), or None."""
+        if self._outbox:
+            return 0
+        return self._queue[0].at_ns if self._queue else None
+
+    def next_timeout_ns(self) -> int | None:
+        """Return the earliest probe timeout still to report, or None."""
+        return self._deadlines[0][0] if self._deadlines else None
+
     @property
     def pending(self) -> int:
         """Return how many probes are awaiting their reply or stamps."""

@@ -165,6 +165,26 @@ def _prober(a: argparse.Namespace) -> int:
     return run_prober(load_config(a.config), clock=load_clock(a.clock).apply)
 
 
+def _prober_cpu(a: argparse.Namespace) -> int:
+    from testbed.probercpu import PATHS, run_prober_cpu
+
+    paths = PATHS if a.path == "both" else (a.path,)
+    report = run_prober_cpu(
+        nics=a.nics, peers_per_nic=a.peers, seconds=a.seconds, warmup_s=a.warmup,
+        repeats=a.repeats, paths=paths, prefix=a.prefix, progress=_progress,
+    )  # fmt: skip
+    if a.json:
+        print(json.dumps(report))
+        return 0
+    for key in ("prober", "baseline"):
+        if f"{key}_cpu_percent_of_one_core" in report:
+            print(f"{key:8s} {report[f'{key}_cpu_percent_of_one_core']:6.2f} % of one core, "
+                  f"{report[f'{key}_cpu_us_per_probe']} us per probe, "
+                  f"{report[f'{key}_records_per_s']} records/s, "
+                  f"{report[f'{key}_answered_per_s']} answered/s")  # fmt: skip
+    return 0
+
+
 def _recovery_demo(a: argparse.Namespace) -> int:
     from testbed.recovery_demo import run_demo
 
@@ -301,6 +321,47 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "probes, batches as another host, a replay, a forged action); the report gains "
         '"security": what was tried and what got through (docs/mqtt-security.md)',
     )
+    p = cmd(
+        "prober-cpu",
+        "CPU share of one prober process running the default schedule (8 NICs x 32 peers by "
+        "default) in namespaces, batched hot path and per-datagram baseline in the same run",
+        _prober_cpu,
+        None,
+    )
+    p.add_argument(
+        "--nics", type=int, default=8, help="NICs of the measured host (default %(default)s)"
+    )
+    p.add_argument(
+        "--peers",
+        type=int,
+        default=32,
+        help="peers per NIC: NICs of its group + 16 cross-group (default %(default)s)",
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=20.0,
+        help="measured interval per run (default %(default)s)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=6.0,
+        help="seconds after the prober starts before measuring (default %(default)s)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per path, interleaved; medians reported (default %(default)s)",
+    )
+    p.add_argument(
+        "--path",
+        choices=("both", "batched", "per-datagram"),
+        default="both",
+        help="prober.hot_path(s) to measure (default %(default)s)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p = cmd(
         "recovery-demo",
         "a PyTorch (CPU, gloo) job across two hosts survives a NIC link failure: runs no_failure, "

@@ -1,0 +1,150 @@
+"""The far side of ``qpmesh testbed prober-cpu``: many peer NICs in one process.
+
+Run inside the peers' namespace as ``python -m testbed.cpupeers SPEC.json``. SPEC (written by
+`testbed.probercpu`) lists the peer NICs (id, address), the streams each peer probes back
+(to the measured host's NICs, coded pairs at ``rate_hz``), the broker and the measured
+host's id. The process
+
+- answers every probe of the measured prober (one `prober.fastudp.BatchUdpEndpoint` per peer
+  NIC on its probe port), so the prober's own probes complete;
+- probes the prober's NICs back at the default schedule's rate, so the prober answers as many
+  probes as it sends (a host in a mesh does both);
+- counts the records the prober publishes (``<prefix>/probes/<host>``, decoded) and the
+  results of its own probes, and rewrites ``stats`` (JSON: results, lost, batches, answered)
+  every 0.5 s for the orchestrator to read.
+
+Stops on SIGTERM. Test and benchmark machinery, not production code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import resource
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from contract.records import RecordError, decode_batch
+from prober.events import ProbeEvent, ProbeLost, ProbeResult
+from prober.fastudp import BatchUdpEndpoint
+from prober.session import ProbeSession
+
+
+def _count_records(spec: dict[str, Any], counts: dict[str, int]) -> Any:
+    """Start a paho client (its own network thread) counting the prober's published records."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    topic = f"{spec['prefix']}/probes/{spec['host']}"
+    client: Any = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"cpupeers-{os.getpid()}")
+
+    def on_connect(c: Any, _u: Any, _f: Any, _rc: Any, _p: Any = None) -> None:
+        c.subscribe(topic, qos=1)
+
+    def on_message(_c: Any, _u: Any, msg: Any) -> None:
+        try:
+            batch = decode_batch(bytes(msg.payload))
+        except RecordError:
+            counts["bad_batches"] += 1
+            return
+        lost = int(batch.lost.sum())
+        counts["lost"] += lost
+        counts["results"] += len(batch) - lost
+        counts["batches"] += 1
+
+    client.on_connect, client.on_message = on_connect, on_message
+    client.connect_async(spec["broker"][0], spec["broker"][1], keepalive=10)
+    client.loop_start()
+    return client
+
+
+async def run(spec: dict[str, Any]) -> None:
+    """Run the peers of ``spec`` until SIGTERM."""
+    counts = {"results": 0, "lost": 0, "batches": 0, "bad_batches": 0, "answered": 0,
+              "unanswered": 0}  # fmt: skip
+
+    def answered(events: list[ProbeEvent]) -> None:
+        for e in events:
+            if isinstance(e, ProbeResult):
+                counts["answered"] += 1
+            elif isinstance(e, ProbeLost):
+                counts["unanswered"] += 1
+
+    eps: dict[str, BatchUdpEndpoint] = {}
+    for nic in spec["peers"]:
+        ep = BatchUdpEndpoint(
+            ProbeSession(nic["id"], timeout_ns=1_000_000_000),
+            nic["address"],
+            dport=spec["port"],
+            sports=nic["sports"],
+            on_events=answered,
+        )
+        await ep.start(warmup_s=0.5 if not eps else 0.0)  # RX stamping is switched on once
+        eps[nic["id"]] = ep
+    tasks = [asyncio.create_task(ep.run()) for ep in eps.values()]
+    counter = _count_records(spec, counts) if spec.get("count_records", True) else None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    rng = random.Random(1)
+    period = 1.0 / spec["rate_hz"]
+    streams = [
+        (s["src"], s["dst"], (s["address"], spec["port"]), s["sport"], time.monotonic() + rng.random() * period)
+        for s in spec["streams"]
+    ]  # fmt: skip
+    next_at = [s[4] for s in streams]
+    stats = Path(spec["stats"])
+    next_write = 0.0
+    while not stop.is_set():
+        now = time.monotonic()
+        woken: set[str] = set()
+        for i, (src, dst, dest, sport, _) in enumerate(streams):
+            if next_at[i] <= now:
+                ep = eps[src]
+                ep.session.queue_pair(dst, dest, sport, ep.now_ns())
+                woken.add(src)
+                next_at[i] = max(now, next_at[i] + period * (1 + 0.5 * (rng.random() - 0.5)))
+        for src in woken:
+            eps[src].wake()
+        if now >= next_write:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            doc: dict[str, Any] = {**counts, "t": time.time(),
+                                   "cpu_s": usage.ru_utime + usage.ru_stime}  # fmt: skip
+            agg: dict[str, int] = {}
+            for ep in eps.values():
+                for k, v in [*ep.session.counters.items(), *ep.counters.items()]:
+                    agg[k] = agg.get(k, 0) + v
+            doc["counters"] = agg
+            tmp = stats.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(stats)
+            next_write = now + 0.5
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.005)
+    if counter is not None:
+        counter.loop_stop()
+    for ep in eps.values():
+        ep.close()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: ``python -m testbed.cpupeers SPEC.json``."""
+    if len(argv) != 1:
+        print("usage: python -m testbed.cpupeers SPEC.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    asyncio.run(run(spec))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))
