@@ -30,6 +30,7 @@ import struct
 import time
 from collections.abc import Callable
 
+from prober.benchloop import PATHS, endpoint_round_trips
 from prober.timestamping import ANC_BUFSIZE, SO_TIMESTAMPING, SW_FLAGS
 from prober.wire import Codec, nic_hash
 
@@ -138,52 +139,9 @@ def _session_rate(seconds: float, clock: Callable[[], float]) -> float:
     return done / (clock() - start)
 
 
-PATHS = ("batched", "per-datagram")
-
-
-async def _endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, float]:
-    """Run full round trips through two endpoints on loopback for ``seconds``.
-
-    Returns (round trips completed with all four stamps, CPU seconds of this process, wall seconds). Both roles run
-    in this process, so the CPU time covers initiator and responder (kernel time included:
-    ``time.process_time`` is user + system time). ``path``: `prober.fastudp.BatchUdpEndpoint`
-    ("batched") or `prober.udp.UdpEndpoint` ("per-datagram", today's path, the baseline).
-    """
-    from prober.events import ProbeEvent, ProbeResult
-    from prober.fastudp import BatchUdpEndpoint
-    from prober.session import ProbeSession
-    from prober.udp import UdpEndpoint
-
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    cls = BatchUdpEndpoint if path == "batched" else UdpEndpoint
-    done = 0
-
-    def count(events: list[ProbeEvent]) -> None:
-        nonlocal done
-        done += sum(1 for e in events if isinstance(e, ProbeResult))
-
-    a = cls(ProbeSession("bench-a"), "127.0.0.1", dport=0, on_events=count)
-    b = cls(ProbeSession("bench-b"), "127.0.0.1", dport=0)
-    async with a, b:
-        sport = a.add_source_port(0)
-        dest = ("127.0.0.1", b.dport)
-        loop = asyncio.get_running_loop()
-        cpu0, start = time.process_time(), loop.time()
-        while loop.time() - start < seconds:
-            if a.session.pending < 4 * _BATCH:  # keep a window of probes in flight
-                now = a.now_ns()
-                for _ in range(_BATCH):
-                    a.session.queue_probe("bench-b", dest, sport, now)
-                a.flush()
-            await asyncio.sleep(0)
-        cpu, elapsed = time.process_time() - cpu0, loop.time() - start
-    return done, cpu, elapsed
-
-
 async def _endpoint_rate(seconds: float) -> float:
     """Return complete probes/s (wall clock) through two per-datagram endpoints on loopback."""
-    done, _, elapsed = await _endpoint_round_trips(seconds, "per-datagram")
+    done, _, elapsed = await endpoint_round_trips(seconds, "per-datagram")
     return done / elapsed
 
 
@@ -201,7 +159,7 @@ def measure_round_trips(
     runs: dict[str, list[float]] = {p: [] for p in paths}
     for _ in range(repeats):
         for p in paths:
-            done, cpu, _ = asyncio.run(_endpoint_round_trips(seconds, p))
+            done, cpu, _ = asyncio.run(endpoint_round_trips(seconds, p))
             runs[p].append(done / cpu if cpu > 0 else 0.0)
     out: dict[str, object] = {"repeats": repeats, "seconds_per_run": seconds}
     med = {p: statistics.median(v) for p, v in runs.items()}

@@ -1,7 +1,8 @@
 """Where the CPU of a full probe round trip goes: `profile_round_trips`, for ``qpmesh prober
 bench --profile``.
 
-Two measurements of the loopback round-trip loop of `prober.bench` (both roles in one process):
+Two measurements of the loopback round-trip loop of `prober.benchloop` (both roles in one
+process):
 
 1. without a profiler: ``getrusage`` user and system time per round trip (system time is the
    kernel's UDP/IP work on both ends, stamping and the system calls themselves);
@@ -21,7 +22,7 @@ import cProfile
 import pstats
 import resource
 
-from prober.bench import _endpoint_round_trips
+from prober.benchloop import endpoint_round_trips
 
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("socket calls (sendto/recvmsg/sendmmsg/recvmmsg)",
@@ -72,14 +73,14 @@ def profile_round_trips(seconds: float = 2.0, path: str = "per-datagram") -> dic
     if seconds <= 0:
         raise ValueError("seconds must be positive")
     r0 = resource.getrusage(resource.RUSAGE_SELF)
-    done, _, _ = asyncio.run(_endpoint_round_trips(seconds, path))
+    done, _, _ = asyncio.run(endpoint_round_trips(seconds, path))
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     done = max(done, 1)
     user_us = (r1.ru_utime - r0.ru_utime) / done * 1e6
     sys_us = (r1.ru_stime - r0.ru_stime) / done * 1e6
     prof = cProfile.Profile()
     prof.enable()
-    asyncio.run(_endpoint_round_trips(seconds, path))
+    asyncio.run(endpoint_round_trips(seconds, path))
     prof.disable()
     stats = pstats.Stats(prof)
     own: dict[str, float] = {}

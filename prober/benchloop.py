@@ -1,0 +1,54 @@
+"""The full-round-trip loop shared by `prober.bench` and `prober.benchprofile`.
+
+`endpoint_round_trips` drives two endpoints of one hot path on loopback (both roles in this
+process) and returns the round trips completed with all four stamps and the CPU time spent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from prober.events import ProbeEvent, ProbeResult
+from prober.fastudp import BatchUdpEndpoint
+from prober.session import ProbeSession
+from prober.udp import UdpEndpoint
+
+_BATCH = 32  # probes queued at once; a window of 4 * _BATCH is kept in flight
+PATHS = ("batched", "per-datagram")
+
+
+async def endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, float]:
+    """Run full round trips through two endpoints on loopback for ``seconds``.
+
+    Returns (round trips completed with all four stamps, CPU seconds of this process, wall
+    seconds). Both roles run in this process, so the CPU time covers initiator and responder
+    (kernel time included:
+    ``time.process_time`` is user + system time). ``path``: `prober.fastudp.BatchUdpEndpoint`
+    ("batched") or `prober.udp.UdpEndpoint` ("per-datagram", today's path, the baseline).
+    """
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    cls = BatchUdpEndpoint if path == "batched" else UdpEndpoint
+    done = 0
+
+    def count(events: list[ProbeEvent]) -> None:
+        nonlocal done
+        done += sum(1 for e in events if isinstance(e, ProbeResult))
+
+    a = cls(ProbeSession("bench-a"), "127.0.0.1", dport=0, on_events=count)
+    b = cls(ProbeSession("bench-b"), "127.0.0.1", dport=0)
+    async with a, b:
+        sport = a.add_source_port(0)
+        dest = ("127.0.0.1", b.dport)
+        loop = asyncio.get_running_loop()
+        cpu0, start = time.process_time(), loop.time()
+        while loop.time() - start < seconds:
+            if a.session.pending < 4 * _BATCH:  # keep a window of probes in flight
+                now = a.now_ns()
+                for _ in range(_BATCH):
+                    a.session.queue_probe("bench-b", dest, sport, now)
+                a.flush()
+            await asyncio.sleep(0)
+        cpu, elapsed = time.process_time() - cpu0, loop.time() - start
+    return done, cpu, elapsed
