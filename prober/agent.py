@@ -160,8 +160,8 @@ class UdpEndpointFactory:
         on_events: Callable[[list[ProbeEvent]], None],
     ) -> Endpoint:
         """Return a (not yet started) UDP endpoint of ``nic``: `prober.fastudp.BatchUdpEndpoint`
-        (``prober.hot_path = "batched"``, the default) or `prober.udp.UdpEndpoint`
-        (``"per-datagram"``, the path before batching)."""
+        (``prober.hot_path = "batched"``) or `prober.udp.UdpEndpoint` (``"per-datagram"``, the
+        default)."""
         cls = BatchUdpEndpoint if self.cfg.hot_path == "batched" else UdpEndpoint
         return cls(
             session,
