@@ -20,6 +20,7 @@ from contract.remediation import AckDoc, ActionDoc, PerfDoc, RankDoc, perf_topic
 from contract.topics import Topics
 from controller.config import ConfigError, load_config
 from controller.dispatch import JsonLog
+from controller.fabric import FabricShape, build_fabric
 from controller.jobfeed import RankFeed
 from controller.jobs import Job, JobRegistry
 from controller.live import LiveConfig, LiveController
@@ -29,6 +30,9 @@ from controller.remediation.policy import SEC
 from controller.remediation.runtime import RemediationRuntime
 from controller.service import run_service
 from controller.snapshot import MeshEvent
+from controller.timeseries.config import TimeseriesConfig
+from controller.timeseries.runtime import Observability
+from controller.timeseries.writer import TsdbWriter
 
 TOKEN = "remediation-operator-token"
 ACME = "remediation-acme-token"
@@ -159,8 +163,9 @@ class ScriptedLive(LiveController):
 
 @contextlib.asynccontextmanager
 async def _controller(
-    mosquitto: tuple[str, int], tmp_path: Path, remediation: str, prefix: str = ""
-) -> AsyncIterator[tuple[str, ScriptedLive, Topics, Path]]:
+    mosquitto: tuple[str, int], tmp_path: Path, remediation: str, prefix: str = "",
+    observability: Observability | None = None,
+) -> AsyncIterator[tuple[str, ScriptedLive, Topics, Path]]:  # fmt: skip
     host, port = mosquitto
     api_port = _free_port()
     (tmp_path / "tokens.txt").write_text(f"operator ops {TOKEN}\ntenant acme {ACME}\n")
@@ -176,7 +181,15 @@ async def _controller(
     log_path = tmp_path / "log.jsonl"
     log_file = log_path.open("w")
     svc = asyncio.create_task(
-        run_service(host, port, config, topics, log=JsonLog(log_file), live=live)
+        run_service(
+            host,
+            port,
+            config,
+            topics,
+            log=JsonLog(log_file),
+            live=live,
+            observability=observability,
+        )
     )
     base = f"http://127.0.0.1:{api_port}/api/v1/"
     try:
@@ -207,9 +220,15 @@ async def test_controller_remediates_with_control_and_jobs_from_api_and_mqtt(
     host, port = mosquitto
     op = {"Authorization": f"Bearer {TOKEN}"}
     acme = {"Authorization": f"Bearer {ACME}"}
+    bodies: list[bytes] = []  # the time series, as the writer would POST it
+    obs = Observability(
+        build_fabric(FabricShape(leaves=2, hosts_per_leaf=2, spines=2)),
+        TimeseriesConfig("http://unused", interval_s=0.1), None,
+        writer=TsdbWriter("http://unused", post=bodies.append),
+    )  # fmt: skip
     async with (
-        _controller(mosquitto, tmp_path, "control = false\nhold_s = 0\nmin_interval_s = 0")
-        as (base, live, topics, log_path),
+        _controller(mosquitto, tmp_path, "control = false\nhold_s = 0\nmin_interval_s = 0",
+                    observability=obs) as (base, live, topics, log_path),
         aiohttp.ClientSession() as http,
         aiomqtt.Client(host, port) as mq,
     ):  # fmt: skip
@@ -328,6 +347,9 @@ async def test_controller_remediates_with_control_and_jobs_from_api_and_mqtt(
         with contextlib.suppress(asyncio.CancelledError):
             await reader
         await mq.publish(rank_topic(topics.prefix, "infer", 0), b"", qos=1, retain=True)
+    series = b"".join(bodies).decode()  # every decision is in the time series too
+    assert "qpmesh_remediation,action=move_off_nic,status=would_have,target=nic0 " in series
+    assert "qpmesh_remediation,action=move_off_nic,status=sent,target=nic3 " in series
     lines = [json.loads(x) for x in log_path.read_text().splitlines()]
     statuses = [x["status"] for x in lines if x["msg"] == "action"]
     assert statuses == ["would have", "sent", "sent"]  # the last: report_contention
