@@ -47,6 +47,7 @@ async def _ticker(
     remediation: RemediationRuntime | None = None,
     on_action: Callable[[dict[str, object]], None] = lambda doc: None,
 ) -> None:
+    last_hooks: dict[str, object] = {}
     while True:
         await asyncio.sleep(tick_s)
         now = clock()
@@ -61,6 +62,10 @@ async def _ticker(
                 on_action(doc)
             new += [action_event(doc) for doc in docs]
             new += remediation.job_events(now)  # slowdowns attributed to the fabric
+            hooks = remediation.sender.stats.to_dict()
+            if hooks != last_hooks:  # webhook/Alertmanager deliveries, retries, failures
+                log(now, "remediation hooks", **hooks, pending=remediation.sender.pending)
+                last_hooks = hooks
         if api is not None:
             api.publish(live.snapshot(), tuple(new))
         for topic, payload in actions:  # the actions first: a job waits on them

@@ -403,10 +403,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--trigger",
-        choices=("injector", "mesh"),
+        choices=("injector", "mesh", "controller"),
         default="injector",
         help="who reports the link failure to the policy: the fault injector when it cuts the link "
         "(deterministic), or the probe mesh (probers + controller, detection time included; "
-        "see docs/recovery.md for how often it reported in time here) (default %(default)s)",
+        "see docs/recovery.md for how often it reported in time here); controller: the probe "
+        "mesh and the controller's own remediation (Control on) acts, the driver only watches "
+        "(default %(default)s)",
     )
     p.add_argument("--out", help="copy the runs' logs and per-rank results here")

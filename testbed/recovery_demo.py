@@ -20,7 +20,9 @@ the policy the moment the link is cut (no detection time in ``recovery_seconds``
 to the first step completed after the re-form). ``mesh`` runs a prober per host and the qpmesh
 controller and feeds the controller's findings (events on MQTT) to the policy, detection
 included; here the controller did not always report the NIC within the run (docs/recovery.md).
-The report says which in ``trigger``.
+``controller`` runs the same mesh with the controller's own remediation on (``[remediation]
+control = true``): the controller finds, decides and sends; the driver only records the
+actions it sees on the broker and the acks. The report says which in ``trigger``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from contract.remediation import AckDoc, DocumentError
+from contract.remediation import AckDoc, ActionDoc, DocumentError
 from controller.control import Control
 from controller.fabric import FabricShape
 from controller.jobs import Job, JobRegistry
@@ -62,19 +64,24 @@ TRIGGERS = {
     "policy when it cuts the link (probe-mesh detection latency not included)",
     "mesh": "mesh: probers in the host namespaces + the qpmesh controller detect the link; the "
     "driver feeds the controller's findings (events on MQTT) to the remediation policy",
+    "controller": "controller: probers + the qpmesh controller detect the link and the "
+    "controller's own remediation (Control on, [remediation]) sends the action; the driver "
+    "only watches",
 }
+MESHED = ("mesh", "controller")
 MESH_WARMUP_S = 10.0
 
 
-def _start_mesh(fabric: Any, plan: Any, d: Path, port: int, progress: Callable[[str], None]
-                ) -> list[subprocess.Popen[bytes]]:  # fmt: skip
-    """Start the controller and one prober per host (recorded by pid); wait the warm-up."""
+def _start_mesh(fabric: Any, plan: Any, d: Path, port: int, progress: Callable[[str], None],
+                remediation: str = "") -> list[subprocess.Popen[bytes]]:  # fmt: skip
+    """Start the controller (with ``remediation``: its ``[remediation]`` table) and one prober
+    per host (recorded by pid); wait the warm-up."""
     from testbed.runner import controller_config, prober_config
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     qp = [sys.executable, "-m", "qpmesh.cli"]
     broker = (plan.broker_addr, port)
-    (d / "controller.toml").write_text(controller_config(fabric, plan))
+    (d / "controller.toml").write_text(controller_config(fabric, plan) + remediation)
     out = []
     argvs = [("controller", [*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
                              "--config", str(d / "controller.toml"),
@@ -121,6 +128,7 @@ class _Mqtt:
         from paho.mqtt.enums import CallbackAPIVersion
 
         self.acks: queue.Queue[AckDoc] = queue.Queue()
+        self.sent: queue.Queue[ActionDoc] = queue.Queue()  # actions seen on the broker
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.raised: set[str] = set()  # NICs the controller reports bad and has not cleared
         self.ranks: dict[str, dict[str, Any]] = {}
@@ -134,9 +142,13 @@ class _Mqtt:
         c.subscribe("qpmesh/v1/remediation-ack/#", 1)
         c.subscribe("qpmesh/v1/jobs/#", 1)
         c.subscribe("qpmesh/v1/events/#", 1)
+        c.subscribe("qpmesh/v1/remediation/#", 1)
 
     def _msg(self, _c: Any, _u: Any, msg: Any) -> None:
-        if "/remediation-ack/" in msg.topic:
+        if "/remediation/" in msg.topic:
+            with contextlib.suppress(DocumentError):
+                self.sent.put(ActionDoc.decode(msg.payload))
+        elif "/remediation-ack/" in msg.topic:
             with contextlib.suppress(DocumentError):
                 self.acks.put(AckDoc.decode(msg.payload))
         elif "/events/" in msg.topic:
@@ -252,7 +264,13 @@ def _run_once(
                 progress(f"{name}: {FAILED_LINK} up again")
                 if args["trigger"] == "injector":
                     pending.append(finding("clear", FAILED_LINK, time.time_ns(), "fault injector"))
-            if mode == "agent" and mq is not None and t_down is not None:
+            if args["trigger"] == "controller" and mq is not None:
+                while not mq.sent.empty():  # the controller's own actions
+                    a = mq.sent.get()
+                    actions.append({"t_ns": time.time_ns(), "disposition": "send",
+                                    "sent_by": "controller", **a.to_dict()})  # fmt: skip
+                    progress(f"{name}: controller sent {a.kind} {a.target} job {a.job or '-'}")
+            elif mode == "agent" and mq is not None and t_down is not None:
                 if args["trigger"] == "mesh":
                     found = mq.findings(t_down_ns - SEC)
                     pending += found
@@ -357,6 +375,8 @@ def run_demo(
             "job_timeout_s": job_timeout_s, "collective_timeout_s": collective_timeout_s,
             "run_timeout_s": steps * step_s * 4 + down_s + 60, "trigger": trigger,
             "verdict_wait_s": 8.0 if trigger == "injector" else down_s + 10}  # fmt: skip
+    rem_table = (f"\n[remediation]\ncontrol = true\nhold_s = {hold_s}\nttl_s = 60\n"
+                 "min_interval_s = 5\n") if trigger == "controller" else ""  # fmt: skip
     mesh: list[subprocess.Popen[bytes]] = []
     report: dict[str, Any] = {"prefix": prefix, "ranks": 2, "steps": steps, "runs": {}}
     try:
@@ -374,8 +394,8 @@ def run_demo(
             raise OSError(f"mosquitto did not listen on {plan.broker_addr}:{port}")
         args["broker_port"] = port
         mq = _Mqtt(plan.broker_addr, port)
-        if trigger == "mesh":
-            mesh = _start_mesh(fabric, plan, d, port, progress)
+        if trigger in MESHED:
+            mesh = _start_mesh(fabric, plan, d, port, progress, rem_table)
         runs = report["runs"]
         # the short flap goes first: to the controller it is then one down episode, not the
         # third (a link that went down repeatedly is "flapping", and that moves a job at once)
@@ -383,7 +403,7 @@ def run_demo(
                                  ("short_flap", "agent", short_flap_s),
                                  ("no_recovery", "plain", down_s),
                                  ("recovery", "agent", down_s)):  # fmt: skip
-            if trigger == "mesh":  # runs start from a fabric the controller calls healthy
+            if trigger in MESHED:  # runs start from a fabric the controller calls healthy
                 t_wait = time.monotonic() + 60
                 while FAILED_NIC in mq.raised and time.monotonic() < t_wait:
                     time.sleep(0.2)
