@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from contract.remediation import AckDoc, ActionDoc, DocumentError
+from contract.remediation import AckDoc, ActionDoc, DocumentError, parse_rank_topic
 from controller.control import Control
 from controller.fabric import FabricShape
 from controller.jobs import Job, JobRegistry
@@ -161,7 +161,8 @@ class _Mqtt:
                         self.raised.add(nic)
                     elif nic and doc["kind"] == "clear":
                         self.raised.discard(nic)
-        elif "/jobs/" in msg.topic and msg.payload:
+        elif parse_rank_topic("qpmesh/v1", msg.topic) is not None and msg.payload:
+            # a rank registration (not its .../perf reports)
             with contextlib.suppress(ValueError):
                 self.ranks[msg.topic] = json.loads(msg.payload)
 
