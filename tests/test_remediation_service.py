@@ -451,3 +451,22 @@ async def _two_runs(mosquitto: tuple[str, int], tmp_path: Path, rem: str, prefix
     assert [(a.kind, a.nic, a.job) for a in got] == [("move_off_nic", "nic0", "train")]
     lines = [json.loads(x) for x in log_path.read_text().splitlines()]
     assert any(x["msg"] == "remediation state restored" and x["ids"] == 1 for x in lines)
+
+
+def test_a_job_that_leaves_and_comes_back_is_told_again() -> None:
+    from controller.remediation.config import RemediationConfig
+    from controller.remediation.policy import PolicyConfig
+
+    rt = RemediationRuntime(RemediationConfig(policy=PolicyConfig(min_interval_ns=0),
+                                              control=True), "p")  # fmt: skip
+    job = Job("demo", "acme", (("nic0", "nic1"),))
+    rt.jobs.register(job)
+    rt.observe([MeshEvent(1 * SEC, "nic_down", "nic0")])
+    assert [t for t, _ in rt.tick(3 * SEC)[0]] == ["p/remediation/nic0"]
+    rt.observe([MeshEvent(4 * SEC, "nic_down", "nic0")])  # still down, same job: told already
+    assert rt.tick(5 * SEC)[0] == []
+    rt.jobs.unregister("demo")  # the run ends; nic0 never came back clear
+    rt.tick(6 * SEC)
+    rt.jobs.register(job)  # a new run of the same job on the same NICs
+    msgs, docs = rt.tick(7 * SEC)
+    assert [t for t, _ in msgs] == ["p/remediation/nic0"] and docs[0]["job"] == "demo"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from contract.remediation import (
@@ -114,6 +115,7 @@ class RemediationRuntime:
         self.attributions: dict[str, Attribution] = {}
         self._recent: deque[MeshEvent] = deque(maxlen=2000)
         self._perf_dirty: set[str] = set()
+        self._seen_jobs: set[str] = set()
         self.state_error = ""
         self.state_file = StateFile(self.config.state_dir) if self.config.state_dir else None
         if self.state_file is not None:
@@ -202,6 +204,7 @@ class RemediationRuntime:
         """Run one policy step (and the alert requests); return (messages to publish, audit
         documents). Sent actions are offered to the webhooks, alerts to Alertmanager."""
         out: list[Message] = []
+        self._forget_gone_jobs()
         records = self.remediator.tick_with(
             self.jobs, self.control, now_ns, lambda t, p: out.append((t, p))
         )
@@ -227,6 +230,22 @@ class RemediationRuntime:
         if docs:
             self.save()
         return out, docs
+
+    def _forget_gone_jobs(self) -> None:
+        """Drop the jobs that left the registry since the last tick from the policy's "told to
+        move off" memory: a job that comes back under the same id (a new run) is a new job and
+        is told again. Only jobs seen registered before are dropped, so a restarted controller
+        keeps what its state file says until the retained registrations are back."""
+        now = {j.id for j in self.jobs.jobs()}
+        gone, self._seen_jobs = self._seen_jobs - now, now
+        st = self.remediator.state
+        if gone and any(j in gone for js in st.moved.values() for j in js):
+            moved = {n: frozenset(js - gone) for n, js in st.moved.items()}
+            ids = {d["id"] for d in self.log.records() if d["job"] in gone}
+            issued = {i: t for i, t in st.issued.items() if i not in ids}
+            self.remediator.state = replace(
+                st, moved={n: js for n, js in moved.items() if js}, issued=issued
+            )
 
     def save(self) -> None:
         """Write the state file (if configured and changed); a write that fails is counted
