@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import socket
 from collections import defaultdict
 
 from prober.events import Datagram, ProbeEvent
@@ -44,6 +45,8 @@ from prober.timestamping import (
 from prober.udp import _MAX_TOKENS, UdpEndpoint, _Sock
 
 _RING = 64
+_RCVBUF = 4 << 20
+_SO_RCVBUFFORCE = 33
 
 
 class BatchUdpEndpoint(UdpEndpoint):
@@ -69,6 +72,20 @@ class BatchUdpEndpoint(UdpEndpoint):
         self._flush_scheduled = False
         self._waiter: asyncio.Future[None] | None = None
         self._wake_at_ns = 0
+
+    def _open_socket(self, port: int) -> _Sock:
+        st = super()._open_socket(port)
+        # a turn answers a whole batch at once: its TX stamps come back together and share the
+        # receive buffer with the next probes; a stamp the buffer cannot take is dropped by the
+        # kernel (the reply's FOLLOW_UP is then never sent). Ask for room (root may exceed
+        # net.core.rmem_max with SO_RCVBUFFORCE).
+        for opt in (_SO_RCVBUFFORCE, socket.SO_RCVBUF):
+            try:
+                st.sock.setsockopt(socket.SOL_SOCKET, opt, _RCVBUF)
+                break
+            except OSError:
+                continue
+        return st
 
     # ---- receiving ---------------------------------------------------------------------------
 

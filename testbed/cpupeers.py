@@ -36,7 +36,7 @@ from prober.fastudp import BatchUdpEndpoint
 from prober.session import ProbeSession
 
 
-def _count_records(spec: dict[str, Any], counts: dict[str, int]) -> Any:
+def _count_records(spec: dict[str, Any], counts: dict[str, int], health: dict[str, Any]) -> Any:
     """Start a paho client (its own network thread) counting the prober's published records."""
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
@@ -44,10 +44,20 @@ def _count_records(spec: dict[str, Any], counts: dict[str, int]) -> Any:
     topic = f"{spec['prefix']}/probes/{spec['host']}"
     client: Any = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"cpupeers-{os.getpid()}")
 
+    health_topic = f"{spec['prefix']}/health/{spec['host']}"
+
     def on_connect(c: Any, _u: Any, _f: Any, _rc: Any, _p: Any = None) -> None:
         c.subscribe(topic, qos=1)
+        c.subscribe(health_topic, qos=1)
 
     def on_message(_c: Any, _u: Any, msg: Any) -> None:
+        if msg.topic == health_topic:  # keep the prober's own session counters
+            try:
+                doc = json.loads(msg.payload)
+                health["sessions"] = doc.get("counters", {}).get("sessions", {})
+            except ValueError:
+                pass
+            return
         try:
             batch = decode_batch(bytes(msg.payload))
         except RecordError:
@@ -88,7 +98,8 @@ async def run(spec: dict[str, Any]) -> None:
         await ep.start(warmup_s=0.5 if not eps else 0.0)  # RX stamping is switched on once
         eps[nic["id"]] = ep
     tasks = [asyncio.create_task(ep.run()) for ep in eps.values()]
-    counter = _count_records(spec, counts) if spec.get("count_records", True) else None
+    health: dict[str, Any] = {}
+    counter = _count_records(spec, counts, health) if spec.get("count_records", True) else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -121,6 +132,8 @@ async def run(spec: dict[str, Any]) -> None:
                 for k, v in [*ep.session.counters.items(), *ep.counters.items()]:
                     agg[k] = agg.get(k, 0) + v
             doc["counters"] = agg
+            if health:
+                doc["prober_sessions"] = health.get("sessions", {})
             tmp = stats.with_suffix(".tmp")
             tmp.write_text(json.dumps(doc))
             tmp.replace(stats)
