@@ -378,6 +378,11 @@ class Agent:
         ``mqtt.drain_on_stop_s`` before announcing ``alive=false``.
         """
         await self.start()
+        # the schedule starts when the endpoints are up: opening ~80 sockets per NIC takes
+        # seconds on a busy host, and a plan started before would hand out every probe of that
+        # time at once (a burst that blocked the event loop past the MQTT keepalive with 8
+        # NICs). Same seed: same peers and source ports, fresh phases.
+        self.plan = ProbePlan(self.peers, self.cfg.schedule, start_ns=self._now_ns())
         tasks: list[asyncio.Task[Any]] = [asyncio.create_task(ep.run())
                                           for ep in self.endpoints.values()]  # fmt: skip
         tasks.extend(asyncio.create_task(c) for c in self._factory.agent_tasks(self))
