@@ -273,3 +273,30 @@ def test_keys_gen_show_and_rotation_step_one(
     assert capsys.readouterr().err == (
         f"qpmesh keys: error: {old}: exists; not overwriting a key file\n"
     )
+
+
+async def test_controller_logs_whether_its_actions_are_signed(tmp_path: Path) -> None:
+    import asyncio
+    import io
+    import socket
+
+    from contract.topics import Topics
+    from controller.config import ServiceConfig
+    from controller.dispatch import JsonLog
+    from controller.fabric import FabricShape, build_fabric
+    from controller.service import run_service
+
+    with socket.socket() as s:  # nothing listening: the service gives up after one attempt
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fab = build_fabric(FabricShape.for_nics(4))
+    for keys, want in ((None, "warning: remediation actions are unsigned"),
+                       (private(), "remediation actions signed")):  # fmt: skip
+        out = io.StringIO()
+        conf = ServiceConfig(fabric=fab, backoff_s=(0.01, 0.01), action_keys=keys)
+        await asyncio.wait_for(
+            run_service("127.0.0.1", port, conf, Topics(), log=JsonLog(out), max_attempts=1), 30
+        )
+        lines = [json.loads(x) for x in out.getvalue().splitlines()]
+        assert any(x["msg"].startswith(want) for x in lines), lines
+        assert SEED.hex() not in out.getvalue()

@@ -304,3 +304,18 @@ def test_agent_refuses_an_open_key_file(tmp_path: Path) -> None:
     with pytest.raises(KeyFileError, match="mode 0640"):
         Agent(cfg)
     assert oct(os.stat(kb).st_mode & 0o777) == "0o640"
+
+
+def test_tagged_probe_with_max_padding_fits_the_rdma_receive_slot() -> None:
+    from prober.rdma.packet import build_grh_ipv4, split_grh
+    from prober.rdma.transport import SLOT
+    from prober.wire import MAX_PAD
+
+    codec = codec_for(parse_key_file(format_key_file([("o", HMAC, OLD), ("n", HMAC, NEW)]), "k"))
+    msg = Message(MsgType.REPLY, 1, 2, 3, ta=4, t3_final=True, tb=5, pad=MAX_PAD)
+    wire = Codec(OLD).encode(msg)  # a peer still sending with the old key
+    buf = bytearray(SLOT)
+    data = build_grh_ipv4("10.0.0.2", "10.0.0.1") + wire
+    buf[: len(data)] = data
+    _grh, payload = split_grh(buf, len(data))
+    assert codec.decode(payload) == msg
