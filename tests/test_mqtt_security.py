@@ -308,3 +308,13 @@ def test_prober_dry_run_names_the_password_file_never_the_password(
                        "password": "from file"}  # fmt: skip
     else:
         assert "mqtt tls on, user host0, password from file" in out.stdout
+
+
+def test_controller_options_refuse_an_unreadable_password_file_in_one_line(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "qpmesh.cli", "controller", "--broker", "mqtt://127.0.0.1:1",
+            "--mqtt-user", "controller", "--mqtt-password-file", str(tmp_path / "missing")]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False,
+                         cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "password file" in lines[0] and "cannot read" in lines[0]
