@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -169,3 +171,7 @@ def test_detail_text_shows_clock_gpu_and_history() -> None:
     assert "FAULT Xid 79" in text
     assert "spine1" in text and "worst delay, last 2m" in text
     assert "No NIC selected" in detail_text(snap, None, None, view, 60).plain
+    unc = snap.clock_uncertainty_ns.copy()
+    unc[17] = np.inf  # the controller has not confirmed this clock yet
+    text = detail_text(dataclasses.replace(snap, clock_uncertainty_ns=unc), 17, None, view, 60)
+    assert "not yet confirmed" in text.plain and "inf" not in text.plain

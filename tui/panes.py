@@ -6,6 +6,7 @@ nothing reads a clock: times are shown relative to the snapshot's ``t_ns``.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -193,9 +194,11 @@ def detail_text(
     t.append("  out ", DIM)
     t.append(fmt_ns(float(snap.worst_out_ns[nic])))
     t.append("\nclock offset ", DIM)
-    t.append(
-        f"{fmt_ns(float(snap.clock_offset_ns[nic]))} ± {fmt_ns(float(snap.clock_uncertainty_ns[nic]))}"
-    )
+    unc = float(snap.clock_uncertainty_ns[nic])
+    # an infinite uncertainty: the clock is not yet confirmed by two agreeing solves, and
+    # its one-way delays are held back (controller.clocksync)
+    unc_txt = "not yet confirmed" if math.isinf(unc) else f"± {fmt_ns(unc)}"
+    t.append(f"{fmt_ns(float(snap.clock_offset_ns[nic]))} {unc_txt}")
     gpu = snap.gpu.get(info.host)
     t.append("  GPU ", DIM)
     if gpu is None:
