@@ -1,0 +1,49 @@
+"""The pure parts of `qpmesh testbed prober-cpu`: plan, prober TOML, peers' spec, /proc parsing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prober.agent import plan_peers
+from prober.config import parse_config
+from testbed.probercpu import CROSS_PEERS, cpu_plan, peers_spec, prober_toml, proc_cpu_seconds
+
+
+def test_plan_gives_every_nic_its_peers_and_the_default_schedule() -> None:
+    import tomllib
+
+    plan = cpu_plan("qcx", nics=8, peers_per_nic=32)
+    assert plan.mates == 32 - CROSS_PEERS and plan.host_ns == "qcxh" and plan.peer_ns == "qcxp"
+    for path in ("batched", "per-datagram"):
+        cfg = parse_config(tomllib.loads(prober_toml(plan, path)), "cpu.toml")
+        assert cfg.hot_path == path and len(cfg.nics) == 8 and len(cfg.peers) == 8 * 16
+        assert cfg.schedule.rate_hz == 10.0 and cfg.schedule.cross_peers == CROSS_PEERS
+        peers = plan_peers(cfg)
+        assert {len(p) for p in peers.values()} == {32}  # 16 group mates + 16 cross-group
+    assert {n.address for n in cfg.nics} == {f"10.77.{k}.1" for k in range(8)}
+
+
+def test_peers_spec_shards_cover_every_peer_once_and_probe_back(tmp_path: Path) -> None:
+    plan = cpu_plan("qcx", nics=3, peers_per_nic=20)
+    specs = [peers_spec(plan, tmp_path / f"s{i}", shard=i, shards=4) for i in range(4)]
+    ids = [p["id"] for s in specs for p in s["peers"]]
+    assert len(ids) == len(set(ids)) == 3 * 4
+    streams = [st for s in specs for st in s["streams"]]
+    assert len(streams) == 2 * len(ids)  # each peer probes two of the host's NICs back
+    assert {st["dst"] for st in streams} == {"h0", "h1", "h2"}
+    assert [s["count_records"] for s in specs] == [True, False, False, False]
+
+
+def test_proc_stat_and_bad_sizes() -> None:
+    line = "1234 (qpmesh prober (x)) S 1 2 3 4 5 6 7 8 9 10 250 130 0 0 20 0 3 0"
+    assert proc_cpu_seconds(line, 100) == pytest.approx(3.8)
+    with pytest.raises(ValueError):
+        proc_cpu_seconds("garbage", 100)
+    with pytest.raises(ValueError):
+        cpu_plan("qcx", nics=0)
+    with pytest.raises(ValueError):
+        cpu_plan("qcx", peers_per_nic=CROSS_PEERS)
+    with pytest.raises(ValueError):
+        cpu_plan("a-very-long-prefix")
