@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -73,10 +73,12 @@ class GpuHealth:
 
 class PairPaths(Mapping[tuple[int, int], Mapping[str, float]]):
     """Per NIC pair (src, dst): the worst one-way delay through each top switch, held as
-    arrays (one row per (pair, switch)) and turned into a small dict only when one pair is
-    asked for: a 1,024-NIC snapshot has ~50,000 pairs, too many to build dicts for on every
-    tick. Rows are (pair key ``src * n + dst``, switch index into ``names``, -1 = unknown
-    ``"?"``, delay ns)."""
+    arrays (one row per flow: pair key ``src * n + dst``, switch index into ``names`` with -1
+    = unknown ``"?"``, delay ns) and sorted only when first asked (a 1,024-NIC controller has
+    ~10^6 live flows and ~50,000 pairs: too much to sort and turn into dicts on every tick
+    when nobody looks). A pair's dict is made when that pair is asked for."""
+
+    DENSE_MAX = 1 << 22  # n * n up to this: `worst` uses a dense array instead of a sort
 
     def __init__(
         self,
@@ -87,29 +89,39 @@ class PairPaths(Mapping[tuple[int, int], Mapping[str, float]]):
         names: tuple[str, ...],
     ) -> None:
         """Rows may repeat a (pair, switch): the worst delay wins. Raises ValueError if the
-        arrays differ in length."""
+        arrays differ in length. Keeps the arrays (pass copies)."""
         if not len(pair_key) == len(switch) == len(owd_ns):
             raise ValueError("pair_key, switch and owd_ns must have equal lengths")
         self.n, self.names = n, names
-        width = len(names) + 1
-        combo = np.asarray(pair_key, np.int64) * width + (np.asarray(switch, np.int64) + 1)
-        uc, inv = np.unique(combo, return_inverse=True)
-        worst = np.full(len(uc), -np.inf)
-        np.maximum.at(worst, inv, np.asarray(owd_ns, np.float64))
-        self._pair = uc // width
-        self._switch = uc % width - 1
-        self._owd = worst
-        self._keys, self._start = np.unique(self._pair, return_index=True)
-        self._end = np.append(self._start[1:], len(self._pair))
+        self._raw = (np.asarray(pair_key, np.int64), np.asarray(switch, np.int64),
+                     np.asarray(owd_ns, np.float64))  # fmt: skip
+        self._built: tuple[npt.NDArray[Any], ...] | None = None
+
+    def _tables(self) -> tuple[npt.NDArray[Any], ...]:
+        """(pair keys, row starts, row ends, switch per row, worst per row), built once."""
+        built = self._built
+        if built is None:
+            pair_key, switch, owd = self._raw
+            width = len(self.names) + 1
+            combo = pair_key * width + (switch + 1)
+            uc, inv = np.unique(combo, return_inverse=True)
+            worst = np.full(len(uc), -np.inf)
+            np.maximum.at(worst, inv, owd)
+            pair = uc // width
+            keys, start = np.unique(pair, return_index=True)
+            end = np.append(start[1:], len(pair))
+            built = self._built = (keys, start, end, uc % width - 1, worst)
+        return built
 
     def _row(self, k: int) -> dict[str, float]:
-        i = int(np.searchsorted(self._keys, k))
-        if i >= len(self._keys) or self._keys[i] != k:
+        keys, start, end, sw, owd = self._tables()
+        i = int(np.searchsorted(keys, k))
+        if i >= len(keys) or keys[i] != k:
             raise KeyError(k)
-        lo, hi = int(self._start[i]), int(self._end[i])
+        lo, hi = int(start[i]), int(end[i])
         return {
             (self.names[j] if j >= 0 else "?"): v
-            for j, v in zip(self._switch[lo:hi].tolist(), self._owd[lo:hi].tolist(), strict=True)
+            for j, v in zip(sw[lo:hi].tolist(), owd[lo:hi].tolist(), strict=True)
         }
 
     def __getitem__(self, key: tuple[int, int]) -> Mapping[str, float]:
@@ -120,20 +132,28 @@ class PairPaths(Mapping[tuple[int, int], Mapping[str, float]]):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         n = self.n
-        return ((k // n, k % n) for k in self._keys.tolist())
+        return ((k // n, k % n) for k in self._tables()[0].tolist())
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._tables()[0])
 
     def worst(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-        """Return (pair keys ``src * n + dst`` ascending, worst delay over their switches)."""
-        if not len(self._keys):
-            return self._keys, np.zeros(0)
-        return self._keys, np.maximum.reduceat(self._owd, self._start)
+        """Return (pair keys ``src * n + dst`` ascending, worst delay over their switches);
+        without sorting the flows when ``n * n <= DENSE_MAX``."""
+        pair_key, _, owd = self._raw
+        if not len(pair_key):
+            return np.zeros(0, np.int64), np.zeros(0)
+        if self.n * self.n <= self.DENSE_MAX:
+            dense = np.full(self.n * self.n, -np.inf)
+            np.maximum.at(dense, pair_key, owd)
+            keys = np.flatnonzero(~np.isneginf(dense)).astype(np.int64)  # NaN stays
+            return keys, dense[keys]
+        keys, start, _, _, row_owd = self._tables()
+        return keys, np.maximum.reduceat(row_owd, start)
 
     def touching(self, nic: int) -> Iterator[tuple[tuple[int, int], Mapping[str, float]]]:
         """Return the (pair, per-switch delays) items whose source or destination is ``nic``."""
-        keys = self._keys
+        keys = self._tables()[0]
         hit = (keys // self.n == nic) | (keys % self.n == nic)
         for k in keys[hit].tolist():
             yield (k // self.n, k % self.n), self._row(k)

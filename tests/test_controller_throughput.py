@@ -114,4 +114,7 @@ def test_pair_paths_keep_the_worst_per_switch_and_build_dicts_on_access() -> Non
     assert pp.get((3, 3)) is None and pp.get((9, 9)) is None
     keys, worst = pp.worst()
     assert keys.tolist() == [1, 6, 9] and worst.tolist() == [7.0, 4.0, 1.0]
+    pp.DENSE_MAX = 0  # the sorting path (fabrics too large for a dense n x n array)
+    keys, worst = pp.worst()
+    assert keys.tolist() == [1, 6, 9] and worst.tolist() == [7.0, 4.0, 1.0]
     assert [k for k, _ in pp.touching(2)] == [(1, 2), (2, 1)]

@@ -67,6 +67,7 @@ class IngestRun:
 
     records: int = 0
     busy_s: float = 0.0
+    cpu_s: float = 0.0
     ticks: int = 0
     publish_s: float = 0.0
 
@@ -74,6 +75,11 @@ class IngestRun:
     def rate(self) -> float:
         """Records per wall second of ingest + tick (+ publish, when the API is on)."""
         return self.records / max(self.busy_s, 1e-9)
+
+    @property
+    def cpu_rate(self) -> float:
+        """Records per CPU second of the ingest thread (no waiting for the GIL or a core)."""
+        return self.records / max(self.cpu_s, 1e-9)
 
 
 def _ingest(
@@ -90,7 +96,7 @@ def _ingest(
     while pc() < end:
         batch = next(source)  # shifting a replayed batch is not ingest: untimed
         now = int(batch.t4.max()) if len(batch) else live.now_ns
-        t0 = pc()
+        t0, c0 = pc(), time.thread_time()
         run.records += live.ingest_batch(batch, now)
         if pc() >= next_tick:
             new = live.tick(live.now_ns)
@@ -101,6 +107,7 @@ def _ingest(
                 run.publish_s += pc() - t1
             next_tick += tick_s
         run.busy_s += pc() - t0
+        run.cpu_s += time.thread_time() - c0
     return run
 
 
@@ -113,9 +120,11 @@ def _publisher(hub: ApiHub) -> Callable[[LiveController, list[MeshEvent]], None]
     return publish
 
 
-def _clients(url: str, token: str, clients: int, poll_hz: float) -> subprocess.Popen[str]:
+def _clients(
+    url: str, token: str, clients: int, poll_hz: float, compress: bool
+) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "testbed.sim.api_bench_clients", url, token, str(clients),
-           str(poll_hz)]  # fmt: skip
+           str(poll_hz), "1" if compress else "0"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=env)  # fmt: skip
@@ -136,6 +145,7 @@ def run_api_bench(
     poll_hz: float = 20.0,
     tick_s: float = 1.0,
     seed: int = 1,
+    compress: bool = True,
     log: Callable[[str], None] = lambda m: None,
 ) -> dict[str, Any]:
     """Return the figures (see the module docstring). Raises ValueError on bad arguments,
@@ -163,7 +173,7 @@ def run_api_bench(
         hub = ApiHub(live.snapshot())
         server = ApiThread(make_app(hub, tokens, options=options), "127.0.0.1", 0)
         port = server.start()
-        proc = _clients(f"http://127.0.0.1:{port}/api/v1/", token, clients, poll_hz)
+        proc = _clients(f"http://127.0.0.1:{port}/api/v1/", token, clients, poll_hz, compress)
         try:
             assert proc.stdout is not None and proc.stdin is not None
             ready = proc.stdout.readline()
@@ -198,6 +208,9 @@ def run_api_bench(
         "repeats": repeats,
         "clients": clients,
         "tick_s": tick_s,
+        "ws_compress": compress,
+        "ingest_cpu_no_api_records_per_s": statistics.median([x.cpu_rate for x in off]),
+        "ingest_cpu_api_records_per_s": statistics.median([x.cpu_rate for x in on]),
         "ingest_no_api_records_per_s": statistics.median(rate_off),
         "ingest_api_records_per_s": statistics.median(rate_on),
         "api_over_no_api": statistics.median(ratios),
@@ -222,6 +235,7 @@ def _cmd(args: Any) -> int:
     res = run_api_bench(
         nics=args.nics, sim_s=args.sim_seconds, duration_s=args.duration, repeats=args.repeats,
         clients=args.clients, poll_hz=args.poll_hz, tick_s=args.tick, seed=args.seed,
+        compress=not args.no_ws_compress,
         log=lambda m: print(f"api-bench: {m}", file=sys.stderr, flush=True),
     )  # fmt: skip
     if args.json:
@@ -259,5 +273,8 @@ def register_api_bench(ssub: Any) -> None:
     p.add_argument("--tick", type=float, default=1.0,
                    help="controller tick in wall s: detection + API publish (default 1)")  # fmt: skip
     p.add_argument("--seed", type=int, default=1, help="simulator seed (default 1)")
+    p.add_argument("--no-ws-compress", action="store_true",
+                   help="clients do not offer permessage-deflate (the server then sends "
+                   "snapshots uncompressed)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd)

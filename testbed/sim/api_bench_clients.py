@@ -1,5 +1,6 @@
 """The API benchmark's clients, in their own process: ``python -m testbed.sim.api_bench_clients
-URL TOKEN CLIENTS POLL_HZ``. Opens CLIENTS websockets (each reads every message), then prints
+URL TOKEN CLIENTS POLL_HZ [COMPRESS]``. Opens CLIENTS websockets (each reads every message;
+COMPRESS 0 = without permessage-deflate, default 1 = offered as aiohttp does), then prints
 ``ready``; times ``GET URL/snapshot`` POLL_HZ times a second until a line arrives on stdin;
 prints one JSON line: latencies (s), websocket messages and bytes received, errors."""
 
@@ -24,14 +25,19 @@ async def _reader(ws: aiohttp.ClientWebSocketResponse, stats: dict[str, int]) ->
             return
 
 
-async def main(url: str, token: str, clients: int, poll_hz: float) -> dict[str, Any]:
+async def main(
+    url: str, token: str, clients: int, poll_hz: float, compress: bool = True
+) -> dict[str, Any]:
     """Run the clients until stdin has a line; return the figures."""
     stats = {"ws_messages": 0, "ws_bytes": 0, "errors": 0}
     lat: list[float] = []
     hdr = {"Authorization": f"Bearer {token}"}
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(headers=hdr, timeout=timeout) as http:
-        socks = [await http.ws_connect(url + "ws", max_msg_size=0) for _ in range(clients)]
+        socks = [
+            await http.ws_connect(url + "ws", max_msg_size=0, compress=15 if compress else 0)
+            for _ in range(clients)
+        ]
         readers = [asyncio.create_task(_reader(ws, stats)) for ws in socks]
         print("ready", flush=True)
         loop = asyncio.get_running_loop()
@@ -59,4 +65,5 @@ async def main(url: str, token: str, clients: int, poll_hz: float) -> dict[str, 
 
 if __name__ == "__main__":
     url, token, n, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-    print(json.dumps(asyncio.run(main(url, token, n, hz))), flush=True)
+    deflate = len(sys.argv) < 6 or sys.argv[5] != "0"
+    print(json.dumps(asyncio.run(main(url, token, n, hz, deflate))), flush=True)
