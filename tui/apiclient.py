@@ -55,6 +55,7 @@ from tui.panes import Connection
 
 F64 = npt.NDArray[np.float64]
 MAX_CATCH_UP = 1000
+MAX_MESSAGE = 64 << 20
 
 
 class ApiTokenRefused(ValueError):
@@ -250,7 +251,10 @@ class ApiSource:
 
     async def _session(self, http: aiohttp.ClientSession, connected: Callable[[], None]) -> None:
         """One connection: websocket, catch up, then follow until it closes."""
-        async with http.ws_connect(self.base + "ws", heartbeat=self.heartbeat_s) as ws:
+        # a 10,000-NIC snapshot document is ~5 MB: above aiohttp's 4 MB default
+        async with http.ws_connect(
+            self.base + "ws", heartbeat=self.heartbeat_s, max_msg_size=MAX_MESSAGE
+        ) as ws:
             version = await self._get(http, "version")
             inst = version.get("instance") if isinstance(version, dict) else None
             same = inst is not None and inst == self._instance
