@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from contract.records import encode_batch
 from contract.topics import Topics
 from controller.dispatch import nic_hosts
 from controller.fabric import FabricShape, build_fabric
+from prober.agent import health_doc
+from prober.telemetry.gpu import GpuReading
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
@@ -130,6 +133,18 @@ async def test_a_flap_reaches_api_websocket_time_series_and_tui(
 
             reader = asyncio.create_task(read_ws())
             async with aiomqtt.Client(host, port) as client:
+                # each host's prober reports its NIC's byte counters twice, 1 s apart:
+                # 12.5 GB received in 1 s = 100 Gb/s per NIC, the header's throughput
+                first = time.time_ns()
+                for k in range(2):
+                    stamp = first + k * 1_000_000_000  # the prober's clock: exactly 1 s on
+                    for nic in fab.nics:
+                        nics = {nic.id: {"counters": {"rx_bytes": k * 12_500_000_000,
+                                                      "tx_bytes": 0}}}  # fmt: skip
+                        doc = health_doc(nic.host, stamp, GpuReading(False), None, nics, {})
+                        await client.publish(topics.health(nic.host), json.dumps(doc), qos=1)
+                    if not k:
+                        await asyncio.sleep(1.0)
                 t = 0.0
                 while t < 16.0:
                     st = sim.step(t, 0.5)
@@ -145,6 +160,10 @@ async def test_a_flap_reaches_api_websocket_time_series_and_tui(
                 await _until(lambda: ("link_flap", FLAP) in ws_events, 60)
             reader.cancel()
             await ws.close()
+            async with http.get(base + "snapshot") as r:
+                snap = await r.json()
+            assert snap["throughput_bps"] == pytest.approx(100e9)
+            assert snap["control_enabled"] is False and snap["running_jobs"] == 0
             # the API's event log
             async with http.get(base + "events?kind=link_flap") as r:
                 events = (await r.json())["events"]
@@ -152,8 +171,12 @@ async def test_a_flap_reaches_api_websocket_time_series_and_tui(
             async with http.get(base + "links") as r:
                 links = {lk["id"]: lk for lk in (await r.json())["links"]}
             assert links[FLAP]["flaps"] >= 1
-        # the TUI attached over the API shows it in its events pane
+        # the TUI attached over the API shows it in its events pane, and the controller's
+        # throughput, Control and jobs in its header
         await _until(lambda: f"link_flap {FLAP}" in _capture(session), 60)
+        screen = _capture(session)
+        assert "Control Disabled" in screen and "Running jobs 0" in screen, screen
+        assert "Avg NIC throughput 100.0 Gb/s" in screen, screen
         # and the time series has it (the controller writes every 1 s interval)
 
         def in_vm() -> bool:
