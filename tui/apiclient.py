@@ -214,7 +214,8 @@ class ApiSource:
         """Read NIC index ``nic``'s delay row and column from now on (None: none)."""
         with self._lock:
             fab = self._fabric
-            self._focus = None if nic is None or fab is None else fab.nics[nic].id
+            ok = fab is not None and nic is not None and 0 <= nic < len(fab.nics)
+            self._focus = fab.nics[nic].id if ok and fab is not None and nic is not None else None
             self._delays = Delays.empty()
         if self._wake is not None:
             self._loop.call_soon_threadsafe(self._wake.set)
