@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from controller.fabric import Fabric
 from controller.jobs import Job
+from controller.query import int_param
 from controller.snapshot import MeshEvent, MeshSnapshot
 
 SEVERITIES = ("info", "warning", "critical")
@@ -235,16 +236,7 @@ class EventQuery:
 
 
 def _int_param(q: Mapping[str, str], key: str, lo: int, hi: int) -> int | None:
-    raw = q.get(key)
-    if raw is None:
-        return None
-    try:
-        v = int(raw)
-    except ValueError:
-        raise BadQuery(f"{key} must be an integer, got {raw!r}") from None
-    if not lo <= v <= hi:
-        raise BadQuery(f"{key} must be in {lo}..{hi}, got {v}")
-    return v
+    return int_param(q, key, lo, hi, BadQuery)
 
 
 def parse_event_query(q: Mapping[str, str]) -> EventQuery:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.remediation import AckDoc
+from controller.query import int_param
 
 STATUS = {"send": "sent", "would_have": "would have", "suppressed": "suppressed"}
 MAX_LIMIT = 10_000
@@ -39,16 +40,7 @@ class ActionQuery:
 
 
 def _int(q: Mapping[str, str], key: str, lo: int, hi: int) -> int | None:
-    raw = q.get(key)
-    if raw is None:
-        return None
-    try:
-        v = int(raw)
-    except ValueError:
-        raise ActionQueryError(f"{key} must be an integer, got {raw!r}") from None
-    if not lo <= v <= hi:
-        raise ActionQueryError(f"{key} must be in {lo}..{hi}, got {v}")
-    return v
+    return int_param(q, key, lo, hi, ActionQueryError)
 
 
 def parse_action_query(q: Mapping[str, str]) -> ActionQuery:
