@@ -49,7 +49,7 @@ from controller.remediation.loop import Remediator
 from controller.remediation.policy import SEC, PolicyConfig, Rule, finding, nic_of
 from testbed import faults
 from testbed.netns.lifecycle import up
-from testbed.netns.nsutil import stop_processes
+from testbed.netns.nsutil import stop_processes, wait_port
 from testbed.netns.plan import PlanError
 from testbed.netns.state import record_process, state_dir
 from testbed.netns.teardown import tear_down
@@ -109,15 +109,6 @@ def _free_port(addr: str) -> int:
     with socket.socket() as s:
         s.bind((addr, 0))
         return int(s.getsockname()[1])
-
-
-def _wait_port(addr: str, port: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection((addr, port), timeout=0.2):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 class _Mqtt:
@@ -391,7 +382,7 @@ def run_demo(
                                 start_new_session=True)  # fmt: skip
         fh.close()
         record_process(prefix, "mosquitto", mosq.pid)
-        if not _wait_port(plan.broker_addr, port, 5):
+        if not wait_port(plan.broker_addr, port, 5):
             raise OSError(f"mosquitto did not listen on {plan.broker_addr}:{port}")
         args["broker_port"] = port
         mq = _Mqtt(plan.broker_addr, port)

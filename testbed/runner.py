@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from typing import Any
 from controller.fabric import Fabric, NodeKind
 from testbed import faults
 from testbed.netns.lifecycle import up
-from testbed.netns.nsutil import stop_processes
+from testbed.netns.nsutil import stop_processes, wait_port
 from testbed.netns.plan import Plan
 from testbed.netns.state import record_process, state_dir
 from testbed.netns.teardown import tear_down
@@ -117,15 +116,6 @@ def _spawn(
     return p
 
 
-def _wait_port(addr: str, port: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection((addr, port), timeout=0.2):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def run_scenario(
     sc: Scenario,
     prefix: str,
@@ -179,7 +169,7 @@ def run_scenario(
             broker = sec.broker
             conf.write_text(sec.broker_conf())
         procs.append(_spawn([MOSQUITTO, "-c", str(conf)], d / "mosquitto.log", prefix, "mosquitto"))
-        if not _wait_port(*broker, timeout_s=5):
+        if not wait_port(*broker, timeout_s=5):
             raise OSError(f"mosquitto did not listen on {broker[0]}:{broker[1]}")
         progress(f"broker on {broker[0]}:{broker[1]}")
         monitor = sec.monitor() if sec is not None else Monitor(*broker)

@@ -155,3 +155,16 @@ def test_random_congestion_on_the_testbed_runs_above_the_shaped_rate() -> None:
     assert all(a.value == pytest.approx(160.0) for a in congests)
     sim = random_faults(fabric, 2, seed=3, duration_s=40)
     assert {f.magnitude for f in sim if f.kind == FaultKind.CONGEST} <= {20.0}
+
+
+def test_wait_port_sees_a_listener_and_gives_up_on_none() -> None:
+    import socket
+
+    from testbed.netns.nsutil import wait_port
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        assert wait_port("127.0.0.1", port, timeout_s=30) is True
+    assert wait_port("127.0.0.1", port, timeout_s=0.2) is False  # closed: nobody listens

@@ -11,6 +11,7 @@ import ctypes
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -83,3 +84,13 @@ def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 
             p.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def wait_port(addr: str, port: int, timeout_s: float) -> bool:
+    """Return True once a TCP connection to ``addr:port`` succeeds, False after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with suppress(OSError), socket.create_connection((addr, port), timeout=0.2):
+            return True
+        time.sleep(0.05)
+    return False
