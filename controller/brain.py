@@ -81,7 +81,6 @@ class Brain:
         self._presence_down: set[str] = set()
         self._silent: set[str] = set()
         self._excluded = np.zeros(n_nics, dtype=bool)
-        self._nic_index = {n.id: i for i, n in enumerate(fabric.nics)}
         self._reported_down: set[int] = set()
         self._gpu_bad: dict[str, str] = {}
         self._pending: list[MeshEvent] = []
@@ -168,7 +167,7 @@ class Brain:
         """
         del now_ns  # the report is a state, applied to the windows closed from now on
         for nic_id, is_up in up.items():
-            i = self._nic_index.get(nic_id)
+            i = self.fabric.nic_index.get(nic_id)
             if i is None or self.fabric.nics[i].host != host:
                 continue
             if is_up:
