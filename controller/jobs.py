@@ -4,7 +4,7 @@ A `Job` is an id, a tenant and its ranks, each rank with the NIC ids it uses. `J
 holds the running jobs: `register` (a new id; raises `JobError` on a duplicate or a bad job),
 `put` (add or replace, same tenant),
 `unregister` (raises `JobError` for an unknown id), `get`, `jobs`, `jobs_of(tenant)` and
-`tenant_nics(tenant)`. The API scopes a tenant's view by `tenant_nics`; the recovery agent
+`tenant_nics(tenant)`; `screen_jobs` gives the mesh screen's view of them. The API scopes a tenant's view by `tenant_nics`; the recovery agent
 registers jobs here. Methods take a lock, so the API's event loop and another thread may share
 one registry.
 """
@@ -101,3 +101,11 @@ class JobRegistry:
     def tenant_nics(self, tenant: str) -> frozenset[str]:
         """Return the NIC ids used by any job of ``tenant`` (empty if it has none)."""
         return frozenset(n for j in self.jobs_of(tenant) for n in j.nics)
+
+
+def screen_jobs(jobs: tuple[Job, ...]) -> tuple[dict[str, object], ...]:
+    """Return ``jobs`` as the mesh screen's entries: ``{"name": id, "tenant", "nics": NIC ids
+    in rank order}`` (the shape `tui.apimodel.jobs_from_doc` makes of the API's ``/jobs``)."""
+    return tuple(
+        {"name": j.id, "tenant": j.tenant, "nics": [n for r in j.ranks for n in r]} for j in jobs
+    )

@@ -21,9 +21,11 @@ import numpy.typing as npt
 from contract.records import ProbeBatch
 from controller.brain import Brain, BrainConfig
 from controller.clocksync import ClockState, ClockSync, ClockSyncConfig, Delays, compute_state
+from controller.control import Control
 from controller.fabric import Fabric
 from controller.fabric.model import SWITCH_TIER, NodeKind, hop_id
 from controller.ingest import Ingested, Ingestor, PathTable
+from controller.jobs import JobRegistry, screen_jobs
 from controller.observations import Observations
 from controller.snapshot import (
     ControlUnavailable,
@@ -123,6 +125,14 @@ class LiveController:
         self._hist_head = 0
         self._hist_count = 0
         self._hop_spine = _hop_spine_table(fabric)
+        self._control: Control | None = None
+        self._jobs: JobRegistry | None = None
+        self._actor = ""
+
+    def attach_remediation(self, control: Control, jobs: JobRegistry, actor: str) -> None:
+        """Show ``control`` and ``jobs`` in every snapshot (instead of "unavailable") and let
+        `set_control` switch ``control`` on behalf of ``actor`` (e.g. the demo's operator)."""
+        self._control, self._jobs, self._actor = control, jobs, actor
 
     # ---- the service's narrow API ---------------------------------------------------------
     def use_model_paths(self, enabled: bool) -> None:
@@ -306,8 +316,8 @@ class LiveController:
             events=tuple(self.events),
             gpu=dict(self.gpu_state),
             throughput_bps=self.rates.average_bps(now, self.config.throughput_stale_ns),
-            control_enabled=None,
-            jobs=None,
+            control_enabled=None if self._control is None else self._control.enabled,
+            jobs=None if self._jobs is None else screen_jobs(self._jobs.jobs()),
         )
 
     def history(self, nic: int, window_s: float) -> tuple[F64, F64]:
@@ -325,8 +335,11 @@ class LiveController:
         return rel[keep].astype(np.float64), self._hist_v[idx, nic][keep]
 
     def set_control(self, enabled: bool) -> None:
-        """Remediation control is not available yet: always raises `ControlUnavailable`."""
-        raise ControlUnavailable("automatic remediation is not available in this controller")
+        """Turn the attached Control on or off (audited, at the latest time seen); raises
+        `ControlUnavailable` when none is attached (`attach_remediation`)."""
+        if self._control is None:
+            raise ControlUnavailable("automatic remediation is not available in this controller")
+        self._control.set(enabled, self._actor, self.now_ns)
 
 
 def _hop_spine_table(fabric: Fabric) -> npt.NDArray[np.int64]:

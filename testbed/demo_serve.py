@@ -14,7 +14,6 @@ from controller.api.app import make_app
 from controller.api.auth import Principal, TokenTable
 from controller.api.hub import ApiHub
 from controller.api.server import ApiThread, parse_listen
-from controller.jobs import JobRegistry
 from controller.snapshot import MeshEvent
 from testbed.sim.demo_runner import DemoRunner
 
@@ -31,11 +30,12 @@ class DemoApi:
         """Raises ValueError for a bad listen address or token."""
         self.host, port = parse_listen(listen)
         self.token = token
-        self.jobs = JobRegistry()
+        self.jobs = runner.remediation.jobs
         self.hub = ApiHub(runner.controller.snapshot())
         tokens = TokenTable({token: Principal("operator", "demo")})
-        # Control stays unavailable: the demo has no remediation to switch on or off
-        app = make_app(self.hub, tokens, jobs=self.jobs, control=None)
+        # the demo's own remediation: PUT /control switches it, its job is listed
+        app = make_app(self.hub, tokens, jobs=self.jobs, control=runner.remediation.control,
+                       actions=runner.remediation.log)  # fmt: skip
         self.server = ApiThread(app, self.host, port)
         self.url = ""
         self._runner = runner

@@ -40,6 +40,10 @@ async def test_demo_serves_the_flap_on_api_and_websocket() -> None:
         async with aiohttp.ClientSession() as http:
             async with http.get(base + "version") as r:
                 assert r.status == 401
+            async with http.get(base + "control", headers=hdr) as r:  # the demo's own Control
+                assert r.status == 200 and (await r.json())["enabled"] is False
+            async with http.get(base + "jobs", headers=hdr) as r:
+                assert [j["id"] for j in (await r.json())["jobs"]] == ["demo-train"]
             async with http.ws_connect(base + "ws", headers=hdr) as ws:
                 while "link_flap" not in ws_kinds:  # the flap starts at 4 s simulated
                     msg = await ws.receive_json(timeout=60)

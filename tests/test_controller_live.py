@@ -7,7 +7,9 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
+from controller.control import Control
 from controller.fabric import FabricShape, build_fabric
+from controller.jobs import Job, JobRegistry
 from controller.live import LiveConfig, LiveController
 from controller.snapshot import ControlUnavailable, Health, MeshEvent
 from testbed.sim.engine import SimConfig, Simulator
@@ -87,6 +89,14 @@ def test_live_snapshot_delays_history_and_control() -> None:
         lc.history(len(fab.nics), 1.0)
     with pytest.raises(ControlUnavailable):
         lc.set_control(True)
+    assert snap.control_enabled is None and snap.jobs is None
+    control, jobs = Control(False), JobRegistry((Job("j1", "t1", (("nic1", "nic2"), ("nic3",))),))
+    lc.attach_remediation(control, jobs, "tester")
+    lc.set_control(True)
+    assert control.enabled and control.audit()[-1].actor == "tester"
+    after = lc.snapshot()
+    assert after.control_enabled is True
+    assert after.jobs == ({"name": "j1", "tenant": "t1", "nics": ["nic1", "nic2", "nic3"]},)
 
 
 def test_live_duplicate_batch_not_reingested_and_events_bounded() -> None:

@@ -49,6 +49,31 @@ def test_scripted_faults_are_detected_and_localized(headless: dict[str, Any]) ->
     assert blamed <= {"leaf1-spine2"}
 
 
+def test_demo_runs_the_remediation_policy_for_its_job(headless: dict[str, Any]) -> None:
+    # Control starts off: the policy's actions for the demo job are "would have", each once
+    acts = [e for e in headless["events"] if e["kind"] == "remediation"]
+    moves = [e for e in acts if "move_off_nic" in e["detail"]]
+    assert len(moves) == 1 and moves[0]["target"] == "nic27"
+    assert moves[0]["detail"].startswith("would have: move_off_nic job demo-train")
+    assert any("report_contention" in e["detail"] for e in acts)
+    assert all(e["detail"].startswith("would have") for e in acts)
+
+
+def test_demo_header_has_control_and_the_running_job() -> None:
+    runner = DemoRunner(demo_scenario(None, nics=None, seed=None))
+    snap = runner.controller.snapshot()
+    assert snap.control_enabled is False
+    assert snap.jobs is not None and [j["name"] for j in snap.jobs] == ["demo-train"]
+    nics = snap.jobs[0]["nics"]
+    assert isinstance(nics, list) and "nic27" in nics and len(nics) == 16
+    runner.controller.set_control(True)  # the TUI's `c`
+    assert runner.controller.snapshot().control_enabled is True
+    assert runner.remediation.control.audit()[-1].actor == "demo operator"
+    runner.inject("nic_down")
+    sent = [e for _ in range(8) for e in runner.step() if e.kind == "remediation"]
+    assert sent and sent[0].detail.startswith("sent: move_off_nic job demo-train")
+
+
 def test_cli_headless_json_small_run() -> None:
     out = io.StringIO()
     with redirect_stdout(out):

@@ -2,6 +2,9 @@
 
 `DemoRunner` steps the simulator in simulated time and feeds the live controller (batches,
 prober presence, GPU health, ticks); its ``controller`` is the `SnapshotSource` the TUI reads.
+Findings go through the product's remediation policy (`remediation`, Control off by default,
+switched by the TUI's ``c``) for a demo training job (`demo_job`), so the header shows
+Control and the running job and the events show what was (or would have been) done.
 `inject(kind)` adds a link flap, an ECMP contention or a NIC failure at the current simulated
 time and `clear()` removes them, so the TUI's keys can drive it (it satisfies
 `tui.demo_app.DemoDriver`). `run_headless` plays a scenario as fast as possible and returns the
@@ -16,8 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from controller.fabric import FabricShape
+from controller.fabric import Fabric, FabricShape
+from controller.jobs import Job, JobRegistry
 from controller.live import LiveController, default_brain
+from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.snapshot import MeshEvent
 from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter
@@ -29,8 +34,23 @@ DEMO_SCENARIO = Path(__file__).parents[1] / "scenarios" / "demo.toml"
 INJECT_KEYS = ("flap", "contention", "nic_down")
 
 
+DEMO_JOB = "demo-train"
+
+
 class DemoError(ValueError):
     """Bad demo options (scenario, size, step)."""
+
+
+def demo_job(fabric: Fabric) -> Job:
+    """Return the demo's training job: one rank per host under the last two leaves (all of
+    the host's NICs), tenant ``demo``; the demo's scripted contention and NIC failure touch
+    it, so its remediation shows in the events."""
+    last_two = {lf.id for lf in fabric.leaves[-2:]}
+    ranks: dict[str, list[str]] = {}
+    for n in fabric.nics:
+        if n.leaf in last_two:
+            ranks.setdefault(n.host, []).append(n.id)
+    return Job(DEMO_JOB, "demo", tuple(tuple(r) for r in ranks.values()))
 
 
 class DemoRunner:
@@ -57,6 +77,12 @@ class DemoRunner:
         # each step is delivered complete: judge it at its own tick (no lateness allowance)
         self.controller = LiveController(
             self.fabric, brain=default_brain(self.fabric, {"lateness_ns": 0})
+        )
+        # the product's remediation policy (defaults: Control off, actions "would have");
+        # the demo has no broker, so sent actions reach no job: the events say what went out
+        self.remediation = RemediationRuntime(jobs=JobRegistry((demo_job(self.fabric),)))
+        self.controller.attach_remediation(
+            self.remediation.control, self.remediation.jobs, "demo operator"
         )
         self.step_s = step_s
         self.t_s = 0.0
@@ -101,6 +127,11 @@ class DemoRunner:
             ctl.gpu(host, True, "", now)
         self._gpu_bad = st.gpu_faults
         new = ctl.tick(now)
+        self.remediation.observe(new)
+        _sent, docs = self.remediation.tick(now)
+        acted = [action_event(d) for d in docs]
+        ctl.events.extend(acted)
+        new += acted
         self.events.extend(new)
         if self.timeseries is not None:
             self.timeseries.tick(now, ctl.snapshot, ctl.alive)
