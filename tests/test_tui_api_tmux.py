@@ -113,15 +113,16 @@ def test_tui_follows_a_controller_through_a_restart(
         subprocess.run(["tmux", "resize-window", "-t", session, "-x", "150", "-y", "60"],
                        check=True)  # fmt: skip
         screen = _wait_for(session, "┌ ecmp3", "● live")
-        assert "Healthy NICs" in screen and "Control unavailable" in screen
+        assert "Healthy NICs" in screen and "Control Disabled" in screen
+        assert "Running jobs 1" in screen  # the demo's simulated job, from /jobs
         # the scripted flap (4 s into the demo) reaches the events pane with its flap count
         screen = _wait_for(session, "link_flap leaf1-spine2", "flaps=")
         # select nic5: its detail, delay row/column and per-spine breakdown (from /delays)
         _keys(session, "Right", "Down", "Right", "Enter")
         screen = _wait_for(session, "nic5  host5", "out→", "in ←", "path        out")
-        # Control: the demo has none; the refusal is one line in the status line
+        # Control: `c` asks, `y` switches the controller's Control on through the API
         _keys(session, "c", "y")
-        _wait_for(session, "Control refused: Control is not available")
+        _wait_for(session, "Control Enabled")
         # the controller goes away: the last picture stays, the pane says so
         _stop(procs.pop())
         screen = _wait_for(session, "DISCONNECTED, retrying")
