@@ -145,6 +145,10 @@ def results_to_batch(
 ) -> ProbeBatch:
     """Return a `ProbeBatch` holding ``events`` in order (losses have ``lost`` set).
 
+    A loss without a transmit stamp (never sent: the OS refused it; or its stamp never came)
+    carries its hand-out time ``sent_ns`` as ``t1`` (same NIC clock), so the controller files
+    it in the detection window it was sent in instead of reading `MISSING` as a time.
+
     `TraceReached` events are not probe records and are skipped.
 
     ``nic_ids`` seeds the string table (stable indices across batches); NICs not in it are
@@ -166,8 +170,9 @@ def results_to_batch(
             rows.append((ev.seq, idx(ev.src), idx(ev.dst), ev.sport, ev.pair_id, ev.pair_pos,
                          ev.t1, ev.t2, ev.t3, ev.t4, 0))  # fmt: skip
         elif isinstance(ev, ProbeLost):
+            t1 = ev.sent_ns if ev.t1 == MISSING else ev.t1
             rows.append((ev.seq, idx(ev.src), idx(ev.dst), ev.sport, ev.pair_id, ev.pair_pos,
-                         ev.t1, MISSING, MISSING, MISSING, 1))  # fmt: skip
+                         t1, MISSING, MISSING, MISSING, 1))  # fmt: skip
     names = ("seq", "src", "dst", "sport", "pair", "pos", "t1", "t2", "t3", "t4", "lost")
     if rows:
         arr = np.array(rows, dtype=np.int64)

@@ -180,16 +180,25 @@ class BatchUdpEndpoint(UdpEndpoint):
             self._send_group(st, group)
 
     def _send_group(self, st: _Sock, group: list[Datagram]) -> None:
-        fd = st.sock.fileno()
         i, n = 0, len(group)
         while i < n:
             try:
-                k = self._tx.send(fd, [(d.data, d.dest) for d in group[i : i + self._tx.size]])
+                k = self._tx.send(
+                    st.sock.fileno(), [(d.data, d.dest) for d in group[i : i + self._tx.size]]
+                )
             except (OSError, ValueError):
                 k = 0
             if k == 0:  # refused: the per-datagram send reports (and counts) why
+                self._renumber(st)  # the refused datagram may have used up a stamp number
                 self.send(group[i])
                 i += 1
+                sport = group[i - 1].meta.sport
+                nxt = self._pool.get(sport) if sport else self._responder
+                if nxt is None:
+                    for d in group[i:]:
+                        self.send(d)
+                    return
+                st = nxt
                 continue
             if self.timestamping:
                 tokens = st.tokens

@@ -14,7 +14,8 @@ The transport (UDP, RDMA, a fake link in tests) drives it:
 Nothing here raises on bad input from the network: malformed, spoofed, misdirected, duplicate
 or late datagrams are counted in ``counters`` (keys: `prober.wire.WIRE_ERROR_REASONS` plus
 ``misdirected``, ``wrong_sender``, ``mismatch``, ``unmatched``, ``duplicate``, ``inconsistent``,
-``incomplete``, ``late_tx_stamp``, ``tx_stamp_missing``, ``overflow``, ``lost``).
+``incomplete``, ``late_tx_stamp``, ``tx_stamp_missing``, ``overflow``, ``lost``,
+``send_refused``).
 Time is always passed in; nothing reads a clock.
 """
 
@@ -467,6 +468,29 @@ class ProbeSession:
             if p.t2 is not None and p.t3 is not None and p.t4 is not None:
                 events += self._maybe_complete(token, p)
         return events
+
+    # ---- refused sends -----------------------------------------------------------------------
+
+    def send_refused(self, token: int) -> list[ProbeEvent]:
+        """Record that the transport could not send the datagram whose meta had ``token``.
+
+        A refused probe (the OS said no: a netfilter drop, no route, a full queue) is a lost
+        probe on its path, reported now rather than at its timeout: returns its `ProbeLost`
+        (``t1`` `MISSING`, ``sent_ns`` the hand-out time). A refused reply is dropped (its
+        FOLLOW_UP will not follow); anything else returns []. Counted ``send_refused``.
+        """
+        if token == NO_TOKEN:
+            return []
+        self.counters["send_refused"] += 1
+        if token >= _REPLY_TOKEN_BASE:
+            self._await_tx.pop(token, None)
+            return []
+        p = self._pending.pop(token, None)
+        if p is None:
+            return []
+        self.counters["lost"] += 1
+        return [ProbeLost(token, self.nic_id, p.dst, p.sport, p.pair_id, p.pair_pos, MISSING,
+                          p.sent_ns)]  # fmt: skip
 
     # ---- timeouts ----------------------------------------------------------------------------
 

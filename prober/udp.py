@@ -252,8 +252,11 @@ class UdpEndpoint:
         ``ttl`` sets IP_TTL for this send only (path discovery).
         """
         sport = dgram.meta.sport
+        st: _Sock | None = None
         try:
             st = self._pool.get(sport) if sport else self._responder
+            if st is None and not sport and self._loop is not None:  # lost by `_renumber`
+                st = self._responder = self._open_socket(self.dport)
             if st is None:
                 st = self._pool[self.add_source_port(sport)]
             if ttl is not None:
@@ -274,6 +277,9 @@ class UdpEndpoint:
                     st.sock.setsockopt(SOL_IP, IP_TTL, 64)
         except OSError as exc:
             self.counters[f"send_error_{type(exc).__name__}"] += 1
+            if st is not None:
+                self._renumber(st)
+            self._deliver(self.session.send_refused(dgram.meta.token))
             return False
         if self.timestamping:
             if dgram.meta.wants_tx_stamp:
@@ -286,6 +292,40 @@ class UdpEndpoint:
             self.stamp_counts[StampSource.USER] += 1
             self._deliver(self.session.on_tx_stamp(dgram.meta.token, self.now_ns()))
         return True
+
+    def _renumber(self, st: _Sock) -> None:
+        """Replace ``st`` by a fresh socket on the same port after a refused send.
+
+        The kernel numbers a datagram for OPT_ID when it builds it, before netfilter or the
+        qdisc can refuse it, so a refused send may use up a number that ``st.sent`` never
+        counted (measured: an nftables drop, EPERM) and every later TX stamp of the socket would
+        be matched to the wrong send, i.e. lost (its probes then never complete). A new socket
+        numbers from 0 and old stamps cannot reach it; the stamps already queued are collected
+        first. Counted ``socket_renumbered`` (``socket_reopen_failed``: the port is lost until
+        a send opens it again).
+        """
+        if self._closed or not self.timestamping or self._loop is None:
+            return
+        events: list[ProbeEvent] = []
+        self._drain_errqueue(st, events)
+        self._deliver(events)
+        self._loop.remove_reader(st.sock.fileno())
+        st.sock.close()
+        is_responder = st is self._responder
+        if not is_responder:
+            self._pool.pop(st.port, None)
+        try:
+            new = self._open_socket(st.port)
+        except UdpError:
+            self.counters["socket_reopen_failed"] += 1
+            if is_responder:
+                self._responder = None
+            return
+        if is_responder:
+            self._responder = new
+        else:
+            self._pool[new.port] = new
+        self.counters["socket_renumbered"] += 1
 
     # ---- receiving ---------------------------------------------------------------------------
 
