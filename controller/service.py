@@ -223,7 +223,8 @@ async def run_service(
     metrics are served for Prometheus (`controller.timeseries.runtime.Observability`; pass
     ``observability`` to share it, e.g. with the API for its websocket gauge and health).
     With ``config.api`` the HTTP API (`controller.api`) serves from the start (also while the
-    broker is away), fed after every tick; raises OSError if its address is taken.
+    broker is away) from its own process (`controller.api.runtime`), fed after every tick;
+    raises OSError if its address is taken or that process does not start.
     Remediation (``config.remediation``; pass ``remediation`` to share or inspect it) runs
     every tick; its job registry and Control are the API's, so ``PUT /api/v1/control``
     switches real remediation and jobs registered through the API feed the policy.
@@ -270,6 +271,7 @@ async def run_service(
         api = ApiRuntime(
             config.api, live.snapshot(), jobs=rem.jobs, control=rem.control, actions=rem.log,
             ask=rem.ask, job_status=rem.job_status, on_clients=obs.websocket_clients,
+            log=lambda msg: log(clock(), "api process", detail=msg),
         )  # fmt: skip
         log(clock(), "api serving", url=await api.start())
 

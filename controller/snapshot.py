@@ -97,6 +97,11 @@ class PairPaths(Mapping[tuple[int, int], Mapping[str, float]]):
                      np.asarray(owd_ns, np.float64))  # fmt: skip
         self._built: tuple[npt.NDArray[Any], ...] | None = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle the flows only (the API process gets them once per tick; the sorted tables
+        are built there when someone asks)."""
+        return (PairPaths, (self.n, *self._raw, self.names))
+
     def _tables(self) -> tuple[npt.NDArray[Any], ...]:
         """(pair keys, row starts, row ends, switch per row, worst per row), built once."""
         built = self._built

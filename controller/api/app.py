@@ -5,7 +5,10 @@
 ``actions`` are the controller's `JobRegistry`, `Control` (None = unavailable) and
 remediation `ActionLog` (None = no actions); ``ask`` takes Alertmanager webhooks
 (``POST /alertmanager``; None = unavailable); ``job_status`` gives each job's step time
-and slowdown attribution (``perf`` in ``/jobs``). Every request needs a
+and slowdown attribution (``perf`` in ``/jobs``). Writes (job registration, Control, the
+Alertmanager intake) go through ``commands`` (`Commands`; default `LocalCommands` on the
+``jobs``/``control``/``ask`` given); the API process (`controller.api.child`) passes read-only
+mirrors of those and commands that ask the controller process. Every request needs a
 bearer token (401 otherwise); a tenant token sees only its jobs' NICs (another tenant's NIC is
 404, exactly like a NIC that does not exist); every token has a token bucket (429 past it).
 Every error is a JSON body ``{"error": {"status", "message"}}``; 4xx answers are counted per
@@ -46,10 +49,10 @@ from controller.api.views import (
     snapshot_view,
     tenant_scope,
 )
-from controller.control import Control
+from controller.control import Control, ControlChange
 from controller.jobs import Job, JobError, JobRegistry
 from controller.remediation.alerts import WebhookError
-from controller.remediation.audit import ActionLog, ActionQueryError, parse_action_query
+from controller.remediation.audit import ActionQuery, ActionQueryError, parse_action_query
 from controller.snapshot import MeshEvent, MeshSnapshot
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,70 @@ AlertIntake = Callable[[Any, int], Mapping[str, object]]
 
 JobStatus = Callable[[str], Mapping[str, object] | None]
 """job id -> its step-time figures and slowdown attribution (``perf`` in ``/jobs``), or None."""
+
+
+class JobsView(Protocol):
+    """What the API reads of the job registry (`JobRegistry` or a mirror of it)."""
+
+    def get(self, job_id: str) -> Job | None: ...
+    def jobs(self) -> tuple[Job, ...]: ...
+    def jobs_of(self, tenant: str) -> tuple[Job, ...]: ...
+    def tenant_nics(self, tenant: str) -> frozenset[str]: ...
+
+
+class ControlView(Protocol):
+    """What the API reads of Control (`Control` or a mirror of it)."""
+
+    @property
+    def enabled(self) -> bool: ...
+    def audit(self) -> tuple[ControlChange, ...]: ...
+
+
+class ActionsView(Protocol):
+    """What the API reads of the action log (`ActionLog` or a mirror of it)."""
+
+    def query(self, q: ActionQuery, tenant: str | None = None) -> dict[str, Any]: ...
+
+
+class Commands(Protocol):
+    """The API's writes, applied where the state lives. Each raises what the local operation
+    raises (`JobError`, `WebhookError`); ``can_ask`` False = no Alertmanager intake (409)."""
+
+    can_ask: bool
+
+    async def register_job(self, job: Job) -> None: ...
+    async def unregister_job(self, job_id: str) -> None: ...
+    async def set_control(self, enabled: bool, actor: str, t_ns: int) -> None: ...
+    async def ask(self, payload: Any, now_ns: int) -> Mapping[str, object]: ...
+
+
+class LocalCommands:
+    """`Commands` on this process's registry, Control and intake (the API served in the
+    producer's process: the demo, tests)."""
+
+    def __init__(self, jobs: JobRegistry, control: Control | None, ask: AlertIntake | None):
+        self._jobs, self._control, self._ask = jobs, control, ask
+        self.can_ask = ask is not None
+
+    async def register_job(self, job: Job) -> None:
+        """Register ``job``; raises `JobError` on a duplicate id."""
+        self._jobs.register(job)
+
+    async def unregister_job(self, job_id: str) -> None:
+        """Unregister ``job_id``; raises `JobError` if it is gone."""
+        self._jobs.unregister(job_id)
+
+    async def set_control(self, enabled: bool, actor: str, t_ns: int) -> None:
+        """Switch Control (audited); raises RuntimeError without Control."""
+        if self._control is None:
+            raise RuntimeError("no Control")
+        self._control.set(enabled, actor, t_ns)
+
+    async def ask(self, payload: Any, now_ns: int) -> Mapping[str, object]:
+        """Take an Alertmanager webhook; raises `WebhookError`, RuntimeError without intake."""
+        if self._ask is None:
+            raise RuntimeError("no Alertmanager intake")
+        return self._ask(payload, now_ns)
 
 
 class ReadModel(Protocol):
@@ -113,17 +180,19 @@ class ApiOptions:
 class _State:
     model: ReadModel
     tokens: TokenTable
-    jobs: JobRegistry
-    control: Control | None
-    actions: ActionLog | None
-    ask: AlertIntake | None
+    jobs: JobsView
+    control: ControlView | None
+    actions: ActionsView | None
+    commands: Commands
     job_status: JobStatus | None
     options: ApiOptions
     clock: Callable[[], float]
     wall_ns: Callable[[], int]
     instance: str = field(default_factory=lambda: secrets.token_hex(8))
-    # the latest fleet snapshot document: ((snapshot, control, jobs), JSON text)
-    fleet_text: tuple[tuple[MeshSnapshot, bool | None, int], str] | None = None
+    # the latest fleet snapshot document without Control and jobs: (snapshot, JSON text)
+    fleet_base: tuple[MeshSnapshot, str] | None = None
+    # ... and with them: ((snapshot, control, jobs), UTF-8 JSON)
+    fleet_text: tuple[tuple[MeshSnapshot, bool | None, int], bytes] | None = None
     stats: ApiStats = field(default_factory=ApiStats)
     buckets: dict[str, TokenBucket] = field(default_factory=dict)
 
@@ -226,31 +295,71 @@ def _running_jobs(st: _State, who: Principal) -> int:
     return len(st.jobs.jobs() if who.is_operator else st.jobs.jobs_of(who.name))
 
 
-def _snapshot_text(st: _State, request: web.Request, snap: MeshSnapshot) -> str:
-    """Return the snapshot document as JSON text. The fleet document of one snapshot (with
-    one Control state and job count) is made once and shared by every operator request and
-    websocket: a 1,024-NIC document is ~0.5 MB of JSON, 20 clients at 4/s would otherwise
-    serialize it 80 times a second."""
+_TAIL = ', "control_enabled": null, "running_jobs": null}'
+
+
+def chunked_dumps(doc: Mapping[str, object]) -> str:
+    """Return ``json.dumps(doc)`` built one list element at a time, so a thread making a large
+    document gives the interpreter lock back between elements (a request served meanwhile
+    waits ~1 ms, not the whole document)."""
+    parts = []
+    for k, v in doc.items():
+        if isinstance(v, list):
+            body = "[" + ", ".join(json.dumps(x) for x in v) + "]"
+        else:
+            body = json.dumps(v)
+        parts.append(json.dumps(k) + ": " + body)
+    return "{" + ", ".join(parts) + "}"
+
+
+def fleet_base_text(snap: MeshSnapshot) -> str:
+    """Return the fleet snapshot document of ``snap`` as JSON with Control and running jobs
+    null (`with_control` fills them in)."""
+    return chunked_dumps(snapshot_view(snap, Scope.fleet(), control=None, jobs=None))
+
+
+def with_control(base: str, control: bool | None, jobs: int | None) -> str:
+    """Return ``base`` (from `fleet_base_text`) with Control and the running jobs set: the
+    same text as ``json.dumps(snapshot_view(snap, Scope.fleet(), control=..., jobs=...))``."""
+    if not base.endswith(_TAIL):
+        raise ValueError("not a fleet snapshot document")
+    return f"{base[: -len(_TAIL)]}, \"control_enabled\": {json.dumps(control)}, " \
+           f"\"running_jobs\": {json.dumps(jobs)}}}"  # fmt: skip
+
+
+def prime_snapshot(app: web.Application, snap: MeshSnapshot) -> None:
+    """Make the fleet document of ``snap`` now (any thread; the API process does it as a
+    snapshot arrives, before publishing it), so no request pays for it."""
+    app[STATE].fleet_base = (snap, fleet_base_text(snap))
+
+
+def _snapshot_bytes(st: _State, request: web.Request, snap: MeshSnapshot) -> bytes:
+    """Return the snapshot document as UTF-8 JSON. The fleet document of one snapshot is
+    made once (`prime_snapshot`, or here on first use) and shared by every operator request
+    and websocket, with that moment's Control and job count spliced in: a 1,024-NIC document
+    is ~0.5 MB of JSON, 20 clients at 4/s would otherwise serialize it 80 times a second."""
     who: Principal = request[PRINCIPAL]
     scope = _scope(request, snap)
     ctl = None if st.control is None else st.control.enabled
     jobs = _running_jobs(st, who)
-    key = (snap, ctl, jobs)
-    if scope.is_fleet:
-        hit = st.fleet_text
-        if hit is not None and hit[0][0] is snap and hit[0][1:] == key[1:]:
-            return hit[1]
-    text = json.dumps(snapshot_view(snap, scope, control=ctl, jobs=jobs))
-    if scope.is_fleet:
-        st.fleet_text = (key, text)
+    if not scope.is_fleet:
+        return json.dumps(snapshot_view(snap, scope, control=ctl, jobs=jobs)).encode()
+    hit = st.fleet_text
+    if hit is not None and hit[0][0] is snap and hit[0][1:] == (ctl, jobs):
+        return hit[1]
+    base = st.fleet_base
+    if base is None or base[0] is not snap:
+        base = st.fleet_base = (snap, fleet_base_text(snap))
+    text = with_control(base[1], ctl, jobs).encode()
+    st.fleet_text = ((snap, ctl, jobs), text)
     return text
 
 
 async def _snapshot(request: web.Request) -> web.Response:
     _params(request)
     st = request.app[STATE]
-    text = _snapshot_text(st, request, st.model.snapshot())
-    return web.Response(text=text, content_type="application/json")
+    body = _snapshot_bytes(st, request, st.model.snapshot())
+    return web.Response(body=body, content_type="application/json")
 
 
 async def _nic(request: web.Request) -> web.Response:
@@ -335,7 +444,7 @@ async def _jobs_post(request: web.Request) -> web.Response:
     if unknown:
         raise BadQuery(f"job {job.id}: unknown NIC {unknown[0]!r}")
     try:
-        st.jobs.register(job)
+        await st.commands.register_job(job)
     except JobError as exc:
         return _error(409, str(exc))
     return web.json_response(job.to_dict(), status=201)
@@ -350,7 +459,7 @@ async def _jobs_delete(request: web.Request) -> web.Response:
     if job is None or not (who.is_operator or job.tenant == who.name):
         raise NotFound(f"no job {job_id!r}")
     with contextlib.suppress(JobError):  # gone meanwhile: the same answer
-        st.jobs.unregister(job_id)
+        await st.commands.unregister_job(job_id)
     return web.json_response(job.to_dict())
 
 
@@ -370,10 +479,10 @@ async def _alertmanager(request: web.Request) -> web.Response:
     who: Principal = request[PRINCIPAL]
     if not who.is_operator:
         return _error(403, "asking for actions needs an operator token")
-    if st.ask is None:
+    if not st.commands.can_ask:
         return _error(409, "remediation is not available in this controller")
     body = await _json_body(request, "an Alertmanager webhook payload")
-    return web.json_response(dict(st.ask(body, st.wall_ns())))
+    return web.json_response(dict(await st.commands.ask(body, st.wall_ns())))
 
 
 def _control_doc(st: _State, who: Principal) -> dict[str, object]:
@@ -404,7 +513,7 @@ async def _control_put(request: web.Request) -> web.Response:
         isinstance(body, dict) and set(body) == {"enabled"} and isinstance(body["enabled"], bool)
     ):
         raise BadQuery('body must be {"enabled": true|false}')
-    st.control.set(body["enabled"], who.name, st.wall_ns())
+    await st.commands.set_control(body["enabled"], who.name, st.wall_ns())
     return web.json_response(_control_doc(st, who))
 
 
@@ -480,8 +589,9 @@ async def _ws_send(request: web.Request, ws: web.WebSocketResponse, sub: Subscri
                 st.stats.ws_sent += 1
         if sub.snap_dirty and snapshot_wait(last, st.clock(), st.options.ws_min_interval_s) == 0:
             sub.snap_dirty = False
-            text = _snapshot_text(st, request, snap)
-            await ws.send_str('{"type": "snapshot", "data": ' + text + "}")
+            text = _snapshot_bytes(st, request, snap)
+            msg = b'{"type": "snapshot", "data": ' + text + b"}"
+            await ws.send_frame(msg, WSMsgType.TEXT)  # encoded once, sent as text
             st.stats.ws_sent += 1
             last = st.clock()
 
@@ -510,21 +620,30 @@ def make_app(
     model: ReadModel,
     tokens: TokenTable,
     *,
-    jobs: JobRegistry | None = None,
-    control: Control | None = None,
-    actions: ActionLog | None = None,
+    jobs: JobsView | None = None,
+    control: ControlView | None = None,
+    actions: ActionsView | None = None,
     ask: AlertIntake | None = None,
     job_status: JobStatus | None = None,
     options: ApiOptions | None = None,
+    commands: Commands | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall_ns: Callable[[], int] = time.time_ns,
 ) -> web.Application:
     """Return the API app. ``clock`` (seconds, monotonic) drives rate limits and websocket
-    coalescing; ``wall_ns`` stamps Control changes. Raises ValueError without any token."""
+    coalescing; ``wall_ns`` stamps Control changes. Without ``commands``, writes go to
+    ``jobs`` (then a `JobRegistry`), ``control`` (then a `Control`) and ``ask``. Raises
+    ValueError without any token, TypeError for read-only ``jobs``/``control`` without
+    ``commands``."""
     if not len(tokens):
         raise ValueError("the API needs at least one token")
+    jobs = JobRegistry() if jobs is None else jobs
+    if commands is None:
+        if not isinstance(jobs, JobRegistry) or not isinstance(control, Control | None):
+            raise TypeError("read-only jobs or control need commands")
+        commands = LocalCommands(jobs, control, ask)
     app = web.Application(middlewares=[_errors, _auth], client_max_size=64 * 1024)
-    app[STATE] = _State(model, tokens, jobs or JobRegistry(), control, actions, ask, job_status,
+    app[STATE] = _State(model, tokens, jobs, control, actions, commands, job_status,
                         options or ApiOptions(), clock, wall_ns)  # fmt: skip
     for method, path, handler in ROUTES:
         app.router.add_route(method, PREFIX + path, handler)

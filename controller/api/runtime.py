@@ -1,24 +1,33 @@
-"""The API inside the controller service (thin shell): hub + app + site on the service's loop.
+"""The API of a controller service, served by its own process (thin shell).
 
-`ApiRuntime(config, snapshot, jobs=..., control=..., actions=...)`; ``await start()`` serves and returns the
-base URL; the service calls `publish(snapshot, events)` after every tick (from the loop's
-thread or another); ``await stop()`` ends serving.
+`ApiRuntime(config, snapshot, jobs=..., control=..., actions=...)`: ``start()`` starts the
+API process (`controller.api.process.ApiProcess`, `controller.api.child`) and returns the
+base URL once it serves; the service calls `publish(snapshot, events)` after every tick
+(nothing there waits for the API: the snapshot is pickled and written by a thread, requests
+are served in the other process). The API's writes come back as calls that run on the
+service's event loop (``submit``) against the job registry, Control and Alertmanager intake
+given here, with their usual checks and audit; after each the API process mirrors the
+state. ``await stop()`` ends serving. The API process holds no state of its own apart from
+the event log, so a new one (a restarted controller) starts from the controller's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
-from aiohttp import web
-
-from controller.api.app import AlertIntake, ApiStats, JobStatus, api_stats, make_app
+from controller.api.app import AlertIntake, JobStatus
 from controller.api.config import ApiConfig
-from controller.api.hub import ApiHub
-from controller.api.server import start_api
+from controller.api.feed import CONTROL_AUDIT, SharedState
+from controller.api.process import ApiProcess
 from controller.control import Control
-from controller.jobs import JobRegistry
+from controller.jobs import Job, JobRegistry
 from controller.remediation.audit import ActionLog
 from controller.snapshot import MeshEvent, MeshSnapshot
+
+START_TIMEOUT_S = 60.0  # the API process imports numpy and aiohttp: seconds on a busy host
 
 
 class ApiRuntime:
@@ -35,38 +44,97 @@ class ApiRuntime:
         ask: AlertIntake | None = None,
         job_status: JobStatus | None = None,
         on_clients: Callable[[int], None] = lambda n: None,
+        log: Callable[[str], None] = lambda msg: None,
     ) -> None:
-        """``on_clients`` gets the number of websocket clients after every publish (the
-        service's websocket-clients gauge)."""
+        """``on_clients`` gets the number of websocket clients when it changes (the
+        service's websocket-clients gauge); ``log`` gets channel problems."""
         self.config = config
-        self._on_clients = on_clients
-        self.hub = ApiHub(snapshot)
         self.jobs = jobs or JobRegistry()
-        self.app = make_app(self.hub, config.tokens, jobs=self.jobs, control=control,
-                            actions=actions, ask=ask, job_status=job_status,
-                            options=config.options)  # fmt: skip
-        self._runner: web.AppRunner | None = None
+        self.control, self.actions, self._ask, self._job_status = control, actions, ask, job_status
+        self._actions_sent = -1
+        self._last: SharedState | None = None
+        self._snapshot = snapshot
+        self._on_clients, self._log = on_clients, log
+        self.process: ApiProcess | None = None
         self.url = ""
 
+    def state(self, *, full: bool = False) -> SharedState:
+        """Return the shared state now; the action log only when it changed since the last
+        state returned (or with ``full``)."""
+        ctl = None
+        if self.control is not None:
+            ctl = (self.control.enabled, self.control.audit()[-CONTROL_AUDIT:])
+        acts = None
+        if self.actions is not None and (full or self.actions.version != self._actions_sent):
+            self._actions_sent = self.actions.version
+            acts = self.actions.records()
+        jobs = self.jobs.jobs()
+        status: dict[str, Any] = {}
+        if self._job_status is not None:
+            for j in jobs:
+                doc = self._job_status(j.id)
+                if doc is not None:
+                    status[j.id] = doc
+        return SharedState(jobs, ctl, acts, status)
+
+    def _handle(self, op: str, args: tuple[Any, ...]) -> Any:
+        if op == "register_job":
+            job = args[0]
+            if not isinstance(job, Job):
+                raise TypeError("register_job takes a Job")
+            self.jobs.register(job)
+            return None
+        if op == "unregister_job":
+            self.jobs.unregister(str(args[0]))
+            return None
+        if op == "set_control":
+            if self.control is None:
+                raise RuntimeError("no Control")
+            self.control.set(bool(args[0]), str(args[1]), int(args[2]))
+            return None
+        if op == "ask":
+            if self._ask is None:
+                raise RuntimeError("no Alertmanager intake")
+            return dict(self._ask(args[0], int(args[1])))
+        raise ValueError(f"unknown call {op!r}")
+
     async def start(self) -> str:
-        """Serve on the configured address; return the base URL. Raises OSError."""
-        self._runner, port = await start_api(self.app, self.config.host, self.config.port)
+        """Start the API process; return the base URL once it serves. Raises OSError (the
+        address is taken, or the process did not start)."""
+        loop = asyncio.get_running_loop()
+        proc = ApiProcess(
+            self.config, self._snapshot.fabric, self._snapshot, lambda: self.state(full=True),
+            handle=self._handle, submit=loop.call_soon_threadsafe,
+            on_clients=self._on_clients, can_ask=self._ask is not None,
+            has_actions=self.actions is not None, log=self._log,
+        )  # fmt: skip
+        self._actions_sent = self.actions.version if self.actions is not None else -1
+        port = proc.start()  # in the loop's thread: the API process dies with it
+        self.process = proc
+        try:
+            await asyncio.to_thread(proc.wait_ready, START_TIMEOUT_S)
+        except BaseException:
+            proc.stop(1.0)
+            raise
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
         self.url = f"http://{host}:{port}/api/v1/"
         return self.url
 
     def publish(self, snapshot: MeshSnapshot | None, events: tuple[MeshEvent, ...]) -> None:
-        """Hand the API the latest snapshot (None keeps the current one) and new events."""
-        self.hub.publish(snapshot, events)
-        self._on_clients(self.hub.clients)
-
-    @property
-    def stats(self) -> ApiStats:
-        """Return the API's counters."""
-        return api_stats(self.app)
+        """Hand the API the latest snapshot (None keeps the current one), new events, and the
+        shared state when it changed."""
+        if self.process is None:
+            return
+        state = self.state()
+        same = dataclasses.replace(state, actions=None)
+        if same == self._last and state.actions is None:
+            self.process.publish(snapshot, events, None)
+        else:
+            self._last = same
+            self.process.publish(snapshot, events, state)
 
     async def stop(self) -> None:
         """Stop serving (idempotent)."""
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
+        if self.process is not None:
+            proc, self.process = self.process, None
+            await asyncio.to_thread(proc.stop)

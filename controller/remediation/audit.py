@@ -85,6 +85,7 @@ class ActionLog:
         self._docs: deque[dict[str, Any]] = deque(maxlen=limit)
         self._seq = 0
         self.acks_unmatched = 0
+        self.version = 0  # goes up with every change (the API process mirrors the log)
 
     def add(self, record: Mapping[str, Any], tenant: str = "") -> dict[str, Any]:
         """Log one audit record; return its API document (a copy)."""
@@ -93,6 +94,7 @@ class ActionLog:
             doc = {"seq": self._seq, **record, "tenant": tenant, "acks": []}
             doc["status"] = STATUS.get(str(record.get("disposition")), "sent")
             self._docs.append(doc)
+            self.version += 1
             return _copy(doc)
 
     def ack(self, ack: AckDoc) -> dict[str, Any] | None:
@@ -106,6 +108,7 @@ class ActionLog:
                              "detail": ack.detail, "t_ns": ack.t_ns}  # fmt: skip
                     acks = [a for a in doc["acks"] if a["receiver"] != ack.receiver]
                     doc["acks"] = [*acks, entry]
+                    self.version += 1
                     return _copy(doc)
             self.acks_unmatched += 1
             return None
@@ -130,6 +133,7 @@ class ActionLog:
                 if {"t_ns", "id", "kind", "status", "job"} <= set(d):
                     self._docs.append({**d, "acks": list(d.get("acks", []))})
             self._seq = max([self._seq, *(int(d.get("seq", 0)) for d in self._docs)])
+            self.version += 1
 
     def records(self) -> tuple[dict[str, Any], ...]:
         """Return every kept record (copies), oldest first."""
