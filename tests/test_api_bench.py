@@ -19,6 +19,8 @@ def test_api_bench_reports_both_rates_latency_and_ratio() -> None:
     assert res["snapshot_requests"] > 0 and res["snapshot_p99_ms"] >= res["snapshot_p50_ms"] > 0
     (clients,) = res["per_repeat"]["clients"]
     assert clients["ws_messages"] >= 2 and clients["errors"] == 0  # both websockets fed
+    assert res["ws_clients"] == 2  # the API process counted both
+    assert res["ingest_process_cpu_api_records_per_s"] > 0 and res["api_process_cpu_share"] > 0
 
 
 def test_api_bench_refuses_bad_arguments() -> None:

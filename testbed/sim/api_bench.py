@@ -5,17 +5,21 @@ A simulated fabric (default 1,024 NICs) gives probe batches; the controller core
 as it can on this thread, twice per repeat, alternating:
 
 - **no API** (the baseline): ingest and tick only;
-- **API**: as `qpmesh controller` does with ``[api]``: after every tick the snapshot and new
-  events go to an `ApiHub`; `controller.api` serves it from its own thread (aiohttp), and a
-  separate client process (`testbed.sim.api_bench_clients`) keeps ``clients`` websockets open
-  (each receives every coalesced snapshot, at most 4/s) and times ``GET /api/v1/snapshot``
-  (``poll_hz`` per second, latency = request to last byte).
+- **API**: as `qpmesh controller` does with ``[api]``: the API is served by its own process
+  (`controller.api.process.ApiProcess`, the same as the service's `ApiRuntime` starts), after
+  every tick the snapshot and new events are handed to it (its writer thread pickles and
+  sends them), and a separate client process (`testbed.sim.api_bench_clients`) keeps
+  ``clients`` websockets open (each receives every coalesced snapshot, at most 4/s) and times
+  ``GET /api/v1/snapshot`` (``poll_hz`` per second, latency = request to last byte).
 
 Batches are replayed in cycles (stamps shifted, sequence numbers raised, outside the timed
 ingest calls) so a run can last longer than the simulated traffic. The ingest rate is records
-per wall second spent in the ingest and tick calls (wall, not CPU: the API thread takes the
-GIL from them, which is the cost to measure); the ratio API/no-API is the figure that
-survives a busy machine. Returns JSON-ready figures with medians over repeats.
+per wall second spent in the ingest, tick and publish calls (wall, not CPU: the API's
+threads and processes take cores and the interpreter lock from them, which is the cost to
+measure); the ratio API/no-API is the figure that survives a busy machine. CPU rates divide
+by the ingest thread's and the whole ingest process's CPU time (the latter includes the
+writer thread that pickles snapshots for the API); the API and client processes' CPU is
+reported beside. Returns JSON-ready figures with medians over repeats.
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ from typing import Any
 import numpy as np
 
 from contract.records import ProbeBatch
-from controller.api.app import ApiOptions, make_app
+from controller.api.app import ApiOptions
 from controller.api.auth import Principal, TokenTable
-from controller.api.hub import ApiHub
-from controller.api.server import ApiThread
+from controller.api.config import ApiConfig
+from controller.api.feed import SharedState
+from controller.api.process import ApiProcess
 from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveController
 from controller.snapshot import MeshEvent
@@ -68,6 +73,7 @@ class IngestRun:
     records: int = 0
     busy_s: float = 0.0
     cpu_s: float = 0.0
+    process_cpu_s: float = 0.0
     ticks: int = 0
     publish_s: float = 0.0
 
@@ -81,6 +87,11 @@ class IngestRun:
         """Records per CPU second of the ingest thread (no waiting for the GIL or a core)."""
         return self.records / max(self.cpu_s, 1e-9)
 
+    @property
+    def process_cpu_rate(self) -> float:
+        """Records per CPU second of the whole ingest process over the run (every thread)."""
+        return self.records / max(self.process_cpu_s, 1e-9)
+
 
 def _ingest(
     live: LiveController,
@@ -91,6 +102,7 @@ def _ingest(
 ) -> IngestRun:
     run = IngestRun()
     pc = time.perf_counter
+    p0 = _process_cpu()
     end = pc() + duration_s
     next_tick = pc() + tick_s
     while pc() < end:
@@ -108,16 +120,37 @@ def _ingest(
             next_tick += tick_s
         run.busy_s += pc() - t0
         run.cpu_s += time.thread_time() - c0
+    run.process_cpu_s = _process_cpu() - p0
     return run
 
 
-def _publisher(hub: ApiHub) -> Callable[[LiveController, list[MeshEvent]], None]:
-    """What the service does after a tick with ``[api]``: snapshot and new events to the hub."""
+def _process_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far, 0 if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(") ", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _publisher(api: ApiProcess) -> Callable[[LiveController, list[MeshEvent]], None]:
+    """What the service does after a tick with ``[api]``: the snapshot and new events to the
+    API process (`controller.api.runtime.ApiRuntime.publish`)."""
 
     def publish(live: LiveController, new: list[MeshEvent]) -> None:
-        hub.publish(live.snapshot(), tuple(new))
+        api.publish(live.snapshot(), tuple(new), None)
 
     return publish
+
+
+def _no_writes(op: str, args: tuple[Any, ...]) -> Any:
+    raise RuntimeError("the benchmark accepts no writes")
 
 
 def _clients(
@@ -160,37 +193,47 @@ def run_api_bench(
     span_ns = int(sim_s * 1e9)
     token = secrets.token_urlsafe(18)
     tokens = TokenTable({token: Principal("operator", "bench")})
-    options = ApiOptions(rate_per_s=1e6, burst=1e6)
+    config = ApiConfig("127.0.0.1", 0, tokens, ApiOptions(rate_per_s=1e6, burst=1e6))
     off: list[IngestRun] = []
     on: list[IngestRun] = []
     lat: list[list[float]] = []
     client_stats: list[dict[str, Any]] = []
+    side_cpu: list[dict[str, float]] = []
     for r in range(repeats):
         live = LiveController(fabric)
         off.append(_ingest(live, _cycles(batches, span_ns), duration_s, tick_s, None))
         log(f"repeat {r + 1}: no API {off[-1].rate / 1e6:.3f} M records/s")
         live = LiveController(fabric)
-        hub = ApiHub(live.snapshot())
-        server = ApiThread(make_app(hub, tokens, options=options), "127.0.0.1", 0)
-        port = server.start()
-        proc = _clients(f"http://127.0.0.1:{port}/api/v1/", token, clients, poll_hz, compress)
+        api = ApiProcess(config, fabric, live.snapshot(), SharedState, handle=_no_writes)
+        port = api.start()
+        proc = None
         try:
+            api.wait_ready()
+            proc = _clients(f"http://127.0.0.1:{port}/api/v1/", token, clients, poll_hz,
+                            compress)  # fmt: skip
             assert proc.stdout is not None and proc.stdin is not None
             ready = proc.stdout.readline()
             if not ready.startswith("ready"):
                 raise RuntimeError(f"bench clients did not start: {ready.strip()!r}")
-
+            assert api.proc is not None
+            a0, c0, w0 = _proc_cpu_s(api.proc.pid), _proc_cpu_s(proc.pid), api.publish_s
             on.append(_ingest(live, _cycles(batches, span_ns), duration_s, tick_s,
-                              _publisher(hub)))  # fmt: skip
+                              _publisher(api)))  # fmt: skip
+            side_cpu.append({
+                "api_process_cpu_s": _proc_cpu_s(api.proc.pid) - a0,
+                "clients_process_cpu_s": _proc_cpu_s(proc.pid) - c0,
+                "feed_writer_cpu_s": api.publish_s - w0,
+                "snapshots_sent": api.sent,
+            })  # fmt: skip
             proc.stdin.write("stop\n")
             proc.stdin.flush()
             out, _ = proc.communicate(timeout=120)
             doc = json.loads(out.strip().splitlines()[-1])
         finally:
-            if proc.poll() is None:
+            if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-            server.stop()
+            api.stop()
         lat.append(doc.pop("latencies_s"))
         client_stats.append(doc)
         log(f"repeat {r + 1}: API {on[-1].rate / 1e6:.3f} M records/s, snapshot p99 "
@@ -209,8 +252,19 @@ def run_api_bench(
         "clients": clients,
         "tick_s": tick_s,
         "ws_compress": compress,
+        "ws_clients": statistics.median([d["ws_clients"] for d in client_stats]),
         "ingest_cpu_no_api_records_per_s": statistics.median([x.cpu_rate for x in off]),
         "ingest_cpu_api_records_per_s": statistics.median([x.cpu_rate for x in on]),
+        "ingest_process_cpu_no_api_records_per_s": statistics.median(
+            [x.process_cpu_rate for x in off]
+        ),
+        "ingest_process_cpu_api_records_per_s": statistics.median([x.process_cpu_rate for x in on]),
+        "api_process_cpu_share": statistics.median(
+            [c["api_process_cpu_s"] / duration_s for c in side_cpu]
+        ),
+        "clients_process_cpu_share": statistics.median(
+            [c["clients_process_cpu_s"] / duration_s for c in side_cpu]
+        ),
         "ingest_no_api_records_per_s": statistics.median(rate_off),
         "ingest_api_records_per_s": statistics.median(rate_on),
         "api_over_no_api": statistics.median(ratios),
@@ -219,6 +273,9 @@ def run_api_bench(
         "snapshot_p50_ms": statistics.median(p50),
         "snapshot_requests": sum(len(v) for v in lat),
         "publish_ms_per_tick": statistics.median([1e3 * x.publish_s / max(x.ticks, 1) for x in on]),
+        "feed_writer_ms_per_snapshot": statistics.median(
+            [1e3 * c["feed_writer_cpu_s"] / max(c["snapshots_sent"], 1) for c in side_cpu]
+        ),
         "per_repeat": {
             "no_api": rate_off,
             "api": rate_on,
@@ -226,6 +283,7 @@ def run_api_bench(
             "p99_ms": p99,
             "p50_ms": p50,
             "clients": client_stats,
+            "cpu": side_cpu,
         },
         "targets": {"ingest_records_per_s": 1e6, "snapshot_p99_ms": 50.0, "api_cost_percent": 10},
     }
@@ -246,7 +304,8 @@ def _cmd(args: Any) -> int:
             f"{res['ingest_api_records_per_s'] / 1e6:.3f} M records/s with the API vs "
             f"{res['ingest_no_api_records_per_s'] / 1e6:.3f} M without "
             f"(x{res['api_over_no_api']:.3f}, API costs {res['api_cost_percent']:.1f}%); "
-            f"snapshot p50 {res['snapshot_p50_ms']:.1f} ms, p99 {res['snapshot_p99_ms']:.1f} ms"
+            f"snapshot p50 {res['snapshot_p50_ms']:.1f} ms, p99 {res['snapshot_p99_ms']:.1f} ms; "
+            f"{res['ws_clients']:g} websocket clients attached"
         )
     return 0
 
@@ -257,8 +316,9 @@ def register_api_bench(ssub: Any) -> None:
         "api-bench",
         help="what serving the API (20 websockets, snapshot polling) costs full-rate ingest",
         description="Ingest simulated probe batches as fast as possible with and without the "
-        "HTTP API served (websocket clients and a snapshot poller in another process); "
-        "reports both ingest rates, their ratio and the snapshot latency p50/p99.",
+        "HTTP API served by its own process as qpmesh controller serves it (websocket clients "
+        "and a snapshot poller in a third process); reports both ingest rates, their ratio, "
+        "the snapshot latency p50/p99, the websocket clients attached and the CPU rates.",
     )
     p.add_argument("--nics", type=int, default=1024, help="NICs (default %(default)s)")
     p.add_argument("--sim-seconds", type=float, default=4.0,

@@ -2,7 +2,8 @@
 URL TOKEN CLIENTS POLL_HZ [COMPRESS]``. Opens CLIENTS websockets (each reads every message;
 COMPRESS 0 = without permessage-deflate, default 1 = offered as aiohttp does), then prints
 ``ready``; times ``GET URL/snapshot`` POLL_HZ times a second until a line arrives on stdin;
-prints one JSON line: latencies (s), websocket messages and bytes received, errors."""
+prints one JSON line: latencies (s), websocket messages and bytes received, errors, and the
+websocket clients the API's ``/health`` counted at the end (``ws_clients``)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,12 @@ async def main(
             except (aiohttp.ClientError, TimeoutError):
                 stats["errors"] += 1
             await asyncio.sleep(max(0.0, period - (time.perf_counter() - t0)))
+        try:
+            async with http.get(url + "health") as r:
+                stats["ws_clients"] = int((await r.json())["source"]["ws_clients"])
+        except (aiohttp.ClientError, TimeoutError, KeyError, ValueError):
+            stats["ws_clients"] = -1
+            stats["errors"] += 1
         for ws in socks:
             await ws.close()
         for t in readers:
