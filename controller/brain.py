@@ -337,7 +337,7 @@ class Brain:
         return {
             self.fabric.links[i].id: c
             for i, st in enumerate(self._states)
-            if (c := st.flap_count(now, w))
+            if st.downs and (c := st.flap_count(now, w))  # most links never went down
         }
 
     def baseline_ns(self, hops: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:

@@ -287,7 +287,7 @@ class LiveController:
         now = self.now_ns
         fab = self.fabric
         n = len(fab.nics)
-        live, w_in, w_out = self._worst(now)
+        live = self.flows.live(now - self.config.stale_ns)
         src, dst = self.flows.src[live], self.flows.dst[live]
         owd = self.flows.last_owd[live]
         spine = self.flows.spine[live]
@@ -295,6 +295,13 @@ class LiveController:
         names = tuple(s.id for s in fab.switches)
         path_owd = PairPaths(n, pkey, spine.astype(np.int64), owd, names)
         uk, worst = path_owd.worst()
+        dense = path_owd.dense()
+        if dense is not None and len(owd):  # the per-NIC worst from the pair matrix
+            w_out, w_in = dense.max(axis=1), dense.max(axis=0)
+            w_in[~np.isfinite(w_in)] = np.nan
+            w_out[~np.isfinite(w_out)] = np.nan
+        else:
+            _, w_in, w_out = self._worst(now)
         off, unc = self.clock.offsets(now)
         nic_health = list(self.brain.nic_health())
         if len(nic_health) != n:

@@ -96,6 +96,7 @@ class PairPaths(Mapping[tuple[int, int], Mapping[str, float]]):
         self._raw = (np.asarray(pair_key, np.int64), np.asarray(switch, np.int64),
                      np.asarray(owd_ns, np.float64))  # fmt: skip
         self._built: tuple[npt.NDArray[Any], ...] | None = None
+        self._dense: npt.NDArray[np.float64] | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle the flows only (the API process gets them once per tick; the sorted tables
@@ -142,17 +143,29 @@ class PairPaths(Mapping[tuple[int, int], Mapping[str, float]]):
     def __len__(self) -> int:
         return len(self._tables()[0])
 
+    def dense(self) -> npt.NDArray[np.float64] | None:
+        """Return the worst delay per pair as an n x n array (-inf: no flow; NaN stays), or
+        None when ``n * n > DENSE_MAX``. Made once."""
+        if self.n * self.n > self.DENSE_MAX:
+            return None
+        if self._dense is None:
+            pair_key, _, owd = self._raw
+            dense = np.full(self.n * self.n, -np.inf)
+            np.maximum.at(dense, pair_key, owd)
+            self._dense = dense.reshape(self.n, self.n)
+        return self._dense
+
     def worst(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """Return (pair keys ``src * n + dst`` ascending, worst delay over their switches);
         without sorting the flows when ``n * n <= DENSE_MAX``."""
-        pair_key, _, owd = self._raw
+        pair_key = self._raw[0]
         if not len(pair_key):
             return np.zeros(0, np.int64), np.zeros(0)
-        if self.n * self.n <= self.DENSE_MAX:
-            dense = np.full(self.n * self.n, -np.inf)
-            np.maximum.at(dense, pair_key, owd)
-            keys = np.flatnonzero(~np.isneginf(dense)).astype(np.int64)  # NaN stays
-            return keys, dense[keys]
+        dense = self.dense()
+        if dense is not None:
+            flat = dense.reshape(-1)
+            keys = np.flatnonzero(~np.isneginf(flat)).astype(np.int64)  # NaN stays
+            return keys, flat[keys]
         keys, start, _, _, row_owd = self._tables()
         return keys, np.maximum.reduceat(row_owd, start)
 

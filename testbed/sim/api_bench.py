@@ -9,8 +9,9 @@ as it can on this thread, twice per repeat, alternating:
   (`controller.api.process.ApiProcess`, the same as the service's `ApiRuntime` starts), after
   every tick the snapshot and new events are handed to it (its writer thread pickles and
   sends them), and a separate client process (`testbed.sim.api_bench_clients`) keeps
-  ``clients`` websockets open (each receives every coalesced snapshot, at most 4/s) and times
-  ``GET /api/v1/snapshot`` (``poll_hz`` per second, latency = request to last byte).
+  ``clients`` websockets open (each receives every coalesced snapshot, at most 4/s) and a
+  fourth times ``GET /api/v1/snapshot`` (``poll_hz`` per second, latency = request to last
+  byte).
 
 Batches are replayed in cycles (stamps shifted, sequence numbers raised, outside the timed
 ingest calls) so a run can last longer than the simulated traffic. The ingest rate is records
@@ -206,33 +207,40 @@ def run_api_bench(
         live = LiveController(fabric)
         api = ApiProcess(config, fabric, live.snapshot(), SharedState, handle=_no_writes)
         port = api.start()
-        proc = None
+        procs: list[subprocess.Popen[str]] = []
         try:
             api.wait_ready()
-            proc = _clients(f"http://127.0.0.1:{port}/api/v1/", token, clients, poll_hz,
-                            compress)  # fmt: skip
-            assert proc.stdout is not None and proc.stdin is not None
-            ready = proc.stdout.readline()
-            if not ready.startswith("ready"):
-                raise RuntimeError(f"bench clients did not start: {ready.strip()!r}")
+            url = f"http://127.0.0.1:{port}/api/v1/"
+            for n, hz in ((clients, 0.0), (0, poll_hz)):  # websockets, then the poller
+                procs.append(_clients(url, token, n, hz, compress))
+                ready = procs[-1].stdout.readline() if procs[-1].stdout else ""
+                if not ready.startswith("ready"):
+                    raise RuntimeError(f"bench clients did not start: {ready.strip()!r}")
             assert api.proc is not None
-            a0, c0, w0 = _proc_cpu_s(api.proc.pid), _proc_cpu_s(proc.pid), api.publish_s
+            pids = [api.proc.pid, *(p.pid for p in procs)]
+            cpu0, w0 = [_proc_cpu_s(p) for p in pids], api.publish_s
             on.append(_ingest(live, _cycles(batches, span_ns), duration_s, tick_s,
                               _publisher(api)))  # fmt: skip
+            cpu = [_proc_cpu_s(p) - c for p, c in zip(pids, cpu0, strict=True)]
             side_cpu.append({
-                "api_process_cpu_s": _proc_cpu_s(api.proc.pid) - a0,
-                "clients_process_cpu_s": _proc_cpu_s(proc.pid) - c0,
+                "api_process_cpu_s": cpu[0],
+                "clients_process_cpu_s": cpu[1] + cpu[2],
                 "feed_writer_cpu_s": api.publish_s - w0,
                 "snapshots_sent": api.sent,
             })  # fmt: skip
-            proc.stdin.write("stop\n")
-            proc.stdin.flush()
-            out, _ = proc.communicate(timeout=120)
-            doc = json.loads(out.strip().splitlines()[-1])
+            docs = []
+            for p in reversed(procs):  # the poller asks /health while the websockets are open
+                out, _ = p.communicate("stop\n", timeout=120)
+                docs.append(json.loads(out.strip().splitlines()[-1]))
+            poll_doc, ws_doc = docs
+            doc = {**ws_doc, "latencies_s": poll_doc["latencies_s"],
+                   "ws_clients": poll_doc["ws_clients"],
+                   "errors": ws_doc["errors"] + poll_doc["errors"]}  # fmt: skip
         finally:
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
             api.stop()
         lat.append(doc.pop("latencies_s"))
         client_stats.append(doc)

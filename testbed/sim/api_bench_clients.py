@@ -1,7 +1,9 @@
 """The API benchmark's clients, in their own process: ``python -m testbed.sim.api_bench_clients
 URL TOKEN CLIENTS POLL_HZ [COMPRESS]``. Opens CLIENTS websockets (each reads every message;
 COMPRESS 0 = without permessage-deflate, default 1 = offered as aiohttp does), then prints
-``ready``; times ``GET URL/snapshot`` POLL_HZ times a second until a line arrives on stdin;
+``ready``; times ``GET URL/snapshot`` POLL_HZ times a second (0: never) until a line arrives
+on stdin (the benchmark runs the websockets and the poller in two such processes, so a
+request's latency does not include the time its process spends reading 20 websockets);
 prints one JSON line: latencies (s), websocket messages and bytes received, errors, and the
 websocket clients the API's ``/health`` counted at the end (``ws_clients``)."""
 
@@ -43,7 +45,9 @@ async def main(
         print("ready", flush=True)
         loop = asyncio.get_running_loop()
         stop = loop.run_in_executor(None, sys.stdin.readline)
-        period = 1.0 / poll_hz
+        if poll_hz <= 0:
+            await stop
+        period = 1.0 / poll_hz if poll_hz > 0 else 0.0
         while not stop.done():
             t0 = time.perf_counter()
             try:
