@@ -18,7 +18,7 @@ lint: setup
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml .ci/setup
+$(STAMP): pyproject.toml .ci/setup prober/_fastpath.c
 	bash .ci/setup
 	touch $@
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contract.records import encode_batch
+from prober import compiled
 from prober.config import NicConfig, ProberConfig, load_probe_keys
 from prober.events import Address, ProbeEvent, results_to_batch
 from prober.fastudp import BatchUdpEndpoint
@@ -159,10 +160,17 @@ class UdpEndpointFactory:
         sports: Sequence[int],
         on_events: Callable[[list[ProbeEvent]], None],
     ) -> Endpoint:
-        """Return a (not yet started) UDP endpoint of ``nic``: `prober.fastudp.BatchUdpEndpoint`
-        (``prober.hot_path = "batched"``) or `prober.udp.UdpEndpoint` (``"per-datagram"``, the
-        default)."""
-        cls = BatchUdpEndpoint if self.cfg.hot_path == "batched" else UdpEndpoint
+        """Return a (not yet started) UDP endpoint of ``nic``: `prober.compiled.CompiledUdpEndpoint`
+        for a `prober.compiled.CompiledSession` (see `session_hot_path`),
+        `prober.fastudp.BatchUdpEndpoint` (``prober.hot_path = "batched"``) or
+        `prober.udp.UdpEndpoint` (``"per-datagram"``, and the fallback of ``"compiled"``)."""
+        cls: type[UdpEndpoint]
+        if isinstance(session, compiled.CompiledSession):
+            cls = compiled.CompiledUdpEndpoint
+        elif self.cfg.hot_path == "batched":
+            cls = BatchUdpEndpoint
+        else:
+            cls = UdpEndpoint
         return cls(
             session,
             nic.address,
@@ -194,6 +202,17 @@ def udp_endpoint_factory(
 
 def _identity(ns: int) -> int:
     return ns
+
+
+def session_hot_path(cfg: ProberConfig, authenticated: bool, built: bool) -> str:
+    """Return the hot path the agent really runs for ``cfg``: ``"compiled"`` only for the UDP
+    transport, an unauthenticated codec (the C engine has no HMAC) and a built extension
+    (``built``); a ``"compiled"`` config falls back to ``"per-datagram"`` otherwise."""
+    if cfg.hot_path != "compiled":
+        return cfg.hot_path
+    if cfg.transport == "udp" and not authenticated and built:
+        return "compiled"
+    return "per-datagram"
 
 
 LINK_CHECK_S = 1.0
@@ -247,9 +266,15 @@ class Agent:
         # [auth] key_file: every session tags with the send key and verifies with every key;
         # untagged or badly tagged datagrams are counted as bad_auth and never become records.
         self.probe_keys = load_probe_keys(cfg)
+        self.hot_path = session_hot_path(
+            cfg,
+            self.probe_keys is not None,
+            compiled.available() and isinstance(self._factory, UdpEndpointFactory),
+        )
+        session_cls = compiled.CompiledSession if self.hot_path == "compiled" else ProbeSession
         self.sessions = {
-            n.id: ProbeSession(n.id, codec_for(self.probe_keys),
-                               timeout_ns=cfg.timeout_ms * 1_000_000)
+            n.id: session_cls(n.id, codec_for(self.probe_keys),
+                              timeout_ns=cfg.timeout_ms * 1_000_000)
             for n in cfg.nics
         }  # fmt: skip
         self.endpoints: dict[str, Endpoint] = {}
@@ -323,6 +348,7 @@ class Agent:
             "sessions": {k: dict(s.counters) for k, s in self.sessions.items()},
             "bad_auth": sum(s.counters["bad_auth"] for s in self.sessions.values()),
             "auth_key": self.probe_keys.send_id if self.probe_keys else "",
+            "hot_path": self.hot_path,
         }
         doc = health_doc(self.cfg.host, self._now_ns(), gpu, self._gpu_prev, nics, counters)
         self._gpu_prev = gpu
@@ -437,10 +463,10 @@ class Agent:
         next_batch = loop.time() + batch_s
         next_health = loop.time() + self.cfg.telemetry_interval_s
         next_links = loop.time()
-        # the batched hot path queues 10 ms ahead and wakes at most every 5 ms (its endpoints
-        # send on their own tick); per-datagram: 2 ms ahead, woken for every probe, as before
+        # the batched and compiled hot paths queue 10 ms ahead and wake at most every 5 ms (their
+        # endpoints send on their own tick); per-datagram: 2 ms ahead, woken for every probe
         lead_ns, min_sleep_s = (
-            (10_000_000, 0.005) if self.cfg.hot_path == "batched" else (2_000_000, 0.0)
+            (10_000_000, 0.005) if self.hot_path != "per-datagram" else (2_000_000, 0.0)
         )
         while not stop.is_set():
             plan_now = self._now_ns()

@@ -150,9 +150,12 @@ def measure_round_trips(
 ) -> dict[str, object]:
     """Return full round trips per CPU second for each path, interleaved repeat by repeat.
 
-    ``round_trips_per_core_second`` (batched) and ``baseline_round_trips_per_core_second``
-    (per-datagram) are medians over ``repeats``; ``round_trip_ratio`` = batched / baseline.
-    Raises `ValueError` for non-positive ``seconds``/``repeats`` or an unknown path.
+    ``round_trips_per_core_second`` is the fastest path this install runs (``path``: compiled
+    when `prober._fastpath` is built, else batched), ``baseline_round_trips_per_core_second``
+    the per-datagram path, both medians over ``repeats``; ``round_trip_ratio`` = the first /
+    the baseline; every path measured also has ``<path>_round_trips_per_core_second`` and its
+    per-repeat values. Raises `ValueError` for non-positive ``seconds``/``repeats`` or an
+    unknown path.
     """
     if seconds <= 0 or repeats <= 0:
         raise ValueError("seconds and repeats must be positive")
@@ -163,17 +166,23 @@ def measure_round_trips(
             runs[p].append(done / cpu if cpu > 0 else 0.0)
     out: dict[str, object] = {"repeats": repeats, "seconds_per_run": seconds}
     med = {p: statistics.median(v) for p, v in runs.items()}
-    if "batched" in med:
-        out["round_trips_per_core_second"] = round(med["batched"])
-        out["cpu_us_per_round_trip"] = round(1e6 / med["batched"], 2) if med["batched"] else None
-        out["per_repeat_round_trips_per_core_second"] = [round(x) for x in runs["batched"]]
+    for p in paths:
+        key = p.replace("-", "_")
+        out[f"{key}_round_trips_per_core_second"] = round(med[p])
+        out[f"{key}_per_repeat"] = [round(x) for x in runs[p]]
+    best = next((p for p in ("compiled", "batched") if p in med), None)
+    if best is not None:
+        out["path"] = best
+        out["round_trips_per_core_second"] = round(med[best])
+        out["cpu_us_per_round_trip"] = round(1e6 / med[best], 2) if med[best] else None
+        out["per_repeat_round_trips_per_core_second"] = [round(x) for x in runs[best]]
     if "per-datagram" in med:
         base = med["per-datagram"]
         out["baseline_round_trips_per_core_second"] = round(base)
         out["baseline_cpu_us_per_round_trip"] = round(1e6 / base, 2) if base else None
         out["per_repeat_baseline"] = [round(x) for x in runs["per-datagram"]]
-    if "batched" in med and "per-datagram" in med and med["per-datagram"]:
-        out["round_trip_ratio"] = round(med["batched"] / med["per-datagram"], 3)
+        if best is not None and base:
+            out["round_trip_ratio"] = round(med[best] / base, 3)
     return out
 
 
@@ -182,8 +191,9 @@ def measure(
 ) -> dict[str, object]:
     """Run the interleaved benchmark for about ``seconds`` and return the figures.
 
-    Adds the full round trips per CPU second of ``path`` ("both": the batched path and the
-    per-datagram baseline, interleaved; see `measure_round_trips`).
+    Adds the full round trips per CPU second of ``path`` ("both": every path this install
+    runs, compiled, batched and the per-datagram baseline, interleaved; see
+    `measure_round_trips`).
     Raises `ValueError` for non-positive ``seconds``, ``rounds`` or ``repeats``.
     """
     if seconds <= 0 or rounds <= 0 or repeats <= 0:
@@ -251,7 +261,10 @@ def run_bench(
             f"overhead ratio: {result['timestamp_overhead_ratio']}"
         )
         if "round_trips_per_core_second" in result:
-            print(f"batched round trips per core-second: {result['round_trips_per_core_second']}")
+            print(
+                f"{result['path']} round trips per core-second: "
+                f"{result['round_trips_per_core_second']}"
+            )
         if "baseline_round_trips_per_core_second" in result:
             print(
                 "per-datagram round trips per core-second: "

@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import time
 
-from prober.events import ProbeEvent, ProbeResult
+from prober import compiled
+from prober.events import ProbeEvent, ProbeResult, ResultBlock
 from prober.fastudp import BatchUdpEndpoint
 from prober.session import ProbeSession
 from prober.udp import UdpEndpoint
 
 _BATCH = 32  # probes queued at once; a window of 4 * _BATCH is kept in flight
-PATHS = ("batched", "per-datagram")
+ALL_PATHS = ("compiled", "batched", "per-datagram")
+PATHS = ALL_PATHS if compiled.available() else ALL_PATHS[1:]
+"""The hot paths this install can run (compiled only when `prober._fastpath` was built)."""
 
 
 async def endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, float]:
@@ -25,19 +28,27 @@ async def endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, f
     seconds). Both roles run in this process, so the CPU time covers initiator and responder
     (kernel time included:
     ``time.process_time`` is user + system time). ``path``: `prober.fastudp.BatchUdpEndpoint`
-    ("batched") or `prober.udp.UdpEndpoint` ("per-datagram", today's path, the baseline).
+    ("batched"), `prober.udp.UdpEndpoint` ("per-datagram", the path before batching, the
+    baseline) or `prober.compiled.CompiledUdpEndpoint` ("compiled", the C datagram loop).
+    Raises `ValueError` for a path this install cannot run.
     """
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    cls = BatchUdpEndpoint if path == "batched" else UdpEndpoint
+    cls: type[UdpEndpoint] = {"compiled": compiled.CompiledUdpEndpoint,
+                              "batched": BatchUdpEndpoint}.get(path, UdpEndpoint)  # fmt: skip
+    session: type[ProbeSession] = compiled.CompiledSession if path == "compiled" else ProbeSession
     done = 0
 
     def count(events: list[ProbeEvent]) -> None:
         nonlocal done
-        done += sum(1 for e in events if isinstance(e, ProbeResult))
+        for e in events:
+            if isinstance(e, ResultBlock):
+                done += e.results
+            elif isinstance(e, ProbeResult):
+                done += 1
 
-    a = cls(ProbeSession("bench-a"), "127.0.0.1", dport=0, on_events=count)
-    b = cls(ProbeSession("bench-b"), "127.0.0.1", dport=0)
+    a = cls(session("bench-a"), "127.0.0.1", dport=0, on_events=count)
+    b = cls(session("bench-b"), "127.0.0.1", dport=0)
     async with a, b:
         sport = a.add_source_port(0)
         dest = ("127.0.0.1", b.dport)

@@ -36,10 +36,13 @@ def register(subparsers: Any) -> None:
     b.add_argument("--seconds", type=float, default=3.0,
                    help="duration of each measurement (the round-trip runs last seconds/repeats/2 "
                         "each, at least 0.5 s)")  # fmt: skip
-    b.add_argument("--path", choices=("both", "batched", "per-datagram"), default="both",
+    b.add_argument("--path", choices=("both", "compiled", "batched", "per-datagram"),
+                   default="both",
                    help="hot path(s) whose full round trips per CPU second are measured: the "
-                        "batched path (prober.fastudp), today's per-datagram path (prober.udp, "
-                        "the baseline) or both, interleaved, with their ratio (default)")  # fmt: skip
+                        "compiled path (prober.compiled, the C datagram loop; needs the built "
+                        "extension), the batched Python path (prober.fastudp), the per-datagram "
+                        "path (prober.udp, the baseline) or all of them, interleaved, with the "
+                        "ratio of the fastest to the baseline (default)")  # fmt: skip
     b.add_argument(
         "--repeats",
         type=int,

@@ -34,7 +34,7 @@ from prober.schedule import ScheduleConfig
 
 TRANSPORTS = ("udp", "rdma")
 STAMPS = ("auto", "hw", "sw")
-HOT_PATHS = ("batched", "per-datagram")
+HOT_PATHS = ("compiled", "batched", "per-datagram")
 
 
 class ConfigError(ValueError):
@@ -78,7 +78,8 @@ class ProberConfig:
     transport: str = "udp"
     port: int = 4791
     timestamps: str = "auto"
-    hot_path: str = "per-datagram"  # UDP: "batched" (prober.fastudp) or "per-datagram" (prober.udp)
+    hot_path: str = "per-datagram"  # UDP: "compiled" (prober.compiled), "batched" (prober.fastudp)
+    # or "per-datagram" (prober.udp); see docs/prober.md
     timeout_ms: int = 1000
     batch_interval_ms: int = 1000
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

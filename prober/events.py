@@ -4,6 +4,8 @@
 - `ProbeResult`: a completed round trip with its four timestamps.
 - `ProbeLost`: a probe with no complete reply before its timeout, with its path.
 - `TraceReached`: a path-discovery probe got an answer from its destination.
+- `ResultBlock`: many results and losses of one NIC as int64 rows (the compiled hot path's
+  output, `prober.compiled`); `ResultBlock.events` turns it into the two values above.
 - `results_to_batch`: many results/losses -> one columnar `contract.records.ProbeBatch`.
 
 All are frozen and validated on construction (`ValueError` on bad values).
@@ -131,7 +133,53 @@ class TraceReached:
     rx_ns: int
 
 
-ProbeEvent = ProbeResult | ProbeLost | TraceReached
+BLOCK_COLUMNS = ("seq", "dst", "sport", "pair", "pos", "t1", "t2", "t3", "t4", "lost", "sent_ns")
+"""The columns of `ResultBlock.rows` (``dst`` indexes ``dsts``; a loss has t2..t4 MISSING)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ResultBlock:
+    """Results and losses of NIC ``src`` as rows (int64, `BLOCK_COLUMNS`), in completion order.
+
+    ``dsts[row.dst]`` is the peer NIC id. Raises `ValueError` when ``rows`` is not an
+    (n, 11) int64 array or a ``dst`` index is outside ``dsts``.
+    """
+
+    src: str
+    dsts: tuple[str, ...]
+    rows: np.ndarray
+
+    def __post_init__(self) -> None:
+        r = self.rows
+        if r.dtype != np.int64 or r.ndim != 2 or r.shape[1] != len(BLOCK_COLUMNS):
+            raise ValueError(
+                f"rows must be int64 (n, {len(BLOCK_COLUMNS)}), got {r.dtype} {r.shape}"
+            )
+        if len(r) and (int(r[:, 1].min()) < 0 or int(r[:, 1].max()) >= len(self.dsts)):
+            raise ValueError("dst index outside dsts")
+
+    def __len__(self) -> int:
+        """Return the number of rows."""
+        return len(self.rows)
+
+    @property
+    def results(self) -> int:
+        """Return how many rows are completed round trips (not losses)."""
+        return int(len(self.rows) - self.rows[:, 9].sum())
+
+    def events(self) -> list[ProbeResult | ProbeLost]:
+        """Return the rows as `ProbeResult` / `ProbeLost` values (validated), in order."""
+        out: list[ProbeResult | ProbeLost] = []
+        for seq, dst, sport, pair, pos, t1, t2, t3, t4, lost, sent in self.rows.tolist():
+            if lost:
+                out.append(ProbeLost(seq, self.src, self.dsts[dst], sport, pair, pos, t1, sent))
+            else:
+                out.append(ProbeResult(seq, self.src, self.dsts[dst], sport, pair, pos,
+                                       t1, t2, t3, t4))  # fmt: skip
+        return out
+
+
+ProbeEvent = ProbeResult | ProbeLost | TraceReached | ResultBlock
 
 
 def results_to_batch(
@@ -149,7 +197,8 @@ def results_to_batch(
     carries its hand-out time ``sent_ns`` as ``t1`` (same NIC clock), so the controller files
     it in the detection window it was sent in instead of reading `MISSING` as a time.
 
-    `TraceReached` events are not probe records and are skipped.
+    `TraceReached` events are not probe records and are skipped; a `ResultBlock` adds its
+    rows (columns, no per-row work; the same rule for losses without t1).
 
     ``nic_ids`` seeds the string table (stable indices across batches); NICs not in it are
     appended in first-seen order. Raises `contract.records.RecordError` on invalid columns.
@@ -165,8 +214,30 @@ def results_to_batch(
         return i
 
     rows: list[tuple[int, ...]] = []
+    chunks: list[np.ndarray] = []
     for ev in events:
-        if isinstance(ev, ProbeResult):
+        if isinstance(ev, ResultBlock):
+            if not len(ev.rows):
+                continue
+            if rows:
+                chunks.append(np.array(rows, dtype=np.int64))
+                rows = []
+            dst_map = np.zeros(len(ev.dsts), dtype=np.int64)
+            src_i = idx(ev.src)
+            used, first = np.unique(ev.rows[:, 1], return_index=True)
+            for d in used[np.argsort(first)].tolist():  # table order: first use, as for events
+                dst_map[d] = idx(ev.dsts[d])
+            block = ev.rows  # seq, dst, sport, pair, pos, t1..t4, lost -> the batch's columns
+            out = np.empty((len(block), 11), dtype=np.int64)
+            out[:, 0] = block[:, 0]
+            out[:, 1] = src_i
+            out[:, 2] = dst_map[block[:, 1]]
+            out[:, 3:10] = block[:, 2:9]
+            out[:, 10] = block[:, 9]
+            no_t1 = (block[:, 9] != 0) & (block[:, 5] == MISSING)
+            out[no_t1, 6] = block[no_t1, 10]
+            chunks.append(out)
+        elif isinstance(ev, ProbeResult):
             rows.append((ev.seq, idx(ev.src), idx(ev.dst), ev.sport, ev.pair_id, ev.pair_pos,
                          ev.t1, ev.t2, ev.t3, ev.t4, 0))  # fmt: skip
         elif isinstance(ev, ProbeLost):
@@ -175,8 +246,10 @@ def results_to_batch(
                          t1, MISSING, MISSING, MISSING, 1))  # fmt: skip
     names = ("seq", "src", "dst", "sport", "pair", "pos", "t1", "t2", "t3", "t4", "lost")
     if rows:
-        arr = np.array(rows, dtype=np.int64)
-        cols = {name: arr[:, i] for i, name in enumerate(names)}
+        chunks.append(np.array(rows, dtype=np.int64))
+    if chunks:
+        arr = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        cols = {name: np.ascontiguousarray(arr[:, i]) for i, name in enumerate(names)}
     else:
         cols = {name: np.zeros(0, dtype=np.int64) for name in names}
     lost = cols.pop("lost").astype(bool)

@@ -1,0 +1,1046 @@
+/* The compiled UDP hot path of the prober: one `Engine` per NIC does the per-datagram work of
+ * `prober.session.ProbeSession` (unauthenticated, two-step) over that NIC's sockets, a batch at a
+ * time, and hands Python completed records as packed int64 rows.
+ *
+ * Python (prober/compiled.py) keeps: sockets (opening, options), the schedule, the event loop,
+ * timers, path discovery, anything authenticated, trace probes and ICMP errors (handed back as
+ * "deferred" items), counters' names. This file keeps: the probe queue (a heap by time), the
+ * pending probes (a table indexed by seq), replies waiting for their TX stamp, the OPT_ID ->
+ * token map of every socket, recvmmsg/sendmmsg/error-queue reads, the wire format (same checks
+ * and the same counter reasons as prober/wire.py `Codec.decode`), matching and results.
+ *
+ * Wire format: prober/wire.py (48-byte body, network byte order, zero padding).
+ * Result rows (int64 x 11): seq, dst index, sport, pair_id, pair_pos, t1, t2, t3, t4, lost,
+ * sent_ns (t2..t4 = MISSING for a loss, t1 MISSING when its TX stamp never came).
+ * Nothing here raises on network input; bad input is counted (see COUNTER_NAMES).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/errqueue.h>
+#include <linux/net_tstamp.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#define BODY 48
+#define MAGIC 0x5150
+#define VERSION 1
+#define FLAG_AUTH 1
+#define FLAG_T3_FINAL 2
+#define FLAG_TRACE 4
+#define MAX_PAD 8192
+#define RING 64
+#define SLOT 2048
+#define CTL 256
+#define OUTMAX 256
+#define MISSING INT64_MIN
+#define I64MAX INT64_MAX
+#define REPLY_TOKEN_BASE (1LL << 32)
+#define NCOL 11
+#define MAXERRNO 160
+
+#ifndef SO_TIMESTAMPING_OLD
+#define SO_TIMESTAMPING_OLD 37
+#endif
+#ifndef SO_EE_ORIGIN_TIMESTAMPING
+#define SO_EE_ORIGIN_TIMESTAMPING 4
+#endif
+
+enum {
+    C_TRUNCATED, C_BAD_MAGIC, C_BAD_VERSION, C_BAD_TYPE, C_BAD_FIELD, C_BAD_AUTH,
+    C_MISDIRECTED, C_WRONG_SENDER, C_MISMATCH, C_UNMATCHED, C_DUPLICATE, C_INCONSISTENT,
+    C_INCOMPLETE, C_LATE_TX_STAMP, C_TX_STAMP_MISSING, C_OVERFLOW, C_LOST,
+    C_STAMP_HW, C_STAMP_SW, C_STAMP_USER, C_TX_TOKEN_EVICTED, C_ERRQUEUE_UNKNOWN,
+    C_SEND_PENDING_ICMP, C_RX_OVERSIZED, C_NO_SOCKET, C_BAD_STAMP, C_N
+};
+static const char *COUNTER_NAMES[C_N] = {
+    "truncated", "bad_magic", "bad_version", "bad_type", "bad_field", "bad_auth",
+    "misdirected", "wrong_sender", "mismatch", "unmatched", "duplicate", "inconsistent",
+    "incomplete", "late_tx_stamp", "tx_stamp_missing", "overflow", "lost",
+    "stamp_hw", "stamp_sw", "stamp_user", "tx_token_evicted", "errqueue_unknown",
+    "send_pending_icmp_error", "rx_oversized", "no_socket", "bad_stamp",
+};
+
+/* ---- wire --------------------------------------------------------------------------------- */
+
+typedef struct {
+    int mtype, pos, t3_final, trace;
+    uint64_t sender, peer;
+    uint32_t seq;
+    int32_t pair;
+    int64_t ta, tb;
+    int pad;
+} Msg;
+
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint32_t rd32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline uint64_t rd64(const uint8_t *p) { return ((uint64_t)rd32(p) << 32) | rd32(p + 4); }
+static inline void wr16(uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = (uint8_t)v; }
+static inline void wr32(uint8_t *p, uint32_t v) {
+    p[0] = v >> 24; p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+static inline void wr64(uint8_t *p, uint64_t v) { wr32(p, (uint32_t)(v >> 32)); wr32(p + 4, (uint32_t)v); }
+
+/* Decode like prober.wire.Codec(None).decode; return -1 when valid, else the counter index of
+ * the reason (the same reason, checked in the same order). */
+static int decode(const uint8_t *d, size_t n, Msg *m) {
+    if (n < BODY) return C_TRUNCATED;
+    if (rd16(d) != MAGIC) return C_BAD_MAGIC;
+    if (d[2] != VERSION) return C_BAD_VERSION;
+    int mtype = d[3], flags = d[4];
+    if (mtype < 1 || mtype > 3) return C_BAD_TYPE;
+    if ((flags & ~(FLAG_AUTH | FLAG_T3_FINAL | FLAG_TRACE)) || rd16(d + 6)) return C_BAD_FIELD;
+    if (flags & FLAG_AUTH) return C_BAD_AUTH; /* this engine speaks the unauthenticated codec */
+    size_t pad = n - BODY;
+    if (pad > MAX_PAD) return C_BAD_FIELD;
+    for (size_t i = BODY; i < n; i++)
+        if (d[i]) return C_BAD_FIELD;
+    m->mtype = mtype;
+    m->pos = d[5];
+    m->sender = rd64(d + 8);
+    m->peer = rd64(d + 16);
+    m->seq = rd32(d + 24);
+    m->pair = (int32_t)rd32(d + 28);
+    m->ta = (int64_t)rd64(d + 32);
+    m->tb = (int64_t)rd64(d + 40);
+    m->t3_final = (flags & FLAG_T3_FINAL) != 0;
+    m->trace = (flags & FLAG_TRACE) != 0;
+    m->pad = (int)pad;
+    /* prober.wire.Message validation */
+    if (m->pair < -1 || m->ta < 0 || m->tb < 0) return C_BAD_FIELD;
+    if ((m->pos != 0 && m->pos != 1) || (m->pair == -1 && m->pos)) return C_BAD_FIELD;
+    if (mtype == 1) {
+        if (m->ta || m->tb || m->t3_final) return C_BAD_FIELD;
+    } else if (mtype == 2) {
+        if (m->tb && !m->t3_final) return C_BAD_FIELD;
+    } else if (m->t3_final || m->trace) {
+        return C_BAD_FIELD;
+    }
+    return -1;
+}
+
+static void encode(uint8_t *p, int mtype, int flags, int pos, uint64_t sender, uint64_t peer,
+                   uint32_t seq, int32_t pair, int64_t ta, int64_t tb, int pad) {
+    wr16(p, MAGIC);
+    p[2] = VERSION;
+    p[3] = (uint8_t)mtype;
+    p[4] = (uint8_t)flags;
+    p[5] = (uint8_t)pos;
+    p[6] = p[7] = 0;
+    wr64(p + 8, sender);
+    wr64(p + 16, peer);
+    wr32(p + 24, seq);
+    wr32(p + 28, (uint32_t)pair);
+    wr64(p + 32, (uint64_t)ta);
+    wr64(p + 40, (uint64_t)tb);
+    if (pad) memset(p + BODY, 0, (size_t)pad);
+}
+
+/* ---- engine state ------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t at;
+    uint64_t order;
+    uint64_t dst_hash;
+    struct sockaddr_in dest;
+    int64_t spacing;
+    int32_t dst, pair;
+    uint16_t sport;
+    uint8_t pos;
+} Queued;
+
+typedef struct {
+    uint64_t dst_hash;
+    int64_t sent, t1, t2, t3, t4;
+    uint32_t seq;
+    int32_t dst, pair;
+    uint16_t sport;
+    uint8_t live, have, pos; /* have: bit0 t1, bit1 t2, bit2 t3, bit3 t4 */
+} Pend;
+
+typedef struct {
+    int64_t ctr, created, ta;
+    uint64_t peer;
+    struct sockaddr_in dest;
+    uint32_t seq;
+    int32_t pair;
+    uint8_t live, pos;
+} Await;
+
+typedef struct {
+    int fd;
+    int port;
+    uint32_t sent;      /* OPT_ID: the kernel's counter of this socket's stamped sends */
+    uint32_t kmask;
+    int64_t *tok;       /* token per OPT_ID key (ring) */
+    uint32_t *key;
+    uint8_t *tvalid;
+} Sock;
+
+typedef struct {
+    int sock;
+    int64_t token;      /* -1: no TX stamp wanted */
+    int len;
+    struct sockaddr_in dest;
+    uint8_t data[SLOT];
+} Out;
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t nic;
+    int64_t timeout;
+    int64_t max_pending;
+    int pad;
+    int stamp_followups;      /* 0: follow-ups carry a per-message SO_TIMESTAMPING of 0 */
+    int unstamped_count;      /* 1: OPT_ID also counts unstamped sends (older kernels) */
+    PyObject *clock;          /* None or callable(kernel ns) -> NIC ns */
+    /* queue: binary heap */
+    Queued *q;
+    Py_ssize_t qn, qcap;
+    uint64_t order;
+    /* pending: indexed by seq & pmask; oldest_seq..next_seq in order */
+    Pend *pend;
+    uint32_t pmask;
+    uint32_t next_seq, oldest_seq;
+    int64_t npending;
+    /* replies awaiting TX stamps: ring indexed by ctr & amask */
+    Await *aw;
+    uint32_t amask;
+    int64_t aw_next, aw_oldest, nawait;
+    /* sockets */
+    Sock *socks;
+    int nsocks, responder;
+    int32_t port_sock[65536];
+    /* output rows */
+    int64_t *rows;
+    Py_ssize_t nrows, rowcap;
+    /* outgoing datagrams */
+    Out *out;
+    int nout;
+    /* receive ring */
+    struct mmsghdr rhdr[RING];
+    struct iovec riov[RING];
+    struct sockaddr_in rname[RING];
+    uint8_t (*rdata)[SLOT];
+    uint8_t rctl[RING][CTL];
+    int64_t counters[C_N];
+    int64_t err_send[MAXERRNO], err_recv[MAXERRNO], err_errq[MAXERRNO];
+    PyObject *deferred;       /* list or NULL */
+} Engine;
+
+static int64_t map_clock(Engine *e, int64_t ns, int *err) {
+    if (e->clock == Py_None) return ns;
+    PyObject *r = PyObject_CallFunction(e->clock, "L", (long long)ns);
+    if (!r) { *err = 1; return ns; }
+    long long v = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    if (v == -1 && PyErr_Occurred()) { *err = 1; return ns; }
+    return v;
+}
+
+static int add_row(Engine *e, const int64_t r[NCOL]) {
+    if (e->nrows == e->rowcap) {
+        Py_ssize_t cap = e->rowcap ? e->rowcap * 2 : 256;
+        int64_t *n = PyMem_Realloc(e->rows, (size_t)cap * NCOL * sizeof(int64_t));
+        if (!n) { PyErr_NoMemory(); return -1; }
+        e->rows = n;
+        e->rowcap = cap;
+    }
+    memcpy(e->rows + e->nrows * NCOL, r, NCOL * sizeof(int64_t));
+    e->nrows++;
+    return 0;
+}
+
+static void count_err(int64_t *arr, int err) { arr[(err > 0 && err < MAXERRNO) ? err : 0]++; }
+
+/* ---- heap --------------------------------------------------------------------------------- */
+
+static inline int qless(const Queued *a, const Queued *b) {
+    return a->at < b->at || (a->at == b->at && a->order < b->order);
+}
+
+static int qpush(Engine *e, const Queued *x) {
+    if (e->qn == e->qcap) {
+        Py_ssize_t cap = e->qcap ? e->qcap * 2 : 256;
+        Queued *n = PyMem_Realloc(e->q, (size_t)cap * sizeof(Queued));
+        if (!n) { PyErr_NoMemory(); return -1; }
+        e->q = n;
+        e->qcap = cap;
+    }
+    Py_ssize_t i = e->qn++;
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!qless(x, &e->q[p])) break;
+        e->q[i] = e->q[p];
+        i = p;
+    }
+    e->q[i] = *x;
+    return 0;
+}
+
+static void qpop(Engine *e, Queued *top) {
+    *top = e->q[0];
+    Queued last = e->q[--e->qn];
+    Py_ssize_t i = 0, n = e->qn;
+    for (;;) {
+        Py_ssize_t l = 2 * i + 1, r = l + 1, m = i;
+        const Queued *best = &last;
+        if (l < n && qless(&e->q[l], best)) { m = l; best = &e->q[l]; }
+        if (r < n && qless(&e->q[r], best)) { m = r; }
+        if (m == i) break;
+        e->q[i] = e->q[m];
+        i = m;
+    }
+    if (n) e->q[i] = last;
+}
+
+/* ---- sending ------------------------------------------------------------------------------ */
+
+static int flush_out(Engine *e);
+
+static Out *out_slot(Engine *e) {
+    if (e->nout == OUTMAX && flush_out(e) < 0) return NULL;
+    return &e->out[e->nout++];
+}
+
+static void note_token(Engine *e, Sock *s, int64_t token) {
+    uint32_t k = s->sent++;
+    if (token < 0) return;
+    uint32_t i = k & s->kmask;
+    if (s->tvalid[i]) e->counters[C_TX_TOKEN_EVICTED]++;
+    s->tok[i] = token;
+    s->key[i] = k;
+    s->tvalid[i] = 1;
+}
+
+static int is_pending_icmp(int err) {
+    return err == EHOSTUNREACH || err == ENETUNREACH || err == ECONNREFUSED || err == EHOSTDOWN ||
+           err == EPROTO || err == ENOPROTOOPT || err == ENONET;
+}
+
+/* Send every queued datagram, one sendmmsg per socket (in queue order within a socket). */
+static int flush_out(Engine *e) {
+    int n = e->nout;
+    if (!n) return 0;
+    static __thread struct mmsghdr hdr[OUTMAX];
+    static __thread struct iovec iov[OUTMAX];
+    static __thread int idx[OUTMAX];
+    static __thread uint8_t done[OUTMAX];
+    union { char buf[CMSG_SPACE(sizeof(uint32_t))]; struct cmsghdr align; } ctl0;
+    memset(done, 0, (size_t)n);
+    memset(&ctl0, 0, sizeof(ctl0));
+    {
+        struct cmsghdr *c = (struct cmsghdr *)ctl0.buf;
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SO_TIMESTAMPING_OLD;
+        c->cmsg_len = CMSG_LEN(sizeof(uint32_t));
+        uint32_t zero = 0;
+        memcpy(CMSG_DATA(c), &zero, sizeof(zero));
+    }
+    for (int i = 0; i < n; i++) {
+        if (done[i]) continue;
+        int si = e->out[i].sock, k = 0;
+        for (int j = i; j < n; j++) {
+            if (done[j] || e->out[j].sock != si) continue;
+            done[j] = 1;
+            Out *o = &e->out[j];
+            idx[k] = j;
+            iov[k].iov_base = o->data;
+            iov[k].iov_len = (size_t)o->len;
+            memset(&hdr[k], 0, sizeof(hdr[k]));
+            hdr[k].msg_hdr.msg_name = &o->dest;
+            hdr[k].msg_hdr.msg_namelen = sizeof(o->dest);
+            hdr[k].msg_hdr.msg_iov = &iov[k];
+            hdr[k].msg_hdr.msg_iovlen = 1;
+            if (o->token == -2) { /* an unstamped follow-up */
+                hdr[k].msg_hdr.msg_control = ctl0.buf;
+                hdr[k].msg_hdr.msg_controllen = sizeof(ctl0.buf);
+            }
+            k++;
+        }
+        Sock *s = &e->socks[si];
+        int at = 0, retried = 0;
+        while (at < k) {
+            int r = sendmmsg(s->fd, hdr + at, (unsigned)(k - at), MSG_DONTWAIT);
+            if (r > 0) {
+                for (int m = at; m < at + r; m++) {
+                    int64_t tok = e->out[idx[m]].token;
+                    if (tok == -2) {
+                        if (e->unstamped_count) s->sent++;
+                    } else {
+                        note_token(e, s, tok);
+                    }
+                }
+                at += r;
+                retried = 0;
+                continue;
+            }
+            int err = r < 0 ? errno : EAGAIN;
+            if (err == EINTR) continue;
+            if (is_pending_icmp(err) && !retried) {
+                /* a pending ICMP error (IP_RECVERR) was reported instead of sending: once more */
+                e->counters[C_SEND_PENDING_ICMP]++;
+                retried = 1;
+                continue;
+            }
+            count_err(e->err_send, err); /* refused: dropped (a probe then times out, lost) */
+            at++;
+            retried = 0;
+        }
+    }
+    e->nout = 0;
+    return 0;
+}
+
+/* ---- results ------------------------------------------------------------------------------ */
+
+static int complete(Engine *e, Pend *p) {
+    if (p->have != 15) return 0;
+    p->live = 0;
+    e->npending--;
+    if (!(p->t1 <= p->t4 && p->t2 <= p->t3)) {
+        e->counters[C_INCONSISTENT]++;
+        return 0;
+    }
+    int64_t r[NCOL] = {p->seq, p->dst, p->sport, p->pair, p->pos, p->t1, p->t2, p->t3, p->t4, 0,
+                       p->sent};
+    return add_row(e, r);
+}
+
+/* ---- receiving ---------------------------------------------------------------------------- */
+
+static int defer(Engine *e, const uint8_t *d, size_t n, const struct sockaddr_in *src, int64_t rx) {
+    if (!e->deferred && !(e->deferred = PyList_New(0))) return -1;
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &src->sin_addr, ip, sizeof(ip));
+    PyObject *t = Py_BuildValue("(y#(si)L)", (const char *)d, (Py_ssize_t)n, ip,
+                                (int)ntohs(src->sin_port), (long long)rx);
+    if (!t) return -1;
+    int rc = PyList_Append(e->deferred, t);
+    Py_DECREF(t);
+    return rc;
+}
+
+/* One received datagram (the same steps as ProbeSession.receive). */
+static int process(Engine *e, const uint8_t *d, size_t n, const struct sockaddr_in *src,
+                   int64_t rx, int64_t now) {
+    Msg m;
+    int why = decode(d, n, &m);
+    if (why >= 0) { e->counters[why]++; return 0; }
+    if (m.peer != e->nic) { e->counters[C_MISDIRECTED]++; return 0; }
+    if (m.mtype == 1) {
+        if (m.trace) return defer(e, d, n, src, rx); /* one-step trace reply: Python */
+        if (rx < 0) { e->counters[C_BAD_STAMP]++; return 0; }
+        if (e->nawait >= e->max_pending || e->aw[e->aw_next & e->amask].live) {
+            e->counters[C_OVERFLOW]++;
+            return 0;
+        }
+        if (e->responder < 0) { e->counters[C_NO_SOCKET]++; return 0; }
+        if (BODY + m.pad > SLOT) { e->counters[C_RX_OVERSIZED]++; return 0; }
+        int64_t ctr = e->aw_next++;
+        Await *a = &e->aw[ctr & e->amask];
+        a->live = 1; a->ctr = ctr; a->created = now; a->ta = rx; a->peer = m.sender;
+        a->dest = *src; a->seq = m.seq; a->pair = m.pair; a->pos = (uint8_t)m.pos;
+        e->nawait++;
+        Out *o = out_slot(e);
+        if (!o) return -1;
+        o->sock = e->responder;
+        o->token = REPLY_TOKEN_BASE + ctr;
+        o->dest = *src;
+        o->len = BODY + m.pad;
+        encode(o->data, 2, 0, m.pos, e->nic, m.sender, m.seq, m.pair, rx, 0, m.pad);
+        return 0;
+    }
+    if (m.trace) return defer(e, d, n, src, rx); /* TraceReached: Python */
+    Pend *p = &e->pend[m.seq & e->pmask];
+    if (!p->live || p->seq != m.seq) { e->counters[C_UNMATCHED]++; return 0; }
+    if (m.sender != p->dst_hash) { e->counters[C_WRONG_SENDER]++; return 0; }
+    if (m.pair != p->pair || m.pos != p->pos) { e->counters[C_MISMATCH]++; return 0; }
+    if ((p->have & 2) && m.ta != p->t2) { e->counters[C_DUPLICATE]++; return 0; }
+    if (m.mtype == 2) {
+        if (p->have & 8) { e->counters[C_DUPLICATE]++; return 0; }
+        p->t4 = rx; p->t2 = m.ta; p->have |= 8 | 2;
+        if (m.t3_final) { p->t3 = m.tb; p->have |= 4; }
+    } else {
+        if (p->have & 4) { e->counters[C_DUPLICATE]++; return 0; }
+        p->t2 = m.ta; p->t3 = m.tb; p->have |= 2 | 4;
+    }
+    return complete(e, p);
+}
+
+/* Stamp in a control buffer: hardware when non-zero, else software; 0 when none. */
+static int read_cmsgs(struct msghdr *h, int64_t *ns, int *hw, struct sock_extended_err **ee) {
+    int found = 0;
+    *ee = NULL;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(h); c; c = CMSG_NXTHDR(h, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_TIMESTAMPING_OLD &&
+            c->cmsg_len >= CMSG_LEN(3 * sizeof(struct timespec))) {
+            struct timespec ts[3];
+            memcpy(ts, CMSG_DATA(c), sizeof(ts));
+            if (ts[2].tv_sec || ts[2].tv_nsec) {
+                *ns = (int64_t)ts[2].tv_sec * 1000000000LL + ts[2].tv_nsec; *hw = 1; found = 1;
+            } else if (ts[0].tv_sec || ts[0].tv_nsec) {
+                *ns = (int64_t)ts[0].tv_sec * 1000000000LL + ts[0].tv_nsec; *hw = 0; found = 1;
+            }
+        } else if (c->cmsg_level == SOL_IP && c->cmsg_type == IP_RECVERR &&
+                   c->cmsg_len >= CMSG_LEN(sizeof(struct sock_extended_err))) {
+            *ee = (struct sock_extended_err *)CMSG_DATA(c);
+        }
+    }
+    return found;
+}
+
+static void prep_ring(Engine *e, int errq) {
+    for (int i = 0; i < RING; i++) {
+        e->riov[i].iov_base = e->rdata[i];
+        e->riov[i].iov_len = SLOT;
+        struct msghdr *h = &e->rhdr[i].msg_hdr;
+        h->msg_name = errq ? NULL : &e->rname[i];
+        h->msg_namelen = errq ? 0 : sizeof(e->rname[i]);
+        h->msg_iov = &e->riov[i];
+        h->msg_iovlen = 1;
+        h->msg_control = e->rctl[i];
+        h->msg_controllen = CTL;
+        h->msg_flags = 0;
+        e->rhdr[i].msg_len = 0;
+    }
+}
+
+static int defer_err(Engine *e, int si, struct msghdr *h, size_t len) {
+    /* an ICMP error (or anything else) from the error queue: Python parses it */
+    if (!e->deferred && !(e->deferred = PyList_New(0))) return -1;
+    PyObject *cm = PyList_New(0);
+    if (!cm) return -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(h); c; c = CMSG_NXTHDR(h, c)) {
+        PyObject *t = Py_BuildValue("(iiy#)", c->cmsg_level, c->cmsg_type,
+                                    (const char *)CMSG_DATA(c),
+                                    (Py_ssize_t)(c->cmsg_len - CMSG_LEN(0)));
+        if (!t || PyList_Append(cm, t) < 0) { Py_XDECREF(t); Py_DECREF(cm); return -1; }
+        Py_DECREF(t);
+    }
+    PyObject *t = Py_BuildValue("(iy#N)", e->socks[si].port, (const char *)h->msg_iov->iov_base,
+                                (Py_ssize_t)len, cm);
+    if (!t) return -1;
+    int rc = PyList_Append(e->deferred, t);
+    Py_DECREF(t);
+    return rc;
+}
+
+/* Read the error queue of socket si: TX stamps -> t1 / follow-ups; the rest deferred. */
+static int drain_errq(Engine *e, int si, int64_t now) {
+    Sock *s = &e->socks[si];
+    for (int round = 0; round < 64; round++) {
+        prep_ring(e, 1);
+        int n = recvmmsg(s->fd, e->rhdr, RING, MSG_ERRQUEUE | MSG_DONTWAIT, NULL);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR) return 0;
+            count_err(e->err_errq, errno);
+            return 0;
+        }
+        for (int i = 0; i < n; i++) {
+            struct msghdr *h = &e->rhdr[i].msg_hdr;
+            int64_t ns = 0;
+            int hw = 0, cerr = 0;
+            struct sock_extended_err *ee;
+            int stamped = read_cmsgs(h, &ns, &hw, &ee);
+            if (!ee) { e->counters[C_ERRQUEUE_UNKNOWN]++; continue; }
+            if (ee->ee_origin != SO_EE_ORIGIN_TIMESTAMPING) {
+                if (defer_err(e, si, h, e->rhdr[i].msg_len) < 0) return -1;
+                continue;
+            }
+            uint32_t k = ee->ee_data, j = k & s->kmask;
+            if (!s->tvalid[j] || s->key[j] != k || !stamped) continue;
+            s->tvalid[j] = 0;
+            int64_t token = s->tok[j];
+            e->counters[hw ? C_STAMP_HW : C_STAMP_SW]++;
+            int64_t tx = map_clock(e, ns, &cerr);
+            if (cerr) return -1;
+            if (token >= REPLY_TOKEN_BASE) {
+                int64_t ctr = token - REPLY_TOKEN_BASE;
+                Await *a = &e->aw[ctr & e->amask];
+                if (!a->live || a->ctr != ctr) { e->counters[C_LATE_TX_STAMP]++; continue; }
+                a->live = 0;
+                e->nawait--;
+                int64_t t3 = tx >= 0 ? (tx > a->ta ? tx : a->ta) : a->ta;
+                Out *o = out_slot(e);
+                if (!o) return -1;
+                o->sock = e->responder;
+                o->token = e->stamp_followups ? -1 : -2;
+                o->dest = a->dest;
+                o->len = BODY;
+                encode(o->data, 3, 0, a->pos, e->nic, a->peer, a->seq, a->pair, a->ta, t3, 0);
+                continue;
+            }
+            Pend *p = &e->pend[(uint32_t)token & e->pmask];
+            if (!p->live || p->seq != (uint32_t)token || (p->have & 1)) {
+                e->counters[C_LATE_TX_STAMP]++;
+                continue;
+            }
+            p->t1 = tx;
+            p->have |= 1;
+            if (complete(e, p) < 0) return -1;
+        }
+        if (n < RING) return 0;
+    }
+    return 0;
+}
+
+static int drain_data(Engine *e, int si, int64_t now) {
+    Sock *s = &e->socks[si];
+    for (int round = 0; round < 64; round++) {
+        prep_ring(e, 0);
+        int n = recvmmsg(s->fd, e->rhdr, RING, MSG_DONTWAIT, NULL);
+        if (n < 0) {
+            if (errno == EAGAIN) return 0;
+            if (errno == EINTR) continue;
+            count_err(e->err_recv, errno); /* e.g. ECONNREFUSED from IP_RECVERR: details queued */
+            if (drain_errq(e, si, now) < 0) return -1;
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            struct msghdr *h = &e->rhdr[i].msg_hdr;
+            int64_t ns = 0, rx;
+            int hw = 0, cerr = 0;
+            struct sock_extended_err *ee;
+            if (h->msg_flags & MSG_TRUNC) { e->counters[C_RX_OVERSIZED]++; continue; }
+            if (read_cmsgs(h, &ns, &hw, &ee)) {
+                e->counters[hw ? C_STAMP_HW : C_STAMP_SW]++;
+                rx = map_clock(e, ns, &cerr);
+                if (cerr) return -1;
+            } else {
+                e->counters[C_STAMP_USER]++;
+                rx = now;
+            }
+            if (process(e, e->rdata[i], e->rhdr[i].msg_len, &e->rname[i], rx, now) < 0) return -1;
+        }
+        if (n < RING) return 0;
+    }
+    return 0;
+}
+
+/* ---- Python methods ----------------------------------------------------------------------- */
+
+static PyObject *take_deferred(Engine *e) {
+    if (!e->deferred) Py_RETURN_NONE;
+    PyObject *d = e->deferred;
+    e->deferred = NULL;
+    return d;
+}
+
+static int sock_index(Engine *e, PyObject *arg, int *si) {
+    long i = PyLong_AsLong(arg);
+    if (i == -1 && PyErr_Occurred()) return -1;
+    if (i < 0 || i >= e->nsocks) {
+        PyErr_SetString(PyExc_IndexError, "no such socket");
+        return -1;
+    }
+    *si = (int)i;
+    return 0;
+}
+
+/* After sending: read the TX stamps the kernel already has (software stamps are queued during
+ * the send), so follow-ups and t1 do not wait for another readiness callback. */
+static int settle(Engine *e, int64_t now) {
+    for (int round = 0; round < 4 && e->nout; round++) {
+        uint8_t touched[1024] = {0};
+        int many = 0;
+        for (int i = 0; i < e->nout; i++) {
+            int si = e->out[i].sock;
+            if (si < 1024) touched[si] = 1; else many = 1;
+        }
+        if (flush_out(e) < 0) return -1;
+        for (int si = 0; si < e->nsocks; si++)
+            if ((si < 1024 && touched[si]) || (si >= 1024 && many))
+                if (drain_errq(e, si, now) < 0) return -1;
+    }
+    return flush_out(e);
+}
+
+static PyObject *Engine_drain(Engine *e, PyObject *args) {
+    PyObject *sarg;
+    long long now;
+    int si;
+    if (!PyArg_ParseTuple(args, "OL", &sarg, &now) || sock_index(e, sarg, &si) < 0) return NULL;
+    if (drain_errq(e, si, now) < 0 || drain_data(e, si, now) < 0 || settle(e, now) < 0)
+        return NULL;
+    return take_deferred(e);
+}
+
+static PyObject *Engine_send_due(Engine *e, PyObject *args) {
+    long long now;
+    if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
+    long sent = 0;
+    while (e->qn && e->q[0].at <= now) {
+        Queued q;
+        qpop(e, &q);
+        Pend *p = &e->pend[e->next_seq & e->pmask];
+        int32_t si = e->port_sock[q.sport];
+        if (e->npending >= e->max_pending || p->live) {
+            e->counters[C_OVERFLOW]++;
+        } else if (si < 0) {
+            e->counters[C_NO_SOCKET]++;
+        } else {
+            uint32_t seq = e->next_seq++;
+            memset(p, 0, sizeof(*p));
+            p->live = 1; p->seq = seq; p->dst = q.dst; p->dst_hash = q.dst_hash; p->sport = q.sport;
+            p->pair = q.pair; p->pos = q.pos; p->sent = now;
+            e->npending++;
+            Out *o = out_slot(e);
+            if (!o) return NULL;
+            o->sock = si;
+            o->token = seq;
+            o->dest = q.dest;
+            o->len = BODY + e->pad;
+            encode(o->data, 1, 0, q.pos, e->nic, q.dst_hash, seq, q.pair, 0, 0, e->pad);
+            sent++;
+        }
+        if (q.spacing >= 0) { /* the second probe of a coded pair */
+            q.at = now + q.spacing;
+            q.order = ++e->order;
+            q.pos = 1;
+            q.spacing = -1;
+            if (qpush(e, &q) < 0) return NULL;
+        }
+    }
+    (void)sent;
+    if (settle(e, now) < 0) return NULL;
+    return take_deferred(e); /* ICMP errors read from the error queues while settling */
+}
+
+static PyObject *Engine_queue(Engine *e, PyObject *args) {
+    Queued q;
+    long long at, spacing;
+    unsigned long long dst_hash;
+    const char *ip;
+    int port, dst, sport, pair, pos;
+    if (!PyArg_ParseTuple(args, "LiKsiiiiL", &at, &dst, &dst_hash, &ip, &port, &sport, &pair,
+                          &pos, &spacing))
+        return NULL;
+    memset(&q, 0, sizeof(q));
+    q.dest.sin_family = AF_INET;
+    q.dest.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, ip, &q.dest.sin_addr) != 1 || sport < 0 || sport > 65535 ||
+        port < 0 || port > 65535) {
+        PyErr_Format(PyExc_ValueError, "bad destination %s:%d or source port %d", ip, port, sport);
+        return NULL;
+    }
+    q.at = at; q.order = ++e->order; q.dst = dst; q.dst_hash = dst_hash; q.sport = (uint16_t)sport;
+    q.pair = pair; q.pos = (uint8_t)pos; q.spacing = spacing;
+    if (qpush(e, &q) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_poll(Engine *e, PyObject *args) {
+    long long now;
+    if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
+    while (e->oldest_seq != e->next_seq) {
+        Pend *p = &e->pend[e->oldest_seq & e->pmask];
+        if (p->live && p->seq == e->oldest_seq) {
+            if (p->sent + e->timeout > now) break;
+            p->live = 0;
+            e->npending--;
+            if (p->have & 8) {
+                e->counters[C_INCOMPLETE]++;
+            } else {
+                int64_t r[NCOL] = {p->seq, p->dst, p->sport, p->pair, p->pos,
+                                   (p->have & 1) ? p->t1 : MISSING, MISSING, MISSING, MISSING, 1,
+                                   p->sent};
+                if (add_row(e, r) < 0) return NULL;
+                e->counters[C_LOST]++;
+            }
+        }
+        e->oldest_seq++;
+    }
+    int64_t cutoff = now - e->timeout;
+    while (e->aw_oldest < e->aw_next) {
+        Await *a = &e->aw[e->aw_oldest & e->amask];
+        if (a->live && a->ctr == e->aw_oldest) {
+            if (a->created > cutoff) break;
+            a->live = 0;
+            e->nawait--;
+            e->counters[C_TX_STAMP_MISSING]++;
+        }
+        e->aw_oldest++;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_take(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    if (!e->nrows) Py_RETURN_NONE;
+    PyObject *b = PyBytes_FromStringAndSize((const char *)e->rows,
+                                            e->nrows * NCOL * (Py_ssize_t)sizeof(int64_t));
+    if (b) e->nrows = 0;
+    return b;
+}
+
+static PyObject *Engine_take_counters(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (int i = 0; i < C_N; i++) {
+        if (!e->counters[i]) continue;
+        PyObject *v = PyLong_FromLongLong(e->counters[i]);
+        if (!v || PyDict_SetItemString(d, COUNTER_NAMES[i], v) < 0) { Py_XDECREF(v); Py_DECREF(d); return NULL; }
+        Py_DECREF(v);
+        e->counters[i] = 0;
+    }
+    const char *kinds[3] = {"send_error", "recv_error", "errqueue_error"};
+    int64_t *arrs[3] = {e->err_send, e->err_recv, e->err_errq};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < MAXERRNO; i++) {
+            if (!arrs[k][i]) continue;
+            PyObject *key = Py_BuildValue("(si)", kinds[k], i);
+            PyObject *v = PyLong_FromLongLong(arrs[k][i]);
+            if (!key || !v || PyDict_SetItem(d, key, v) < 0) {
+                Py_XDECREF(key); Py_XDECREF(v); Py_DECREF(d); return NULL;
+            }
+            Py_DECREF(key); Py_DECREF(v);
+            arrs[k][i] = 0;
+        }
+    return d;
+}
+
+static PyObject *Engine_add_socket(Engine *e, PyObject *args) {
+    int fd, port, responder = 0, kbits = 10;
+    if (!PyArg_ParseTuple(args, "ii|pi", &fd, &port, &responder, &kbits)) return NULL;
+    if (port < 0 || port > 65535 || kbits < 4 || kbits > 20) {
+        PyErr_SetString(PyExc_ValueError, "bad port or key ring size");
+        return NULL;
+    }
+    Sock *n = PyMem_Realloc(e->socks, (size_t)(e->nsocks + 1) * sizeof(Sock));
+    if (!n) return PyErr_NoMemory();
+    e->socks = n;
+    Sock *s = &e->socks[e->nsocks];
+    memset(s, 0, sizeof(*s));
+    s->fd = fd;
+    s->port = port;
+    s->kmask = (1u << kbits) - 1;
+    s->tok = PyMem_Calloc((size_t)s->kmask + 1, sizeof(int64_t));
+    s->key = PyMem_Calloc((size_t)s->kmask + 1, sizeof(uint32_t));
+    s->tvalid = PyMem_Calloc((size_t)s->kmask + 1, 1);
+    if (!s->tok || !s->key || !s->tvalid) {
+        PyMem_Free(s->tok); PyMem_Free(s->key); PyMem_Free(s->tvalid);
+        return PyErr_NoMemory();
+    }
+    if (responder) e->responder = e->nsocks;
+    else e->port_sock[port] = e->nsocks;
+    return PyLong_FromLong(e->nsocks++);
+}
+
+static PyObject *Engine_note_sent(Engine *e, PyObject *args) {
+    PyObject *sarg;
+    int si;
+    if (!PyArg_ParseTuple(args, "O", &sarg) || sock_index(e, sarg, &si) < 0) return NULL;
+    e->socks[si].sent++; /* a stamped send Python made on this socket (no token wanted) */
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_forget_sockets(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    for (int i = 0; i < e->nsocks; i++) {
+        PyMem_Free(e->socks[i].tok); PyMem_Free(e->socks[i].key); PyMem_Free(e->socks[i].tvalid);
+    }
+    PyMem_Free(e->socks);
+    e->socks = NULL;
+    e->nsocks = 0;
+    e->responder = -1;
+    for (int i = 0; i < 65536; i++) e->port_sock[i] = -1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_set_clock(Engine *e, PyObject *clock) {
+    if (clock != Py_None && !PyCallable_Check(clock)) {
+        PyErr_SetString(PyExc_TypeError, "clock must be None or callable");
+        return NULL;
+    }
+    Py_INCREF(clock);
+    Py_XSETREF(e->clock, clock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_next_send_ns(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    if (!e->qn) Py_RETURN_NONE;
+    return PyLong_FromLongLong(e->q[0].at);
+}
+
+static PyObject *Engine_next_timeout_ns(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    uint32_t s = e->oldest_seq;
+    while (s != e->next_seq) {
+        Pend *p = &e->pend[s & e->pmask];
+        if (p->live && p->seq == s) return PyLong_FromLongLong(p->sent + e->timeout);
+        s++;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_stats(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    return Py_BuildValue("{s:L,s:L,s:n}", "pending", (long long)e->npending, "awaiting_tx",
+                         (long long)e->nawait, "queued", e->qn);
+}
+
+static PyObject *Engine_feed(Engine *e, PyObject *args) {
+    /* process one datagram as if received (tests); replies are queued as if on the wire */
+    Py_buffer buf;
+    const char *ip;
+    int port;
+    long long rx, now;
+    if (!PyArg_ParseTuple(args, "y*(si)LL", &buf, &ip, &port, &rx, &now)) return NULL;
+    struct sockaddr_in src;
+    memset(&src, 0, sizeof(src));
+    src.sin_family = AF_INET;
+    src.sin_port = htons((uint16_t)port);
+    int ok = inet_pton(AF_INET, ip, &src.sin_addr) == 1;
+    int rc = ok ? process(e, buf.buf, (size_t)buf.len, &src, rx, now) : 0;
+    PyBuffer_Release(&buf);
+    if (!ok) { PyErr_Format(PyExc_ValueError, "bad address %s", ip); return NULL; }
+    if (rc < 0) return NULL;
+    return take_deferred(e);
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"add_socket", (PyCFunction)Engine_add_socket, METH_VARARGS,
+     "add_socket(fd, port, responder=False, key_bits=10) -> index"},
+    {"forget_sockets", (PyCFunction)Engine_forget_sockets, METH_NOARGS, "drop every socket"},
+    {"note_sent", (PyCFunction)Engine_note_sent, METH_VARARGS,
+     "note_sent(index): Python sent one stamped datagram wanting no stamp on this socket"},
+    {"queue", (PyCFunction)Engine_queue, METH_VARARGS,
+     "queue(at_ns, dst_index, dst_hash, ip, port, sport, pair_id, pair_pos, spacing_ns)"},
+    {"send_due", (PyCFunction)Engine_send_due, METH_VARARGS,
+     "send_due(now_ns) -> deferred list or None: send due probes (and queued replies)"},
+    {"drain", (PyCFunction)Engine_drain, METH_VARARGS,
+     "drain(index, now_ns) -> deferred list or None"},
+    {"feed", (PyCFunction)Engine_feed, METH_VARARGS,
+     "feed(data, (ip, port), rx_ns, now_ns) -> deferred list or None (no socket read)"},
+    {"poll", (PyCFunction)Engine_poll, METH_VARARGS, "poll(now_ns): timeouts -> lost rows"},
+    {"take", (PyCFunction)Engine_take, METH_NOARGS, "take() -> bytes of int64 rows or None"},
+    {"take_counters", (PyCFunction)Engine_take_counters, METH_NOARGS,
+     "take_counters() -> {name or (kind, errno): increment since the last call}"},
+    {"set_clock", (PyCFunction)Engine_set_clock, METH_O,
+     "set_clock(None or callable(kernel ns) -> NIC ns)"},
+    {"next_send_ns", (PyCFunction)Engine_next_send_ns, METH_NOARGS, ""},
+    {"next_timeout_ns", (PyCFunction)Engine_next_timeout_ns, METH_NOARGS, ""},
+    {"stats", (PyCFunction)Engine_stats, METH_NOARGS, ""},
+    {NULL, NULL, 0, NULL},
+};
+
+static uint32_t pow2_at_least(int64_t n) {
+    uint32_t p = 1024;
+    while (p < n && p < (1u << 20)) p <<= 1;
+    return p;
+}
+
+static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
+    static char *names[] = {"nic_hash", "timeout_ns", "max_pending", "pad", "seq_start", "clock",
+                            "stamp_followups", "unstamped_count", NULL};
+    unsigned long long nic, seq_start = 0;
+    long long timeout, max_pending;
+    int pad = 0, stamp_fu = 1, unstamped = 0;
+    PyObject *clock = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KLL|iKOpp", names, &nic, &timeout, &max_pending,
+                                     &pad, &seq_start, &clock, &stamp_fu, &unstamped))
+        return -1;
+    if (timeout <= 0 || max_pending <= 0 || pad < 0 || pad > SLOT - BODY) {
+        PyErr_SetString(PyExc_ValueError, "timeout_ns and max_pending must be positive, pad small");
+        return -1;
+    }
+    if (e->pend) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
+        return -1;
+    }
+    e->nic = nic; e->timeout = timeout; e->max_pending = max_pending; e->pad = pad;
+    e->stamp_followups = stamp_fu; e->unstamped_count = unstamped;
+    Py_INCREF(clock);
+    e->clock = clock;
+    uint32_t p = pow2_at_least(max_pending < 65536 ? max_pending : 65536);
+    e->pmask = p - 1;
+    e->amask = p - 1;
+    e->pend = PyMem_Calloc(p, sizeof(Pend));
+    e->aw = PyMem_Calloc(p, sizeof(Await));
+    e->out = PyMem_Calloc(OUTMAX, sizeof(Out));
+    e->rdata = PyMem_Calloc(RING, SLOT);
+    if (!e->pend || !e->aw || !e->out || !e->rdata) { PyErr_NoMemory(); return -1; }
+    e->next_seq = e->oldest_seq = (uint32_t)seq_start;
+    e->responder = -1;
+    for (int i = 0; i < 65536; i++) e->port_sock[i] = -1;
+    return 0;
+}
+
+static void Engine_dealloc(Engine *e) {
+    for (int i = 0; i < e->nsocks; i++) {
+        PyMem_Free(e->socks[i].tok); PyMem_Free(e->socks[i].key); PyMem_Free(e->socks[i].tvalid);
+    }
+    PyMem_Free(e->socks);
+    PyMem_Free(e->q); PyMem_Free(e->pend); PyMem_Free(e->aw); PyMem_Free(e->rows);
+    PyMem_Free(e->out); PyMem_Free(e->rdata);
+    Py_XDECREF(e->clock);
+    Py_XDECREF(e->deferred);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static PyObject *Engine_get_pending(Engine *e, void *Py_UNUSED(c)) {
+    return PyLong_FromLongLong(e->npending);
+}
+
+static PyGetSetDef Engine_getset[] = {
+    {"pending", (getter)Engine_get_pending, NULL, "probes awaiting their reply or stamps", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "prober._fastpath.Engine",
+    .tp_basicsize = sizeof(Engine),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The compiled datagram loop of one NIC (see prober/compiled.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Engine_init,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+    .tp_getset = Engine_getset,
+};
+
+/* decode(data) -> reason string, or (mtype, sender, peer, seq, pair_id, pair_pos, ta, tb,
+ * t3_final, pad, trace): the parser alone, for tests against prober.wire.Codec. */
+static PyObject *py_decode(PyObject *Py_UNUSED(m), PyObject *arg) {
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    Msg msg;
+    int why = decode(buf.buf, (size_t)buf.len, &msg);
+    PyBuffer_Release(&buf);
+    if (why >= 0) return PyUnicode_FromString(COUNTER_NAMES[why]);
+    return Py_BuildValue("(iKKkiiLLOiO)", msg.mtype, (unsigned long long)msg.sender,
+                         (unsigned long long)msg.peer, (unsigned long)msg.seq, (int)msg.pair,
+                         msg.pos, (long long)msg.ta, (long long)msg.tb,
+                         msg.t3_final ? Py_True : Py_False, msg.pad,
+                         msg.trace ? Py_True : Py_False);
+}
+
+static PyMethodDef module_methods[] = {
+    {"decode", py_decode, METH_O, "decode(data) -> reason or message fields"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "prober._fastpath", "The prober's compiled datagram loop.", -1,
+    module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    if (PyType_Ready(&EngineType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m) return NULL;
+    Py_INCREF(&EngineType);
+    if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+        Py_DECREF(&EngineType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "NCOL", NCOL);
+    PyModule_AddIntConstant(m, "SLOT", SLOT);
+    return m;
+}

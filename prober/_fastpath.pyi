@@ -1,0 +1,53 @@
+"""Type stub of the C extension `prober._fastpath` (source: prober/_fastpath.c)."""
+
+from collections.abc import Callable
+from typing import Any
+
+NCOL: int
+SLOT: int
+
+def decode(data: bytes | bytearray | memoryview, /) -> str | tuple[Any, ...]: ...
+
+class Engine:
+    pending: int
+    def __init__(
+        self,
+        nic_hash: int,
+        timeout_ns: int,
+        max_pending: int,
+        pad: int = 0,
+        seq_start: int = 0,
+        clock: Callable[[int], int] | None = None,
+        stamp_followups: bool = True,
+        unstamped_count: bool = False,
+    ) -> None: ...
+    def add_socket(
+        self, fd: int, port: int, responder: bool = False, key_bits: int = 10, /
+    ) -> int: ...
+    def forget_sockets(self) -> None: ...
+    def note_sent(self, index: int, /) -> None: ...
+    def queue(
+        self,
+        at_ns: int,
+        dst: int,
+        dst_hash: int,
+        ip: str,
+        port: int,
+        sport: int,
+        pair_id: int,
+        pair_pos: int,
+        spacing_ns: int,
+        /,
+    ) -> None: ...
+    def send_due(self, now_ns: int, /) -> list[Any] | None: ...
+    def drain(self, index: int, now_ns: int, /) -> list[Any] | None: ...
+    def feed(
+        self, data: bytes, src: tuple[str, int], rx_ns: int, now_ns: int, /
+    ) -> list[Any] | None: ...
+    def poll(self, now_ns: int, /) -> None: ...
+    def take(self) -> bytes | None: ...
+    def take_counters(self) -> dict[str | tuple[str, int], int]: ...
+    def set_clock(self, clock: Callable[[int], int] | None, /) -> None: ...
+    def next_send_ns(self) -> int | None: ...
+    def next_timeout_ns(self) -> int | None: ...
+    def stats(self) -> dict[str, int]: ...

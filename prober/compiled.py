@@ -1,0 +1,388 @@
+"""The compiled UDP hot path: `CompiledSession` + `CompiledUdpEndpoint` over `prober._fastpath`.
+
+The per-datagram work of `prober.session.ProbeSession` and `prober.fastudp` moves into one C
+`Engine` per NIC (``prober/_fastpath.c``, built by ``pip install -e .``): ``recvmmsg`` with the
+SO_TIMESTAMPING control messages, the wire checks of `prober.wire.Codec.decode` (same order,
+same counter reasons), answering probes (REPLY, then the FOLLOW_UP once the reply's TX stamp
+is read), matching replies and follow-ups to pending probes, ``sendmmsg``, TX stamps from the
+error queue (read right after each send: software stamps are queued during the send, so
+follow-ups and t1 need no further wake-up), and probe timeouts. Python gets completed records
+and losses as `prober.events.ResultBlock` rows (columns, no per-record object) and keeps the
+schedule, the timers (`prober.fastudp.BatchUdpEndpoint.run`), the sockets' setup and path
+discovery: trace probes and their replies, and ICMP errors, are handed back ("deferred") and
+handled by the Python session and endpoint as before.
+
+Follow-ups leave without a TX stamp of their own (a per-message ``SO_TIMESTAMPING`` control
+message of 0): nobody needs the follow-up's send time, and the kernel then neither clones it
+to the error queue nor counts it in OPT_ID (checked at first use by `opt_id_counts_unstamped`;
+a kernel that counts every send is handled too).
+
+What the engine does not do, and the fallback: HMAC-authenticated codecs, one-step sessions
+and endpoints without kernel stamps use the Python paths (`available` says whether the
+extension was built; `prober.agent` picks). Runtime errors are counted, never raised.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from prober.events import Address, Datagram, ProbeEvent, ResultBlock
+from prober.fastudp import BatchUdpEndpoint
+from prober.session import ProbeSession
+from prober.timestamping import (
+    SO_EE_ORIGIN_ICMP,
+    SO_TIMESTAMPING,
+    SW_FLAGS,
+    enable_timestamping,
+    parse_extended_err,
+)
+from prober.udp import _identity, _Sock
+from prober.wire import WIRE_ERROR_REASONS, Codec, nic_hash
+
+try:
+    from prober import _fastpath
+except ImportError:  # not built (no compiler at install time): the Python paths remain
+    _fastpath = None  # type: ignore[assignment]
+
+_NCOL = 11
+_SESSION_KEYS = frozenset(WIRE_ERROR_REASONS) | {
+    "misdirected", "wrong_sender", "mismatch", "unmatched", "duplicate", "inconsistent",
+    "incomplete", "late_tx_stamp", "tx_stamp_missing", "overflow", "lost",
+}  # fmt: skip
+_STAMP_KEYS = {"stamp_hw": "hw", "stamp_sw": "sw", "stamp_user": "user"}
+
+
+def available() -> bool:
+    """Return True when the C extension `prober._fastpath` is importable (it was built)."""
+    return _fastpath is not None
+
+
+@functools.cache
+def opt_id_counts_unstamped() -> bool | None:
+    """Return whether this kernel's OPT_ID counter also counts sends made without a TX stamp
+    (a per-message ``SO_TIMESTAMPING`` of 0): False on current kernels (only stamped sends
+    are counted), True on kernels that count every send, None when per-message stamp flags
+    are refused (then follow-ups keep their stamp). Checked once per process on loopback."""
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        tx.bind(("127.0.0.1", 0))
+        enable_timestamping(tx, None, want_hw=False)
+        dest = rx.getsockname()
+        zero = (socket.SOL_SOCKET, SO_TIMESTAMPING, (0).to_bytes(4, "little"))
+        try:
+            tx.sendmsg([b"u"], [zero], 0, dest)
+        except OSError:
+            return None
+        tx.sendto(b"s", dest)
+        tx.settimeout(1.0)
+        for _ in range(100):
+            try:
+                _, anc, _, _ = tx.recvmsg(64, 512, socket.MSG_ERRQUEUE)
+            except (BlockingIOError, TimeoutError):
+                import time
+
+                time.sleep(0.005)
+                continue
+            err = parse_extended_err(anc)
+            if err is not None:
+                return bool(err.data == 1)
+        return None
+    except OSError:
+        return None
+    finally:
+        tx.close()
+        rx.close()
+
+
+class CompiledSession(ProbeSession):
+    """A `ProbeSession` whose probes, replies, follow-ups, matching and timeouts run in the C
+    engine (``engine``); needs a `CompiledUdpEndpoint` to carry it.
+
+    Same constructor as `ProbeSession`; raises `ValueError` for an authenticated codec or a
+    one-step session (use `ProbeSession`), `RuntimeError` when the extension is not built.
+    Completed results and losses come out of `take_events` (and `poll`) as `ResultBlock`s.
+    ``counters`` merges the engine's counts (same keys as `ProbeSession`).
+    """
+
+    def __init__(
+        self,
+        nic_id: str,
+        codec: Codec | None = None,
+        *,
+        timeout_ns: int = 1_000_000_000,
+        one_step: bool = False,
+        max_pending: int = 65536,
+        seq_start: int = 0,
+        pad: int = 0,
+    ) -> None:
+        if _fastpath is None:
+            raise RuntimeError("prober._fastpath is not built (pip install -e . with a compiler)")
+        super().__init__(nic_id, codec, timeout_ns=timeout_ns, one_step=one_step,
+                         max_pending=max_pending, seq_start=seq_start, pad=pad)  # fmt: skip
+        if self.codec.authenticated or one_step:
+            raise ValueError("the compiled path speaks the unauthenticated two-step protocol")
+        mode = opt_id_counts_unstamped()
+        self.engine = _fastpath.Engine(
+            self.nic, timeout_ns, max_pending, pad, seq_start,
+            stamp_followups=mode is None, unstamped_count=bool(mode),
+        )  # fmt: skip
+        self._dst_index: dict[str, int] = {}
+        self._dsts: list[str] = []
+        self._dst_hashes: list[int] = []
+        self._dsts_frozen: tuple[str, ...] = ()
+        self._transport_counters: Counter[str] | None = None
+        self._stamp_counts: Counter[str] | None = None
+        self._ensure_port: Callable[[int], int] | None = None
+
+    # ---- counters ------------------------------------------------------------------------------
+
+    @property  # type: ignore[override]
+    def counters(self) -> Counter[str]:
+        """Return the protocol counters (the engine's counts merged in)."""
+        self.sync_counters()
+        return self._counters
+
+    @counters.setter
+    def counters(self, value: Counter[str]) -> None:
+        self._counters = value
+
+    def attach(
+        self,
+        transport_counters: Counter[str],
+        stamp_counts: Counter[str],
+        ensure_port: Callable[[int], int],
+    ) -> None:
+        """Route the engine's transport counts (send/receive errors) and stamp sources into the
+        endpoint's counters; ``ensure_port(sport)`` opens a source port's socket on demand."""
+        self._transport_counters = transport_counters
+        self._stamp_counts = stamp_counts
+        self._ensure_port = ensure_port
+
+    def sync_counters(self) -> None:
+        """Move the engine's counts since the last call into the Python counters."""
+        for key, n in self.engine.take_counters().items():
+            if isinstance(key, tuple):
+                kind, err = key
+                name = f"{kind}_{type(OSError(err, '')).__name__}"
+                if self._transport_counters is not None:
+                    self._transport_counters[name] += n
+            elif key in _SESSION_KEYS:
+                self._counters[key] += n
+            elif key in _STAMP_KEYS:
+                if self._stamp_counts is not None:
+                    self._stamp_counts[_STAMP_KEYS[key]] += n
+            elif self._transport_counters is not None:
+                self._transport_counters[key] += n
+
+    # ---- initiator ------------------------------------------------------------------------------
+
+    def _dst(self, dst: str) -> tuple[int, int]:
+        i = self._dst_index.get(dst)
+        if i is None:
+            i = self._dst_index[dst] = len(self._dsts)
+            self._dsts.append(dst)
+            self._dst_hashes.append(nic_hash(dst))
+            self._dsts_frozen = tuple(self._dsts)
+        return i, self._dst_hashes[i]
+
+    def queue_probe(
+        self, dst: str, dest: Address, sport: int, at_ns: int, pair_id: int = -1, pair_pos: int = 0
+    ) -> None:
+        """Schedule one probe (see `ProbeSession.queue_probe`); the engine sends it."""
+        i, h = self._dst(dst)
+        if self._ensure_port is not None:
+            self._ensure_port(sport)
+        self.engine.queue(at_ns, i, h, dest[0], dest[1], sport, pair_id, pair_pos, -1)
+
+    def queue_pair(
+        self, dst: str, dest: Address, sport: int, at_ns: int, spacing_ns: int = 20_000
+    ) -> int:
+        """Schedule a coded pair (see `ProbeSession.queue_pair`); return its id."""
+        if spacing_ns < 0:
+            raise ValueError("spacing_ns must be >= 0")
+        pair_id = self._pair
+        self._pair = (self._pair + 1) & 0x7FFFFFFF
+        i, h = self._dst(dst)
+        if self._ensure_port is not None:
+            self._ensure_port(sport)
+        self.engine.queue(at_ns, i, h, dest[0], dest[1], sport, pair_id, 0, spacing_ns)
+        return pair_id
+
+    def send_probe(self, dst: str, dest: Address, sport: int, now_ns: int) -> list[Datagram]:
+        """Queue one probe for ``now_ns``; the endpoint's next flush sends it. Returns the
+        Python-made datagrams due (trace replies), like `next_datagrams`."""
+        self.queue_probe(dst, dest, sport, now_ns)
+        return self.next_datagrams(now_ns)
+
+    def next_datagrams(self, now_ns: int) -> list[Datagram]:
+        """Return the datagrams the Python side made (trace replies); the engine sends probes,
+        replies and follow-ups itself (`CompiledUdpEndpoint.flush`)."""
+        out, self._outbox = self._outbox, []
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Return how many probes are awaiting their reply or stamps."""
+        return int(self.engine.pending)
+
+    def next_send_ns(self) -> int | None:
+        """Return when the next datagram is due (0: something is waiting now), or None."""
+        if self._outbox:
+            return 0
+        nxt: int | None = self.engine.next_send_ns()
+        return nxt
+
+    def next_timeout_ns(self) -> int | None:
+        """Return the earliest probe timeout still to report, or None."""
+        nxt: int | None = self.engine.next_timeout_ns()
+        return nxt
+
+    def next_deadline_ns(self) -> int | None:
+        """Return the earliest time something is due (a queued probe or a timeout), or None."""
+        times = [t for t in (self.next_send_ns(), self.next_timeout_ns()) if t is not None]
+        return min(times) if times else None
+
+    # ---- results ----------------------------------------------------------------------------
+
+    def take_events(self) -> list[ProbeEvent]:
+        """Return the engine's completed results and losses since the last call (one
+        `ResultBlock`, or nothing)."""
+        raw = self.engine.take()
+        if raw is None:
+            return []
+        rows = np.frombuffer(raw, dtype=np.int64).reshape(-1, _NCOL)
+        return [ResultBlock(self.nic_id, self._dsts_frozen, rows)]
+
+    def receive(
+        self, data: bytes | bytearray | memoryview, src: Address, rx_stamp_ns: int, now_ns: int
+    ) -> list[ProbeEvent]:
+        """Process one datagram through the engine (as if received on a socket); replies are
+        sent by the endpoint's next flush. Returns completed results and trace events."""
+        deferred = self.engine.feed(bytes(data), src, rx_stamp_ns, now_ns)
+        events: list[ProbeEvent] = []
+        if deferred:
+            for d, s, rx in deferred:
+                events += ProbeSession.receive(self, d, s, rx, now_ns)
+        return events + self.take_events()
+
+    def poll(self, now_ns: int) -> list[ProbeEvent]:
+        """Return the losses (and results) due by ``now_ns`` as a `ResultBlock` (see
+        `ProbeSession.poll`); stale replies still awaiting their TX stamp are dropped."""
+        self.engine.poll(now_ns)
+        return ProbeSession.poll(self, now_ns) + self.take_events()
+
+
+class CompiledUdpEndpoint(BatchUdpEndpoint):
+    """Carry a `CompiledSession` over UDP: same sockets, options and timers as
+    `prober.fastudp.BatchUdpEndpoint`; the datagram loop runs in the session's engine.
+
+    Raises `TypeError` if ``session`` is not a `CompiledSession`, `ValueError` without
+    ``timestamping`` (the engine needs kernel stamps; use the Python paths).
+    """
+
+    def __init__(self, session: ProbeSession, addr: str, **kwargs: Any) -> None:
+        if not isinstance(session, CompiledSession):
+            raise TypeError("CompiledUdpEndpoint needs a CompiledSession")
+        if not kwargs.get("timestamping", True):
+            raise ValueError("the compiled path needs kernel timestamps")
+        super().__init__(session, addr, **kwargs)
+        self.csession = session
+        self.engine = session.engine
+        self._index: dict[int, int] = {}  # fd -> the engine's socket index
+        self._by_port: dict[int, int] = {}  # source port -> the engine's socket index
+        self._resp_index = -1
+        self.engine.set_clock(None if self.clock is _identity else self.clock)
+        session.attach(self.counters, self.stamp_counts, self.add_source_port)
+
+    def _open_socket(self, port: int) -> _Sock:
+        responder = self._responder is None and not self._index
+        st = super()._open_socket(port)
+        i = self.engine.add_socket(st.sock.fileno(), st.port, responder, 14 if responder else 10)
+        self._index[st.sock.fileno()] = i
+        if responder:
+            self._resp_index = i
+        else:
+            self._by_port[st.port] = i
+        return st
+
+    def close(self) -> None:
+        """Close every socket (idempotent) and stop `run`."""
+        super().close()
+        self.engine.forget_sockets()
+        self._index.clear()
+        self._by_port.clear()
+
+    # ---- receiving / sending -----------------------------------------------------------------
+
+    def _on_readable(self, st: _Sock) -> None:
+        i = self._index.get(st.sock.fileno())
+        if i is None:
+            return
+        deferred = self.engine.drain(i, self.now_ns())
+        self._after_engine(deferred)
+
+    def _after_engine(self, deferred: list[Any] | None) -> None:
+        s = self.csession
+        events = s.take_events()
+        if deferred:
+            now = self.now_ns()
+            for item in deferred:
+                if isinstance(item[0], bytes):  # a trace probe or trace reply: Python session
+                    data, src, rx = item
+                    events += ProbeSession.receive(s, data, src, rx, now)
+                else:  # an error-queue entry other than a TX stamp (ICMP errors)
+                    port, payload, cmsgs = item
+                    err = parse_extended_err(cmsgs)
+                    if err is None:
+                        self.counters["errqueue_unknown"] += 1
+                    elif err.origin == SO_EE_ORIGIN_ICMP:
+                        self.counters["icmp_errors"] += 1
+                        if self.on_icmp is not None:
+                            self.on_icmp(port, err, payload, now)
+                    else:
+                        self.counters["errqueue_other"] += 1
+        self._deliver(events)
+        if s._outbox:
+            self._schedule_flush()
+
+    def flush(self) -> None:
+        """Send every probe due now (and what the Python side queued), one ``sendmmsg`` per
+        socket in the engine."""
+        deferred = self.engine.send_due(self.now_ns())
+        s = self.csession
+        if s._outbox:
+            for d in s.next_datagrams(0):
+                self.send(d)
+        self._after_engine(deferred)
+
+    def send(self, dgram: Datagram, ttl: int | None = None) -> bool:
+        """Send one Python-made datagram (trace probes, trace replies) like `UdpEndpoint.send`;
+        the engine is told, so its OPT_ID numbering of the socket stays right."""
+        ok = super().send(dgram, ttl)
+        if ok:
+            sport = dgram.meta.sport
+            i = self._by_port.get(sport) if sport else self._resp_index
+            if i is not None and i >= 0:
+                self.engine.note_sent(i)
+        return ok
+
+
+def compiled_ok() -> bool:
+    """Return True when the compiled path can run here (extension built, kernel stamps and
+    the error queue usable on loopback)."""
+    if _fastpath is None:
+        return False
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, SW_FLAGS)
+    except OSError:
+        return False
+    return True
