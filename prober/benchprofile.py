@@ -39,9 +39,13 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("session: matching replies, answering, TX stamps, results",
      ("receive", "receive_many", "_answer", "_answer_fast", "on_tx_stamp", "on_tx_stamps",
       "_maybe_complete", "__post_init__", "_check_path", "__init__")),
+    ("compiled engine (C: recvmmsg, parsing, matching, sendmmsg, error queues; its system "
+     "calls' kernel time is in the kernel row)",
+     ("drain", "send_due", "queue", "take", "feed", "take_counters", "note_sent")),
     ("endpoint glue (readiness callbacks, send, flush, clock)",
      ("_on_readable", "_drain_errqueue", "flush", "_send_group", "now_ns", "_identity",
-      "_deliver", "count", "_scheduled_flush", "_schedule_flush", "wants_tx_stamp")),
+      "_deliver", "count", "_scheduled_flush", "_schedule_flush", "wants_tx_stamp",
+      "_after_engine", "queue_probe", "take_events", "_dst", "frombuffer", "reshape")),
 )  # fmt: skip
 _SOCKET_CALLS = STAGES[0][1]
 

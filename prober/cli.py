@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -177,7 +178,23 @@ def run_prober(
         from prober.agent import udp_endpoint_factory
 
         factory = udp_endpoint_factory(cfg, clock)
-    return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json))
+    profile_to = os.environ.get(PROFILE_ENV)
+    if not profile_to:
+        return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json))
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json))
+    finally:
+        prof.disable()
+        prof.dump_stats(profile_to)
+
+
+PROFILE_ENV = "QPMESH_PROBER_PROFILE"
+"""When set to a file name, the prober runs under cProfile and writes its stats there at exit
+(``python -m pstats FILE``): how the running agent spends its CPU (docs/benchmarks.md)."""
 
 
 async def _serve(cfg: ProberConfig, factory: Any, *, once: bool, as_json: bool) -> int:

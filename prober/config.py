@@ -78,7 +78,7 @@ class ProberConfig:
     transport: str = "udp"
     port: int = 4791
     timestamps: str = "auto"
-    hot_path: str = "per-datagram"  # UDP: "compiled" (prober.compiled), "batched" (prober.fastudp)
+    hot_path: str = "compiled"  # UDP: "compiled" (prober.compiled), "batched" (prober.fastudp)
     # or "per-datagram" (prober.udp); see docs/prober.md
     timeout_ms: int = 1000
     batch_interval_ms: int = 1000
@@ -140,9 +140,7 @@ def parse_config(
     transport = pr.get("transport", str, "udp", lambda v: v in TRANSPORTS, f"one of {TRANSPORTS}")
     port = pr.get("port", int, 4791, _port, "an integer in 1..65535")
     stamps = pr.get("timestamps", str, "auto", lambda v: v in STAMPS, f"one of {STAMPS}")
-    hot_path = pr.get(
-        "hot_path", str, "per-datagram", lambda v: v in HOT_PATHS, f"one of {HOT_PATHS}"
-    )
+    hot_path = pr.get("hot_path", str, "compiled", lambda v: v in HOT_PATHS, f"one of {HOT_PATHS}")
     timeout_ms = pr.get("timeout_ms", int, 1000, lambda v: 1 <= v <= 60_000, "1..60000")
     batch_ms = pr.get("batch_interval_ms", int, 1000, lambda v: 10 <= v <= 600_000, "10..600000")
     pr.finish()

@@ -166,12 +166,13 @@ def _prober(a: argparse.Namespace) -> int:
 
 
 def _prober_cpu(a: argparse.Namespace) -> int:
-    from testbed.probercpu import PATHS, run_prober_cpu
+    from testbed.probercpu import DEFAULT_PATHS, PATHS, run_prober_cpu
 
-    paths = PATHS if a.path == "both" else (a.path,)
+    paths = {"both": DEFAULT_PATHS, "all": PATHS}.get(a.path, (a.path,))
     report = run_prober_cpu(
         nics=a.nics, peers_per_nic=a.peers, seconds=a.seconds, warmup_s=a.warmup,
         repeats=a.repeats, paths=paths, prefix=a.prefix, progress=_progress,
+        profile=a.profile,
     )  # fmt: skip
     if a.json:
         print(json.dumps(report))
@@ -324,7 +325,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = cmd(
         "prober-cpu",
         "CPU share of one prober process running the default schedule (8 NICs x 32 peers by "
-        "default) in namespaces, batched hot path and per-datagram baseline in the same run",
+        "default) in namespaces, compiled hot path and per-datagram baseline in the same run",
         _prober_cpu,
         None,
     )
@@ -357,9 +358,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--path",
-        choices=("both", "batched", "per-datagram"),
+        choices=("both", "all", "compiled", "batched", "per-datagram"),
         default="both",
-        help="prober.hot_path(s) to measure (default %(default)s)",
+        help="prober.hot_path(s) to measure: both = compiled and the per-datagram baseline, "
+        "all = also batched (default %(default)s)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="run each prober under cProfile; stats in the work directory (prober-PATH-N.prof)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p = cmd(

@@ -250,3 +250,26 @@ def test_hot_path_picks_the_endpoint_class() -> None:
         cfg = parse_config({"prober": {"host": "h", "hot_path": hot_path}, **nic})
         ep = udp_endpoint_factory(cfg)(cfg.nics[0], ProbeSession("nic0"), (), lambda e: None)
         assert type(ep) is cls
+
+
+def test_compiled_hot_path_and_its_fallbacks() -> None:
+    from prober import compiled
+    from prober.agent import Agent, session_hot_path
+
+    nic = {"nics": [{"id": "nic0", "address": "127.0.0.1"}]}
+    cfg = parse_config({"prober": {"host": "h", "hot_path": "compiled"}, **nic})
+    assert session_hot_path(cfg, authenticated=False, built=True) == "compiled"
+    # no HMAC in the engine, no extension built, RDMA: the per-datagram path
+    assert session_hot_path(cfg, authenticated=True, built=True) == "per-datagram"
+    assert session_hot_path(cfg, authenticated=False, built=False) == "per-datagram"
+    rdma = parse_config({"prober": {"host": "h", "hot_path": "compiled", "transport": "rdma"},
+                         **nic})  # fmt: skip
+    assert session_hot_path(rdma, authenticated=False, built=True) == "per-datagram"
+    batched = parse_config({"prober": {"host": "h", "hot_path": "batched"}, **nic})
+    assert session_hot_path(batched, authenticated=False, built=True) == "batched"
+    if compiled.available():
+        agent = Agent(cfg)
+        session = agent.sessions["nic0"]
+        assert agent.hot_path == "compiled" and isinstance(session, compiled.CompiledSession)
+        ep = agent._factory(cfg.nics[0], session, (), lambda e: None)
+        assert type(ep) is compiled.CompiledUdpEndpoint

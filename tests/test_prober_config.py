@@ -74,7 +74,7 @@ def test_defaults_from_minimal() -> None:
     cfg = parse_config(base(), "f.toml")
     assert cfg.transport == "udp" and cfg.port == 4791 and cfg.mqtt.port == 1883
     assert cfg.mqtt.prefix == "qpmesh/v1" and cfg.peers == ()
-    assert cfg.hot_path == "per-datagram"
+    assert cfg.hot_path == "compiled"
     fast = parse_config({**base(), "prober": {"host": "h", "hot_path": "batched"}}, "f")
     assert fast.hot_path == "batched"
 
