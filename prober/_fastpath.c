@@ -56,14 +56,14 @@ enum {
     C_MISDIRECTED, C_WRONG_SENDER, C_MISMATCH, C_UNMATCHED, C_DUPLICATE, C_INCONSISTENT,
     C_INCOMPLETE, C_LATE_TX_STAMP, C_TX_STAMP_MISSING, C_OVERFLOW, C_LOST,
     C_STAMP_HW, C_STAMP_SW, C_STAMP_USER, C_TX_TOKEN_EVICTED, C_ERRQUEUE_UNKNOWN,
-    C_SEND_PENDING_ICMP, C_RX_OVERSIZED, C_NO_SOCKET, C_BAD_STAMP, C_N
+    C_SEND_PENDING_ICMP, C_RX_OVERSIZED, C_NO_SOCKET, C_BAD_STAMP, C_SEND_REFUSED, C_N
 };
 static const char *COUNTER_NAMES[C_N] = {
     "truncated", "bad_magic", "bad_version", "bad_type", "bad_field", "bad_auth",
     "misdirected", "wrong_sender", "mismatch", "unmatched", "duplicate", "inconsistent",
     "incomplete", "late_tx_stamp", "tx_stamp_missing", "overflow", "lost",
     "stamp_hw", "stamp_sw", "stamp_user", "tx_token_evicted", "errqueue_unknown",
-    "send_pending_icmp_error", "rx_oversized", "no_socket", "bad_stamp",
+    "send_pending_icmp_error", "rx_oversized", "no_socket", "bad_stamp", "send_refused",
 };
 
 /* ---- wire --------------------------------------------------------------------------------- */
@@ -182,6 +182,8 @@ typedef struct {
     int64_t *tok;       /* token per OPT_ID key (ring) */
     uint32_t *key;
     uint8_t *tvalid;
+    int tainted;        /* a send was refused: nothing more leaves until Python renumbers it */
+    int dead;           /* Python could not reopen it: datagrams for it are refused */
 } Sock;
 
 typedef struct {
@@ -233,6 +235,8 @@ typedef struct {
     int64_t counters[C_N];
     int64_t err_send[MAXERRNO], err_recv[MAXERRNO], err_errq[MAXERRNO];
     PyObject *deferred;       /* list or NULL */
+    PyObject *renumber;       /* list of socket indices to replace, or NULL */
+    Out scratch;              /* where a datagram goes that no out slot can take (dropped) */
 } Engine;
 
 static int64_t map_clock(Engine *e, int64_t ns, int *err) {
@@ -304,9 +308,14 @@ static void qpop(Engine *e, Queued *top) {
 /* ---- sending ------------------------------------------------------------------------------ */
 
 static int flush_out(Engine *e);
+static int refused(Engine *e, int si, int64_t token);
 
 static Out *out_slot(Engine *e) {
     if (e->nout == OUTMAX && flush_out(e) < 0) return NULL;
+    if (e->nout == OUTMAX) { /* all kept for sockets awaiting renumbering: drop this one */
+        e->counters[C_OVERFLOW]++;
+        return &e->scratch;
+    }
     return &e->out[e->nout++];
 }
 
@@ -325,16 +334,23 @@ static int is_pending_icmp(int err) {
            err == EPROTO || err == ENOPROTOOPT || err == ENONET;
 }
 
-/* Send every queued datagram, one sendmmsg per socket (in queue order within a socket). */
+/* Send every queued datagram, one sendmmsg per socket (in queue order within a socket).
+ *
+ * A datagram the kernel refuses (a netfilter drop, a full buffer, no route) is a lost probe at
+ * once (or a dropped reply), as in prober/udp.py; the kernel may have used up an OPT_ID number
+ * for it, so the socket is tainted: the rest of its datagrams stay queued until Python has
+ * replaced it by a fresh socket (`take_renumber`, `replace_socket`), whose numbering starts
+ * at 0 again. Datagrams of a tainted socket are kept for then (those of a dead one refused). */
 static int flush_out(Engine *e) {
     int n = e->nout;
     if (!n) return 0;
     static __thread struct mmsghdr hdr[OUTMAX];
     static __thread struct iovec iov[OUTMAX];
     static __thread int idx[OUTMAX];
-    static __thread uint8_t done[OUTMAX];
+    static __thread uint8_t done[OUTMAX], keep[OUTMAX];
     union { char buf[CMSG_SPACE(sizeof(uint32_t))]; struct cmsghdr align; } ctl0;
     memset(done, 0, (size_t)n);
+    memset(keep, 0, (size_t)n);
     memset(&ctl0, 0, sizeof(ctl0));
     {
         struct cmsghdr *c = (struct cmsghdr *)ctl0.buf;
@@ -347,9 +363,15 @@ static int flush_out(Engine *e) {
     for (int i = 0; i < n; i++) {
         if (done[i]) continue;
         int si = e->out[i].sock, k = 0;
+        Sock *s = &e->socks[si];
         for (int j = i; j < n; j++) {
             if (done[j] || e->out[j].sock != si) continue;
             done[j] = 1;
+            if (s->dead) {
+                if (refused(e, si, e->out[j].token) < 0) return -1;
+                continue;
+            }
+            if (s->tainted) { keep[j] = 1; continue; }
             Out *o = &e->out[j];
             idx[k] = j;
             iov[k].iov_base = o->data;
@@ -365,7 +387,6 @@ static int flush_out(Engine *e) {
             }
             k++;
         }
-        Sock *s = &e->socks[si];
         int at = 0, retried = 0;
         while (at < k) {
             int r = sendmmsg(s->fd, hdr + at, (unsigned)(k - at), MSG_DONTWAIT);
@@ -390,12 +411,19 @@ static int flush_out(Engine *e) {
                 retried = 1;
                 continue;
             }
-            count_err(e->err_send, err); /* refused: dropped (a probe then times out, lost) */
-            at++;
-            retried = 0;
+            count_err(e->err_send, err);
+            if (refused(e, si, e->out[idx[at]].token) < 0) return -1;
+            for (int m = at + 1; m < k; m++) keep[idx[m]] = 1; /* after the renumbering */
+            break;
         }
     }
-    e->nout = 0;
+    int w = 0;
+    for (int i = 0; i < n; i++)
+        if (keep[i]) {
+            if (w != i) e->out[w] = e->out[i];
+            w++;
+        }
+    e->nout = w;
     return 0;
 }
 
@@ -411,6 +439,35 @@ static int complete(Engine *e, Pend *p) {
     }
     int64_t r[NCOL] = {p->seq, p->dst, p->sport, p->pair, p->pos, p->t1, p->t2, p->t3, p->t4, 0,
                        p->sent};
+    return add_row(e, r);
+}
+
+/* A datagram the OS refused: a probe is lost now (t1 MISSING), a reply's follow-up will not
+ * follow; the socket must be renumbered (see flush_out). */
+static int refused(Engine *e, int si, int64_t token) {
+    Sock *s = &e->socks[si];
+    if (!s->tainted && !s->dead) {
+        s->tainted = 1;
+        if (!e->renumber && !(e->renumber = PyList_New(0))) return -1;
+        PyObject *v = PyLong_FromLong(si);
+        if (!v || PyList_Append(e->renumber, v) < 0) { Py_XDECREF(v); return -1; }
+        Py_DECREF(v);
+    }
+    if (token < 0) return 0;
+    e->counters[C_SEND_REFUSED]++;
+    if (token >= REPLY_TOKEN_BASE) {
+        int64_t ctr = token - REPLY_TOKEN_BASE;
+        Await *a = &e->aw[ctr & e->amask];
+        if (a->live && a->ctr == ctr) { a->live = 0; e->nawait--; }
+        return 0;
+    }
+    Pend *p = &e->pend[(uint32_t)token & e->pmask];
+    if (!p->live || p->seq != (uint32_t)token) return 0;
+    p->live = 0;
+    e->npending--;
+    e->counters[C_LOST]++;
+    int64_t r[NCOL] = {p->seq, p->dst, p->sport, p->pair, p->pos, MISSING, MISSING, MISSING,
+                       MISSING, 1, p->sent};
     return add_row(e, r);
 }
 
@@ -833,6 +890,31 @@ static PyObject *Engine_add_socket(Engine *e, PyObject *args) {
     return PyLong_FromLong(e->nsocks++);
 }
 
+static PyObject *Engine_take_renumber(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    if (!e->renumber) Py_RETURN_NONE;
+    PyObject *r = e->renumber;
+    e->renumber = NULL;
+    return r;
+}
+
+static PyObject *Engine_replace_socket(Engine *e, PyObject *args) {
+    PyObject *sarg;
+    int si, fd;
+    if (!PyArg_ParseTuple(args, "Oi", &sarg, &fd) || sock_index(e, sarg, &si) < 0) return NULL;
+    Sock *s = &e->socks[si];
+    s->tainted = 0;
+    if (fd < 0) {
+        s->dead = 1;
+    } else {
+        s->fd = fd;
+        s->dead = 0;
+        s->sent = 0;
+        memset(s->tvalid, 0, (size_t)s->kmask + 1);
+    }
+    if (flush_out(e) < 0) return NULL; /* what waited for the new socket */
+    Py_RETURN_NONE;
+}
+
 static PyObject *Engine_note_sent(Engine *e, PyObject *args) {
     PyObject *sarg;
     int si;
@@ -906,6 +988,10 @@ static PyMethodDef Engine_methods[] = {
     {"add_socket", (PyCFunction)Engine_add_socket, METH_VARARGS,
      "add_socket(fd, port, responder=False, key_bits=10) -> index"},
     {"forget_sockets", (PyCFunction)Engine_forget_sockets, METH_NOARGS, "drop every socket"},
+    {"take_renumber", (PyCFunction)Engine_take_renumber, METH_NOARGS,
+     "take_renumber() -> socket indices whose send was refused (replace them), or None"},
+    {"replace_socket", (PyCFunction)Engine_replace_socket, METH_VARARGS,
+     "replace_socket(index, fd): the socket's fresh replacement (fd -1: none); sends what waited"},
     {"note_sent", (PyCFunction)Engine_note_sent, METH_VARARGS,
      "note_sent(index): Python sent one stamped datagram wanting no stamp on this socket"},
     {"queue", (PyCFunction)Engine_queue, METH_VARARGS,
@@ -979,6 +1065,7 @@ static void Engine_dealloc(Engine *e) {
     PyMem_Free(e->out); PyMem_Free(e->rdata);
     Py_XDECREF(e->clock);
     Py_XDECREF(e->deferred);
+    Py_XDECREF(e->renumber);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 

@@ -53,7 +53,7 @@ except ImportError:  # not built (no compiler at install time): the Python paths
 _NCOL = 11
 _SESSION_KEYS = frozenset(WIRE_ERROR_REASONS) | {
     "misdirected", "wrong_sender", "mismatch", "unmatched", "duplicate", "inconsistent",
-    "incomplete", "late_tx_stamp", "tx_stamp_missing", "overflow", "lost",
+    "incomplete", "late_tx_stamp", "tx_stamp_missing", "overflow", "lost", "send_refused",
 }  # fmt: skip
 _STAMP_KEYS = {"stamp_hw": "hw", "stamp_sw": "sw", "stamp_user": "user"}
 
@@ -299,10 +299,15 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         self._index: dict[int, int] = {}  # fd -> the engine's socket index
         self._by_port: dict[int, int] = {}  # source port -> the engine's socket index
         self._resp_index = -1
+        self._replacing: int | None = None  # engine index a new socket replaces
         self.engine.set_clock(None if self.clock is _identity else self.clock)
         session.attach(self.counters, self.stamp_counts, self.add_source_port)
 
     def _open_socket(self, port: int) -> _Sock:
+        if self._replacing is not None:
+            st = super()._open_socket(port)
+            self._index[st.sock.fileno()] = self._replacing
+            return st
         responder = self._responder is None and not self._index
         st = super()._open_socket(port)
         i = self.engine.add_socket(st.sock.fileno(), st.port, responder, 14 if responder else 10)
@@ -320,6 +325,60 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         self._index.clear()
         self._by_port.clear()
 
+    # ---- refused sends: fresh sockets ---------------------------------------------------------
+
+    def _renumber(self, st: _Sock) -> None:
+        """Replace ``st`` by a fresh socket on the same port after a refused send (see
+        `prober.udp.UdpEndpoint._renumber`), through the engine: what the old socket still
+        holds (TX stamps numbered before the refusal, received datagrams) is read first, and
+        the engine's numbering of the new socket starts at 0. Counted ``socket_renumbered``
+        (``socket_reopen_failed``: the port's datagrams are refused until a restart)."""
+        i = self._index.get(st.sock.fileno())
+        if self._closed or self._loop is None or i is None:
+            return
+        self._after_engine(self.engine.drain(i, self.now_ns()), renumber=False)
+        self._loop.remove_reader(st.sock.fileno())
+        del self._index[st.sock.fileno()]
+        st.sock.close()
+        is_responder = st is self._responder
+        if not is_responder:
+            self._pool.pop(st.port, None)
+        self._replacing = i
+        try:
+            new = self._open_socket(st.port)
+        except OSError:
+            self.counters["socket_reopen_failed"] += 1
+            if is_responder:
+                self._responder = None
+            self.engine.replace_socket(i, -1)
+            return
+        finally:
+            self._replacing = None
+        if is_responder:
+            self._responder = new
+        else:
+            self._pool[new.port] = new
+        self.counters["socket_renumbered"] += 1
+        self.engine.replace_socket(i, new.sock.fileno())
+
+    def _renumber_refused(self) -> None:
+        by_index = {i: fd for fd, i in self._index.items()}
+        for _ in range(64):  # each replacement sends what waited, which may be refused again
+            todo = self.engine.take_renumber()
+            if not todo:
+                return
+            for i in todo:
+                st = self._sock_by_fd(by_index.get(i, -1))
+                if st is not None:
+                    self._renumber(st)
+                    by_index = {i: fd for fd, i in self._index.items()}
+
+    def _sock_by_fd(self, fd: int) -> _Sock | None:
+        for st in (*self._pool.values(), *([self._responder] if self._responder else [])):
+            if st.sock.fileno() == fd:
+                return st
+        return None
+
     # ---- receiving / sending -----------------------------------------------------------------
 
     def _on_readable(self, st: _Sock) -> None:
@@ -329,7 +388,9 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         deferred = self.engine.drain(i, self.now_ns())
         self._after_engine(deferred)
 
-    def _after_engine(self, deferred: list[Any] | None) -> None:
+    def _after_engine(self, deferred: list[Any] | None, renumber: bool = True) -> None:
+        if renumber:
+            self._renumber_refused()
         s = self.csession
         events = s.take_events()
         if deferred:
