@@ -234,6 +234,7 @@ def random_faults(
     spacing_s: float = 0.0,
     congest_magnitude: float = 20.0,
     loss_percent: float = 20.0,
+    flap_down_s: float = 1.0,
 ) -> tuple[Fault, ...]:
     """Draw ``k`` faults of mixed kinds on distinct targets, inside ``duration_s``.
 
@@ -244,6 +245,7 @@ def random_faults(
     utilisation of the shaped link (0.6: a generator at 1.6x the link rate, a standing queue)
     and one > 1 as a generator rate in Mbit/s (see `testbed.schedule.timeline`), so the
     testbed passes its own (`TESTBED_CONGEST`). ``loss_percent``: loss faults drop that share.
+    ``flap_down_s``: each down period of a flap (up periods are 2 s).
     Raises `ScenarioError` if ``k`` < 0 or the fabric is too small.
     """
     if k < 0:
@@ -264,7 +266,7 @@ def random_faults(
         if kind == FaultKind.NIC_DOWN:
             out.append(Fault(kind, str(nics_pick.pop()), start, dur))
         elif kind == FaultKind.FLAP:
-            out.append(Fault(kind, str(links_pick.pop()), start, dur, down_s=1.0, up_s=2.0))
+            out.append(Fault(kind, str(links_pick.pop()), start, dur, down_s=flap_down_s, up_s=2.0))
         elif kind == FaultKind.CONGEST:
             out.append(Fault(kind, str(links_pick.pop()), start, dur, magnitude=congest_magnitude))
         elif kind == FaultKind.LOSS:

@@ -394,7 +394,14 @@ def _localize(args: argparse.Namespace) -> int:
             fabric = _fabric(args)
             duration = args.duration or 30.0
             faults = random_faults(
-                fabric, args.random_faults, seed=seed, duration_s=duration, kinds=kinds
+                fabric,
+                args.random_faults,
+                seed=seed,
+                duration_s=duration,
+                kinds=kinds,
+                congest_magnitude=args.queue_us,
+                loss_percent=args.loss_percent,
+                flap_down_s=args.flap_down_ms / 1e3,
             )
             load = 0.4 if args.load is None else args.load
         r = run_once(
@@ -415,6 +422,11 @@ def _localize(args: argparse.Namespace) -> int:
         "seeds": seeds,
         "step_s": args.step,
         "model": model.to_dict(),
+        "magnitudes": {
+            "loss_percent": args.loss_percent,
+            "queue_us": args.queue_us,
+            "flap_down_ms": args.flap_down_ms,
+        },
     }
     est: dict[str, dict[str, float]] = {}
     for name in ("qpmesh", "voting_baseline"):
@@ -464,6 +476,27 @@ def _localize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    return v
+
+
+def _percent(text: str) -> float:
+    v = _positive(text)
+    if v > 100:
+        raise argparse.ArgumentTypeError(f"a percent in (0, 100]: {text}")
+    return v
+
+
+def _queue_us(text: str) -> float:
+    v = float(text)
+    if not v > 1:
+        raise argparse.ArgumentTypeError(f"must be > 1 µs (<= 1 is extra utilisation): {text}")
+    return v
+
+
 def register_localize(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``qpmesh sim localize``."""
     p = ssub.add_parser(
@@ -496,5 +529,24 @@ def register_localize(ssub: argparse._SubParsersAction[argparse.ArgumentParser])
         "simulator's true clock offsets (isolates localization)",
     )
     p.add_argument("--verbose", action="store_true", help="include every run in the JSON")
+    p.add_argument(
+        "--loss-percent",
+        type=_percent,
+        default=20.0,
+        help="random loss faults drop this percent of traversals (default %(default)s)",
+    )
+    p.add_argument(
+        "--queue-us",
+        type=_queue_us,
+        default=20.0,
+        help="random congest faults add an exponential queue of this mean, µs, > 1 "
+        "(default %(default)s; the simulator reads <= 1 as extra utilisation)",
+    )
+    p.add_argument(
+        "--flap-down-ms",
+        type=_positive,
+        default=1000.0,
+        help="random flaps go down this long, ms, every 2 s up (default %(default)s)",
+    )
     add_model_options(p)
     p.set_defaults(func=_localize)
