@@ -23,6 +23,7 @@ import numpy.typing as npt
 from controller.detect.causes import excluded_nics, host_quiet, silent_hosts
 from controller.detect.delay import DelayParams, DelayWindow
 from controller.detect.loss import LossParams, LossWindow
+from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
 from controller.detect.paths import PathIndex
 from controller.fabric import Fabric
 from controller.fabric.ecmp import routing_tables
@@ -38,11 +39,14 @@ class BrainConfig:
     probe for this long is reported ``prober_down``; 0 disables silence detection.
     ``lateness_ns``: a window (probes sent between two ticks) is judged only once a tick is
     this much past its end, so late reports (lost probes, delayed batches) land in the window
-    they were sent in; 0 = judge at the next tick (callers that deliver each step complete)."""
+    they were sent in; 0 = judge at the next tick (callers that deliver each step complete).
+    ``horizon``: loss over the last few windows, for losses too small or short for one
+    (`controller.detect.loss_horizon`)."""
 
     loss: LossParams = field(default_factory=LossParams)
     delay: DelayParams = field(default_factory=DelayParams)
     health: HealthParams = field(default_factory=HealthParams)
+    horizon: HorizonParams = field(default_factory=HorizonParams)
     silent_ns: int = 2_000_000_000
     lateness_ns: int = 0
 
@@ -85,6 +89,18 @@ class Brain:
         self._gpu_bad: dict[str, str] = {}
         self._pending: list[MeshEvent] = []
         self._last_tick: int | None = None
+        self._horizon = LossHorizon(n_links, self.config.horizon)
+        self._closed = 0  # windows judged so far
+        self._last_dead = np.full(n_links, -(10**9), dtype=np.int64)  # window number
+        nodes: dict[str, int] = {}
+        self._link_nodes = np.array(
+            [
+                [nodes.setdefault(lk.lower, len(nodes)), nodes.setdefault(lk.upper, len(nodes))]
+                for lk in fabric.links
+            ],
+            dtype=np.int64,
+        ).reshape(-1, 2)
+        self._switch_link = np.array([lk.lower not in fabric.nic_index for lk in fabric.links])
         self.last_blamed: frozenset[str] = frozenset()
 
     # ---- inputs --------------------------------------------------------------------------
@@ -212,6 +228,8 @@ class Brain:
         nic_quiet &= ~reported  # its host says the link is down: that is evidence, not quiet
 
         loss = win.loss.verdict(cfg.loss)
+        leak = cfg.horizon.sibling_leak
+        leaks = mispath_leaks(loss.cover, self._link_nodes, self._switch_link, leak)
         slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay)
         signals: dict[int, Signal] = {}
         slow_hop: dict[int, int] = {}
@@ -221,9 +239,12 @@ class Brain:
             if lk not in slow_hop or nbad > slow_cover.bad[slow_hop[lk]]:
                 slow_hop[lk] = int(hop)
         for lk, rate in loss.blamed.items():
-            signals[lk] = Signal.DEAD if rate >= cfg.loss.dead_rate else Signal.LOSSY
+            if lk not in leaks:
+                signals[lk] = Signal.DEAD if rate >= cfg.loss.dead_rate else Signal.LOSSY
         for down_nic in self._reported_down:
             signals[int(f.nic_link[down_nic])] = Signal.DEAD
+        rates = self._horizon_signals(signals, loss.cover.total, win.loss.lost_sets(), now_ns)
+        rates.update(loss.blamed)
         blamed = set()
         for lk in signals:
             nic = self._nic_of_link.get(lk)
@@ -245,14 +266,39 @@ class Brain:
             new, finding = step(st, sig, now_ns, cfg.health)
             self._states[lk] = new
             if finding is not None:
-                ev = self._event(
-                    lk, finding, new, now_ns, loss.blamed.get(lk), slow_hop, slow_flows
-                )
+                ev = self._event(lk, finding, new, now_ns, rates.get(lk), slow_hop, slow_flows)
                 if ev is not None:
                     events.append(ev)
 
         win.delay.fold_baselines(self._paths, dt_s, cfg.delay)
         return events
+
+    def _horizon_signals(
+        self,
+        signals: dict[int, Signal],
+        totals: npt.NDArray[np.int64],
+        lost_sets: npt.NDArray[np.int32],
+        now_ns: int,
+    ) -> dict[int, float]:
+        """Fold the window into the loss horizon; mark LOSSY in ``signals`` the links the
+        horizon blames that the window did not, except leaks and links dead within the
+        horizon (its dead windows' loss is that down, already reported); return the horizon's
+        loss rates of the links it blamed."""
+        self._closed += 1
+        dead = [lk for lk, s in signals.items() if s == Signal.DEAD]
+        self._last_dead[dead] = self._closed
+        self._horizon.push(now_ns, totals, lost_sets)
+        hz = self._horizon.verdict()
+        if not len(hz.picked):
+            return {}
+        hp = self.config.horizon
+        leaks = mispath_leaks(hz, self._link_nodes, self._switch_link, hp.sibling_leak)
+        held = self._closed - hp.windows - 1  # dead after this window: still in the horizon
+        out = resid_rate(hz)
+        for lk in out:
+            if lk not in signals and lk not in leaks and self._last_dead[lk] < held:
+                signals[lk] = Signal.LOSSY
+        return out
 
     def _host_silence(self, now_ns: int) -> list[MeshEvent]:
         out: list[MeshEvent] = []

@@ -1,0 +1,138 @@
+"""Loss evidence over a horizon of detection windows, and losses that mis-pathed probes leak.
+
+A 100 ms window holds too few probes per link to see a small loss: at 1 % per traversal a
+leaf-spine link of a 16-NIC fabric loses ~2 of ~100 probes per window, under the window's
+``LossParams.min_rate`` (5 %, set so that background loss and a burst's tail stay silent). A
+short flap (a 50 ms down) loses half of one window at most, never "dead", and is gone by the
+next. `LossHorizon` keeps the last ``HorizonParams.windows`` closed windows' probe totals and
+lost-probe link sets and localizes their sum with the same tomography (`greedy_cover`) at a
+lower rate floor, ``min_rate`` (0.5 %: ~6x the ~8e-4 per-probe loss a background of 1e-4 per
+hop traversal gives a probe crossing ~8 directed hops) and at least ``min_lost`` lost probes
+unexplained, so sparse background losses do not add up to a finding.
+
+`mispath_leaks` removes what the controller's own path errors invent. A probe whose real path
+is not the one the controller holds (an ECMP path it did not discover) and that dies on a
+faulty switch-to-switch link L is charged to the links of the path the controller believes:
+in a leaf-spine fabric the same two leaves through another spine, and the same two NIC links.
+Those links concentrate the charges (the sibling uplinks of L's leaf get them for every such
+flow of the leaf, a NIC link for every such flow of its NIC, and on a small fabric each other
+leaf's downlink from another spine a third of them), so with ~5 % wrong paths they show a few
+percent of L's loss rate. A link M not under L's upper switch (a link under the same spine is
+on the same path as L, not on an alternative) whose *unexplained* loss rate is at most
+``sibling_leak`` of L's loss rate is taken as that leak and not blamed. A NIC link is never
+the source of a leak: it is on every path of its NIC, so no path error moves its losses. The
+price: a real fault that small beside a much larger one is not reported until the larger
+one's evidence leaves the horizon (docs/benchmarks.md measures it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.localize import Cover, greedy_cover
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonParams:
+    """``windows``: closed detection windows summed (10 = 1 s at 100 ms); a link is blamed
+    over the horizon when its unexplained lost probes are >= ``min_lost`` and >= ``min_rate``
+    of its probes; ``sibling_leak``: see `mispath_leaks` (0 disables it)."""
+
+    windows: int = 10
+    min_rate: float = 0.005
+    min_lost: int = 10
+    sibling_leak: float = 0.1
+    max_faults: int = 8
+
+    def __post_init__(self) -> None:
+        if self.windows < 1 or self.min_lost < 1:
+            raise ValueError("windows and min_lost must be >= 1")
+        if not 0 <= self.min_rate <= 1 or not 0 <= self.sibling_leak < 1:
+            raise ValueError("min_rate must be in [0, 1] and sibling_leak in [0, 1)")
+
+
+def resid_rate(cover: Cover) -> dict[int, float]:
+    """Return per picked element its unexplained bad count at pick time over its total."""
+    return {
+        int(e): int(b) / max(int(cover.total[e]), 1)
+        for e, b in zip(cover.picked, cover.picked_bad, strict=True)
+    }
+
+
+def mispath_leaks(
+    cover: Cover, link_nodes: npt.NDArray[np.int64], switch_link: npt.NDArray[np.bool_], leak: float
+) -> set[int]:
+    """Return the picked links of ``cover`` that are leaks of another picked link's loss.
+
+    ``link_nodes`` (n_links, 2) numbers each link's (lower, upper) ends; ``switch_link`` marks
+    links between two switches, the only ones whose losses a path error moves. A picked link
+    M is a leak when a picked switch link L != M has another upper end (M can be on an ECMP
+    alternative of a path through L) and M's unexplained loss rate is <= ``leak`` x L's loss
+    rate (over all its probes).
+    """
+    if leak <= 0 or len(cover.picked) < 2:
+        return set()
+    rate = cover.rate
+    resid = resid_rate(cover)
+    sources = [int(e) for e in cover.picked if switch_link[int(e)]]
+    out = set()
+    for m in (int(e) for e in cover.picked):
+        for lk in sources:
+            alt = lk != m and link_nodes[lk, 1] != link_nodes[m, 1]
+            if alt and resid[m] <= leak * rate[lk]:
+                out.add(m)
+                break
+    return out
+
+
+class LossHorizon:
+    """The last ``params.windows`` windows' loss evidence (one owner; not thread-safe)."""
+
+    def __init__(self, n_links: int, params: HorizonParams) -> None:
+        self.n_links = n_links
+        self.params = params
+        self._wins: deque[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int32]]] = deque()
+        self._total = np.zeros(n_links, dtype=np.int64)
+
+    def push(
+        self, end_ns: int, totals: npt.NDArray[np.int64], lost_sets: npt.NDArray[np.int32]
+    ) -> None:
+        """Add one closed window (ending ``end_ns``): probes per link and its lost probes'
+        link sets (m, K; -1 padded); forget the oldest beyond ``params.windows``."""
+        t = np.zeros(self.n_links, dtype=np.int64)
+        t[: min(len(totals), self.n_links)] = totals[: self.n_links]
+        self._wins.append((end_ns, t, lost_sets))
+        self._total += t
+        while len(self._wins) > self.params.windows:
+            _, old, _ = self._wins.popleft()
+            self._total -= old
+
+    @property
+    def start_ns(self) -> int | None:
+        """End of the oldest window held (None when empty)."""
+        return self._wins[0][0] if self._wins else None
+
+    def lost_sets(self) -> npt.NDArray[np.int32]:
+        """Return the lost probes' link sets over the horizon, (m, K), -1 padded."""
+        sets = [s for _, _, s in self._wins if len(s)]
+        if not sets:
+            return np.zeros((0, 1), dtype=np.int32)
+        width = max(s.shape[1] for s in sets)
+        return np.concatenate(
+            [np.pad(s, ((0, 0), (0, width - s.shape[1])), constant_values=-1) for s in sets]
+        ).astype(np.int32)
+
+    def verdict(self) -> Cover:
+        """Localize the horizon's loss: the cover at the horizon's thresholds."""
+        p = self.params
+        return greedy_cover(
+            self._total.copy(),
+            self.lost_sets(),
+            min_rate=p.min_rate,
+            min_bad=p.min_lost,
+            max_picks=p.max_faults,
+        )
