@@ -3,10 +3,18 @@
 Every one-way delay is measured on a path (`controller.detect.paths.PathIndex` numbers paths
 and keeps their propagation baselines). The queueing delay of a measurement is its delay minus
 its path's baseline; it is *slow* when that excess is above ``max(min_excess_ns, median +
-noise_k * MAD)`` (over the batch: robust to the few contended paths). `DelayWindow` counts
+noise_k * MAD)`` (over the batch: robust to the few contended paths), *moderately slow* when
+it is above ``max(low_excess_ns, median + low_k * MAD)``. `DelayWindow` counts
 judged measurements per path (expanded to directed hops once per window), keeps each path's
-window minimum for the baseline, and keeps the hop sets and flows of the slow measurements for
-the tomography (`controller.localize.greedy_cover`).
+window minimum for the baseline, and keeps the hop sets and flows of the slow and the moderately
+slow measurements for the tomography (`controller.localize.greedy_cover`).
+
+Two tiers because a queue is a distribution, not a constant: an added queue of mean m puts a
+share exp(-x / m) of its probes above x. Over the 4 µs floor, half of a hop's probes are slow
+only from m ~ 6 µs on; a 3 µs queue has 26 % there but 61 % above 1.5 µs. The moderate tier
+blames a hop whose *typical* (median) probe waits over ``low_excess_ns``, which the healthy
+fabric's queues (< 1 µs at the median even on a hot hop), incast bursts (a minority of a hop's
+probes) and the clock error (< 1 µs, docs/controller.md "Clock trust") do not reach.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ class DelayParams:
     min_excess_ns: float = 4000.0
     noise_k: float = 8.0
     min_rate: float = 0.5
+    low_excess_ns: float = 1500.0
+    low_k: float = 4.0
     min_slow: int = 3
     drift_ns_per_s: float = 50.0
     max_faults: int = 8
@@ -52,6 +62,8 @@ class DelayWindow:
     wmin: npt.NDArray[np.float64] = field(init=False)
     _slow_hops: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
     _slow_flows: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
+    _mod_hops: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
+    _mod_flows: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.judged_paths = np.zeros(0, dtype=np.int64)
@@ -91,12 +103,17 @@ class DelayWindow:
         med = float(np.median(sample))
         mad = float(np.median(np.abs(sample - med))) * 1.4826
         thr = max(params.min_excess_ns, med + params.noise_k * mad)
+        low = min(thr, max(params.low_excess_ns, med + params.low_k * mad))
         self.judged_paths += np.bincount(path[known], minlength=len(self.judged_paths))
-        slow = ex > thr
-        if slow.any():
-            idx = np.flatnonzero(known)[slow]
-            self._slow_hops.append(hops[idx])
-            self._slow_flows.append(np.column_stack([f[idx] for f in flows]).astype(np.int64))
+        for cut, hop_sets, flow_sets in (
+            (thr, self._slow_hops, self._slow_flows),
+            (low, self._mod_hops, self._mod_flows),
+        ):
+            slow = ex > cut
+            if slow.any():
+                idx = np.flatnonzero(known)[slow]
+                hop_sets.append(hops[idx])
+                flow_sets.append(np.column_stack([f[idx] for f in flows]).astype(np.int64))
 
     def slow_sets(self) -> npt.NDArray[np.int32]:
         """Return the hop sets of this window's slow measurements, (m, H), -1 padded."""
@@ -109,24 +126,43 @@ class DelayWindow:
     def verdict(
         self, index: PathIndex, params: DelayParams
     ) -> tuple[Cover, dict[int, list[tuple[int, int, int]]]]:
-        """Localize this window's slow measurements to directed hops.
+        """Localize this window's slow measurements to directed hops: the slow tier's cover,
+        then hops the moderate tier blames that the slow one did not.
 
-        Returns the cover and, per blamed hop, up to ``max_flows`` affected (src, dst, sport).
+        Returns the cover (picks of both tiers, in that order; ``total``/``bad`` of the slow
+        tier) and, per blamed hop, up to ``max_flows`` affected (src, dst, sport).
         """
-        sets = self.slow_sets()
-        flows = np.concatenate(self._slow_flows) if self._slow_flows else np.zeros((0, 3), np.int64)
-        cover = greedy_cover(
-            self.judged(index),
-            sets,
-            min_rate=params.min_rate,
-            min_bad=params.min_slow,
-            max_picks=params.max_faults,
-        )
+        judged = self.judged(index)
         out: dict[int, list[tuple[int, int, int]]] = {}
-        for hop in cover.picked:
-            f = np.unique(flows[(sets == hop).any(axis=1)], axis=0)[: params.max_flows]
-            out[int(hop)] = [(int(a), int(b), int(c)) for a, b, c in f]
-        return cover, out
+        covers = []
+        for hop_sets, flow_sets in (
+            (self._slow_hops, self._slow_flows),
+            (self._mod_hops, self._mod_flows),
+        ):
+            sets = _pad_concat(hop_sets)
+            flows = np.concatenate(flow_sets) if flow_sets else np.zeros((0, 3), np.int64)
+            cover = greedy_cover(
+                judged,
+                sets,
+                min_rate=params.min_rate,
+                min_bad=params.min_slow,
+                max_picks=params.max_faults,
+            )
+            covers.append(cover)
+            for hop in cover.picked:
+                if int(hop) in out:
+                    continue
+                f = np.unique(flows[(sets == hop).any(axis=1)], axis=0)[: params.max_flows]
+                out[int(hop)] = [(int(a), int(b), int(c)) for a, b, c in f]
+        slow, mod = covers
+        new = ~np.isin(mod.picked, slow.picked)
+        both = Cover(
+            np.concatenate([slow.picked, mod.picked[new]]),
+            np.concatenate([slow.picked_bad, mod.picked_bad[new]]),
+            slow.total,
+            slow.bad,
+        )
+        return both, out
 
     def fold_baselines(self, index: PathIndex, dt_s: float, params: DelayParams) -> None:
         """Update the path baselines in ``index`` with this window's minima."""
@@ -138,3 +174,5 @@ class DelayWindow:
         self.wmin[:] = np.inf
         self._slow_hops.clear()
         self._slow_flows.clear()
+        self._mod_hops.clear()
+        self._mod_flows.clear()
