@@ -90,8 +90,7 @@ class Brain:
         self._pending: list[MeshEvent] = []
         self._last_tick: int | None = None
         self._horizon = LossHorizon(n_links, self.config.horizon)
-        self._closed = 0  # windows judged so far
-        self._last_dead = np.full(n_links, -(10**9), dtype=np.int64)  # window number
+        self._last_dead = np.full(n_links, np.iinfo(np.int64).min // 2, dtype=np.int64)  # ns
         nodes: dict[str, int] = {}
         self._link_nodes = np.array(
             [
@@ -243,7 +242,9 @@ class Brain:
                 signals[lk] = Signal.DEAD if rate >= cfg.loss.dead_rate else Signal.LOSSY
         for down_nic in self._reported_down:
             signals[int(f.nic_link[down_nic])] = Signal.DEAD
-        rates = self._horizon_signals(signals, loss.cover.total, win.loss.lost_sets(), now_ns)
+        rates = self._horizon_signals(
+            signals, loss.cover.total, win.loss.lost_sets(), now_ns, round(dt_s * 1e9)
+        )
         rates.update(loss.blamed)
         blamed = set()
         for lk in signals:
@@ -279,21 +280,21 @@ class Brain:
         totals: npt.NDArray[np.int64],
         lost_sets: npt.NDArray[np.int32],
         now_ns: int,
+        dt_ns: int,
     ) -> dict[int, float]:
         """Fold the window into the loss horizon; mark LOSSY in ``signals`` the links the
         horizon blames that the window did not, except leaks and links dead within the
-        horizon (its dead windows' loss is that down, already reported); return the horizon's
-        loss rates of the links it blamed."""
-        self._closed += 1
+        horizon or in the window before it (a partly dead window: that down, already
+        reported); return the horizon's loss rates of the links it blamed."""
         dead = [lk for lk, s in signals.items() if s == Signal.DEAD]
-        self._last_dead[dead] = self._closed
+        self._last_dead[dead] = now_ns
         self._horizon.push(now_ns, totals, lost_sets)
         hz = self._horizon.verdict()
         if not len(hz.picked):
             return {}
         hp = self.config.horizon
         leaks = mispath_leaks(hz, self._link_nodes, self._switch_link, hp.sibling_leak)
-        held = self._closed - hp.windows - 1  # dead after this window: still in the horizon
+        held = now_ns - hp.span_ns - dt_ns  # dead after this: in or next to the horizon
         out = resid_rate(hz)
         for lk in out:
             if lk not in signals and lk not in leaks and self._last_dead[lk] < held:

@@ -113,7 +113,7 @@ def test_small_loss_is_found_over_the_horizon_not_in_one_window() -> None:
     assert kinds(ev) == [("loss", "leaf1-spine2")]
     assert "%" in ev[0].detail
     # one window alone never blames it
-    one = Brain(FAB, BrainConfig(lateness_ns=0, horizon=HorizonParams(windows=1, min_rate=0.05)))
+    one = Brain(FAB, BrainConfig(lateness_ns=0, horizon=HorizonParams(span_ns=WIN, min_rate=0.05)))
     assert drive(one, 0, 40, 2, lossy=(lk, 0.02)) == []
 
 
@@ -204,7 +204,7 @@ def test_mispath_leaks_rule() -> None:
 
 
 def test_horizon_forgets_old_windows_and_validates() -> None:
-    h = LossHorizon(3, HorizonParams(windows=2, min_lost=2, min_rate=0.01))
+    h = LossHorizon(3, HorizonParams(span_ns=2, min_lost=2, min_rate=0.01))
     sets = np.array([[0], [0], [0]], dtype=np.int32)
     h.push(1, np.array([100, 100, 100]), sets)
     assert h.verdict().picked.tolist() == [0]
@@ -212,6 +212,6 @@ def test_horizon_forgets_old_windows_and_validates() -> None:
     h.push(3, np.array([100, 100, 100]), np.zeros((0, 1), np.int32))
     assert h.verdict().picked.tolist() == [] and h.start_ns == 2
     with pytest.raises(ValueError):
-        HorizonParams(windows=0)
+        HorizonParams(span_ns=0)
     with pytest.raises(ValueError):
         HorizonParams(sibling_leak=1.0)

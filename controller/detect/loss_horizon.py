@@ -4,8 +4,9 @@ A 100 ms window holds too few probes per link to see a small loss: at 1 % per tr
 leaf-spine link of a 16-NIC fabric loses ~2 of ~100 probes per window, under the window's
 ``LossParams.min_rate`` (5 %, set so that background loss and a burst's tail stay silent). A
 short flap (a 50 ms down) loses half of one window at most, never "dead", and is gone by the
-next. `LossHorizon` keeps the last ``HorizonParams.windows`` closed windows' probe totals and
-lost-probe link sets and localizes their sum with the same tomography (`greedy_cover`) at a
+next. `LossHorizon` keeps the closed windows that ended within the last ``HorizonParams.span_ns``
+(1 s: 10 windows of the benchmark's 100 ms, one of a service ticking every second), their probe
+totals and lost-probe link sets, and localizes their sum with the same tomography (`greedy_cover`) at a
 lower rate floor, ``min_rate`` (0.5 %: ~6x the ~8e-4 per-probe loss a background of 1e-4 per
 hop traversal gives a probe crossing ~8 directed hops) and at least ``min_lost`` lost probes
 unexplained, so sparse background losses do not add up to a finding.
@@ -38,19 +39,19 @@ from controller.localize import Cover, greedy_cover
 
 @dataclass(frozen=True, slots=True)
 class HorizonParams:
-    """``windows``: closed detection windows summed (10 = 1 s at 100 ms); a link is blamed
+    """``span_ns``: closed windows that ended this recently are summed; a link is blamed
     over the horizon when its unexplained lost probes are >= ``min_lost`` and >= ``min_rate``
     of its probes; ``sibling_leak``: see `mispath_leaks` (0 disables it)."""
 
-    windows: int = 10
+    span_ns: int = 1_000_000_000
     min_rate: float = 0.005
     min_lost: int = 10
     sibling_leak: float = 0.1
     max_faults: int = 8
 
     def __post_init__(self) -> None:
-        if self.windows < 1 or self.min_lost < 1:
-            raise ValueError("windows and min_lost must be >= 1")
+        if self.span_ns <= 0 or self.min_lost < 1:
+            raise ValueError("span_ns must be > 0 and min_lost >= 1")
         if not 0 <= self.min_rate <= 1 or not 0 <= self.sibling_leak < 1:
             raise ValueError("min_rate must be in [0, 1] and sibling_leak in [0, 1)")
 
@@ -90,7 +91,8 @@ def mispath_leaks(
 
 
 class LossHorizon:
-    """The last ``params.windows`` windows' loss evidence (one owner; not thread-safe)."""
+    """The loss evidence of the windows that ended in the last ``params.span_ns`` (one owner;
+    not thread-safe)."""
 
     def __init__(self, n_links: int, params: HorizonParams) -> None:
         self.n_links = n_links
@@ -102,12 +104,13 @@ class LossHorizon:
         self, end_ns: int, totals: npt.NDArray[np.int64], lost_sets: npt.NDArray[np.int32]
     ) -> None:
         """Add one closed window (ending ``end_ns``): probes per link and its lost probes'
-        link sets (m, K; -1 padded); forget the oldest beyond ``params.windows``."""
+        link sets (m, K; -1 padded); forget the windows that ended ``params.span_ns`` or more
+        before it."""
         t = np.zeros(self.n_links, dtype=np.int64)
         t[: min(len(totals), self.n_links)] = totals[: self.n_links]
         self._wins.append((end_ns, t, lost_sets))
         self._total += t
-        while len(self._wins) > self.params.windows:
+        while self._wins[0][0] <= end_ns - self.params.span_ns:
             _, old, _ = self._wins.popleft()
             self._total -= old
 
