@@ -56,7 +56,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     """Read and validate a TOML config (None = defaults: a default-shaped fabric).
 
     Sections: ``[fabric]`` (shape keys of `FabricShape`, or ``file = "fabric.json"``),
-    ``[sync]`` (``window_s``, ``solve_every_s``, ``coded_tol_ns``, ``use_uncoded``),
+    ``[sync]`` (``window_s``, ``solve_every_s``, ``coded_tol_ns``, ``use_uncoded``, and the
+    clock-trust gate's ``max_unc_ns``, ``min_span_s``, ``warmup_bins``),
     ``[controller]`` (``tick_s``, ``stale_s``, ``max_events``), ``[thresholds]`` (the
     detection `BrainConfig`, nested tables for its parameter groups), ``[paths]``
     (``routers``: router address -> fabric node id, to map the probers' discovered paths onto
@@ -104,16 +105,35 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     d = ClockSyncConfig()  # unset keys keep the pipeline's defaults (one solve per window)
     sy = root.table("sync")
     pos = "a number > 0"
-    sync = ClockSyncConfig(
-        window_ns=int(sy.get("window_s", float, d.window_ns / 1e9, lambda v: v > 0, pos) * 1e9),
-        solve_every_ns=int(
-            sy.get("solve_every_s", float, d.solve_every_ns / 1e9, lambda v: v > 0, pos) * 1e9
-        ),
-        coded_tol_ns=sy.get(
-            "coded_tol_ns", int, d.coded_tol_ns, lambda v: v >= 0, "an integer >= 0"
-        ),
-        use_uncoded=sy.get("use_uncoded", bool, d.use_uncoded),
-    )
+    try:
+        sync = ClockSyncConfig(
+            window_ns=int(
+                sy.get("window_s", float, d.window_ns / 1e9, lambda v: v > 0, pos) * 1e9
+            ),
+            solve_every_ns=int(
+                sy.get("solve_every_s", float, d.solve_every_ns / 1e9, lambda v: v > 0, pos) * 1e9
+            ),
+            coded_tol_ns=sy.get(
+                "coded_tol_ns", int, d.coded_tol_ns, lambda v: v >= 0, "an integer >= 0"
+            ),
+            use_uncoded=sy.get("use_uncoded", bool, d.use_uncoded),
+            # the clock-trust gate (docs/controller.md, "Clock trust")
+            max_unc_ns=sy.get(
+                "max_unc_ns", float, d.max_unc_ns, lambda v: 0 < v < float("inf"),
+                "a number of ns > 0",
+            ),
+            min_span_ns=int(
+                sy.get("min_span_s", float, d.min_span_ns / 1e9, lambda v: 0 <= v < 1e9,
+                       "a number of s >= 0")
+                * 1e9
+            ),
+            warmup_bins=sy.get(
+                "warmup_bins", int, d.warmup_bins, lambda v: 1 <= v <= 1024,
+                "an integer in 1..1024",
+            ),
+        )  # fmt: skip
+    except ValueError as exc:  # cross-key checks of ClockSyncConfig (a 0 ns window, ...)
+        raise ConfigError(f"{src}: sync: {exc}") from None
     sy.finish()
     co = root.table("controller")
     live = LiveConfig(

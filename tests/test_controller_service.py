@@ -54,6 +54,11 @@ def test_config_validation(tmp_path: Path) -> None:
     cfg.write_text('[fabric]\nfile = "fab.json"\n[sync]\nwindow_s = 5\n')
     sc = load_config(cfg)
     assert len(sc.fabric.leaves) == 3 and sc.live.sync.window_ns == 5_000_000_000
+    # the clock-trust gate's knobs reach ClockSyncConfig (defaults where unset)
+    assert sc.live.sync.max_unc_ns == 1000.0 and sc.live.sync.min_span_ns == 1_000_000_000
+    cfg.write_text("[sync]\nmax_unc_ns = 250\nmin_span_s = 0.5\nwarmup_bins = 2\n")
+    sy = load_config(cfg).live.sync
+    assert (sy.max_unc_ns, sy.min_span_ns, sy.warmup_bins) == (250.0, 500_000_000, 2)
     cfg.write_text("[thresholds]\nsilent_ns = 0\n")
     assert load_config(cfg).brain.silent_ns == 0
     cfg.write_text("[thresholds.loss]\nmin_probes = 7\n")
@@ -73,6 +78,13 @@ def test_config_validation(tmp_path: Path) -> None:
         ('[controller]\nmax_events = "3"\n', r"c\.toml: controller\.max_events: must be"),
         ("[controller]\ntick_s = true\n", r"c\.toml: controller\.tick_s: must be"),
         ("[paths]\nrouters = {'10.0.0.1' = 'nope'}\n", r"paths\.routers\.10\.0\.0\.1: unknown"),
+        ("[sync]\nmax_unc_ns = 0\n", r"c\.toml: sync\.max_unc_ns: must be a number of ns > 0"),
+        ("[sync]\nmax_unc_ns = inf\n", r"c\.toml: sync\.max_unc_ns: must be"),
+        ('[sync]\nmax_unc_ns = "1000"\n', r"c\.toml: sync\.max_unc_ns: must be"),
+        ("[sync]\nmin_span_s = -1\n", r"c\.toml: sync\.min_span_s: must be a number of s >= 0"),
+        ("[sync]\nwarmup_bins = 0\n", r"c\.toml: sync\.warmup_bins: must be an integer in"),
+        ("[sync]\nwarmup_bins = 2.5\n", r"c\.toml: sync\.warmup_bins: must be"),
+        ("[sync]\nwindow_s = 1e-10\n", r"c\.toml: sync: window and solve period must be > 0"),
     ):
         cfg.write_text(text)
         with pytest.raises(ConfigError, match=msg) as err:
