@@ -69,6 +69,7 @@ def fit_pairs(
     n_bins: int = 16,
     max_passes: int = 8,
     tol_ns: float = 0.01,
+    counts: tuple[ArrayLike, ArrayLike] | None = None,
 ) -> PairFits:
     """Fit every pair ``0 <= p < n_pairs`` from forward and reverse samples.
 
@@ -77,7 +78,10 @@ def fit_pairs(
     Non-finite samples make the pair NONFINITE unless ``drop_nonfinite`` (then they are just
     ignored). Early-stamp outliers pull the envelope: filter samples with ``sync.coded`` first.
     Iterates until the slope change
-    moves the window edges by less than ``tol_ns``. Returns PairFits (NaN estimates where status
+    moves the window edges by less than ``tol_ns``. ``counts`` (forward, reverse per pair):
+    how many samples the given ones stand for, when they are a reduction such as the lower
+    hulls of `sync.summary` (the fit depends only on the hulls; counts decide ``min_samples``
+    and ``n_fwd``/``n_rev``). Returns PairFits (NaN estimates where status
     is not OK); raises ValueError on malformed arrays or parameters.
     """
     _check_params(min_samples, max_drift, quant_ns)
@@ -102,6 +106,14 @@ def fit_pairs(
     del fin_f, fin_r
     nf = np.bincount(pf, minlength=p).astype(np.int64)
     nr = np.bincount(pr, minlength=p).astype(np.int64)
+    if counts is not None:
+        cf, cr = (
+            as_index(counts[0], "counts", 1 << 62, p),
+            as_index(counts[1], "counts", 1 << 62, p),
+        )
+        if np.any((cf > 0) != (nf > 0)) or np.any((cr > 0) != (nr > 0)):
+            raise ValueError("counts must be > 0 exactly for the pairs that have samples")
+        nf, nr = cf.astype(np.int64), cr.astype(np.int64)
 
     tmin = np.full(p, np.inf)
     tmax = np.full(p, -np.inf)

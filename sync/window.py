@@ -83,6 +83,7 @@ class WindowSync:
     flagged: NDArray[np.bool_]
     estimator: str = "envelope-free-slope"
     closure_scale_ns: float = float("nan")
+    drift_from: str = "envelope"  # which pair slopes the node drifts come from
 
 
 def drift_std_per_node(ws: WindowSync, n_nodes: int) -> F64:
@@ -230,24 +231,25 @@ def sync_window(
         min_samples=min_samples,
         quant_ns=quant_ns,
     )
+    if not fits.ok.any():
+        return empty_window(n_nodes, samples.edges, fits)
+    out, r = first_stage(n_nodes, samples.edges, fits, ref)
+    if not refine:
+        return out
+    return _second_stage(n_nodes, samples, out, r, fractions, bias_bound)
+
+
+def first_stage(n_nodes: int, edges: I64, fits: PairFits, ref: int) -> tuple[WindowSync, int]:
+    """Network solve of the pair fits, edges re-evaluated at the reference instant, solved
+    again (module docstring, step 4). Returns the window and the reference node used.
+    Requires at least one OK fit."""
+    m = len(edges)
     ok = fits.ok
-    nan = np.full(n_nodes, np.nan)
-    if not ok.any():
-        return WindowSync(
-            nan,
-            nan.copy(),
-            nan.copy(),
-            np.zeros(n_nodes, bool),
-            samples.edges,
-            fits,
-            np.full(m, np.nan),
-            np.zeros(m, bool),
-        )
-    e = samples.edges[ok]
+    e = edges[ok]
     theta0, drift = fits.offset_ns[ok], fits.drift[ok]
     std = np.maximum(fits.offset_std_ns[ok], 0.5)
     w = 1.0 / std**2
-    r = _pick_ref(e, ref)
+    r = pick_ref(e, ref)
     first = solve_network(n_nodes, e, theta0, w, drift=drift, pin="mean", ref=r)
     # re-evaluate each edge line at the reference instant: clock i reads ~ t_ref + offset_i then
     shift = np.nan_to_num(first.offset_ns[e[:, 0]])
@@ -262,14 +264,22 @@ def sync_window(
         sol.drift,
         sol.offset_std_ns,
         sol.known,
-        samples.edges,
+        edges,
         fits,
         theta_all,
         flagged,
     )
-    if not refine:
-        return out
-    return _second_stage(n_nodes, samples, out, r, fractions, bias_bound)
+    return out, r
+
+
+def empty_window(n_nodes: int, edges: I64, fits: PairFits) -> WindowSync:
+    """The window when no pair could be fitted: every node unknown, NaN everywhere."""
+    m = len(edges)
+    nan = np.full(n_nodes, np.nan)
+    return WindowSync(
+        nan, nan.copy(), nan.copy(), np.zeros(n_nodes, bool), edges, fits,
+        np.full(m, np.nan), np.zeros(m, bool),
+    )  # fmt: skip
 
 
 def _second_stage(
@@ -333,6 +343,30 @@ def _second_stage(
         cands.extend(lk)
         excess.extend(lr_rtt[1:] - lr_rtt[0])
         names.extend(f"lowrtt{q:g}" for q in RTT_FRACTIONS)
+    return choose_candidate(
+        n_nodes, first, ref, usable, slope * shift, cands, excess, names, env_floor, bias_bound
+    )
+
+
+def choose_candidate(
+    n_nodes: int,
+    first: WindowSync,
+    ref: int,
+    usable: NDArray[np.bool_],
+    shift_term: F64,
+    cands: list[F64],
+    excess: list[F64],
+    names: list[str],
+    env_floor: F64,
+    bias_bound: bool,
+) -> WindowSync:
+    """Score candidate pair offsets (per edge, at t = 0 on clock i's axis; candidate 0 is the
+    envelope with its floors ``env_floor``) by loop-closure noise and, with ``bias_bound``, half
+    the median queueing ``excess`` they keep; solve the winner with the Huber loss. Edges not
+    ``usable`` are left out; ``shift_term`` (slope x clock i's offset) moves each candidate to
+    the reference instant. Returns ``first`` when no candidate is finite."""
+    fits, edges = first.fits, first.edges
+    m = len(edges)
     e = edges[usable]
     sd_env = floor_excess_std(
         n_nodes, e, env_floor[usable], np.maximum(fits.offset_std_ns[usable], 0.5)
@@ -341,10 +375,10 @@ def _second_stage(
     # (what they cannot show: queueing that differs by direction looks like a node offset)
     best, best_score, best_scale, best_theta = -1, np.inf, np.inf, np.empty(0)
     for c, off in enumerate(cands):
-        th = (off + slope * shift)[usable]
+        th = (off + shift_term)[usable]
         if not np.isfinite(th).all():
             continue
-        scale = _closure_scale(n_nodes, e, th, ref)
+        scale = closure_scale(n_nodes, e, th, ref)
         bias = 0.5 * float(np.nanmedian(excess[c][usable])) if c and bias_bound else 0.0
         score = float(np.hypot(scale, bias))
         if score < best_score:
@@ -355,7 +389,7 @@ def _second_stage(
         w = 1.0 / np.maximum(sd_env, 0.5) ** 2
     else:  # same statistic on every edge: equal weights, scaled by the closure residuals
         w = np.full(len(e), 1.0 / max(best_scale, 0.5) ** 2)
-    sol = solve_network(n_nodes, e, best_theta, w, pin="mean", ref=_pick_ref(e, ref), loss="huber")
+    sol = solve_network(n_nodes, e, best_theta, w, pin="mean", ref=pick_ref(e, ref), loss="huber")
     theta_all = np.full(m, np.nan)
     theta_all[usable] = best_theta
     flagged = np.zeros(m, dtype=bool)
@@ -382,12 +416,12 @@ def _detrend(t: F64, d: F64, slope: F64, edge: I64, arrived: NDArray[np.bool_] |
     return np.asarray(d[arrived] + slope[edge[arrived]] * t[arrived])
 
 
-def _closure_scale(n_nodes: int, edges: I64, theta: F64, ref: int) -> float:
+def closure_scale(n_nodes: int, edges: I64, theta: F64, ref: int) -> float:
     """Robust scale (ns) of the loop-closure residuals of one unweighted L2 network solve:
     how inconsistent the pair estimates are around loops, i.e. how noisy they are. Returns inf
     when the graph has no loops (nothing to compare)."""
     sol = solve_network(
-        n_nodes, edges, theta, np.ones(len(edges)), pin="mean", ref=_pick_ref(edges, ref),
+        n_nodes, edges, theta, np.ones(len(edges)), pin="mean", ref=pick_ref(edges, ref),
         flag_min_ns=np.inf, max_rounds=1,
     )  # fmt: skip
     r = sol.residual_ns[np.isfinite(sol.residual_ns)]
@@ -396,7 +430,7 @@ def _closure_scale(n_nodes: int, edges: I64, theta: F64, ref: int) -> float:
     return float(1.4826 * np.median(np.abs(r)))
 
 
-def _pick_ref(edges: I64, ref: int) -> int:
+def pick_ref(edges: I64, ref: int) -> int:
     """Keep ``ref`` if it has a usable edge, else the best-connected node."""
     deg = np.bincount(edges.ravel())
     if ref < len(deg) and deg[ref] > 0:

@@ -32,6 +32,7 @@ import json
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -39,10 +40,12 @@ import numpy.typing as npt
 
 from controller.fabric import FabricShape, build_fabric
 from sync import anchor_tree, ntp_offsets, solve_network
+from sync.summary import sync_summary
 from sync.window import EdgeSamples, orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
 from testbed.sim.options import add_model_options, model_from_args
+from testbed.sim.sync_stream import N_SUB, collect_window, window_edges
 
 F64 = npt.NDArray[np.float64]
 
@@ -60,25 +63,9 @@ def _errors(est: F64, known: npt.NDArray[np.bool_], truth: F64) -> dict[str, flo
     }
 
 
-def _ntp_with_frequency(
-    n_edges: int,
-    edge: npt.NDArray[np.int64],
-    stamps: tuple[npt.NDArray[np.int64], ...],
-    t_ref: int,
-    window_s: float,
-    n_sub: int = 8,
-) -> tuple[F64, npt.NDArray[np.bool_]]:
-    """NTP-style estimate per edge at ``t_ref``: the min-RTT exchange of each of ``n_sub``
-    sub-windows gives ``((t2-t1)-(t4-t3))/2`` at its time; a least-squares line through those
-    points (NTP's frequency discipline) is evaluated at ``t_ref``."""
-    t1, t2, t3, t4 = stamps  # arrived probes only
-    e = edge
-    rel = (t1 - t_ref).astype(np.float64)
-    sub = np.clip(((rel / 1e9 + window_s / 2) / window_s * n_sub).astype(np.int64), 0, n_sub - 1)
-    ntp = ntp_offsets(n_edges * n_sub, e * n_sub + sub, t1, t2, t3, t4, t_ref)
-    x = ntp.t_rel_ns.reshape(n_edges, n_sub)
-    y = ntp.theta_ns.reshape(n_edges, n_sub)
-    ok = ntp.ok.reshape(n_edges, n_sub)
+def _ntp_line(x: F64, y: F64, ok: npt.NDArray[np.bool_]) -> tuple[F64, npt.NDArray[np.bool_]]:
+    """NTP's frequency discipline per edge: a least-squares line through the min-RTT exchange
+    of each sub-window (rows: edges; x = time, y = offset), evaluated at t_ref (x = 0)."""
     cnt = ok.sum(axis=1)
     xm = np.where(ok, x, 0.0).sum(axis=1) / np.maximum(cnt, 1)
     ym = np.where(ok, y, 0.0).sum(axis=1) / np.maximum(cnt, 1)
@@ -88,6 +75,29 @@ def _ntp_with_frequency(
     slope = np.where(sxx > 0, (dx * dy).sum(axis=1) / np.where(sxx > 0, sxx, 1.0), 0.0)
     theta = ym - slope * xm  # value of the line at t_rel = 0 (t_ref)
     return theta, cnt >= 2
+
+
+def _ntp_with_frequency(
+    n_edges: int,
+    edge: npt.NDArray[np.int64],
+    stamps: tuple[npt.NDArray[np.int64], ...],
+    t_ref: int,
+    window_s: float,
+    n_sub: int = N_SUB,
+) -> tuple[F64, npt.NDArray[np.bool_]]:
+    """NTP-style estimate per edge at ``t_ref``: the min-RTT exchange of each of ``n_sub``
+    sub-windows gives ``((t2-t1)-(t4-t3))/2`` at its time; a least-squares line through those
+    points (NTP's frequency discipline) is evaluated at ``t_ref``."""
+    t1, t2, t3, t4 = stamps  # arrived probes only
+    e = edge
+    rel = (t1 - t_ref).astype(np.float64)
+    sub = np.clip(((rel / 1e9 + window_s / 2) / window_s * n_sub).astype(np.int64), 0, n_sub - 1)
+    ntp = ntp_offsets(n_edges * n_sub, e * n_sub + sub, t1, t2, t3, t4, t_ref)
+    return _ntp_line(
+        ntp.t_rel_ns.reshape(n_edges, n_sub),
+        ntp.theta_ns.reshape(n_edges, n_sub),
+        ntp.ok.reshape(n_edges, n_sub),
+    )
 
 
 Est = tuple[F64, npt.NDArray[np.bool_]]
@@ -112,14 +122,33 @@ def _ntp_estimates(
     theta, ok = _ntp_with_frequency(m, edge, (s1, s2, s3, s4), t_ref, window_s)
     plain = ntp_offsets(m, edge, s1, s2, s3, s4, t_ref)
     del s1, s2, s3, s4
+    return _ntp_solves(n_nodes, samples.edges, theta, ok, plain.theta_ns, plain.ok)
+
+
+def _ntp_solves(
+    n_nodes: int,
+    edges: npt.NDArray[np.int64],
+    theta: F64,
+    ok: npt.NDArray[np.bool_],
+    plain: F64,
+    plain_ok: npt.NDArray[np.bool_],
+) -> tuple[Est, Est, Est]:
+    """The NTP pair estimates through the network solve, and both chained along a tree."""
     out = []
-    for th, good in ((theta, ok), (plain.theta_ns, plain.ok)):
-        ne = samples.edges[good]
+    for th, good in ((theta, ok), (plain, plain_ok)):
+        ne = edges[good]
         tree = anchor_tree(n_nodes, ne, th[good], np.ones(len(ne)), ref=int(ne[0, 0]))
         out.append((tree.offset_ns, tree.known))
-    ne = samples.edges[ok]
+    ne = edges[ok]
     net = solve_network(n_nodes, ne, theta[ok], np.ones(len(ne)), pin="mean", loss="huber")
     return (net.offset_ns, net.known), out[0], out[1]
+
+
+def _truth(sim: Simulator, t_mid_ns: float) -> tuple[F64, F64, npt.NDArray[np.int64]]:
+    """True offsets at the window's middle, constant pair asymmetry and its pairs (read after
+    the window is simulated, as the clock wander is drawn as time goes)."""
+    edges = np.stack([sim.pairs_src, sim.pairs_dst], axis=1)
+    return sim.true_offset_ns(t_mid_ns), sim.pair_asymmetry_ns(), edges
 
 
 def run_sync_bench(
@@ -153,50 +182,66 @@ def run_sync_bench(
     )
     t0 = time.perf_counter()
     sim = Simulator(fabric, cfg)
-    cols: dict[str, list[npt.NDArray[Any]]] = {
-        k: [] for k in ("src", "dst", "pair", "t1", "t2", "t3", "t4", "lost")
-    }
-    steps = max(1, round(window_s / 0.1))
-    for i, st in enumerate(sim.run(window_s, 0.1)):
-        b = st.batch
-        for k, col in cols.items():
-            col.append(getattr(b, k))
-        if progress and (i + 1) % 5 == 0:
-            print(f"sim sync: simulated {i + 1}/{steps} steps", file=sys.stderr)
-    c = {k: np.concatenate(cols.pop(k)) for k in list(cols)}
-    sim_s = time.perf_counter() - t0
     n_nodes = len(fabric.nics)
     t_mid_ns = window_s / 2 * 1e9
     t_ref = EPOCH_NS + int(t_mid_ns)
-    truth = sim.true_offset_ns(t_mid_ns)
-    asym = sim.pair_asymmetry_ns()
-    asym_edges = np.stack([sim.pairs_src, sim.pairs_dst], axis=1)
-    del sim  # the simulator's cached paths are no longer needed
+    steps = max(1, round(window_s / 0.1))
 
-    t1 = time.perf_counter()
-    tol = 25 if timestamps == "hw" else 3000
-    samples = orient_samples(
-        c["src"],
-        c["dst"],
-        c["pair"],
-        c["t1"],
-        c["t2"],
-        c["t3"],
-        c["t4"],
-        c["lost"],
-        t_ref,
-        coded_tol_ns=tol,
-    )
-    # NTP baselines on the same probes, oriented onto the same edges; then drop the raw stamps
-    ntp_net, ntp_fit, ntp_plain = _ntp_estimates(n_nodes, samples, c, t_ref, window_s)
-    n_probes = len(c["t1"])
-    del c
+    def run() -> Iterator[Any]:
+        for i, st in enumerate(sim.run(window_s, 0.1)):
+            yield st
+            del st  # not held while the next step is simulated
+            if progress and (i + 1) % 5 == 0:
+                print(f"sim sync: simulated {i + 1}/{steps} steps", file=sys.stderr)
+
     quant = HW_TICK_NS if timestamps == "hw" else 0.0
-    t_fit = time.perf_counter()
-    ws = sync_window(n_nodes, samples, quant_ns=quant, bias_bound=timestamps == "hw")
-    solve_total = time.perf_counter() - t_fit
-    n_edges = len(samples.edges)
-    del samples
+    if timestamps == "hw":  # streamed: the window is reduced step by step, never held
+        edges, per = window_edges(sim.pairs_src, sim.pairs_dst, n_nodes)
+        max_x = per * 2 * (int(np.ceil(window_s * rate_hz)) + 1)
+        sw = collect_window(run(), edges, max_x, n_nodes, t_ref, window_s, 25)
+        truth, asym, asym_edges = _truth(sim, t_mid_ns)
+        del sim
+        sim_s = time.perf_counter() - t0  # includes the reduction, which runs as steps come
+        t1 = time.perf_counter()
+        m = len(edges)
+        ok_sub = np.isfinite(sw.ntp_sub.rtt).reshape(m, N_SUB)
+        th, th_ok = _ntp_line(
+            sw.ntp_sub.t_rel.reshape(m, N_SUB), sw.ntp_sub.theta.reshape(m, N_SUB), ok_sub
+        )
+        ntp_net, ntp_fit, ntp_plain = _ntp_solves(
+            n_nodes, edges, th, th_ok, sw.ntp_plain.theta, np.isfinite(sw.ntp_plain.rtt)
+        )
+        n_probes, summary_points = sw.probes, sw.summary.n_points
+        t_fit = time.perf_counter()
+        ws = sync_summary(n_nodes, sw.summary, quant_ns=quant)
+        solve_total = time.perf_counter() - t_fit
+        n_edges = m
+        del sw
+    else:  # software stamps: the per-direction lowest fractions need every sample, held
+        cols: dict[str, list[npt.NDArray[Any]]] = {
+            k: [] for k in ("src", "dst", "pair", "t1", "t2", "t3", "t4", "lost")
+        }
+        for st in run():
+            for k, col in cols.items():
+                col.append(getattr(st.batch, k))
+        c = {k: np.concatenate(cols.pop(k)) for k in list(cols)}
+        truth, asym, asym_edges = _truth(sim, t_mid_ns)
+        del sim
+        sim_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        samples = orient_samples(
+            c["src"], c["dst"], c["pair"], c["t1"], c["t2"], c["t3"], c["t4"], c["lost"],
+            t_ref, coded_tol_ns=3000,
+        )  # fmt: skip
+        # NTP baselines on the same probes, oriented onto the same edges
+        ntp_net, ntp_fit, ntp_plain = _ntp_estimates(n_nodes, samples, c, t_ref, window_s)
+        n_probes, summary_points = len(c["t1"]), 0
+        del c
+        t_fit = time.perf_counter()
+        ws = sync_window(n_nodes, samples, quant_ns=quant, bias_bound=False)
+        solve_total = time.perf_counter() - t_fit
+        n_edges = len(samples.edges)
+        del samples
     # the network-effect solve alone, timed on the same edges: first-stage form (weights
     # 1/std^2 from the fits, std floored at 0.5 ns, L2 with flagging, plus the drift solve) and
     # the final second-stage form (chosen envelope statistic, Huber loss)
@@ -233,6 +278,8 @@ def run_sync_bench(
         "window_s": window_s,
         "rate_hz": rate_hz,
         "probes": n_probes,
+        "streamed": timestamps == "hw",
+        "summary_points": summary_points,
         "edges": n_edges,
         "edges_fitted": int(ok.sum()),
         "edges_flagged": int(ws.flagged.sum()),

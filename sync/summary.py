@@ -1,0 +1,305 @@
+"""Bounded summaries of one sync window, so a window can be streamed chunk by chunk.
+
+At 10,000 NICs and 50 coded pairs per second per peer a 2 s window holds ~32 M probes; the
+hardware-stamp estimators read far less of it. `sync_summary` (`sync.window.sync_window`
+without the per-direction lowest-fraction candidates, which need every sample) reads only:
+
+* per edge direction, the **lower convex hull** of its coded-clean ``(t, d)`` samples (of every
+  arrived sample when fewer than ``min_coded`` are clean, as `orient_samples` falls back): the
+  envelope ``min(d - m t)`` for any slope ``m`` is attained on the hull, so the max-margin pair
+  fit and the fixed-slope envelope refit are the same on the hull as on all samples;
+* per edge the **lowest-RTT exchanges**, as many as the largest lowest-RTT fraction can take
+  (``cap``), each with ``0.5 (d_fwd - d_rev)`` and ``0.5 (t_fwd + t_rev)``: the detrended
+  per-exchange offset for any slope is linear in these two. RTT is ``d_fwd + d_rev`` as
+  measured (the slope moves it by drift x RTT, picoseconds);
+* counts (clean and arrived samples per direction, arrived exchanges per edge).
+
+`reduce_chunk` turns one chunk of oriented probes into a `Summary`; `merge` combines two into
+the summary of their union (hull of the hulls, lowest of the lowest, ties kept in arrival
+order, counts summed), so a window streamed chunk by chunk summarizes exactly as held at once.
+Pure: arrays in, frozen values out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sync.batchfit import fit_pairs
+from sync.network import solve_network
+from sync.refine import refit_fixed_slope
+from sync.window import (
+    RTT_FRACTIONS,
+    EdgeSamples,
+    WindowSync,
+    choose_candidate,
+    closure_scale,
+    empty_window,
+    first_stage,
+    pick_ref,
+)
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+LINE_FRACTION = 0.1  # lowest-RTT exchanges per edge the drift lines go through
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Summary of a window's probes on ``edges`` (m, 2). Hull points: group ``2 edge + dir``
+    (0 forward i->j, 1 reverse), sorted by (group, t). Exchanges: sorted by (edge, rtt), ties
+    in arrival order, at most ``cap[edge]`` per edge."""
+
+    edges: I64
+    cap: I64
+    clean_g: I64
+    clean_t: F64
+    clean_d: F64
+    all_g: I64
+    all_t: F64
+    all_d: F64
+    n_clean: I64
+    n_all: I64
+    x_edge: I64
+    x_rtt: F64
+    x_off: F64
+    x_mid: F64
+
+    @property
+    def n_points(self) -> int:
+        """How many samples and exchanges the summary holds (its size)."""
+        return len(self.clean_g) + len(self.all_g) + len(self.x_edge)
+
+
+def lower_hull(g: I64, t: F64, d: F64) -> tuple[I64, F64, F64]:
+    """Per group, the vertices of the lower convex hull of the points ``(t, d)``, sorted by
+    (group, t); of points with equal t only the lowest counts, collinear points are dropped.
+    Removes every point on or above the segment of its neighbours, repeatedly (each such
+    point is not a vertex of the current set, so the hull never changes)."""
+    order = np.lexsort((d, t, g))
+    g, t, d = g[order], t[order], d[order]
+    keep = np.ones(len(g), dtype=bool)
+    keep[1:] = (g[1:] != g[:-1]) | (t[1:] != t[:-1])
+    g, t, d = g[keep], t[keep], d[keep]
+    while len(g) >= 3:
+        same = (g[1:-1] == g[:-2]) & (g[1:-1] == g[2:])
+        ta, ti, tb = t[:-2], t[1:-1], t[2:]
+        da, di, db = d[:-2], d[1:-1], d[2:]
+        above = same & ((di - da) * (tb - ta) >= (db - da) * (ti - ta))
+        if not above.any():
+            break
+        keep = np.ones(len(g), dtype=bool)
+        keep[1:-1] = ~above
+        g, t, d = g[keep], t[keep], d[keep]
+    return g, t, d
+
+
+def _lowest(edge: I64, rtt: F64, off: F64, mid: F64, cap: I64) -> tuple[I64, F64, F64, F64]:
+    """Keep per edge the ``cap[edge]`` exchanges of lowest rtt (stable: earlier first)."""
+    order = np.lexsort((rtt, edge))
+    edge, rtt, off, mid = edge[order], rtt[order], off[order], mid[order]
+    n = len(cap)
+    count = np.bincount(edge, minlength=n)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]])
+    rank = np.arange(len(edge)) - start[edge]
+    keep = rank < cap[edge]
+    return edge[keep], rtt[keep], off[keep], mid[keep]
+
+
+def reduce_chunk(samples: EdgeSamples, edge_of: I64, edges: I64, cap: I64) -> Summary:
+    """Summary of one chunk of probes oriented by `sync.window.orient_samples` (called with
+    ``min_coded=0``: the clean/arrived choice is made on the whole window). ``edge_of`` maps
+    the chunk's edge indices to rows of the window's ``edges``; ``cap`` is per window edge.
+    Raises ValueError on mismatched shapes."""
+    m = len(edges)
+    if len(cap) != m or len(edge_of) != len(samples.edges):
+        raise ValueError("cap must have one entry per edge and edge_of one per chunk edge")
+    e = edge_of[samples.edge]
+    arr = (
+        np.ones(len(e), dtype=bool) if samples.arrived is None else samples.arrived
+    )  # fmt: skip
+
+    def hull(fk: NDArray[np.bool_], rk: NDArray[np.bool_]) -> tuple[I64, F64, F64, I64]:
+        g = np.concatenate([2 * e[fk], 2 * e[rk] + 1])
+        cnt = np.bincount(g, minlength=2 * m).astype(np.int64)
+        t = np.concatenate([samples.fwd_t[fk], samples.rev_t[rk]])
+        d = np.concatenate([samples.fwd_d[fk], samples.rev_d[rk]])
+        hg, ht, hd = lower_hull(g, t, d)
+        return hg, ht, hd, cnt
+
+    cg, ct, cd, nc = hull(samples.fwd_ok, samples.rev_ok)
+    ag, at, ad, na = hull(arr, arr)
+    ea = e[arr]
+    fd, rd = samples.fwd_d[arr], samples.rev_d[arr]
+    xe, xr, xo, xm = _lowest(
+        ea, fd + rd, 0.5 * (fd - rd), 0.5 * (samples.fwd_t[arr] + samples.rev_t[arr]), cap
+    )
+    return Summary(edges, cap, cg, ct, cd, ag, at, ad, nc, na, xe, xr, xo, xm)
+
+
+def merge(a: Summary, b: Summary) -> Summary:
+    """The summary of the probes of ``a`` followed by those of ``b`` (same edges and cap).
+    Raises ValueError when the edges differ."""
+    if a.edges.shape != b.edges.shape or not np.array_equal(a.edges, b.edges):
+        raise ValueError("summaries of different edge sets cannot be merged")
+    cat = np.concatenate
+    cg, ct, cd = lower_hull(
+        cat([a.clean_g, b.clean_g]), cat([a.clean_t, b.clean_t]), cat([a.clean_d, b.clean_d])
+    )
+    ag, at, ad = lower_hull(
+        cat([a.all_g, b.all_g]), cat([a.all_t, b.all_t]), cat([a.all_d, b.all_d])
+    )
+    xe, xr, xo, xm = _lowest(
+        np.concatenate([a.x_edge, b.x_edge]),
+        np.concatenate([a.x_rtt, b.x_rtt]),
+        np.concatenate([a.x_off, b.x_off]),
+        np.concatenate([a.x_mid, b.x_mid]),
+        a.cap,
+    )
+    return Summary(
+        a.edges, a.cap, cg, ct, cd, ag, at, ad,
+        a.n_clean + b.n_clean, a.n_all + b.n_all, xe, xr, xo, xm,
+    )  # fmt: skip
+
+
+def rtt_cap(max_exchanges: I64, fractions: tuple[float, ...] = RTT_FRACTIONS) -> I64:
+    """Per edge how many lowest-RTT exchanges to keep so that every fraction of at most
+    ``max_exchanges`` arrived exchanges is exact (``max(1, round(q n))`` for the largest q)."""
+    q = max(fractions) if fractions else 0.0
+    return (
+        np.maximum(np.rint(q * np.asarray(max_exchanges, dtype=np.float64)), 1).astype(np.int64) + 1
+    )
+
+
+def _pick_hulls(s: Summary, min_coded: int) -> tuple[I64, F64, F64, I64]:
+    """Per edge direction the clean hull, or the arrived one where fewer than ``min_coded``
+    samples are clean; returns group, t, d and the count each direction stands for."""
+    thin = s.n_clean < min_coded
+    kc, ka = ~thin[s.clean_g], thin[s.all_g]
+    g = np.concatenate([s.clean_g[kc], s.all_g[ka]])
+    t = np.concatenate([s.clean_t[kc], s.all_t[ka]])
+    d = np.concatenate([s.clean_d[kc], s.all_d[ka]])
+    return g, t, d, np.where(thin, s.n_all, s.n_clean)
+
+
+def sync_summary(
+    n_nodes: int,
+    s: Summary,
+    *,
+    quant_ns: float = 0.0,
+    min_samples: int = 3,
+    min_coded: int = 8,
+    ref: int = 0,
+    rtt_fractions: tuple[float, ...] = RTT_FRACTIONS,
+    bias_bound: bool = True,
+) -> WindowSync:
+    """`sync.window.sync_window` on a summary: pair fits on the hulls, two network solves,
+    second stage with the envelope and the lowest-RTT candidates (no per-direction lowest
+    fractions: they need every sample). Raises ValueError when a fraction needs more
+    exchanges than ``cap`` kept (a cap from a too small ``max_exchanges``)."""
+    m = len(s.edges)
+    g, t, d, cnt = _pick_hulls(s, min_coded)
+    fwd, rev = g % 2 == 0, g % 2 == 1
+    ge = g // 2
+    fits = fit_pairs(
+        m, ge[fwd], t[fwd], d[fwd], ge[rev], t[rev], d[rev],
+        min_samples=min_samples, quant_ns=quant_ns, counts=(cnt[0::2], cnt[1::2]),
+    )  # fmt: skip
+    if not fits.ok.any():
+        return empty_window(n_nodes, s.edges, fits)
+    first, r = first_stage(n_nodes, s.edges, fits, ref)
+    drift, drift_from = _node_drift(n_nodes, s, first, r)
+    if drift_from != "envelope":
+        first = dataclasses.replace(first, drift=drift)
+    i, j = s.edges[:, 0], s.edges[:, 1]
+    slope = drift[j] - drift[i]
+    shift = first.offset_ns[i]
+    usable = fits.ok & np.isfinite(slope) & np.isfinite(shift)
+    if not usable.any():
+        return first
+    slope = np.where(usable, slope, 0.0)
+    env_off, env_floor = refit_fixed_slope(
+        m, ge[fwd], t[fwd], d[fwd], ge[rev], t[rev], d[rev], slope
+    )
+    cands, names, excess = [env_off], ["envelope"], [np.zeros(m)]
+    if rtt_fractions:
+        n_x = np.bincount(s.x_edge, minlength=m)
+        ks = [np.clip(np.rint(q * s.n_all[0::2]), 1, None).astype(np.int64) for q in rtt_fractions]
+        short = (n_x < s.n_all[0::2]) & (np.max(ks, axis=0) > n_x)
+        if short.any():
+            raise ValueError("cap too small for the lowest-RTT fractions on some edges")
+        start = np.concatenate([[0], np.cumsum(n_x)[:-1]])
+        rank = np.arange(len(s.x_edge)) - start[s.x_edge]
+        has = n_x > 0
+        rmin = np.full(m, np.nan)
+        rmin[has] = s.x_rtt[start[has]]  # sorted by (edge, rtt): the first is the lowest
+        for q, k in zip(rtt_fractions, ks, strict=True):
+            take = rank < k[s.x_edge]
+            num = np.bincount(s.x_edge[take], minlength=m).astype(np.float64)
+            num = np.where(has, num, np.nan)
+            # per-exchange offset detrended by the slope: 0.5 (xf - xr) = off - slope * mid
+            off = np.bincount(s.x_edge[take], s.x_off[take], m) / num
+            mid = np.bincount(s.x_edge[take], s.x_mid[take], m) / num
+            rtt = np.bincount(s.x_edge[take], s.x_rtt[take], m) / num
+            cands.append(off - slope * mid)
+            excess.append(rtt - rmin)
+            names.append(f"lowrtt{q:g}")
+    out = choose_candidate(
+        n_nodes, first, r, usable, slope * shift, cands, excess, names, env_floor, bias_bound
+    )
+    return dataclasses.replace(out, drift_from=drift_from)
+
+
+def lowrtt_lines(s: Summary, fraction: float = LINE_FRACTION) -> tuple[F64, F64]:
+    """Per edge a least-squares line through the per-exchange offsets ``0.5 (d_fwd - d_rev)``
+    of its lowest-RTT ``fraction`` of exchanges against their times: (slope, slope std error),
+    NaN where fewer than 3 exchanges or no time spread. At high load the pair envelope is
+    touched by two samples whose queueing differs by hundreds of ns, so its slope is off by
+    hundreds of ppb; many least-queued exchanges spread over the window pin it far better
+    (docs/sync.md, "Drift at high load")."""
+    m = len(s.edges)
+    n_x = np.bincount(s.x_edge, minlength=m)
+    start = np.concatenate([[0], np.cumsum(n_x)[:-1]])
+    rank = np.arange(len(s.x_edge)) - start[s.x_edge]
+    k = np.clip(np.rint(fraction * s.n_all[0::2]), 1, None).astype(np.int64)
+    take = rank < k[s.x_edge]
+    e, x, y = s.x_edge[take], s.x_mid[take], s.x_off[take]
+    cnt = np.bincount(e, minlength=m).astype(np.float64)
+    xm = np.bincount(e, x, m) / np.maximum(cnt, 1.0)
+    ym = np.bincount(e, y, m) / np.maximum(cnt, 1.0)
+    dx, dy = x - xm[e], y - ym[e]
+    sxx = np.bincount(e, dx * dx, m)
+    ok = (cnt >= 3) & (sxx > 0)
+    sxx = np.where(ok, sxx, 1.0)
+    slope = np.bincount(e, dx * dy, m) / sxx
+    res = dy - slope[e] * dx
+    se = np.sqrt(np.bincount(e, res * res, m) / np.maximum(cnt - 2.0, 1.0) / sxx)
+    ok &= np.isfinite(se) & (se > 0)
+    return np.where(ok, slope, np.nan), np.where(ok, se, np.nan)
+
+
+def _node_drift(n_nodes: int, s: Summary, first: WindowSync, ref: int) -> tuple[F64, str]:
+    """Node drifts for the second stage: the first stage's (pair envelope slopes) or a
+    network solve of the lowest-RTT lines' slopes, whichever closes better around loops
+    (drifts are node properties, so pair slopes must sum to zero around every loop; the
+    robust scale of what they leave is their noise). Returns (drift, "envelope"/"lowrtt-line")."""
+    fits, edges = first.fits, first.edges
+    line, se = lowrtt_lines(s)
+    ok_env, ok_line = fits.ok, np.isfinite(line)
+    if ok_line.sum() < len(edges) // 2:
+        return first.drift, "envelope"
+    ppb = 1e9  # closure scales and weights in ppb: ns over a second
+    env_scale = closure_scale(n_nodes, edges[ok_env], fits.drift[ok_env] * ppb, ref)
+    line_scale = closure_scale(n_nodes, edges[ok_line], line[ok_line] * ppb, ref)
+    if not line_scale < env_scale:
+        return first.drift, "envelope"
+    w = 1.0 / np.maximum(se[ok_line] * ppb, 0.1) ** 2
+    sol = solve_network(
+        n_nodes, edges[ok_line], line[ok_line] * ppb, w, pin="mean", ref=pick_ref(edges[ok_line], ref),
+        loss="huber", flag_min_ns=np.inf,
+    )  # fmt: skip
+    drift = np.where(sol.known & first.known, sol.offset_ns / ppb, np.nan)
+    return drift, "lowrtt-line"
