@@ -303,3 +303,39 @@ def _node_drift(n_nodes: int, s: Summary, first: WindowSync, ref: int) -> tuple[
     )  # fmt: skip
     drift = np.where(sol.known & first.known, sol.offset_ns / ppb, np.nan)
     return drift, "lowrtt-line"
+
+
+def queueing_bound(n_nodes: int, s: Summary, k: int = 3) -> F64:
+    """Per node, an estimate from the data of the queueing bias its offset may carry (ns).
+
+    The envelope (and the lowest-RTT exchange) of a pair sits above the delay floor by the
+    queueing its best samples still met; half of the excess of the lowest RTT over the RTT
+    floor bounds the offset error of both (each direction's minimum is at most that
+    exchange's delay in that direction). The RTT floor is extrapolated from the lower tail:
+    with a density at the floor, the lowest order statistics are evenly spaced, so the
+    lowest RTT's excess is about one spacing, ``(r_k - r_1) / (k - 1)``. Queueing that
+    differs by direction on a NIC's own access link acts on every pair of the NIC alike (a
+    node offset that loops cannot see), so the node's figure is the median over its edges
+    of half that spacing. NaN for nodes without an edge of at least ``k`` exchanges. Raises
+    ValueError for ``k < 2``.
+    """
+    if k < 2:
+        raise ValueError(f"k must be >= 2, got {k}")
+    m = len(s.edges)
+    n_x = np.bincount(s.x_edge, minlength=m)
+    start = np.concatenate([[0], np.cumsum(n_x)[:-1]])
+    ok = n_x >= k
+    st = start[ok]
+    beta = (s.x_rtt[st + k - 1] - s.x_rtt[st]) / (2.0 * (k - 1))
+    node = np.concatenate([s.edges[ok, 0], s.edges[ok, 1]])
+    val = np.concatenate([beta, beta])
+    order = np.lexsort((val, node))
+    node, val = node[order], val[order]
+    cnt = np.bincount(node, minlength=n_nodes)
+    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    has = cnt > 0
+    lo = first[has] + (cnt[has] - 1) // 2
+    hi = first[has] + cnt[has] // 2
+    out = np.full(n_nodes, np.nan)
+    out[has] = 0.5 * (val[lo] + val[hi])
+    return out

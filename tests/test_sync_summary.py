@@ -10,7 +10,15 @@ import numpy.typing as npt
 import pytest
 
 from controller.fabric import FabricShape, build_fabric
-from sync.summary import Summary, lower_hull, merge, reduce_chunk, rtt_cap, sync_summary
+from sync.summary import (
+    Summary,
+    lower_hull,
+    merge,
+    queueing_bound,
+    reduce_chunk,
+    rtt_cap,
+    sync_summary,
+)
 from sync.window import orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator
 from testbed.sim.sync_stream import window_edges
@@ -113,3 +121,26 @@ def test_too_small_cap_is_refused_and_merge_needs_the_same_edges() -> None:
     other = dataclasses.replace(s, edges=edges[::-1].copy())
     with pytest.raises(ValueError, match="different edge sets"):
         merge(s, other)
+
+
+def test_queueing_bound_is_half_the_rtt_tail_spacing_and_grows_with_load() -> None:
+    edges = np.array([[0, 1], [0, 2], [1, 2]])
+    # per edge RTTs (sorted, as a Summary keeps them): spacings 10, 20 and 40 ns
+    rtt = np.array([100.0, 110, 120, 200, 220, 240, 300, 340, 380])
+    ed = np.repeat(np.arange(3), 3)
+    z = np.zeros(0)
+    zi = np.zeros(0, dtype=np.int64)
+    s = Summary(edges, np.full(3, 3), zi, z, z, zi, z, z, np.zeros(6, np.int64),
+                np.full(6, 3), ed, rtt, np.zeros(9), np.zeros(9))  # fmt: skip
+    # node 0: edges with half-spacings 5 and 10 -> median 7.5; node 1: 5, 20; node 2: 10, 20
+    np.testing.assert_allclose(queueing_bound(4, s), [7.5, 12.5, 15.0, np.nan])
+    with pytest.raises(ValueError):
+        queueing_bound(4, s, k=1)
+    p50 = []
+    for load in (0.4, 0.9):
+        steps, _, sim = _steps(load, seed=1)
+        n = len(sim.fabric.nics)
+        edges, per = window_edges(sim.pairs_src, sim.pairs_dst, n)
+        qb = queueing_bound(n, _summarize(steps, edges, rtt_cap(per * 2 * 27), n))
+        p50.append(float(np.nanmedian(qb)))
+    assert p50[1] > 5 * p50[0]  # load 0.9 leaves far more queueing in the best exchanges

@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from controller.fabric import FabricShape, build_fabric
 from sync import anchor_tree, ntp_offsets, solve_network
-from sync.summary import sync_summary
+from sync.summary import queueing_bound, sync_summary
 from sync.window import EdgeSamples, orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
@@ -60,6 +60,18 @@ def _errors(est: F64, known: npt.NDArray[np.bool_], truth: F64) -> dict[str, flo
         "p99_ns": round(float(np.percentile(e, 99)), 2),
         "max_ns": round(float(e.max()), 2),
         "known": int(k.sum()),
+    }
+
+
+def _spread_of(v: F64) -> dict[str, float]:
+    """p50/p99/max over the finite values of a per-node figure (NaN when none)."""
+    f = v[np.isfinite(v)]
+    if not f.size:
+        return {"p50_ns": float("nan"), "p99_ns": float("nan"), "max_ns": float("nan")}
+    return {
+        "p50_ns": round(float(np.percentile(f, 50)), 2),
+        "p99_ns": round(float(np.percentile(f, 99)), 2),
+        "max_ns": round(float(f.max()), 2),
     }
 
 
@@ -212,6 +224,7 @@ def run_sync_bench(
             n_nodes, edges, th, th_ok, sw.ntp_plain.theta, np.isfinite(sw.ntp_plain.rtt)
         )
         n_probes, summary_points = sw.probes, sw.summary.n_points
+        qb = queueing_bound(n_nodes, sw.summary)
         t_fit = time.perf_counter()
         ws = sync_summary(n_nodes, sw.summary, quant_ns=quant)
         solve_total = time.perf_counter() - t_fit
@@ -236,6 +249,7 @@ def run_sync_bench(
         # NTP baselines on the same probes, oriented onto the same edges
         ntp_net, ntp_fit, ntp_plain = _ntp_estimates(n_nodes, samples, c, t_ref, window_s)
         n_probes, summary_points = len(c["t1"]), 0
+        qb = np.full(n_nodes, np.nan)  # (hw stamps only: from the summary's RTT tails)
         del c
         t_fit = time.perf_counter()
         ws = sync_window(n_nodes, samples, quant_ns=quant, bias_bound=False)
@@ -284,6 +298,7 @@ def run_sync_bench(
         "edges_fitted": int(ok.sum()),
         "edges_flagged": int(ws.flagged.sum()),
         "estimator": ws.estimator,
+        "drift_from": ws.drift_from,
         "closure_scale_ns": round(ws.closure_scale_ns, 2),
         "solve_seconds": round(solve_s, 4),
         "solve_huber_seconds": round(solve_huber_s, 4),
@@ -300,6 +315,7 @@ def run_sync_bench(
             "pairwise_only": pw,
         },
         "asymmetry_floor": af,
+        "queueing_bound": _spread_of(qb),
         "p99_ratio_ntp_over_qpmesh": round(nb["p99_ns"] / qp["p99_ns"], 1)
         if qp["p99_ns"] > 0
         else None,
@@ -329,7 +345,11 @@ def _cmd(args: argparse.Namespace) -> int:
         f"{rep['probes']} probes on {rep['edges']} pairs ({rep['edges_fitted']} fitted, {rep['edges_flagged']} flagged)"
     )
     print(f"  model: {'ideal' if rep['model']['ideal'] else 'realistic'} (docs/simulator.md)")
-    rows = {**rep["estimators"], "asym_floor": rep["asymmetry_floor"]}
+    rows = {
+        **rep["estimators"],
+        "asym_floor": rep["asymmetry_floor"],
+        "queue_bound": rep["queueing_bound"],
+    }
     for name, e in rows.items():
         print(
             f"  {name:14s} p50 {e['p50_ns']:10.1f} ns  p99 {e['p99_ns']:10.1f} ns  max {e['max_ns']:10.1f} ns"
