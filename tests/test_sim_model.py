@@ -53,7 +53,7 @@ def test_directed_utilisation_differs_per_direction_and_hot_spots_move() -> None
 
 
 def test_directed_queueing_differs_between_the_two_directions_of_a_link() -> None:
-    knobs = dataclasses.replace(QUIET, util_spread=0.3, coded_queue_share=0.0)
+    knobs = dataclasses.replace(QUIET, util_spread=0.3, coded_fifo=False)
     sim = Simulator(FABRIC, SimConfig(load=0.5, seed=2, model=knobs))
     rho = sim._util.utilisation(0.0)
     li = int(np.argmax(np.abs(rho[0::2] - rho[1::2])))
@@ -129,16 +129,38 @@ def test_software_stamps_carry_a_per_host_bias() -> None:
     assert np.ptp(per_host) > 300.0  # hosts differ by hundreds of ns
 
 
-def test_coded_pair_probes_share_queues() -> None:
-    def equal_fraction(share: float) -> float:
-        knobs = dataclasses.replace(QUIET, coded_queue_share=share)
-        st = Simulator(FABRIC, SimConfig(load=0.6, seed=7, model=knobs)).step(0.0, 1.0)
+def test_coded_pair_probes_go_through_each_fifo_one_behind_the_other() -> None:
+    """Back-to-back probes through FIFO queues: the second never overtakes the first, it is
+    compressed towards the first when the first is still queued on its arrival, and a pair
+    keeps its sent spacing only when neither probe waited anywhere (a pure pair)."""
+
+    def pairs(fifo: bool, spacing: int) -> tuple[Simulator, np.ndarray, np.ndarray, np.ndarray]:
+        knobs = dataclasses.replace(QUIET, coded_fifo=fifo)
+        cfg = SimConfig(load=0.9, seed=7, coded_spacing_ns=spacing, model=knobs)
+        sim = Simulator(FABRIC, cfg)
+        st = sim.step(0.0, 1.0)
         first = np.flatnonzero(st.batch.pos == 0)
         first = first[first + 1 < len(st.batch)]
-        return float(np.mean(np.isclose(st.true_fwd_ns[first], st.true_fwd_ns[first + 1])))
+        hops = st.hops_fwd[first]
+        floor = np.where(hops >= 0, sim._hop_base_ns[np.maximum(hops, 0)], 0.0).sum(axis=1)
+        floor += sim.nic_tx_ns[st.batch.src[first]] + sim.nic_rx_ns[st.batch.dst[first]]
+        queued = st.true_fwd_ns[first] - floor  # the first probe's total wait
+        change = st.true_fwd_ns[first + 1] - st.true_fwd_ns[first]  # spacing out - spacing in
+        return sim, queued, change, floor
 
-    assert equal_fraction(1.0) > 0.99
-    assert equal_fraction(0.0) < 0.5
+    sim, queued, change, _ = pairs(True, 500)
+    tau = float(sim._probe_ser_ns.min())
+    assert np.all(500 + change >= tau - 1e-6)  # never overtakes: at least one probe time apart
+    assert np.mean(change < -25) > 0.3  # 0.5 µs apart at load 0.9: often compressed
+    _, queued, change, _ = pairs(True, 20_000)
+    kept = np.abs(change) <= 1e-6
+    assert kept.any() and np.all(queued[kept] < 1e-6)  # spacing kept <=> both unqueued
+    assert np.mean(queued > 10) > 0.9  # (most first probes did wait: load 0.9)
+    # the old, unphysical model: an independent wait for the second probe
+    _, queued, change, _ = pairs(False, 20_000)
+    assert np.all(queued[np.abs(change) <= 1e-6] < 1e-6)
+    _, _, change, _ = pairs(False, 500)
+    assert np.any(500 + change < 0)  # ... which lets the second overtake the first (unphysical)
 
 
 def test_background_loss_and_bursts() -> None:

@@ -50,7 +50,7 @@ class ModelKnobs:
     sw_outlier_prob: float = 1e-3  # per stamp
     sw_outlier_us: tuple[float, float] = (10.0, 100.0)  # scheduler / IRQ-coalescing outliers
     # coded probe pairs (engine)
-    coded_queue_share: float = 0.5  # per hop: the second probe waits exactly as the first
+    coded_fifo: bool = True  # the second probe of a pair goes through each FIFO behind the first
     # loss (loss_model)
     background_loss: float = 1e-4  # per directed hop traversal
     burst_per_link_h: float = 0.2  # loss bursts per link per hour, Poisson
@@ -72,7 +72,6 @@ class ModelKnobs:
             "incast_prob",
             "incast_hit",
             "overflow_loss",
-            "coded_queue_share",
             "background_loss",
             "burst_loss",
             "ecmp_mismatch",
@@ -105,7 +104,7 @@ class ModelKnobs:
             temp_steps_per_h=0.0,
             sw_host_bias_ns=0.0,
             sw_outlier_prob=0.0,
-            coded_queue_share=0.0,
+            coded_fifo=False,
             background_loss=0.0,
             burst_per_link_h=0.0,
             ecmp_mismatch=0.0,
