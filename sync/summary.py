@@ -282,27 +282,34 @@ def lowrtt_lines(s: Summary, fraction: float = LINE_FRACTION) -> tuple[F64, F64]
 
 
 def _node_drift(n_nodes: int, s: Summary, first: WindowSync, ref: int) -> tuple[F64, str]:
-    """Node drifts for the second stage: the first stage's (pair envelope slopes) or a
-    network solve of the lowest-RTT lines' slopes, whichever closes better around loops
-    (drifts are node properties, so pair slopes must sum to zero around every loop; the
-    robust scale of what they leave is their noise). Returns (drift, "envelope"/"lowrtt-line")."""
+    """Node drifts for the second stage from two independent sets of pair slopes: the pair
+    envelopes' (first stage) and the lowest-RTT lines' (`lowrtt_lines`), solved together,
+    each set weighted by ``1 / scale^2`` with ``scale`` the robust size of what its slopes
+    leave around loops (drifts are node properties, so pair slopes must sum to zero around
+    every loop). Returns (drift, "envelope") when too few lines exist, else (drift,
+    "envelope+lowrtt-line")."""
     fits, edges = first.fits, first.edges
-    line, se = lowrtt_lines(s)
+    line, _ = lowrtt_lines(s)
     ok_env, ok_line = fits.ok, np.isfinite(line)
-    if ok_line.sum() < len(edges) // 2:
+    if ok_line.sum() < len(edges) // 2 or not ok_env.any():
         return first.drift, "envelope"
     ppb = 1e9  # closure scales and weights in ppb: ns over a second
-    env_scale = closure_scale(n_nodes, edges[ok_env], fits.drift[ok_env] * ppb, ref)
-    line_scale = closure_scale(n_nodes, edges[ok_line], line[ok_line] * ppb, ref)
-    if not line_scale < env_scale:
+    env, lin = fits.drift[ok_env] * ppb, line[ok_line] * ppb
+    env_scale = closure_scale(n_nodes, edges[ok_env], env, ref)
+    line_scale = closure_scale(n_nodes, edges[ok_line], lin, ref)
+    if not (np.isfinite(env_scale) and np.isfinite(line_scale)):
         return first.drift, "envelope"
-    w = 1.0 / np.maximum(se[ok_line] * ppb, 0.1) ** 2
+    e = np.concatenate([edges[ok_env], edges[ok_line]])
+    w = np.concatenate([
+        np.full(len(env), 1.0 / max(env_scale, 0.1) ** 2),
+        np.full(len(lin), 1.0 / max(line_scale, 0.1) ** 2),
+    ])  # fmt: skip
     sol = solve_network(
-        n_nodes, edges[ok_line], line[ok_line] * ppb, w, pin="mean", ref=pick_ref(edges[ok_line], ref),
+        n_nodes, e, np.concatenate([env, lin]), w, pin="mean", ref=pick_ref(e, ref),
         loss="huber", flag_min_ns=np.inf,
     )  # fmt: skip
     drift = np.where(sol.known & first.known, sol.offset_ns / ppb, np.nan)
-    return drift, "lowrtt-line"
+    return drift, "envelope+lowrtt-line"
 
 
 def queueing_bound(n_nodes: int, s: Summary, k: int = 3) -> F64:
