@@ -212,6 +212,9 @@ def test_sim_sync_json_names_the_model_and_the_asymmetry_floor(
     assert rep["model"]["ideal"] is False and rep["model"]["wander_ppb_sqrt_s"] == 10.0
     assert rep["asymmetry_floor"]["p99_ns"] > 0
     assert {"ntp_baseline", "ntp_tree", "qpmesh"} <= set(rep["estimators"])
+    # hw: streamed into summaries, with the data's own queueing bound beside the floor
+    assert rep["streamed"] is True and 0 < rep["summary_points"] < rep["probes"]
+    assert rep["queueing_bound"]["p99_ns"] > 0 and rep["drift_from"]
     assert main([*args, "--json", "--ideal"]) == 0
     ideal = json.loads(capsys.readouterr().out)
     assert ideal["model"]["ideal"] is True
