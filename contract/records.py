@@ -179,6 +179,62 @@ def concat_batches(batches: Sequence[ProbeBatch]) -> ProbeBatch:
     )
 
 
+MAX_NIC_IDS = 1 << 16  # src/dst are uint16 indices into the NIC id table
+
+
+def merge_batches(batches: Sequence[ProbeBatch]) -> ProbeBatch:
+    """Return one batch holding the records of ``batches`` in order, over the union of their
+    NIC id tables (first appearance order), for ingesting many small batches at once.
+
+    The batches may come from different origins: the result's ``origin`` is the common
+    origin, or ``""`` if they differ, and its ``batch_seq`` is the last batch's (duplicate and
+    replay checks are per batch, before merging: `controller.coalesce`). Raises `RecordError`
+    if there is nothing to merge, the batches differ in stamp kind or destination port, or the
+    union NIC table or the record count exceed what one batch can hold.
+    """
+    if not batches:
+        raise RecordError("nothing to merge")
+    first = batches[0]
+    if len(batches) == 1:
+        return first
+    index: dict[str, int] = {}
+    maps: list[npt.NDArray[np.uint16] | None] = []
+    for b in batches:
+        if b.stamp != first.stamp or b.dport != first.dport:
+            raise RecordError("batches differ in stamp kind or destination port")
+        if b.nic_ids is first.nic_ids and maps:
+            maps.append(maps[0])
+            continue
+        ids = [index.setdefault(x, len(index)) for x in b.nic_ids]
+        if len(index) > MAX_NIC_IDS:
+            raise RecordError(f"merged NIC table too large: > {MAX_NIC_IDS}")
+        identity = ids == list(range(len(ids)))
+        maps.append(None if identity else np.asarray(ids, dtype=np.uint16))
+    n = sum(len(b) for b in batches)
+    if n > MAX_RECORDS:
+        raise RecordError(f"too many records: {n} > {MAX_RECORDS}")
+    cols: dict[str, Any] = {
+        name: np.concatenate([getattr(b, name) for b in batches])
+        for name, _ in COLUMNS
+        if name not in ("src", "dst")
+    }
+    for name in ("src", "dst"):
+        parts = []
+        for b, m in zip(batches, maps, strict=True):
+            col = getattr(b, name)
+            parts.append(col if m is None else m[col])
+        cols[name] = np.concatenate(parts)
+    origins = {b.origin for b in batches}
+    return ProbeBatch(
+        first.origin if len(origins) == 1 else "",
+        first.stamp,
+        tuple(index),
+        dport=first.dport,
+        batch_seq=batches[-1].batch_seq,
+        **cols,
+    )
+
+
 def encode_batch(batch: ProbeBatch) -> bytes:
     """Return the wire bytes of ``batch`` (header, JSON meta, raw little-endian columns)."""
     meta = json.dumps(

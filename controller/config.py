@@ -18,6 +18,7 @@ from contract.tomlcheck import Table, parse_toml
 from controller.api.config import ApiConfig, read_api_table
 from controller.brain import BrainConfig
 from controller.clocksync import ClockSyncConfig
+from controller.coalesce import CoalesceConfig
 from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
 from controller.live import LiveConfig
 from controller.remediation.config import RemediationConfig, read_remediation
@@ -50,6 +51,8 @@ class ServiceConfig:
     # [auth] action_key_file: the Ed25519 key that signs remediation actions (contract.keys,
     # read at load; repr shows key ids only); None: actions go out unsigned (a warning)
     action_keys: KeySet | None = None
+    # [ingest]: probe batches arriving within coalesce_ms are ingested merged (controller.coalesce)
+    ingest: CoalesceConfig = field(default_factory=CoalesceConfig)
 
 
 def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfig:
@@ -58,7 +61,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     Sections: ``[fabric]`` (shape keys of `FabricShape`, or ``file = "fabric.json"``),
     ``[sync]`` (``window_s``, ``solve_every_s``, ``coded_tol_ns``, ``use_uncoded``, and the
     clock-trust gate's ``max_unc_ns``, ``min_span_s``, ``warmup_bins``),
-    ``[controller]`` (``tick_s``, ``stale_s``, ``max_events``), ``[thresholds]`` (the
+    ``[controller]`` (``tick_s``, ``stale_s``, ``max_events``), ``[ingest]``
+    (``coalesce_ms``, ``max_records``: `controller.coalesce.CoalesceConfig`), ``[thresholds]`` (the
     detection `BrainConfig`, nested tables for its parameter groups), ``[paths]``
     (``routers``: router address -> fabric node id, to map the probers' discovered paths onto
     fabric links; ``model = false``: the fabric model's ECMP hash is not authoritative, so
@@ -143,6 +147,18 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     )
     tick_s = co.get("tick_s", float, 1.0, lambda v: v > 0, pos)
     co.finish()
+    ig = root.table("ingest")
+    dc = CoalesceConfig()
+    ingest = CoalesceConfig(
+        coalesce_ms=ig.get(
+            "coalesce_ms", float, dc.coalesce_ms, lambda v: 0 <= v <= 1000, "a number in [0, 1000]"
+        ),
+        max_records=ig.get(
+            "max_records", int, dc.max_records, lambda v: 1 <= v <= 1 << 22,
+            "an integer in [1, 4194304]",
+        ),
+    )  # fmt: skip
+    ig.finish()
     pa = root.table("paths")
     model_paths = pa.get("model", bool, True)
     routers = pa.mapping("routers", str, "a fabric node id")
@@ -184,4 +200,5 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         remediation=remediation,
         mqtt_security=mqtt_security,
         action_keys=action_keys,
+        ingest=ingest,
     )

@@ -21,6 +21,7 @@ from contract.origin import batch_origin_error, health_origin_error, presence_or
 from contract.records import RecordError, decode_batch
 from contract.remediation import JOBS, REMEDIATION_ACK
 from contract.topics import TopicError, Topics
+from controller.coalesce import ProbeQueue
 from controller.fabric import Fabric
 from controller.live import LiveController
 from controller.pathmap import path_rows
@@ -93,8 +94,14 @@ def handle_message(
     payload: bytes,
     now_ns: int,
     router_nodes: Mapping[str, str] | None = None,
+    queue: ProbeQueue | None = None,
 ) -> str:
     """Apply one MQTT message to ``live``; return a short outcome (for counters and logs).
+
+    With ``queue`` a probe batch that passes its checks (decode, origin, replay, duplicate:
+    each batch on its own, in arrival order) is queued to be ingested merged with others
+    (`controller.coalesce`; the caller runs `LiveController.flush` when the queue is due)
+    instead of at once.
 
     Outcomes: ``probes``, ``duplicate``, ``presence``, ``health``, ``paths``, ``ignored``;
     malformed payloads return ``bad:<reason>`` instead of raising, and so does an old batch
@@ -116,8 +123,13 @@ def handle_message(
                 return f"bad:{why}"
             if live.ingestor.is_replay(batch.origin, batch.batch_seq):
                 return f"bad:replayed batch {batch.batch_seq} from {batch.origin}"
-            n = live.ingest_batch(batch, now_ns)
-            return "probes" if n else "duplicate"
+            if queue is None:
+                n = live.ingest_batch(batch, now_ns)
+                return "probes" if n else "duplicate"
+            if not live.ingestor.admit(batch.origin, batch.batch_seq):
+                return "duplicate"
+            queue.add(batch, now_ns)
+            return "probes"
         if kind == "presence":
             presence = PresenceDoc.decode(payload)
             why = presence_origin_error(presence, host, nic_hosts(live.fabric))

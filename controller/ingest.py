@@ -12,6 +12,7 @@ group). Pure: no clock, no I/O.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -226,19 +227,39 @@ class Ingestor:
         self._rhops[slots[idx]] = flow_paths(self.fabric, d, s, ROCEV2_PORT, p)
         self._known_flows = size
 
-    def ingest(self, batch: ProbeBatch) -> Ingested | None:
-        """Return the ingested batch, or None if it is a duplicate."""
-        if self.is_duplicate(batch.origin, batch.batch_seq):
+    def admit(self, origin: str, batch_seq: int) -> bool:
+        """Return False (and count a duplicate) if (origin, batch_seq) was taken before; else
+        remember it as taken (for `is_duplicate` and `is_replay`) and return True.
+
+        Checks one batch in arrival order, before it is queued to be merged with others
+        (`controller.coalesce`), so a merged ingest drops exactly what one-by-one would."""
+        if self.is_duplicate(origin, batch_seq):
             self.stats.duplicates += 1
+            return False
+        self._newest[origin] = max(self._newest.get(origin, batch_seq), batch_seq)
+        return True
+
+    def ingest(self, batch: ProbeBatch) -> Ingested | None:
+        """Return the ingested batch, or None if it is a duplicate (`admit`)."""
+        if not self.admit(batch.origin, batch.batch_seq):
             return None
-        self._newest[batch.origin] = max(self._newest.get(batch.origin, batch.batch_seq),
-                                         batch.batch_seq)  # fmt: skip
+        return self.ingest_admitted(batch)
+
+    def ingest_admitted(
+        self, batch: ProbeBatch, parts: Sequence[tuple[str, int]] | None = None
+    ) -> Ingested:
+        """Return ``batch`` ingested without a duplicate check (done by `admit`).
+
+        ``parts``: for a merged batch (`contract.records.merge_batches`), (origin, records)
+        of the batches it holds in order, for the per-origin counters; default: one part,
+        the batch's own origin."""
         table = self._map_table(batch.nic_ids)
         src = table[batch.src] if len(batch) else np.zeros(0, np.int64)
         dst = table[batch.dst] if len(batch) else np.zeros(0, np.int64)
         ok = (src >= 0) & (dst >= 0) & (src != dst)
         keep: slice | NDArray[np.bool_] = slice(None)
-        if not ok.all():
+        every = bool(ok.all())
+        if not every:
             self.stats.unknown_nic_records += int((~ok).sum())
             keep = ok
             src, dst = src[ok], dst[ok]
@@ -246,9 +267,18 @@ class Ingestor:
         fwd, rev, known, slots = self.paths_for(src, dst, sport, batch.dport)
         pair = batch.pair[keep].astype(np.int64)
         pair = np.where(pair >= 0, (src << 32) | pair, -1)
-        self.stats.batches += 1
+        parts = parts if parts is not None else ((batch.origin, len(batch)),)
+        self.stats.batches += len(parts)
         self.stats.records += len(src)
-        self.stats.origins[batch.origin] = self.stats.origins.get(batch.origin, 0) + len(src)
+        if every:
+            kept = [n for _, n in parts]
+        else:
+            run = np.concatenate([[0], np.cumsum(ok)])  # records kept before each row
+            ends = np.cumsum([n for _, n in parts])
+            kept = [int(x) for x in np.diff(run[np.concatenate([[0], ends])])]
+        origins = self.stats.origins
+        for (origin, _), k in zip(parts, kept, strict=True):
+            origins[origin] = origins.get(origin, 0) + k
         return Ingested(
             batch.origin,
             batch.stamp,

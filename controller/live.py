@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,6 +21,7 @@ import numpy.typing as npt
 from contract.records import ProbeBatch
 from controller.brain import Brain, BrainConfig
 from controller.clocksync import ClockState, ClockSync, ClockSyncConfig, Delays, compute_state
+from controller.coalesce import ProbeQueue
 from controller.control import Control
 from controller.fabric import Fabric
 from controller.fabric.model import SWITCH_TIER, NodeKind, hop_id
@@ -178,8 +179,23 @@ class LiveController:
     def ingest_batch(self, batch: ProbeBatch, now_ns: int) -> int:
         """Ingest one decoded batch; return the records taken (0 for a duplicate)."""
         self.now_ns = max(self.now_ns, now_ns)
-        ing = self.ingestor.ingest(batch)
-        if ing is None or not len(ing):
+        if not self.ingestor.admit(batch.origin, batch.batch_seq):
+            return 0
+        return self.ingest_admitted(batch, now_ns)
+
+    def flush(self, queue: ProbeQueue, now_ns: int) -> int:
+        """Ingest everything ``queue`` holds, merged (`controller.coalesce`); return the
+        records taken."""
+        return sum(self.ingest_admitted(m.batch, now_ns, m.parts) for m in queue.take())
+
+    def ingest_admitted(
+        self, batch: ProbeBatch, now_ns: int, parts: Sequence[tuple[str, int]] | None = None
+    ) -> int:
+        """Ingest a batch already admitted (`Ingestor.admit`), possibly merged from several
+        (``parts``: `Ingestor.ingest_admitted`); return the records taken."""
+        self.now_ns = max(self.now_ns, now_ns)
+        ing = self.ingestor.ingest_admitted(batch, parts)
+        if not len(ing):
             return 0
         self.clock.add(ing)
         if self.config.solve_inline:

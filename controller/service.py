@@ -23,6 +23,7 @@ from contract.actionsig import ActionSigner
 from contract.topics import Topics
 from controller.api.runtime import ApiRuntime
 from controller.brain import Brain
+from controller.coalesce import ProbeQueue
 from controller.config import ServiceConfig
 from controller.control import ControlChange
 from controller.dispatch import JsonLog, event_json, handle_message, message_kind
@@ -128,8 +129,13 @@ async def serve_once(
     remediation: RemediationRuntime | None = None,
     on_action: Callable[[dict[str, object]], None] = lambda doc: None,
     security: MqttSecurity | None = None,
+    queue: ProbeQueue | None = None,
 ) -> None:
     """One connection's lifetime: subscribe, pump messages, tick; raises `aiomqtt.MqttError`.
+
+    With ``queue`` probe batches are ingested merged (`controller.coalesce`): when the queue
+    is due (checked on every message and by a timer at its deadline) and, so that nothing
+    admitted is lost, when the connection ends.
 
     ``connected()`` is called once the subscriptions are in place (it resets the backoff).
     With ``remediation`` the policy runs every tick (`controller.remediation.runtime`): its
@@ -156,11 +162,16 @@ async def serve_once(
             _ticker(client, live, topics, tick_s, clock, log, api, remediation, on_action)
         )
         solver = asyncio.create_task(_solver(live, tick_s, clock, log, counters, on_solve))
+        tasks = [tick, solver]
+        if queue is not None:
+            tasks.append(asyncio.create_task(_flusher(live, queue, clock, log, counters)))
         try:
             async for msg in client.messages:
-                for task in (tick, solver):
+                for task in tasks:
                     if task.done():
-                        task.result()  # re-raise the ticker's or solver's error
+                        task.result()  # re-raise the ticker's, solver's or flusher's error
+                if queue is not None and queue.due(clock()):
+                    _flush(live, queue, clock, log, counters)
                 payload = msg.payload if isinstance(msg.payload, bytes) else b""
                 mine = None if remediation is None else remediation.handle(str(msg.topic), payload)
                 if mine is not None:
@@ -169,7 +180,7 @@ async def serve_once(
                         await _publish_event(client, topics, api, ev)
                 else:
                     out = handle_message(
-                        live, topics, str(msg.topic), payload, clock(), router_nodes
+                        live, topics, str(msg.topic), payload, clock(), router_nodes, queue
                     )
                 key = "bad" if out.startswith("bad:") else out
                 counters[key] = counters.get(key, 0) + 1
@@ -178,10 +189,48 @@ async def serve_once(
                     counters[kind] = counters.get(kind, 0) + 1
                     log(clock(), "bad message", topic=str(msg.topic), reason=out[4:])
         finally:
-            for task in (tick, solver):
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError, TimeoutError):
                     await task
+            if queue is not None and len(queue):
+                _flush(live, queue, clock, log, counters)  # admitted batches are not dropped
+
+
+def _flush(
+    live: LiveController,
+    queue: ProbeQueue,
+    clock: Callable[[], int],
+    log: JsonLog,
+    counters: dict[str, int],
+) -> None:
+    """Ingest the queued batches merged; an ingest that raises (a bug, not bad input: every
+    batch was decoded and checked on arrival) is logged and counted (``ingest_failed``),
+    never fatal."""
+    n = queue.records
+    try:
+        live.flush(queue, clock())
+    except (ValueError, IndexError) as exc:
+        counters["ingest_failed"] = counters.get("ingest_failed", 0) + 1
+        log(clock(), "ingest failed", records=n, error=f"{type(exc).__name__}: {exc}")
+
+
+async def _flusher(
+    live: LiveController,
+    queue: ProbeQueue,
+    clock: Callable[[], int],
+    log: JsonLog,
+    counters: dict[str, int],
+) -> None:
+    """Ingest the queued probe batches at the queue's deadline when no message comes to do it
+    (the message loop flushes a due queue itself)."""
+    idle_s = max(queue.config.coalesce_ms / 1e3, 1e-3)
+    while True:
+        deadline = queue.deadline_ns()
+        wait_s = idle_s if deadline is None else (deadline - clock()) / 1e9
+        await asyncio.sleep(min(max(wait_s, 0.0), idle_s))
+        if queue.due(clock()):
+            _flush(live, queue, clock, log, counters)
 
 
 async def _publish_event(
@@ -275,13 +324,15 @@ async def run_service(
         )  # fmt: skip
         log(clock(), "api serving", url=await api.start())
 
+    queue = ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None
+
     async def session(connected: Callable[[], None]) -> None:
         await serve_once(
             host, port, live, topics,
             share=share, tick_s=config.tick_s, clock=clock, log=log, counters=counters,
             router_nodes=config.router_nodes, connected=connected, on_solve=obs.solve, api=api,
             remediation=rem, on_action=on_action,
-            security=config.mqtt_security,
+            security=config.mqtt_security, queue=queue,
         )  # fmt: skip
 
     def on_error(exc: BaseException, retry_in_s: float) -> None:

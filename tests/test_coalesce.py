@@ -1,0 +1,274 @@
+"""Coalesced ingest: batches merged (`contract.records.merge_batches`, `controller.coalesce`)
+give the controller exactly what ingesting them one by one gives, with duplicates, replays and
+bad batches still handled per batch."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from contract.records import (
+    MAX_NIC_IDS,
+    ProbeBatch,
+    RecordError,
+    decode_batch,
+    encode_batch,
+    merge_batches,
+)
+from contract.topics import Topics
+from controller.brain import Brain
+from controller.clocksync import ClockSyncConfig
+from controller.coalesce import CoalesceConfig, ProbeQueue, plan_groups
+from controller.config import ConfigError, load_config
+from controller.dispatch import handle_message
+from controller.fabric import Fabric, FabricShape, build_fabric
+from controller.live import LiveConfig, LiveController
+from controller.observations import Observations
+from controller.snapshot import Health, MeshEvent
+from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
+from testbed.sim.ingest_bench import host_batches
+
+FAB = build_fabric(FabricShape.for_nics(64))
+TOPICS = Topics()
+OBS_FIELDS = ("t_ns", "src", "dst", "sport", "hops_fwd", "hops_rev", "lost", "owd_fwd_ns",
+              "owd_rev_ns", "rtt_ns")  # fmt: skip
+
+
+class Recorder:
+    """A brain that records what it is given and delegates to the real one."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.inner = Brain(fabric)
+        self.seen: list[Observations] = []
+
+    def observe(self, obs: Observations) -> None:
+        self.seen.append(obs)
+        self.inner.observe(obs)
+
+    def presence(self, host: str, alive: bool, now_ns: int) -> None:
+        self.inner.presence(host, alive, now_ns)
+
+    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
+        self.inner.gpu(host, ok, detail, now_ns)
+
+    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
+        self.inner.nic_links(host, up, now_ns)
+
+    def tick(self, now_ns: int) -> list[MeshEvent]:
+        return self.inner.tick(now_ns)
+
+    def link_health(self) -> dict[str, Health]:
+        return self.inner.link_health()
+
+    def nic_health(self) -> list[Health]:
+        return self.inner.nic_health()
+
+    def flap_counts(self) -> dict[str, int]:
+        return self.inner.flap_counts()
+
+    def columns(self) -> dict[str, Any]:
+        return {k: np.concatenate([getattr(o, k) for o in self.seen]) for k in OBS_FIELDS}
+
+
+def _live() -> tuple[LiveController, Recorder]:
+    sync = ClockSyncConfig(window_ns=1_000_000_000, solve_every_ns=1_000_000_000)
+    rec = Recorder(FAB)
+    # solves between steps, the same in both runs (inline, a solve would fall on a different
+    # record when batches are merged)
+    return LiveController(FAB, LiveConfig(sync=sync, solve_inline=False), brain=rec), rec
+
+
+def _host_steps(seconds: float = 3.0) -> list[tuple[int, list[ProbeBatch]]]:
+    """Per 0.5 s step: (end time, one batch per host with its own NIC table, as probers
+    publish them)."""
+    sim = Simulator(FAB, SimConfig(seed=3, peers=6))
+    out = []
+    for i, st in enumerate(sim.run(seconds, 0.5)):
+        payloads, _ = host_batches(FAB, st.batch, i + 1)
+        out.append((EPOCH_NS + int(st.t1_s * 1e9), [decode_batch(p) for p in payloads]))
+    return out
+
+
+def _solve(one: LiveController, merged: LiveController, now: int) -> float | None:
+    """Solve both; install the first's state in both (so delays must match exactly) and
+    return how far the merged run's own solve is from it (max |offset difference|, ns)."""
+    job, job2 = one.start_solve(now), merged.start_solve(now)
+    assert (job is None) == (job2 is None)
+    if job is None or job2 is None:
+        return None
+    state, own = job(), job2()
+    assert state is not None and own is not None
+    one.install_clock(state)
+    merged.install_clock(state)
+    both = state.models.known & own.models.known
+    assert both.mean() > 0.9
+    return float(np.max(np.abs(state.models.offset_ns - own.models.offset_ns)[both]))
+
+
+def test_merged_ingest_equals_one_by_one() -> None:
+    one, rec1 = _live()
+    merged, rec2 = _live()
+    steps = _host_steps()
+    cap = 4 * max(len(b) for _, bs in steps for b in bs)
+    queue = ProbeQueue(CoalesceConfig(coalesce_ms=50, max_records=cap))
+    groups = 0
+    misses: list[float] = []
+    for now, batches in steps:
+        for b in batches:
+            assert one.ingest_batch(b, now) == len(b)
+            assert merged.ingestor.admit(b.origin, b.batch_seq)
+            queue.add(b, now)
+        groups += len(plan_groups(list(queue._pending), cap))
+        merged.flush(queue, now)
+        assert len(queue) == 0 and queue.records == 0
+        miss = _solve(one, merged, now)
+        if miss is not None:
+            # the clock summary closes its time bins per ingest call, so merging keeps fewer
+            # late raw rows; the merged run's solve agrees with the one-by-one solve
+            assert miss < 5.0
+            misses.append(miss)
+        for live in (one, merged):
+            live.tick(now)
+    assert len(misses) >= 2 and merged.clock.solves == one.clock.solves == len(misses)
+    n_batches = sum(len(b) for _, b in steps)
+    assert len(rec1.seen) == n_batches and groups < n_batches / 3  # really merged
+    assert len(rec2.seen) == groups
+    a, b = rec1.columns(), rec2.columns()
+    for k in OBS_FIELDS:
+        assert np.array_equal(a[k], b[k], equal_nan=k.endswith("_ns")), k
+    assert np.isfinite(a["owd_fwd_ns"]).mean() > 0.3  # delays after the first solve
+    assert one.records == merged.records == len(a["src"])
+    assert one.ingestor.stats.origins == merged.ingestor.stats.origins
+    assert one.ingestor.stats.batches == merged.ingestor.stats.batches == n_batches
+    snap1, snap2 = one.snapshot(), merged.snapshot()
+    assert np.array_equal(snap1.worst_in_ns, snap2.worst_in_ns, equal_nan=True)
+    assert snap1.link_health == snap2.link_health
+
+
+def test_merge_batches_unions_nic_tables() -> None:
+    (_, batches), *_ = _host_steps(0.5)
+    b0, b1, b2 = batches[:3]
+    m = merge_batches([b0, b1, b2])
+    assert len(m) == len(b0) + len(b1) + len(b2) and m.origin == "" and m.batch_seq == 1
+    names = np.array(m.nic_ids)
+    want = np.concatenate([np.array(b.nic_ids)[b.dst] for b in (b0, b1, b2)])
+    assert (names[m.dst] == want).all()
+    assert len(set(m.nic_ids)) == len(m.nic_ids)
+    assert (m.t4 == np.concatenate([b.t4 for b in (b0, b1, b2)])).all()
+    assert merge_batches([b0]) is b0
+    same = merge_batches([b0, dataclasses.replace(b0, batch_seq=2)])
+    assert same.origin == b0.origin and same.nic_ids == b0.nic_ids and same.batch_seq == 2
+    with pytest.raises(RecordError, match="stamp"):
+        merge_batches([b0, dataclasses.replace(b1, stamp="sw")])
+    with pytest.raises(RecordError, match="nothing"):
+        merge_batches([])
+    wide = [
+        ProbeBatch.from_columns(
+            f"h{i}", "hw", [f"x{i}-{j}" for j in range(40_000)],
+            {k: np.zeros(1) for k in ("seq", "src", "dst", "sport", "t1", "t2", "t3", "t4")},
+        )
+        for i in range(2)
+    ]  # fmt: skip
+    with pytest.raises(RecordError, match="NIC table"):
+        merge_batches(wide)
+    assert [len(g) for g in plan_groups(wide, 100)] == [1, 1]  # split before MAX_NIC_IDS
+    assert sum(len(b.nic_ids) for b in wide) > MAX_NIC_IDS
+
+
+def test_plan_groups_bounds_records_and_splits_stamp_kinds() -> None:
+    (_, batches), *_ = _host_steps(0.5)
+    sizes = [len(b) for b in batches]
+    cap = max(sizes) * 2
+    groups = plan_groups(batches, cap)
+    assert [b for g in groups for b in g] == batches  # order kept, nothing lost
+    for g in groups:
+        assert len(g) == 1 or sum(len(b) for b in g) <= cap
+    sw = dataclasses.replace(batches[1], stamp="sw")
+    mixed = plan_groups([batches[0], sw, batches[2]], 10**6)
+    assert [len(g) for g in mixed] == [1, 1, 1]
+    assert len(plan_groups(batches, 1)) == len(batches)  # each batch alone, none dropped
+
+
+def test_queue_due_by_age_or_size() -> None:
+    (_, batches), *_ = _host_steps(0.5)
+    q = ProbeQueue(CoalesceConfig(coalesce_ms=20, max_records=len(batches[0]) + len(batches[1])))
+    assert not q.due(0) and q.deadline_ns() is None and q.take() == []
+    q.add(batches[0], 1_000)
+    assert not q.due(1_000 + 19_999_999) and q.due(1_000 + 20_000_000)
+    assert q.deadline_ns() == 1_000 + 20_000_000
+    q.add(batches[1], 2_000)
+    assert q.due(2_000)  # full
+    (m,) = q.take()
+    assert m.parts == ((batches[0].origin, len(batches[0])), (batches[1].origin, len(batches[1])))
+    with pytest.raises(ValueError):
+        CoalesceConfig(coalesce_ms=-1)
+    with pytest.raises(ValueError):
+        CoalesceConfig(max_records=0)
+
+
+def test_duplicate_replay_and_bad_batch_inside_a_merge_are_per_batch() -> None:
+    steps = _host_steps(1.0)
+    live, rec = _live()
+    ref, _ = _live()
+    queue = ProbeQueue(CoalesceConfig(coalesce_ms=1000, max_records=1 << 20))
+    now = steps[-1][0]
+    first, second = steps[0][1], steps[1][1]
+    outcomes = []
+    for b in second:  # the newer step first, so step 1 of the same origins is below it
+        outcomes.append(handle_message(live, TOPICS, TOPICS.probes(b.origin), encode_batch(b), now,
+                                       queue=queue))  # fmt: skip
+        ref.ingest_batch(b, now)
+    dup = second[0]
+    assert (
+        handle_message(live, TOPICS, TOPICS.probes(dup.origin), encode_batch(dup), now, queue=queue)
+        == "duplicate"
+    )
+    # an old batch published again: more than REPLAY_SLACK below the newest
+    old = dataclasses.replace(second[1], batch_seq=2 + 100)
+    ref.ingest_batch(old, now)
+    assert (
+        handle_message(live, TOPICS, TOPICS.probes(old.origin), encode_batch(old), now, queue=queue)
+        == "probes"
+    )
+    replay = dataclasses.replace(first[1], batch_seq=2)
+    out = handle_message(
+        live, TOPICS, TOPICS.probes(replay.origin), encode_batch(replay), now, queue=queue
+    )
+    assert out.startswith("bad:replayed batch 2")
+    bad = encode_batch(first[2])[:-3]  # truncated: one bad message, the others unaffected
+    assert handle_message(live, TOPICS, TOPICS.probes(first[2].origin), bad, now,
+                          queue=queue).startswith("bad:")  # fmt: skip
+    assert outcomes == ["probes"] * len(second)
+    assert len(queue) == len(second) + 1
+    taken = live.flush(queue, now)
+    assert taken == sum(len(b) for b in second) + len(old) == ref.records == live.records
+    assert live.ingestor.stats.duplicates == 1 and live.ingestor.stats.replays == 1
+    assert live.ingestor.stats.origins == ref.ingestor.stats.origins
+    assert len(rec.seen) == 1  # one merged ingest
+
+
+def test_decoded_merge_round_trips() -> None:
+    (_, batches), *_ = _host_steps(0.5)
+    m = merge_batches(batches)
+    back = decode_batch(encode_batch(m))
+    assert back.nic_ids == m.nic_ids and (back.src == m.src).all() and len(back) == len(m)
+
+
+def test_ingest_config_table(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    assert load_config(None).ingest == CoalesceConfig()
+    cfg.write_text("[ingest]\ncoalesce_ms = 5\nmax_records = 1000\n")
+    assert load_config(cfg).ingest == CoalesceConfig(coalesce_ms=5.0, max_records=1000)
+    for text, msg in (
+        ("[ingest]\ncoalesce_ms = -1\n", r"c\.toml: ingest\.coalesce_ms: must be a number in"),
+        ("[ingest]\nmax_records = 0\n", r"c\.toml: ingest\.max_records: must be an integer in"),
+        ("[ingest]\nwait = 1\n", r"c\.toml: ingest\.wait: unknown key"),
+    ):
+        cfg.write_text(text)
+        with pytest.raises(ConfigError, match=msg):
+            load_config(cfg)
