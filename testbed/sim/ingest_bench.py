@@ -22,22 +22,25 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from contract.records import ProbeBatch, decode_batch, encode_batch
+from contract.records import ProbeBatch, decode_batch, merge_batches
 from controller.clocksync import Delays
-from controller.fabric import Fabric, FabricShape, build_fabric
+from controller.coalesce import CoalesceConfig, ProbeQueue, plan_groups
+from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveConfig, LiveController
-from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
+from testbed.sim.engine import EPOCH_NS, SimConfig
+from testbed.sim.ingest_traffic import host_batches, traffic
 from testbed.sim.model import ModelKnobs
 from testbed.sim.options import add_model_options, model_from_args
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+__all__ = ["host_batches", "run_bench", "traffic"]
 
 
 def _naive(batch: ProbeBatch, offsets: dict[str, float], limit: int) -> int:
@@ -54,24 +57,24 @@ def _naive(batch: ProbeBatch, offsets: dict[str, float], limit: int) -> int:
     return min(limit, len(batch))
 
 
-STAGES = ("decode", "ingest", "sync_add", "sync_solve", "delays", "detect")
+STAGES = ("decode", "merge", "ingest", "sync_add", "sync_solve", "delays", "detect")
 
 
-def _timed_batch(
-    live: LiveController, payload: bytes, now: int, stage: dict[str, float]
-) -> tuple[int, Delays | None]:
-    """`LiveController.ingest_batch`, stage by stage, adding CPU seconds per stage (the tick
+def _timed_ingest(
+    live: LiveController,
+    batch: ProbeBatch,
+    now: int,
+    stage: dict[str, float],
+    parts: tuple[tuple[str, int], ...] | None = None,
+) -> tuple[int, Delays]:
+    """`LiveController.ingest_admitted`, stage by stage, adding CPU seconds per stage (the tick
     is timed apart, once per step, as the service ticks on its own cadence: `_timed_tick`).
 
     Returns (records ingested, their delays)."""
     c = time.process_time
     t = c()
-    batch = decode_batch(payload)
-    t, stage["decode"] = c(), stage["decode"] + c() - t
-    ing = live.ingestor.ingest(batch)
+    ing = live.ingestor.ingest_admitted(batch, parts)
     t, stage["ingest"] = c(), stage["ingest"] + c() - t
-    if ing is None:
-        return 0, None
     live.clock.add(ing)
     t, stage["sync_add"] = c(), stage["sync_add"] + c() - t
     live.clock.maybe_solve(now)
@@ -86,6 +89,35 @@ def _timed_batch(
     return len(ing), d
 
 
+def _timed_decode(
+    live: LiveController, payload: bytes, stage: dict[str, float]
+) -> ProbeBatch | None:
+    """Decode and admit one payload (duplicate check), timed; None if it is a duplicate."""
+    c = time.process_time
+    t = c()
+    batch = decode_batch(payload)
+    t, stage["decode"] = c(), stage["decode"] + c() - t
+    ok = live.ingestor.admit(batch.origin, batch.batch_seq)
+    stage["ingest"] += c() - t
+    return batch if ok else None
+
+
+def _timed_flush(
+    live: LiveController, queue: ProbeQueue, now: int, stage: dict[str, float]
+) -> tuple[int, list[F64]]:
+    """`LiveController.flush` timed stage by stage: merge (`ProbeQueue.take`), then each merged
+    group through `_timed_ingest`. Returns (records, forward delays in order)."""
+    t = time.process_time()
+    groups = queue.take()
+    stage["merge"] += time.process_time() - t
+    n, owd = 0, []
+    for m in groups:
+        k, d = _timed_ingest(live, m.batch, now, stage, m.parts)
+        n += k
+        owd.append(d.owd_fwd_ns)
+    return n, owd
+
+
 def _timed_tick(live: LiveController, now: int, stage: dict[str, float]) -> None:
     """`LiveController.tick` (detection windows, history), its CPU time added to detect."""
     t = time.process_time()
@@ -93,54 +125,27 @@ def _timed_tick(live: LiveController, now: int, stage: dict[str, float]) -> None
     stage["detect"] += time.process_time() - t
 
 
-def host_batches(fabric: Fabric, batch: ProbeBatch, seq: int) -> tuple[list[bytes], I64]:
-    """Split ``batch`` by the host of its probing NIC, as the hosts' probers publish it: one
-    encoded batch per host (origin = host id, ``batch_seq`` = ``seq``, a NIC id table of only
-    the NICs it names). Returns (payloads, row order: the batch's rows in payload order)."""
-    host = np.asarray(fabric.nic_host_index)[batch.src.astype(np.int64)]
-    order = np.argsort(host, kind="stable")
-    hs = host[order]
-    cuts = np.flatnonzero(np.diff(hs)) + 1
-    out = []
-    names = batch.nic_ids
-    for rows in np.split(order, cuts):
-        if not len(rows):
-            continue
-        s, d = batch.src[rows], batch.dst[rows]
-        ids, inv = np.unique(np.concatenate([s, d]), return_inverse=True)
-        cols: dict[str, Any] = {
-            k: getattr(batch, k)[rows]
-            for k in ("seq", "sport", "pair", "pos", "t1", "t2", "t3", "t4", "lost")
-        }
-        cols["src"], cols["dst"] = inv[: len(rows)], inv[len(rows) :]
-        hb = ProbeBatch.from_columns(
-            fabric.hosts[int(host[rows[0]])].id,
-            batch.stamp,
-            tuple(names[int(i)] for i in ids),
-            cols,
-            dport=batch.dport,
-            batch_seq=seq,
-        )
-        out.append(encode_batch(hb))
-    return out, order
-
-
-def traffic(
-    fabric: Fabric, cfg: SimConfig, seconds: float, step_s: float, batching: str
-) -> Iterator[tuple[float, list[bytes], F64]]:
-    """Yield per simulated step: (end time s, encoded batches, true forward delays of their
-    rows in order). One step in memory at a time."""
-    sim = Simulator(fabric, cfg)
-    for i, st in enumerate(sim.run(seconds, step_s)):
-        if batching == "host":
-            payloads, order = host_batches(fabric, st.batch, i + 1)
-            yield st.t1_s, payloads, st.true_fwd_ns[order]
-        else:
-            yield st.t1_s, [encode_batch(st.batch)], st.true_fwd_ns
-
-
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+@dataclass
+class _Run:
+    """What one repeat measured."""
+
+    warm: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    base: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    steady: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    n_warm: int = 0
+    n_base: int = 0
+    n_steady: int = 0
+    solves_before: int = -1
+    solves: int = 0
+    merges: list[int] = field(default_factory=list)
+
+    @staticmethod
+    def rate(n: int, stage: dict[str, float]) -> float:
+        return n / max(sum(stage.values()), 1e-9)
 
 
 def run_bench(
@@ -151,70 +156,132 @@ def run_bench(
     seed: int,
     model: ModelKnobs | None = None,
     batching: str = "host",
+    coalesce: CoalesceConfig | None = None,
+    baseline_steps: int = 2,
+    replay_s: float = 0.0,
 ) -> dict[str, Any]:
     """Return the benchmark figures as a JSON-ready dict.
 
-    The first clock window (``LiveConfig().sync.window_ns``, with its warm-up solves) is timed
-    separately; the steady-state figure is the records after it divided by the CPU time
-    (`time.process_time`, so a BLAS thread on another core counts too) of the whole pipeline.
+    ``batching="host"``: one batch per host and step, arriving at a fixed per-host phase
+    within the step, coalesced as the service does (`controller.coalesce.ProbeQueue`, merged
+    ingests of at most ``coalesce.max_records``); the first ``baseline_steps`` steps after the
+    warm-up are ingested batch by batch instead (the uncoalesced baseline, same run, same
+    controller). The first clock window (``LiveConfig().sync.window_ns``, with its warm-up
+    solves) is timed apart; the steady-state figure is the records after it (and after the
+    baseline steps) divided by the CPU time (`time.process_time`, so a BLAS thread on
+    another core counts too) of the whole pipeline.
     """
     fabric = build_fabric(FabricShape.for_nics(nics))
     knobs = ModelKnobs() if model is None else model
     cfg = SimConfig(seed=seed, model=knobs)
+    co = coalesce or CoalesceConfig()
     sync_cfg = LiveConfig().sync
     warm_s = sync_cfg.window_ns / 1e9
-    rates: list[float] = []
-    warm_rates: list[float] = []
-    stages: list[dict[str, float]] = []
-    steady_solves: list[int] = []
-    solves = samples = 0
+    rng = np.random.default_rng([seed, 77])
+    phase_ns = rng.uniform(0, step_s * 1e9, len(fabric.hosts)).astype(np.int64)
+    host_pos = {h.id: i for i, h in enumerate(fabric.hosts)}
+    runs: list[_Run] = []
     err = np.zeros(0)
-    records = steady_records = n_batches = 0
+    n_batches = 0
     batch_sizes: list[int] = []
     gen_s = 0.0
     first: ProbeBatch | None = None
     for rep in range(repeats):
         live = LiveController(fabric)
-        warm = dict.fromkeys(STAGES, 0.0)
-        stage = dict.fromkeys(STAGES, 0.0)
-        n_warm = n_steady = 0
-        before = -1
+        queue = ProbeQueue(co)
+        run = _Run()
+        step_i = 0
         t_gen = time.perf_counter()
-        for t_s, payloads, truth in traffic(fabric, cfg, seconds, step_s, batching):
+        for t_s, payloads, truth in traffic(fabric, cfg, seconds, step_s, batching, replay_s):
             gen_s += time.perf_counter() - t_gen
             now = EPOCH_NS + int(t_s * 1e9)
             in_warm = t_s <= warm_s
-            if not in_warm and before < 0:
-                before = live.clock.solves
+            in_base = not in_warm and batching == "host" and step_i < baseline_steps
+            if not in_warm:
+                step_i += 1
+                if run.solves_before < 0 and not in_base:
+                    run.solves_before = live.clock.solves
+            stage = run.warm if in_warm else run.base if in_base else run.steady
             owd: list[F64] = []
-            for p in payloads:
-                k, d = _timed_batch(live, p, now, warm if in_warm else stage)
-                if in_warm:
-                    n_warm += k
-                else:
-                    n_steady += k
-                if d is not None:
-                    owd.append(d.owd_fwd_ns)
-            _timed_tick(live, now, warm if in_warm else stage)
+            got = 0
+            if batching == "host" and not in_base:
+                batches = [b for p in payloads if (b := _timed_decode(live, p, stage))]
+                arrive = now + phase_ns[[host_pos[b.origin] for b in batches]]
+                for b in (batches[i] for i in np.argsort(arrive, kind="stable")):
+                    at = now + int(phase_ns[host_pos[b.origin]])
+                    if queue.due(at):
+                        run.merges.append(queue.records)
+                        k, o = _timed_flush(live, queue, at, stage)
+                        got, owd = got + k, owd + o
+                    queue.add(b, at)
+                owd_order = False  # arrival order differs from the truth's row order
+            else:
+                if len(queue):  # the baseline starts from an empty queue
+                    k, _ = _timed_flush(live, queue, now, stage)
+                    got += k
+                for p in payloads:
+                    b = _timed_decode(live, p, stage)
+                    if b is not None:
+                        k, d = _timed_ingest(live, b, now, stage)
+                        got += k
+                        owd.append(d.owd_fwd_ns)
+                owd_order = True
+            _timed_tick(live, now, stage)
+            if in_warm:
+                run.n_warm += got
+            elif in_base:
+                run.n_base += got
+            else:
+                run.n_steady += got
             if rep == 0:
                 n_batches += len(payloads)
                 batch_sizes.append(len(truth) // max(1, len(payloads)))
-                if first is None and len(payloads):
-                    first = decode_batch(payloads[len(payloads) // 2])
-            if owd and not in_warm:
-                got = np.concatenate(owd)
-                if len(got) == len(truth):
-                    ok = np.isfinite(got) & np.isfinite(truth)
-                    err = np.abs(got[ok] - truth[ok])
+                if first is None and len(payloads):  # ~100 k records for the naive loop
+                    m = max(1, 100_000 * len(payloads) // max(1, len(truth)))
+                    some = [decode_batch(p) for p in payloads[:m]]
+                    first = merge_batches(plan_groups(some, 100_000)[0])
+                if owd and owd_order and not in_warm:
+                    d_all = np.concatenate(owd)
+                    if len(d_all) == len(truth):
+                        ok = np.isfinite(d_all) & np.isfinite(truth)
+                        err = np.abs(d_all[ok] - truth[ok])
             t_gen = time.perf_counter()
-        warm_rates.append(n_warm / max(sum(warm.values()), 1e-9))
-        rates.append(n_steady / max(sum(stage.values()), 1e-9))
-        stages.append(stage)
-        steady_solves.append(live.clock.solves - max(before, 0))
-        solves, samples = live.clock.solves, live.clock.last_solve_samples
-        records, steady_records = n_warm + n_steady, n_steady
+        if len(queue):
+            k, _ = _timed_flush(live, queue, live.now_ns, run.steady)
+            run.n_steady += k
+        run.solves = live.clock.solves
+        runs.append(run)
         del live
-    dec = [steady_records / max(st["decode"], 1e-9) for st in stages]
+    return _report(
+        runs, nics, knobs, batching, co, seconds, step_s, warm_s, sync_cfg.solve_every_ns,
+        n_batches, batch_sizes, err, first, repeats, gen_s, baseline_steps, replay_s,
+    )  # fmt: skip
+
+
+def _report(
+    runs: list[_Run],
+    nics: int,
+    knobs: ModelKnobs,
+    batching: str,
+    co: CoalesceConfig,
+    seconds: float,
+    step_s: float,
+    warm_s: float,
+    solve_every_ns: int,
+    n_batches: int,
+    batch_sizes: list[int],
+    err: F64,
+    first: ProbeBatch | None,
+    repeats: int,
+    gen_s: float,
+    baseline_steps: int,
+    replay_s: float,
+) -> dict[str, Any]:
+    """The JSON figures of `run_bench`: medians over the repeats."""
+    rates = [_Run.rate(r.n_steady, r.steady) for r in runs]
+    rps = statistics.median(rates)
+    steady_records = runs[-1].n_steady
+    dec = [r.n_steady / max(r.steady["decode"], 1e-9) for r in runs]
     limit = 100_000
     assert first is not None
     offsets = {nid: 0.0 for nid in first.nic_ids}
@@ -223,24 +290,31 @@ def run_bench(
         t0 = time.process_time()
         m = _naive(first, offsets, limit)
         naive.append(m / max(time.process_time() - t0, 1e-9))
-    rps = statistics.median(rates)
-    return {
+    merges = [x for r in runs for x in r.merges]
+    out: dict[str, Any] = {
         "records_per_second": round(rps),
         "nics": nics,
         "model": knobs.to_dict(),
         "batching": batching,
-        "records": records,
+        "coalesce_ms": co.coalesce_ms if batching == "host" else None,
+        "coalesce_max_records": co.max_records if batching == "host" else None,
+        "merged_ingests": len(merges) // max(1, len(runs)),
+        "merged_records_median": int(np.median(merges)) if merges else None,
+        "records": runs[-1].n_warm + runs[-1].n_base + runs[-1].n_steady,
         "steady_records": steady_records,
         "batches": n_batches,
         "batch_records_median": int(np.median(batch_sizes)) if batch_sizes else 0,
         "sim_seconds": seconds,
+        "step_s": step_s,
+        "replay_s": replay_s or None,
         "warmup_seconds": warm_s,
-        "warmup_records_per_second": round(statistics.median(warm_rates)),
+        "warmup_records_per_second": round(
+            statistics.median(_Run.rate(r.n_warm, r.warm) for r in runs)
+        ),
         "clock_window_s": warm_s,
-        "clock_solve_every_s": sync_cfg.solve_every_ns / 1e9,
-        "clock_solves": solves,
-        "steady_clock_solves": min(steady_solves),
-        "samples_in_last_solve": samples,
+        "clock_solve_every_s": solve_every_ns / 1e9,
+        "clock_solves": runs[-1].solves,
+        "steady_clock_solves": min(r.solves - max(r.solves_before, 0) for r in runs),
         "owd_error_ns_p50": round(float(np.median(err)), 1) if len(err) else None,
         "owd_error_ns_p99": round(float(np.quantile(err, 0.99)), 1) if len(err) else None,
         "decode_only_records_per_second": round(statistics.median(dec)),
@@ -248,7 +322,7 @@ def run_bench(
         "speedup_vs_naive": round(rps / statistics.median(naive), 1),
         "share_of_decode_only": round(rps / statistics.median(dec), 4),
         "stage_us_per_record": {
-            k: round(statistics.median(st[k] for st in stages) / max(steady_records, 1) * 1e6, 3)
+            k: round(statistics.median(r.steady[k] for r in runs) / max(steady_records, 1) * 1e6, 3)
             for k in STAGES
         },
         "repeats": repeats,
@@ -257,6 +331,21 @@ def run_bench(
         "target_records_per_second": 1_000_000,
         "meets_target": rps >= 1_000_000,
     }
+    if batching == "host" and baseline_steps > 0 and runs[-1].n_base:
+        base = statistics.median(_Run.rate(r.n_base, r.base) for r in runs)
+        out["per_host_baseline"] = {
+            "steps": baseline_steps,
+            "records": runs[-1].n_base,
+            "records_per_second": round(base),
+            "stage_us_per_record": {
+                k: round(
+                    statistics.median(r.base[k] for r in runs) / max(runs[-1].n_base, 1) * 1e6, 3
+                )
+                for k in STAGES
+            },
+        }
+        out["speedup_vs_per_host"] = round(rps / base, 2)
+    return out
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -266,6 +355,9 @@ def _cmd(args: argparse.Namespace) -> int:
             f"need --nics >= 2, --seconds > {window_s:g} (the clock window) + --step, "
             "--repeats >= 1"
         )
+    if args.baseline_steps < 0 or (args.replay and args.replay < args.step):
+        raise ValueError("need --baseline-steps >= 0 and --replay 0 or >= --step")
+    coalesce = CoalesceConfig(coalesce_ms=args.coalesce_ms, max_records=args.max_records)
     res = run_bench(
         args.nics,
         args.seconds,
@@ -274,26 +366,34 @@ def _cmd(args: argparse.Namespace) -> int:
         args.seed,
         model_from_args(args),
         args.batching,
+        coalesce,
+        args.baseline_steps,
+        args.replay,
     )
     if args.json:
         json.dump(res, sys.stdout)
         sys.stdout.write("\n")
     else:
+        base = res.get("per_host_baseline")
+        vs = f"; per-host batches uncoalesced {base['records_per_second']:,}/s" if base else ""
         print(
-            f"{res['records_per_second']:,} records/s (decode+ingest+sync+detection, one core); "
-            f"decode only {res['decode_only_records_per_second']:,}/s; naive Python loop "
-            f"{res['naive_python_records_per_second']:,}/s ({res['speedup_vs_naive']}x)"
+            f"{res['records_per_second']:,} records/s (decode+ingest+sync+detection, one core)"
+            f"{vs}; decode only {res['decode_only_records_per_second']:,}/s; naive Python loop "
+            f"{res['naive_python_records_per_second']:,}/s ({res['speedup_vs_naive']}x); "
+            f"peak RSS {res['peak_rss_mb']} MB"
         )
     return 0
 
 
 def register_ingest(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``qpmesh sim ingest``."""
+    d = CoalesceConfig()
     p = ssub.add_parser(
         "ingest",
         help="benchmark the controller pipeline (decode + ingest + sync + detection) in records/s",
-        description="Encode simulated probe batches, then time decode, ingest, clock sync and "
-        "detection on one core; compares with decode-only and a naive per-record loop.",
+        description="Encode simulated probe batches as the probers publish them, then time "
+        "decode, coalescing, ingest, clock sync and detection on one core; compares with the "
+        "same batches ingested one by one, decode-only and a naive per-record loop.",
     )
     p.add_argument(
         "--nics", type=int, default=1024, help="NICs in the fabric (default %(default)s)"
@@ -316,8 +416,39 @@ def register_ingest(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--batching",
         choices=("host", "step"),
         default="host",
-        help="host: one batch per host and step, as probers publish (default); step: one "
-        "batch for the whole fabric per step (at most 4,194,304 records)",
+        help="host: one batch per host and step, as probers publish, arriving at a per-host "
+        "phase and coalesced as the controller service does (default); step: one batch for "
+        "the whole fabric per step (per chunk of at most 2,097,152 records)",
+    )
+    p.add_argument(
+        "--coalesce-ms",
+        type=float,
+        default=d.coalesce_ms,
+        help="host batching: merge batches arriving within this many ms, as [ingest] "
+        "coalesce_ms (default %(default)s; 0: each batch alone)",
+    )
+    p.add_argument(
+        "--max-records",
+        type=int,
+        default=d.max_records,
+        help="host batching: most records per merged ingest, as [ingest] max_records "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--baseline-steps",
+        type=int,
+        default=2,
+        help="host batching: steps after the warm-up ingested batch by batch, uncoalesced: "
+        "the same-run baseline (default %(default)s; 0: none)",
+    )
+    p.add_argument(
+        "--replay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="simulate only the first S seconds and replay them with every NIC clock moved "
+        "on (faster generation for large fabrics; see testbed/sim/ingest_traffic.py; "
+        "default 0: simulate the whole run)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     add_model_options(p)
