@@ -102,20 +102,27 @@ def _timed_decode(
     return batch if ok else None
 
 
-def _timed_flush(
-    live: LiveController, queue: ProbeQueue, now: int, stage: dict[str, float]
-) -> tuple[int, list[F64]]:
+def _timed_decode_all(
+    live: LiveController, payloads: list[bytes], stage: dict[str, float]
+) -> list[ProbeBatch]:
+    """Decode and admit every payload (as `_timed_decode`, timed as one block per step: a
+    clock read per batch would cost more than a small batch's admission)."""
+    c = time.process_time
+    t = c()
+    decoded = [decode_batch(p) for p in payloads]
+    t, stage["decode"] = c(), stage["decode"] + c() - t
+    kept = [b for b in decoded if live.ingestor.admit(b.origin, b.batch_seq)]
+    stage["ingest"] += c() - t
+    return kept
+
+
+def _timed_flush(live: LiveController, queue: ProbeQueue, now: int, stage: dict[str, float]) -> int:
     """`LiveController.flush` timed stage by stage: merge (`ProbeQueue.take`), then each merged
-    group through `_timed_ingest`. Returns (records, forward delays in order)."""
+    group through `_timed_ingest`. Returns the records ingested."""
     t = time.process_time()
     groups = queue.take()
     stage["merge"] += time.process_time() - t
-    n, owd = 0, []
-    for m in groups:
-        k, d = _timed_ingest(live, m.batch, now, stage, m.parts)
-        n += k
-        owd.append(d.owd_fwd_ns)
-    return n, owd
+    return sum(_timed_ingest(live, m.batch, now, stage, m.parts)[0] for m in groups)
 
 
 def _timed_tick(live: LiveController, now: int, stage: dict[str, float]) -> None:
@@ -202,37 +209,6 @@ def run_bench(
                 if run.solves_before < 0 and not in_base:
                     run.solves_before = live.clock.solves
             stage = run.warm if in_warm else run.base if in_base else run.steady
-            owd: list[F64] = []
-            got = 0
-            if batching == "host" and not in_base:
-                batches = [b for p in payloads if (b := _timed_decode(live, p, stage))]
-                arrive = now + phase_ns[[host_pos[b.origin] for b in batches]]
-                for b in (batches[i] for i in np.argsort(arrive, kind="stable")):
-                    at = now + int(phase_ns[host_pos[b.origin]])
-                    if queue.due(at):
-                        run.merges.append(queue.records)
-                        k, o = _timed_flush(live, queue, at, stage)
-                        got, owd = got + k, owd + o
-                    queue.add(b, at)
-                owd_order = False  # arrival order differs from the truth's row order
-            else:
-                if len(queue):  # the baseline starts from an empty queue
-                    k, _ = _timed_flush(live, queue, now, stage)
-                    got += k
-                for p in payloads:
-                    b = _timed_decode(live, p, stage)
-                    if b is not None:
-                        k, d = _timed_ingest(live, b, now, stage)
-                        got += k
-                        owd.append(d.owd_fwd_ns)
-                owd_order = True
-            _timed_tick(live, now, stage)
-            if in_warm:
-                run.n_warm += got
-            elif in_base:
-                run.n_base += got
-            else:
-                run.n_steady += got
             if rep == 0:
                 n_batches += len(payloads)
                 batch_sizes.append(len(truth) // max(1, len(payloads)))
@@ -240,15 +216,44 @@ def run_bench(
                     m = max(1, 100_000 * len(payloads) // max(1, len(truth)))
                     some = [decode_batch(p) for p in payloads[:m]]
                     first = merge_batches(plan_groups(some, 100_000)[0])
-                if owd and owd_order and not in_warm:
-                    d_all = np.concatenate(owd)
-                    if len(d_all) == len(truth):
-                        ok = np.isfinite(d_all) & np.isfinite(truth)
-                        err = np.abs(d_all[ok] - truth[ok])
+            owd: list[F64] = []
+            got = 0
+            if batching == "host" and not in_base:
+                batches = _timed_decode_all(live, payloads, stage)
+                payloads.clear()  # decoded: keep one copy of the step in memory
+                arrive = phase_ns[[host_pos[b.origin] for b in batches]]
+                for i in np.argsort(arrive, kind="stable"):
+                    at = now + int(arrive[i])
+                    if queue.due(at):
+                        run.merges.append(queue.records)
+                        got += _timed_flush(live, queue, at, stage)
+                    queue.add(batches[i], at)
+                del batches
+            else:
+                if len(queue):  # the baseline starts from an empty queue
+                    got += _timed_flush(live, queue, now, stage)
+                for j, p in enumerate(payloads):
+                    b = _timed_decode(live, p, stage)
+                    payloads[j] = b""
+                    if b is not None:
+                        k, d = _timed_ingest(live, b, now, stage)
+                        got += k
+                        owd.append(d.owd_fwd_ns)
+            _timed_tick(live, now, stage)
+            if in_warm:
+                run.n_warm += got
+            elif in_base:
+                run.n_base += got
+            else:
+                run.n_steady += got
+            if rep == 0 and owd and not in_warm:  # records in the truth's order
+                d_all = np.concatenate(owd)
+                if len(d_all) == len(truth):
+                    ok = np.isfinite(d_all) & np.isfinite(truth)
+                    err = np.abs(d_all[ok] - truth[ok])
             t_gen = time.perf_counter()
         if len(queue):
-            k, _ = _timed_flush(live, queue, live.now_ns, run.steady)
-            run.n_steady += k
+            run.n_steady += _timed_flush(live, queue, live.now_ns, run.steady)
         run.solves = live.clock.solves
         runs.append(run)
         del live

@@ -30,11 +30,11 @@ import numpy.typing as npt
 
 from contract.records import COLUMNS, MAX_RECORDS, MISSING, ProbeBatch, encode_batch
 from controller.fabric import Fabric
-from testbed.sim.engine import SimConfig, SimStep, Simulator
+from testbed.sim.engine import SimConfig, Simulator
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
-CHUNK_RECORDS = 1 << 21  # records per simulated chunk of a step (well under MAX_RECORDS)
+CHUNK_RECORDS = 1 << 20  # records per simulated chunk of a step (well under MAX_RECORDS)
 _PAIR_STRIDE = 1 << 26  # coded-pair id offset per replay (ids stay unique within a batch)
 
 
@@ -108,9 +108,28 @@ def _shifted(b: ProbeBatch, drift: F64, dt_ns: float, k: int, seq: int) -> Probe
     return replace(b, batch_seq=seq, **cols)
 
 
-def _sim_step(sim: Simulator, t0: float, step_s: float, chunks: int) -> list[SimStep]:
-    dt = step_s / chunks
-    return [sim.step(t0 + j * dt, dt) for j in range(chunks)]
+def _generate(
+    sim: Simulator,
+    fabric: Fabric,
+    names: tuple[str, ...],
+    i: int,
+    t0_s: float,
+    dt_s: float,
+    chunks: int,
+    batching: str,
+) -> tuple[list[ProbeBatch], F64]:
+    """Simulate step ``i`` in ``chunks`` pieces of time; return (its batches, true forward
+    delays of their rows in order). A function of its own so that the simulator's per-step
+    truth (paths, delays) is freed on return, not kept alive by a suspended generator."""
+    dt = dt_s / chunks
+    steps = [sim.step(t0_s + j * dt, dt) for j in range(chunks)]
+    truth = np.concatenate([st.true_fwd_ns for st in steps])
+    if batching == "host":
+        cols = _columns([st.batch for st in steps])
+        del steps
+        batches, order = split_hosts(fabric, names, cols, i + 1, sim.config.timestamps)
+        return batches, truth[order]
+    return [replace(st.batch, batch_seq=i * chunks + j + 1) for j, st in enumerate(steps)], truth
 
 
 def traffic(
@@ -135,16 +154,9 @@ def traffic(
     for i in range(n):
         t1_s = min((i + 1) * step_s, seconds)
         if i < n_gen:
-            steps = _sim_step(sim, i * step_s, t1_s - i * step_s, chunks)
-            truth = np.concatenate([st.true_fwd_ns for st in steps])
-            if batching == "host":
-                cols = _columns([st.batch for st in steps])
-                batches, order = split_hosts(fabric, names, cols, i + 1, cfg.timestamps)
-                truth = truth[order]
-            else:
-                batches = [
-                    replace(st.batch, batch_seq=i * chunks + j + 1) for j, st in enumerate(steps)
-                ]
+            batches, truth = _generate(
+                sim, fabric, names, i, i * step_s, t1_s - i * step_s, chunks, batching
+            )
             if n_gen < n:
                 drift = [sim.drift[[nic_idx[x] for x in b.nic_ids]] for b in batches]
                 kept.append(_Kept(batches, drift, truth))
@@ -158,4 +170,6 @@ def traffic(
             ]
             truth = src.truth
         assert all(len(b) <= MAX_RECORDS for b in batches)
-        yield t1_s, [encode_batch(b) for b in batches], truth
+        payloads = [encode_batch(b) for b in batches]
+        del batches  # the consumer may empty ``payloads`` once decoded: only one copy lives
+        yield t1_s, payloads, truth
