@@ -87,7 +87,7 @@ class LossWindow:
         size = self._pairs.size
         if size > len(self.seen):
             self.seen = np.concatenate([self.seen, np.zeros(size - len(self.seen), np.int64)])
-        self.seen += np.bincount(pid, minlength=size)
+        np.add.at(self.seen, pid, 1)  # not a bincount over every known pair per call
         if lost.any():
             self._lost.append(probe_links(hops_fwd[lost], hops_rev[lost]))
 
