@@ -24,7 +24,9 @@
 #include <netinet/in.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <time.h>
 
 #define BODY 48
@@ -237,6 +239,7 @@ typedef struct {
     PyObject *deferred;       /* list or NULL */
     PyObject *renumber;       /* list of socket indices to replace, or NULL */
     Out scratch;              /* where a datagram goes that no out slot can take (dropped) */
+    int epfd;                 /* epoll set of every socket: one readiness callback per NIC */
 } Engine;
 
 static int64_t map_clock(Engine *e, int64_t ns, int *err) {
@@ -730,6 +733,30 @@ static PyObject *Engine_drain(Engine *e, PyObject *args) {
     return take_deferred(e);
 }
 
+/* Drain every socket epoll says is ready (data or error queue), then send what that made. */
+static PyObject *Engine_drain_ready(Engine *e, PyObject *args) {
+    long long now;
+    if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
+    struct epoll_event evs[128];
+    for (int round = 0; round < 8; round++) {
+        int n = epoll_wait(e->epfd, evs, 128, 0);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        for (int i = 0; i < n; i++) {
+            int si = (int)evs[i].data.u32;
+            if (si >= e->nsocks || e->socks[si].dead) continue;
+            if (drain_errq(e, si, now) < 0 || drain_data(e, si, now) < 0) return NULL;
+        }
+        if (n < 128) break;
+    }
+    if (settle(e, now) < 0) return NULL;
+    return take_deferred(e);
+}
+
+static PyObject *Engine_epoll_fd(Engine *e, void *Py_UNUSED(c)) { return PyLong_FromLong(e->epfd); }
+
 static PyObject *Engine_send_due(Engine *e, PyObject *args) {
     long long now;
     if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
@@ -885,6 +912,11 @@ static PyObject *Engine_add_socket(Engine *e, PyObject *args) {
         PyMem_Free(s->tok); PyMem_Free(s->key); PyMem_Free(s->tvalid);
         return PyErr_NoMemory();
     }
+    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)e->nsocks};
+    if (e->epfd >= 0 && epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        PyMem_Free(s->tok); PyMem_Free(s->key); PyMem_Free(s->tvalid);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
     if (responder) e->responder = e->nsocks;
     else e->port_sock[port] = e->nsocks;
     return PyLong_FromLong(e->nsocks++);
@@ -910,6 +942,9 @@ static PyObject *Engine_replace_socket(Engine *e, PyObject *args) {
         s->dead = 0;
         s->sent = 0;
         memset(s->tvalid, 0, (size_t)s->kmask + 1);
+        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)si};
+        if (e->epfd >= 0 && epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
+            return PyErr_SetFromErrno(PyExc_OSError);
     }
     if (flush_out(e) < 0) return NULL; /* what waited for the new socket */
     Py_RETURN_NONE;
@@ -1000,6 +1035,8 @@ static PyMethodDef Engine_methods[] = {
      "send_due(now_ns) -> deferred list or None: send due probes (and queued replies)"},
     {"drain", (PyCFunction)Engine_drain, METH_VARARGS,
      "drain(index, now_ns) -> deferred list or None"},
+    {"drain_ready", (PyCFunction)Engine_drain_ready, METH_VARARGS,
+     "drain_ready(now_ns) -> deferred list or None: every socket epoll reports ready"},
     {"feed", (PyCFunction)Engine_feed, METH_VARARGS,
      "feed(data, (ip, port), rx_ns, now_ns) -> deferred list or None (no socket read)"},
     {"poll", (PyCFunction)Engine_poll, METH_VARARGS, "poll(now_ns): timeouts -> lost rows"},
@@ -1052,6 +1089,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     if (!e->pend || !e->aw || !e->out || !e->rdata) { PyErr_NoMemory(); return -1; }
     e->next_seq = e->oldest_seq = (uint32_t)seq_start;
     e->responder = -1;
+    e->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (e->epfd < 0) { PyErr_SetFromErrno(PyExc_OSError); return -1; }
     for (int i = 0; i < 65536; i++) e->port_sock[i] = -1;
     return 0;
 }
@@ -1066,6 +1105,7 @@ static void Engine_dealloc(Engine *e) {
     Py_XDECREF(e->clock);
     Py_XDECREF(e->deferred);
     Py_XDECREF(e->renumber);
+    if (e->epfd > 0) close(e->epfd);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
@@ -1075,6 +1115,8 @@ static PyObject *Engine_get_pending(Engine *e, void *Py_UNUSED(c)) {
 
 static PyGetSetDef Engine_getset[] = {
     {"pending", (getter)Engine_get_pending, NULL, "probes awaiting their reply or stamps", NULL},
+    {"epoll_fd", (getter)Engine_epoll_fd, NULL, "the epoll fd of all sockets (readable: work)",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -303,13 +303,24 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         self.engine.set_clock(None if self.clock is _identity else self.clock)
         session.attach(self.counters, self.stamp_counts, self.add_source_port)
 
+    def open(self) -> None:
+        """Open the sockets (see `UdpEndpoint.open`); one readiness callback watches them all
+        (the engine's epoll set), not one per socket."""
+        super().open()
+        assert self._loop is not None
+        self._loop.add_reader(self.engine.epoll_fd, self._on_engine_ready)
+
     def _open_socket(self, port: int) -> _Sock:
         if self._replacing is not None:
             st = super()._open_socket(port)
+            assert self._loop is not None
+            self._loop.remove_reader(st.sock.fileno())  # the engine's epoll set watches it
             self._index[st.sock.fileno()] = self._replacing
             return st
         responder = self._responder is None and not self._index
         st = super()._open_socket(port)
+        assert self._loop is not None
+        self._loop.remove_reader(st.sock.fileno())  # the engine's epoll set watches it
         i = self.engine.add_socket(st.sock.fileno(), st.port, responder, 14 if responder else 10)
         self._index[st.sock.fileno()] = i
         if responder:
@@ -320,6 +331,8 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
 
     def close(self) -> None:
         """Close every socket (idempotent) and stop `run`."""
+        if self._loop is not None and not self._closed:
+            self._loop.remove_reader(self.engine.epoll_fd)
         super().close()
         self.engine.forget_sockets()
         self._index.clear()
@@ -380,6 +393,9 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         return None
 
     # ---- receiving / sending -----------------------------------------------------------------
+
+    def _on_engine_ready(self) -> None:
+        self._after_engine(self.engine.drain_ready(self.now_ns()))
 
     def _on_readable(self, st: _Sock) -> None:
         i = self._index.get(st.sock.fileno())
