@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from contract.records import encode_batch
 from prober import compiled
 from prober.config import NicConfig, ProberConfig, load_probe_keys
-from prober.events import Address, ProbeEvent, results_to_batch
+from prober.events import Address, ProbeEvent, ResultBlock, results_to_batch
 from prober.fastudp import BatchUdpEndpoint
 from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery, PathTracer, TracingEndpoint
 from prober.pathsweep import paths_payload, sweep_flows
@@ -314,6 +314,9 @@ class Agent:
 
     def flush_batch(self) -> int:
         """Turn collected events into one batch and submit it; return the records in it."""
+        for s in self.sessions.values():
+            if isinstance(s, compiled.CompiledSession):
+                self._events += s.take_events()  # records the engine holds until now
         if not self._events:
             return 0
         events, self._events = self._events, []
@@ -442,6 +445,12 @@ class Agent:
             self.endpoints.clear()
         return self.stats
 
+    def _records(self) -> int:
+        for s in self.sessions.values():
+            if isinstance(s, compiled.CompiledSession):
+                self._events += s.take_events()
+        return sum(len(e) if isinstance(e, ResultBlock) else 1 for e in self._events)
+
     def _any_now(self) -> int:
         ep = next(iter(self.endpoints.values()))
         return ep.now_ns()
@@ -452,7 +461,7 @@ class Agent:
         self._queue(probes, now)
         wait_s = self.cfg.timeout_ms / 1000.0 + 0.05 + len(probes) * 0.001
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and len(self._events) < self.stats.probes_queued:
+        while time.monotonic() < deadline and self._records() < self.stats.probes_queued:
             await asyncio.sleep(0.01)
         for s in self.sessions.values():  # report what never completed as lost
             self._collect(s.poll(self._any_now() + s.timeout_ns + 1))

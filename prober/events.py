@@ -197,8 +197,9 @@ def results_to_batch(
     carries its hand-out time ``sent_ns`` as ``t1`` (same NIC clock), so the controller files
     it in the detection window it was sent in instead of reading `MISSING` as a time.
 
-    `TraceReached` events are not probe records and are skipped; a `ResultBlock` adds its
-    rows (columns, no per-row work; the same rule for losses without t1).
+    `TraceReached` events are not probe records and are skipped; the rows of `ResultBlock`s
+    come after the single events, grouped by NIC (columns, no per-row work; the same rule for
+    losses without t1).
 
     ``nic_ids`` seeds the string table (stable indices across batches); NICs not in it are
     appended in first-seen order. Raises `contract.records.RecordError` on invalid columns.
@@ -215,28 +216,11 @@ def results_to_batch(
 
     rows: list[tuple[int, ...]] = []
     chunks: list[np.ndarray] = []
+    blocks: dict[tuple[str, tuple[str, ...]], list[np.ndarray]] = {}
     for ev in events:
         if isinstance(ev, ResultBlock):
-            if not len(ev.rows):
-                continue
-            if rows:
-                chunks.append(np.array(rows, dtype=np.int64))
-                rows = []
-            dst_map = np.zeros(len(ev.dsts), dtype=np.int64)
-            src_i = idx(ev.src)
-            used, first = np.unique(ev.rows[:, 1], return_index=True)
-            for d in used[np.argsort(first)].tolist():  # table order: first use, as for events
-                dst_map[d] = idx(ev.dsts[d])
-            block = ev.rows  # seq, dst, sport, pair, pos, t1..t4, lost -> the batch's columns
-            out = np.empty((len(block), 11), dtype=np.int64)
-            out[:, 0] = block[:, 0]
-            out[:, 1] = src_i
-            out[:, 2] = dst_map[block[:, 1]]
-            out[:, 3:10] = block[:, 2:9]
-            out[:, 10] = block[:, 9]
-            no_t1 = (block[:, 9] != 0) & (block[:, 5] == MISSING)
-            out[no_t1, 6] = block[no_t1, 10]
-            chunks.append(out)
+            if len(ev.rows):
+                blocks.setdefault((ev.src, ev.dsts), []).append(ev.rows)
         elif isinstance(ev, ProbeResult):
             rows.append((ev.seq, idx(ev.src), idx(ev.dst), ev.sport, ev.pair_id, ev.pair_pos,
                          ev.t1, ev.t2, ev.t3, ev.t4, 0))  # fmt: skip
@@ -244,9 +228,27 @@ def results_to_batch(
             t1 = ev.sent_ns if ev.t1 == MISSING else ev.t1
             rows.append((ev.seq, idx(ev.src), idx(ev.dst), ev.sport, ev.pair_id, ev.pair_pos,
                          t1, MISSING, MISSING, MISSING, 1))  # fmt: skip
-    names = ("seq", "src", "dst", "sport", "pair", "pos", "t1", "t2", "t3", "t4", "lost")
     if rows:
         chunks.append(np.array(rows, dtype=np.int64))
+    # blocks of one NIC (same dst table: the engine's, which only grows) go in at once, after
+    # the single events: seq, dst, sport, pair, pos, t1..t4, lost -> the batch's columns
+    for (src, dsts), parts in blocks.items():
+        block = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        src_i = idx(src)
+        used, first = np.unique(block[:, 1], return_index=True)
+        dst_map = np.zeros(len(dsts), dtype=np.int64)
+        for d in used[np.argsort(first)].tolist():  # table order: first use, as for events
+            dst_map[d] = idx(dsts[d])
+        out = np.empty((len(block), 11), dtype=np.int64)
+        out[:, 0] = block[:, 0]
+        out[:, 1] = src_i
+        out[:, 2] = dst_map[block[:, 1]]
+        out[:, 3:10] = block[:, 2:9]
+        out[:, 10] = block[:, 9]
+        no_t1 = (block[:, 9] != 0) & (block[:, 5] == MISSING)
+        out[no_t1, 6] = block[no_t1, 10]
+        chunks.append(out)
+    names = ("seq", "src", "dst", "sport", "pair", "pos", "t1", "t2", "t3", "t4", "lost")
     if chunks:
         arr = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
         cols = {name: np.ascontiguousarray(arr[:, i]) for i, name in enumerate(names)}

@@ -142,13 +142,20 @@ def proc_cpu_seconds(stat_line: str, clk_tck: int) -> float:
 
     Raises `ValueError` if the line is not one (fields 14 and 15, after the command's ')').
     """
+    user, system = proc_user_system_seconds(stat_line, clk_tck)
+    return user + system
+
+
+def proc_user_system_seconds(stat_line: str, clk_tck: int) -> tuple[float, float]:
+    """Return (utime, stime) in seconds from a ``/proc/<pid>/stat`` line (see
+    `proc_cpu_seconds`); raises `ValueError` if the line is not one."""
     rest = stat_line.rsplit(")", 1)
     if len(rest) != 2:
         raise ValueError("not a /proc/<pid>/stat line")
     fields = rest[1].split()
     if len(fields) < 13:
         raise ValueError("not a /proc/<pid>/stat line")
-    return (int(fields[11]) + int(fields[12])) / clk_tck
+    return int(fields[11]) / clk_tck, int(fields[12]) / clk_tck
 
 
 def _ip(*args: str) -> None:
@@ -218,13 +225,16 @@ def _wait_publishing(prober: subprocess.Popen[bytes], stats: list[Path], work: P
 
 def _measure(
     proc: subprocess.Popen[bytes], stats: list[Path], seconds: float
-) -> tuple[float, float, dict[str, Any], dict[str, Any]]:
+) -> tuple[float, float, dict[str, Any], dict[str, Any], float]:
+    """Return (CPU s, wall s, peers' stats before, after, system CPU s) over ``seconds``."""
     clk = os.sysconf("SC_CLK_TCK")
     stat = Path(f"/proc/{proc.pid}/stat")
-    s0, w0, c0 = _read_stats(stats), time.monotonic(), proc_cpu_seconds(stat.read_text(), clk)
+    s0, w0 = _read_stats(stats), time.monotonic()
+    u0, k0 = proc_user_system_seconds(stat.read_text(), clk)
     time.sleep(seconds)
-    s1, w1, c1 = _read_stats(stats), time.monotonic(), proc_cpu_seconds(stat.read_text(), clk)
-    return c1 - c0, w1 - w0, s0, s1
+    s1, w1 = _read_stats(stats), time.monotonic()
+    u1, k1 = proc_user_system_seconds(stat.read_text(), clk)
+    return (u1 - u0) + (k1 - k0), w1 - w0, s0, s1, k1 - k0
 
 
 def run_prober_cpu(
@@ -298,10 +308,13 @@ def run_prober_cpu(
                             raise OSError(f"{p.args!r} exited with {p.returncode} (see {work})")
                     if prober.poll() is not None:
                         raise OSError(f"the prober exited with {prober.returncode} (see {work})")
-                    cpu, wall, s0, s1 = _measure(prober, stats, seconds)
+                    cpu, wall, s0, s1, sys_cpu = _measure(prober, stats, seconds)
                 finally:
                     stop_processes([prober])
                 runs[path].append(_summary(path, cpu, wall, s0, s1, plan))
+                runs[path][-1]["system_percent_of_one_core"] = (
+                    round(100 * sys_cpu / wall, 2) if wall > 0 else None
+                )
                 progress(f"{path}: {runs[path][-1]['cpu_percent_of_one_core']} % of one core")
     finally:
         stop_processes(reversed(procs))
