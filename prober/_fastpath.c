@@ -240,6 +240,8 @@ typedef struct {
     PyObject *renumber;       /* list of socket indices to replace, or NULL */
     Out scratch;              /* where a datagram goes that no out slot can take (dropped) */
     int epfd;                 /* epoll set of every socket: one readiness callback per NIC */
+    long last_drained;        /* datagrams and error-queue entries the last drain_ready read */
+    long drained;             /* running count (drain_data / drain_errq) */
 } Engine;
 
 static int64_t map_clock(Engine *e, int64_t ns, int *err) {
@@ -604,6 +606,7 @@ static int drain_errq(Engine *e, int si, int64_t now) {
             count_err(e->err_errq, errno);
             return 0;
         }
+        e->drained += n;
         for (int i = 0; i < n; i++) {
             struct msghdr *h = &e->rhdr[i].msg_hdr;
             int64_t ns = 0;
@@ -664,6 +667,7 @@ static int drain_data(Engine *e, int si, int64_t now) {
             if (drain_errq(e, si, now) < 0) return -1;
             continue;
         }
+        e->drained += n;
         for (int i = 0; i < n; i++) {
             struct msghdr *h = &e->rhdr[i].msg_hdr;
             int64_t ns = 0, rx;
@@ -738,6 +742,7 @@ static PyObject *Engine_drain_ready(Engine *e, PyObject *args) {
     long long now;
     if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
     struct epoll_event evs[128];
+    e->drained = 0;
     for (int round = 0; round < 8; round++) {
         int n = epoll_wait(e->epfd, evs, 128, 0);
         if (n < 0) {
@@ -751,11 +756,18 @@ static PyObject *Engine_drain_ready(Engine *e, PyObject *args) {
         }
         if (n < 128) break;
     }
+    e->last_drained = e->drained;
     if (settle(e, now) < 0) return NULL;
     return take_deferred(e);
 }
 
 static PyObject *Engine_epoll_fd(Engine *e, void *Py_UNUSED(c)) { return PyLong_FromLong(e->epfd); }
+
+static PyObject *Engine_held(Engine *e, void *Py_UNUSED(c)) { return PyLong_FromSsize_t(e->nrows); }
+
+static PyObject *Engine_last_drained(Engine *e, void *Py_UNUSED(c)) {
+    return PyLong_FromLong(e->last_drained);
+}
 
 static PyObject *Engine_send_due(Engine *e, PyObject *args) {
     long long now;
@@ -1117,6 +1129,9 @@ static PyGetSetDef Engine_getset[] = {
     {"pending", (getter)Engine_get_pending, NULL, "probes awaiting their reply or stamps", NULL},
     {"epoll_fd", (getter)Engine_epoll_fd, NULL, "the epoll fd of all sockets (readable: work)",
      NULL},
+    {"held", (getter)Engine_held, NULL, "result rows not taken yet", NULL},
+    {"last_drained", (getter)Engine_last_drained, NULL,
+     "datagrams and error-queue entries the last drain_ready read", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

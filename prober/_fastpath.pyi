@@ -11,6 +11,8 @@ def decode(data: bytes | bytearray | memoryview, /) -> str | tuple[Any, ...]: ..
 class Engine:
     pending: int
     epoll_fd: int
+    held: int
+    last_drained: int
     def __init__(
         self,
         nic_hash: int,

@@ -7,6 +7,7 @@ process) and returns the round trips completed with all four stamps and the CPU 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from prober import compiled
@@ -15,7 +16,7 @@ from prober.fastudp import BatchUdpEndpoint
 from prober.session import ProbeSession
 from prober.udp import UdpEndpoint
 
-_BATCH = 32  # probes queued at once; a window of 4 * _BATCH is kept in flight
+_WINDOW = 128  # probes kept in flight: topped up whenever results come back (or every 2 ms)
 ALL_PATHS = ("compiled", "batched", "per-datagram")
 PATHS = ALL_PATHS if compiled.available() else ALL_PATHS[1:]
 """The hot paths this install can run (compiled only when `prober._fastpath` was built)."""
@@ -38,9 +39,11 @@ async def endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, f
                               "batched": BatchUdpEndpoint}.get(path, UdpEndpoint)  # fmt: skip
     session: type[ProbeSession] = compiled.CompiledSession if path == "compiled" else ProbeSession
     done = 0
+    arrived = asyncio.Event()
 
     def count(events: list[ProbeEvent]) -> None:
         nonlocal done
+        arrived.set()
         for e in events:
             if isinstance(e, ResultBlock):
                 done += e.results
@@ -50,16 +53,23 @@ async def endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, f
     a = cls(session("bench-a"), "127.0.0.1", dport=0, on_events=count)
     b = cls(session("bench-b"), "127.0.0.1", dport=0)
     async with a, b:
+        tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]  # as the agent does
         sport = a.add_source_port(0)
         dest = ("127.0.0.1", b.dport)
         loop = asyncio.get_running_loop()
         cpu0, start = time.process_time(), loop.time()
         while loop.time() - start < seconds:
-            if a.session.pending < 4 * _BATCH:  # keep a window of probes in flight
+            if a.session.pending < _WINDOW:  # keep a window of probes in flight
                 now = a.now_ns()
-                for _ in range(_BATCH):
+                for _ in range(_WINDOW - a.session.pending):
                     a.session.queue_probe("bench-b", dest, sport, now)
                 a.flush()
-            await asyncio.sleep(0)
+            # wait for results (or 2 ms) instead of spinning: the CPU measured is the paths'
+            arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), 0.002)
         cpu, elapsed = time.process_time() - cpu0, loop.time() - start
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     return done, cpu, elapsed
