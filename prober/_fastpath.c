@@ -717,6 +717,7 @@ static int settle(Engine *e, int64_t now) {
         int many = 0;
         for (int i = 0; i < e->nout; i++) {
             int si = e->out[i].sock;
+            if (e->out[i].token == -2) continue; /* unstamped follow-up: nothing to read back */
             if (si < 1024) touched[si] = 1; else many = 1;
         }
         if (flush_out(e) < 0) return -1;
@@ -752,7 +753,10 @@ static PyObject *Engine_drain_ready(Engine *e, PyObject *args) {
         for (int i = 0; i < n; i++) {
             int si = (int)evs[i].data.u32;
             if (si >= e->nsocks || e->socks[si].dead) continue;
-            if (drain_errq(e, si, now) < 0 || drain_data(e, si, now) < 0) return NULL;
+            /* the error queue only when epoll says it holds something (EPOLLERR): most
+             * readiness is a datagram, and an empty error-queue read is a wasted system call */
+            if ((evs[i].events & EPOLLERR) && drain_errq(e, si, now) < 0) return NULL;
+            if ((evs[i].events & EPOLLIN) && drain_data(e, si, now) < 0) return NULL;
         }
         if (n < 128) break;
     }
