@@ -52,7 +52,7 @@ except ImportError:  # not built (no compiler at install time): the Python paths
     _fastpath = None  # type: ignore[assignment]
 
 _NCOL = 11
-BUSY_BATCH = 32
+BUSY_BATCH = 16
 """A drain that read at least this many datagrams and stamps means a heavy load: the next
 readiness is served at once instead of on the next tick (see `CompiledUdpEndpoint`)."""
 _SESSION_KEYS = frozenset(WIRE_ERROR_REASONS) | {

@@ -384,5 +384,7 @@ def _report(
         out["cpu_ratio_baseline_over_prober"] = round(b / a, 3)
     if a is not None:
         out["target_percent"] = 10.0
-        out["target_met"] = a <= 10.0
+        # the target is for the default size (8 NICs x 32 peers); a smaller run says nothing
+        at_size = plan.nics >= 8 and plan.mates + CROSS_PEERS >= 32
+        out["target_met"] = (a <= 10.0) if at_size else None
     return out
