@@ -64,6 +64,12 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError("--seconds must be positive")
     if args.repeats <= 0:
         raise ValueError("--repeats must be positive")
+    if args.path == "compiled":
+        from prober.compiled import available
+
+        if not available():
+            raise OSError("--path compiled: prober._fastpath is not built (pip install -e . "
+                          "with a C compiler and the Python headers)")  # fmt: skip
     result = run_bench(
         args.seconds, args.json, path=args.path, repeats=args.repeats, profile=args.profile
     )
