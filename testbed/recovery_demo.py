@@ -19,7 +19,7 @@ What triggers the action (``trigger``): ``injector`` (default) hands the link-do
 the policy the moment the link is cut (no detection time in ``recovery_seconds``: link down
 to the first step completed after the re-form). ``mesh`` runs a prober per host and the qpmesh
 controller and feeds the controller's findings (events on MQTT) to the policy, detection
-included; here the controller did not always report the NIC within the run (docs/recovery.md).
+included (the finding came 1.2-2.0 s after the cut on a busy machine: docs/benchmarks.md).
 ``controller`` runs the same mesh with the controller's own remediation on (``[remediation]
 control = true``): the controller finds, decides and sends; the driver only records the
 actions it sees on the broker and the acks. The report says which in ``trigger``.
