@@ -131,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         opts = gloo._Options()
         opts._devices = [gloo.create_device(interface=nics[0])]
         opts._timeout = dt.timedelta(seconds=a.timeout_s)
+        # every rank up first: the group's connect shares the short collective timeout, and a
+        # rank still importing torch on a busy host made the other's connect fail in 3 s
+        store.set(f"demo/up/{a.rank}", "1")
+        store.wait([f"demo/up/{r}" for r in range(a.world)])
         pg = gloo(store, a.rank, a.world, opts)
     store.set("demo/ready/" + str(a.rank), "1")
     t0 = time.time()
