@@ -226,3 +226,24 @@ def test_api_process_dies_with_a_killed_controller(parent: subprocess.Popen[str]
     if alive:  # never leave it behind, even when the test fails
         os.kill(child, signal.SIGKILL)
     assert not alive
+
+
+async def test_a_killed_api_process_is_replaced_at_the_next_publish(runner: DemoRunner) -> None:
+    s = Served(runner)
+    await s.api.start()
+    try:
+        first = s.api.process
+        assert first is not None and first.proc is not None
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(30)
+        s.api.publish(runner.controller.snapshot(), ())
+        for _ in range(1200):
+            if s.api.restarts:
+                break
+            await asyncio.sleep(0.05)
+        assert s.api.restarts == 1 and s.api.process is not first
+        async with aiohttp.ClientSession() as http:
+            status, doc = await _get(http, s.api.url + "snapshot")
+        assert status == 200 and doc["t_ns"] == runner.controller.snapshot().t_ns
+    finally:
+        await s.api.stop()

@@ -105,9 +105,19 @@ class _Remote:
         return out
 
 
+def _quiet_resets(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A websocket client that leaves during a compressed send leaves aiohttp's send task
+    with a connection-reset error nobody awaits: not worth a traceback on the controller's
+    stderr. Everything else is reported as usual."""
+    if isinstance(context.get("exception"), ConnectionError):
+        return
+    loop.default_exception_handler(context)
+
+
 async def serve(init: feed.Init, sock: socket.socket, inp: Any, out: int) -> None:
     """Serve until stdin ends or a `feed.Stop` arrives."""
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_quiet_resets)
     fabric = init.fabric
     hub = ApiHub(feed.unpack_snapshot(init.snapshot, fabric))
     mirror = feed.Mirror(init.state)

@@ -8,12 +8,14 @@ are served in the other process). The API's writes come back as calls that run o
 service's event loop (``submit``) against the job registry, Control and Alertmanager intake
 given here, with their usual checks and audit; after each the API process mirrors the
 state. ``await stop()`` ends serving. The API process holds no state of its own apart from
-the event log, so a new one (a restarted controller) starts from the controller's.
+the event log, so a new one starts from the controller's: when it dies (a bug, or killed),
+the next `publish` notices and starts another (events published before are not replayed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +59,8 @@ class ApiRuntime:
         self._on_clients, self._log = on_clients, log
         self.process: ApiProcess | None = None
         self.url = ""
+        self.restarts = 0
+        self._restarting: asyncio.Task[None] | None = None
 
     def state(self, *, full: bool = False) -> SharedState:
         """Return the shared state now; the action log only when it changed since the last
@@ -108,22 +112,44 @@ class ApiRuntime:
             on_clients=self._on_clients, can_ask=self._ask is not None,
             has_actions=self.actions is not None, log=self._log,
         )  # fmt: skip
-        self._actions_sent = self.actions.version if self.actions is not None else -1
+        self._last = None
         port = proc.start()  # in the loop's thread: the API process dies with it
         self.process = proc
         try:
             await asyncio.to_thread(proc.wait_ready, START_TIMEOUT_S)
         except BaseException:
-            proc.stop(1.0)
+            self.process = None
+            await asyncio.to_thread(proc.stop, 1.0)
             raise
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
         self.url = f"http://{host}:{port}/api/v1/"
         return self.url
 
+    async def _restart(self, code: int | None) -> None:
+        self._log(f"the API process exited (code {code}); starting a new one")
+        await asyncio.sleep(1.0)  # never a tight loop of failing starts
+        try:
+            url = await self.start()
+        except OSError as exc:
+            self._log(f"the API process did not restart: {exc}")
+            return
+        self.restarts += 1
+        self._log(f"the API process serves again at {url}")
+
     def publish(self, snapshot: MeshSnapshot | None, events: tuple[MeshEvent, ...]) -> None:
         """Hand the API the latest snapshot (None keeps the current one), new events, and the
         shared state when it changed."""
+        if snapshot is not None:
+            self._snapshot = snapshot
+        if self._restarting is not None and not self._restarting.done():
+            return
         if self.process is None:
+            return
+        code = self.process.exit_code()
+        if code is not None:  # it died (a bug, or killed): serve again, from this snapshot
+            proc, self.process = self.process, None
+            proc.stop(0.0)
+            self._restarting = asyncio.get_running_loop().create_task(self._restart(code))
             return
         state = self.state()
         same = dataclasses.replace(state, actions=None)
@@ -135,6 +161,10 @@ class ApiRuntime:
 
     async def stop(self) -> None:
         """Stop serving (idempotent)."""
+        if self._restarting is not None:
+            self._restarting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._restarting
         if self.process is not None:
             proc, self.process = self.process, None
             await asyncio.to_thread(proc.stop)
