@@ -2,16 +2,19 @@
 
 A simulated fabric (default 1,024 NICs) gives probe batches; the controller core
 (`LiveController.ingest_batch`, ``tick`` every ``tick_s`` of wall time) ingests them as fast
-as it can on this thread, twice per repeat, alternating:
+as it can on this thread. Each repeat has its own controller, API process and clients and
+runs ``duration_s`` of each of two modes in alternating phases of ~``phase_s`` (no API, API,
+no API, ...: a busy machine's load drifts alike over both, which separate runs minutes
+apart do not see):
 
-- **no API** (the baseline): ingest and tick only;
+- **no API** (the baseline): ingest and tick only; nothing is published to the API process
+  and nobody asks it anything (it and the clients sit idle, using no CPU);
 - **API**: as `qpmesh controller` does with ``[api]``: the API is served by its own process
   (`controller.api.process.ApiProcess`, the same as the service's `ApiRuntime` starts), after
   every tick the snapshot and new events are handed to it (its writer thread pickles and
-  sends them), and a separate client process (`testbed.sim.api_bench_clients`) keeps
-  ``clients`` websockets open (each receives every coalesced snapshot, at most 4/s) and a
-  fourth times ``GET /api/v1/snapshot`` (``poll_hz`` per second, latency = request to last
-  byte).
+  sends them); one client process (`testbed.sim.api_bench_clients`) keeps ``clients``
+  websockets open (each receives every coalesced snapshot, at most 4/s) and another times
+  ``GET /api/v1/snapshot`` (``poll_hz`` per second, latency = request to last byte).
 
 Batches are replayed in cycles (stamps shifted, sequence numbers raised, outside the timed
 ingest calls) so a run can last longer than the simulated traffic. The ingest rate is records
@@ -77,6 +80,11 @@ class IngestRun:
     process_cpu_s: float = 0.0
     ticks: int = 0
     publish_s: float = 0.0
+
+    def add(self, other: IngestRun) -> None:
+        """Add ``other``'s figures to these."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     @property
     def rate(self) -> float:
@@ -164,6 +172,15 @@ def _clients(
                             env=env)  # fmt: skip
 
 
+def _command(proc: subprocess.Popen[str], line: str) -> None:
+    """Send a clients process ``pause`` or ``resume`` and wait for its ``ok``."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+    if proc.stdout.readline().strip() != "ok":
+        raise RuntimeError(f"bench clients did not take {line!r}")
+
+
 def _pct(v: list[float], q: float) -> float | None:
     return float(np.percentile(v, q)) if v else None
 
@@ -178,14 +195,18 @@ def run_api_bench(
     clients: int = 20,
     poll_hz: float = 20.0,
     tick_s: float = 1.0,
+    phase_s: float = 5.0,
     seed: int = 1,
     compress: bool = True,
     log: Callable[[str], None] = lambda m: None,
 ) -> dict[str, Any]:
     """Return the figures (see the module docstring). Raises ValueError on bad arguments,
     RuntimeError if the client process fails."""
-    if nics < 2 or sim_s <= 0 or duration_s <= 0 or repeats < 1 or clients < 0 or tick_s <= 0:
-        raise ValueError("nics >= 2, sim_s, duration_s, tick_s > 0, repeats >= 1, clients >= 0")
+    if (nics < 2 or min(sim_s, duration_s, tick_s, phase_s) <= 0 or repeats < 1
+            or clients < 0):  # fmt: skip
+        raise ValueError(
+            "nics >= 2, sim_s, duration_s, tick_s, phase_s > 0, repeats >= 1, clients >= 0"
+        )
     fabric = build_fabric(FabricShape.for_nics(nics))
     t0 = time.perf_counter()
     batches = [st.batch for st in Simulator(fabric, SimConfig(seed=seed)).run(sim_s, step_s)]
@@ -202,9 +223,7 @@ def run_api_bench(
     side_cpu: list[dict[str, float]] = []
     for r in range(repeats):
         live = LiveController(fabric)
-        off.append(_ingest(live, _cycles(batches, span_ns), duration_s, tick_s, None))
-        log(f"repeat {r + 1}: no API {off[-1].rate / 1e6:.3f} M records/s")
-        live = LiveController(fabric)
+        source = _cycles(batches, span_ns)
         api = ApiProcess(config, fabric, live.snapshot(), SharedState, handle=_no_writes)
         port = api.start()
         procs: list[subprocess.Popen[str]] = []
@@ -216,17 +235,29 @@ def run_api_bench(
                 ready = procs[-1].stdout.readline() if procs[-1].stdout else ""
                 if not ready.startswith("ready"):
                     raise RuntimeError(f"bench clients did not start: {ready.strip()!r}")
+            poller = procs[1]
+            _command(poller, "pause")
             assert api.proc is not None
             pids = [api.proc.pid, *(p.pid for p in procs)]
-            cpu0, w0 = [_proc_cpu_s(p) for p in pids], api.publish_s
-            on.append(_ingest(live, _cycles(batches, span_ns), duration_s, tick_s,
-                              _publisher(api)))  # fmt: skip
-            cpu = [_proc_cpu_s(p) - c for p, c in zip(pids, cpu0, strict=True)]
+            run_off, run_on = IngestRun(), IngestRun()
+            cpu, w0, sent0 = [0.0, 0.0, 0.0], api.publish_s, api.sent
+            phases = max(1, round(duration_s / phase_s))
+            for k in range(2 * phases):  # off, on, off, on, ...: the load drifts alike
+                if k % 2 == 0:
+                    run_off.add(_ingest(live, source, duration_s / phases, tick_s, None))
+                    continue
+                _command(poller, "resume")
+                c0 = [_proc_cpu_s(p) for p in pids]
+                run_on.add(_ingest(live, source, duration_s / phases, tick_s, _publisher(api)))
+                cpu = [a + _proc_cpu_s(p) - b for a, p, b in zip(cpu, pids, c0, strict=True)]
+                _command(poller, "pause")
+            off.append(run_off)
+            on.append(run_on)
             side_cpu.append({
                 "api_process_cpu_s": cpu[0],
                 "clients_process_cpu_s": cpu[1] + cpu[2],
                 "feed_writer_cpu_s": api.publish_s - w0,
-                "snapshots_sent": api.sent,
+                "snapshots_sent": api.sent - sent0,
             })  # fmt: skip
             docs = []
             for p in reversed(procs):  # the poller asks /health while the websockets are open
@@ -242,6 +273,7 @@ def run_api_bench(
                     p.kill()
                     p.wait(10)
             api.stop()
+        log(f"repeat {r + 1}: no API {off[-1].rate / 1e6:.3f} M records/s")
         lat.append(doc.pop("latencies_s"))
         client_stats.append(doc)
         log(f"repeat {r + 1}: API {on[-1].rate / 1e6:.3f} M records/s, snapshot p99 "
@@ -259,6 +291,7 @@ def run_api_bench(
         "repeats": repeats,
         "clients": clients,
         "tick_s": tick_s,
+        "phase_s": duration_s / max(1, round(duration_s / phase_s)),
         "ws_compress": compress,
         "ws_clients": statistics.median([d["ws_clients"] for d in client_stats]),
         "ingest_cpu_no_api_records_per_s": statistics.median([x.cpu_rate for x in off]),
@@ -300,7 +333,8 @@ def run_api_bench(
 def _cmd(args: Any) -> int:
     res = run_api_bench(
         nics=args.nics, sim_s=args.sim_seconds, duration_s=args.duration, repeats=args.repeats,
-        clients=args.clients, poll_hz=args.poll_hz, tick_s=args.tick, seed=args.seed,
+        clients=args.clients, poll_hz=args.poll_hz, tick_s=args.tick, phase_s=args.phase,
+        seed=args.seed,
         compress=not args.no_ws_compress,
         log=lambda m: print(f"api-bench: {m}", file=sys.stderr, flush=True),
     )  # fmt: skip
@@ -332,9 +366,14 @@ def register_api_bench(ssub: Any) -> None:
     p.add_argument("--sim-seconds", type=float, default=4.0,
                    help="simulated traffic, replayed in cycles (default %(default)s)")  # fmt: skip
     p.add_argument("--duration", type=float, default=20.0,
-                   help="wall seconds of ingest per run (default %(default)s)")  # fmt: skip
+                   help="wall seconds of ingest per repeat with the API, and as many without "
+                   "(default %(default)s)")  # fmt: skip
+    p.add_argument("--phase", type=float, default=5.0,
+                   help="the duration is run in phases of about this many s, alternating "
+                   "without and with the API (default %(default)s)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3,
-                   help="repeats, each a no-API run then an API run (default %(default)s)")  # fmt: skip
+                   help="repeats, each with its own controller, API process and clients "
+                   "(default %(default)s)")  # fmt: skip
     p.add_argument("--clients", type=int, default=20, help="websocket clients (default 20)")
     p.add_argument("--poll-hz", type=float, default=20.0,
                    help="GET /snapshot per second to time (default %(default)s)")  # fmt: skip

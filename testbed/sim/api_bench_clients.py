@@ -1,9 +1,10 @@
 """The API benchmark's clients, in their own process: ``python -m testbed.sim.api_bench_clients
 URL TOKEN CLIENTS POLL_HZ [COMPRESS]``. Opens CLIENTS websockets (each reads every message;
 COMPRESS 0 = without permessage-deflate, default 1 = offered as aiohttp does), then prints
-``ready``; times ``GET URL/snapshot`` POLL_HZ times a second (0: never) until a line arrives
-on stdin (the benchmark runs the websockets and the poller in two such processes, so a
-request's latency does not include the time its process spends reading 20 websockets);
+``ready``; times ``GET URL/snapshot`` POLL_HZ times a second (0: never) until ``stop``
+arrives on stdin, pausing between ``pause`` and ``resume`` (the benchmark runs the websockets
+and the poller in two such processes, so a request's latency does not include the time its
+process spends reading 20 websockets);
 prints one JSON line: latencies (s), websocket messages and bytes received, errors, and the
 websocket clients the API's ``/health`` counted at the end (``ws_clients``)."""
 
@@ -31,7 +32,8 @@ async def _reader(ws: aiohttp.ClientWebSocketResponse, stats: dict[str, int]) ->
 async def main(
     url: str, token: str, clients: int, poll_hz: float, compress: bool = True
 ) -> dict[str, Any]:
-    """Run the clients until stdin has a line; return the figures."""
+    """Run the clients until stdin says ``stop``; return the figures. ``pause`` / ``resume``
+    stop and restart the polling (each answered ``ok``)."""
     stats = {"ws_messages": 0, "ws_bytes": 0, "errors": 0}
     lat: list[float] = []
     hdr = {"Authorization": f"Bearer {token}"}
@@ -44,11 +46,20 @@ async def main(
         readers = [asyncio.create_task(_reader(ws, stats)) for ws in socks]
         print("ready", flush=True)
         loop = asyncio.get_running_loop()
-        stop = loop.run_in_executor(None, sys.stdin.readline)
-        if poll_hz <= 0:
-            await stop
-        period = 1.0 / poll_hz if poll_hz > 0 else 0.0
-        while not stop.done():
+        polling = poll_hz > 0
+        period = 1.0 / poll_hz if poll_hz > 0 else 1.0
+        command = loop.run_in_executor(None, sys.stdin.readline)
+        while True:
+            if command.done():
+                line = command.result().strip()
+                if line in ("stop", ""):
+                    break
+                polling = line == "resume" and poll_hz > 0
+                print("ok", flush=True)
+                command = loop.run_in_executor(None, sys.stdin.readline)
+            if not polling:
+                await asyncio.wait({command})
+                continue
             t0 = time.perf_counter()
             try:
                 async with http.get(url + "snapshot") as r:
