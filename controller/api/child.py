@@ -177,6 +177,7 @@ def main(argv: list[str]) -> int:
     parent, fd = int(argv[0]), int(argv[1])
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.setswitchinterval(0.001)  # the loop waits <= 1 ms for the lock the reader holds
     out = os.dup(1)
     os.dup2(2, 1)  # print() must not write into the channel
     inp = os.fdopen(0, "rb", buffering=0)
