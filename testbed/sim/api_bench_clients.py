@@ -1,5 +1,5 @@
 """The API benchmark's clients, in their own process: ``python -m testbed.sim.api_bench_clients
-URL TOKEN CLIENTS POLL_HZ [COMPRESS]``. Opens CLIENTS websockets (each reads every message;
+URL TOKEN CLIENTS POLL_HZ [COMPRESS [NICE]]`` (NICE: raise its own nice value by that). Opens CLIENTS websockets (each reads every message;
 COMPRESS 0 = without permessage-deflate, default 1 = offered as aiohttp does), then prints
 ``ready``; times ``GET URL/snapshot`` POLL_HZ times a second (0: never) until ``stop``
 arrives on stdin, pausing between ``pause`` and ``resume`` (the benchmark runs the websockets
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -88,4 +89,6 @@ async def main(
 if __name__ == "__main__":
     url, token, n, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     deflate = len(sys.argv) < 6 or sys.argv[5] != "0"
+    if len(sys.argv) > 6:
+        os.nice(int(sys.argv[6]))
     print(json.dumps(asyncio.run(main(url, token, n, hz, deflate))), flush=True)
