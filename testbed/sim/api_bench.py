@@ -1,8 +1,10 @@
 """``qpmesh sim api-bench``: what serving the API costs a controller under full ingest.
 
-A simulated fabric (default 1,024 NICs) gives probe batches; the controller core
-(`LiveController.ingest_batch`, ``tick`` every ``tick_s`` of wall time) ingests them as fast
-as it can on this thread. Each repeat has its own controller, API process and clients and
+A simulated fabric (default 1,024 NICs) gives probe batches, split per host as the probers
+publish them; the controller core takes them as `qpmesh controller` does (each admitted on
+arrival, queued, ingested merged when the queue is due: `controller.coalesce`, the default
+``[ingest]``; decoding the MQTT payloads is not timed here, `sim ingest` times it) as fast as
+it can on this thread, with ``tick`` every ``tick_s`` of wall time. Each repeat has its own controller, API process and clients and
 runs ``duration_s`` of each of two modes in alternating phases of ~``phase_s`` (no API, API,
 no API, ...: a busy machine's load drifts alike over both, which separate runs minutes
 apart do not see):
@@ -47,16 +49,28 @@ from typing import Any
 
 import numpy as np
 
-from contract.records import ProbeBatch
+from contract.records import COLUMNS, ProbeBatch
 from controller.api.app import ApiOptions
 from controller.api.auth import Principal, TokenTable
 from controller.api.config import ApiConfig
 from controller.api.feed import SharedState
 from controller.api.process import ApiProcess
-from controller.fabric import FabricShape, build_fabric
+from controller.coalesce import CoalesceConfig, ProbeQueue
+from controller.fabric import Fabric, FabricShape, build_fabric
 from controller.live import LiveConfig, LiveController
 from controller.snapshot import MeshEvent
 from testbed.sim.engine import SimConfig, Simulator
+from testbed.sim.ingest_traffic import split_hosts
+
+
+def _host_batches(fabric: Fabric, batches: list[ProbeBatch]) -> list[ProbeBatch]:
+    """The steps' batches split per host, as the hosts' probers publish them
+    (`testbed.sim.ingest_traffic.split_hosts`), in step order."""
+    out: list[ProbeBatch] = []
+    for b in batches:
+        cols = {name: getattr(b, name) for name, _ in COLUMNS}
+        out += split_hosts(fabric, b.nic_ids, cols, b.batch_seq, b.stamp)[0]
+    return out
 
 
 def _cycles(batches: list[ProbeBatch], span_ns: int) -> Iterator[ProbeBatch]:
@@ -74,6 +88,23 @@ def _cycles(batches: list[ProbeBatch], span_ns: int) -> Iterator[ProbeBatch]:
                 t3=b.t3 + shift, t4=b.t4 + shift,
             )  # fmt: skip
         k += 1
+
+
+class _Feed:
+    """Host batches into the controller as `qpmesh controller` takes them: each admitted on
+    arrival (duplicate and replay checks), queued, and ingested merged when the queue is due
+    (`controller.coalesce.ProbeQueue`, the service's default ``[ingest]``; wall time)."""
+
+    def __init__(self, live: LiveController, config: CoalesceConfig) -> None:
+        self.live, self.queue = live, ProbeQueue(config)
+
+    def take(self, batch: ProbeBatch, now_ns: int) -> int:
+        """Take one host batch; return the records ingested now (a due queue's)."""
+        live, queue = self.live, self.queue
+        wall = time.monotonic_ns()
+        if live.ingestor.admit(batch.origin, batch.batch_seq):
+            queue.add(batch, wall)
+        return live.flush(queue, now_ns) if queue.due(wall) else 0
 
 
 @dataclasses.dataclass
@@ -109,13 +140,14 @@ class IngestRun:
 
 
 def _ingest(
-    live: LiveController,
+    feed: _Feed,
     source: Iterator[ProbeBatch],
     duration_s: float,
     tick_s: float,
     publish: Callable[[LiveController, list[MeshEvent]], None] | None,
 ) -> IngestRun:
     run = IngestRun()
+    live = feed.live
     pc = time.perf_counter
     p0, untimed = _process_cpu(), 0.0
     end = pc() + duration_s
@@ -129,7 +161,7 @@ def _ingest(
         now = int(batch.t4.max()) if len(batch) else live.now_ns
         t0, c0 = pc(), time.thread_time()
         untimed += c0 - u0
-        run.records += live.ingest_batch(batch, now)
+        run.records += feed.take(batch, now)
         if pc() >= next_tick:
             new = live.tick(live.now_ns)
             run.ticks += 1
@@ -223,10 +255,12 @@ def run_api_bench(
         )
     fabric = build_fabric(FabricShape.for_nics(nics))
     t0 = time.perf_counter()
-    batches = [st.batch for st in Simulator(fabric, SimConfig(seed=seed)).run(sim_s, step_s)]
+    steps = [st.batch for st in Simulator(fabric, SimConfig(seed=seed)).run(sim_s, step_s)]
+    batches = _host_batches(fabric, steps)
     log(f"simulated {sim_s:g} s of {nics} NICs in {time.perf_counter() - t0:.1f} s "
-        f"({sum(len(b) for b in batches)} records)")  # fmt: skip
+        f"({sum(len(b) for b in batches)} records in {len(batches)} host batches)")  # fmt: skip
     span_ns = int(sim_s * 1e9)
+    coalesce = CoalesceConfig()  # the service's default [ingest]
     token = secrets.token_urlsafe(18)
     tokens = TokenTable({token: Principal("operator", "bench")})
     config = ApiConfig("127.0.0.1", 0, tokens, ApiOptions(rate_per_s=1e6, burst=1e6))
@@ -237,10 +271,12 @@ def run_api_bench(
     side_cpu: list[dict[str, float]] = []
     for r in range(repeats):
         live = LiveController(fabric, LiveConfig(solve_inline=False))
+        feed = _Feed(live, coalesce)
         source = _cycles(batches, span_ns)
         for _ in batches:  # untimed warm-up: the first pass creates every flow
             b = next(source)
-            live.ingest_batch(b, int(b.t4.max()) if len(b) else live.now_ns)
+            feed.take(b, int(b.t4.max()) if len(b) else live.now_ns)
+        live.flush(feed.queue, live.now_ns)
         live.tick(live.now_ns)
         api = ApiProcess(config, fabric, live.snapshot(), SharedState, handle=_no_writes)
         port = api.start()
@@ -264,11 +300,11 @@ def run_api_bench(
             phases = max(1, round(duration_s / phase_s))
             for k in range(2 * phases):  # off, on, off, on, ...: the load drifts alike
                 if k % 2 == 0:
-                    run_off.add(_ingest(live, source, duration_s / phases, tick_s, None))
+                    run_off.add(_ingest(feed, source, duration_s / phases, tick_s, None))
                     continue
                 _command(poller, "resume")
                 c0 = [_proc_cpu_s(p) for p in pids]
-                run_on.add(_ingest(live, source, duration_s / phases, tick_s, _publisher(api)))
+                run_on.add(_ingest(feed, source, duration_s / phases, tick_s, _publisher(api)))
                 cpu = [a + _proc_cpu_s(p) - b for a, p, b in zip(cpu, pids, c0, strict=True)]
                 _command(poller, "pause")
             off.append(run_off)
@@ -306,7 +342,10 @@ def run_api_bench(
     p50 = [(_pct(v, 50) or float("nan")) * 1e3 for v in lat]
     return {
         "nics": nics,
-        "records_per_batch": len(batches[0]) if batches else 0,
+        "host_batches_per_step": len(batches) // max(len(steps), 1),
+        "records_per_host_batch": round(sum(len(b) for b in batches) / max(len(batches), 1)),
+        "coalesce_ms": coalesce.coalesce_ms,
+        "coalesce_max_records": coalesce.max_records,
         "duration_s": duration_s,
         "repeats": repeats,
         "clients": clients,
