@@ -61,7 +61,7 @@ def test_directed_queueing_differs_between_the_two_directions_of_a_link() -> Non
     assert abs(rho[up] - rho[down]) > 0.2
     n = 20_000
     q = {
-        h: sim._delays(np.full((n, 1), h, dtype=np.int32), rho, np.zeros(len(rho)), None)
+        h: sim._delays(np.full((n, 1), h, dtype=np.int32), rho, np.zeros(len(rho)), None)[0]
         - sim._hop_base_ns[h]
         for h in (up, down)
     }
@@ -135,7 +135,8 @@ def test_coded_pair_probes_go_through_each_fifo_one_behind_the_other() -> None:
     keeps its sent spacing only when neither probe waited anywhere (a pure pair)."""
 
     def pairs(fifo: bool, spacing: int) -> tuple[Simulator, np.ndarray, np.ndarray, np.ndarray]:
-        knobs = dataclasses.replace(QUIET, coded_fifo=fifo)
+        # (send stamps at the hand-off, so every hop's FIFO, the NIC's own too, is in the delay)
+        knobs = dataclasses.replace(QUIET, coded_fifo=fifo, hw_stamp_at_wire=False)
         cfg = SimConfig(load=0.9, seed=7, coded_spacing_ns=spacing, model=knobs)
         sim = Simulator(FABRIC, cfg)
         st = sim.step(0.0, 1.0)
@@ -161,6 +162,38 @@ def test_coded_pair_probes_go_through_each_fifo_one_behind_the_other() -> None:
     assert np.all(queued[np.abs(change) <= 1e-6] < 1e-6)
     _, _, change, _ = pairs(False, 500)
     assert np.any(500 + change < 0)  # ... which lets the second overtake the first (unphysical)
+
+
+@pytest.mark.parametrize(
+    ("stamps", "at_wire", "hidden"), [("hw", True, True), ("hw", False, False), ("sw", True, False)]
+)
+def test_hw_send_stamps_are_taken_after_the_nics_own_egress_queue(
+    stamps: str, at_wire: bool, hidden: bool
+) -> None:
+    """A NIC stamps a probe as it goes on the wire: its own egress queue (NIC -> leaf) is not
+    in the hw-measured one-way delay, the leaf's egress towards it (leaf -> NIC) is; kernel
+    (sw) stamps are taken before the NIC and see both."""
+    nic = FABRIC.nics[0].id
+    link = FABRIC.links[int(FABRIC.nic_link[0])]
+    knobs = dataclasses.replace(QUIET, hw_stamp_at_wire=at_wire, sw_outlier_prob=0.0)
+    sim = Simulator(
+        FABRIC,
+        SimConfig(load=0.1, seed=13, timestamps=stamps, model=knobs),
+        [Fault(FaultKind.CONGEST, link.id, 0.0, 10.0, magnitude=20.0)],  # +Exp(20 µs) both ways
+    )
+    st = sim.step(0.0, 2.0)
+    b = st.batch
+    ok = ~b.lost
+    theta = sim.true_offset_ns(st.true_t_ns, b.dst) - sim.true_offset_ns(st.true_t_ns, b.src)
+    measured = (b.t2 - b.t1 - theta)[ok]  # one-way delay as the stamps give it
+    src, dst = (b.src == 0)[ok], (b.dst == 0)[ok]
+    other = ~(src | dst)
+    assert np.median(measured[dst]) > np.median(measured[other]) + 5_000  # leaf -> NIC seen
+    out = np.median(measured[src]) - np.median(measured[other])
+    assert (out < 2_000) if hidden else (out > 5_000), (nic, out)
+    # the truth is what the stamps measure (a perfect clock would see exactly this)
+    if stamps == "hw":  # two 6.4 ns ticks, and rare TX-stamp outliers
+        assert np.mean(np.abs(measured - st.true_fwd_ns[ok]) < 13.0) > 0.99
 
 
 def test_background_loss_and_bursts() -> None:

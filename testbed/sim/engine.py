@@ -430,15 +430,22 @@ class Simulator:
         else:
             rho = np.minimum(cfg.load + util_extra, 0.98)
             incast = None
-        owd_f = self._delays(hops_f, rho, queue_extra_us, incast)
-        owd_r = self._delays(hops_r, rho, queue_extra_us, incast)
+        owd_f, nic_wait_f = self._delays(hops_f, rho, queue_extra_us, incast)
+        owd_r, nic_wait_r = self._delays(hops_r, rho, queue_extra_us, incast)
         if self.real:
             owd_f += self.nic_tx_ns[src] + self.nic_rx_ns[dst]
             owd_r += self.nic_tx_ns[dst] + self.nic_rx_ns[src]
+        if self.real and cfg.timestamps == "hw" and cfg.model.hw_stamp_at_wire:
+            # a NIC stamps a probe as it goes on the wire, after its own egress queue: that
+            # wait is before the send stamp, not part of the measured (or true) one-way delay
+            owd_f -= nic_wait_f
+            owd_r -= nic_wait_r
+        else:
+            nic_wait_f = nic_wait_r = np.zeros(n)
         turn = rng.uniform(*cfg.turnaround_ns, n)
-        T1 = t_ns
+        T1 = t_ns + nic_wait_f  # send stamp instant (handed to the NIC at t_ns)
         T2 = T1 + owd_f
-        T3 = T2 + turn
+        T3 = T2 + turn + nic_wait_r
         T4 = T3 + owd_r
         s1 = self._stamp(T1, src, tx=True)
         s2 = self._stamp(T2, dst, tx=False)
@@ -478,7 +485,7 @@ class Simulator:
             t0_s,
             t1_s,
             batch,
-            t_ns[keep],
+            T1[keep],
             true_f[keep],
             true_r[keep],
             hops_f[keep],
@@ -508,8 +515,9 @@ class Simulator:
 
     def _delays(
         self, hops: I32, rho_hop: F64, queue_extra_us: F64, incast: npt.NDArray[np.bool_] | None
-    ) -> F64:
-        """Return the one-way delay of each probe along ``hops`` (n, H) with queueing.
+    ) -> tuple[F64, F64]:
+        """Return the one-way delay of each probe along ``hops`` (n, H) with queueing, and the
+        wait at its first hop (the source NIC's own egress queue).
 
         ``rho_hop``: utilisation per directed hop; ``incast``: hops with an incast burst in
         this step (realistic model). Rows 2j and 2j+1 are the two probes of a coded pair; in
@@ -518,7 +526,7 @@ class Simulator:
         """
         cfg, rng = self.config, self.rng
         valid = hops >= 0
-        h = np.where(valid, hops, 0)
+        h = np.where(valid, hops, 0)  # column 0: the source NIC's own egress (NIC -> leaf)
         base = self._hop_base_ns[h]
         rho = rho_hop[h]
         svc = self._service_ns[h]
@@ -540,7 +548,8 @@ class Simulator:
                 q[hit] += fx.exponential(m.incast_queue_us * 1000.0, int(hit.sum()))
             if m.coded_fifo and len(q) >= 2:
                 self._coded_fifo(q, h, valid, rho, svc)
-        return np.asarray(np.where(valid, base + q, 0.0).sum(axis=1), dtype=np.float64)
+        owd = np.asarray(np.where(valid, base + q, 0.0).sum(axis=1), dtype=np.float64)
+        return owd, np.asarray(np.where(valid[:, 0], q[:, 0], 0.0), dtype=np.float64)
 
     def _coded_fifo(self, q: F64, h: I32, valid: npt.NDArray[np.bool_], rho: F64, svc: F64) -> None:
         """Replace, in place, the second probe's wait at every hop by what a FIFO gives it.

@@ -51,6 +51,7 @@ class ModelKnobs:
     sw_outlier_us: tuple[float, float] = (10.0, 100.0)  # scheduler / IRQ-coalescing outliers
     # coded probe pairs (engine)
     coded_fifo: bool = True  # the second probe of a pair goes through each FIFO behind the first
+    hw_stamp_at_wire: bool = True  # hw send stamps after the NIC's own egress queue
     # loss (loss_model)
     background_loss: float = 1e-4  # per directed hop traversal
     burst_per_link_h: float = 0.2  # loss bursts per link per hour, Poisson
@@ -105,6 +106,7 @@ class ModelKnobs:
             sw_host_bias_ns=0.0,
             sw_outlier_prob=0.0,
             coded_fifo=False,
+            hw_stamp_at_wire=False,
             background_loss=0.0,
             burst_per_link_h=0.0,
             ecmp_mismatch=0.0,
