@@ -45,6 +45,7 @@ from sync.window import (
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 LINE_FRACTION = 0.1  # lowest-RTT exchanges per edge the drift lines go through
+RX_K = 3  # lowest samples per direction the receive-side floor excess is extrapolated from
 
 
 @dataclass(frozen=True)
@@ -74,27 +75,45 @@ class Summary:
         return len(self.clean_g) + len(self.all_g) + len(self.x_edge)
 
 
-def lower_hull(g: I64, t: F64, d: F64) -> tuple[I64, F64, F64]:
-    """Per group, the vertices of the lower convex hull of the points ``(t, d)``, sorted by
-    (group, t); of points with equal t only the lowest counts, collinear points are dropped.
-    Removes every point on or above the segment of its neighbours, repeatedly (each such
-    point is not a vertex of the current set, so the hull never changes)."""
-    order = np.lexsort((d, t, g))
-    g, t, d = g[order], t[order], d[order]
-    keep = np.ones(len(g), dtype=bool)
-    keep[1:] = (g[1:] != g[:-1]) | (t[1:] != t[:-1])
-    g, t, d = g[keep], t[keep], d[keep]
-    while len(g) >= 3:
-        same = (g[1:-1] == g[:-2]) & (g[1:-1] == g[2:])
-        ta, ti, tb = t[:-2], t[1:-1], t[2:]
-        da, di, db = d[:-2], d[1:-1], d[2:]
-        above = same & ((di - da) * (tb - ta) >= (db - da) * (ti - ta))
+def _hull_mask(g: I64, t: F64, d: F64) -> NDArray[np.bool_]:
+    """Mask of the lower-hull vertices per group of points sorted by (group, t, d)."""
+    idx = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (t[1:] != t[:-1])])
+    while len(idx) >= 3:
+        gi, ti, di = g[idx], t[idx], d[idx]
+        same = (gi[1:-1] == gi[:-2]) & (gi[1:-1] == gi[2:])
+        above = same & (
+            (di[1:-1] - di[:-2]) * (ti[2:] - ti[:-2]) >= (di[2:] - di[:-2]) * (ti[1:-1] - ti[:-2])
+        )
         if not above.any():
             break
-        keep = np.ones(len(g), dtype=bool)
+        keep = np.ones(len(idx), dtype=bool)
         keep[1:-1] = ~above
-        g, t, d = g[keep], t[keep], d[keep]
-    return g, t, d
+        idx = idx[keep]
+    mask = np.zeros(len(g), dtype=bool)
+    mask[idx] = True
+    return mask
+
+
+def lower_hull(g: I64, t: F64, d: F64, layers: int = 1) -> tuple[I64, F64, F64]:
+    """Per group, the vertices of the first ``layers`` lower convex hulls of the points
+    ``(t, d)`` (peeled: layer 2 is the hull of what layer 1 left), sorted by (group, t, d).
+    Of points with equal t only the lowest is on a layer; collinear points are not vertices.
+    A point on no layer has, for every slope m, at least ``layers`` points with ``d - m t``
+    at most its own, so the ``layers`` lowest values of ``d - m t`` per group, for any m, are
+    among the layers' points; and the layers of the layers of two sets are the layers of
+    their union (what `merge` needs). Each layer removes every point on or above the segment
+    of its neighbours, repeatedly (such a point is not a vertex of the current set)."""
+    order = np.lexsort((d, t, g))
+    g, t, d = g[order], t[order], d[order]
+    on = np.zeros(len(g), dtype=bool)
+    rest = np.arange(len(g))
+    for _ in range(layers):
+        if not rest.size:
+            break
+        m = _hull_mask(g[rest], t[rest], d[rest])
+        on[rest[m]] = True
+        rest = rest[~m]
+    return g[on], t[on], d[on]
 
 
 def _lowest(edge: I64, rtt: F64, off: F64, mid: F64, cap: I64) -> tuple[I64, F64, F64, F64]:
@@ -122,16 +141,18 @@ def reduce_chunk(samples: EdgeSamples, edge_of: I64, edges: I64, cap: I64) -> Su
         np.ones(len(e), dtype=bool) if samples.arrived is None else samples.arrived
     )  # fmt: skip
 
-    def hull(fk: NDArray[np.bool_], rk: NDArray[np.bool_]) -> tuple[I64, F64, F64, I64]:
+    def hull(
+        fk: NDArray[np.bool_], rk: NDArray[np.bool_], layers: int
+    ) -> tuple[I64, F64, F64, I64]:
         g = np.concatenate([2 * e[fk], 2 * e[rk] + 1])
         cnt = np.bincount(g, minlength=2 * m).astype(np.int64)
         t = np.concatenate([samples.fwd_t[fk], samples.rev_t[rk]])
         d = np.concatenate([samples.fwd_d[fk], samples.rev_d[rk]])
-        hg, ht, hd = lower_hull(g, t, d)
+        hg, ht, hd = lower_hull(g, t, d, layers)
         return hg, ht, hd, cnt
 
-    cg, ct, cd, nc = hull(samples.fwd_ok, samples.rev_ok)
-    ag, at, ad, na = hull(arr, arr)
+    cg, ct, cd, nc = hull(samples.fwd_ok, samples.rev_ok, 1)
+    ag, at, ad, na = hull(arr, arr, RX_K)
     ea = e[arr]
     fd, rd = samples.fwd_d[arr], samples.rev_d[arr]
     xe, xr, xo, xm = _lowest(
@@ -149,8 +170,8 @@ def merge(a: Summary, b: Summary) -> Summary:
     cg, ct, cd = lower_hull(
         cat([a.clean_g, b.clean_g]), cat([a.clean_t, b.clean_t]), cat([a.clean_d, b.clean_d])
     )
-    ag, at, ad = lower_hull(
-        cat([a.all_g, b.all_g]), cat([a.all_t, b.all_t]), cat([a.all_d, b.all_d])
+    ag, at, ad = lower_hull(  # layers: `receive_excess` reads the lowest RX_K
+        cat([a.all_g, b.all_g]), cat([a.all_t, b.all_t]), cat([a.all_d, b.all_d]), RX_K
     )
     xe, xr, xo, xm = _lowest(
         np.concatenate([a.x_edge, b.x_edge]),
@@ -178,10 +199,11 @@ def _pick_hulls(s: Summary, min_coded: int) -> tuple[I64, F64, F64, I64]:
     """Per edge direction the clean hull, or the arrived one where fewer than ``min_coded``
     samples are clean; returns group, t, d and the count each direction stands for."""
     thin = s.n_clean < min_coded
-    kc, ka = ~thin[s.clean_g], thin[s.all_g]
-    g = np.concatenate([s.clean_g[kc], s.all_g[ka]])
-    t = np.concatenate([s.clean_t[kc], s.all_t[ka]])
-    d = np.concatenate([s.clean_d[kc], s.all_d[ka]])
+    ag, at, ad = lower_hull(s.all_g, s.all_t, s.all_d)  # the first layer: the envelope
+    kc, ka = ~thin[s.clean_g], thin[ag]
+    g = np.concatenate([s.clean_g[kc], ag[ka]])
+    t = np.concatenate([s.clean_t[kc], at[ka]])
+    d = np.concatenate([s.clean_d[kc], ad[ka]])
     return g, t, d, np.where(thin, s.n_all, s.n_clean)
 
 
@@ -195,11 +217,14 @@ def sync_summary(
     ref: int = 0,
     rtt_fractions: tuple[float, ...] = RTT_FRACTIONS,
     bias_bound: bool = True,
+    rx_correction: bool = True,
 ) -> WindowSync:
     """`sync.window.sync_window` on a summary: pair fits on the hulls, two network solves,
     second stage with the envelope and the lowest-RTT candidates (no per-direction lowest
-    fractions: they need every sample). Raises ValueError when a fraction needs more
-    exchanges than ``cap`` kept (a cap from a too small ``max_exchanges``)."""
+    fractions: they need every sample). ``rx_correction``: subtract from every NIC's offset
+    half the queueing its best incoming samples still carry (`receive_excess`). Raises
+    ValueError when a fraction needs more exchanges than ``cap`` kept (a cap from a too small
+    ``max_exchanges``)."""
     m = len(s.edges)
     g, t, d, cnt = _pick_hulls(s, min_coded)
     fwd, rev = g % 2 == 0, g % 2 == 1
@@ -250,7 +275,55 @@ def sync_summary(
     out = choose_candidate(
         n_nodes, first, r, usable, slope * shift, cands, excess, names, env_floor, bias_bound
     )
-    return dataclasses.replace(out, drift_from=drift_from)
+    out = dataclasses.replace(out, drift_from=drift_from)
+    if not rx_correction:
+        return out
+    rx = np.nan_to_num(receive_excess(n_nodes, s, slope))
+    off = np.where(out.known, out.offset_ns - 0.5 * rx, np.nan)
+    off -= np.nanmean(off) if out.known.any() else 0.0
+    return dataclasses.replace(out, offset_ns=off, estimator=out.estimator + "+rx")
+
+
+def receive_excess(n_nodes: int, s: Summary, slope: F64, k: int = RX_K) -> F64:
+    """Per NIC, how far its best incoming samples sit above the delay floor (ns), from the
+    data: per incoming direction the lowest ``k`` delays detrended by the pair slope
+    (``slope[edge]``, exact from the stored hull layers), the floor extrapolated from their
+    spacing (with a density at the floor the lowest order statistics are evenly spaced, so
+    the minimum's excess is about one spacing, ``(x_k - x_1) / (k - 1)``), median over the
+    NIC's incoming directions. With hardware stamps taken at the wire a NIC's own egress
+    queue is not measured, so the queueing its access link leaves in the envelopes is on the
+    receive side only, and it inflates every delay *into* the NIC alike: the NIC's offset
+    comes out high by half of it (a node offset that loops cannot see). NaN for NICs with no
+    direction of ``k`` samples. Raises ValueError if ``k`` exceeds the stored layers."""
+    if not 2 <= k <= RX_K:
+        raise ValueError(f"k must be in [2, {RX_K}], got {k}")
+    e = s.all_g // 2
+    fwd = s.all_g % 2 == 0
+    v = s.all_d + np.where(fwd, -slope[e], slope[e]) * s.all_t
+    order = np.lexsort((v, s.all_g))
+    g, v = s.all_g[order], v[order]
+    cnt = np.bincount(g, minlength=2 * len(s.edges))
+    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    ok = cnt >= k
+    grp = np.flatnonzero(ok)
+    spacing = (v[start[ok] + k - 1] - v[start[ok]]) / (k - 1)
+    # forward group 2e (i -> j) lands at j = edges[e, 1]; reverse 2e + 1 lands at i
+    node = np.where(grp % 2 == 0, s.edges[grp // 2, 1], s.edges[grp // 2, 0])
+    return _node_median(n_nodes, node, spacing)
+
+
+def _node_median(n_nodes: int, node: I64, val: F64) -> F64:
+    """Per node the median of its values (NaN where none)."""
+    order = np.lexsort((val, node))
+    node, val = node[order], val[order]
+    cnt = np.bincount(node, minlength=n_nodes)
+    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    has = cnt > 0
+    lo = first[has] + (cnt[has] - 1) // 2
+    hi = first[has] + cnt[has] // 2
+    out = np.full(n_nodes, np.nan)
+    out[has] = 0.5 * (val[lo] + val[hi])
+    return out
 
 
 def lowrtt_lines(s: Summary, fraction: float = LINE_FRACTION) -> tuple[F64, F64]:
@@ -335,14 +408,4 @@ def queueing_bound(n_nodes: int, s: Summary, k: int = 3) -> F64:
     st = start[ok]
     beta = (s.x_rtt[st + k - 1] - s.x_rtt[st]) / (2.0 * (k - 1))
     node = np.concatenate([s.edges[ok, 0], s.edges[ok, 1]])
-    val = np.concatenate([beta, beta])
-    order = np.lexsort((val, node))
-    node, val = node[order], val[order]
-    cnt = np.bincount(node, minlength=n_nodes)
-    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-    has = cnt > 0
-    lo = first[has] + (cnt[has] - 1) // 2
-    hi = first[has] + cnt[has] // 2
-    out = np.full(n_nodes, np.nan)
-    out[has] = 0.5 * (val[lo] + val[hi])
-    return out
+    return _node_median(n_nodes, node, np.concatenate([beta, beta]))

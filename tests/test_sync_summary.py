@@ -15,6 +15,7 @@ from sync.summary import (
     lower_hull,
     merge,
     queueing_bound,
+    receive_excess,
     reduce_chunk,
     rtt_cap,
     sync_summary,
@@ -144,3 +145,36 @@ def test_queueing_bound_is_half_the_rtt_tail_spacing_and_grows_with_load() -> No
         qb = queueing_bound(n, _summarize(steps, edges, rtt_cap(per * 2 * 27), n))
         p50.append(float(np.nanmedian(qb)))
     assert p50[1] > 5 * p50[0]  # load 0.9 leaves far more queueing in the best exchanges
+
+
+def test_receive_excess_is_the_incoming_tail_spacing_and_corrects_the_offsets() -> None:
+    edges = np.array([[0, 1], [0, 2], [1, 2]])
+    # per direction three samples at t = -1, 0, 1 s; values d - m t (m = slope below) rise by
+    # the spacing; groups 2e (i -> j, lands at j) and 2e + 1 (j -> i, lands at i)
+    spacing = {0: 4.0, 1: 10.0, 2: 6.0, 3: 20.0, 4: 8.0, 5: 30.0}
+    slope = np.array([1e-6, -2e-6, 0.0])
+    g, t, d = [], [], []
+    for grp, sp_ns in spacing.items():
+        m = slope[grp // 2] * (1 if grp % 2 == 0 else -1)
+        for r, tt in enumerate((-1e9, 0.0, 1e9)):
+            g.append(grp)
+            t.append(tt)
+            d.append(1000.0 + r * sp_ns + m * tt)  # detrended: 1000, +sp, +2 sp
+    z, zi = np.zeros(0), np.zeros(0, dtype=np.int64)
+    s = Summary(edges, np.ones(3, np.int64), zi, z, z, np.array(g), np.array(t), np.array(d),
+                np.zeros(6, np.int64), np.full(6, 3), zi, z, z, z)  # fmt: skip
+    # node 0 receives groups 1 and 3 (10, 20) -> 15; node 1: 0 and 5 (4, 30) -> 17; node 2: 2, 4
+    np.testing.assert_allclose(receive_excess(4, s, slope), [15.0, 17.0, 7.0, np.nan])
+    with pytest.raises(ValueError):
+        receive_excess(4, s, slope, k=4)
+    # on a loaded window the correction helps: the NIC's downlink queueing is node-like
+    steps, truth, sim = _steps(0.9, seed=3)
+    n = len(sim.fabric.nics)
+    edges, per = window_edges(sim.pairs_src, sim.pairs_dst, n)
+    summ = _summarize(steps, edges, rtt_cap(per * 2 * 27), n)
+    on = sync_summary(n, summ, quant_ns=HW_TICK_NS)
+    off = sync_summary(n, summ, quant_ns=HW_TICK_NS, rx_correction=False)
+    assert on.estimator.endswith("+rx") and not off.estimator.endswith("+rx")
+    assert _p99(on.offset_ns, truth) < 0.9 * _p99(
+        off.offset_ns, truth
+    )  # (1 s, 64 NICs: 143 vs 168)
