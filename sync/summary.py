@@ -166,12 +166,11 @@ def merge(a: Summary, b: Summary) -> Summary:
     Raises ValueError when the edges differ."""
     if a.edges.shape != b.edges.shape or not np.array_equal(a.edges, b.edges):
         raise ValueError("summaries of different edge sets cannot be merged")
-    cat = np.concatenate
-    cg, ct, cd = lower_hull(
-        cat([a.clean_g, b.clean_g]), cat([a.clean_t, b.clean_t]), cat([a.clean_d, b.clean_d])
+    cg, ct, cd = _merge_hulls(
+        (a.clean_g, a.clean_t, a.clean_d), (b.clean_g, b.clean_t, b.clean_d), 1
     )
-    ag, at, ad = lower_hull(  # layers: `receive_excess` reads the lowest RX_K
-        cat([a.all_g, b.all_g]), cat([a.all_t, b.all_t]), cat([a.all_d, b.all_d]), RX_K
+    ag, at, ad = _merge_hulls(  # layers: `receive_excess` reads the lowest RX_K
+        (a.all_g, a.all_t, a.all_d), (b.all_g, b.all_t, b.all_d), RX_K
     )
     xe, xr, xo, xm = _lowest(
         np.concatenate([a.x_edge, b.x_edge]),
@@ -184,6 +183,36 @@ def merge(a: Summary, b: Summary) -> Summary:
         a.edges, a.cap, cg, ct, cd, ag, at, ad,
         a.n_clean + b.n_clean, a.n_all + b.n_all, xe, xr, xo, xm,
     )  # fmt: skip
+
+
+Points = tuple[I64, F64, F64]
+_BLOCK = 1 << 19  # points per block when merging hulls (bounds the sort's temporaries)
+
+
+def _merge_hulls(a: Points, b: Points, layers: int) -> Points:
+    """``lower_hull`` of the union of two point sets sorted by group, block by block of
+    groups (groups are independent), so a window's state is never sorted whole."""
+    ga, gb = a[0], b[0]
+    if len(ga) + len(gb) <= _BLOCK:
+        cat = np.concatenate
+        return lower_hull(cat([ga, gb]), cat([a[1], b[1]]), cat([a[2], b[2]]), layers)
+    top = int(max(ga.max(initial=-1), gb.max(initial=-1))) + 1
+    step = max(1, top * _BLOCK // (len(ga) + len(gb)))
+    out: list[Points] = []
+    for lo in range(0, top, step):
+        i0, i1 = np.searchsorted(ga, [lo, lo + step])
+        j0, j1 = np.searchsorted(gb, [lo, lo + step])
+        out.append(lower_hull(
+            np.concatenate([ga[i0:i1], gb[j0:j1]]),
+            np.concatenate([a[1][i0:i1], b[1][j0:j1]]),
+            np.concatenate([a[2][i0:i1], b[2][j0:j1]]),
+            layers,
+        ))  # fmt: skip
+    return (
+        np.concatenate([o[0] for o in out]),
+        np.concatenate([o[1] for o in out]),
+        np.concatenate([o[2] for o in out]),
+    )
 
 
 def rtt_cap(max_exchanges: I64, fractions: tuple[float, ...] = RTT_FRACTIONS) -> I64:

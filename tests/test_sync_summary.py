@@ -10,6 +10,7 @@ import numpy.typing as npt
 import pytest
 
 from controller.fabric import FabricShape, build_fabric
+from sync import summary
 from sync.summary import (
     Summary,
     lower_hull,
@@ -79,14 +80,17 @@ def test_lower_hull_keeps_the_envelope_for_every_slope() -> None:
 
 
 @pytest.mark.parametrize("load", [0.4, 0.9])
-def test_streamed_window_equals_the_window_held_at_once(load: float) -> None:
+def test_streamed_window_equals_the_window_held_at_once(
+    load: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
     steps, truth, sim = _steps(load, seed=2)
     n = len(sim.fabric.nics)
     edges, per = window_edges(sim.pairs_src, sim.pairs_dst, n)
     cap = rtt_cap(per * 2 * 27)
     whole = {k: np.concatenate([c[k] for c in steps]) for k in steps[0]}
-    streamed = _summarize(steps, edges, cap, n)
     held = _summarize([whole], edges, cap, n)
+    monkeypatch.setattr(summary, "_BLOCK", 300)  # merges hull state block by block of groups
+    streamed = _summarize(steps, edges, cap, n)
     for f in Summary.__dataclass_fields__:
         np.testing.assert_array_equal(getattr(streamed, f), getattr(held, f), err_msg=f)
     a = sync_summary(n, streamed, quant_ns=HW_TICK_NS)
@@ -96,13 +100,12 @@ def test_streamed_window_equals_the_window_held_at_once(load: float) -> None:
     assert streamed.n_points < len(whole["t1"])  # bounded: far less than the raw window
     # the summary path fits the same pairs as the raw path (identical lines; only the
     # envelope-spread std differs) and reaches a comparable accuracy
-    raw = sync_window(
-        n,
-        orient_samples(*(whole[k] for k in ("src", "dst", "pair", "t1", "t2", "t3", "t4", "lost")),
-                       T_REF, coded_tol_ns=25),
-        quant_ns=HW_TICK_NS,
-        fractions=(),
+    w = whole
+    oriented = orient_samples(
+        w["src"], w["dst"], w["pair"], w["t1"], w["t2"], w["t3"], w["t4"], w["lost"],
+        T_REF, coded_tol_ns=25,
     )  # fmt: skip
+    raw = sync_window(n, oriented, quant_ns=HW_TICK_NS, fractions=())
     rk = {tuple(e): i for i, e in enumerate(raw.edges)}
     idx = np.array([rk[tuple(e)] for e in a.edges[a.fits.ok]])
     np.testing.assert_allclose(a.fits.offset_ns[a.fits.ok], raw.fits.offset_ns[idx], atol=0.02)
