@@ -246,7 +246,7 @@ def test_sim_sync_json_names_the_model_and_the_asymmetry_floor(
     assert rep["asymmetry_floor"]["p99_ns"] > 0
     assert {"ntp_baseline", "ntp_tree", "qpmesh"} <= set(rep["estimators"])
     # hw: streamed into summaries, with the data's own queueing bound beside the floor
-    assert rep["streamed"] is True and 0 < rep["summary_points"] < rep["probes"]
+    assert rep["streamed"] is True and rep["summary_points"] > 0
     assert rep["queueing_bound"]["p99_ns"] > 0 and rep["drift_from"]
     assert main([*args, "--json", "--ideal"]) == 0
     ideal = json.loads(capsys.readouterr().out)
