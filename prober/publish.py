@@ -147,6 +147,7 @@ class Publisher:
         self.paths_dropped = 0
         self.connected = False
         self.connects = 0
+        self.offline_said = False  # the last stop published alive=false
         self.errors = 0
         self.published = 0
         self.last_error = ""
@@ -209,7 +210,9 @@ class Publisher:
         """Connect, publish, reconnect with backoff; return after ``stop`` is set.
 
         On stop, spooled batches are flushed for up to ``drain_on_stop_s`` if connected, then
-        presence ``alive=false`` is published and the connection closed.
+        presence ``alive=false`` is published and the connection closed; if that publish (or
+        the drain) failed, one more bounded connection tries to say it (``offline_said``):
+        after a clean disconnect the broker publishes no last will.
         """
         client_id = f"qpmesh-prober-{self.host}"
 
@@ -225,13 +228,11 @@ class Publisher:
                     await self._publish(
                         client, self.topics.presence(self.host), self._alive_payload(), retain=True
                     )
-                    await self._serve(client, stop)
-                    await self._publish(
-                        client,
-                        self.topics.presence(self.host),
-                        presence_payload(False, self._now_ns()),
-                        retain=True,
-                    )
+                    try:
+                        await self._serve(client, stop)
+                    finally:  # a stop whose drain failed still says so before it disconnects
+                        if stop.is_set():
+                            await self._say_offline(client)
             finally:
                 self.connected = False
 
@@ -245,7 +246,21 @@ class Publisher:
             return stop.is_set()
 
         backoff = Backoff(self.settings.backoff_min_s, self.settings.backoff_max_s)
+        self.offline_said = False
         await reconnect_loop(session, backoff, on_error=on_error, pause=pause)
+        if self.connects and not self.offline_said:
+            # the last session ended with a clean disconnect but without alive=false (e.g. a
+            # publish timed out on a starved host): the broker fires no will after a clean
+            # disconnect, so one more bounded attempt, else the retained presence says alive
+            with contextlib.suppress(*BROKER_ERRORS, TimeoutError):
+                async with self._factory(self.settings, client_id, self._will()) as client:
+                    await self._say_offline(client)
+
+    async def _say_offline(self, client: MqttLike) -> None:
+        """Publish the retained ``alive=false`` presence (raises broker errors)."""
+        payload = presence_payload(False, self._now_ns())
+        await self._publish(client, self.topics.presence(self.host), payload, retain=True)
+        self.offline_said = True
 
     async def _pause(self, delay_s: float, stop: asyncio.Event) -> None:
         sleeper = asyncio.ensure_future(self._sleep(delay_s))

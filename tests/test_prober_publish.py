@@ -157,6 +157,55 @@ async def test_connection_drop_mid_stream_keeps_order() -> None:
     assert broker.connects == 2 and sleep.delays == [0.5]
 
 
+async def test_a_stop_whose_drain_fails_still_publishes_alive_false() -> None:
+    # the batch drained at stop loses its PUBACK (a timeout on a starved host): before, the
+    # session ended with a clean disconnect and no alive=false, so no will either, and the
+    # retained presence said "alive" for good
+    broker = FakeBroker()
+    broker.up = True
+    pub = Publisher(settings(), HOST, Spool(), client_factory=broker.factory(), sleep=FakeSleep())
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    while not broker.presence():
+        await asyncio.sleep(0)
+    broker.lose_ack.add(b"last")
+    pub.submit(0, b"last")
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert broker.probes() == [b"last"]
+    assert broker.presence()[-1] == (
+        {"alive": False, "t_ns": broker.presence()[-1][0]["t_ns"]},
+        True,
+    )
+    assert pub.offline_said
+
+
+async def test_a_stop_after_a_failed_offline_publish_tries_once_more() -> None:
+    broker = FakeBroker()
+    broker.up = True
+    pub = Publisher(settings(), HOST, Spool(), client_factory=broker.factory(), sleep=FakeSleep())
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    while not broker.presence():
+        await asyncio.sleep(0)
+    broker.lose_ack.add(b"last")
+    offline_prefix = b'{"alive":false'
+    real_publish = pub._publish
+    failed: list[bytes] = []
+
+    async def flaky(client: Any, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        if payload.startswith(offline_prefix) and not failed:
+            failed.append(payload)
+            raise aiomqtt.MqttError("timed out")
+        await real_publish(client, topic, payload, retain=retain)
+
+    pub._publish = flaky  # type: ignore[method-assign]
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert failed and broker.connects == 2  # the bounded extra connection said it
+    assert broker.presence()[-1][0]["alive"] is False and pub.offline_said
+
+
 async def test_lost_puback_retries_head_first() -> None:
     """A PUBACK lost after the broker took the batch: the batch is resent before newer ones
     (order kept); the duplicate carries the same batch_seq for the consumer to drop."""
