@@ -152,6 +152,27 @@ def _fwd_delays(m: Mesh, sports: list[int]) -> list[float]:
     return out
 
 
+def test_two_nics_of_one_host_probe_each_other_through_the_leaf() -> None:
+    prefix = _prefix()
+    try:
+        _, plan = up(FabricShape(leaves=1, hosts_per_leaf=1, nics_per_host=2, spines=1), prefix)
+        ns, leaf = plan.node_ns["host0"], plan.node_ns["leaf0"]
+        a = Endpoint.open(ns, plan.nic_addr["nic0"], 41000)
+        b = Endpoint.open(ns, plan.nic_addr["nic1"], 4791)
+        try:
+            before = rx_packets(leaf)
+            got = [round_trip(a, b, i + 1, 0.5) for i in range(10)]
+            after = rx_packets(leaf)
+        finally:
+            a.close()
+            b.close()
+    finally:
+        tear_down(prefix)
+    assert all(r is not None for r in got)
+    # every probe entered the leaf from nic0 and every reply from nic1 (not through `lo`)
+    assert after["nic0"] - before["nic0"] >= 10 and after["nic1"] - before["nic1"] >= 10
+
+
 def test_down_leaves_nothing_behind() -> None:
     prefix = _prefix()
     try:

@@ -37,6 +37,20 @@ def test_default_plan_names_addresses_and_ecmp() -> None:
     assert all(any("tbf rate" in c for c in plan.ns_tc[ns]) for ns in plan.namespaces)
 
 
+def test_two_nics_of_a_host_talk_through_their_leaf() -> None:
+    fabric = build_fabric(FabricShape(leaves=2, hosts_per_leaf=1, nics_per_host=3, spines=2))
+    plan = make_plan(fabric, "qpm-")
+    ip = plan.ns_ip["qpm-host0"]
+    pairs = [ln for ln in ip if " iif lo lookup " in ln]
+    assert len(pairs) == 6  # one per ordered pair of its 3 NICs, before the local table
+    a, b = fabric.nics[0], fabric.nics[1]
+    assert any(ln.startswith(f"rule add from {a.address} to {b.address} iif lo") for ln in pairs)
+    assert "rule add lookup local pref 999" in ip and "rule del lookup local pref 0" in ip
+    assert "net.ipv4.conf.all.accept_local=1" in plan.ns_sysctl["qpm-host0"]
+    one = make_plan(build_fabric(FabricShape()), "qpm-")  # one NIC per host: nothing to add
+    assert not any("lookup local" in ln for ln in one.ns_ip["qpm-host0"])
+
+
 def test_prefix_rules_and_pattern() -> None:
     for bad in ("", "Qpm-", "toolongprefix-", "a/b"):
         with pytest.raises(PlanError):

@@ -11,6 +11,8 @@ Layout (two-tier fabrics):
 - NIC link ``nicN-leafL``: interface ``nicN`` in the host namespace (the NIC's model address,
   /32) and interface ``nicN`` in the leaf namespace (gateway ``10.x.y.254``/32, same on every
   downlink of the leaf); per-NIC policy table so traffic from a NIC's address leaves by it;
+  traffic between two NICs of one host leaves by the sender's NIC and comes back through the
+  leaf (a rule per ordered pair, the local table moved after them, ``accept_local``);
 - fabric link ``leafL-spineS``: interface ``spineS`` in the leaf namespace and ``leafL`` in the
   spine namespace, a /31 from 172.16.0.0/12 (leaf even, spine odd);
 - leaves route ``10.0.0.0/8`` over all spines with one multipath route and L4 hashing
@@ -35,6 +37,8 @@ MAX_MGMT_HOSTS = 250
 MGMT_NETS = 512  # /24s inside 198.18.0.0/15
 P2P_BASE = int(ipaddress.IPv4Address("172.16.0.0"))
 NIC_TABLE_BASE = 100
+SAME_HOST_RULE_PREF = 10  # rules "NIC a -> NIC b of the same host, via a's leaf" from here on
+LOCAL_RULE_PREF = 999  # the local table, moved after those (and before the 1000+ NIC rules)
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]*-?$")
 
 
@@ -211,7 +215,28 @@ def make_plan(
             "net.ipv4.conf.default.rp_filter=0",
             "net.ipv4.icmp_ratelimit=0",  # port unreachable for every trace that gets there
         ]
-        for k, nic in enumerate(fabric.nics_of_host(host.id)):
+        nics = fabric.nics_of_host(host.id)
+        if len(nics) * (len(nics) - 1) > LOCAL_RULE_PREF - SAME_HOST_RULE_PREF:
+            raise FabricError(f"host {host.id} has {len(nics)} NICs: at most 31 per host")
+        if len(nics) > 1:
+            # probes between two NICs of one host go through the leaf, as between RNICs on
+            # a real fabric (the kernel would loop them through `lo`): a rule per ordered
+            # pair for locally sent packets, the local table after those rules (before the
+            # per-NIC `from` rules, which would forward an arriving one), and arriving
+            # packets with a local source accepted
+            sysctl[ns] += ["net.ipv4.conf.all.accept_local=1"]
+            pair_pref = SAME_HOST_RULE_PREF
+            for src in nics:
+                for dst in nics:
+                    if src.id != dst.id:
+                        ip[ns].append(
+                            f"rule add from {src.address} to {dst.address} iif lo "
+                            f"lookup {NIC_TABLE_BASE + src.port} pref {pair_pref}"
+                        )
+                        pair_pref += 1
+            ip[ns].append(f"rule add lookup local pref {LOCAL_RULE_PREF}")
+            ip[ns].append("rule del lookup local pref 0")
+        for k, nic in enumerate(nics):
             gw, table = nic_gw[nic.id], NIC_TABLE_BASE + nic.port
             ip[ns].append(f"route add 10.0.0.0/8 via {gw} dev {nic.id} onlink table {table}")
             ip[ns].append(f"rule add from {nic.address} lookup {table} pref {1000 + nic.port}")
