@@ -272,3 +272,31 @@ def test_ingest_config_table(tmp_path: Path) -> None:
         cfg.write_text(text)
         with pytest.raises(ConfigError, match=msg):
             load_config(cfg)
+
+
+async def test_service_flusher_ingests_a_due_queue_without_new_messages() -> None:
+    import asyncio
+    import io
+
+    from controller.dispatch import JsonLog
+    from controller.service import _flusher
+
+    (now, batches), *_ = _host_steps(0.5)
+    live, _ = _live()
+    queue = ProbeQueue(CoalesceConfig(coalesce_ms=1, max_records=1 << 20))
+    for b in batches[:3]:
+        assert live.ingestor.admit(b.origin, b.batch_seq)
+        queue.add(b, now)
+    t = [now]  # the clock moves past the deadline only when the test says so
+    task = asyncio.create_task(_flusher(live, queue, lambda: t[0], JsonLog(io.StringIO()), {}))
+    try:
+        await asyncio.sleep(0.05)
+        assert live.records == 0 and len(queue) == 3  # not due yet: nothing ingested
+        t[0] = now + 1_000_000
+        for _ in range(1000):  # polled, no timing assumption beyond "eventually"
+            if live.records:
+                break
+            await asyncio.sleep(0.01)
+        assert live.records == sum(len(b) for b in batches[:3]) and len(queue) == 0
+    finally:
+        task.cancel()
