@@ -83,24 +83,32 @@ class ProbeQueue:
         """Empty the queue; return its batches merged in arrival order into groups of at
         most ``max_records`` records (a bigger single batch is a group of its own), one
         stamp kind and destination port, and a NIC table that fits one batch."""
-        pending, self._pending, self._records = self._pending, [], 0
+        pending, self._pending, n = self._pending, [], self._records
+        self._records = 0
+        cap = self.config.max_records
+        even = -(-n // max(1, -(-n // cap)))  # equal shares: no small tail group
         return [
             Merged(merge_batches(g), tuple((b.origin, len(b)) for b in g))
-            for g in plan_groups(pending, self.config.max_records)
+            for g in plan_groups(pending, cap, even)
         ]
 
 
-def plan_groups(batches: list[ProbeBatch], max_records: int) -> list[list[ProbeBatch]]:
+def plan_groups(
+    batches: list[ProbeBatch], max_records: int, target: int | None = None
+) -> list[list[ProbeBatch]]:
     """Split ``batches`` (in order) into runs that `merge_batches` can merge: same stamp kind
     and destination port, at most ``max_records`` records (a bigger batch alone) and at most
-    `MAX_NIC_IDS` NIC ids counted with repeats (a safe bound on the union)."""
+    `MAX_NIC_IDS` NIC ids counted with repeats (a safe bound on the union); a run is also
+    closed once it holds ``target`` records (default ``max_records``)."""
     groups: list[list[ProbeBatch]] = []
     cur: list[ProbeBatch] = []
     n = ids = 0
+    goal = max_records if target is None else min(target, max_records)
     for b in batches:
         if cur and (
             b.stamp != cur[0].stamp
             or b.dport != cur[0].dport
+            or n >= goal
             or n + len(b) > max_records
             or ids + len(b.nic_ids) > MAX_NIC_IDS
         ):

@@ -300,3 +300,16 @@ async def test_service_flusher_ingests_a_due_queue_without_new_messages() -> Non
         assert live.records == sum(len(b) for b in batches[:3]) and len(queue) == 0
     finally:
         task.cancel()
+
+
+def test_take_splits_a_full_queue_evenly() -> None:
+    (_, batches), *_ = _host_steps(0.5)
+    b = batches[0]
+    same = [dataclasses.replace(b, batch_seq=i) for i in range(5)]
+    q = ProbeQueue(CoalesceConfig(coalesce_ms=20, max_records=4 * len(b)))
+    for x in same:
+        q.add(x, 0)
+    groups = q.take()
+    # greedy filling would leave a one-batch tail (4 + 1) that pays a whole ingest's fixed cost
+    assert [len(m.parts) for m in groups] == [3, 2]
+    assert [m.batch.batch_seq for m in groups] == [2, 4]

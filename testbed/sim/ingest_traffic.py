@@ -169,6 +169,8 @@ def traffic(
             if n_gen < n:
                 drift = [sim.drift[[nic_idx[x] for x in b.nic_ids]] for b in batches]
                 kept.append(_Kept(batches, drift, truth))
+                if i == n_gen - 1:
+                    del sim  # all generated: its paths and models are not needed any more
         else:
             k, j = divmod(i, n_gen)
             src = kept[j]
