@@ -1,17 +1,21 @@
 """``qpmesh sim ingest``: controller pipeline throughput (decode + ingest + sync + detection).
 
-Simulates a fabric step by step, encodes each step's probes as the probers would publish them
-(``--batching host``: one batch per host and step, with the host's own NIC id table, as a
-prober publishes; ``step``: one batch for the whole fabric), and feeds the bytes through
-`decode_batch` and `LiveController.ingest_batch` / `tick` on one core, with time passed in as
-simulated time (so clock solves and detection windows happen at their configured cadence).
-Traffic is generated as it is consumed (a step at a time, never the whole run in memory;
-generation is not timed) and generated again, identically, for each repeat. The first clock
-window is warm-up (timed apart); the headline is steady state: records after it / CPU seconds
-of decode + ingest + sync + delays + detection. Baselines measured in the same run: decode
-alone (its stage time), and a naive per-record Python loop (dict lookups, per-record one-way
-delays) on a subset. Also reports the one-way delay error of the last step against the
-simulator's truth and the process's peak RSS.
+Simulates a fabric step by step (`testbed.sim.ingest_traffic`: generated as consumed, never the
+whole run in memory, generation not timed, generated again identically for each repeat;
+``--replay``: only the first seconds simulated, then moved on in every NIC's clock), encodes
+each step's probes as the probers publish them (``--batching host``: one batch per host and
+step with the host's own NIC id table; ``step``: one batch for the whole fabric per chunk) and
+feeds the bytes through the service's own path on one core, time passed in as simulated time
+(so clock solves and detection windows happen at their configured cadence): `decode_batch`,
+the per-batch duplicate check (`Ingestor.admit`), with host batches the coalescing queue
+(`controller.coalesce.ProbeQueue`: each host's batch arrives at a fixed phase within the
+step, merged groups are taken when due), then ingest / clock sync / delays / detection per
+merged group, and a tick per step. The first clock window is warm-up (timed apart); the first
+``--baseline-steps`` steps after it are ingested batch by batch (the uncoalesced baseline of
+the same run); the headline is steady state: the records after those / CPU seconds of the
+pipeline. Other baselines: decode alone (its stage time) and a naive per-record Python loop
+(dict lookups, per-record one-way delays) on ~100 k records. Also reports the one-way delay
+error (records ingested batch by batch, in the truth's order) and the process's peak RSS.
 """
 
 from __future__ import annotations
@@ -425,7 +429,7 @@ def register_ingest(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default="host",
         help="host: one batch per host and step, as probers publish, arriving at a per-host "
         "phase and coalesced as the controller service does (default); step: one batch for "
-        "the whole fabric per step (per chunk of at most 2,097,152 records)",
+        "the whole fabric per step (per chunk of at most 1,048,576 records)",
     )
     p.add_argument(
         "--coalesce-ms",
