@@ -152,7 +152,8 @@ def traffic(
     """Yield per simulated step: (end time s, encoded batches, true forward delays of their
     rows in order). One step in memory at a time (plus the replayed steps with ``replay_s``:
     see the module docstring)."""
-    sim = Simulator(fabric, cfg)
+    sim: Simulator | None = Simulator(fabric, cfg)
+    assert sim is not None
     per_step = len(sim.pairs_src) * cfg.rate_hz * step_s * 2
     chunks = max(1, math.ceil(per_step * 1.05 / CHUNK_RECORDS))
     n = int(np.ceil(seconds / step_s - 1e-9))
@@ -160,17 +161,23 @@ def traffic(
     kept: list[_Kept] = []
     nic_idx = fabric.nic_index
     names = tuple(x.id for x in fabric.nics)  # the simulator's NIC table
+    if n_gen < n:
+        # replay: simulate what is replayed first, then drop the simulator (its paths and
+        # models), before the consumer's state grows: the peak is one or the other, not both
+        for i in range(n_gen):
+            t0 = i * step_s
+            batches, truth = _generate(sim, fabric, names, i, t0, step_s, chunks, batching)
+            drift = [sim.drift[[nic_idx[x] for x in b.nic_ids]] for b in batches]
+            kept.append(_Kept(batches, drift, truth))
+        sim = None
     for i in range(n):
         t1_s = min((i + 1) * step_s, seconds)
-        if i < n_gen:
+        if sim is not None:
             batches, truth = _generate(
                 sim, fabric, names, i, i * step_s, t1_s - i * step_s, chunks, batching
             )
-            if n_gen < n:
-                drift = [sim.drift[[nic_idx[x] for x in b.nic_ids]] for b in batches]
-                kept.append(_Kept(batches, drift, truth))
-                if i == n_gen - 1:
-                    del sim  # all generated: its paths and models are not needed any more
+        elif i < n_gen:
+            batches, truth = kept[i].batches, kept[i].truth
         else:
             k, j = divmod(i, n_gen)
             src = kept[j]
