@@ -106,23 +106,6 @@ def _timed_decode(
     return batch if ok else None
 
 
-def _timed_decode_all(
-    live: LiveController, payloads: list[bytes], stage: dict[str, float]
-) -> list[ProbeBatch]:
-    """Decode and admit every payload (as `_timed_decode`, timed as one block per step: a
-    clock read per batch would cost more than a small batch's admission)."""
-    c = time.process_time
-    t = c()
-    decoded = []
-    for i, p in enumerate(payloads):
-        decoded.append(decode_batch(p))
-        payloads[i] = b""  # one copy of the step in memory, not two
-    t, stage["decode"] = c(), stage["decode"] + c() - t
-    kept = [b for b in decoded if live.ingestor.admit(b.origin, b.batch_seq)]
-    stage["ingest"] += c() - t
-    return kept
-
-
 def _timed_flush(live: LiveController, queue: ProbeQueue, now: int, stage: dict[str, float]) -> int:
     """`LiveController.flush` timed stage by stage: merge (`ProbeQueue.take`), then each merged
     group through `_timed_ingest`. Returns the records ingested."""
@@ -206,7 +189,10 @@ def run_bench(
         run = _Run()
         step_i = 0
         t_gen = time.perf_counter()
-        for t_s, payloads, truth in traffic(fabric, cfg, seconds, step_s, batching, replay_s):
+        arrival = np.argsort(np.argsort(phase_ns, kind="stable"))  # host -> arrival rank
+        for t_s, payloads, truth in traffic(
+            fabric, cfg, seconds, step_s, batching, replay_s, arrival
+        ):
             gen_s += time.perf_counter() - t_gen
             now = EPOCH_NS + int(t_s * 1e9)
             in_warm = t_s <= warm_s
@@ -226,15 +212,18 @@ def run_bench(
             owd: list[F64] = []
             got = 0
             if batching == "host" and not in_base:
-                batches = _timed_decode_all(live, payloads, stage)
-                arrive = phase_ns[[host_pos[b.origin] for b in batches]]
-                for i in np.argsort(arrive, kind="stable"):
-                    at = now + int(arrive[i])
+                # batches come in arrival order (``host_rank``): each is decoded as it
+                # arrives, so only the queue's records are held decoded, not the whole step
+                for j, p in enumerate(payloads):
+                    b = _timed_decode(live, p, stage)
+                    payloads[j] = b""
+                    if b is None:
+                        continue
+                    at = now + int(phase_ns[host_pos[b.origin]])
                     if queue.due(at):
                         run.merges.append(queue.records)
                         got += _timed_flush(live, queue, at, stage)
-                    queue.add(batches[i], at)
-                del batches
+                    queue.add(b, at)
             else:
                 if len(queue):  # the baseline starts from an empty queue
                     got += _timed_flush(live, queue, now, stage)

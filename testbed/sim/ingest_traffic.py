@@ -44,16 +44,25 @@ def _columns(batches: list[ProbeBatch]) -> dict[str, Any]:
 
 
 def split_hosts(
-    fabric: Fabric, nic_ids: tuple[str, ...], cols: dict[str, Any], seq: int, stamp: str
+    fabric: Fabric,
+    nic_ids: tuple[str, ...],
+    cols: dict[str, Any],
+    seq: int,
+    stamp: str,
+    host_rank: I64 | None = None,
 ) -> tuple[list[ProbeBatch], I64]:
     """Split columns (src/dst index ``nic_ids``) by the host of the probing NIC: one batch per
     host (origin = host id, ``batch_seq`` = ``seq``, a NIC table of only the NICs it names).
-    Returns (batches, row order: the rows in batch order). Empties ``cols`` as it goes."""
+    Returns (batches, row order: the rows in batch order). Empties ``cols`` as it goes.
+    ``host_rank``: per host index, its place in the order of the batches (default: host
+    index order), e.g. the order in which the hosts' batches arrive."""
     src = cols["src"].astype(np.int64)
     host = np.asarray(fabric.nic_host_index)[src]
-    order = np.argsort(host, kind="stable")
+    key = host if host_rank is None else host_rank[host]
+    order = np.argsort(key, kind="stable")
     hs = host[order]
-    cuts = np.flatnonzero(np.diff(hs)) + 1
+    cuts = np.flatnonzero(np.diff(key[order])) + 1
+    del key
     bounds = np.concatenate([[0], cuts, [len(order)]])
     s_all, d_all = src[order], cols["dst"].astype(np.int64)[order]
     del src, host
@@ -120,6 +129,7 @@ def _generate(
     dt_s: float,
     chunks: int,
     batching: str,
+    host_rank: I64 | None = None,
 ) -> tuple[list[ProbeBatch], F64]:
     """Simulate step ``i`` in ``chunks`` pieces of time; return (its batches, true forward
     delays of their rows in order). A function of its own so that the simulator's per-step
@@ -136,7 +146,7 @@ def _generate(
     if batching == "host":
         cols = _columns(parts)
         del parts
-        batches, order = split_hosts(fabric, names, cols, i + 1, sim.config.timestamps)
+        batches, order = split_hosts(fabric, names, cols, i + 1, sim.config.timestamps, host_rank)
         return batches, truth[order]
     return [replace(b, batch_seq=i * chunks + j + 1) for j, b in enumerate(parts)], truth
 
@@ -148,9 +158,10 @@ def traffic(
     step_s: float,
     batching: str,
     replay_s: float = 0.0,
+    host_rank: I64 | None = None,
 ) -> Iterator[tuple[float, list[bytes], F64]]:
     """Yield per simulated step: (end time s, encoded batches, true forward delays of their
-    rows in order). One step in memory at a time (plus the replayed steps with ``replay_s``:
+    rows in order); host batches in the order of ``host_rank`` (`split_hosts`). One step in memory at a time (plus the replayed steps with ``replay_s``:
     see the module docstring)."""
     sim: Simulator | None = Simulator(fabric, cfg)
     assert sim is not None
@@ -166,7 +177,9 @@ def traffic(
         # models), before the consumer's state grows: the peak is one or the other, not both
         for i in range(n_gen):
             t0 = i * step_s
-            batches, truth = _generate(sim, fabric, names, i, t0, step_s, chunks, batching)
+            batches, truth = _generate(
+                sim, fabric, names, i, t0, step_s, chunks, batching, host_rank
+            )
             drift = [sim.drift[[nic_idx[x] for x in b.nic_ids]] for b in batches]
             kept.append(_Kept(batches, drift, truth))
         sim = None
@@ -174,7 +187,7 @@ def traffic(
         t1_s = min((i + 1) * step_s, seconds)
         if sim is not None:
             batches, truth = _generate(
-                sim, fabric, names, i, i * step_s, t1_s - i * step_s, chunks, batching
+                sim, fabric, names, i, i * step_s, t1_s - i * step_s, chunks, batching, host_rank
             )
         elif i < n_gen:
             batches, truth = kept[i].batches, kept[i].truth
