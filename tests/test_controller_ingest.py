@@ -67,6 +67,26 @@ def test_ingest_maps_ids_model_paths_and_drops_duplicates() -> None:
     assert len(set(out.flow.tolist())) == 4
 
 
+def test_duplicates_are_remembered_in_a_bounded_window_per_origin() -> None:
+    ing = Ingestor(FAB, dedup_depth=8)
+    for seq in (100, 102, 101, 107):  # in and out of order
+        assert not ing.is_duplicate("h", seq)
+    assert all(ing.is_duplicate("h", seq) for seq in (100, 101, 102, 107))
+    assert not ing.is_duplicate("h", 103)  # a gap below the highest is still new
+    assert ing.is_duplicate("h", 103)
+    assert not ing.is_duplicate("other", 100)  # per origin
+    assert not ing.is_duplicate("h", 120)  # the window slides: 100-112 are forgotten ...
+    assert not ing.is_duplicate("h", 107)  # ... and taken as new (is_replay refuses them)
+    assert ing.is_duplicate("h", 120)
+    # the state per origin is two ints, whatever the depth and the traffic
+    big = Ingestor(FAB)
+    for seq in range(100_000):
+        big.is_duplicate("h", seq)
+    assert big.is_duplicate("h", 99_999 - 4095) and not big.is_duplicate("h", 99_999 - 4096)
+    top, mask = big._seen["h"]
+    assert top == 99_999 and mask.bit_length() <= 4096
+
+
 def test_ingest_other_dport_uses_broadcast_flow_paths() -> None:
     b = _batch()
     b = ProbeBatch.from_columns(
