@@ -7,21 +7,10 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.brain import Brain, BrainConfig
-from controller.fabric import FabricShape, build_fabric
-from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
 from controller.observations import Observations
 from controller.snapshot import MeshEvent
+from tests.fullmesh import DST, FAB, FWD, REV, SPORT, SRC, WIN
 
-FAB = build_fabric(FabricShape(leaves=4, hosts_per_leaf=4, spines=4))
-WIN = 100_000_000
-N = len(FAB.nics)
-S, D = (a.ravel() for a in np.meshgrid(np.arange(N), np.arange(N), indexing="ij"))
-KEEP = S != D
-SRC = np.repeat(S[KEEP], 4)
-DST = np.repeat(D[KEEP], 4)
-SPORT = np.tile(np.array([49152, 50000, 51234, 60001]), int(KEEP.sum()))
-FWD = flow_paths(FAB, SRC, DST, SPORT)
-REV = flow_paths(FAB, DST, SRC, ROCEV2_PORT, SPORT)
 HOP = 2 * FAB.link_index["leaf0-spine2"]  # leaf0 -> spine2
 
 

@@ -8,24 +8,13 @@ import pytest
 
 from controller.brain import Brain, BrainConfig
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks
-from controller.fabric import FabricShape, build_fabric
-from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
 from controller.fabric.model import hop_id
 from controller.localize import greedy_cover
 from controller.observations import Observations
 from controller.snapshot import MeshEvent
+from tests.fullmesh import DST, FAB, FWD, REV, SPORT, SRC, WIN
 
-FAB = build_fabric(FabricShape(leaves=4, hosts_per_leaf=4, spines=4))
-WIN = 100_000_000
 CFG = BrainConfig(lateness_ns=0)
-N = len(FAB.nics)
-S, D = (a.ravel() for a in np.meshgrid(np.arange(N), np.arange(N), indexing="ij"))
-KEEP = S != D
-SRC = np.repeat(S[KEEP], 4)
-DST = np.repeat(D[KEEP], 4)
-SPORT = np.tile(np.array([49152, 50000, 51234, 60001]), int(KEEP.sum()))
-FWD = flow_paths(FAB, SRC, DST, SPORT)
-REV = flow_paths(FAB, DST, SRC, ROCEV2_PORT, SPORT)
 I32 = npt.NDArray[np.int32]
 
 
