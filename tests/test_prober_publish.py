@@ -157,10 +157,10 @@ async def test_connection_drop_mid_stream_keeps_order() -> None:
     assert broker.connects == 2 and sleep.delays == [0.5]
 
 
-async def test_a_stop_whose_drain_fails_still_publishes_alive_false() -> None:
-    # the batch drained at stop loses its PUBACK (a timeout on a starved host): before, the
-    # session ended with a clean disconnect and no alive=false, so no will either, and the
-    # retained presence said "alive" for good
+async def _connected_with_a_batch_losing_its_ack() -> tuple[
+    FakeBroker, Publisher, asyncio.Event, asyncio.Task[None]
+]:
+    """A publisher connected to a fake broker that will lose the PUBACK of batch b"last"."""
     broker = FakeBroker()
     broker.up = True
     pub = Publisher(settings(), HOST, Spool(), client_factory=broker.factory(), sleep=FakeSleep())
@@ -169,6 +169,14 @@ async def test_a_stop_whose_drain_fails_still_publishes_alive_false() -> None:
     while not broker.presence():
         await asyncio.sleep(0)
     broker.lose_ack.add(b"last")
+    return broker, pub, stop, task
+
+
+async def test_a_stop_whose_drain_fails_still_publishes_alive_false() -> None:
+    # the batch drained at stop loses its PUBACK (a timeout on a starved host): before, the
+    # session ended with a clean disconnect and no alive=false, so no will either, and the
+    # retained presence said "alive" for good
+    broker, pub, stop, task = await _connected_with_a_batch_losing_its_ack()
     pub.submit(0, b"last")
     stop.set()
     await asyncio.wait_for(task, 5)
@@ -181,14 +189,7 @@ async def test_a_stop_whose_drain_fails_still_publishes_alive_false() -> None:
 
 
 async def test_a_stop_after_a_failed_offline_publish_tries_once_more() -> None:
-    broker = FakeBroker()
-    broker.up = True
-    pub = Publisher(settings(), HOST, Spool(), client_factory=broker.factory(), sleep=FakeSleep())
-    stop = asyncio.Event()
-    task = asyncio.create_task(pub.run(stop))
-    while not broker.presence():
-        await asyncio.sleep(0)
-    broker.lose_ack.add(b"last")
+    broker, pub, stop, task = await _connected_with_a_batch_losing_its_ack()
     offline_prefix = b'{"alive":false'
     real_publish = pub._publish
     failed: list[bytes] = []
