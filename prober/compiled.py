@@ -356,29 +356,13 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         if self._closed or self._loop is None or i is None:
             return
         self._after_engine(self.engine.drain(i, self.now_ns()), renumber=False)
-        self._loop.remove_reader(st.sock.fileno())
         del self._index[st.sock.fileno()]
-        st.sock.close()
-        is_responder = st is self._responder
-        if not is_responder:
-            self._pool.pop(st.port, None)
         self._replacing = i
         try:
-            new = self._open_socket(st.port)
-        except OSError:
-            self.counters["socket_reopen_failed"] += 1
-            if is_responder:
-                self._responder = None
-            self.engine.replace_socket(i, -1)
-            return
+            new = self._reopen(st)
         finally:
             self._replacing = None
-        if is_responder:
-            self._responder = new
-        else:
-            self._pool[new.port] = new
-        self.counters["socket_renumbered"] += 1
-        self.engine.replace_socket(i, new.sock.fileno())
+        self.engine.replace_socket(i, -1 if new is None else new.sock.fileno())
 
     def _renumber_refused(self) -> None:
         todo = self.engine.take_renumber()

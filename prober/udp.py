@@ -309,6 +309,13 @@ class UdpEndpoint:
         events: list[ProbeEvent] = []
         self._drain_errqueue(st, events)
         self._deliver(events)
+        self._reopen(st)
+
+    def _reopen(self, st: _Sock) -> _Sock | None:
+        """Close ``st`` and put a fresh socket on its port in its place (the responder or the
+        pool's); return it (counted ``socket_renumbered``), or None when it cannot be opened
+        (counted ``socket_reopen_failed``)."""
+        assert self._loop is not None
         self._loop.remove_reader(st.sock.fileno())
         st.sock.close()
         is_responder = st is self._responder
@@ -316,16 +323,17 @@ class UdpEndpoint:
             self._pool.pop(st.port, None)
         try:
             new = self._open_socket(st.port)
-        except UdpError:
+        except OSError:  # UdpError, or socket() itself (e.g. out of descriptors)
             self.counters["socket_reopen_failed"] += 1
             if is_responder:
                 self._responder = None
-            return
+            return None
         if is_responder:
             self._responder = new
         else:
             self._pool[new.port] = new
         self.counters["socket_renumbered"] += 1
+        return new
 
     # ---- receiving ---------------------------------------------------------------------------
 
