@@ -73,6 +73,25 @@ def test_localize_cli_reports_the_model(capsys: pytest.CaptureFixture[str]) -> N
     assert "unknown model knob" in cap.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--flap-down-ms", "abc", "not a number: 'abc'"),
+        ("--queue-us", "1", "must be > 1"),
+        ("--loss-percent", "200", "a percent in (0, 100]"),
+        ("--loss-percent", "0", "must be > 0"),
+    ],
+)
+def test_localize_fault_sizes_refuse_bad_values_in_one_line(
+    capsys: pytest.CaptureFixture[str], option: str, value: str, says: str
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["sim", "localize", option, value, "--json"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert says in err[-1] and option in err[-1]
+
+
 def test_an_alert_on_a_real_loss_burst_is_not_a_false_alert() -> None:
     from testbed.sim.localize_bench import _split_burst_alerts
 

@@ -476,8 +476,15 @@ def _localize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
 def _positive(text: str) -> float:
-    v = float(text)
+    v = _number(text)
     if not v > 0:
         raise argparse.ArgumentTypeError(f"must be > 0: {text}")
     return v
@@ -491,7 +498,7 @@ def _percent(text: str) -> float:
 
 
 def _queue_us(text: str) -> float:
-    v = float(text)
+    v = _number(text)
     if not v > 1:
         raise argparse.ArgumentTypeError(f"must be > 1 µs (<= 1 is extra utilisation): {text}")
     return v
