@@ -6,7 +6,9 @@ batch_seq, e.g. after a prober's spool replay), and attaches per record the dire
 probe (src -> dst, sport -> dport) and of its reply (dst -> src, sport 4791 -> probe sport):
 from a `PathTable` filled by the probers' path discovery where it knows the flow, else from the
 fabric model's ECMP hash (`flow_paths`), else all -1 (detection then localizes to NIC / host /
-group). Pure: no clock, no I/O.
+group). Records that cannot be placed in time (a `MISSING` ``t1`` from a prober older than
+the refused-send fix, or a reply missing a stamp) are dropped and counted, never read as a
+time. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from contract.records import ProbeBatch
+from contract.records import MISSING, ProbeBatch
 from controller.fabric import Fabric
 from controller.fabric.ecmp import ROCEV2_PORT, flow_paths, routing_tables
 from controller.windows import KeyIndex, flow_key
@@ -94,14 +96,17 @@ class Ingested:
 
 @dataclass
 class IngestStats:
-    """Counters: batches and records accepted, duplicates, replays (`Ingestor.is_replay`) and
-    unknown-NIC records dropped."""
+    """Counters: batches and records accepted, duplicates, replays (`Ingestor.is_replay`),
+    unknown-NIC records dropped, and unstamped records dropped (a `MISSING` ``t1``, as probers
+    before the refused-send fix sent for a loss, or a reply without all of ``t2``..``t4``: no
+    time to file them under)."""
 
     batches: int = 0
     records: int = 0
     duplicates: int = 0
     replays: int = 0
     unknown_nic_records: int = 0
+    unstamped_records: int = 0
     origins: dict[str, int] = field(default_factory=dict)
 
 
@@ -270,10 +275,13 @@ class Ingestor:
         src = table[batch.src] if len(batch) else np.zeros(0, np.int64)
         dst = table[batch.dst] if len(batch) else np.zeros(0, np.int64)
         ok = (src >= 0) & (dst >= 0) & (src != dst)
+        stamped = _stamped(batch)
         keep: slice | NDArray[np.bool_] = slice(None)
-        every = bool(ok.all())
+        every = bool(ok.all()) and bool(stamped.all())
         if not every:
             self.stats.unknown_nic_records += int((~ok).sum())
+            self.stats.unstamped_records += int((ok & ~stamped).sum())
+            ok &= stamped
             keep = ok
             src, dst = src[ok], dst[ok]
         sport = batch.sport[keep].astype(np.int64)
@@ -310,3 +318,11 @@ class Ingestor:
             known,
             slots,
         )
+
+
+def _stamped(batch: ProbeBatch) -> NDArray[np.bool_]:
+    """Return, per record, whether it can be placed in time: ``t1`` is a stamp, and a record
+    that is not lost has all of ``t2``..``t4`` (a lost one has them `MISSING` by contract)."""
+    has_t1: NDArray[np.bool_] = batch.t1 != MISSING
+    reply: NDArray[np.bool_] = (batch.t2 != MISSING) & (batch.t3 != MISSING) & (batch.t4 != MISSING)
+    return has_t1 & (batch.lost | reply)

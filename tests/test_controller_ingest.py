@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from contract.records import ProbeBatch, decode_batch, encode_batch
+from contract.records import MISSING, ProbeBatch, decode_batch, encode_batch
 from controller.clocksync import ClockSync, ClockSyncConfig
 from controller.fabric import FabricShape, build_fabric, flow_paths
 from controller.ingest import Ingestor, PathTable
@@ -118,6 +118,30 @@ def test_ingest_drops_unknown_nics() -> None:
     out = ing.ingest(_batch(nic_ids=("nic0", "nic999")))
     assert out is not None and len(out) == 0
     assert ing.stats.unknown_nic_records == 4
+
+
+def test_ingest_drops_records_it_cannot_place_in_time() -> None:
+    """A lost record with a MISSING t1 (probers before the refused-send fix) or a reply with a
+    MISSING stamp is dropped and counted, and the rest of the batch is kept in order."""
+    b = _batch()
+    cols = {
+        name: getattr(b, name).copy()
+        for name in ("seq", "src", "dst", "sport", "t1", "t2", "t3", "t4", "lost")
+    }
+    cols["lost"][0] = True  # an old prober's loss: no t1 at all
+    for t in ("t1", "t2", "t3", "t4"):
+        cols[t][0] = MISSING
+    cols["t3"][2] = MISSING  # a reply that lost a stamp on the way
+    cols["lost"][3] = True  # a loss as today's probers send it: t1 = hand-out time
+    for t in ("t2", "t3", "t4"):
+        cols[t][3] = MISSING
+    ing = Ingestor(FAB)
+    out = ing.ingest(ProbeBatch.from_columns("host0", "sw", b.nic_ids, cols, batch_seq=1))
+    assert out is not None
+    assert out.t1.tolist() == [1000, 3000]
+    assert out.lost.tolist() == [False, True]
+    assert ing.stats.unstamped_records == 2 and ing.stats.unknown_nic_records == 0
+    assert ing.stats.records == 2
 
 
 def test_key_index_ring_and_flowstore() -> None:
