@@ -773,9 +773,48 @@ static PyObject *Engine_last_drained(Engine *e, void *Py_UNUSED(c)) {
     return PyLong_FromLong(e->last_drained);
 }
 
+/* Queue every probe due by now for sending (the second probe of a coded pair goes back on the
+ * queue, due `spacing` later); nothing is sent yet. Returns -1 on a Python error. */
+static int take_due(Engine *e, int64_t now);
+
 static PyObject *Engine_send_due(Engine *e, PyObject *args) {
     long long now;
     if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
+    if (take_due(e, now) < 0) return NULL;
+    if (settle(e, now) < 0) return NULL;
+    return take_deferred(e); /* ICMP errors read from the error queues while settling */
+}
+
+/* One tick of a NIC driven by a shared timer (prober.compiled.CompiledDriver): drain every
+ * socket epoll reports ready (answering probes, matching replies), queue the probes due by now,
+ * then send all of it (one sendmmsg per socket) and read the TX stamps that sending queued.
+ * One call per NIC and tick instead of a readiness callback, a drain and a flush. */
+static PyObject *Engine_tick(Engine *e, PyObject *args) {
+    long long now;
+    if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
+    struct epoll_event evs[128];
+    e->drained = 0;
+    for (int round = 0; round < 8; round++) {
+        int n = epoll_wait(e->epfd, evs, 128, 0);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        for (int i = 0; i < n; i++) {
+            int si = (int)evs[i].data.u32;
+            if (si >= e->nsocks || e->socks[si].dead) continue;
+            if ((evs[i].events & EPOLLERR) && drain_errq(e, si, now) < 0) return NULL;
+            if ((evs[i].events & EPOLLIN) && drain_data(e, si, now) < 0) return NULL;
+        }
+        if (n < 128) break;
+    }
+    e->last_drained = e->drained;
+    if (take_due(e, now) < 0) return NULL;
+    if (settle(e, now) < 0) return NULL;
+    return take_deferred(e);
+}
+
+static int take_due(Engine *e, int64_t now) {
     long sent = 0;
     while (e->qn && e->q[0].at <= now) {
         Queued q;
@@ -793,7 +832,7 @@ static PyObject *Engine_send_due(Engine *e, PyObject *args) {
             p->pair = q.pair; p->pos = q.pos; p->sent = now;
             e->npending++;
             Out *o = out_slot(e);
-            if (!o) return NULL;
+            if (!o) return -1;
             o->sock = si;
             o->token = seq;
             o->dest = q.dest;
@@ -806,12 +845,11 @@ static PyObject *Engine_send_due(Engine *e, PyObject *args) {
             q.order = ++e->order;
             q.pos = 1;
             q.spacing = -1;
-            if (qpush(e, &q) < 0) return NULL;
+            if (qpush(e, &q) < 0) return -1;
         }
     }
     (void)sent;
-    if (settle(e, now) < 0) return NULL;
-    return take_deferred(e); /* ICMP errors read from the error queues while settling */
+    return 0;
 }
 
 static PyObject *Engine_queue(Engine *e, PyObject *args) {
@@ -1049,6 +1087,8 @@ static PyMethodDef Engine_methods[] = {
      "queue(at_ns, dst_index, dst_hash, ip, port, sport, pair_id, pair_pos, spacing_ns)"},
     {"send_due", (PyCFunction)Engine_send_due, METH_VARARGS,
      "send_due(now_ns) -> deferred list or None: send due probes (and queued replies)"},
+    {"tick", (PyCFunction)Engine_tick, METH_VARARGS,
+     "tick(now_ns) -> deferred list or None: drain_ready, then send_due, in one call"},
     {"drain", (PyCFunction)Engine_drain, METH_VARARGS,
      "drain(index, now_ns) -> deferred list or None"},
     {"drain_ready", (PyCFunction)Engine_drain_ready, METH_VARARGS,

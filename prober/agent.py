@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from contract.records import encode_batch
 from prober import compiled
 from prober.config import NicConfig, ProberConfig, load_probe_keys
+from prober.drive import CompiledDriver
 from prober.events import Address, ProbeEvent, ResultBlock, results_to_batch
 from prober.fastudp import BatchUdpEndpoint
 from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery, PathTracer, TracingEndpoint
@@ -218,6 +219,15 @@ def session_hot_path(cfg: ProberConfig, authenticated: bool, built: bool) -> str
 LINK_CHECK_S = 1.0
 """How often the agent reads its NICs' link state (two sysfs reads per NIC)."""
 
+DRIVEN_LEAD_NS = 10_000_000
+"""With the compiled path the driver queues probes this far ahead of their planned time (the
+engines send each at its time, on the driver's tick)."""
+
+
+def _inner(ep: Any) -> Any:
+    """Return the transport endpoint behind a path-discovery wrapper (or ``ep`` itself)."""
+    return ep.inner if isinstance(ep, TracingEndpoint) else ep
+
 
 @dataclass(slots=True)
 class AgentStats:
@@ -282,6 +292,7 @@ class Agent:
         self._batch_seq = batch_seq_start(now_ns())
         self.stats = AgentStats()
         self.discovery: dict[str, PathDiscovery] = {}
+        self._driver: CompiledDriver | None = None
         self._paths_out: deque[DiscoveredPath] = deque(maxlen=100_000)
         self._retrace: deque[Any] = deque(maxlen=10_000)
 
@@ -381,6 +392,8 @@ class Agent:
         try:
             for n in self.cfg.nics:
                 ep = self._factory(n, self.sessions[n.id], self.plan.ports[n.id], self._collect)
+                if isinstance(ep, compiled.CompiledUdpEndpoint):
+                    ep.external_ticks = True  # one `CompiledDriver` ticks them all (`run`)
                 await ep.start()
                 self.endpoints[n.id] = ep
                 if self.cfg.paths_enabled and isinstance(ep, UdpEndpoint):
@@ -412,8 +425,13 @@ class Agent:
         # time at once (a burst that blocked the event loop past the MQTT keepalive with 8
         # NICs). Same seed: same peers and source ports, fresh phases.
         self.plan = ProbePlan(self.peers, self.cfg.schedule, start_ns=self._now_ns())
+        driven = self.driven_endpoints()
         tasks: list[asyncio.Task[Any]] = [asyncio.create_task(ep.run())
-                                          for ep in self.endpoints.values()]  # fmt: skip
+                                          for ep in self.endpoints.values()
+                                          if _inner(ep) not in driven]  # fmt: skip
+        if driven:
+            self._driver = CompiledDriver(driven, before_tick=None if once else self._queue_due)
+            tasks.append(asyncio.create_task(self._driver.run()))
         tasks.extend(asyncio.create_task(c) for c in self._factory.agent_tasks(self))
         if self.discovery and not once:
             tasks.append(asyncio.create_task(self._trace_loop()))
@@ -443,6 +461,7 @@ class Agent:
                 pub_task.cancel()
                 await asyncio.gather(pub_task, return_exceptions=True)
             self.endpoints.clear()
+            self._driver = None
         return self.stats
 
     def _records(self) -> int:
@@ -466,20 +485,40 @@ class Agent:
         for s in self.sessions.values():  # report what never completed as lost
             self._collect(s.poll(self._any_now() + s.timeout_ns + 1))
 
+    def driven_endpoints(self) -> list[compiled.CompiledUdpEndpoint]:
+        """Return the compiled endpoints a `CompiledDriver` ticks (opened with
+        ``external_ticks``; behind a path-discovery wrapper too)."""
+        out = []
+        for ep in self.endpoints.values():
+            inner = _inner(ep)
+            if isinstance(inner, compiled.CompiledUdpEndpoint) and inner.external_ticks:
+                out.append(inner)
+        return out
+
+    def _queue_due(self) -> None:
+        """Queue the probes the plan has due within `DRIVEN_LEAD_NS` (the driver's hook)."""
+        plan_now = self._now_ns()
+        nxt = self.plan.next_at_ns()
+        if nxt is not None and nxt <= plan_now + DRIVEN_LEAD_NS:
+            self._queue(self.plan.due(plan_now + DRIVEN_LEAD_NS), plan_now)
+
     async def _loop(self, stop: asyncio.Event) -> None:
         batch_s = self.cfg.batch_interval_ms / 1000.0
         loop = asyncio.get_running_loop()
         next_batch = loop.time() + batch_s
         next_health = loop.time() + self.cfg.telemetry_interval_s
         next_links = loop.time()
-        # the batched and compiled hot paths queue 10 ms ahead and wake at most every 5 ms (their
-        # endpoints send on their own tick); per-datagram: 2 ms ahead, woken for every probe
+        # the batched hot path queues 10 ms ahead and wakes at most every 5 ms (its endpoints
+        # send on their own tick); per-datagram: 2 ms ahead, woken for every probe; compiled:
+        # the driver queues on its tick, this loop only batches and reports
+        driven = self._driver is not None
         lead_ns, min_sleep_s = (
             (10_000_000, 0.005) if self.hot_path != "per-datagram" else (2_000_000, 0.0)
         )
         while not stop.is_set():
-            plan_now = self._now_ns()
-            self._queue(self.plan.due(plan_now + lead_ns), plan_now)
+            if not driven:
+                plan_now = self._now_ns()
+                self._queue(self.plan.due(plan_now + lead_ns), plan_now)
             now = loop.time()
             if now >= next_batch:
                 self.flush_batch()
@@ -493,10 +532,16 @@ class Agent:
                 if self.check_links():
                     next_health = now + self.cfg.telemetry_interval_s
                 next_links = now + LINK_CHECK_S
-            nxt = self.plan.next_at_ns()
-            gap_s = 0.05 if nxt is None else max(min_sleep_s, (nxt - self._now_ns()) / 1e9 - 0.001)
+            if driven:
+                wait_s = max(0.0, min(next_batch, next_health, next_links) - loop.time())
+            else:
+                nxt = self.plan.next_at_ns()
+                gap_s = (
+                    0.05 if nxt is None else max(min_sleep_s, (nxt - self._now_ns()) / 1e9 - 0.001)
+                )
+                wait_s = min(gap_s, 0.05, max(0.0, next_batch - now))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), min(gap_s, 0.05, max(0.0, next_batch - now)))
+                await asyncio.wait_for(stop.wait(), wait_s)
 
     # ---- path discovery -----------------------------------------------------------------------
 

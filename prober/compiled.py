@@ -24,6 +24,7 @@ extension was built; `prober.agent` picks). Runtime errors are counted, never ra
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import socket
@@ -52,6 +53,8 @@ except ImportError:  # not built (no compiler at install time): the Python paths
     _fastpath = None  # type: ignore[assignment]
 
 _NCOL = 11
+_IP_MTU_DISCOVER = 10  # linux/in.h
+_IP_PMTUDISC_DO = 2
 BUSY_BATCH = 16
 """A drain that read at least this many datagrams and stamps means a heavy load: the next
 readiness is served at once instead of on the next tick (see `CompiledUdpEndpoint`)."""
@@ -306,17 +309,55 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         self._replacing: int | None = None  # engine index a new socket replaces
         self._delivery_at: float | None = None  # loop time of the next hand-over of records
         self._busy = False  # the last drain read a full batch: drain at once, not per tick
+        self.external_ticks = False  # set before `open`: a `prober.drive.CompiledDriver` ticks it
+        self._next_poll = 0
         self.engine.set_clock(None if self.clock is _identity else self.clock)
         session.attach(self.counters, self.stamp_counts, self.add_source_port)
 
     def open(self) -> None:
         """Open the sockets (see `UdpEndpoint.open`); one readiness callback watches them all
-        (the engine's epoll set), not one per socket."""
+        (the engine's epoll set), not one per socket. With ``external_ticks`` no callback at
+        all: the driver calls `tick` on the shared grid and `run` is not used."""
         super().open()
         assert self._loop is not None
-        self._loop.add_reader(self.engine.epoll_fd, self._on_engine_ready)
+        if not self.external_ticks:
+            self._loop.add_reader(self.engine.epoll_fd, self._on_engine_ready)
 
     def _open_socket(self, port: int) -> _Sock:
+        st = self._open_engine_socket(port)
+        # DF on every datagram (48-byte probes never need fragmenting, RoCE sets DF too): the
+        # kernel then numbers the IP ID 0 instead of hashing a fresh one per datagram
+        with contextlib.suppress(OSError):
+            st.sock.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DO)
+        return st
+
+    def tick(self, now_ns: int) -> None:
+        """One tick of the shared timer (``external_ticks``): report timeouts and hand over
+        the completed records every ``poll_ns``, then `Engine.tick` (drain what is ready,
+        send what is due, read the TX stamps) and whatever it handed back to Python."""
+        if self._closed:
+            return
+        if now_ns >= self._next_poll:
+            self._next_poll = now_ns + self.poll_ns
+            self._deliver(self.csession.poll(now_ns))
+        deferred = self.engine.tick(now_ns)
+        if deferred or self.csession._outbox:
+            self._after_engine(deferred)
+            if self.csession._outbox:
+                self.flush()
+        else:
+            self._renumber_refused()
+
+    @property
+    def closed(self) -> bool:
+        """Return True once `close` ran."""
+        return self._closed
+
+    def next_send_ns(self) -> int | None:
+        """Return when this NIC's next probe is due (its clock), or None."""
+        return self.csession.next_send_ns()
+
+    def _open_engine_socket(self, port: int) -> _Sock:
         if self._replacing is not None:
             st = super()._open_socket(port)
             assert self._loop is not None
@@ -446,8 +487,10 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
                     else:
                         self.counters["errqueue_other"] += 1
         self._deliver(events)
-        if s._outbox:
+        if s._outbox and not self.external_ticks:
             self._schedule_flush()
+        if self.external_ticks:
+            return  # `tick` hands the records over every poll_ns
         if self._delivery_at is None and self.engine.held and self._loop is not None:
             # completed records are handed over at most every poll_ns, on the tick grid
             tick_s = self.tick_ns / 1e9
