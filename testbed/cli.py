@@ -172,7 +172,7 @@ def _prober_cpu(a: argparse.Namespace) -> int:
     report = run_prober_cpu(
         nics=a.nics, peers_per_nic=a.peers, seconds=a.seconds, warmup_s=a.warmup,
         repeats=a.repeats, paths=paths, prefix=a.prefix, progress=_progress,
-        profile=a.profile,
+        profile=a.profile, perf=a.perf,
     )  # fmt: skip
     if a.json:
         print(json.dumps(report))
@@ -183,6 +183,9 @@ def _prober_cpu(a: argparse.Namespace) -> int:
                   f"{report[f'{key}_cpu_us_per_probe']} us per probe, "
                   f"{report[f'{key}_records_per_s']} records/s, "
                   f"{report[f'{key}_answered_per_s']} answered/s")  # fmt: skip
+        if f"{key}_cpu_percent_excluding_net_rx_softirq" in report:
+            print(f"{'':8s} {report[f'{key}_cpu_percent_excluding_net_rx_softirq']:6.2f} % "
+                  "without the net_rx softirq veth charges it with (perf)")  # fmt: skip
     return 0
 
 
@@ -367,6 +370,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--profile",
         action="store_true",
         help="run each prober under cProfile; stats in the work directory (prober-PATH-N.prof)",
+    )
+    p.add_argument(
+        "--perf",
+        action="store_true",
+        help="also sample each prober with `perf record -g` while it is measured: the split of "
+        "its CPU (kernel, of which the net_rx softirq veth charges it with, C engine, Python) "
+        "and its share without that softirq (the peers' receive of what it sent)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p = cmd(

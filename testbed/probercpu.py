@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed import perfsplit
 from testbed.netns.nsutil import stop_processes, write_sysctls
 
 MOSQUITTO = "/usr/sbin/mosquitto"
@@ -248,11 +249,15 @@ def run_prober_cpu(
     peer_procs: int = 4,
     progress: Callable[[str], None] = lambda m: None,
     profile: bool = False,
+    perf: bool = False,
 ) -> dict[str, Any]:
     """Build the testbed, measure the prober's CPU share per path, tear down; return figures.
 
     ``profile``: run each prober under cProfile (``QPMESH_PROBER_PROFILE``), its stats in the
-    work directory as ``prober-<path>-<run>.prof``.
+    work directory as ``prober-<path>-<run>.prof``. ``perf``: sample each prober with ``perf
+    record -g`` over the measured interval and add the split of `testbed.perfsplit` to its
+    run (``perf``) and the share of one core without the net_rx softirq charged to it
+    (``cpu_percent_excluding_net_rx_softirq``: on veth, the peers' receive of what it sent).
     Raises `ValueError` for bad sizes, `OSError` when the environment cannot run it (not root,
     no ``ip`` or mosquitto, a process that died).
     """
@@ -265,6 +270,8 @@ def run_prober_cpu(
         raise OSError("qpmesh testbed prober-cpu needs root (network namespaces)")
     if not Path(MOSQUITTO).exists():
         raise OSError(f"{MOSQUITTO} not found (installed by .ci/setup)")
+    if perf and not perfsplit.available():
+        raise OSError("--perf needs the perf binary (Debian: linux-perf)")
     work = Path("/var/tmp/qpmesh") / plan.prefix
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -308,13 +315,27 @@ def run_prober_cpu(
                             raise OSError(f"{p.args!r} exited with {p.returncode} (see {work})")
                     if prober.poll() is not None:
                         raise OSError(f"the prober exited with {prober.returncode} (see {work})")
-                    cpu, wall, s0, s1, sys_cpu = _measure(prober, stats, seconds)
+                    data = work / f"perf-{path}-{run}.data"
+                    rec = perfsplit.record(prober.pid, seconds, data) if perf else None
+                    try:
+                        cpu, wall, s0, s1, sys_cpu = _measure(prober, stats, seconds)
+                    finally:
+                        if rec is not None:
+                            rec.wait()
                 finally:
                     stop_processes([prober])
                 runs[path].append(_summary(path, cpu, wall, s0, s1, plan))
-                runs[path][-1]["system_percent_of_one_core"] = (
+                this = runs[path][-1]
+                this["system_percent_of_one_core"] = (
                     round(100 * sys_cpu / wall, 2) if wall > 0 else None
                 )
+                if rec is not None:
+                    this["perf"] = split = perfsplit.report(data)
+                    if "kernel_net_rx_softirq" in split and this["cpu_percent_of_one_core"]:
+                        this["cpu_percent_excluding_net_rx_softirq"] = round(
+                            this["cpu_percent_of_one_core"] * (1 - split["kernel_net_rx_softirq"]),
+                            2,
+                        )
                 progress(f"{path}: {runs[path][-1]['cpu_percent_of_one_core']} % of one core")
     finally:
         stop_processes(reversed(procs))
@@ -379,6 +400,9 @@ def _report(
             out[f"{key}_cpu_us_per_probe"] = med(path, "cpu_us_per_probe")
             out[f"{key}_records_per_s"] = med(path, "records_per_s")
             out[f"{key}_answered_per_s"] = med(path, "answered_per_s")
+            excl = med(path, "cpu_percent_excluding_net_rx_softirq")
+            if excl is not None:
+                out[f"{key}_cpu_percent_excluding_net_rx_softirq"] = excl
     a, b = out.get("prober_cpu_percent_of_one_core"), out.get("baseline_cpu_percent_of_one_core")
     if a and b:
         out["cpu_ratio_baseline_over_prober"] = round(b / a, 3)
