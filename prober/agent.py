@@ -485,6 +485,11 @@ class Agent:
         for s in self.sessions.values():  # report what never completed as lost
             self._collect(s.poll(self._any_now() + s.timeout_ns + 1))
 
+    @property
+    def driver(self) -> CompiledDriver | None:
+        """Return the timer that ticks the compiled endpoints while `run` runs (else None)."""
+        return self._driver
+
     def driven_endpoints(self) -> list[compiled.CompiledUdpEndpoint]:
         """Return the compiled endpoints a `CompiledDriver` ticks (opened with
         ``external_ticks``; behind a path-discovery wrapper too)."""

@@ -89,6 +89,11 @@ async def test_agent_probes_and_publishes(mosquitto: tuple[str, int]) -> None:
 
         try:
             await asyncio.wait_for(collect(), 15)
+            # the compiled path (the default): one timer ticks both NICs, no per-NIC loops
+            driver, driven = agent.driver, agent.driven_endpoints()
+            assert agent.hot_path != "compiled" or (
+                driver is not None and driver.ticks > 0 and len(driven) == 2
+            )
         finally:
             stop.set()
             stats = await asyncio.wait_for(task, 15)

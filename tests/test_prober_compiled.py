@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prober import compiled
+from prober.drive import CompiledDriver
 from prober.events import ProbeLost, ProbeResult, ResultBlock, results_to_batch
 from prober.session import ProbeSession
 from prober.udp import UdpEndpoint
@@ -157,8 +158,10 @@ async def _exchange(path: str, plan: list[tuple[int, str, int]]) -> list[Any]:
     got: list[Any] = []
 
     def mk(nic: str, **kw: Any) -> UdpEndpoint:
-        if path == "compiled":
-            return compiled.CompiledUdpEndpoint(compiled.CompiledSession(nic), LO, dport=0, **kw)
+        if path.startswith("compiled"):
+            ep = compiled.CompiledUdpEndpoint(compiled.CompiledSession(nic), LO, dport=0, **kw)
+            ep.external_ticks = path == "compiled-driven"  # the agent's way: one shared timer
+            return ep
         return UdpEndpoint(ProbeSession(nic), LO, dport=0, **kw)
 
     a, b = mk("nicA", on_events=got.extend), mk("nicB")
@@ -166,7 +169,11 @@ async def _exchange(path: str, plan: list[tuple[int, str, int]]) -> list[Any]:
         dead.bind((LO, 0))
         dead_port = dead.getsockname()[1]  # bound, never read: probes there are lost
         async with a, b:
-            tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
+            if isinstance(a, compiled.CompiledUdpEndpoint) and a.external_ticks:
+                assert isinstance(b, compiled.CompiledUdpEndpoint)
+                tasks = [asyncio.create_task(CompiledDriver([a, b]).run())]
+            else:
+                tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
             ports = [a.add_source_port(0) for _ in range(3)]
             now = a.now_ns()
             for i, (delay_ms, dst, coded) in enumerate(plan):
@@ -199,11 +206,12 @@ async def _exchange(path: str, plan: list[tuple[int, str, int]]) -> list[Any]:
 
 
 @pytest.mark.slow
-def test_compiled_and_per_datagram_paths_record_the_same_traffic() -> None:
+@pytest.mark.parametrize("path", ["compiled", "compiled-driven"])
+def test_compiled_and_per_datagram_paths_record_the_same_traffic(path: str) -> None:
     plan = [(i * 3, "nicC" if i % 7 == 3 else "nicB", i % 2 == 0) for i in range(40)]
     per, comp = (
         asyncio.run(_exchange("per-datagram", plan)),
-        asyncio.run(_exchange("compiled", plan)),
+        asyncio.run(_exchange(path, plan)),
     )
     assert len(per) == len(comp) == sum(2 if c else 1 for _, _, c in plan)
     # the same probes (peer, source port, coded pair and position) with the same outcome; the

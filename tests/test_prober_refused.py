@@ -39,13 +39,14 @@ SCRIPT = textwrap.dedent(
     from prober.wire import Codec
 
     from prober.compiled import CompiledSession, CompiledUdpEndpoint
+    from prober.drive import CompiledDriver
     PATH = sys.argv[1]
     CLS = {"per-datagram": UdpEndpoint, "batched": BatchUdpEndpoint,
-           "compiled": CompiledUdpEndpoint}[PATH]
+           "compiled": CompiledUdpEndpoint, "compiled-driven": CompiledUdpEndpoint}[PATH]
     LO = "127.0.0.1"
 
     def session(nic, **kw):
-        if PATH == "compiled":  # the C engine has no HMAC: unauthenticated
+        if PATH.startswith("compiled"):  # the C engine has no HMAC: unauthenticated
             return CompiledSession(nic, **kw)
         return ProbeSession(nic, Codec(b"r" * 32), **kw)
 
@@ -53,8 +54,13 @@ SCRIPT = textwrap.dedent(
         got = []
         a = CLS(session("nicA", timeout_ns=3_000_000_000), LO, dport=0, on_events=got.extend)
         b = CLS(session("nicB"), LO, dport=0)
+        if PATH == "compiled-driven":  # as in the agent: one shared timer ticks both
+            a.external_ticks = b.external_ticks = True
         await a.start(); await b.start()
-        tasks = [asyncio.create_task(e.run()) for e in (a, b)]
+        if PATH == "compiled-driven":
+            tasks = [asyncio.create_task(CompiledDriver([a, b]).run())]
+        else:
+            tasks = [asyncio.create_task(e.run()) for e in (a, b)]
         sport = a.add_source_port(0)
 
         async def burst(n, want):
@@ -113,7 +119,7 @@ def test_lost_record_without_tx_stamp_carries_its_send_time() -> None:
     assert int(results_to_batch([stamped], origin="h").t1[0]) == 99
 
 
-@pytest.mark.parametrize("path", ["per-datagram", "batched", "compiled"])
+@pytest.mark.parametrize("path", ["per-datagram", "batched", "compiled", "compiled-driven"])
 def test_netfilter_refused_sends_are_lost_and_stamps_resume(path: str) -> None:
     if os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("ip") is None:
         pytest.skip("needs root, ip and nft")
