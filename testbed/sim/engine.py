@@ -337,6 +337,17 @@ class Simulator:
             fwd, rev, self._hop_base_ns, tx, rx, self.pairs_src, self.pairs_dst
         )
 
+    def fixed_delay_ns(self, hops: I32, src: I64, dst: I64) -> F64:
+        """Return each probe's fixed one-way delay along ``hops`` (n, H; -1 pads) from NIC
+        ``src`` to NIC ``dst``: the hops' propagation, serialization and forwarding, plus in the
+        realistic model the sender's NIC TX and the receiver's NIC RX delay. A probe's true
+        one-way delay minus this is the queueing it met."""
+        valid = hops >= 0
+        base = np.where(valid, self._hop_base_ns[np.where(valid, hops, 0)], 0.0).sum(axis=1)
+        if self.real:
+            base = base + self.nic_tx_ns[src] + self.nic_rx_ns[dst]
+        return np.asarray(base, dtype=np.float64)
+
     # ---- generation ----------------------------------------------------------------------
     def step(self, t0_s: float, dt_s: float) -> SimStep:
         """Return every probe initiated in [t0_s, t0_s + dt_s) with its truth."""

@@ -46,6 +46,7 @@ from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
 from testbed.sim.options import add_model_options, model_from_args
 from testbed.sim.sync_stream import N_SUB, collect_window, window_edges
+from testbed.sim.sync_truth import BestQueueing, breakdown
 
 F64 = npt.NDArray[np.float64]
 
@@ -174,8 +175,13 @@ def run_sync_bench(
     rate_hz: float = 50.0,
     progress: bool = False,
     model: ModelKnobs | None = None,
+    truth_breakdown: bool = False,
 ) -> dict[str, Any]:
-    """Run the benchmark and return the report (see module docstring). Raises ValueError."""
+    """Run the benchmark and return the report (see module docstring). ``truth_breakdown``
+    (hardware stamps only) adds ``truth_breakdown`` (`testbed.sim.sync_truth.breakdown`).
+    Raises ValueError."""
+    if truth_breakdown and timestamps != "hw":
+        raise ValueError("--truth-breakdown needs --timestamps hw")
     if nics < 4:
         raise ValueError("--nics must be >= 4")
     if not 1 <= peers < nics:
@@ -199,8 +205,12 @@ def run_sync_bench(
     t_ref = EPOCH_NS + int(t_mid_ns)
     steps = max(1, round(window_s / 0.1))
 
+    best: BestQueueing | None = None
+
     def run() -> Iterator[Any]:
         for i, st in enumerate(sim.run(window_s, 0.1)):
+            if best is not None:
+                best.observe(sim, st)
             yield st
             del st  # not held while the next step is simulated
             if progress and (i + 1) % 5 == 0:
@@ -209,6 +219,8 @@ def run_sync_bench(
     quant = HW_TICK_NS if timestamps == "hw" else 0.0
     if timestamps == "hw":  # streamed: the window is reduced step by step, never held
         edges, per = window_edges(sim.pairs_src, sim.pairs_dst, n_nodes)
+        if truth_breakdown:
+            best = BestQueueing(edges, n_nodes)
         max_x = per * 2 * (int(np.ceil(window_s * rate_hz)) + 1)
         sw = collect_window(run(), edges, max_x, n_nodes, t_ref, window_s, 25)
         truth, asym, asym_edges = _truth(sim, t_mid_ns)
@@ -228,6 +240,11 @@ def run_sync_bench(
         t_fit = time.perf_counter()
         ws = sync_summary(n_nodes, sw.summary, quant_ns=quant)
         solve_total = time.perf_counter() - t_fit
+        if best is not None:  # the same solve without the receive-side correction, vs truth
+            raw = sync_summary(n_nodes, sw.summary, quant_ns=quant, rx_correction=False)
+            tb = breakdown(
+                n_nodes, edges, raw.theta_ns, raw.offset_ns, truth, best.receive_mean()
+            )  # fmt: skip
         n_edges = m
         del sw
     else:  # software stamps: the per-direction lowest fractions need every sample, held
@@ -283,6 +300,9 @@ def run_sync_bench(
     af = _errors(floor.offset_ns, floor.known, np.zeros(n_nodes))
     est_s = time.perf_counter() - t1
 
+    extra: dict[str, Any] = {}
+    if truth_breakdown:
+        extra["truth_breakdown"] = tb
     return {
         "nics": n_nodes,
         "peers": peers,
@@ -322,6 +342,7 @@ def run_sync_bench(
         "p99_ratio_ntp_tree_over_qpmesh": round(nt["p99_ns"] / qp["p99_ns"], 1)
         if qp["p99_ns"] > 0
         else None,
+        **extra,
     }
 
 
@@ -336,6 +357,7 @@ def _cmd(args: argparse.Namespace) -> int:
         rate_hz=args.rate,
         progress=not args.json,
         model=model_from_args(args),
+        truth_breakdown=args.truth_breakdown,
     )
     if args.json:
         print(json.dumps(rep))
@@ -394,5 +416,12 @@ def register_sync(ssub: Any) -> None:
         help="coded probe pairs per second per peer (default %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--truth-breakdown",
+        action="store_true",
+        help="hw stamps only: also split the error against the simulator's truth into its "
+        "node-like and loop parts and report what a perfect receive-side correction would reach "
+        "(`truth_breakdown`; docs/benchmarks.md; costs one more solve and the truth per probe)",
+    )
     add_model_options(p)
     p.set_defaults(func=_cmd)

@@ -1,0 +1,120 @@
+"""What is left of the clock-sync error, measured against the simulator's truth
+(``qpmesh sim sync --truth-breakdown``).
+
+Two questions the estimator cannot answer from its data, and the simulator can:
+
+* **node-like vs loop part.** Each pair offset the network solve gets has an error; split it
+  into a part of the form ``b_j - b_i`` (a node offset: loop closure cannot see it, the
+  network solve keeps it) and the rest (what loops see and the solve averages away). Least
+  squares over the edges gives ``b``; the rest is the residual.
+* **what a perfect receive-side correction would reach.** Per direction the best sample's
+  true queueing (the envelope's excess), averaged per NIC over its incoming directions, is the
+  quantity `sync.summary.receive_excess` estimates from the data; subtracting half of the true
+  value instead of the estimate gives the error that is left when that estimate is perfect.
+
+Pure except for reading a simulator step's truth arrays; nothing here feeds the estimator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from sync import solve_network
+from testbed.sim.engine import SimStep, Simulator
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+_CHUNK = 1 << 18  # probes per chunk when summing fixed delays (bounds the temporaries)
+
+
+class BestQueueing:
+    """Per edge direction (group ``2 e + dir``, 0: i -> j for ``edges[e] = (i, j)``, i < j)
+    the smallest true queueing of any arrived probe, accumulated step by step."""
+
+    def __init__(self, edges: I64, n_nodes: int) -> None:
+        self.edges, self.n_nodes = edges, n_nodes
+        self._keys = edges[:, 0] * n_nodes + edges[:, 1]
+        self.best = np.full(2 * len(edges), np.inf)
+
+    def observe(self, sim: Simulator, st: SimStep) -> None:
+        """Fold one step's probes in (forward and reverse samples). Raises ValueError on a
+        probe of a pair outside ``edges``."""
+        src, dst = np.asarray(st.batch.src, np.int64), np.asarray(st.batch.dst, np.int64)
+        for lo in range(0, len(src), _CHUNK):
+            sl = slice(lo, lo + _CHUNK)
+            self._fold(sim, src[sl], dst[sl], st.true_fwd_ns[sl], st.hops_fwd[sl])
+            self._fold(sim, dst[sl], src[sl], st.true_rev_ns[sl], st.hops_rev[sl])
+
+    def _fold(self, sim: Simulator, a: I64, b: I64, owd: F64, hops: I32) -> None:
+        """Samples from ``a`` to ``b`` with true one-way delay ``owd`` (NaN: lost)."""
+        ok = np.isfinite(owd)
+        a, b = a[ok], b[ok]
+        key = np.minimum(a, b) * self.n_nodes + np.maximum(a, b)
+        e = np.searchsorted(self._keys, key)
+        last = len(self._keys) - 1
+        if np.any(e > last) or np.any(self._keys[np.minimum(e, last)] != key):
+            raise ValueError("a probe's pair is not among the window's edges")
+        q = owd[ok] - sim.fixed_delay_ns(hops[ok], a, b)
+        np.minimum.at(self.best, 2 * e + (a > b), q)
+
+    def receive_mean(self) -> F64:
+        """Per NIC the mean over its incoming directions of their best sample's queueing (ns;
+        NaN for a NIC with none)."""
+        g = np.flatnonzero(np.isfinite(self.best))
+        node = np.where(g % 2 == 0, self.edges[g // 2, 1], self.edges[g // 2, 0])
+        cnt = np.bincount(node, minlength=self.n_nodes)
+        tot = np.bincount(node, self.best[g], self.n_nodes)
+        mean = tot / np.maximum(cnt, 1)
+        return np.where(cnt > 0, np.maximum(mean, 0.0), np.nan)  # >= 0 but for rounding
+
+
+def _p99(x: F64) -> float:
+    x = x[np.isfinite(x)]
+    return round(float(np.percentile(x, 99)), 2) if x.size else float("nan")
+
+
+def _node_errors(est: F64, truth: F64) -> F64:
+    k = np.isfinite(est)
+    out = np.full(len(est), np.nan)
+    out[k] = np.abs((est[k] - est[k].mean()) - (truth[k] - truth[k].mean()))
+    return out
+
+
+def breakdown(
+    n_nodes: int,
+    edges: I64,
+    theta_ns: F64,
+    raw_offset_ns: F64,
+    truth: F64,
+    rx_true: F64,
+) -> dict[str, Any]:
+    """The report's ``truth_breakdown``: from the pair offsets the final solve got
+    (``theta_ns``, offset of j minus offset of i at the reference instant, before any
+    receive-side correction) their error against ``truth``, split into the node-like part
+    (p99 over NICs of ``|b - mean b|``) and the loop part (robust scale and p99 of the
+    residual per edge); and the node p99 error of ``raw_offset_ns`` (the same solve's node
+    offsets, uncorrected) corrected by half of the true per-NIC receive excess ``rx_true``."""
+    fin = np.isfinite(theta_ns)
+    e = edges[fin]
+    err = theta_ns[fin] - (truth[e[:, 1]] - truth[e[:, 0]])
+    sol = solve_network(
+        n_nodes, e, err, np.ones(len(e)), pin="mean", loss="huber", flag_min_ns=np.inf
+    )  # fmt: skip
+    b = np.where(sol.known, sol.offset_ns, np.nan)
+    b = np.abs(b - np.nanmean(b))
+    res = sol.residual_ns[np.isfinite(sol.residual_ns)]
+    loop_scale = float(1.4826 * np.median(np.abs(res))) if res.size else float("nan")
+    corrected = raw_offset_ns - 0.5 * np.nan_to_num(rx_true)
+    return {
+        "edge_error_p99_ns": _p99(np.abs(err)),
+        "node_like_p99_ns": _p99(b),
+        "loop_scale_ns": round(loop_scale, 2),
+        "loop_p99_ns": _p99(np.abs(res)),
+        "uncorrected_p99_ns": _p99(_node_errors(raw_offset_ns, truth)),
+        "rx_true_p99_ns": _p99(rx_true),
+        "perfect_rx_p99_ns": _p99(_node_errors(corrected, truth)),
+    }
