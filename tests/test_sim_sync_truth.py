@@ -46,7 +46,7 @@ def test_breakdown_separates_node_offsets_from_loop_noise() -> None:
 
 def test_best_queueing_is_each_direction_s_least_queued_sample() -> None:
     fabric = build_fabric(FabricShape.for_nics(32, nics_per_leaf=16))
-    sim = Simulator(fabric, SimConfig(load=0.6, peers=4, rate_hz=20.0, seed=5))
+    sim = Simulator(fabric, SimConfig(load=0.95, peers=4, rate_hz=20.0, seed=5))
     n = len(fabric.nics)
     edges, _ = window_edges(sim.pairs_src, sim.pairs_dst, n)
     best = BestQueueing(edges, n)
@@ -64,7 +64,8 @@ def test_best_queueing_is_each_direction_s_least_queued_sample() -> None:
             k = (s_ == a) & (d_ == c) & np.isfinite(owd)
             qs.extend(owd[k] - sim.fixed_delay_ns(hops[k], s_[k], d_[k]))
     assert qs and min(qs) >= -1e-6
-    assert best.best[2 * e + (a > c)] == pytest.approx(min(qs))
+    assert best.best[2 * e + (a > c)] == pytest.approx(min(qs), abs=1e-6)
+    assert abs(best.best[2 * e + (a < c)] - min(qs)) > 1.0  # the other direction is another
     rx = best.receive_mean()
     assert np.all(rx[np.isfinite(rx)] >= 0.0) and np.isfinite(rx).sum() > n // 2
 
