@@ -1,18 +1,22 @@
-"""Continuous clock sync: a thin stateful wrapper around `sync.window` (one pipeline per window).
+"""Continuous clock sync: the estimator `qpmesh sim sync` measures, run on a sliding window.
 
 `ClockSync.add(ing)` keeps, per directed NIC pair and time bin (``window_ns / bins``), the
 coded probe pair (both probes, both arrived) with the smallest round trip: raw probe columns
-(src, dst, pair, t1..t4) go into a bounded ring of per-batch chunks. The round trip
-``(t4 - t1) - (t3 - t2)`` needs no clock model (the offsets cancel), so the summary is the same
-before and after the first solve, and a solve reads at most pairs x bins x 2 rows, however high
-the probe rate. The bin's lowest-RTT pair is the one least queued in both directions: the
-envelope the fit uses.
+(src, dst, pair, t1..t4, and whether the batch was software-stamped) go into a bounded ring of
+per-bin chunks. The round trip ``(t4 - t1) - (t3 - t2)`` needs no clock model (the offsets
+cancel), so the selection is the same before and after the first solve, and a solve reads at
+most pairs x bins x 2 rows, however high the probe rate. The bin's lowest-RTT pair is the one
+least queued in both directions. Why a selection and not a summary per batch: reducing every
+record into `sync.summary` costs ~2.7 us per record (orientation, hull sorts) against a budget
+of ~1 us for the whole controller, and a bin's summary at live probe rates holds about as many
+points as the bin has records (docs/controller.md, "Clock sync").
 
-`ClockSync.maybe_solve(now_ns)` (every ``solve_every_ns``) runs the one window pipeline on the
-rows of the last ``window_ns``: `sync.window.orient_samples` (orientation on clock i's time axis,
-coded filter, thin-edge fallback) and `sync.window.sync_window` (pair fits, two-pass aligned
-network solve, second stage with automatic envelope choice, Huber), and installs per-NIC
-`sync.ClockModels`. `ClockSync.delays(ing)` maps each stamp to the reference timescale with those
+`ClockSync.maybe_solve(now_ns)` (every ``solve_every_ns``) runs `controller.clocksolve` on the
+rows of the last ``window_ns``: hardware-stamped windows are streamed into a bounded
+`sync.summary.Summary` and solved by `sync.summary.sync_summary` (hull fits, drifts from the
+envelopes and lowest-RTT lines, receive-side correction), software-stamped ones by
+`sync.window.sync_window` (the two drivers of the benchmark), and per-NIC `sync.ClockModels`
+are installed. `ClockSync.delays(ing)` maps each stamp to the reference timescale with those
 models (extrapolated to "now"): one-way delays in real time; NaN before the first solve or for a
 NIC outside the solved part of the probe graph, never a guess.
 
@@ -29,66 +33,28 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from controller.clocksolve import ClockState, ClockSyncConfig, SampleWindow, compute_state
 from controller.ingest import Ingested
 from controller.windows import KeyIndex
 from sync import ClockModels
-from sync.window import drift_std_per_node, orient_samples, sync_window
+
+__all__ = [
+    "ClockState",
+    "ClockSync",
+    "ClockSyncConfig",
+    "Delays",
+    "SampleWindow",
+    "compute_state",
+    "solve_miss",
+    "trust_horizon",
+]
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 I32 = NDArray[np.int32]
 
-_COLS = ("src", "dst", "pair", "t1", "t2", "t3", "t4")
-
-
-@dataclass(frozen=True)
-class ClockSyncConfig:
-    """Window and solve cadence (ns), coded-pair tolerance, bins per window, ring bound (rows).
-
-    The default solves once per window (10 s), so each sample is solved once: the solve's cost
-    is amortized over every probe of the window. Until the first window is full, a solve is
-    also due whenever the data span has doubled since the last one (warm-up: a model from the
-    first 0.1 s would otherwise be extrapolated for a whole window)."""
-
-    window_ns: int = 10_000_000_000
-    solve_every_ns: int = 10_000_000_000
-    coded_tol_ns: int = 2_000
-    use_uncoded: bool = False  # also keep probes that are not part of a coded pair (all of them)
-    capacity: int = 4_000_000  # rows kept at most (oldest batches dropped first)
-    min_samples: int = 3
-    bins: int = 4  # time bins per window; per bin and directed pair one coded pair is kept
-    min_coded: int = 8  # thin-edge fallback of `orient_samples`
-    refine: bool = True  # second stage of `sync_window`
-    warmup_bins: int = 8  # the first bin after start is split in this many (drift observable)
-    max_unc_ns: float = 1000.0  # delays of a NIC whose clock is less certain are withheld
-    min_span_ns: int = 1_000_000_000  # a solve over less data cannot see drift: not trusted
-
-    def __post_init__(self) -> None:
-        if self.window_ns <= 0 or self.solve_every_ns <= 0 or self.capacity < 16:
-            raise ValueError("window and solve period must be > 0 and capacity >= 16")
-        if self.coded_tol_ns < 0 or self.bins < 1 or self.warmup_bins < 1:
-            raise ValueError("coded_tol_ns must be >= 0, bins and warmup_bins >= 1")
-        if not self.max_unc_ns > 0 or self.min_span_ns < 0:
-            raise ValueError("max_unc_ns must be > 0 and min_span_ns >= 0")
-
-
-@dataclass(frozen=True, eq=False)
-class ClockState:
-    """Per-NIC clock models from one solve (`sync.ClockModels`, unknown NICs NaN)."""
-
-    models: ClockModels
-    center_ns: float  # middle of the solved window, relative to models.t_ref_ns
-    solved_at_ns: int
-    n_pairs: int
-    n_samples: int = 0
-    estimator: str = ""
-    span_ns: int = 0  # time covered by the solved samples (initiator clocks)
-    end_ns: int = 0  # latest send stamp of the solved samples (initiator clocks)
-
-    @property
-    def t_ref_ns(self) -> int:
-        """Reference instant of the models (middle of the solved window, initiator clocks)."""
-        return self.models.t_ref_ns
+_COLS = ("src", "dst", "pair", "t1", "t2", "t3", "t4", "sw")  # sw: a software-stamped row
+_DTYPES: dict[str, type[Any]] = {"src": np.int32, "dst": np.int32, "sw": np.bool_}
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,22 +65,6 @@ class Delays:
     owd_fwd_ns: F64
     owd_rev_ns: F64
     rtt_ns: F64
-
-
-@dataclass(frozen=True, eq=False)
-class SampleWindow:
-    """Raw probe rows of one window (both probes of each kept coded pair), all arrived."""
-
-    src: I32
-    dst: I32
-    pair: I64
-    t1: I64
-    t2: I64
-    t3: I64
-    t4: I64
-
-    def __len__(self) -> int:
-        return len(self.src)
 
 
 class ClockSync:
@@ -191,7 +141,7 @@ class ClockSync:
     def _fold(self, ing: Ingested, bb: int, dp: I64, score: I64, first: I64, second: I64) -> int:
         """Update open bin ``bb`` with candidate pairs; return how many became its best."""
         if bb < self._latest_bin - 1:  # late data for a bin already flushed: its own chunk
-            self._push(_rows_of(ing, np.concatenate([first, second])))
+            self._push(_rows_of(ing, np.stack([first, second], axis=1).reshape(-1)))
             return len(first)
         self._latest_bin = max(self._latest_bin, bb)
         ob = self._open.get(bb)
@@ -209,10 +159,11 @@ class ClockSync:
         win = win[np.take(self._scratch, dw) == win]
         dw = dp[win]
         f, s = first[win], second[win]
-        for name in _COLS:
+        for name in _COLS[:-1]:
             col = getattr(ing, name)
             ob.cols[name][dw, 0] = np.take(col, f)
             ob.cols[name][dw, 1] = np.take(col, s)
+        ob.cols["sw"][dw] = ing.stamp == "sw"
         return len(win)
 
     def _flush(self, upto: int) -> None:
@@ -311,7 +262,7 @@ class ClockSync:
         keep = cols["t1"] >= horizon
         if not keep.all():
             cols = {k: v[keep] for k, v in cols.items()}
-        return SampleWindow(**cols)  # type: ignore[arg-type]
+        return SampleWindow(**cols)
 
     def install(self, state: ClockState | None) -> bool:
         """Adopt a computed clock state (None = the solve found nothing; an older solve than
@@ -402,8 +353,9 @@ class _OpenBin:
     def grown(cls, old: _OpenBin | None, size: int) -> _OpenBin:
         """A bin with room for ``size`` slots, keeping ``old``'s entries."""
         score = np.full(size, _NONE, np.int64)
-        cols = {k: np.zeros((size, 2), np.int32 if k in ("src", "dst") else np.int64)
-                for k in _COLS}  # fmt: skip
+        cols: dict[str, NDArray[Any]] = {
+            k: np.zeros((size, 2), _DTYPES.get(k, np.int64)) for k in _COLS
+        }
         if old is not None:
             n = len(old.score)
             score[:n] = old.score
@@ -418,7 +370,9 @@ class _OpenBin:
 
 
 def _rows_of(ing: Ingested, rows: I64) -> dict[str, NDArray[Any]]:
-    return {k: np.take(getattr(ing, k), rows) for k in _COLS}
+    out = {k: np.take(getattr(ing, k), rows) for k in _COLS[:-1]}
+    out["sw"] = np.full(len(rows), ing.stamp == "sw")
+    return out
 
 
 def _coded_partners(pair: I64, send: I64) -> tuple[I64, I64]:
@@ -447,47 +401,6 @@ def _coded_partners(pair: I64, send: I64) -> tuple[I64, I64]:
     a, b = order[start], order[start + 1]
     swap = send[b] < send[a]
     return np.where(swap, b, a).astype(np.int64), np.where(swap, a, b).astype(np.int64)
-
-
-def compute_state(
-    w: SampleWindow, n_nics: int, config: ClockSyncConfig, now_ns: int
-) -> ClockState | None:
-    """Pure solve of one window: `orient_samples` + `sync_window` -> per-NIC `ClockModels`
-    at the middle of the window. Returns None when no pair could be fitted. Safe to run in a
-    worker thread."""
-    if len(w) < 2:
-        return None
-    t_lo, t_hi = int(w.t1.min()), int(w.t1.max())
-    t_ref = t_lo + (t_hi - t_lo) // 2
-    samples = orient_samples(
-        w.src, w.dst, w.pair, w.t1, w.t2, w.t3, w.t4, np.zeros(len(w), bool), t_ref,
-        coded_tol_ns=config.coded_tol_ns, min_coded=config.min_coded,
-    )  # fmt: skip
-    ws = sync_window(n_nics, samples, min_samples=config.min_samples, refine=config.refine)
-    fits = ws.fits
-    good = fits.ok & np.isfinite(fits.drift_std)
-    if not ws.known.any() or not good.any():
-        return None
-    drift_std = drift_std_per_node(ws, n_nics)
-    known = ws.known & np.isfinite(ws.offset_ns) & np.isfinite(ws.drift)
-    nan = np.full(n_nics, np.nan)
-    models = ClockModels.build(
-        t_ref,
-        np.where(known, ws.offset_ns, nan),
-        np.where(known, ws.drift, nan),
-        np.where(known, np.maximum(ws.offset_std_ns, 0.0), nan),
-        np.where(known, drift_std, nan),
-    )
-    return ClockState(
-        models=models,
-        center_ns=0.0,
-        solved_at_ns=now_ns,
-        n_pairs=int(fits.ok.sum()),
-        n_samples=len(w),
-        estimator=ws.estimator,
-        span_ns=t_hi - t_lo,
-        end_ns=t_hi,
-    )
 
 
 def solve_miss(old: ClockState | None, new: ClockState) -> tuple[F64, F64]:

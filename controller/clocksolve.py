@@ -1,0 +1,209 @@
+"""The pure clock solve of the controller: one window of kept probe rows -> per-NIC clock models.
+
+The estimator is the one the sync benchmark measures (`qpmesh sim sync`, docs/benchmarks.md),
+with the same two drivers, chosen by how the records were stamped (`contract.records`: each
+batch says ``hw``, ``sw`` or ``sim``; the prober says ``hw`` only when every NIC of its host
+stamps in hardware):
+
+* **hardware stamps** (``hw``; ``sim`` too): the rows are oriented onto edges with the
+  hardware coded-pair tolerance and streamed, slice by slice, into one bounded
+  `sync.summary.Summary` (`reduce_chunk`, `merge`: lower hulls per direction, lowest-RTT
+  exchanges), then `sync.summary.sync_summary` (pair fits on the hulls, drifts from the
+  envelopes and the lowest-RTT lines, the receive-side correction `receive_excess`);
+* **software stamps** (any ``sw`` row in the window): `sync.window.sync_window` on the oriented
+  rows with ``bias_bound=False`` (the per-direction lowest-fraction means need every sample,
+  and kernel stamp jitter is alike in both directions).
+
+`compute_state` is pure and safe in a worker thread (`controller.clocksync.ClockSync` hands
+out the window with `start_solve` and adopts the result with `install`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sync import ClockModels
+from sync.summary import Summary, merge, reduce_chunk, rtt_cap, sync_summary
+from sync.window import (
+    EdgeSamples,
+    WindowSync,
+    drift_std_per_node,
+    orient_samples,
+    sync_window,
+)
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+I32 = NDArray[np.int32]
+SLICE_ROWS = 1 << 20  # rows reduced at a time into the summary (bounds the sort temporaries)
+
+
+@dataclass(frozen=True)
+class ClockSyncConfig:
+    """Window and solve cadence (ns), coded-pair tolerances, bins per window, ring bound (rows).
+
+    The default solves once per window (10 s), so each sample is solved once: the solve's cost
+    is amortized over every probe of the window. Until the first window is full, a solve is
+    also due whenever the data span has doubled since the last one (warm-up: a model from the
+    first 0.1 s would otherwise be extrapolated for a whole window). ``coded_tol_ns`` is the
+    coded-pair tolerance of software stamps, ``coded_tol_hw_ns`` of hardware stamps (both as
+    `qpmesh sim sync` uses them); ``quant_hw_ns`` is the hardware stamp resolution the pair
+    fits allow for (6.4 ns: the simulator's NIC clock tick)."""
+
+    window_ns: int = 10_000_000_000
+    solve_every_ns: int = 10_000_000_000
+    coded_tol_ns: int = 2_000
+    coded_tol_hw_ns: int = 25
+    quant_hw_ns: float = 6.4
+    use_uncoded: bool = False  # also keep probes that are not part of a coded pair (all of them)
+    capacity: int = 4_000_000  # rows kept at most (oldest batches dropped first)
+    min_samples: int = 3
+    bins: int = 4  # time bins per window; per bin and directed pair one coded pair is kept
+    min_coded: int = 8  # thin-edge fallback (`orient_samples`, `sync_summary`)
+    refine: bool = True  # second stage of `sync_window` (software stamps)
+    warmup_bins: int = 8  # the first bin after start is split in this many (drift observable)
+    max_unc_ns: float = 1000.0  # delays of a NIC whose clock is less certain are withheld
+    min_span_ns: int = 1_000_000_000  # a solve over less data cannot see drift: not trusted
+
+    def __post_init__(self) -> None:
+        if self.window_ns <= 0 or self.solve_every_ns <= 0 or self.capacity < 16:
+            raise ValueError("window and solve period must be > 0 and capacity >= 16")
+        if self.coded_tol_ns < 0 or self.coded_tol_hw_ns < 0 or not self.quant_hw_ns >= 0:
+            raise ValueError("coded-pair tolerances and quant_hw_ns must be >= 0")
+        if self.bins < 1 or self.warmup_bins < 1:
+            raise ValueError("bins and warmup_bins must be >= 1")
+        if not self.max_unc_ns > 0 or self.min_span_ns < 0:
+            raise ValueError("max_unc_ns must be > 0 and min_span_ns >= 0")
+
+
+@dataclass(frozen=True, eq=False)
+class ClockState:
+    """Per-NIC clock models from one solve (`sync.ClockModels`, unknown NICs NaN)."""
+
+    models: ClockModels
+    center_ns: float  # middle of the solved window, relative to models.t_ref_ns
+    solved_at_ns: int
+    n_pairs: int
+    n_samples: int = 0
+    estimator: str = ""
+    span_ns: int = 0  # time covered by the solved samples (initiator clocks)
+    end_ns: int = 0  # latest send stamp of the solved samples (initiator clocks)
+    summary_points: int = 0  # size of the hw summary the solve read (0: sw driver)
+
+    @property
+    def t_ref_ns(self) -> int:
+        """Reference instant of the models (middle of the solved window, initiator clocks)."""
+        return self.models.t_ref_ns
+
+
+@dataclass(frozen=True, eq=False)
+class SampleWindow:
+    """Raw probe rows of one window (both probes of each kept coded pair), all arrived;
+    ``sw`` marks rows from software-stamped batches."""
+
+    src: I32
+    dst: I32
+    pair: I64
+    t1: I64
+    t2: I64
+    t3: I64
+    t4: I64
+    sw: NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def window_summary(
+    w: SampleWindow, t_ref: int, coded_tol_ns: int, slice_rows: int = SLICE_ROWS
+) -> Summary:
+    """The rows of ``w`` oriented onto their edges (coded filter at ``coded_tol_ns``, the thin
+    fallback left to `sync_summary`) and reduced into one `Summary`, ``slice_rows`` at a time;
+    every edge keeps as many lowest-RTT exchanges as the largest lowest-RTT fraction of its
+    exchanges needs. Raises ValueError on an empty window."""
+    if not len(w):
+        raise ValueError("no rows to summarize")
+    smp = orient_samples(
+        w.src, w.dst, w.pair, w.t1, w.t2, w.t3, w.t4, np.zeros(len(w), bool), t_ref,
+        coded_tol_ns=coded_tol_ns, min_coded=0,
+    )  # fmt: skip
+    m = len(smp.edges)
+    cap = rtt_cap(np.bincount(smp.edge, minlength=m))
+    ident = np.arange(m)
+    out: Summary | None = None
+    for a in range(0, len(w), slice_rows):
+        part = reduce_chunk(_rows(smp, slice(a, a + slice_rows)), ident, smp.edges, cap)
+        out = part if out is None else merge(out, part)
+    assert out is not None
+    return out
+
+
+def _rows(s: EdgeSamples, sel: slice) -> EdgeSamples:
+    arr = None if s.arrived is None else s.arrived[sel]
+    return EdgeSamples(
+        s.edges, s.edge[sel], s.fwd_t[sel], s.fwd_d[sel], s.fwd_ok[sel],
+        s.rev_t[sel], s.rev_d[sel], s.rev_ok[sel], arr,
+    )  # fmt: skip
+
+
+def solve_window(
+    w: SampleWindow, n_nics: int, config: ClockSyncConfig, t_ref: int
+) -> tuple[WindowSync, int]:
+    """The estimator on one window at ``t_ref`` (module docstring: hw summary driver unless a
+    row is software-stamped); returns (result, summary points read, 0 for the sw driver)."""
+    if w.sw.any():
+        samples = orient_samples(
+            w.src, w.dst, w.pair, w.t1, w.t2, w.t3, w.t4, np.zeros(len(w), bool), t_ref,
+            coded_tol_ns=config.coded_tol_ns, min_coded=config.min_coded,
+        )  # fmt: skip
+        ws = sync_window(
+            n_nics, samples, min_samples=config.min_samples, refine=config.refine,
+            bias_bound=False,
+        )  # fmt: skip
+        return ws, 0
+    s = window_summary(w, t_ref, config.coded_tol_hw_ns)
+    ws = sync_summary(
+        n_nics, s, quant_ns=config.quant_hw_ns, min_samples=config.min_samples,
+        min_coded=config.min_coded,
+    )  # fmt: skip
+    return ws, s.n_points
+
+
+def compute_state(
+    w: SampleWindow, n_nics: int, config: ClockSyncConfig, now_ns: int
+) -> ClockState | None:
+    """Pure solve of one window (`solve_window`) -> per-NIC `ClockModels` at the middle of the
+    window. Returns None when no pair could be fitted. Safe to run in a worker thread."""
+    if len(w) < 2:
+        return None
+    t_lo, t_hi = int(w.t1.min()), int(w.t1.max())
+    t_ref = t_lo + (t_hi - t_lo) // 2
+    ws, points = solve_window(w, n_nics, config, t_ref)
+    fits = ws.fits
+    good = fits.ok & np.isfinite(fits.drift_std)
+    if not ws.known.any() or not good.any():
+        return None
+    drift_std = drift_std_per_node(ws, n_nics)
+    known = ws.known & np.isfinite(ws.offset_ns) & np.isfinite(ws.drift)
+    nan = np.full(n_nics, np.nan)
+    models = ClockModels.build(
+        t_ref,
+        np.where(known, ws.offset_ns, nan),
+        np.where(known, ws.drift, nan),
+        np.where(known, np.maximum(ws.offset_std_ns, 0.0), nan),
+        np.where(known, drift_std, nan),
+    )
+    return ClockState(
+        models=models,
+        center_ns=0.0,
+        solved_at_ns=now_ns,
+        n_pairs=int(fits.ok.sum()),
+        n_samples=len(w),
+        estimator=ws.estimator,
+        span_ns=t_hi - t_lo,
+        end_ns=t_hi,
+        summary_points=points,
+    )
