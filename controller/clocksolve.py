@@ -28,7 +28,6 @@ from numpy.typing import NDArray
 from sync import ClockModels
 from sync.summary import Summary, merge, reduce_chunk, rtt_cap, sync_summary
 from sync.window import (
-    EdgeSamples,
     WindowSync,
     drift_std_per_node,
     orient_samples,
@@ -121,32 +120,36 @@ def window_summary(
     w: SampleWindow, t_ref: int, coded_tol_ns: int, slice_rows: int = SLICE_ROWS
 ) -> Summary:
     """The rows of ``w`` oriented onto their edges (coded filter at ``coded_tol_ns``, the thin
-    fallback left to `sync_summary`) and reduced into one `Summary`, ``slice_rows`` at a time;
-    every edge keeps as many lowest-RTT exchanges as the largest lowest-RTT fraction of its
-    exchanges needs. Raises ValueError on an empty window."""
-    if not len(w):
+    fallback left to `sync_summary`) and reduced into one `Summary`, about ``slice_rows`` at a
+    time (never splitting a coded pair: both probes sit on adjacent rows), so no temporary
+    grows with the window; every edge keeps as many lowest-RTT exchanges as the largest
+    lowest-RTT fraction of its exchanges needs. Raises ValueError on an empty window."""
+    n = len(w)
+    if not n:
         raise ValueError("no rows to summarize")
-    smp = orient_samples(
-        w.src, w.dst, w.pair, w.t1, w.t2, w.t3, w.t4, np.zeros(len(w), bool), t_ref,
-        coded_tol_ns=coded_tol_ns, min_coded=0,
-    )  # fmt: skip
-    m = len(smp.edges)
-    cap = rtt_cap(np.bincount(smp.edge, minlength=m))
-    ident = np.arange(m)
+    src, dst = w.src.astype(np.int64), w.dst.astype(np.int64)
+    big = int(max(src.max(), dst.max())) + 1  # as `orient_samples` keys its edges
+    keys, per = np.unique(np.minimum(src, dst) * big + np.maximum(src, dst), return_counts=True)
+    del src, dst
+    edges = np.stack([keys // big, keys % big], axis=1)
+    cap = rtt_cap(per)
     out: Summary | None = None
-    for a in range(0, len(w), slice_rows):
-        part = reduce_chunk(_rows(smp, slice(a, a + slice_rows)), ident, smp.edges, cap)
+    a = 0
+    while a < n:
+        b = min(a + max(2, slice_rows), n)
+        if b < n and w.pair[b] >= 0 and w.pair[b] == w.pair[b - 1]:
+            b += 1  # the second probe of a pair goes with its first
+        smp = orient_samples(
+            w.src[a:b], w.dst[a:b], w.pair[a:b], w.t1[a:b], w.t2[a:b], w.t3[a:b], w.t4[a:b],
+            np.zeros(b - a, bool), t_ref, coded_tol_ns=coded_tol_ns, min_coded=0,
+        )  # fmt: skip
+        local = smp.edges[:, 0] * big + smp.edges[:, 1]
+        part = reduce_chunk(smp, np.searchsorted(keys, local), edges, cap)
+        del smp
         out = part if out is None else merge(out, part)
+        a = b
     assert out is not None
     return out
-
-
-def _rows(s: EdgeSamples, sel: slice) -> EdgeSamples:
-    arr = None if s.arrived is None else s.arrived[sel]
-    return EdgeSamples(
-        s.edges, s.edge[sel], s.fwd_t[sel], s.fwd_d[sel], s.fwd_ok[sel],
-        s.rev_t[sel], s.rev_d[sel], s.rev_ok[sel], arr,
-    )  # fmt: skip
 
 
 def solve_window(
