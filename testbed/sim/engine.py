@@ -62,6 +62,7 @@ I32 = npt.NDArray[np.int32]
 EPOCH_NS = 1_700_000_000_000_000_000
 HW_TICK_NS = 6.4
 SPORT_LO, SPORT_HI = 49152, 65536
+_ROWS = 1 << 17  # events per block where a per-event computation is done in blocks
 
 
 class SimError(ValueError):
@@ -238,6 +239,13 @@ class Simulator:
         """
         idx = np.arange(len(self.fabric.nics)) if nic is None else np.asarray(nic)
         t = np.asarray(t_ns, dtype=np.float64)
+        if t.ndim == 1 and idx.shape == t.shape and len(t) > _ROWS:
+            # row by row the same values; in blocks, so the (events, 3) wander temporaries of
+            # a step's stamps stay a few MB
+            out = np.empty(len(t))
+            for a in range(0, len(t), _ROWS):
+                out[a : a + _ROWS] = self.true_offset_ns(t[a : a + _ROWS], idx[a : a + _ROWS])
+            return out
         t_s = t / 1e9
         wander = (
             self._w_amp[idx]
@@ -370,6 +378,7 @@ class Simulator:
         pos = np.tile(np.array([0, 1], dtype=np.uint8), len(pidx))
         t_ns = np.repeat(t_pair_s * 1e9, 2) + pos * float(cfg.coded_spacing_ns)
         slot = kk2 % cfg.ports_per_pair
+        del offs, kk, t_pair_s, kk2  # (per-probe temporaries are freed as soon as used)
         src = self.pairs_src[pidx2]
         dst = self.pairs_dst[pidx2]
         sport = self.ports[pidx2, slot]
@@ -380,6 +389,7 @@ class Simulator:
         if self.real and self.config.model.ecmp_mismatch > 0:
             _, _, sf, sr = self._all_paths
             seen_f, seen_r = sf[pidx2, slot], sr[pidx2, slot]
+        del slot
 
         # faults active in this step
         active = [ft for ft in self.faults if ft.start_s < t1_s and ft.end_s > t0_s]
@@ -422,14 +432,13 @@ class Simulator:
                     util_extra[list(hop_ids)] += ft.magnitude
                 else:
                     queue_extra_us[list(hop_ids)] += ft.magnitude
+        keep: npt.NDArray[np.bool_] | slice = slice(None)  # all: the columns, not copies
         if dead_hosts:
             dead_idx = np.array([i for i, h in enumerate(hosts) if h.id in dead_hosts])
             from_dead = np.isin(host_of[src], dead_idx)
             to_dead = np.isin(host_of[dst], dead_idx)
             lost |= to_dead
             keep = ~from_dead
-        else:
-            keep = np.ones(n, dtype=bool)
 
         if self.real:
             rho = self._util.utilisation(t0_s)
@@ -441,6 +450,7 @@ class Simulator:
         else:
             rho = np.minimum(cfg.load + util_extra, 0.98)
             incast = None
+        del t_s
         owd_f, nic_wait_f = self._delays(hops_f, rho, queue_extra_us, incast)
         owd_r, nic_wait_r = self._delays(hops_r, rho, queue_extra_us, incast)
         if self.real:
@@ -455,19 +465,24 @@ class Simulator:
             nic_wait_f = nic_wait_r = np.zeros(n)
         turn = rng.uniform(*cfg.turnaround_ns, n)
         T1 = t_ns + nic_wait_f  # send stamp instant (handed to the NIC at t_ns)
+        del t_ns, nic_wait_f
         T2 = T1 + owd_f
         T3 = T2 + turn + nic_wait_r
+        del turn, nic_wait_r
         T4 = T3 + owd_r
         s1 = self._stamp(T1, src, tx=True)
         s2 = self._stamp(T2, dst, tx=False)
+        del T2
         s3 = self._stamp(T3, dst, tx=True)
+        del T3
         s4 = self._stamp(T4, src, tx=False)
+        del T4
         for s in (s2, s3, s4):
             s[lost] = MISSING
         true_f = np.where(lost, np.nan, owd_f)
         true_r = np.where(lost, np.nan, owd_r)
 
-        n_keep = int(keep.sum())
+        n_keep = n if isinstance(keep, slice) else int(keep.sum())
         seq = (self._seq + np.arange(n_keep)) % (1 << 32)
         self._seq += n_keep
         pair_ids = ((self._pair_id + np.repeat(np.arange(len(pidx)), 2)) % (1 << 31))[keep]
@@ -538,29 +553,42 @@ class Simulator:
         cfg, rng = self.config, self.rng
         valid = hops >= 0
         h = np.where(valid, hops, 0)  # column 0: the source NIC's own egress (NIC -> leaf)
-        base = self._hop_base_ns[h]
         rho = rho_hop[h]
         svc = self._service_ns[h]
-        u = rng.random(hops.shape)
-        waits = u < rho
-        q = np.where(waits, rng.exponential(1.0, hops.shape) * svc / (1.0 - rho), 0.0)
-        burst = rng.random(hops.shape) < cfg.burst_prob * rho
+        # in place, in the order the draws are made: a step's (probes, hops) float temporaries
+        # are tens of MB each at 10,000 NICs; the values are those of the expressions noted
+        scratch = rng.random(hops.shape)
+        waits = scratch < rho
+        q = rng.exponential(1.0, hops.shape)  # q = where(waits, Exp(1) * svc / (1 - rho), 0)
+        q *= svc
+        np.subtract(1.0, rho, out=scratch)
+        q /= scratch
+        q[~waits] = 0.0
+        del waits
+        burst = rng.random(hops.shape, out=scratch) < cfg.burst_prob * rho
         if burst.any():
             nb = int(burst.sum())
             q[burst] += np.minimum((rng.pareto(1.5, nb) + 1.0) * 1000.0, 200_000.0)
-        extra = queue_extra_us[h]
-        if extra.any():
-            on = extra > 0
-            q[on] += rng.exponential(1.0, int(on.sum())) * extra[on] * 1000.0
+        del burst, scratch
+        if queue_extra_us.any():
+            extra = queue_extra_us[h]
+            if extra.any():
+                on = extra > 0
+                q[on] += rng.exponential(1.0, int(on.sum())) * extra[on] * 1000.0
+            del extra
         if self.real:
             fx, m = self._fx, cfg.model
             if incast is not None and incast.any():
                 hit = incast[h] & valid & (fx.random(hops.shape) < m.incast_hit)
                 q[hit] += fx.exponential(m.incast_queue_us * 1000.0, int(hit.sum()))
+                del hit
             if m.coded_fifo and len(q) >= 2:
                 self._coded_fifo(q, h, valid, rho, svc)
-        owd = np.asarray(np.where(valid, base + q, 0.0).sum(axis=1), dtype=np.float64)
-        return owd, np.asarray(np.where(valid[:, 0], q[:, 0], 0.0), dtype=np.float64)
+        del rho, svc
+        first = np.asarray(np.where(valid[:, 0], q[:, 0], 0.0), dtype=np.float64)
+        q += self._hop_base_ns[h]  # owd = where(valid, base + q, 0).sum(axis=1)
+        q[~valid] = 0.0
+        return np.asarray(q.sum(axis=1), dtype=np.float64), first
 
     def _coded_fifo(self, q: F64, h: I32, valid: npt.NDArray[np.bool_], rho: F64, svc: F64) -> None:
         """Replace, in place, the second probe's wait at every hop by what a FIFO gives it.
@@ -600,20 +628,25 @@ class Simulator:
         """Return which probes the realistic model drops: background loss, buffer overflow at
         high utilisation and loss bursts (per directed hop traversal, both directions)."""
         m, fx = self.config.model, self._fx
-        hops = np.concatenate([hops_f, hops_r], axis=1)
-        valid = hops >= 0
-        h = np.where(valid, hops, 0)
-        p_keep = np.where(
-            valid, (1.0 - m.background_loss) * (1.0 - self._util.overflow_loss(rho)[h]), 1.0
-        )
-        keep = p_keep.prod(axis=1)
-        for li, b0, b1 in self._loss.bursts(
-            float(t_s.min(initial=0.0)), float(t_s.max(initial=0.0)) + 1e-3
-        ):
-            inb = (t_s >= b0) & (t_s < b1)
-            crosses = (hop_links(h) == li) & valid
-            n_cross = crosses.sum(axis=1)
-            keep = keep * np.where(inb, (1.0 - m.burst_loss) ** n_cross, 1.0)
+        # probability of passing each directed hop, multiplied along the path column by column
+        # in path order (forward hops, then reverse): the product numpy's row-wise prod takes,
+        # without a (probes, 2 x hops) float temporary
+        p_hop = (1.0 - m.background_loss) * (1.0 - self._util.overflow_loss(rho))
+        keep = np.ones(len(hops_f))
+        for hops in (hops_f, hops_r):
+            for c in range(hops.shape[1]):
+                col = hops[:, c]
+                keep *= np.where(col >= 0, p_hop[np.maximum(col, 0)], 1.0)
+        bursts = self._loss.bursts(float(t_s.min(initial=0.0)), float(t_s.max(initial=0.0)) + 1e-3)
+        if bursts:
+            both = np.concatenate([hops_f, hops_r], axis=1)
+            valid = both >= 0
+            links = hop_links(np.where(valid, both, 0))
+            del both
+            for li, b0, b1 in bursts:
+                inb = (t_s >= b0) & (t_s < b1)
+                n_cross = ((links == li) & valid).sum(axis=1)
+                keep = keep * np.where(inb, (1.0 - m.burst_loss) ** n_cross, 1.0)
         return np.asarray(fx.random(len(keep)) >= keep)
 
     def _stamp(self, true_ns: F64, nic: I64, *, tx: bool) -> I64:

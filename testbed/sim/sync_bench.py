@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -38,14 +37,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from contract.records import ProbeBatch
 from controller.fabric import FabricShape, build_fabric
 from sync import anchor_tree, ntp_offsets, solve_network
 from sync.summary import queueing_bound, sync_summary
 from sync.window import EdgeSamples, orient_samples, sync_window
-from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator
+from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, SimStep, Simulator
+from testbed.sim.heap import release_free_heap
 from testbed.sim.model import ModelKnobs
 from testbed.sim.options import add_model_options, model_from_args
-from testbed.sim.sync_stream import N_SUB, collect_window, window_edges
+from testbed.sim.sync_stream import N_SUB, collect_window, window_batches, window_edges
 from testbed.sim.sync_truth import BestQueueing, breakdown
 
 F64 = npt.NDArray[np.float64]
@@ -203,18 +204,15 @@ def run_sync_bench(
     n_nodes = len(fabric.nics)
     t_mid_ns = window_s / 2 * 1e9
     t_ref = EPOCH_NS + int(t_mid_ns)
-    steps = max(1, round(window_s / 0.1))
 
     best: BestQueueing | None = None
 
-    def run() -> Iterator[Any]:
-        for i, st in enumerate(sim.run(window_s, 0.1)):
-            if best is not None:
-                best.observe(sim, st)
-            yield st
-            del st  # not held while the next step is simulated
-            if progress and (i + 1) % 5 == 0:
-                print(f"sim sync: simulated {i + 1}/{steps} steps", file=sys.stderr)
+    def observe(st: SimStep) -> None:
+        if best is not None:
+            best.observe(sim, st)
+
+    def run() -> Iterator[ProbeBatch]:
+        return window_batches(sim, window_s, 0.1, progress=progress, observe=observe)
 
     quant = HW_TICK_NS if timestamps == "hw" else 0.0
     if timestamps == "hw":  # streamed: the window is reduced step by step, never held
@@ -237,6 +235,7 @@ def run_sync_bench(
         )
         n_probes, summary_points = sw.probes, sw.summary.n_points
         qb = queueing_bound(n_nodes, sw.summary)
+        release_free_heap()  # what the window's reduction freed, before the solve's temporaries
         t_fit = time.perf_counter()
         ws = sync_summary(n_nodes, sw.summary, quant_ns=quant)
         solve_total = time.perf_counter() - t_fit
@@ -251,9 +250,10 @@ def run_sync_bench(
         cols: dict[str, list[npt.NDArray[Any]]] = {
             k: [] for k in ("src", "dst", "pair", "t1", "t2", "t3", "t4", "lost")
         }
-        for st in run():
+        for b in run():
             for k, col in cols.items():
-                col.append(getattr(st.batch, k))
+                col.append(getattr(b, k))
+            del b
         c = {k: np.concatenate(cols.pop(k)) for k in list(cols)}
         truth, asym, asym_edges = _truth(sim, t_mid_ns)
         del sim

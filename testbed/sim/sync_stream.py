@@ -4,22 +4,25 @@ The simulator's steps are reduced as they come: each step's probes are oriented 
 window's edges and folded into a `sync.summary.Summary` (lower hulls, lowest-RTT exchanges,
 counts) and into the NTP baselines' per-cell min-RTT exchanges. Nothing of the raw window is
 held, so peak memory is one step plus the summaries (issue 10: 10,000 NICs at the default rate
-held ~7 GB of raw probes before). `collect_window(..., chunks=False)` reduces the whole window
-at once, for the equality test.
+held ~7 GB of raw probes before). A step's batch is dropped before the merge, and the heap's
+freed pages are given back after each step (`testbed.sim.heap`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from contract.records import ProbeBatch
 from sync import ntp_offsets
 from sync.summary import Summary, merge, reduce_chunk, rtt_cap
 from sync.window import orient_samples
-from testbed.sim.engine import SimStep
+from testbed.sim.engine import SimStep, Simulator
+from testbed.sim.heap import release_free_heap
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -69,13 +72,43 @@ def window_edges(pairs_src: I64, pairs_dst: I64, n_nodes: int) -> tuple[I64, I64
     return np.stack([keys // n_nodes, keys % n_nodes], axis=1), per.astype(np.int64)
 
 
+def window_batches(
+    sim: Simulator,
+    window_s: float,
+    step_s: float,
+    *,
+    progress: bool = False,
+    observe: Callable[[SimStep], None] | None = None,
+) -> Iterator[ProbeBatch]:
+    """The probe batches of ``sim``'s steps over ``window_s``, one per step, as simulated.
+
+    Neither a step nor its batch is held once handed on: the step's truth columns are freed
+    at once and the batch when the consumer drops it, so the next step is simulated without
+    the last one in memory (a generator's local, or `enumerate`'s reused result tuple, would
+    keep it). ``observe`` sees each step (truth included) before it is dropped; ``progress``:
+    a line on stderr every 5 steps."""
+    total = int(np.ceil(window_s / step_s - 1e-9))
+    done = 0
+
+    def batch_of(st: SimStep) -> ProbeBatch:
+        nonlocal done
+        if observe is not None:
+            observe(st)
+        done += 1
+        if progress and done % 5 == 0:
+            print(f"sim sync: simulated {done}/{total} steps", file=sys.stderr)
+        return st.batch
+
+    return map(batch_of, sim.run(window_s, step_s))
+
+
 def _ntp_cells(n_cells: int, cell: I64, s: tuple[I64, I64, I64, I64], t_ref: int) -> NtpCells:
     o = ntp_offsets(n_cells, cell, *s, t_ref)
     return NtpCells(np.where(o.ok, o.rtt_ns, np.inf), o.theta_ns, o.t_rel_ns)
 
 
 def _reduce_step(
-    st: SimStep,
+    b: ProbeBatch,
     edges: I64,
     keys: I64,
     cap: I64,
@@ -86,7 +119,6 @@ def _reduce_step(
 ) -> tuple[Summary, NtpCells, NtpCells, int]:
     """One step's probes as a summary and NTP cells (per eighth, per edge), and their count."""
     m = len(edges)
-    b = st.batch
     smp = orient_samples(
         b.src, b.dst, b.pair, b.t1, b.t2, b.t3, b.t4, b.lost, t_ref,
         coded_tol_ns=coded_tol_ns, min_coded=0,
@@ -112,7 +144,7 @@ def _reduce_step(
 
 
 def collect_window(
-    steps: Iterable[SimStep],
+    batches: Iterable[ProbeBatch],
     edges: I64,
     max_exchanges: I64,
     n_nodes: int,
@@ -120,7 +152,7 @@ def collect_window(
     window_s: float,
     coded_tol_ns: int,
 ) -> StreamedWindow:
-    """Reduce the probes of ``steps`` (one sync window) onto ``edges``. ``max_exchanges``: an
+    """Reduce the probe batches of one sync window (the simulator's steps) onto ``edges``. ``max_exchanges``: an
     upper bound per edge on its exchanges in the window (sets the lowest-RTT cap). Raises
     ValueError on a probe of a pair outside ``edges``."""
     m = len(edges)
@@ -129,14 +161,15 @@ def collect_window(
     summ: Summary | None = None
     sub, plain = NtpCells.empty(m * N_SUB), NtpCells.empty(m)
     probes = 0
-    for st in steps:
-        part, sub_part, plain_part, n = _reduce_step(st, edges, keys, cap, n_nodes, t_ref, window_s,
+    for b in batches:  # the caller keeps no reference: the batch is freed once reduced
+        part, sub_part, plain_part, n = _reduce_step(b, edges, keys, cap, n_nodes, t_ref, window_s,
                                                      coded_tol_ns)  # fmt: skip
-        del st  # nothing of a step outlives its reduction (the next step is being simulated)
+        del b
         probes += n
         summ = part if summ is None else merge(summ, part)
         sub, plain = sub.merge(sub_part), plain.merge(plain_part)
         del part, sub_part, plain_part
+        release_free_heap()  # the step's and the merge's freed temporaries
     if summ is None:
         raise ValueError("no probes in the window")
     return StreamedWindow(summ, sub, plain, probes)
