@@ -20,6 +20,8 @@ import pytest
 from contract.records import COLUMNS, ProbeBatch
 from controller.fabric import FabricShape, build_fabric
 from controller.fabric.model import hop_links
+from sync import summary
+from sync.window import orient_samples
 from testbed.scenario import Fault, FaultKind
 from testbed.sim import engine, sync_stream
 from testbed.sim.engine import SimConfig, SimStep, Simulator
@@ -199,3 +201,46 @@ def test_release_free_heap_runs_and_changes_no_values() -> None:
     glibc = platform.libc_ver()[0] == "glibc"
     assert release_free_heap() is glibc  # a no-op where the C library has no malloc_trim
     np.testing.assert_array_equal(x, np.arange(1000.0))
+
+
+def _parts(n_nics: int) -> list[summary.Summary]:
+    fabric = build_fabric(FabricShape.for_nics(n_nics, nics_per_leaf=16))
+    sim = Simulator(fabric, SimConfig(load=0.9, rate_hz=50.0, peers=8, mesh_in_group=False))
+    n = len(fabric.nics)
+    edges, per = sync_stream.window_edges(sim.pairs_src, sim.pairs_dst, n)
+    cap, keys = summary.rtt_cap(per * 2 * 51), edges[:, 0] * n + edges[:, 1]
+    out = []
+    for st in sim.run(1.0, 0.1):
+        b = st.batch
+        s = orient_samples(
+            b.src, b.dst, b.pair, b.t1, b.t2, b.t3, b.t4, b.lost, engine.EPOCH_NS + 500_000_000,
+            coded_tol_ns=25, min_coded=0,
+        )  # fmt: skip
+        e = np.searchsorted(keys, s.edges[:, 0] * n + s.edges[:, 1])
+        out.append(summary.reduce_chunk(s, e, edges, cap))
+    return out
+
+
+def test_merge_in_blocks_into_preallocated_arrays_is_the_whole_merge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parts = _parts(128)
+    whole = parts[0]
+    for p in parts[1:]:  # one block: the hulls of all points at once
+        whole = summary.merge(whole, p)
+    cat = np.concatenate
+    a, b = summary.merge(parts[0], parts[1]), parts[2]
+    lowest = summary._lowest(cat([a.x_edge, b.x_edge]), cat([a.x_rtt, b.x_rtt]),
+                             cat([a.x_off, b.x_off]), cat([a.x_mid, b.x_mid]), a.cap)  # fmt: skip
+    monkeypatch.setattr(summary, "_BLOCK", 500)  # many blocks of groups and of edges
+    for x, y in zip(summary._merge_lowest(a, b), lowest, strict=True):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+    blocked = parts[0]
+    for p in parts[1:]:
+        blocked = summary.merge(blocked, p)
+    assert len(whole.all_g) > 20 * 500
+    for f in dataclasses.fields(summary.Summary):
+        x, y = getattr(whole, f.name), getattr(blocked, f.name)
+        assert x.dtype == y.dtype, f.name
+        np.testing.assert_array_equal(x, y, err_msg=f.name)
