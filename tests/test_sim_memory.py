@@ -244,3 +244,24 @@ def test_merge_in_blocks_into_preallocated_arrays_is_the_whole_merge(
         x, y = getattr(whole, f.name), getattr(blocked, f.name)
         assert x.dtype == y.dtype, f.name
         np.testing.assert_array_equal(x, y, err_msg=f.name)
+
+
+def test_envelope_of_thin_directions_alone_is_the_whole_hulls_part() -> None:
+    parts = _parts(64)
+    s = parts[0]
+    for p in parts[1:]:
+        s = summary.merge(s, p)
+    for min_coded in (1, 3, 10**6):  # some, most and all directions thin (load 0.9)
+        thin = s.n_clean < min_coded
+        ag, at, ad = summary.lower_hull(s.all_g, s.all_t, s.all_d)  # the whole first layer
+        kc, ka = ~thin[s.clean_g], thin[ag]
+        want = (
+            np.concatenate([s.clean_g[kc], ag[ka]]),
+            np.concatenate([s.clean_t[kc], at[ka]]),
+            np.concatenate([s.clean_d[kc], ad[ka]]),
+        )
+        got = summary._pick_hulls(s, min_coded)
+        for x, y in zip(got[:3], want, strict=True):
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)
+    assert 0 < (s.n_clean < 1).sum() < (s.n_clean < 3).sum() < len(thin)
