@@ -144,7 +144,7 @@ def _reduce_step(
 
 
 def collect_window(
-    batches: Iterable[ProbeBatch],
+    steps: Iterable[SimStep | ProbeBatch],
     edges: I64,
     max_exchanges: I64,
     n_nodes: int,
@@ -152,16 +152,19 @@ def collect_window(
     window_s: float,
     coded_tol_ns: int,
 ) -> StreamedWindow:
-    """Reduce the probe batches of one sync window (the simulator's steps) onto ``edges``. ``max_exchanges``: an
-    upper bound per edge on its exchanges in the window (sets the lowest-RTT cap). Raises
-    ValueError on a probe of a pair outside ``edges``."""
+    """Reduce the probes of one sync window (the simulator's steps, or their batches: see
+    `window_batches`) onto ``edges``. ``max_exchanges``: an upper bound per edge on its
+    exchanges in the window (sets the lowest-RTT cap). Raises ValueError on a probe of a pair
+    outside ``edges``."""
     m = len(edges)
     keys = edges[:, 0] * n_nodes + edges[:, 1]
     cap = rtt_cap(max_exchanges)
     summ: Summary | None = None
     sub, plain = NtpCells.empty(m * N_SUB), NtpCells.empty(m)
     probes = 0
-    for b in batches:  # the caller keeps no reference: the batch is freed once reduced
+    for st in steps:  # with `window_batches` nothing else holds it: freed once reduced
+        b = st.batch if isinstance(st, SimStep) else st
+        del st
         part, sub_part, plain_part, n = _reduce_step(b, edges, keys, cap, n_nodes, t_ref, window_s,
                                                      coded_tol_ns)  # fmt: skip
         del b
