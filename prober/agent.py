@@ -40,7 +40,7 @@ from prober.drive import CompiledDriver
 from prober.events import Address, ProbeEvent, ResultBlock, results_to_batch
 from prober.fastudp import BatchUdpEndpoint
 from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery, PathTracer, TracingEndpoint
-from prober.pathsweep import paths_payload, sweep_flows
+from prober.pathsweep import TraceTimer, paths_payload, sweep_flows
 from prober.publish import Publisher
 from prober.schedule import ProbePlan, ScheduledProbe, choose_peers
 from prober.session import ProbeSession
@@ -293,6 +293,8 @@ class Agent:
         self.stats = AgentStats()
         self.discovery: dict[str, PathDiscovery] = {}
         self._driver: CompiledDriver | None = None
+        self._traces: TraceTimer | None = None  # when the driver starts traces
+        self._flows: list[tuple[str, str, int]] = []
         self._paths_out: deque[DiscoveredPath] = deque(maxlen=100_000)
         self._retrace: deque[Any] = deque(maxlen=10_000)
 
@@ -430,11 +432,20 @@ class Agent:
                                           for ep in self.endpoints.values()
                                           if _inner(ep) not in driven]  # fmt: skip
         if driven:
-            self._driver = CompiledDriver(driven, before_tick=None if once else self._queue_due)
+            self._driver = CompiledDriver(
+                driven,
+                before_tick=None if once else self._driver_hook,
+                tick_ns=self.cfg.tick_ms * 1_000_000,
+            )
             tasks.append(asyncio.create_task(self._driver.run()))
         tasks.extend(asyncio.create_task(c) for c in self._factory.agent_tasks(self))
         if self.discovery and not once:
-            tasks.append(asyncio.create_task(self._trace_loop()))
+            if driven:  # traces start on the driver's tick: no timer of their own
+                self._flows = sweep_flows(self.peers, self.plan.ports)
+                self._traces = TraceTimer(len(self._flows), self._trace_gap_s(),
+                                          self.cfg.paths_refresh_s, time.monotonic())  # fmt: skip
+            else:
+                tasks.append(asyncio.create_task(self._trace_loop()))
             tasks.append(asyncio.create_task(self._paths_publisher()))
         pub_stop = asyncio.Event()
         pub_task = asyncio.create_task(self.publisher.run(pub_stop))
@@ -462,6 +473,7 @@ class Agent:
                 await asyncio.gather(pub_task, return_exceptions=True)
             self.endpoints.clear()
             self._driver = None
+            self._traces = None
         return self.stats
 
     def _records(self) -> int:
@@ -500,12 +512,16 @@ class Agent:
                 out.append(inner)
         return out
 
-    def _queue_due(self) -> None:
-        """Queue the probes the plan has due within `DRIVEN_LEAD_NS` (the driver's hook)."""
+    def _driver_hook(self) -> None:
+        """The driver's hook, once per tick: queue the probes the plan has due within the lead
+        (`DRIVEN_LEAD_NS`, at least a tick) and start the traces path discovery has due."""
         plan_now = self._now_ns()
+        lead = max(DRIVEN_LEAD_NS, self.cfg.tick_ms * 1_000_000)
         nxt = self.plan.next_at_ns()
-        if nxt is not None and nxt <= plan_now + DRIVEN_LEAD_NS:
-            self._queue(self.plan.due(plan_now + DRIVEN_LEAD_NS), plan_now)
+        if nxt is not None and nxt <= plan_now + lead:
+            self._queue(self.plan.due(plan_now + lead), plan_now)
+        if self._traces is not None:
+            self._trace_step(time.monotonic())
 
     async def _loop(self, stop: asyncio.Event) -> None:
         batch_s = self.cfg.batch_interval_ms / 1000.0
@@ -566,10 +582,35 @@ class Agent:
         self.stats.paths += done
         return done
 
+    def _trace_gap_s(self) -> float:
+        return 1.0 / (self.cfg.paths_traces_per_s * max(1, len(self.discovery)))
+
+    def _retrace_one(self) -> None:
+        k = self._retrace.popleft()
+        self.discovery[k.src].start(k.dst, self.address[k.dst], k.sport)
+
+    def _trace_step(self, now_s: float) -> None:
+        """Start the traces `TraceTimer` has due (after any changed path waiting for its
+        confirmation) and poll the finished ones: `_trace_loop`'s work, on the driver's tick."""
+        assert self._traces is not None
+        due, idle = self._traces.due(now_s)
+        for i in due:
+            while self._retrace:
+                self._retrace_one()
+            src, dst, sport = self._flows[i]
+            pd = self.discovery.get(src)
+            if pd is not None:
+                pd.start(dst, self.address[dst], sport)
+                self.stats.traces += 1
+        if due or idle:
+            self.poll_paths()
+        if idle and self._retrace:
+            self._retrace_one()
+
     async def _trace_loop(self) -> None:
         """Trace every probe flow, ``traces_per_s`` per NIC; a new sweep every ``refresh_s``."""
         flows = sweep_flows(self.peers, self.plan.ports)
-        gap_s = 1.0 / (self.cfg.paths_traces_per_s * max(1, len(self.discovery)))
+        gap_s = self._trace_gap_s()
         loop = asyncio.get_running_loop()
         while True:
             began = loop.time()

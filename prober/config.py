@@ -82,6 +82,7 @@ class ProberConfig:
     # or "per-datagram" (prober.udp); see docs/prober.md
     timeout_ms: int = 1000
     batch_interval_ms: int = 1000
+    tick_ms: int = 10  # the compiled path's shared timer (prober.drive); see docs/prober.md
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     mqtt: BrokerSettings = field(default_factory=BrokerSettings)
     spool_max_batches: int = 10_000
@@ -143,6 +144,7 @@ def parse_config(
     hot_path = pr.get("hot_path", str, "compiled", lambda v: v in HOT_PATHS, f"one of {HOT_PATHS}")
     timeout_ms = pr.get("timeout_ms", int, 1000, lambda v: 1 <= v <= 60_000, "1..60000")
     batch_ms = pr.get("batch_interval_ms", int, 1000, lambda v: 10 <= v <= 600_000, "10..600000")
+    tick_ms = pr.get("tick_ms", int, 10, lambda v: 1 <= v <= 100, "1..100")
     pr.finish()
 
     sc = root.table("schedule")
@@ -246,6 +248,7 @@ def parse_config(
         hot_path=hot_path,
         timeout_ms=timeout_ms,
         batch_interval_ms=batch_ms,
+        tick_ms=tick_ms,
         schedule=schedule,
         mqtt=mqtt,
         spool_max_batches=max_batches,

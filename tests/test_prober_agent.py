@@ -278,3 +278,28 @@ def test_compiled_hot_path_and_its_fallbacks() -> None:
         assert agent.hot_path == "compiled" and isinstance(session, compiled.CompiledSession)
         ep = agent._factory(cfg.nics[0], session, (), lambda e: None)
         assert type(ep) is compiled.CompiledUdpEndpoint
+
+
+def test_trace_timer_paces_sweeps_like_the_trace_loop() -> None:
+    import itertools
+
+    from prober.pathsweep import TraceTimer
+
+    t = TraceTimer(flows=5, gap_s=0.1, refresh_s=2.0, now_s=100.0)
+    started: list[int] = []
+    idles = []
+    now = 100.0
+    while now < 104.5:  # a 10 ms tick
+        due, idle = t.due(now)
+        started += list(due)
+        if idle:
+            idles.append(round(now, 2))
+        now = round(now + 0.01, 2)
+    # two sweeps of flows 0..4, 0.1 s apart, the second 2 s after the first began; a third at 104
+    assert started == [0, 1, 2, 3, 4] * 3
+    assert len(idles) >= 2 and all(b - a >= 1.0 - 1e-9 for a, b in itertools.pairwise(idles))
+    late = TraceTimer(flows=10, gap_s=0.1, refresh_s=0.0, now_s=0.0)
+    assert list(late.due(0.55)[0]) == [0, 1]  # behind: catches up 2 per step, not in a burst
+    assert list(late.due(0.56)[0]) == [2, 3]
+    assert list(late.due(0.57)[0]) == [4, 5]
+    assert list(late.due(0.58)[0]) == []

@@ -77,6 +77,8 @@ def test_defaults_from_minimal() -> None:
     assert cfg.hot_path == "compiled"
     fast = parse_config({**base(), "prober": {"host": "h", "hot_path": "batched"}}, "f")
     assert fast.hot_path == "batched"
+    assert cfg.tick_ms == 10
+    assert parse_config({**base(), "prober": {"host": "h", "tick_ms": 5}}, "f").tick_ms == 5
 
 
 @pytest.mark.parametrize(
@@ -87,6 +89,7 @@ def test_defaults_from_minimal() -> None:
         ({"prober": {"host": "a b"}}, "f.toml: prober.host: must be a host id"),
         ({"prober": {"host": "h", "transport": "tcp"}}, "f.toml: prober.transport: must be one of"),
         ({"prober": {"host": "h", "hot_path": "fast"}}, "f.toml: prober.hot_path: must be one of"),
+        ({"prober": {"host": "h", "tick_ms": 0}}, "f.toml: prober.tick_ms: must be 1..100"),
         (
             {"prober": {"host": "h", "port": 0}},
             "f.toml: prober.port: must be an integer in 1..65535, got 0",
