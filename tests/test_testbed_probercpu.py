@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from prober.agent import plan_peers
 from prober.config import parse_config
-from testbed.probercpu import CROSS_PEERS, cpu_plan, peers_spec, prober_toml, proc_cpu_seconds
+from testbed.probercpu import (
+    CROSS_PEERS,
+    cpu_plan,
+    cpu_report,
+    peers_spec,
+    prober_toml,
+    proc_cpu_seconds,
+    schedule_kept,
+)
 
 
 def test_plan_gives_every_nic_its_peers_and_the_default_schedule() -> None:
@@ -47,3 +56,26 @@ def test_proc_stat_and_bad_sizes() -> None:
         cpu_plan("qcx", peers_per_nic=CROSS_PEERS)
     with pytest.raises(ValueError):
         cpu_plan("a-very-long-prefix")
+
+
+def _run(cpu: float, records: float, answered: float, lost: float = 0.0) -> dict[str, Any]:
+    return {"cpu_percent_of_one_core": cpu, "cpu_us_per_probe": 10.0, "records_per_s": records,
+            "answered_per_s": answered, "lost_per_s": lost, "unanswered_per_s": 0.0,
+            "scheduled_probes_per_s": 5120, "scheduled_answers_per_s": 5120}  # fmt: skip
+
+
+def test_target_is_judged_only_at_size_and_when_the_schedule_was_kept(tmp_path: Path) -> None:
+    plan = cpu_plan("qcx", nics=8, peers_per_nic=32)
+    kept = cpu_report(plan, {"compiled": [_run(9.0, 5089, 5031)]}, 20, 6, 1, tmp_path)
+    assert kept["target_met"] is True and kept["schedule_kept"] is True
+    over = cpu_report(plan, {"compiled": [_run(12.0, 5089, 5031)]}, 20, 6, 1, tmp_path)
+    assert over["target_met"] is False
+    # a starved prober (a loaded machine) spends less CPU because it does less: not judged
+    for starved in (_run(9.0, 143, 2847), _run(9.0, 5000, 5000, lost=2000)):
+        rep = cpu_report(plan, {"compiled": [starved]}, 20, 6, 1, tmp_path)
+        assert rep["target_met"] is None and rep["schedule_kept"] is False
+        assert "not judged" in rep["target_note"]
+    small = cpu_report(cpu_plan("qcx", nics=2), {"compiled": [_run(9.0, 1280, 1280)]}, 20, 6, 1,
+                    tmp_path)  # fmt: skip
+    assert small["target_met"] is None
+    assert not schedule_kept(_run(5.0, 5120, 100)) and schedule_kept(_run(5.0, 4400, 4400))
