@@ -380,6 +380,10 @@ def cpu_report(
     repeats: int,
     work: Path,
 ) -> dict[str, Any]:
+    """Return the report of ``runs`` (path -> `_summary` per repeat): medians per path, the
+    ratio to the per-datagram baseline, and ``target_met`` (<= 10 % of one core), judged only
+    at the target's size and when every run kept the schedule (`schedule_kept`), else None."""
+
     def med(path: str, key: str) -> float | None:
         vals = [r[key] for r in runs.get(path, []) if r.get(key) is not None]
         return statistics.median(vals) if vals else None
