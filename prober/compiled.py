@@ -332,14 +332,19 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         return st
 
     def tick(self, now_ns: int) -> None:
-        """One tick of the shared timer (``external_ticks``): report timeouts and hand over
-        the completed records every ``poll_ns``, then `Engine.tick` (drain what is ready,
-        send what is due, read the TX stamps) and whatever it handed back to Python."""
+        """One tick of the shared timer (``external_ticks``): probe timeouts every ``poll_ns``,
+        then `Engine.tick` (drain what is ready, send what is due, read the TX stamps) and
+        whatever it handed back to Python. Completed records and losses stay in the engine
+        until the agent takes them for its batch (`CompiledSession.take_events`): one
+        `ResultBlock` per NIC and batch instead of one per NIC every ``poll_ns``."""
         if self._closed:
             return
         if now_ns >= self._next_poll:
             self._next_poll = now_ns + self.poll_ns
-            self._deliver(self.csession.poll(now_ns))
+            self.engine.poll(now_ns)  # timeouts become lost rows, held in the engine
+            events = ProbeSession.poll(self.csession, now_ns)  # Python-side (trace) probes
+            if events:
+                self._deliver(events)
         deferred = self.engine.tick(now_ns)
         if deferred or self.csession._outbox:
             self._after_engine(deferred)
