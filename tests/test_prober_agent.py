@@ -278,6 +278,11 @@ def test_compiled_hot_path_and_its_fallbacks() -> None:
         assert agent.hot_path == "compiled" and isinstance(session, compiled.CompiledSession)
         ep = agent._factory(cfg.nics[0], session, (), lambda e: None)
         assert type(ep) is compiled.CompiledUdpEndpoint
+        # a real host's clock is the identity the engine knows: no stamp goes through Python
+        # (the agent once passed its own identity function: a Python call per stamp)
+        from prober.udp import identity_clock
+
+        assert ep.clock is identity_clock
 
 
 def test_trace_timer_paces_sweeps_like_the_trace_loop() -> None:
