@@ -710,14 +710,20 @@ static int sock_index(Engine *e, PyObject *arg, int *si) {
 }
 
 /* After sending: read the TX stamps the kernel already has (software stamps are queued during
- * the send), so follow-ups and t1 do not wait for another readiness callback. */
-static int settle(Engine *e, int64_t now) {
+ * the send), so follow-ups and t1 do not wait for another readiness callback. With
+ * `defer_probes`, only the replies' stamps are read now (their follow-ups wait for them); a
+ * probe's t1 stays queued until its socket is read next: by the send of the coded pair's
+ * second probe 20 us later (one error-queue read for both stamps), else by the next tick
+ * (epoll reports the queued stamp as EPOLLERR). */
+static int settle(Engine *e, int64_t now, int defer_probes) {
     for (int round = 0; round < 4 && e->nout; round++) {
         uint8_t touched[1024] = {0};
         int many = 0;
         for (int i = 0; i < e->nout; i++) {
             int si = e->out[i].sock;
-            if (e->out[i].token == -2) continue; /* unstamped follow-up: nothing to read back */
+            int64_t tok = e->out[i].token;
+            if (tok == -2) continue; /* unstamped follow-up: nothing to read back */
+            if (defer_probes && tok >= 0 && tok < REPLY_TOKEN_BASE) continue; /* a probe's t1 */
             if (si < 1024) touched[si] = 1; else many = 1;
         }
         if (flush_out(e) < 0) return -1;
@@ -733,7 +739,7 @@ static PyObject *Engine_drain(Engine *e, PyObject *args) {
     long long now;
     int si;
     if (!PyArg_ParseTuple(args, "OL", &sarg, &now) || sock_index(e, sarg, &si) < 0) return NULL;
-    if (drain_errq(e, si, now) < 0 || drain_data(e, si, now) < 0 || settle(e, now) < 0)
+    if (drain_errq(e, si, now) < 0 || drain_data(e, si, now) < 0 || settle(e, now, 0) < 0)
         return NULL;
     return take_deferred(e);
 }
@@ -761,7 +767,7 @@ static PyObject *Engine_drain_ready(Engine *e, PyObject *args) {
         if (n < 128) break;
     }
     e->last_drained = e->drained;
-    if (settle(e, now) < 0) return NULL;
+    if (settle(e, now, 0) < 0) return NULL;
     return take_deferred(e);
 }
 
@@ -781,7 +787,7 @@ static PyObject *Engine_send_due(Engine *e, PyObject *args) {
     long long now;
     if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
     if (take_due(e, now) < 0) return NULL;
-    if (settle(e, now) < 0) return NULL;
+    if (settle(e, now, 0) < 0) return NULL;
     return take_deferred(e); /* ICMP errors read from the error queues while settling */
 }
 
@@ -810,7 +816,7 @@ static PyObject *Engine_tick(Engine *e, PyObject *args) {
     }
     e->last_drained = e->drained;
     if (take_due(e, now) < 0) return NULL;
-    if (settle(e, now) < 0) return NULL;
+    if (settle(e, now, 1) < 0) return NULL;
     return take_deferred(e);
 }
 
