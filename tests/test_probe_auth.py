@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import socket
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +31,10 @@ from prober.config import ConfigError, load_config, parse_config
 from prober.session import ProbeSession
 from prober.wire import Codec, Message, MsgType, codec_for
 from qpmesh.cli import main
+
+# a fresh seed per test run: the schedule's source ports (bound on 127.0.0.1) then differ
+# from those of another run of these tests on the same machine at the same time
+SEED = secrets.randbelow(1 << 30)
 
 OLD = bytes(range(32))
 NEW = bytes(range(100, 132))
@@ -233,7 +238,7 @@ def agent_config(host: str, nic: str, addr: str, peer: tuple[str, str], port: in
     cfg = parse_config(
         {
             "prober": {"host": host, "port": port, "timeout_ms": 1000, "batch_interval_ms": 100},
-            "schedule": {"rate_hz": 50.0, "paths": 2, "cross_peers": 0},
+            "schedule": {"rate_hz": 50.0, "paths": 2, "cross_peers": 0, "seed": SEED},
             "mqtt": {"host": "127.0.0.1", "port": dead_port(), "timeout_s": 0.5,
                      "backoff_min_s": 0.05},
             "telemetry": {"interval_s": 0.2, "gpu": False},

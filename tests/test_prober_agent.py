@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import socket
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,10 @@ from prober.schedule import ProbePlan
 from prober.telemetry.gpu import GpuReading
 from prober.telemetry.nic import read_link_up
 
+# a fresh seed per test run: the schedule's source ports (bound on 127.0.0.1) then differ
+# from those of another run of these tests on the same machine at the same time
+SEED = secrets.randbelow(1 << 30)
+
 
 def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -31,7 +36,7 @@ def config(broker: tuple[str, int] = ("127.0.0.1", 1883), **prober: Any) -> Any:
         {
             "prober": {"host": "hostA", "port": free_udp_port(), "timeout_ms": 300,
                        "batch_interval_ms": 200, **prober},
-            "schedule": {"rate_hz": 20.0, "paths": 4, "cross_peers": 2},
+            "schedule": {"rate_hz": 20.0, "paths": 4, "cross_peers": 2, "seed": SEED},
             "mqtt": {"host": broker[0], "port": broker[1], "timeout_s": 3.0},
             "telemetry": {"interval_s": 0.5},
             "nics": [{"id": "nic0", "address": "127.0.0.1", "device": "lo"},
