@@ -68,7 +68,11 @@ class CompiledDriver:
         spin: list[tuple[int, CompiledUdpEndpoint]] = []
         for ep in self.endpoints:
             now = ep.now_ns()
-            ep.tick(now)
+            try:
+                ep.tick(now)
+            except OSError as exc:  # epoll_wait failed: counted, the other NICs go on
+                ep.counters[f"tick_error_{type(exc).__name__}"] += 1
+                continue
             nxt = ep.next_send_ns()
             if nxt is not None and nxt - now <= self.pair_spin_ns:
                 spin.append((nxt - now, ep))
