@@ -6,9 +6,8 @@ batch says ``hw``, ``sw`` or ``sim``; the prober says ``hw`` only when every NIC
 stamps in hardware):
 
 * **hardware stamps** (``hw``; ``sim`` too): the rows are oriented onto edges with the
-  hardware coded-pair tolerance and streamed, slice by slice, into one bounded
-  `sync.summary.Summary` (`reduce_chunk`, `merge`: lower hulls per direction, lowest-RTT
-  exchanges), then `sync.summary.sync_summary` (pair fits on the hulls, drifts from the
+  hardware coded-pair tolerance and reduced, block of edges by block, into one bounded
+  `sync.summary.Summary` (`reduce_chunk`: lower hulls per direction, lowest-RTT exchanges), then `sync.summary.sync_summary` (pair fits on the hulls, drifts from the
   envelopes and the lowest-RTT lines, the receive-side correction `receive_excess`);
 * **software stamps** (any ``sw`` row in the window): `sync.window.sync_window` on the oriented
   rows with ``bias_bound=False`` (the per-direction lowest-fraction means need every sample,
@@ -20,13 +19,14 @@ out the window with `start_solve` and adopts the result with `install`).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 from sync import ClockModels
-from sync.summary import Summary, merge, reduce_chunk, rtt_cap, sync_summary
+from sync.summary import Summary, reduce_chunk, rtt_cap, sync_summary
 from sync.window import (
     WindowSync,
     drift_std_per_node,
@@ -37,7 +37,7 @@ from sync.window import (
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 I32 = NDArray[np.int32]
-SLICE_ROWS = 1 << 20  # rows reduced at a time into the summary (bounds the sort temporaries)
+BLOCK_ROWS = 1 << 17  # rows reduced at a time into the summary (bounds the sort temporaries)
 
 
 @dataclass(frozen=True)
@@ -117,39 +117,60 @@ class SampleWindow:
 
 
 def window_summary(
-    w: SampleWindow, t_ref: int, coded_tol_ns: int, slice_rows: int = SLICE_ROWS
+    w: SampleWindow, t_ref: int, coded_tol_ns: int, block_rows: int = BLOCK_ROWS
 ) -> Summary:
     """The rows of ``w`` oriented onto their edges (coded filter at ``coded_tol_ns``, the thin
-    fallback left to `sync_summary`) and reduced into one `Summary`, about ``slice_rows`` at a
-    time (never splitting a coded pair: both probes sit on adjacent rows), so no temporary
-    grows with the window; every edge keeps as many lowest-RTT exchanges as the largest
-    lowest-RTT fraction of its exchanges needs. Raises ValueError on an empty window."""
+    fallback left to `sync_summary`) and reduced into one `Summary`. Edges are independent in
+    a summary, so the rows are reduced block by block of edges (by the lower NIC of the edge,
+    about ``block_rows`` rows a block) and the blocks' summaries laid end to end: the summary
+    of the window held at once, with no merge and no temporary that grows with the window.
+    Every edge keeps as many lowest-RTT exchanges as the largest lowest-RTT fraction of its
+    exchanges needs. Raises ValueError on an empty window."""
     n = len(w)
     if not n:
         raise ValueError("no rows to summarize")
     src, dst = w.src.astype(np.int64), w.dst.astype(np.int64)
     big = int(max(src.max(), dst.max())) + 1  # as `orient_samples` keys its edges
-    keys, per = np.unique(np.minimum(src, dst) * big + np.maximum(src, dst), return_counts=True)
+    lo = np.minimum(src, dst)
+    keys, per = np.unique(lo * big + np.maximum(src, dst), return_counts=True)
     del src, dst
     edges = np.stack([keys // big, keys % big], axis=1)
     cap = rtt_cap(per)
-    out: Summary | None = None
-    a = 0
-    while a < n:
-        b = min(a + max(2, slice_rows), n)
-        if b < n and w.pair[b] >= 0 and w.pair[b] == w.pair[b - 1]:
-            b += 1  # the second probe of a pair goes with its first
+    # blocks of NICs (edges sorted by their lower NIC), about block_rows rows each; rows in
+    # arrival order within a block (ties between exchanges are kept in arrival order)
+    order = np.argsort(lo, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(lo, minlength=big))])
+    cuts = np.searchsorted(starts, np.arange(block_rows, n, block_rows))
+    bounds = np.unique(np.concatenate([[0], cuts, [big]]))
+    del lo
+    parts: list[Summary] = []
+    for a, b in itertools.pairwise(bounds):
+        r = order[starts[a] : starts[b]]
+        if not len(r):
+            continue
         smp = orient_samples(
-            w.src[a:b], w.dst[a:b], w.pair[a:b], w.t1[a:b], w.t2[a:b], w.t3[a:b], w.t4[a:b],
-            np.zeros(b - a, bool), t_ref, coded_tol_ns=coded_tol_ns, min_coded=0,
+            w.src[r], w.dst[r], w.pair[r], w.t1[r], w.t2[r], w.t3[r], w.t4[r],
+            np.zeros(len(r), bool), t_ref, coded_tol_ns=coded_tol_ns, min_coded=0,
         )  # fmt: skip
         local = smp.edges[:, 0] * big + smp.edges[:, 1]
-        part = reduce_chunk(smp, np.searchsorted(keys, local), edges, cap)
-        del smp
-        out = part if out is None else merge(out, part)
-        a = b
-    assert out is not None
-    return out
+        parts.append(reduce_chunk(smp, np.searchsorted(keys, local), edges, cap))
+        del smp, r
+    return _laid_end_to_end(parts)
+
+
+def _laid_end_to_end(parts: list[Summary]) -> Summary:
+    """The summary of disjoint blocks of edges, each block's edges after the previous'."""
+    first = parts[0]
+    cat = np.concatenate
+    return Summary(
+        first.edges, first.cap,
+        cat([p.clean_g for p in parts]), cat([p.clean_t for p in parts]),
+        cat([p.clean_d for p in parts]),
+        cat([p.all_g for p in parts]), cat([p.all_t for p in parts]), cat([p.all_d for p in parts]),
+        np.sum([p.n_clean for p in parts], axis=0), np.sum([p.n_all for p in parts], axis=0),
+        cat([p.x_edge for p in parts]), cat([p.x_rtt for p in parts]), cat([p.x_off for p in parts]),
+        cat([p.x_mid for p in parts]),
+    )  # fmt: skip
 
 
 def solve_window(

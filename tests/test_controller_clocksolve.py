@@ -118,14 +118,14 @@ def test_software_stamped_windows_take_the_held_window_driver() -> None:
     assert st is not None and st.summary_points == 0
 
 
-def test_window_summary_is_the_same_whatever_the_slices() -> None:
-    """The solve streams a window into its summary slice by slice (bounded temporaries): any
-    slicing gives the summary of the window held at once, and no coded pair is split."""
+def test_window_summary_is_the_same_whatever_the_blocks() -> None:
+    """The solve reduces a window block of edges by block (bounded temporaries) and lays the
+    blocks end to end: any block size gives the summary of the window reduced at once."""
     w = _window(False)
     t_ref = int(w.t1[len(w) // 2])
-    whole = window_summary(w, t_ref, 25, slice_rows=1 << 30)
+    whole = window_summary(w, t_ref, 25, block_rows=1 << 30)
     assert whole.n_points > 0
-    for rows in (333, 1000):  # odd slices: a pair's second probe goes with its first
-        part = window_summary(w, t_ref, 25, slice_rows=rows)
+    for rows in (333, 1000):
+        part = window_summary(w, t_ref, 25, block_rows=rows)
         for f in dataclasses.fields(whole):
             assert np.array_equal(getattr(part, f.name), getattr(whole, f.name)), f.name
