@@ -744,29 +744,37 @@ static PyObject *Engine_drain(Engine *e, PyObject *args) {
     return take_deferred(e);
 }
 
-/* Drain every socket epoll says is ready (data or error queue), then send what that made. */
-static PyObject *Engine_drain_ready(Engine *e, PyObject *args) {
-    long long now;
-    if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
+/* Drain every socket epoll reports ready (data or error queue), up to 8 rounds of 128 events;
+ * sets last_drained. Returns -1 with a Python error set on failure. */
+static int drain_epoll(Engine *e, int64_t now) {
     struct epoll_event evs[128];
     e->drained = 0;
     for (int round = 0; round < 8; round++) {
         int n = epoll_wait(e->epfd, evs, 128, 0);
         if (n < 0) {
             if (errno == EINTR) continue;
-            return PyErr_SetFromErrno(PyExc_OSError);
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
         }
         for (int i = 0; i < n; i++) {
             int si = (int)evs[i].data.u32;
             if (si >= e->nsocks || e->socks[si].dead) continue;
             /* the error queue only when epoll says it holds something (EPOLLERR): most
              * readiness is a datagram, and an empty error-queue read is a wasted system call */
-            if ((evs[i].events & EPOLLERR) && drain_errq(e, si, now) < 0) return NULL;
-            if ((evs[i].events & EPOLLIN) && drain_data(e, si, now) < 0) return NULL;
+            if ((evs[i].events & EPOLLERR) && drain_errq(e, si, now) < 0) return -1;
+            if ((evs[i].events & EPOLLIN) && drain_data(e, si, now) < 0) return -1;
         }
         if (n < 128) break;
     }
     e->last_drained = e->drained;
+    return 0;
+}
+
+/* Drain every socket epoll says is ready (data or error queue), then send what that made. */
+static PyObject *Engine_drain_ready(Engine *e, PyObject *args) {
+    long long now;
+    if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
+    if (drain_epoll(e, now) < 0) return NULL;
     if (settle(e, now, 0) < 0) return NULL;
     return take_deferred(e);
 }
@@ -798,23 +806,7 @@ static PyObject *Engine_send_due(Engine *e, PyObject *args) {
 static PyObject *Engine_tick(Engine *e, PyObject *args) {
     long long now;
     if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
-    struct epoll_event evs[128];
-    e->drained = 0;
-    for (int round = 0; round < 8; round++) {
-        int n = epoll_wait(e->epfd, evs, 128, 0);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return PyErr_SetFromErrno(PyExc_OSError);
-        }
-        for (int i = 0; i < n; i++) {
-            int si = (int)evs[i].data.u32;
-            if (si >= e->nsocks || e->socks[si].dead) continue;
-            if ((evs[i].events & EPOLLERR) && drain_errq(e, si, now) < 0) return NULL;
-            if ((evs[i].events & EPOLLIN) && drain_data(e, si, now) < 0) return NULL;
-        }
-        if (n < 128) break;
-    }
-    e->last_drained = e->drained;
+    if (drain_epoll(e, now) < 0) return NULL;
     if (take_due(e, now) < 0) return NULL;
     if (settle(e, now, 1) < 0) return NULL;
     return take_deferred(e);
