@@ -158,19 +158,23 @@ def window_summary(
     return _laid_end_to_end(parts)
 
 
+_POINT_FIELDS = (
+    "clean_g", "clean_t", "clean_d", "all_g", "all_t", "all_d", "x_edge", "x_rtt", "x_off", "x_mid",
+)  # fmt: skip
+
+
 def _laid_end_to_end(parts: list[Summary]) -> Summary:
-    """The summary of disjoint blocks of edges, each block's edges after the previous'."""
-    first = parts[0]
-    cat = np.concatenate
-    return Summary(
-        first.edges, first.cap,
-        cat([p.clean_g for p in parts]), cat([p.clean_t for p in parts]),
-        cat([p.clean_d for p in parts]),
-        cat([p.all_g for p in parts]), cat([p.all_t for p in parts]), cat([p.all_d for p in parts]),
-        np.sum([p.n_clean for p in parts], axis=0), np.sum([p.n_all for p in parts], axis=0),
-        cat([p.x_edge for p in parts]), cat([p.x_rtt for p in parts]), cat([p.x_off for p in parts]),
-        cat([p.x_mid for p in parts]),
-    )  # fmt: skip
+    """The summary of disjoint blocks of edges, each block's edges after the previous'.
+
+    Empties ``parts`` and joins one field at a time, letting go of each field's pieces once
+    joined, so the join holds the blocks plus one joined field, never the blocks twice."""
+    edges, cap = parts[0].edges, parts[0].cap
+    n_clean = np.sum([p.n_clean for p in parts], axis=0)
+    n_all = np.sum([p.n_all for p in parts], axis=0)
+    pieces = {f: [getattr(p, f) for p in parts] for f in _POINT_FIELDS}
+    parts.clear()
+    joined = {f: np.concatenate(pieces.pop(f)) for f in _POINT_FIELDS}
+    return Summary(edges, cap, n_clean=n_clean, n_all=n_all, **joined)
 
 
 def solve_window(

@@ -23,6 +23,7 @@ Pure: arrays in, frozen values out.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -351,7 +352,9 @@ def sync_summary(
     return dataclasses.replace(out, offset_ns=off, estimator=out.estimator + "+rx")
 
 
-def receive_excess(n_nodes: int, s: Summary, slope: F64, k: int = RX_K) -> F64:
+def receive_excess(
+    n_nodes: int, s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20
+) -> F64:
     """Per NIC, how far its best incoming samples sit above the delay floor (ns), from the
     data: per incoming direction the lowest ``k`` delays detrended by the pair slope
     (``slope[edge]``, exact from the stored hull layers), the floor extrapolated from their
@@ -361,22 +364,34 @@ def receive_excess(n_nodes: int, s: Summary, slope: F64, k: int = RX_K) -> F64:
     queue is not measured, so the queueing its access link leaves in the envelopes is on the
     receive side only, and it inflates every delay *into* the NIC alike: the NIC's offset
     comes out high by half of it (a node offset that loops cannot see). NaN for NICs with no
-    direction of ``k`` samples. Raises ValueError if ``k`` exceeds the stored layers."""
+    direction of ``k`` samples. The hull points are read in runs of whole groups of about
+    ``block`` points (they are sorted by group), so the temporaries stay bounded; the result
+    does not depend on ``block``. Raises ValueError if ``k`` exceeds the stored layers."""
     if not 2 <= k <= RX_K:
         raise ValueError(f"k must be in [2, {RX_K}], got {k}")
-    e = s.all_g // 2
-    fwd = s.all_g % 2 == 0
-    v = s.all_d + np.where(fwd, -slope[e], slope[e]) * s.all_t
-    order = np.lexsort((v, s.all_g))
-    g, v = s.all_g[order], v[order]
-    cnt = np.bincount(g, minlength=2 * len(s.edges))
-    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-    ok = cnt >= k
-    grp = np.flatnonzero(ok)
-    spacing = (v[start[ok] + k - 1] - v[start[ok]]) / (k - 1)
-    # forward group 2e (i -> j) lands at j = edges[e, 1]; reverse 2e + 1 lands at i
-    node = np.where(grp % 2 == 0, s.edges[grp // 2, 1], s.edges[grp // 2, 0])
-    return _node_median(n_nodes, node, spacing)
+    n_groups = 2 * len(s.edges)
+    step = max(1, (block * n_groups) // max(len(s.all_g), 1))
+    bounds = np.searchsorted(s.all_g, np.arange(0, n_groups + step, step))
+    nodes: list[I64] = []
+    spacings: list[F64] = []
+    for a, b in itertools.pairwise(bounds.tolist()):
+        if a == b:
+            continue
+        g = s.all_g[a:b]
+        e = g // 2
+        v = s.all_d[a:b] + np.where(g % 2 == 0, -slope[e], slope[e]) * s.all_t[a:b]
+        order = np.lexsort((v, g))
+        g, v = g[order], v[order]
+        first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        cnt = np.diff(np.r_[first, len(g)])
+        ok = cnt >= k
+        grp = g[first[ok]]
+        spacings.append((v[first[ok] + k - 1] - v[first[ok]]) / (k - 1))
+        # forward group 2e (i -> j) lands at j = edges[e, 1]; reverse 2e + 1 lands at i
+        nodes.append(np.where(grp % 2 == 0, s.edges[grp // 2, 1], s.edges[grp // 2, 0]))
+    if not nodes:
+        return np.full(n_nodes, np.nan)
+    return _node_median(n_nodes, np.concatenate(nodes), np.concatenate(spacings))
 
 
 def _node_median(n_nodes: int, node: I64, val: F64) -> F64:

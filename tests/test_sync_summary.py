@@ -150,6 +150,20 @@ def test_queueing_bound_is_half_the_rtt_tail_spacing_and_grows_with_load() -> No
     assert p50[1] > 5 * p50[0]  # load 0.9 leaves far more queueing in the best exchanges
 
 
+def test_receive_excess_in_blocks_of_groups_is_the_whole_at_once() -> None:
+    """Read in runs of whole groups of any size, the hull points give the same excess, bit for
+    bit, as read at once (the blocks bound the temporaries, never the result)."""
+    steps, _, sim = _steps(0.9, seed=2)
+    n = len(sim.fabric.nics)
+    edges, per = window_edges(sim.pairs_src, sim.pairs_dst, n)
+    summ = _summarize(steps, edges, rtt_cap(per * 2 * 27), n)
+    slope = np.random.default_rng(5).normal(0.0, 1e-6, len(edges))
+    whole = receive_excess(n, summ, slope, block=len(summ.all_g) + 1)
+    assert np.isfinite(whole).sum() > n // 2
+    for block in (1, 7, 500):
+        np.testing.assert_array_equal(receive_excess(n, summ, slope, block=block), whole)
+
+
 def test_receive_excess_is_the_incoming_tail_spacing_and_corrects_the_offsets() -> None:
     edges = np.array([[0, 1], [0, 2], [1, 2]])
     # per direction three samples at t = -1, 0, 1 s; values d - m t (m = slope below) rise by
