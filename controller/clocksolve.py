@@ -10,8 +10,8 @@ stamps in hardware):
   `sync.summary.Summary` (`reduce_chunk`: lower hulls per direction, lowest-RTT exchanges), then `sync.summary.sync_summary` (pair fits on the hulls, drifts from the
   envelopes and the lowest-RTT lines, the receive-side correction `receive_excess`);
 * **software stamps** (any ``sw`` row in the window): `sync.window.sync_window` on the oriented
-  rows with ``bias_bound=False`` (the per-direction lowest-fraction means need every sample,
-  and kernel stamp jitter is alike in both directions).
+  rows (the per-direction lowest-fraction means need every sample), candidates scored with
+  the bias bound as for hardware stamps (`sync.window.sync_window`).
 
 `compute_state` is pure and safe in a worker thread (`controller.clocksync.ClockSync` hands
 out the window with `start_solve` and adopts the result with `install`).
@@ -188,8 +188,7 @@ def solve_window(
             coded_tol_ns=config.coded_tol_ns, min_coded=config.min_coded,
         )  # fmt: skip
         ws = sync_window(
-            n_nics, samples, min_samples=config.min_samples, refine=config.refine,
-            bias_bound=False,
+            n_nics, samples, min_samples=config.min_samples, refine=config.refine
         )  # fmt: skip
         return ws, 0
     s = window_summary(w, t_ref, config.coded_tol_hw_ns)

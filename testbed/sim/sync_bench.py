@@ -269,7 +269,7 @@ def run_sync_bench(
         qb = np.full(n_nodes, np.nan)  # (hw stamps only: from the summary's RTT tails)
         del c
         t_fit = time.perf_counter()
-        ws = sync_window(n_nodes, samples, quant_ns=quant, bias_bound=False)
+        ws = sync_window(n_nodes, samples, quant_ns=quant)
         solve_total = time.perf_counter() - t_fit
         n_edges = len(samples.edges)
         del samples
