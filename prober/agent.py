@@ -586,19 +586,22 @@ class Agent:
         k = self._retrace.popleft()
         self.discovery[k.src].start(k.dst, self.address[k.dst], k.sport)
 
+    def _trace_flow(self, src: str, dst: str, sport: int) -> None:
+        """Start the sweep's trace of one flow, after any changed path waiting to be retraced."""
+        while self._retrace:
+            self._retrace_one()
+        pd = self.discovery.get(src)
+        if pd is not None:
+            pd.start(dst, self.address[dst], sport)
+            self.stats.traces += 1
+
     def _trace_step(self, now_s: float) -> None:
         """Start the traces `TraceTimer` has due (after any changed path waiting for its
         confirmation) and poll the finished ones: `_trace_loop`'s work, on the driver's tick."""
         assert self._traces is not None
         due, idle = self._traces.due(now_s)
         for i in due:
-            while self._retrace:
-                self._retrace_one()
-            src, dst, sport = self._flows[i]
-            pd = self.discovery.get(src)
-            if pd is not None:
-                pd.start(dst, self.address[dst], sport)
-                self.stats.traces += 1
+            self._trace_flow(*self._flows[i])
         if due or idle:
             self.poll_paths()
         if idle and self._retrace:
@@ -611,14 +614,8 @@ class Agent:
         loop = asyncio.get_running_loop()
         while True:
             began = loop.time()
-            for src, dst, sport in flows:
-                while self._retrace:
-                    k = self._retrace.popleft()
-                    self.discovery[k.src].start(k.dst, self.address[k.dst], k.sport)
-                pd = self.discovery.get(src)
-                if pd is not None:
-                    pd.start(dst, self.address[dst], sport)
-                    self.stats.traces += 1
+            for flow in flows:
+                self._trace_flow(*flow)
                 await asyncio.sleep(gap_s)
                 self.poll_paths()
             rest = self.cfg.paths_refresh_s - (loop.time() - began)
@@ -627,8 +624,7 @@ class Agent:
                 await asyncio.sleep(min(1.0, max(0.0, end - loop.time())))
                 self.poll_paths()
                 if self._retrace:
-                    k = self._retrace.popleft()
-                    self.discovery[k.src].start(k.dst, self.address[k.dst], k.sport)
+                    self._retrace_one()
 
     async def _paths_publisher(self) -> None:
         """Hand queued paths to the publisher once a second (``<prefix>/paths/<host>``, sent
