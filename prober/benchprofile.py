@@ -43,7 +43,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
      "calls' kernel time is in the kernel row)",
      ("drain", "send_due", "queue", "take", "feed", "take_counters", "note_sent")),
     ("endpoint glue (readiness callbacks, send, flush, clock)",
-     ("_on_readable", "_drain_errqueue", "flush", "_send_group", "now_ns", "_identity",
+     ("_on_readable", "_drain_errqueue", "flush", "_send_group", "now_ns", "identity_clock",
       "_deliver", "count", "_scheduled_flush", "_schedule_flush", "wants_tx_stamp",
       "_after_engine", "queue_probe", "take_events", "_dst", "frombuffer", "reshape")),
 )  # fmt: skip

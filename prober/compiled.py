@@ -44,7 +44,7 @@ from prober.timestamping import (
     enable_timestamping,
     parse_extended_err,
 )
-from prober.udp import _identity, _Sock
+from prober.udp import _Sock, identity_clock
 from prober.wire import WIRE_ERROR_REASONS, Codec, nic_hash
 
 try:
@@ -311,7 +311,7 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         self._busy = False  # the last drain read a full batch: drain at once, not per tick
         self.external_ticks = False  # set before `open`: a `prober.drive.CompiledDriver` ticks it
         self._next_poll = 0
-        self.engine.set_clock(None if self.clock is _identity else self.clock)
+        self.engine.set_clock(None if self.clock is identity_clock else self.clock)
         session.attach(self.counters, self.stamp_counts, self.add_source_port)
 
     def open(self) -> None:

@@ -73,9 +73,6 @@ def identity_clock(ns: int) -> int:
     return ns
 
 
-_identity = identity_clock
-
-
 @dataclass(slots=True)
 class _Sock:
     sock: socket.socket
@@ -105,7 +102,7 @@ class UdpEndpoint:
         sports: Iterable[int] = (),
         timestamping: bool = True,
         want_hw: bool = True,
-        clock: Callable[[int], int] = _identity,
+        clock: Callable[[int], int] = identity_clock,
         realtime: Callable[[], int] = time.time_ns,
         on_events: Callable[[list[ProbeEvent]], None] | None = None,
         on_icmp: IcmpHandler | None = None,
