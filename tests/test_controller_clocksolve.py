@@ -21,6 +21,7 @@ from controller.clocksync import ClockSync
 from controller.fabric import FabricShape, build_fabric
 from controller.ingest import Ingestor
 from sync.summary import sync_summary
+from sync.window import orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator
 from testbed.sim.sync_stream import collect_window, window_edges
 
@@ -112,6 +113,15 @@ def test_software_stamped_windows_take_the_held_window_driver() -> None:
     assert points > 0 and ws_hw.estimator.endswith("+rx")
     ws_sw, none = solve_window(sw, 16, cfg, int(sw.t1[0]))
     assert none == 0 and not ws_sw.estimator.endswith("+rx")
+    # ... with the bias bound, as for hardware stamps (without it this window picks the
+    # lowest-50 % statistic, which keeps directional queueing: docs/benchmarks.md)
+    smp = orient_samples(
+        sw.src, sw.dst, sw.pair, sw.t1, sw.t2, sw.t3, sw.t4, np.zeros(len(sw), bool),
+        int(sw.t1[0]), coded_tol_ns=cfg.coded_tol_ns, min_coded=cfg.min_coded,
+    )  # fmt: skip
+    held = sync_window(16, smp, min_samples=cfg.min_samples, refine=cfg.refine)
+    assert ws_sw.estimator == held.estimator
+    np.testing.assert_array_equal(ws_sw.offset_ns, held.offset_ns)
     mixed = SampleWindow(**{k: getattr(hw, k) for k in ("src", "dst", "pair", "t1", "t2", "t3",
                                                          "t4")}, sw=np.arange(len(hw)) == 0)  # fmt: skip
     st = compute_state(mixed, 16, cfg, 1)
