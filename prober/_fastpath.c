@@ -10,6 +10,10 @@
  * and the same counter reasons as prober/wire.py `Codec.decode`), matching and results.
  *
  * Wire format: prober/wire.py (48-byte body, network byte order, zero padding).
+ * Deferred follow-ups (prober/wire.py docstring): with `defer`, probes carry DEFER_OK and a
+ * reply's t3 to an initiator that set it is held (per initiator NIC hash) and carried as the
+ * t3 list of the next REPLY to that NIC, or after `hold_ns` sent as one FOLLOW_UP carrying
+ * all held entries (`poll`, `flush_held`). Received t3 lists complete held probes.
  * Result rows (int64 x 11): seq, dst index, sport, pair_id, pair_pos, t1, t2, t3, t4, lost,
  * sent_ns (t2..t4 = MISSING for a loss, t1 MISSING when its TX stamp never came).
  * Nothing here raises on network input; bad input is counted (see COUNTER_NAMES).
@@ -35,6 +39,12 @@
 #define FLAG_AUTH 1
 #define FLAG_T3_FINAL 2
 #define FLAG_TRACE 4
+#define FLAG_DEFER_OK 8
+#define FLAG_CARRIES_T3 16
+#define KNOWN_FLAGS (FLAG_AUTH | FLAG_T3_FINAL | FLAG_TRACE | FLAG_DEFER_OK | FLAG_CARRIES_T3)
+#define T3E 12         /* one (seq uint32, t3 int64) entry of a t3 list */
+#define MAX_T3S 64     /* the decoder's limit (prober.wire.MAX_T3S) */
+#define MAX_HELD 32    /* entries this engine holds per initiator before it must send them */
 #define MAX_PAD 8192
 #define RING 64
 #define SLOT 2048
@@ -58,7 +68,8 @@ enum {
     C_MISDIRECTED, C_WRONG_SENDER, C_MISMATCH, C_UNMATCHED, C_DUPLICATE, C_INCONSISTENT,
     C_INCOMPLETE, C_LATE_TX_STAMP, C_TX_STAMP_MISSING, C_OVERFLOW, C_LOST,
     C_STAMP_HW, C_STAMP_SW, C_STAMP_USER, C_TX_TOKEN_EVICTED, C_ERRQUEUE_UNKNOWN,
-    C_SEND_PENDING_ICMP, C_RX_OVERSIZED, C_NO_SOCKET, C_BAD_STAMP, C_SEND_REFUSED, C_N
+    C_SEND_PENDING_ICMP, C_RX_OVERSIZED, C_NO_SOCKET, C_BAD_STAMP, C_SEND_REFUSED,
+    C_FOLLOW_UPS, C_T3_HELD, C_T3_CARRIED, C_T3_FLUSHED, C_T3_RECEIVED, C_N
 };
 static const char *COUNTER_NAMES[C_N] = {
     "truncated", "bad_magic", "bad_version", "bad_type", "bad_field", "bad_auth",
@@ -66,17 +77,20 @@ static const char *COUNTER_NAMES[C_N] = {
     "incomplete", "late_tx_stamp", "tx_stamp_missing", "overflow", "lost",
     "stamp_hw", "stamp_sw", "stamp_user", "tx_token_evicted", "errqueue_unknown",
     "send_pending_icmp_error", "rx_oversized", "no_socket", "bad_stamp", "send_refused",
+    "follow_ups_sent", "t3_held", "t3_carried", "t3_flushed", "t3_received",
 };
 
 /* ---- wire --------------------------------------------------------------------------------- */
 
 typedef struct {
-    int mtype, pos, t3_final, trace;
+    int mtype, pos, t3_final, trace, defer_ok;
     uint64_t sender, peer;
     uint32_t seq;
     int32_t pair;
     int64_t ta, tb;
     int pad;
+    int nt3;               /* entries of the t3 list (CARRIES_T3), 0 without */
+    const uint8_t *t3p;    /* the first entry */
 } Msg;
 
 static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
@@ -98,11 +112,23 @@ static int decode(const uint8_t *d, size_t n, Msg *m) {
     if (d[2] != VERSION) return C_BAD_VERSION;
     int mtype = d[3], flags = d[4];
     if (mtype < 1 || mtype > 3) return C_BAD_TYPE;
-    if ((flags & ~(FLAG_AUTH | FLAG_T3_FINAL | FLAG_TRACE)) || rd16(d + 6)) return C_BAD_FIELD;
+    if ((flags & ~KNOWN_FLAGS) || rd16(d + 6)) return C_BAD_FIELD;
     if (flags & FLAG_AUTH) return C_BAD_AUTH; /* this engine speaks the unauthenticated codec */
-    size_t pad = n - BODY;
+    size_t at = BODY;
+    m->nt3 = 0;
+    m->t3p = NULL;
+    if (flags & FLAG_CARRIES_T3) {
+        if (n < BODY + 1) return C_TRUNCATED;
+        int c = d[BODY];
+        if (c < 1 || c > MAX_T3S) return C_BAD_FIELD;
+        at = BODY + 1 + (size_t)c * T3E;
+        if (at > n) return C_TRUNCATED;
+        m->nt3 = c;
+        m->t3p = d + BODY + 1;
+    }
+    size_t pad = n - at;
     if (pad > MAX_PAD) return C_BAD_FIELD;
-    for (size_t i = BODY; i < n; i++)
+    for (size_t i = at; i < n; i++)
         if (d[i]) return C_BAD_FIELD;
     m->mtype = mtype;
     m->pos = d[5];
@@ -114,16 +140,23 @@ static int decode(const uint8_t *d, size_t n, Msg *m) {
     m->tb = (int64_t)rd64(d + 40);
     m->t3_final = (flags & FLAG_T3_FINAL) != 0;
     m->trace = (flags & FLAG_TRACE) != 0;
+    m->defer_ok = (flags & FLAG_DEFER_OK) != 0;
     m->pad = (int)pad;
     /* prober.wire.Message validation */
     if (m->pair < -1 || m->ta < 0 || m->tb < 0) return C_BAD_FIELD;
     if ((m->pos != 0 && m->pos != 1) || (m->pair == -1 && m->pos)) return C_BAD_FIELD;
+    for (int i = 0; i < m->nt3; i++)
+        if ((int64_t)rd64(m->t3p + i * T3E + 4) < 0) return C_BAD_FIELD;
     if (mtype == 1) {
-        if (m->ta || m->tb || m->t3_final) return C_BAD_FIELD;
+        if (m->ta || m->tb || m->t3_final || m->nt3) return C_BAD_FIELD;
+    } else if (m->defer_ok) {
+        return C_BAD_FIELD;
     } else if (mtype == 2) {
         if (m->tb && !m->t3_final) return C_BAD_FIELD;
-    } else if (m->t3_final || m->trace) {
-        return C_BAD_FIELD;
+        if (m->nt3 && m->trace) return C_BAD_FIELD;
+    } else {
+        if (m->t3_final || m->trace) return C_BAD_FIELD;
+        if (m->nt3 && (m->seq || m->pair != -1 || m->ta || m->tb)) return C_BAD_FIELD;
     }
     return -1;
 }
@@ -173,8 +206,18 @@ typedef struct {
     struct sockaddr_in dest;
     uint32_t seq;
     int32_t pair;
-    uint8_t live, pos;
+    uint8_t live, pos, defer; /* defer: the PROBE set DEFER_OK and this engine defers */
 } Await;
+
+/* The t3s held for one initiator NIC (deferred follow-ups): open addressing by its hash. */
+typedef struct {
+    uint64_t peer;
+    int64_t since;            /* when the oldest held entry was taken */
+    struct sockaddr_in dest;  /* where its last probe came from */
+    uint8_t used, n;
+    uint32_t seq[MAX_HELD];
+    int64_t t3[MAX_HELD];
+} Held;
 
 typedef struct {
     int fd;
@@ -203,6 +246,10 @@ typedef struct {
     int64_t max_pending;
     int pad;
     int stamp_followups;      /* 0: follow-ups carry a per-message SO_TIMESTAMPING of 0 */
+    int defer;                /* 1: probes set DEFER_OK, and DEFER_OK probes get no FOLLOW_UP */
+    int64_t hold;             /* ns a held t3 waits for a REPLY to carry it */
+    Held *htab;               /* initiator NIC -> held t3s (hmask + 1 slots) */
+    uint32_t hmask, hused;
     int unstamped_count;      /* 1: OPT_ID also counts unstamped sends (older kernels) */
     PyObject *clock;          /* None or callable(kernel ns) -> NIC ns */
     /* queue: binary heap */
@@ -432,6 +479,84 @@ static int flush_out(Engine *e) {
     return 0;
 }
 
+/* ---- deferred follow-ups ------------------------------------------------------------------ */
+
+static inline uint32_t held_index(uint64_t peer) { return (uint32_t)(peer ^ (peer >> 29)); }
+
+/* The held slot of initiator NIC `peer`; with `create` a fresh one (NULL + Python error when
+ * out of memory), else NULL when there is none. */
+static Held *held_find(Engine *e, uint64_t peer, int create) {
+    if (e->htab) {
+        for (uint32_t i = held_index(peer);; i++) {
+            Held *h = &e->htab[i & e->hmask];
+            if (!h->used) break;
+            if (h->peer == peer) return h;
+        }
+    }
+    if (!create) return NULL;
+    if (!e->htab || (e->hused + 1) * 2 > e->hmask + 1) {
+        uint32_t cap = e->htab ? (e->hmask + 1) * 2 : 64;
+        Held *n = PyMem_Calloc(cap, sizeof(Held));
+        if (!n) { PyErr_NoMemory(); return NULL; }
+        for (uint32_t j = 0; e->htab && j <= e->hmask; j++) {
+            if (!e->htab[j].used) continue;
+            uint32_t i = held_index(e->htab[j].peer);
+            while (n[i & (cap - 1)].used) i++;
+            n[i & (cap - 1)] = e->htab[j];
+        }
+        PyMem_Free(e->htab);
+        e->htab = n;
+        e->hmask = cap - 1;
+    }
+    uint32_t i = held_index(peer);
+    while (e->htab[i & e->hmask].used) i++;
+    Held *h = &e->htab[i & e->hmask];
+    memset(h, 0, sizeof(*h));
+    h->used = 1;
+    h->peer = peer;
+    e->hused++;
+    return h;
+}
+
+static size_t put_t3s(uint8_t *p, Held *h) {
+    p[0] = h->n;
+    for (int i = 0; i < h->n; i++) {
+        wr32(p + 1 + i * T3E, h->seq[i]);
+        wr64(p + 1 + i * T3E + 4, (uint64_t)h->t3[i]);
+    }
+    return 1 + (size_t)h->n * T3E;
+}
+
+/* Queue one FOLLOW_UP (empty body) carrying every t3 held for h's initiator. */
+static int send_held(Engine *e, Held *h) {
+    if (!h->n) return 0;
+    if (e->responder < 0) { e->counters[C_NO_SOCKET]++; h->n = 0; return 0; }
+    Out *o = out_slot(e);
+    if (!o) return -1;
+    o->sock = e->responder;
+    o->token = e->stamp_followups ? -1 : -2;
+    o->dest = h->dest;
+    encode(o->data, 3, FLAG_CARRIES_T3, 0, e->nic, h->peer, 0, -1, 0, 0, 0);
+    o->len = BODY + (int)put_t3s(o->data + BODY, h);
+    e->counters[C_FOLLOW_UPS]++;
+    e->counters[C_T3_FLUSHED] += h->n;
+    h->n = 0;
+    return 0;
+}
+
+/* Queue a FOLLOW_UP for every initiator whose oldest held t3 is `hold` old by `now` (all of
+ * them with `all`); return how many, or -1 with a Python error. */
+static long flush_held(Engine *e, int64_t now, int all) {
+    long sent = 0;
+    for (uint32_t j = 0; e->htab && j <= e->hmask; j++) {
+        Held *h = &e->htab[j];
+        if (!h->used || !h->n || (!all && h->since + e->hold > now)) continue;
+        if (send_held(e, h) < 0) return -1;
+        sent++;
+    }
+    return sent;
+}
+
 /* ---- results ------------------------------------------------------------------------------ */
 
 static int complete(Engine *e, Pend *p) {
@@ -490,6 +615,9 @@ static int defer(Engine *e, const uint8_t *d, size_t n, const struct sockaddr_in
     return rc;
 }
 
+static int take_t3s(Engine *e, const Msg *m);
+static int match(Engine *e, const Msg *m, int64_t rx);
+
 /* One received datagram (the same steps as ProbeSession.receive). */
 static int process(Engine *e, const uint8_t *d, size_t n, const struct sockaddr_in *src,
                    int64_t rx, int64_t now) {
@@ -510,17 +638,54 @@ static int process(Engine *e, const uint8_t *d, size_t n, const struct sockaddr_
         Await *a = &e->aw[ctr & e->amask];
         a->live = 1; a->ctr = ctr; a->created = now; a->ta = rx; a->peer = m.sender;
         a->dest = *src; a->seq = m.seq; a->pair = m.pair; a->pos = (uint8_t)m.pos;
+        a->defer = (uint8_t)(e->defer && m.defer_ok);
         e->nawait++;
+        Held *h = a->defer ? held_find(e, m.sender, 0) : NULL;
         Out *o = out_slot(e);
         if (!o) return -1;
         o->sock = e->responder;
         o->token = REPLY_TOKEN_BASE + ctr;
         o->dest = *src;
-        o->len = BODY + m.pad;
-        encode(o->data, 2, 0, m.pos, e->nic, m.sender, m.seq, m.pair, rx, 0, m.pad);
+        if (h && h->n && BODY + 1 + (size_t)h->n * T3E + (size_t)m.pad <= SLOT) {
+            /* carry what is held for this initiator NIC: no FOLLOW_UP for those */
+            encode(o->data, 2, FLAG_CARRIES_T3, m.pos, e->nic, m.sender, m.seq, m.pair, rx, 0, 0);
+            size_t at = BODY + put_t3s(o->data + BODY, h);
+            if (m.pad) memset(o->data + at, 0, (size_t)m.pad);
+            o->len = (int)at + m.pad;
+            e->counters[C_T3_CARRIED] += h->n;
+            h->n = 0;
+        } else {
+            o->len = BODY + m.pad;
+            encode(o->data, 2, 0, m.pos, e->nic, m.sender, m.seq, m.pair, rx, 0, m.pad);
+        }
         return 0;
     }
     if (m.trace) return defer(e, d, n, src, rx); /* TraceReached: Python */
+    if (m.nt3 && m.mtype == 3) return take_t3s(e, &m); /* a held-t3 FOLLOW_UP: no body */
+    if (match(e, &m, rx) < 0) return -1;
+    return m.nt3 ? take_t3s(e, &m) : 0;
+}
+
+/* The t3 list of a REPLY or FOLLOW_UP: complete each held probe it names. */
+static int take_t3s(Engine *e, const Msg *m) {
+    for (int i = 0; i < m->nt3; i++) {
+        uint32_t seq = rd32(m->t3p + i * T3E);
+        int64_t t3 = (int64_t)rd64(m->t3p + i * T3E + 4);
+        Pend *p = &e->pend[seq & e->pmask];
+        if (!p->live || p->seq != seq) { e->counters[C_UNMATCHED]++; continue; }
+        if (m->sender != p->dst_hash) { e->counters[C_WRONG_SENDER]++; continue; }
+        if (p->have & 4) { e->counters[C_DUPLICATE]++; continue; }
+        p->t3 = t3;
+        p->have |= 4;
+        e->counters[C_T3_RECEIVED]++;
+        if (complete(e, p) < 0) return -1;
+    }
+    return 0;
+}
+
+/* The body of a REPLY or FOLLOW_UP against the pending probe it names. */
+static int match(Engine *e, const Msg *mp, int64_t rx) {
+    Msg m = *mp;
     Pend *p = &e->pend[m.seq & e->pmask];
     if (!p->live || p->seq != m.seq) { e->counters[C_UNMATCHED]++; return 0; }
     if (m.sender != p->dst_hash) { e->counters[C_WRONG_SENDER]++; return 0; }
@@ -595,6 +760,48 @@ static int defer_err(Engine *e, int si, struct msghdr *h, size_t len) {
     return rc;
 }
 
+/* The TX stamp `tx` of the datagram sent with `token`: a probe's t1, or a reply's t3 (a
+ * FOLLOW_UP now, or held for the initiator when deferring). */
+static int on_tx(Engine *e, int64_t token, int64_t tx, int64_t now) {
+    if (token >= REPLY_TOKEN_BASE) {
+        int64_t ctr = token - REPLY_TOKEN_BASE;
+        Await *a = &e->aw[ctr & e->amask];
+        if (!a->live || a->ctr != ctr) { e->counters[C_LATE_TX_STAMP]++; return 0; }
+        a->live = 0;
+        e->nawait--;
+        int64_t t3 = tx >= 0 ? (tx > a->ta ? tx : a->ta) : a->ta;
+        if (a->defer) {
+            Held *h = held_find(e, a->peer, 1);
+            if (!h) return -1;
+            if (h->n == MAX_HELD && send_held(e, h) < 0) return -1;
+            if (!h->n) h->since = now;
+            h->seq[h->n] = a->seq;
+            h->t3[h->n] = t3;
+            h->n++;
+            h->dest = a->dest;
+            e->counters[C_T3_HELD]++;
+            return 0;
+        }
+        Out *o = out_slot(e);
+        if (!o) return -1;
+        o->sock = e->responder;
+        o->token = e->stamp_followups ? -1 : -2;
+        o->dest = a->dest;
+        o->len = BODY;
+        encode(o->data, 3, 0, a->pos, e->nic, a->peer, a->seq, a->pair, a->ta, t3, 0);
+        e->counters[C_FOLLOW_UPS]++;
+        return 0;
+    }
+    Pend *p = &e->pend[(uint32_t)token & e->pmask];
+    if (!p->live || p->seq != (uint32_t)token || (p->have & 1)) {
+        e->counters[C_LATE_TX_STAMP]++;
+        return 0;
+    }
+    p->t1 = tx;
+    p->have |= 1;
+    return complete(e, p);
+}
+
 /* Read the error queue of socket si: TX stamps -> t1 / follow-ups; the rest deferred. */
 static int drain_errq(Engine *e, int si, int64_t now) {
     Sock *s = &e->socks[si];
@@ -621,34 +828,9 @@ static int drain_errq(Engine *e, int si, int64_t now) {
             uint32_t k = ee->ee_data, j = k & s->kmask;
             if (!s->tvalid[j] || s->key[j] != k || !stamped) continue;
             s->tvalid[j] = 0;
-            int64_t token = s->tok[j];
             e->counters[hw ? C_STAMP_HW : C_STAMP_SW]++;
             int64_t tx = map_clock(e, ns, &cerr);
-            if (cerr) return -1;
-            if (token >= REPLY_TOKEN_BASE) {
-                int64_t ctr = token - REPLY_TOKEN_BASE;
-                Await *a = &e->aw[ctr & e->amask];
-                if (!a->live || a->ctr != ctr) { e->counters[C_LATE_TX_STAMP]++; continue; }
-                a->live = 0;
-                e->nawait--;
-                int64_t t3 = tx >= 0 ? (tx > a->ta ? tx : a->ta) : a->ta;
-                Out *o = out_slot(e);
-                if (!o) return -1;
-                o->sock = e->responder;
-                o->token = e->stamp_followups ? -1 : -2;
-                o->dest = a->dest;
-                o->len = BODY;
-                encode(o->data, 3, 0, a->pos, e->nic, a->peer, a->seq, a->pair, a->ta, t3, 0);
-                continue;
-            }
-            Pend *p = &e->pend[(uint32_t)token & e->pmask];
-            if (!p->live || p->seq != (uint32_t)token || (p->have & 1)) {
-                e->counters[C_LATE_TX_STAMP]++;
-                continue;
-            }
-            p->t1 = tx;
-            p->have |= 1;
-            if (complete(e, p) < 0) return -1;
+            if (cerr || on_tx(e, s->tok[j], tx, now) < 0) return -1;
         }
         if (n < RING) return 0;
     }
@@ -835,7 +1017,8 @@ static int take_due(Engine *e, int64_t now) {
             o->token = seq;
             o->dest = q.dest;
             o->len = BODY + e->pad;
-            encode(o->data, 1, 0, q.pos, e->nic, q.dst_hash, seq, q.pair, 0, 0, e->pad);
+            encode(o->data, 1, e->defer ? FLAG_DEFER_OK : 0, q.pos, e->nic, q.dst_hash, seq,
+                   q.pair, 0, 0, e->pad);
             sent++;
         }
         if (q.spacing >= 0) { /* the second probe of a coded pair */
@@ -905,7 +1088,34 @@ static PyObject *Engine_poll(Engine *e, PyObject *args) {
         }
         e->aw_oldest++;
     }
+    long flushed = flush_held(e, now, 0);
+    if (flushed < 0 || (flushed && flush_out(e) < 0)) return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *Engine_flush_held(Engine *e, PyObject *args) {
+    long long now;
+    int all = 0;
+    if (!PyArg_ParseTuple(args, "L|p", &now, &all)) return NULL;
+    long flushed = flush_held(e, now, all);
+    if (flushed < 0 || (flushed && flush_out(e) < 0)) return NULL;
+    return PyLong_FromLong(flushed);
+}
+
+static PyObject *Engine_feed_tx(Engine *e, PyObject *args) {
+    /* a TX stamp as if read from socket `index`'s error queue with OPT_ID key `key` (tests) */
+    PyObject *sarg;
+    unsigned long key;
+    long long ns, now;
+    int si;
+    if (!PyArg_ParseTuple(args, "OkLL", &sarg, &key, &ns, &now) || sock_index(e, sarg, &si) < 0)
+        return NULL;
+    Sock *s = &e->socks[si];
+    uint32_t k = (uint32_t)key, j = k & s->kmask;
+    if (!s->tvalid[j] || s->key[j] != k) Py_RETURN_FALSE;
+    s->tvalid[j] = 0;
+    if (on_tx(e, s->tok[j], ns, now) < 0) return NULL;
+    Py_RETURN_TRUE;
 }
 
 static PyObject *Engine_take(Engine *e, PyObject *Py_UNUSED(ignored)) {
@@ -1093,7 +1303,12 @@ static PyMethodDef Engine_methods[] = {
      "drain_ready(now_ns) -> deferred list or None: every socket epoll reports ready"},
     {"feed", (PyCFunction)Engine_feed, METH_VARARGS,
      "feed(data, (ip, port), rx_ns, now_ns) -> deferred list or None (no socket read)"},
-    {"poll", (PyCFunction)Engine_poll, METH_VARARGS, "poll(now_ns): timeouts -> lost rows"},
+    {"poll", (PyCFunction)Engine_poll, METH_VARARGS,
+     "poll(now_ns): timeouts -> lost rows; held t3s older than hold_ns are sent"},
+    {"flush_held", (PyCFunction)Engine_flush_held, METH_VARARGS,
+     "flush_held(now_ns, all=False) -> FOLLOW_UPs sent for held t3s (all: whatever their age)"},
+    {"feed_tx", (PyCFunction)Engine_feed_tx, METH_VARARGS,
+     "feed_tx(index, key, tx_ns, now_ns) -> bool: a TX stamp as if from the error queue"},
     {"take", (PyCFunction)Engine_take, METH_NOARGS, "take() -> bytes of int64 rows or None"},
     {"take_counters", (PyCFunction)Engine_take_counters, METH_NOARGS,
      "take_counters() -> {name or (kind, errno): increment since the last call}"},
@@ -1113,16 +1328,18 @@ static uint32_t pow2_at_least(int64_t n) {
 
 static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     static char *names[] = {"nic_hash", "timeout_ns", "max_pending", "pad", "seq_start", "clock",
-                            "stamp_followups", "unstamped_count", NULL};
+                            "stamp_followups", "unstamped_count", "defer", "hold_ns", NULL};
     unsigned long long nic, seq_start = 0;
-    long long timeout, max_pending;
-    int pad = 0, stamp_fu = 1, unstamped = 0;
+    long long timeout, max_pending, hold = 250000000LL;
+    int pad = 0, stamp_fu = 1, unstamped = 0, defer_fu = 0;
     PyObject *clock = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KLL|iKOpp", names, &nic, &timeout, &max_pending,
-                                     &pad, &seq_start, &clock, &stamp_fu, &unstamped))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KLL|iKOpppL", names, &nic, &timeout,
+                                     &max_pending, &pad, &seq_start, &clock, &stamp_fu,
+                                     &unstamped, &defer_fu, &hold))
         return -1;
-    if (timeout <= 0 || max_pending <= 0 || pad < 0 || pad > SLOT - BODY) {
-        PyErr_SetString(PyExc_ValueError, "timeout_ns and max_pending must be positive, pad small");
+    if (timeout <= 0 || max_pending <= 0 || pad < 0 || pad > SLOT - BODY || hold < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "timeout_ns and max_pending must be positive, pad small, hold_ns >= 0");
         return -1;
     }
     if (e->pend) {
@@ -1131,6 +1348,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     }
     e->nic = nic; e->timeout = timeout; e->max_pending = max_pending; e->pad = pad;
     e->stamp_followups = stamp_fu; e->unstamped_count = unstamped;
+    e->defer = defer_fu; e->hold = hold;
     Py_INCREF(clock);
     e->clock = clock;
     uint32_t p = pow2_at_least(max_pending < 65536 ? max_pending : 65536);
@@ -1155,7 +1373,7 @@ static void Engine_dealloc(Engine *e) {
     }
     PyMem_Free(e->socks);
     PyMem_Free(e->q); PyMem_Free(e->pend); PyMem_Free(e->aw); PyMem_Free(e->rows);
-    PyMem_Free(e->out); PyMem_Free(e->rdata);
+    PyMem_Free(e->out); PyMem_Free(e->rdata); PyMem_Free(e->htab);
     Py_XDECREF(e->clock);
     Py_XDECREF(e->deferred);
     Py_XDECREF(e->renumber);
@@ -1199,11 +1417,19 @@ static PyObject *py_decode(PyObject *Py_UNUSED(m), PyObject *arg) {
     int why = decode(buf.buf, (size_t)buf.len, &msg);
     PyBuffer_Release(&buf);
     if (why >= 0) return PyUnicode_FromString(COUNTER_NAMES[why]);
-    return Py_BuildValue("(iKKkiiLLOiO)", msg.mtype, (unsigned long long)msg.sender,
+    PyObject *t3s = PyTuple_New(msg.nt3);
+    if (!t3s) return NULL;
+    for (int i = 0; i < msg.nt3; i++) {
+        PyObject *t = Py_BuildValue("(kL)", (unsigned long)rd32(msg.t3p + i * T3E),
+                                    (long long)rd64(msg.t3p + i * T3E + 4));
+        if (!t) { Py_DECREF(t3s); return NULL; }
+        PyTuple_SET_ITEM(t3s, i, t);
+    }
+    return Py_BuildValue("(iKKkiiLLOiOON)", msg.mtype, (unsigned long long)msg.sender,
                          (unsigned long long)msg.peer, (unsigned long)msg.seq, (int)msg.pair,
                          msg.pos, (long long)msg.ta, (long long)msg.tb,
                          msg.t3_final ? Py_True : Py_False, msg.pad,
-                         msg.trace ? Py_True : Py_False);
+                         msg.trace ? Py_True : Py_False, msg.defer_ok ? Py_True : Py_False, t3s);
 }
 
 static PyMethodDef module_methods[] = {

@@ -279,9 +279,14 @@ class Agent:
             compiled.available() and isinstance(self._factory, UdpEndpointFactory),
         )
         session_cls = compiled.CompiledSession if self.hot_path == "compiled" else ProbeSession
+        defer_kw: dict[str, Any] = (
+            {"defer_follow_ups": cfg.defer_follow_ups, "hold_ns": cfg.follow_up_hold_ms * 1_000_000}
+            if self.hot_path == "compiled"
+            else {}
+        )
         self.sessions = {
             n.id: session_cls(n.id, codec_for(self.probe_keys),
-                              timeout_ns=cfg.timeout_ms * 1_000_000)
+                              timeout_ns=cfg.timeout_ms * 1_000_000, **defer_kw)
             for n in cfg.nics
         }  # fmt: skip
         self.endpoints: dict[str, Endpoint] = {}

@@ -12,6 +12,14 @@ schedule, the timers (`prober.fastudp.BatchUdpEndpoint.run`), the sockets' setup
 discovery: trace probes and their replies, and ICMP errors, are handed back ("deferred") and
 handled by the Python session and endpoint as before.
 
+Deferred follow-ups (``defer_follow_ups``, the default; wire format in `prober.wire`): the
+engine's probes set DEFER_OK, and a reply's t3 to a probe that set it is held per initiator
+NIC and carried in the next REPLY to that NIC, or after ``hold_ns`` (`Engine.poll`, on the
+endpoint's ``poll_ns`` grid) sent as one FOLLOW_UP with all of that NIC's held t3s; closing the
+endpoint sends what is held. One datagram per answered probe instead of two. The session
+counts (health ``counters.sessions``) ``follow_ups_sent``, ``t3_held``, ``t3_carried`` (in replies), ``t3_flushed`` (in
+hold-time follow-ups) and ``t3_received`` (held t3s that completed a probe here).
+
 Follow-ups leave without a TX stamp of their own (a per-message ``SO_TIMESTAMPING`` control
 message of 0): nobody needs the follow-up's send time, and the kernel then neither clones it
 to the error queue nor counts it in OPT_ID (checked at first use by `opt_id_counts_unstamped`;
@@ -61,8 +69,11 @@ readiness is served at once instead of on the next tick (see `CompiledUdpEndpoin
 _SESSION_KEYS = frozenset(WIRE_ERROR_REASONS) | {
     "misdirected", "wrong_sender", "mismatch", "unmatched", "duplicate", "inconsistent",
     "incomplete", "late_tx_stamp", "tx_stamp_missing", "overflow", "lost", "send_refused",
+    "follow_ups_sent", "t3_held", "t3_carried", "t3_flushed", "t3_received",
 }  # fmt: skip
 _STAMP_KEYS = {"stamp_hw": "hw", "stamp_sw": "sw", "stamp_user": "user"}
+DEFAULT_HOLD_NS = 250_000_000
+"""How long a responder holds a deferred t3 for a REPLY to carry (see `prober.wire`)."""
 
 
 def available() -> bool:
@@ -113,8 +124,12 @@ class CompiledSession(ProbeSession):
     """A `ProbeSession` whose probes, replies, follow-ups, matching and timeouts run in the C
     engine (``engine``); needs a `CompiledUdpEndpoint` to carry it.
 
-    Same constructor as `ProbeSession`; raises `ValueError` for an authenticated codec or a
-    one-step session (use `ProbeSession`), `RuntimeError` when the extension is not built.
+    Same constructor as `ProbeSession`, plus ``defer_follow_ups`` (set DEFER_OK on probes and
+    honour it as a responder, see the module docstring) and ``hold_ns`` (how long a held t3
+    waits for a REPLY to carry it; default min(250 ms, timeout_ns / 4)). Raises `ValueError`
+    for an authenticated codec or a one-step session (use `ProbeSession`) or a ``hold_ns``
+    over half of ``timeout_ns`` (held t3s must reach initiators before their timeout),
+    `RuntimeError` when the extension is not built.
     Completed results and losses come out of `take_events` (and `poll`) as `ResultBlock`s.
     ``counters`` merges the engine's counts (same keys as `ProbeSession`).
     """
@@ -129,6 +144,8 @@ class CompiledSession(ProbeSession):
         max_pending: int = 65536,
         seq_start: int = 0,
         pad: int = 0,
+        defer_follow_ups: bool = True,
+        hold_ns: int | None = None,
     ) -> None:
         if _fastpath is None:
             raise RuntimeError("prober._fastpath is not built (pip install -e . with a compiler)")
@@ -136,10 +153,17 @@ class CompiledSession(ProbeSession):
                          max_pending=max_pending, seq_start=seq_start, pad=pad)  # fmt: skip
         if self.codec.authenticated or one_step:
             raise ValueError("the compiled path speaks the unauthenticated two-step protocol")
+        if hold_ns is None:
+            hold_ns = min(DEFAULT_HOLD_NS, timeout_ns // 4)
+        if not 0 <= hold_ns <= timeout_ns // 2:
+            raise ValueError(f"hold_ns {hold_ns} must be in 0..timeout_ns/2 ({timeout_ns // 2})")
+        self.defer_follow_ups = defer_follow_ups
+        self.hold_ns = hold_ns
         mode = opt_id_counts_unstamped()
         self.engine = _fastpath.Engine(
             self.nic, timeout_ns, max_pending, pad, seq_start,
             stamp_followups=mode is None, unstamped_count=bool(mode),
+            defer=defer_follow_ups, hold_ns=hold_ns,
         )  # fmt: skip
         self._dst_index: dict[str, int] = {}
         self._dsts: list[str] = []
@@ -382,7 +406,9 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         return st
 
     def close(self) -> None:
-        """Close every socket (idempotent) and stop `run`."""
+        """Send the held t3s (deferred follow-ups), close every socket (idempotent), stop `run`."""
+        if not self._closed:
+            self.engine.flush_held(self.now_ns(), True)
         if self._loop is not None and not self._closed:
             self._loop.remove_reader(self.engine.epoll_fd)  # (a no-op while a drain is due)
         super().close()

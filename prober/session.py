@@ -283,6 +283,11 @@ class ProbeSession:
             return []
         if msg.trace:
             return [TraceReached(msg.seq, msg.sender, rx_stamp_ns)]
+        if msg.t3s and msg.mtype is MsgType.FOLLOW_UP:
+            # deferred t3s (prober.wire): only for initiators that set DEFER_OK, which this
+            # session does not; its body names no probe
+            self.counters["unmatched"] += 1
+            return []
         p = self._pending.get(msg.seq)
         if p is None:
             self.counters["unmatched"] += 1
@@ -376,6 +381,9 @@ class ProbeSession:
             if msg.trace:
                 events.append(TraceReached(msg.seq, msg.sender, rx))
                 continue
+            if msg.t3s and mtype is not _REPLY:  # held t3s: see `receive`
+                counters["unmatched"] += 1
+                continue
             seq = msg.seq
             p = pending.get(seq)
             if p is None:
@@ -413,7 +421,7 @@ class ProbeSession:
             return
         # the reply's fields are the validated probe's, t2 is in range: skip re-validation
         reply = Message._make((_REPLY, self.nic, msg.sender, msg.seq, msg.pair_id, msg.pair_pos,
-                               t2, 0, False, msg.pad, False))  # fmt: skip
+                               t2, 0, False, msg.pad, False, False, ()))  # fmt: skip
         self._reply_token += 1
         token = _REPLY_TOKEN_BASE + self._reply_token
         self._await_tx[token] = _AwaitTx(src, reply, now_ns)

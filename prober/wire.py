@@ -8,7 +8,9 @@ Pure bytes <-> values; no I/O, no clocks. Every datagram has the same 48-byte bo
          3    1 type       MsgType (PROBE=1, REPLY=2, FOLLOW_UP=3)
          4    1 flags      bit0 AUTH (16-byte HMAC-SHA256 tag at the end),
                            bit1 T3_FINAL (REPLY already carries the final t3),
-                           bit2 TRACE (path-discovery probe / its reply, see `prober.pathdisc`)
+                           bit2 TRACE (path-discovery probe / its reply, see `prober.pathdisc`),
+                           bit3 DEFER_OK (PROBE: the initiator takes deferred t3s, below),
+                           bit4 CARRIES_T3 (REPLY/FOLLOW_UP: a t3 list follows the body)
          5    1 pair_pos   position in a coded pair (0 or 1; 0 when not coded)
          6    2 reserved   must be 0
          8    8 sender     `nic_hash` of the sending NIC id
@@ -17,13 +19,28 @@ Pure bytes <-> values; no I/O, no clocks. Every datagram has the same 48-byte bo
         28    4 pair_id    int32 coded-pair id, -1 when not coded
         32    8 ta         int64 ns: PROBE 0; REPLY/FOLLOW_UP t2 (responder receive)
         40    8 tb         int64 ns: PROBE 0; REPLY t3 if T3_FINAL else 0; FOLLOW_UP t3
-        48    n padding    zero bytes (lets probes be sized like real traffic)
-      48+n   16 tag        HMAC-SHA256(key, everything before the tag)[:16], only with AUTH
+        48    L t3 list    only with CARRIES_T3: count (1 byte, 1..MAX_T3S), then count x
+                           (seq uint32, t3 int64): L = 1 + 12 * count
+      48+L    n padding    zero bytes (lets probes be sized like real traffic)
+    48+L+n   16 tag        HMAC-SHA256(key, everything before the tag)[:16], only with AUTH
 
 Two-step transmit stamps (as PTP does): t3, the responder's send time, is only known after the
 reply leaves (kernel TX stamp from the error queue), so the responder sends a FOLLOW_UP with the
 same seq carrying t2 and t3. A responder without TX stamps sends a one-step REPLY (T3_FINAL set,
 t3 = its best user-space estimate) and no FOLLOW_UP. t1 never travels: the initiator keeps it.
+
+Deferred follow-ups (fewer datagrams per probe): an initiator that sets DEFER_OK on its PROBE
+lets the responder keep the reply's (seq, t3) instead of sending a FOLLOW_UP per reply. The
+responder carries what it holds for that initiator NIC (keyed by the PROBE's sender hash, sent
+to any of its source ports) as the t3 list of its next REPLY to it, and after a hold time
+sends whatever is still held as ONE FOLLOW_UP whose body is empty (seq 0, pair_id -1, ta = tb
+= 0) and whose list carries all of it; also on close. The t3 list sits before the padding, so
+with AUTH the tag covers it. The initiator completes a probe when its t3 arrives by either
+route (its t2 comes with the REPLY as always); its probe timeout must exceed the responder's
+hold time plus a round trip. A PROBE without DEFER_OK gets a FOLLOW_UP per reply, and a
+responder may ignore DEFER_OK (the Python paths do): the flag only permits deferral. A lost
+REPLY that carried a list leaves those probes without t3: they end ``incomplete`` (counted,
+not reported as lost), as a lost FOLLOW_UP does.
 
 `Codec.decode` raises only `WireError` subclasses; each has a short ``reason`` used as a
 counter key by the session.
@@ -46,9 +63,15 @@ MAX_PAD = 8192
 FLAG_AUTH = 0x01
 FLAG_T3_FINAL = 0x02
 FLAG_TRACE = 0x04
-_KNOWN_FLAGS = FLAG_AUTH | FLAG_T3_FINAL | FLAG_TRACE
+FLAG_DEFER_OK = 0x08
+FLAG_CARRIES_T3 = 0x10
+_KNOWN_FLAGS = FLAG_AUTH | FLAG_T3_FINAL | FLAG_TRACE | FLAG_DEFER_OK | FLAG_CARRIES_T3
 _BODY = struct.Struct("!HBBBBHQQIiqq")
 BODY_LEN = _BODY.size  # 48
+_T3 = struct.Struct("!Iq")
+T3_ENTRY_LEN = _T3.size  # 12
+MAX_T3S = 64
+"""Most (seq, t3) entries one message may carry (the decoder rejects more)."""
 _U64 = (1 << 64) - 1
 _I64 = (1 << 63) - 1
 
@@ -134,6 +157,8 @@ class _MessageFields(NamedTuple):
     t3_final: bool = False
     pad: int = 0
     trace: bool = False
+    defer_ok: bool = False
+    t3s: tuple[tuple[int, int], ...] = ()
 
 
 class Message(_MessageFields):
@@ -158,6 +183,8 @@ class Message(_MessageFields):
         t3_final: bool = False,
         pad: int = 0,
         trace: bool = False,
+        defer_ok: bool = False,
+        t3s: tuple[tuple[int, int], ...] = (),
     ) -> Message:
         if not (
             0 <= sender <= _U64
@@ -174,19 +201,31 @@ class Message(_MessageFields):
             )
         if pair_pos not in (0, 1) or (pair_id == -1 and pair_pos):
             raise BadFieldError(f"pair_pos {pair_pos} invalid for pair_id {pair_id}")
+        if t3s:
+            if len(t3s) > MAX_T3S:
+                raise BadFieldError(f"{len(t3s)} t3 entries > {MAX_T3S}")
+            for s, t in t3s:
+                if not (0 <= s <= 0xFFFFFFFF and 0 <= t <= _I64):
+                    raise BadFieldError(f"t3 entry out of range: seq={s} t3={t}")
         if mtype is MsgType.PROBE:
-            if ta or tb or t3_final:
+            if ta or tb or t3_final or t3s:
                 raise BadFieldError("PROBE carries no timestamps")
+        elif defer_ok:
+            raise BadFieldError("only a PROBE sets DEFER_OK")
         elif mtype is MsgType.REPLY:
             if tb and not t3_final:
                 raise BadFieldError("two-step REPLY must not carry t3")
+            if t3s and trace:
+                raise BadFieldError("a trace REPLY carries no t3 list")
         elif mtype is MsgType.FOLLOW_UP:
             if t3_final or trace:
                 raise BadFieldError("FOLLOW_UP uses neither T3_FINAL nor TRACE")
+            if t3s and (seq or pair_id != -1 or ta or tb):
+                raise BadFieldError("a FOLLOW_UP with a t3 list has an empty body")
         else:
             raise BadTypeError(f"type {mtype!r}")
         return tuple.__new__(cls, (mtype, sender, peer, seq, pair_id, pair_pos, ta, tb,
-                                   t3_final, pad, trace))  # fmt: skip
+                                   t3_final, pad, trace, defer_ok, tuple(t3s)))  # fmt: skip
 
 
 class Codec:
@@ -234,11 +273,15 @@ class Codec:
             (FLAG_AUTH if self._key is not None else 0)
             | (FLAG_T3_FINAL if msg.t3_final else 0)
             | (FLAG_TRACE if msg.trace else 0)
+            | (FLAG_DEFER_OK if msg.defer_ok else 0)
+            | (FLAG_CARRIES_T3 if msg.t3s else 0)
         )
         body = _BODY.pack(
             MAGIC, VERSION, int(msg.mtype), flags, msg.pair_pos, 0,
             msg.sender, msg.peer, msg.seq, msg.pair_id, msg.ta, msg.tb,
         )  # fmt: skip
+        if msg.t3s:
+            body += bytes((len(msg.t3s),)) + b"".join(_T3.pack(s, t) for s, t in msg.t3s)
         if msg.pad:
             body += bytes(msg.pad)
         if self._key is not None:
@@ -296,14 +339,27 @@ class Codec:
             view = memoryview(data)
             if not self._verify(view[:end], bytes(view[end:])):
                 raise AuthError("tag mismatch")
-        pad = end - BODY_LEN
+        at = BODY_LEN
+        t3s: tuple[tuple[int, int], ...] = ()
+        if flags & FLAG_CARRIES_T3:
+            if end < BODY_LEN + 1:
+                raise TruncatedError("no t3 count")
+            count = data[BODY_LEN]
+            if not 1 <= count <= MAX_T3S:
+                raise BadFieldError(f"t3 count {count}")
+            at = BODY_LEN + 1 + count * T3_ENTRY_LEN
+            if at > end:
+                raise TruncatedError(f"t3 list of {count} needs {at} bytes, {end} there")
+            t3s = tuple(_T3.iter_unpack(bytes(data[BODY_LEN + 1 : at])))
+        pad = end - at
         if pad > MAX_PAD:
             raise BadFieldError(f"pad {pad} too long")
-        if pad and any(bytes(data[BODY_LEN:end])):
+        if pad and any(bytes(data[at:end])):
             raise BadFieldError("non-zero padding")
         return Message(
             _TYPES[mtype], sender, peer, seq, pair, pos, ta, tb,
             bool(flags & FLAG_T3_FINAL), pad, bool(flags & FLAG_TRACE),
+            bool(flags & FLAG_DEFER_OK), t3s,
         )  # fmt: skip
 
 

@@ -29,7 +29,7 @@ LO = "127.0.0.1"
 
 def _fields(m: Message) -> tuple[Any, ...]:
     return (int(m.mtype), m.sender, m.peer, m.seq, m.pair_id, m.pair_pos, m.ta, m.tb,
-            m.t3_final, m.pad, m.trace)  # fmt: skip
+            m.t3_final, m.pad, m.trace, m.defer_ok, m.t3s)  # fmt: skip
 
 
 def _codec_view(data: bytes) -> Any:
@@ -49,14 +49,19 @@ def _valid_messages() -> list[bytes]:
         c.encode(Message(MsgType.REPLY, b, a, 7, -1, 0, 100, 120, True)),
         c.encode(Message(MsgType.FOLLOW_UP, b, a, 2**32 - 1, 2**31 - 1, 0, 100, 130)),
         Codec(b"k" * 32).encode(Message(MsgType.PROBE, a, b, 1)),
+        # deferred follow-ups: DEFER_OK probes, t3 lists in replies and hold-time follow-ups
+        c.encode(Message(MsgType.PROBE, a, b, 9, 4, 0, pad=8, defer_ok=True)),
+        c.encode(Message(MsgType.REPLY, b, a, 9, 4, 0, 100, t3s=((7, 130), (8, 2**62)))),
+        c.encode(Message(MsgType.REPLY, b, a, 9, -1, 0, 100, pad=6, t3s=((2**32 - 1, 5),))),
+        c.encode(Message(MsgType.FOLLOW_UP, b, a, 0, t3s=((1, 10), (2, 20), (3, 30)))),
     ]
 
 
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     base=st.sampled_from(_valid_messages()),
-    flips=st.lists(st.tuples(st.integers(0, 63), st.integers(0, 255)), max_size=4),
-    cut=st.integers(-8, 80),
+    flips=st.lists(st.tuples(st.integers(0, 90), st.integers(0, 255)), max_size=4),
+    cut=st.integers(-8, 100),
     extra=st.binary(max_size=24),
 )
 def test_c_parser_agrees_with_the_codec_on_mutated_datagrams(

@@ -79,6 +79,11 @@ def test_defaults_from_minimal() -> None:
     assert fast.hot_path == "batched"
     assert cfg.tick_ms == 10
     assert parse_config({**base(), "prober": {"host": "h", "tick_ms": 5}}, "f").tick_ms == 5
+    assert cfg.defer_follow_ups and cfg.follow_up_hold_ms == 250
+    short = parse_config({**base(), "prober": {"host": "h", "timeout_ms": 400}}, "f")
+    assert short.follow_up_hold_ms == 100  # the default hold stays under a short timeout
+    off = parse_config({**base(), "prober": {"host": "h", "defer_follow_ups": False}}, "f")
+    assert not off.defer_follow_ups
 
 
 @pytest.mark.parametrize(
@@ -90,6 +95,14 @@ def test_defaults_from_minimal() -> None:
         ({"prober": {"host": "h", "transport": "tcp"}}, "f.toml: prober.transport: must be one of"),
         ({"prober": {"host": "h", "hot_path": "fast"}}, "f.toml: prober.hot_path: must be one of"),
         ({"prober": {"host": "h", "tick_ms": 0}}, "f.toml: prober.tick_ms: must be 1..100"),
+        (
+            {"prober": {"host": "h", "follow_up_hold_ms": 600}},
+            "f.toml: prober.follow_up_hold_ms: must be 0..500 (half of timeout_ms",
+        ),
+        (
+            {"prober": {"host": "h", "defer_follow_ups": 1}},
+            "f.toml: prober.defer_follow_ups: must be",
+        ),
         (
             {"prober": {"host": "h", "port": 0}},
             "f.toml: prober.port: must be an integer in 1..65535, got 0",

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from prober.wire import (
     BODY_LEN,
+    MAX_T3S,
+    T3_ENTRY_LEN,
     TAG_LEN,
     AuthError,
     BadFieldError,
@@ -114,13 +116,96 @@ def test_message_validation() -> None:
         Message(MsgType.REPLY, 1, 2, 3, ta=1, tb=2)  # two-step reply with t3
 
 
+def _carrying_reply(pad: int = 0) -> Message:
+    return Message(MsgType.REPLY, 1, 2, 9, 4, 1, 500, pad=pad, t3s=((7, 600), (8, 2**63 - 1)))
+
+
+def _held_follow_up(n: int = 3) -> Message:
+    return Message(MsgType.FOLLOW_UP, 1, 2, 0, t3s=tuple((s, 1000 + s) for s in range(n)))
+
+
+def test_deferred_follow_up_forms_round_trip_plain_and_keyed() -> None:
+    msgs = [
+        Message(MsgType.PROBE, 1, 2, 5, 3, 0, pad=16, defer_ok=True),
+        _carrying_reply(),
+        _carrying_reply(pad=20),
+        _held_follow_up(1),
+        _held_follow_up(MAX_T3S),
+    ]
+    for codec in (Codec(), Codec(KEY)):
+        for m in msgs:
+            data = codec.encode(m)
+            listed = 1 + T3_ENTRY_LEN * len(m.t3s) if m.t3s else 0
+            assert len(data) == BODY_LEN + listed + m.pad + codec.tag_len
+            assert codec.decode(data) == m
+    # the list sits after the body, before the padding: flag bit4, count, (seq, t3) entries
+    data = Codec().encode(_carrying_reply(pad=4))
+    assert data[4] == 0x10 and data[BODY_LEN] == 2
+    assert struct.unpack("!Iq", data[BODY_LEN + 1 : BODY_LEN + 13]) == (7, 600)
+    assert data[-4:] == bytes(4)
+    assert Codec().encode(Message(MsgType.PROBE, 1, 2, 5, defer_ok=True))[4] == 0x08
+
+
+def test_t3_list_inside_the_hmac() -> None:
+    good = Codec(KEY).encode(_carrying_reply())
+    tampered = bytearray(good)
+    tampered[BODY_LEN + 12] ^= 1  # the last byte of the first entry's t3
+    with pytest.raises(AuthError):
+        Codec(KEY).decode(bytes(tampered))
+
+
+@pytest.mark.parametrize(
+    ("edit", "exc", "reason"),
+    [
+        (lambda d: d[:BODY_LEN], TruncatedError, "no t3 count"),
+        (lambda d: d[: BODY_LEN + 1 + T3_ENTRY_LEN], TruncatedError, "needs"),
+        (lambda d: d[:BODY_LEN] + b"\x00" + d[BODY_LEN + 1 :], BadFieldError, "t3 count 0"),
+        (
+            lambda d: d[:BODY_LEN] + bytes([MAX_T3S + 1]) + d[BODY_LEN + 1 :],
+            BadFieldError,
+            "t3 count",
+        ),
+        (lambda d: d[:BODY_LEN] + b"\x01" + d[BODY_LEN + 1 :], BadFieldError, "padding"),
+        (lambda d: d[: BODY_LEN + 5] + b"\x80" + d[BODY_LEN + 6 :], BadFieldError, "out of range"),
+        (lambda d: d[:3] + b"\x01" + d[4:], BadFieldError, "PROBE carries"),  # list on a PROBE
+    ],
+)
+def test_malformed_t3_lists_raise_short_wire_errors(
+    edit: object, exc: type[WireError], reason: str
+) -> None:
+    data = Codec().encode(_carrying_reply())
+    with pytest.raises(exc, match=reason):
+        Codec().decode(edit(data))  # type: ignore[operator]
+
+
+def test_deferred_forms_validation() -> None:
+    with pytest.raises(BadFieldError, match="only a PROBE"):
+        Message(MsgType.REPLY, 1, 2, 3, ta=1, defer_ok=True)
+    with pytest.raises(BadFieldError, match="empty body"):
+        Message(MsgType.FOLLOW_UP, 1, 2, 3, ta=1, tb=2, t3s=((1, 2),))
+    with pytest.raises(BadFieldError, match="entries"):
+        _held_follow_up(MAX_T3S + 1)
+    with pytest.raises(BadFieldError, match="out of range"):
+        Message(MsgType.FOLLOW_UP, 1, 2, 0, t3s=((1 << 32, 2),))
+    with pytest.raises(BadFieldError, match="trace"):
+        Message(MsgType.REPLY, 1, 2, 3, ta=1, trace=True, t3s=((1, 2),))
+    bad = bytearray(Codec().encode(Message(MsgType.PROBE, 1, 2, 5, defer_ok=True)))
+    bad[3] = 2  # a REPLY with DEFER_OK
+    with pytest.raises(BadFieldError):
+        Codec().decode(bytes(bad))
+
+
 _VALID = [
     Codec().encode(Message(MsgType.PROBE, 1, 2, 3, pad=8)),
     Codec().encode(_reply()),
     Codec().encode(Message(MsgType.FOLLOW_UP, 5, 6, 7, 1, 1, 10, 20)),
+    Codec().encode(Message(MsgType.PROBE, 1, 2, 3, pad=8, defer_ok=True)),
+    Codec().encode(_carrying_reply(pad=6)),
+    Codec().encode(_held_follow_up()),
 ]
 _KEYED = Codec(KEY)
-_VALID_KEYED = [_KEYED.encode(_reply())]
+_VALID_KEYED = [_KEYED.encode(_reply()), _KEYED.encode(_carrying_reply()),
+                _KEYED.encode(_held_follow_up(2))]  # fmt: skip
 
 
 def _decode_or_wire_error(codec: Codec, data: bytes) -> None:
