@@ -574,8 +574,8 @@ class Agent:
         A changed path puts its flow first in line for the next trace (confirmation).
         """
         done = 0
-        for nic, pd in self.discovery.items():
-            for item in pd.tracer.poll(self.endpoints[nic].now_ns()):
+        for pd in self.discovery.values():
+            for item in pd.poll():
                 if isinstance(item, DiscoveredPath):
                     self._paths_out.append(item)
                     done += 1

@@ -66,17 +66,36 @@ class PathChange:
     new: DiscoveredPath
 
 
+@dataclass(frozen=True, slots=True)
+class TraceExtension:
+    """A capped trace round that did not reach its destination: send ``ttls`` on ``key``'s
+    flow and hand their seqs to `PathTracer.extend` (``round_id`` names the round)."""
+
+    key: PathKey
+    ttls: range
+    round_id: int
+
+
 @dataclass(slots=True)
 class _Round:
     key: PathKey
     ttl_of: dict[int, int]  # seq -> ttl
     started_ns: int
+    rid: int = 0
+    top: int = 0  # the highest TTL sent so far
+    max_ttl: int = 0  # how far the round may be extended (<= top: never)
+    extended: bool = False
     hops: dict[int, str] = field(default_factory=dict)
     reached_ttl: int | None = None
 
     def complete(self) -> bool:
         r = self.reached_ttl
         return r is not None and all(t in self.hops for t in range(1, r))
+
+    def awaits_extension(self) -> bool:
+        """A capped round that has not reached its destination (yet): not finished before it
+        was extended to ``max_ttl``."""
+        return self.top < self.max_ttl and not self.extended and self.reached_ttl is None
 
 
 class PathTracer:
@@ -85,6 +104,11 @@ class PathTracer:
     `begin` a round with the trace seqs sent for TTL 1..N, feed `on_time_exceeded` /
     `on_reached`, then `poll(now_ns)` returns a `DiscoveredPath` per finished round (complete,
     or ``timeout_ns`` old) and a `PathChange` when it differs from the last path of its key.
+
+    Capped rounds (`ttl_limit`): a round begun with fewer TTLs than ``max_ttl`` that does not
+    reach its destination (its highest TTL expired at a router, or ``timeout_ns`` passed) is
+    not finished but handed out by `extensions` (send the missing TTLs, then `extend`); it
+    then finishes like any round. `PathDiscovery.poll` does both.
     """
 
     def __init__(self, timeout_ns: int = 1_000_000_000) -> None:
@@ -93,13 +117,57 @@ class PathTracer:
         self.counters: Counter[str] = Counter()
         self._rounds: list[_Round] = []
         self._by_seq: dict[int, _Round] = {}
+        self._reach_of_pair: dict[tuple[str, str], int] = {}  # (src, dst) -> last reached TTL
+        self._next_rid = 0
 
-    def begin(self, key: PathKey, seqs: Sequence[int], now_ns: int) -> None:
-        """Start a round: ``seqs[i]`` is the trace probe sent with TTL i + 1."""
-        rnd = _Round(key, {seq: i + 1 for i, seq in enumerate(seqs)}, now_ns)
+    def ttl_limit(self, key: PathKey, max_ttl: int) -> int:
+        """Return how many TTLs (1..n, at most ``max_ttl``) a new trace of ``key`` sends: one
+        hop past the length of the flow's last path when that reached its destination (the
+        TTL that reached it, plus one, so a path one hop longer is found in the same round);
+        for a flow not traced yet, one past the last reached path from the same NIC to the
+        same peer; ``max_ttl`` when neither is known or the flow's last trace did not reach.
+        """
+        known = self.paths.get(key)
+        if known is not None:
+            reach = len(known.hops) + 1 if known.reached else None
+        else:
+            reach = self._reach_of_pair.get((key.src, key.dst))
+        return max_ttl if reach is None else max(1, min(max_ttl, reach + 1))
+
+    def begin(self, key: PathKey, seqs: Sequence[int], now_ns: int, max_ttl: int = 0) -> None:
+        """Start a round: ``seqs[i]`` is the trace probe sent with TTL i + 1. With ``max_ttl``
+        above ``len(seqs)`` the round is capped and may be extended up to ``max_ttl``."""
+        self._next_rid += 1
+        rnd = _Round(key, {seq: i + 1 for i, seq in enumerate(seqs)}, now_ns,
+                     rid=self._next_rid, top=len(seqs), max_ttl=max_ttl)  # fmt: skip
         self._rounds.append(rnd)
         for seq in seqs:
             self._by_seq[seq] = rnd
+
+    def extensions(self, now_ns: int) -> list[TraceExtension]:
+        """Return the capped rounds that must go on: no TTL reached the destination and the
+        highest one sent expired at a router (the path grew by more than a hop) or the round
+        timed out. Each is handed out once; send its ``ttls`` and call `extend`."""
+        out: list[TraceExtension] = []
+        for rnd in self._rounds:
+            if rnd.awaits_extension() and (
+                rnd.top in rnd.hops or now_ns - rnd.started_ns >= self.timeout_ns
+            ):
+                rnd.extended = True
+                out.append(TraceExtension(rnd.key, range(rnd.top + 1, rnd.max_ttl + 1), rnd.rid))
+        return out
+
+    def extend(self, ext: TraceExtension, seqs: Sequence[int], now_ns: int) -> None:
+        """Add the trace probes sent for ``ext`` (``seqs[i]``: TTL ``ext.ttls[i]``) to its
+        round, which gets a fresh ``timeout_ns`` from ``now_ns``; unknown rounds are ignored."""
+        for rnd in self._rounds:
+            if rnd.rid == ext.round_id:
+                for seq, ttl in zip(seqs, ext.ttls, strict=False):
+                    rnd.ttl_of[seq] = ttl
+                    self._by_seq[seq] = rnd
+                rnd.top = max(rnd.top, ext.ttls[-1] if ext.ttls else rnd.top)
+                rnd.started_ns = now_ns
+                return
 
     def on_time_exceeded(self, seq: int, router: str) -> None:
         """Record that the probe ``seq`` expired at ``router``."""
@@ -126,11 +194,16 @@ class PathTracer:
             rnd.reached_ttl = ttl
 
     def poll(self, now_ns: int) -> list[DiscoveredPath | PathChange]:
-        """Return finished rounds' paths (and changes against the previous path of each key)."""
+        """Return finished rounds' paths (and changes against the previous path of each key).
+
+        A capped round that has not reached its destination waits for its extension
+        (`extensions`) instead of finishing at its timeout.
+        """
         out: list[DiscoveredPath | PathChange] = []
         keep: list[_Round] = []
         for rnd in self._rounds:
-            if not (rnd.complete() or now_ns - rnd.started_ns >= self.timeout_ns):
+            timed_out = now_ns - rnd.started_ns >= self.timeout_ns
+            if not (rnd.complete() or (timed_out and not rnd.awaits_extension())):
                 keep.append(rnd)
                 continue
             for seq in rnd.ttl_of:
@@ -138,6 +211,8 @@ class PathTracer:
             last = rnd.reached_ttl - 1 if rnd.reached_ttl else max(rnd.hops, default=0)
             hops = tuple(rnd.hops.get(t) for t in range(1, last + 1))
             path = DiscoveredPath(rnd.key, hops, rnd.reached_ttl is not None, now_ns)
+            if rnd.reached_ttl is not None:
+                self._reach_of_pair[rnd.key.src, rnd.key.dst] = rnd.reached_ttl
             old = self.paths.get(rnd.key)
             self.paths[rnd.key] = path
             out.append(path)
@@ -160,18 +235,40 @@ class PathDiscovery:
         self.endpoint = endpoint
         self.tracer = tracer
         self.max_ttl = max_ttl
+        self._dests: dict[str, Address] = {}  # peer NIC -> where its traces went
 
     def start(self, dst: str, dest: Address, sport: int) -> PathKey:
-        """Send one TRACE probe per TTL 1..max_ttl from ``sport`` to ``dest``; return the key."""
+        """Send TRACE probes from ``sport`` to ``dest`` with TTL 1..n and return the flow's key:
+        n = `PathTracer.ttl_limit` (one hop past the flow's known length, ``max_ttl`` when
+        nothing is known); a round that does not reach is extended to ``max_ttl`` by `poll`."""
+        key = PathKey(self.endpoint.session.nic_id, dst, sport)
+        self._dests[dst] = dest
+        top = self.tracer.ttl_limit(key, self.max_ttl)
+        seqs = self._send(dst, dest, sport, range(1, top + 1))
+        self.tracer.begin(key, seqs, self.endpoint.now_ns(), self.max_ttl)
+        return key
+
+    def _send(self, dst: str, dest: Address, sport: int, ttls: range) -> list[int]:
+        """Send one TRACE probe per TTL of ``ttls``; return their seqs, one per TTL (a send the
+        OS refused keeps its seq, never answered: the TTLs after it stay where they are)."""
         session = self.endpoint.session
         seqs = []
-        for ttl in range(1, self.max_ttl + 1):
+        for ttl in ttls:
             dgram = session.trace_probe(dst, dest, sport)
-            if self.endpoint.send(dgram, ttl=ttl):
-                seqs.append(dgram.meta.seq)
-        key = PathKey(session.nic_id, dst, sport)
-        self.tracer.begin(key, seqs, self.endpoint.now_ns())
-        return key
+            if not self.endpoint.send(dgram, ttl=ttl):
+                self.tracer.counters["send_refused"] += 1
+            seqs.append(dgram.meta.seq)
+        return seqs
+
+    def poll(self) -> list[DiscoveredPath | PathChange]:
+        """Extend the capped rounds that did not reach their destination (send their missing
+        TTLs now) and return the finished rounds' paths and changes (`PathTracer.poll`)."""
+        now = self.endpoint.now_ns()
+        for ext in self.tracer.extensions(now):
+            dest = self._dests.get(ext.key.dst)
+            seqs = [] if dest is None else self._send(ext.key.dst, dest, ext.key.sport, ext.ttls)
+            self.tracer.extend(ext, seqs, now)
+        return self.tracer.poll(now)
 
     def handle_icmp(self, sport: int, err: ExtendedErr, quoted: bytes, now_ns: int) -> None:
         """`UdpEndpoint` ICMP hook: map the error to its trace probe and record it."""
@@ -206,9 +303,7 @@ class PathDiscovery:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
         while True:
-            done = [
-                p for p in self.tracer.poll(self.endpoint.now_ns()) if isinstance(p, DiscoveredPath)
-            ]
+            done = [p for p in self.poll() if isinstance(p, DiscoveredPath)]
             for path in done:
                 if path.key == key:
                     return path
