@@ -299,6 +299,7 @@ class Agent:
         self._flows: list[tuple[str, str, int]] = []
         self._paths_out: deque[DiscoveredPath] = deque(maxlen=100_000)
         self._retrace: deque[Any] = deque(maxlen=10_000)
+        self._targets: list[tuple[str, ProbeSession, str, Address | None]] | None = None
 
     # ---- pieces -------------------------------------------------------------------------------
 
@@ -322,6 +323,44 @@ class Agent:
                 self.stats.probes_queued += 1
         for src in {p.src for p in probes}:
             self.endpoints[src].wake()
+
+    def _queue_rows(self, rows: Sequence[tuple[int, int, int]], plan_now_ns: int) -> None:
+        """`_queue` for the driver's tick, from `ProbePlan.due_rows`: the same probes queued at
+        the same times, without a `ScheduledProbe` per probe, and each stream's session and
+        peer address looked up once (`_stream_targets`). No `wake`: the driver ticks the
+        endpoints right after its hook."""
+        targets = self._targets
+        if targets is None:
+            targets = self._targets = self._stream_targets()
+        nic_now: dict[str, int] = {}
+        spacing = self.cfg.schedule.pair_spacing_ns
+        coded = self.plan.config.coded
+        queued = 0
+        for at, i, sport in rows:
+            src, session, dst, dest = targets[i]
+            if dest is None:
+                continue
+            now = nic_now.get(src)
+            if now is None:
+                now = nic_now[src] = self.endpoints[src].now_ns()
+            at_nic = now + at - plan_now_ns if at > plan_now_ns else now
+            if coded:
+                session.queue_pair(dst, dest, sport, at_nic, spacing)
+                queued += 2
+            else:
+                session.queue_probe(dst, dest, sport, at_nic)
+                queued += 1
+        self.stats.probes_queued += queued
+
+    def _stream_targets(self) -> list[tuple[str, ProbeSession, str, Address | None]]:
+        """Return, per stream of the plan, (src, its session, dst, where to probe dst): the
+        driven endpoints are UDP, whose `resolve` is the configured address, always."""
+        out = []
+        for i in range(len(self.plan)):
+            src, dst = self.plan.stream(i)
+            dest = self.endpoints[src].resolve(dst, self.address[dst])
+            out.append((src, self.sessions[src], dst, dest))
+        return out
 
     def _stamp_kind(self) -> str:
         kinds = {str(ep.stamp_source) for ep in self.endpoints.values()}
@@ -476,6 +515,7 @@ class Agent:
             self.endpoints.clear()
             self._driver = None
             self._traces = None
+            self._targets = None
         return self.stats
 
     def _records(self) -> int:
@@ -521,7 +561,7 @@ class Agent:
         lead = max(DRIVEN_LEAD_NS, self.cfg.tick_ms * 1_000_000)
         nxt = self.plan.next_at_ns()
         if nxt is not None and nxt <= plan_now + lead:
-            self._queue(self.plan.due(plan_now + lead), plan_now)
+            self._queue_rows(self.plan.due_rows(plan_now + lead), plan_now)
         if self._traces is not None:
             self._trace_step(time.monotonic())
 

@@ -156,31 +156,51 @@ class ProbePlan:
         """Return the time of the next probe, or None when there are no streams."""
         return self._heap[0][0] if self._heap else None
 
-    def _pop(self) -> ScheduledProbe:
-        at, i = heapq.heappop(self._heap)
+    def stream(self, i: int) -> tuple[str, str]:
+        """Return (src, dst) of stream ``i`` (the ``stream`` of a `due_rows` row); raises
+        `IndexError` for no such stream."""
         st = self._streams[i]
-        ports = self.ports[st.src]
-        if not st.order:
-            st.order = list(ports)
-            st.rng.shuffle(st.order)
-        probe = ScheduledProbe(at, st.src, st.dst, st.order.pop(), self.config.coded)
-        st.k += 1
-        jitter = (st.rng.random() * 2.0 - 1.0) * self.config.jitter * self.period_ns
-        nxt = max(at + 1, st.anchor + st.k * self.period_ns + int(jitter))
-        heapq.heappush(self._heap, (nxt, i))
-        return probe
+        return st.src, st.dst
+
+    def due_rows(self, now_ns: int) -> list[tuple[int, int, int]]:
+        """Return every probe scheduled at or before ``now_ns`` as an ``(at_ns, stream, sport)``
+        row (`stream` names its NICs), in time order, and consume them.
+
+        The probes `due` returns, without an object per probe: the same draws in the same
+        order (one jitter draw per probe, one shuffle per sweep of a stream's ports), so the
+        same seed gives the same times and ports whichever of the two is called.
+        """
+        heap = self._heap
+        out: list[tuple[int, int, int]] = []
+        if not heap or heap[0][0] > now_ns:
+            return out
+        streams, ports = self._streams, self.ports
+        period, jitter = self.period_ns, self.config.jitter
+        replace = heapq.heapreplace
+        while heap and heap[0][0] <= now_ns:
+            at, i = heap[0]
+            st = streams[i]
+            order = st.order
+            if not order:
+                order = st.order = list(ports[st.src])
+                st.rng.shuffle(order)
+            out.append((at, i, order.pop()))
+            k = st.k = st.k + 1
+            nxt = st.anchor + k * period + int((st.rng.random() * 2.0 - 1.0) * jitter * period)
+            # (time, stream) entries are unique: popping then pushing leaves the same order
+            replace(heap, (nxt if nxt > at else at + 1, i))
+        return out
 
     def due(self, now_ns: int) -> list[ScheduledProbe]:
         """Return every probe scheduled at or before ``now_ns``, in time order, and consume them."""
-        out = []
-        while self._heap and self._heap[0][0] <= now_ns:
-            out.append(self._pop())
-        return out
+        coded, streams = self.config.coded, self._streams
+        return [ScheduledProbe(at, streams[i].src, streams[i].dst, sport, coded)
+                for at, i, sport in self.due_rows(now_ns)]  # fmt: skip
 
     def __iter__(self) -> Iterator[ScheduledProbe]:
         """Yield probes forever in time order (consuming the plan)."""
         while self._heap:
-            yield self._pop()
+            yield from self.due(self._heap[0][0])
 
 
 def queue_due(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 import socket
@@ -313,3 +314,56 @@ def test_trace_timer_paces_sweeps_like_the_trace_loop() -> None:
     assert list(late.due(0.56)[0]) == [2, 3]
     assert list(late.due(0.57)[0]) == [4, 5]
     assert list(late.due(0.58)[0]) == []
+
+
+def test_driven_queueing_queues_what_the_per_probe_queueing_did() -> None:
+    """The driver's hook queues from `ProbePlan.due_rows` (`Agent._queue_rows`): the same
+    sessions get the same calls (peer, address, port, time in the NIC's clock, spacing) as
+    `Agent._queue` from `ProbePlan.due`, for coded pairs and single probes, with NIC clocks
+    that differ from the plan's."""
+
+    class Recorder:
+        def __init__(self, nic: str, calls: list[tuple[Any, ...]]) -> None:
+            self.nic, self.calls = nic, calls
+
+        def queue_pair(self, dst: str, dest: Any, sport: int, at: int, spacing: int) -> int:
+            self.calls.append(("pair", self.nic, dst, dest, sport, at, spacing))
+            return 0
+
+        def queue_probe(self, dst: str, dest: Any, sport: int, at: int) -> None:
+            self.calls.append(("probe", self.nic, dst, dest, sport, at))
+
+    class Ep:
+        def __init__(self, offset: int) -> None:
+            self.offset, self.t = offset, 0
+
+        def now_ns(self) -> int:
+            return self.t + self.offset
+
+        def resolve(self, nic_id: str, configured: Any) -> Any:
+            return configured
+
+        def wake(self) -> None:
+            pass
+
+    for coded in (True, False):
+        cfg = config()
+        cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, coded=coded))
+        calls: dict[str, list[tuple[Any, ...]]] = {"old": [], "new": []}
+        agents = {}
+        for name, recorded in calls.items():
+            agent = Agent(cfg, now_ns=lambda: 0)
+            agent.endpoints = {"nic0": Ep(0), "nic1": Ep(5 * 10**9)}  # type: ignore[dict-item]
+            agent.sessions = {n: Recorder(n, recorded) for n in ("nic0", "nic1")}  # type: ignore[misc]
+            agents[name] = agent
+        for tick in range(1, 400):
+            plan_now = tick * 10_000_000
+            for agent in agents.values():
+                for ep in agent.endpoints.values():
+                    ep.t = plan_now + 1234  # type: ignore[attr-defined]
+            lead = plan_now + 10_000_000
+            agents["old"]._queue(agents["old"].plan.due(lead), plan_now)
+            agents["new"]._queue_rows(agents["new"].plan.due_rows(lead), plan_now)
+        assert len(calls["old"]) > 200 and calls["new"] == calls["old"]
+        assert agents["new"].stats.probes_queued == agents["old"].stats.probes_queued
+        assert {c[0] for c in calls["new"]} == {"pair" if coded else "probe"}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -160,3 +162,75 @@ def test_queue_due_feeds_sessions_in_their_own_clock() -> None:
     assert {d.meta.pair_pos for d in sent_a} == {0}
     with pytest.raises(ScheduleError):
         queue_due(plan, 20_000_000, {}, lambda nic: ("x", 1))
+
+
+class _OldPlan:
+    """The plan as it was before `ProbePlan.due_rows` (a heap pop and push, a `ScheduledProbe`
+    and a jitter draw per probe), kept here as the reference the new code must reproduce."""
+
+    def __init__(self, peers: dict[str, list[str]], config: ScheduleConfig, start_ns: int):
+        self.config = config
+        self.period_ns = round(1e9 / config.rate_hz)
+        self.ports: dict[str, tuple[int, ...]] = {}
+        self.streams: list[list[Any]] = []  # src, dst, rng, order, anchor, k
+        self.heap: list[tuple[int, int]] = []
+        for src in sorted(peers):
+            self.ports[src] = pick_source_ports(
+                config.ports_per_nic, random.Random(f"ports:{config.seed}:{src}"), config.port_range
+            )
+            for dst in peers[src]:
+                rng = random.Random(f"stream:{config.seed}:{src}:{dst}")
+                anchor = start_ns + int(rng.random() * self.period_ns)
+                self.streams.append([src, dst, rng, [], anchor, 0])
+                heapq.heappush(self.heap, (anchor, len(self.streams) - 1))
+
+    def pop(self) -> ScheduledProbe:
+        at, i = heapq.heappop(self.heap)
+        st = self.streams[i]
+        if not st[3]:
+            st[3] = list(self.ports[st[0]])
+            st[2].shuffle(st[3])
+        probe = ScheduledProbe(at, st[0], st[1], st[3].pop(), self.config.coded)
+        st[5] += 1
+        jitter = (st[2].random() * 2.0 - 1.0) * self.config.jitter * self.period_ns
+        heapq.heappush(self.heap, (max(at + 1, st[4] + st[5] * self.period_ns + int(jitter)), i))
+        return probe
+
+    def due(self, now_ns: int) -> list[ScheduledProbe]:
+        out = []
+        while self.heap and self.heap[0][0] <= now_ns:
+            out.append(self.pop())
+        return out
+
+
+@pytest.mark.parametrize(
+    ("seed", "rate_hz", "jitter", "coded", "port_range"),
+    [(0, 10.0, 0.25, True, (49152, 65535)), (7, 10.0, 0.25, True, (49152, 65535)),
+     (3, 333.0, 0.49, False, (50000, 50004)), (11, 1.0, 0.0, True, (49152, 65535))],
+)  # fmt: skip
+def test_due_rows_and_due_yield_exactly_the_old_sequence(
+    seed: int, rate_hz: float, jitter: float, coded: bool, port_range: tuple[int, int]
+) -> None:
+    """Same seed, same probes at the same times from the same ports: `due_rows` (the agent's
+    driven path), `due` and iteration against the old per-probe heap code, with ticks of
+    varying length (10 ms, as the driver, and irregular ones), over several port sweeps."""
+    peers = choose_peers([f"g{g}n0" for g in range(4)], _groups(4, 5), cross_peers=6, seed=seed)
+    cfg = ScheduleConfig(rate_hz=rate_hz, jitter=jitter, coded=coded, port_range=port_range,
+                         seed=seed)  # fmt: skip
+    start = 123_456_789
+    old, rows, new = _OldPlan(dict(peers), cfg, start), ProbePlan(peers, cfg, start), \
+        ProbePlan(peers, cfg, start)  # fmt: skip
+    ticks = random.Random(seed)
+    now, want, got_rows, got = start, [], [], []
+    sweeps_ns = 3 * cfg.ports_per_nic * round(1e9 / rate_hz)
+    while now < start + min(max(sweeps_ns, 2 * S), 60 * S):
+        now += 10_000_000 if ticks.random() < 0.5 else ticks.randrange(1, 80_000_000)
+        want += old.due(now)
+        got_rows += [(at, *rows.stream(i), sport) for at, i, sport in rows.due_rows(now)]
+        got += new.due(now)
+        assert rows.next_at_ns() == new.next_at_ns() == old.heap[0][0]
+    assert len(want) > 1000 and got == want
+    assert got_rows == [(p.at_ns, p.src, p.dst, p.sport) for p in want]
+    it = iter(ProbePlan(peers, cfg, start))
+    assert [next(it) for _ in range(len(want))] == want
+    assert rows.due_rows(start) == [] and rows.due(start) == []
