@@ -8,6 +8,13 @@ datagram (whose seq says which TTL it was). The destination answers with a REPLY
 or, with no responder, ICMP port-unreachable. The hop list is the routers at TTL 1..r-1, where
 r is the smallest TTL that reached the destination.
 
+TTLs sent: 1..max_ttl for a flow nothing is known of; otherwise only up to one hop past the
+known length (r + 1, r from the flow's last path, or from the last path to the same peer for a
+flow not traced yet: ECMP paths to one peer are as long as each other in a Clos), so a path one
+hop longer is found in the same round. A round that does not reach (its highest TTL expired at
+a router, or it timed out) is extended to max_ttl before it finishes: a path that grew by more
+still comes out whole, and an unreachable destination is still reported (a timeout later).
+
 Pure core: `PathTracer` (assemble hop lists from responses, report `PathChange`). Thin adapter:
 `PathDiscovery` (send with IP_TTL through `prober.udp.UdpEndpoint`, feed it ICMP errors and
 `TraceReached` events). On loopback nothing expires (every TTL reaches the host at hop 1); the
