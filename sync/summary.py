@@ -23,11 +23,14 @@ Pure: arrays in, frozen values out.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.special import gammaln
 
 from sync.batchfit import fit_pairs
 from sync.network import solve_network
@@ -46,7 +49,11 @@ from sync.window import (
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 LINE_FRACTION = 0.1  # lowest-RTT exchanges per edge the drift lines go through
-RX_K = 3  # lowest samples per direction the receive-side floor excess is extrapolated from
+RX_K = 6  # lowest samples per direction the receive-side floor excess is extrapolated from
+RX_SAMPLES_PER_K = (
+    20  # a direction uses at most n / 20 of its n samples: the tail model is near-floor
+)
+BETA_MIN = 1 / 3  # the steepest rise from the floor `pooled_tail_index` allows (index 3)
 
 
 @dataclass(frozen=True)
@@ -352,28 +359,92 @@ def sync_summary(
     return dataclasses.replace(out, offset_ns=off, estimator=out.estimator + "+rx")
 
 
+def tail_factor(k: I64 | int, beta: float) -> F64:
+    """``E[x_(1) - F] / E[x_(k) - x_(1)]`` for the lowest order statistics of a sample whose
+    distribution rises from its floor ``F`` like ``(x - F)^(1/beta)`` (a lower tail regularly
+    varying with index ``1 / beta``): with ``g(r) = Γ(r + beta) / Γ(r)``, ``E[x_(r) - F]`` is
+    proportional to ``g(r)``, so the factor is ``g(1) / (g(k) - g(1))``. ``beta = 1`` (a
+    density at the floor) gives ``1 / (k - 1)``: the minimum's excess is one mean spacing.
+    Raises ValueError for ``k < 2`` or ``beta`` outside (0, 1]."""
+    kk = np.asarray(k, dtype=np.float64)
+    if np.any(kk < 2) or not 0.0 < beta <= 1.0:
+        raise ValueError(f"need k >= 2 and beta in (0, 1], got beta={beta}")
+    g1 = math.gamma(1.0 + beta)
+    gk = np.exp(gammaln(kk + beta) - gammaln(kk))
+    return np.asarray(g1 / (gk - g1), dtype=np.float64)
+
+
+_MC_DRAWS = 40_000  # model draws behind `median_spacing_ratio` (fixed seed: deterministic)
+
+
+@functools.cache
+def _unit_arrivals(k: int) -> F64:
+    """The first ``k`` arrival times of a unit-rate Poisson process, ``_MC_DRAWS`` rows."""
+    rng = np.random.default_rng(0)
+    return np.cumsum(rng.exponential(size=(_MC_DRAWS, k)), axis=1)
+
+
+def median_spacing_ratio(k: int, beta: float) -> float:
+    """The median of ``(x_(k) - x_(1)) / (x_(2) - x_(1))`` over windows of the tail model of
+    `tail_factor` (``x_(r) - F`` is ``Γ_r^beta`` times a scale, ``Γ_r`` the r-th arrival of a
+    unit Poisson process), from ``_MC_DRAWS`` fixed draws; it rises with ``beta``. The ratio
+    is scale-free, so directions with different queueing scales share it."""
+    e = _unit_arrivals(k) ** beta
+    return float(np.median((e[:, k - 1] - e[:, 0]) / (e[:, 1] - e[:, 0])))
+
+
+def pooled_tail_index(low: F64, high: F64, k: int) -> float:
+    """The inverse tail index ``beta`` (in [BETA_MIN, 1]) that one window's directions share,
+    from ``low = x_(2) - x_(1)`` and ``high = x_(k) - x_(1)`` of each direction with ``k``
+    samples: the ``beta`` whose model median of the scale-free ratio ``high / low``
+    (`median_spacing_ratio`) equals the directions' median ratio. Pooled over the fabric
+    because a direction's own ratio is far too noisy. 1 (a density at the floor) when no
+    direction has ``k`` samples or most lowest spacings are 0 (an atom at the floor, as with
+    unqueued minima); clipped to the interval. Raises ValueError for ``k < 3``."""
+    if k < 3:
+        raise ValueError(f"k must be >= 3, got {k}")
+    if not len(low):
+        return 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        target = float(np.median(np.where(low > 0, high / low, np.inf)))
+    lo, hi = BETA_MIN, 1.0
+    if not np.isfinite(target) or target >= median_spacing_ratio(k, hi):
+        return hi
+    if target <= median_spacing_ratio(k, lo):
+        return lo
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if median_spacing_ratio(k, mid) < target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def receive_excess(
     n_nodes: int, s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20
 ) -> F64:
     """Per NIC, how far its best incoming samples sit above the delay floor (ns), from the
     data: per incoming direction the lowest ``k`` delays detrended by the pair slope
-    (``slope[edge]``, exact from the stored hull layers), the floor extrapolated from their
-    spacing (with a density at the floor the lowest order statistics are evenly spaced, so
-    the minimum's excess is about one spacing, ``(x_k - x_1) / (k - 1)``), median over the
-    NIC's incoming directions. With hardware stamps taken at the wire a NIC's own egress
-    queue is not measured, so the queueing its access link leaves in the envelopes is on the
-    receive side only, and it inflates every delay *into* the NIC alike: the NIC's offset
-    comes out high by half of it (a node offset that loops cannot see). NaN for NICs with no
-    direction of ``k`` samples. The hull points are read in runs of whole groups of about
-    ``block`` points (they are sorted by group), so the temporaries stay bounded; the result
-    does not depend on ``block``. Raises ValueError if ``k`` exceeds the stored layers."""
-    if not 2 <= k <= RX_K:
-        raise ValueError(f"k must be in [2, {RX_K}], got {k}")
+    (``slope[edge]``, exact from the stored hull layers; at most 1 in ``RX_SAMPLES_PER_K`` of
+    the direction's samples, since the tail model below holds near the floor only, and at
+    least 3), the floor extrapolated from them, median over the NIC's incoming directions.
+    The extrapolation assumes the delay distribution rises from its floor like a power
+    ``1 / beta`` of the excess (`tail_factor`): ``beta = 1`` is a density at the floor (the
+    minimum's excess is one spacing), while a hot receive hop makes the best samples the few
+    that found it idle plus a small wait elsewhere, a faster rise (index ~2). ``beta`` is
+    one figure per window, pooled over all directions with ``k`` samples
+    (`pooled_tail_index`): per direction it is far too noisy. With hardware stamps taken at
+    the wire a NIC's own egress queue is not measured, so the queueing its access link
+    leaves in the envelopes is on the receive side only, and it inflates every delay *into*
+    the NIC alike: the NIC's offset comes out high by half of it (a node offset that loops
+    cannot see). NaN for NICs with no direction of 3 samples. The hull points are read in
+    runs of whole groups of about ``block`` points (they are sorted by group), so the
+    temporaries stay bounded; the result does not depend on ``block``. Raises ValueError if
+    ``k`` is below 3 or exceeds the stored layers."""
+    if not 3 <= k <= RX_K:
+        raise ValueError(f"k must be in [3, {RX_K}], got {k}")
     n_groups = 2 * len(s.edges)
     step = max(1, (block * n_groups) // max(len(s.all_g), 1))
     bounds = np.searchsorted(s.all_g, np.arange(0, n_groups + step, step))
-    nodes: list[I64] = []
-    spacings: list[F64] = []
+    parts: list[tuple[I64, I64, F64, F64]] = []  # node, samples used, x2 - x1, xk - x1
     for a, b in itertools.pairwise(bounds.tolist()):
         if a == b:
             continue
@@ -383,15 +454,20 @@ def receive_excess(
         order = np.lexsort((v, g))
         g, v = g[order], v[order]
         first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-        cnt = np.diff(np.r_[first, len(g)])
-        ok = cnt >= k
-        grp = g[first[ok]]
-        spacings.append((v[first[ok] + k - 1] - v[first[ok]]) / (k - 1))
+        grp = g[first]
+        near = np.maximum(s.n_all[grp] // RX_SAMPLES_PER_K, 3)  # the floor's neighbourhood
+        kd = np.minimum(np.minimum(np.diff(np.r_[first, len(g)]), k), near)
+        ok = kd >= 3
+        f, kd, grp = first[ok], kd[ok], grp[ok]
         # forward group 2e (i -> j) lands at j = edges[e, 1]; reverse 2e + 1 lands at i
-        nodes.append(np.where(grp % 2 == 0, s.edges[grp // 2, 1], s.edges[grp // 2, 0]))
-    if not nodes:
+        node = np.where(grp % 2 == 0, s.edges[grp // 2, 1], s.edges[grp // 2, 0])
+        parts.append((node, kd, v[f + 1] - v[f], v[f + kd - 1] - v[f]))
+    if not parts:
         return np.full(n_nodes, np.nan)
-    return _node_median(n_nodes, np.concatenate(nodes), np.concatenate(spacings))
+    node, kd, low, high = (np.concatenate(c) for c in zip(*parts, strict=True))
+    full = kd == k
+    beta = pooled_tail_index(low[full], high[full], k)
+    return _node_median(n_nodes, node, high * tail_factor(kd, beta))
 
 
 def _node_median(n_nodes: int, node: I64, val: F64) -> F64:
