@@ -213,6 +213,9 @@ def test_tail_factor_and_pooled_index() -> None:
         summary.tail_factor(3, 0.0)
     rng = np.random.default_rng(3)
     k = summary.RX_K
+    # beta 1: (x_k - x_1) / (x_2 - x_1) = 1 + Gamma(k - 2) / Exp, median 1 + 1 / (2^(1/(k-2)) - 1)
+    exact = 1.0 + 1.0 / (2.0 ** (1.0 / (k - 2)) - 1.0)
+    assert abs(summary.median_spacing_ratio(k, 1.0) / exact - 1.0) < 0.02
     for beta in (0.5, 0.8, 1.0):
         x = np.sort(rng.random((4000, 200)) ** beta, axis=1)[:, :k]  # x - F = U^beta
         got = summary.pooled_tail_index(x[:, 1] - x[:, 0], x[:, k - 1] - x[:, 0], k)
