@@ -166,9 +166,9 @@ def _prober(a: argparse.Namespace) -> int:
 
 
 def _prober_cpu(a: argparse.Namespace) -> int:
-    from testbed.probercpu import DEFAULT_PATHS, PATHS, run_prober_cpu
+    from testbed.probercpu import DEFAULT_PATHS, DEFER_AB_PATHS, PATHS, run_prober_cpu
 
-    paths = {"both": DEFAULT_PATHS, "all": PATHS}.get(a.path, (a.path,))
+    paths = {"both": DEFAULT_PATHS, "all": PATHS, "defer-ab": DEFER_AB_PATHS}.get(a.path, (a.path,))
     report = run_prober_cpu(
         nics=a.nics, peers_per_nic=a.peers, seconds=a.seconds, warmup_s=a.warmup,
         repeats=a.repeats, paths=paths, prefix=a.prefix, progress=_progress,
@@ -186,6 +186,9 @@ def _prober_cpu(a: argparse.Namespace) -> int:
         if f"{key}_cpu_percent_excluding_net_rx_softirq" in report:
             print(f"{'':8s} {report[f'{key}_cpu_percent_excluding_net_rx_softirq']:6.2f} % "
                   "without the net_rx softirq veth charges it with (perf)")  # fmt: skip
+    if "nodefer_cpu_percent_of_one_core" in report:
+        print(f"nodefer  {report['nodefer_cpu_percent_of_one_core']:6.2f} % of one core "
+              "(compiled, a FOLLOW_UP per reply)")  # fmt: skip
     return 0
 
 
@@ -361,10 +364,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--path",
-        choices=("both", "all", "compiled", "batched", "per-datagram"),
+        choices=(
+            "both",
+            "all",
+            "defer-ab",
+            "compiled",
+            "batched",
+            "per-datagram",
+            "compiled-nodefer",
+        ),
         default="both",
         help="prober.hot_path(s) to measure: both = compiled and the per-datagram baseline, "
-        "all = also batched (default %(default)s)",
+        "defer-ab = compiled with and without deferred follow-ups (compiled-nodefer: "
+        "prober.defer_follow_ups = false), all = every one of them and batched "
+        "(default %(default)s)",
     )
     p.add_argument(
         "--profile",

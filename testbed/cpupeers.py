@@ -5,8 +5,10 @@ Run inside the peers' namespace as ``python -m testbed.cpupeers SPEC.json``. SPE
 (to the measured host's NICs, coded pairs at ``rate_hz``), the broker and the measured
 host's id. The process
 
-- answers every probe of the measured prober (one `prober.fastudp.BatchUdpEndpoint` per peer
-  NIC on its probe port), so the prober's own probes complete;
+- answers every probe of the measured prober (one `prober.compiled.CompiledUdpEndpoint` per
+  peer NIC on its probe port, deferred follow-ups on, as the rest of a fleet of this prober
+  would; `prober.fastudp.BatchUdpEndpoint` when the extension is not built or the spec says
+  ``"peer_path": "batched"``), so the prober's own probes complete;
 - probes the prober's NICs back at the default schedule's rate, so the prober answers as many
   probes as it sends (a host in a mesh does both);
 - counts the records the prober publishes (``<prefix>/probes/<host>``, decoded) and the
@@ -31,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from contract.records import RecordError, decode_batch
-from prober.events import ProbeEvent, ProbeLost, ProbeResult
+from prober import compiled
+from prober.events import ProbeEvent, ProbeLost, ProbeResult, ResultBlock
 from prober.fastudp import BatchUdpEndpoint
 from prober.session import ProbeSession
 
@@ -81,15 +84,21 @@ async def run(spec: dict[str, Any]) -> None:
 
     def answered(events: list[ProbeEvent]) -> None:
         for e in events:
-            if isinstance(e, ProbeResult):
+            if isinstance(e, ResultBlock):
+                counts["answered"] += e.results
+                counts["unanswered"] += len(e) - e.results
+            elif isinstance(e, ProbeResult):
                 counts["answered"] += 1
             elif isinstance(e, ProbeLost):
                 counts["unanswered"] += 1
 
     eps: dict[str, BatchUdpEndpoint] = {}
+    use_compiled = spec.get("peer_path", "compiled") == "compiled" and compiled.available()
     for nic in spec["peers"]:
-        ep = BatchUdpEndpoint(
-            ProbeSession(nic["id"], timeout_ns=1_000_000_000),
+        endpoint = compiled.CompiledUdpEndpoint if use_compiled else BatchUdpEndpoint
+        session = compiled.CompiledSession if use_compiled else ProbeSession
+        ep = endpoint(
+            session(nic["id"], timeout_ns=1_000_000_000),
             nic["address"],
             dport=spec["port"],
             sports=nic["sports"],

@@ -40,8 +40,12 @@ from testbed.netns.nsutil import stop_processes, write_sysctls
 MOSQUITTO = "/usr/sbin/mosquitto"
 CROSS_PEERS = 16  # the default schedule's cross_peers
 HOST_ID = "cpuhost"
-PATHS = ("compiled", "batched", "per-datagram")
+PATHS = ("compiled", "batched", "per-datagram", "compiled-nodefer")
+"""``prober.hot_path`` values, and ``compiled-nodefer``: the compiled path with
+``prober.defer_follow_ups = false`` (a FOLLOW_UP per reply: the same binary without deferred
+follow-ups, for A/B runs)."""
 DEFAULT_PATHS = ("compiled", "per-datagram")
+DEFER_AB_PATHS = ("compiled", "compiled-nodefer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +105,13 @@ def cpu_plan(prefix: str, nics: int = 8, peers_per_nic: int = 32) -> CpuPlan:
 
 
 def prober_toml(plan: CpuPlan, hot_path: str) -> str:
-    """Return the measured prober's TOML: default schedule, paths and telemetry; sw stamps."""
+    """Return the measured prober's TOML: default schedule, paths and telemetry; sw stamps.
+    ``hot_path`` is one of `PATHS` (``compiled-nodefer``: compiled, no deferred follow-ups)."""
+    nodefer = hot_path == "compiled-nodefer"
     lines = [
         "[prober]", f'host = "{HOST_ID}"', f"port = {plan.port}", 'timestamps = "sw"',
-        f'hot_path = "{hot_path}"', "",
+        f'hot_path = "{"compiled" if nodefer else hot_path}"',
+        *(["defer_follow_ups = false"] if nodefer else []), "",
         "[mqtt]", f'host = "{plan.broker[0]}"', f"port = {plan.broker[1]}", "",
     ]  # fmt: skip
     for k in range(plan.nics):
@@ -412,6 +419,16 @@ def cpu_report(
     a, b = out.get("prober_cpu_percent_of_one_core"), out.get("baseline_cpu_percent_of_one_core")
     if a and b:
         out["cpu_ratio_baseline_over_prober"] = round(b / a, 3)
+    if runs.get("compiled-nodefer"):  # the A/B of deferred follow-ups (same binary)
+        for key in ("cpu_percent_of_one_core", "system_percent_of_one_core", "cpu_us_per_probe",
+                    "records_per_s", "answered_per_s"):  # fmt: skip
+            out[f"nodefer_{key}"] = med("compiled-nodefer", key)
+        out["nodefer_schedule_kept"] = all(schedule_kept(r) for r in runs["compiled-nodefer"])
+        if measured == "compiled":
+            out["prober_system_percent_of_one_core"] = med("compiled", "system_percent_of_one_core")
+            n = out["nodefer_cpu_percent_of_one_core"]
+            if a and n:
+                out["cpu_ratio_nodefer_over_prober"] = round(n / a, 3)
     if a is not None and measured is not None:
         out["target_percent"] = 10.0
         # the target is for the default size (8 NICs x 32 peers); a smaller run says nothing,

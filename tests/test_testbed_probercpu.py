@@ -79,3 +79,18 @@ def test_target_is_judged_only_at_size_and_when_the_schedule_was_kept(tmp_path: 
                     tmp_path)  # fmt: skip
     assert small["target_met"] is None
     assert not schedule_kept(_run(5.0, 5120, 100)) and schedule_kept(_run(5.0, 4400, 4400))
+
+
+def test_defer_ab_runs_the_compiled_path_without_deferred_follow_ups(tmp_path: Path) -> None:
+    import tomllib
+
+    plan = cpu_plan("qcx", nics=8, peers_per_nic=32)
+    on = parse_config(tomllib.loads(prober_toml(plan, "compiled")), "cpu.toml")
+    off = parse_config(tomllib.loads(prober_toml(plan, "compiled-nodefer")), "cpu.toml")
+    assert on.hot_path == off.hot_path == "compiled"
+    assert on.defer_follow_ups and not off.defer_follow_ups
+    runs = {"compiled": [_run(15.0, 5089, 5031)], "compiled-nodefer": [_run(21.0, 5100, 5050)]}
+    rep = cpu_report(plan, runs, 20, 6, 1, tmp_path)
+    assert rep["prober_path"] == "compiled" and rep["prober_cpu_percent_of_one_core"] == 15.0
+    assert rep["nodefer_cpu_percent_of_one_core"] == 21.0 and rep["nodefer_schedule_kept"]
+    assert rep["cpu_ratio_nodefer_over_prober"] == 1.4
