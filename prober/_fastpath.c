@@ -45,6 +45,7 @@
 #define T3E 12         /* one (seq uint32, t3 int64) entry of a t3 list */
 #define MAX_T3S 64     /* the decoder's limit (prober.wire.MAX_T3S) */
 #define MAX_HELD 32    /* entries this engine holds per initiator before it must send them */
+#define MAX_INITIATORS 4096 /* initiator NICs held for at once (bounds memory: ~1.7 MB) */
 #define MAX_PAD 8192
 #define RING 64
 #define SLOT 2048
@@ -483,30 +484,45 @@ static int flush_out(Engine *e) {
 
 static inline uint32_t held_index(uint64_t peer) { return (uint32_t)(peer ^ (peer >> 29)); }
 
-/* The held slot of initiator NIC `peer`; with `create` a fresh one (NULL + Python error when
- * out of memory), else NULL when there is none. */
-static Held *held_find(Engine *e, uint64_t peer, int create) {
+/* Rebuild the table with `cap` slots (a power of two); `drop_empty`: forget the initiators
+ * nothing is held for. -1 with a Python error when out of memory. */
+static int held_rehash(Engine *e, uint32_t cap, int drop_empty) {
+    Held *n = PyMem_Calloc(cap, sizeof(Held));
+    if (!n) { PyErr_NoMemory(); return -1; }
+    uint32_t used = 0;
+    for (uint32_t j = 0; e->htab && j <= e->hmask; j++) {
+        if (!e->htab[j].used || (drop_empty && !e->htab[j].n)) continue;
+        uint32_t i = held_index(e->htab[j].peer);
+        while (n[i & (cap - 1)].used) i++;
+        n[i & (cap - 1)] = e->htab[j];
+        used++;
+    }
+    PyMem_Free(e->htab);
+    e->htab = n;
+    e->hmask = cap - 1;
+    e->hused = used;
+    return 0;
+}
+
+/* The held slot of initiator NIC `peer` (*out; NULL when there is none). With `create` a new
+ * one when there is none; *out stays NULL when MAX_INITIATORS others hold t3s (the caller
+ * then sends a FOLLOW_UP as without deferral). -1 with a Python error when out of memory. */
+static int held_find(Engine *e, uint64_t peer, int create, Held **out) {
+    *out = NULL;
     if (e->htab) {
         for (uint32_t i = held_index(peer);; i++) {
             Held *h = &e->htab[i & e->hmask];
             if (!h->used) break;
-            if (h->peer == peer) return h;
+            if (h->peer == peer) { *out = h; return 0; }
         }
     }
-    if (!create) return NULL;
+    if (!create) return 0;
+    if (e->hused >= MAX_INITIATORS) { /* forget the initiators nothing is held for */
+        if (held_rehash(e, e->hmask + 1, 1) < 0) return -1;
+        if (e->hused >= MAX_INITIATORS) return 0;
+    }
     if (!e->htab || (e->hused + 1) * 2 > e->hmask + 1) {
-        uint32_t cap = e->htab ? (e->hmask + 1) * 2 : 64;
-        Held *n = PyMem_Calloc(cap, sizeof(Held));
-        if (!n) { PyErr_NoMemory(); return NULL; }
-        for (uint32_t j = 0; e->htab && j <= e->hmask; j++) {
-            if (!e->htab[j].used) continue;
-            uint32_t i = held_index(e->htab[j].peer);
-            while (n[i & (cap - 1)].used) i++;
-            n[i & (cap - 1)] = e->htab[j];
-        }
-        PyMem_Free(e->htab);
-        e->htab = n;
-        e->hmask = cap - 1;
+        if (held_rehash(e, e->htab ? (e->hmask + 1) * 2 : 64, 0) < 0) return -1;
     }
     uint32_t i = held_index(peer);
     while (e->htab[i & e->hmask].used) i++;
@@ -515,7 +531,8 @@ static Held *held_find(Engine *e, uint64_t peer, int create) {
     h->used = 1;
     h->peer = peer;
     e->hused++;
-    return h;
+    *out = h;
+    return 0;
 }
 
 static size_t put_t3s(uint8_t *p, Held *h) {
@@ -640,7 +657,8 @@ static int process(Engine *e, const uint8_t *d, size_t n, const struct sockaddr_
         a->dest = *src; a->seq = m.seq; a->pair = m.pair; a->pos = (uint8_t)m.pos;
         a->defer = (uint8_t)(e->defer && m.defer_ok);
         e->nawait++;
-        Held *h = a->defer ? held_find(e, m.sender, 0) : NULL;
+        Held *h = NULL;
+        if (a->defer) held_find(e, m.sender, 0, &h); /* (no allocation: cannot fail) */
         Out *o = out_slot(e);
         if (!o) return -1;
         o->sock = e->responder;
@@ -770,9 +788,9 @@ static int on_tx(Engine *e, int64_t token, int64_t tx, int64_t now) {
         a->live = 0;
         e->nawait--;
         int64_t t3 = tx >= 0 ? (tx > a->ta ? tx : a->ta) : a->ta;
-        if (a->defer) {
-            Held *h = held_find(e, a->peer, 1);
-            if (!h) return -1;
+        Held *h = NULL;
+        if (a->defer && held_find(e, a->peer, 1, &h) < 0) return -1;
+        if (h) {
             if (h->n == MAX_HELD && send_held(e, h) < 0) return -1;
             if (!h->n) h->since = now;
             h->seq[h->n] = a->seq;
@@ -1258,8 +1276,8 @@ static PyObject *Engine_next_timeout_ns(Engine *e, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *Engine_stats(Engine *e, PyObject *Py_UNUSED(ignored)) {
-    return Py_BuildValue("{s:L,s:L,s:n}", "pending", (long long)e->npending, "awaiting_tx",
-                         (long long)e->nawait, "queued", e->qn);
+    return Py_BuildValue("{s:L,s:L,s:n,s:I}", "pending", (long long)e->npending, "awaiting_tx",
+                         (long long)e->nawait, "queued", e->qn, "held_initiators", e->hused);
 }
 
 static PyObject *Engine_feed(Engine *e, PyObject *args) {

@@ -343,3 +343,28 @@ def test_python_sessions_count_held_t3_follow_ups_as_unmatched_and_keep_their_pr
             else s.receive(held, (LO, 9), 2000, 2000)
         )
         assert got == [] and s.counters["unmatched"] == 1 and s.pending == 1
+
+
+def test_the_held_table_is_bounded_and_falls_back_to_a_follow_up_per_reply() -> None:
+    b = _Nic("nicB", True, True)
+    sink = _sock()  # where the replies go (not read: what overflows its buffer is dropped)
+    limit, extra = 4096, 50
+
+    def answer(sender: int) -> None:
+        probe = CODEC.encode(Message(MsgType.PROBE, sender, b.hash, 7, defer_ok=True))
+        b.engine.feed(probe, (LO, sink.getsockname()[1]), 10, 0)
+        b.engine.send_due(0)
+        b.stamp_sends([20], 0)
+
+    try:
+        for i in range(limit + extra):  # as many initiators, each answered once: all held
+            answer(1000 + i)
+        c = b.counters()
+        assert c["t3_held"] == limit and c["follow_ups_sent"] == extra  # beyond: not deferred
+        assert b.engine.stats()["held_initiators"] == limit
+        assert b.engine.poll(HOLD) is None and b.counters()["follow_ups_sent"] == limit
+        answer(1)  # a new initiator: the ones nothing is held for are forgotten
+        assert b.counters()["t3_held"] == 1 and b.engine.stats()["held_initiators"] == 1
+    finally:
+        b.sock.close()
+        sink.close()
