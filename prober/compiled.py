@@ -17,8 +17,9 @@ engine's probes set DEFER_OK, and a reply's t3 to a probe that set it is held pe
 NIC and carried in the next REPLY to that NIC, or after ``hold_ns`` (`Engine.poll`, on the
 endpoint's ``poll_ns`` grid) sent as one FOLLOW_UP with all of that NIC's held t3s; closing the
 endpoint sends what is held. One datagram per answered probe instead of two. The session
-counts (health ``counters.sessions``) ``follow_ups_sent``, ``t3_held``, ``t3_carried`` (in replies), ``t3_flushed`` (in
-hold-time follow-ups) and ``t3_received`` (held t3s that completed a probe here).
+counts (health ``counters.sessions``) ``follow_ups_sent``, ``t3_held``, ``t3_carried`` (in
+replies), ``t3_flushed`` (in hold-time follow-ups) and ``t3_received`` (held t3s that
+completed a probe here).
 
 Follow-ups leave without a TX stamp of their own (a per-message ``SO_TIMESTAMPING`` control
 message of 0): nobody needs the follow-up's send time, and the kernel then neither clones it
