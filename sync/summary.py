@@ -27,6 +27,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,6 +49,8 @@ from sync.window import (
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
+G32 = NDArray[np.int32]  # hull group ids (2 edge + dir): half the bytes of int64
+GT = TypeVar("GT", bound=np.integer[Any])
 LINE_FRACTION = 0.1  # lowest-RTT exchanges per edge the drift lines go through
 RX_K = 6  # lowest samples per direction the receive-side floor excess is extrapolated from
 RX_SAMPLES_PER_K = (
@@ -64,10 +67,10 @@ class Summary:
 
     edges: I64
     cap: I64
-    clean_g: I64
+    clean_g: G32
     clean_t: F64
     clean_d: F64
-    all_g: I64
+    all_g: G32
     all_t: F64
     all_d: F64
     n_clean: I64
@@ -83,7 +86,7 @@ class Summary:
         return len(self.clean_g) + len(self.all_g) + len(self.x_edge)
 
 
-def _hull_mask(g: I64, t: F64, d: F64) -> NDArray[np.bool_]:
+def _hull_mask(g: NDArray[GT], t: F64, d: F64) -> NDArray[np.bool_]:
     """Mask of the lower-hull vertices per group of points sorted by (group, t, d)."""
     idx = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (t[1:] != t[:-1])])
     while len(idx) >= 3:
@@ -102,7 +105,7 @@ def _hull_mask(g: I64, t: F64, d: F64) -> NDArray[np.bool_]:
     return mask
 
 
-def lower_hull(g: I64, t: F64, d: F64, layers: int = 1) -> tuple[I64, F64, F64]:
+def lower_hull(g: NDArray[GT], t: F64, d: F64, layers: int = 1) -> tuple[NDArray[GT], F64, F64]:
     """Per group, the vertices of the first ``layers`` lower convex hulls of the points
     ``(t, d)`` (peeled: layer 2 is the hull of what layer 1 left), sorted by (group, t, d).
     Of points with equal t only the lowest is on a layer; collinear points are not vertices.
@@ -140,10 +143,12 @@ def reduce_chunk(samples: EdgeSamples, edge_of: I64, edges: I64, cap: I64) -> Su
     """Summary of one chunk of probes oriented by `sync.window.orient_samples` (called with
     ``min_coded=0``: the clean/arrived choice is made on the whole window). ``edge_of`` maps
     the chunk's edge indices to rows of the window's ``edges``; ``cap`` is per window edge.
-    Raises ValueError on mismatched shapes."""
+    Raises ValueError on mismatched shapes or more than 2^30 edges (hull groups are int32)."""
     m = len(edges)
     if len(cap) != m or len(edge_of) != len(samples.edges):
         raise ValueError("cap must have one entry per edge and edge_of one per chunk edge")
+    if 2 * m > np.iinfo(np.int32).max:
+        raise ValueError(f"too many edges for int32 hull groups: {m}")
     e = edge_of[samples.edge]
     arr = (
         np.ones(len(e), dtype=bool) if samples.arrived is None else samples.arrived
@@ -151,8 +156,8 @@ def reduce_chunk(samples: EdgeSamples, edge_of: I64, edges: I64, cap: I64) -> Su
 
     def hull(
         fk: NDArray[np.bool_], rk: NDArray[np.bool_], layers: int
-    ) -> tuple[I64, F64, F64, I64]:
-        g = np.concatenate([2 * e[fk], 2 * e[rk] + 1])
+    ) -> tuple[G32, F64, F64, I64]:
+        g = np.concatenate([2 * e[fk], 2 * e[rk] + 1]).astype(np.int32)
         cnt = np.bincount(g, minlength=2 * m).astype(np.int64)
         t = np.concatenate([samples.fwd_t[fk], samples.rev_t[rk]])
         d = np.concatenate([samples.fwd_d[fk], samples.rev_d[rk]])
@@ -187,7 +192,7 @@ def merge(a: Summary, b: Summary) -> Summary:
     )  # fmt: skip
 
 
-Points = tuple[I64, F64, F64]
+Points = tuple[G32, F64, F64]
 _BLOCK = 1 << 19  # points per block when merging hulls (bounds the sort's temporaries)
 
 
@@ -204,7 +209,8 @@ def _merge_hulls(a: Points, b: Points, layers: int) -> Points:
     top = int(max(ga.max(initial=-1), gb.max(initial=-1))) + 1
     step = max(1, top * _BLOCK // (len(ga) + len(gb)))
     n_max = len(ga) + len(gb)
-    out = tuple(np.empty(n_max, np.result_type(x, y)) for x, y in zip(a, b, strict=True))
+    cols: list[tuple[NDArray[Any], NDArray[Any]]] = [(a[0], b[0]), (a[1], b[1]), (a[2], b[2])]
+    out = tuple(np.empty(n_max, np.result_type(x, y)) for x, y in cols)
     k = 0
     for lo in range(0, top, step):
         i0, i1 = np.searchsorted(ga, [lo, lo + step])
@@ -266,7 +272,7 @@ def rtt_cap(max_exchanges: I64, fractions: tuple[float, ...] = RTT_FRACTIONS) ->
     )
 
 
-def _pick_hulls(s: Summary, min_coded: int) -> tuple[I64, F64, F64, I64]:
+def _pick_hulls(s: Summary, min_coded: int) -> tuple[G32, F64, F64, I64]:
     """Per edge direction the clean hull, or the arrived one where fewer than ``min_coded``
     samples are clean; returns group, t, d and the count each direction stands for."""
     thin = s.n_clean < min_coded
