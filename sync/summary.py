@@ -53,9 +53,8 @@ G32 = NDArray[np.int32]  # hull group ids (2 edge + dir): half the bytes of int6
 GT = TypeVar("GT", bound=np.integer[Any])
 LINE_FRACTION = 0.1  # lowest-RTT exchanges per edge the drift lines go through
 RX_K = 6  # lowest samples per direction the receive-side floor excess is extrapolated from
-RX_SAMPLES_PER_K = (
-    20  # a direction uses at most n / 20 of its n samples: the tail model is near-floor
-)
+# a direction reads at most 1 in RX_SAMPLES_PER_K of its samples: the tail model is near-floor
+RX_SAMPLES_PER_K = 20
 BETA_MIN = 1 / 3  # the steepest rise from the floor `pooled_tail_index` allows (index 3)
 
 
