@@ -59,7 +59,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     """Read and validate a TOML config (None = defaults: a default-shaped fabric).
 
     Sections: ``[fabric]`` (shape keys of `FabricShape`, or ``file = "fabric.json"``),
-    ``[sync]`` (``window_s``, ``solve_every_s``, ``coded_tol_ns``, ``use_uncoded``, and the
+    ``[sync]`` (``window_s``, ``solve_every_s``, ``coded_tol_ns``, ``coded_tol_hw_ns``,
+    ``quant_hw_ns``, ``bins``, ``use_uncoded``, and the
     clock-trust gate's ``max_unc_ns``, ``min_span_s``, ``warmup_bins``),
     ``[controller]`` (``tick_s``, ``stale_s``, ``max_events``), ``[ingest]``
     (``coalesce_ms``, ``max_records``: `controller.coalesce.CoalesceConfig`), ``[thresholds]`` (the
@@ -120,6 +121,14 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
             coded_tol_ns=sy.get(
                 "coded_tol_ns", int, d.coded_tol_ns, lambda v: v >= 0, "an integer >= 0"
             ),
+            coded_tol_hw_ns=sy.get(
+                "coded_tol_hw_ns", int, d.coded_tol_hw_ns, lambda v: v >= 0, "an integer >= 0"
+            ),
+            quant_hw_ns=sy.get(
+                "quant_hw_ns", float, d.quant_hw_ns, lambda v: 0 <= v < 1e6,
+                "a number of ns in [0, 1e6)",
+            ),
+            bins=sy.get("bins", int, d.bins, lambda v: 1 <= v <= 1024, "an integer in 1..1024"),
             use_uncoded=sy.get("use_uncoded", bool, d.use_uncoded),
             # the clock-trust gate (docs/controller.md, "Clock trust")
             max_unc_ns=sy.get(

@@ -59,6 +59,9 @@ def test_config_validation(tmp_path: Path) -> None:
     cfg.write_text("[sync]\nmax_unc_ns = 250\nmin_span_s = 0.5\nwarmup_bins = 2\n")
     sy = load_config(cfg).live.sync
     assert (sy.max_unc_ns, sy.min_span_ns, sy.warmup_bins) == (250.0, 500_000_000, 2)
+    cfg.write_text("[sync]\ncoded_tol_hw_ns = 40\nquant_hw_ns = 3.2\nbins = 16\n")
+    sy = load_config(cfg).live.sync
+    assert (sy.coded_tol_hw_ns, sy.quant_hw_ns, sy.bins) == (40, 3.2, 16)
     cfg.write_text("[thresholds]\nsilent_ns = 0\n")
     assert load_config(cfg).brain.silent_ns == 0
     cfg.write_text("[thresholds.loss]\nmin_probes = 7\n")
@@ -84,6 +87,9 @@ def test_config_validation(tmp_path: Path) -> None:
         ("[sync]\nmin_span_s = -1\n", r"c\.toml: sync\.min_span_s: must be a number of s >= 0"),
         ("[sync]\nwarmup_bins = 0\n", r"c\.toml: sync\.warmup_bins: must be an integer in"),
         ("[sync]\nwarmup_bins = 2.5\n", r"c\.toml: sync\.warmup_bins: must be"),
+        ("[sync]\nbins = 0\n", r"c\.toml: sync\.bins: must be an integer in 1\.\.1024"),
+        ("[sync]\ncoded_tol_hw_ns = -1\n", r"c\.toml: sync\.coded_tol_hw_ns: must be an"),
+        ("[sync]\nquant_hw_ns = -0.5\n", r"c\.toml: sync\.quant_hw_ns: must be a number"),
         ("[sync]\nwindow_s = 1e-10\n", r"c\.toml: sync: window and solve period must be > 0"),
     ):
         cfg.write_text(text)
