@@ -1,0 +1,93 @@
+"""`prober.drive.CompiledDriver.run`: one turn per tick until stopped or every endpoint closed,
+errors out of `run`, cancellation leaves no turn behind (fake endpoints, the real event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any, cast
+
+import pytest
+
+from prober.compiled import CompiledUdpEndpoint
+from prober.drive import CompiledDriver
+
+
+class _Ep:
+    """What the driver uses of a `CompiledUdpEndpoint`."""
+
+    tick_ns = 1_000_000
+    pair_spin_ns = 0
+
+    def __init__(self, fail_at: int = -1) -> None:
+        self.ticks = 0
+        self.closed = False
+        self.counters: Counter[str] = Counter()
+        self.fail_at = fail_at
+
+    def now_ns(self) -> int:
+        return 0
+
+    def tick(self, now_ns: int) -> None:
+        self.ticks += 1
+        if self.ticks == self.fail_at:
+            raise RuntimeError("boom")
+
+    def next_send_ns(self) -> int | None:
+        return None
+
+    def flush(self) -> None:
+        pass
+
+
+def _driver(*eps: _Ep, hook: Any = None) -> CompiledDriver:
+    return CompiledDriver(cast(list[CompiledUdpEndpoint], list(eps)), before_tick=hook)
+
+
+async def _until(cond: Any, timeout_s: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.005)
+
+
+async def test_run_turns_every_tick_until_stop_or_all_closed() -> None:
+    a, b = _Ep(), _Ep()
+    hooks: list[int] = []
+    drv = _driver(a, b, hook=lambda: hooks.append(a.ticks))
+    task = asyncio.create_task(drv.run())
+    await _until(lambda: drv.ticks >= 5)
+    assert a.ticks == b.ticks == drv.ticks and hooks[:3] == [0, 1, 2]  # hook first, each turn
+    drv.stop()
+    await asyncio.wait_for(task, 20)
+    n = drv.ticks
+    await asyncio.sleep(0.02)
+    assert drv.ticks == n  # no turn after run returned
+    # every endpoint closed: run returns too
+    c, d = _Ep(), _Ep()
+    drv2 = _driver(c, d)
+    task2 = asyncio.create_task(drv2.run())
+    await _until(lambda: drv2.ticks >= 2)
+    c.closed = True
+    await asyncio.sleep(0.01)
+    assert not task2.done()  # one endpoint still open
+    d.closed = True
+    await asyncio.wait_for(task2, 20)
+
+
+async def test_an_error_in_a_turn_ends_run_with_it_and_cancel_stops_the_timer() -> None:
+    drv = _driver(_Ep(fail_at=3))
+    with pytest.raises(RuntimeError, match="boom"):
+        await asyncio.wait_for(drv.run(), 20)
+    assert drv.ticks == 3
+    ep = _Ep()
+    drv2 = _driver(ep)
+    task = asyncio.create_task(drv2.run())
+    await _until(lambda: drv2.ticks >= 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    n = drv2.ticks
+    await asyncio.sleep(0.02)
+    assert drv2.ticks == n  # the pending turn was cancelled with run
