@@ -3,13 +3,20 @@
  * time, and hands Python completed records as packed int64 rows.
  *
  * Python (prober/compiled.py) keeps: sockets (opening, options), the schedule, the event loop,
- * timers, path discovery, anything authenticated, trace probes and ICMP errors (handed back as
- * "deferred" items), counters' names. This file keeps: the probe queue (a heap by time), the
- * pending probes (a table indexed by seq), replies waiting for their TX stamp, the OPT_ID ->
- * token map of every socket, recvmmsg/sendmmsg/error-queue reads, the wire format (same checks
- * and the same counter reasons as prober/wire.py `Codec.decode`), matching and results.
+ * timers, path discovery, trace probes and ICMP errors (handed back as "deferred" items),
+ * counters' names. This file keeps: the probe queue (a heap by time), the pending probes (a
+ * table indexed by seq), replies waiting for their TX stamp, the OPT_ID -> token map of every
+ * socket, recvmmsg/sendmmsg/error-queue reads, the wire format (same checks and the same
+ * counter reasons as prober/wire.py `Codec.decode`), matching and results.
  *
  * Wire format: prober/wire.py (48-byte body, network byte order, zero padding).
+ * Probe authentication (prober/wire.py `Codec` with a key): with `keys` (send key first, then
+ * the others of a rotation) every datagram sent carries AUTH and a 16-byte tag,
+ * HMAC-SHA256(send key, everything before the tag)[:16]; a datagram received must carry AUTH
+ * and a tag one of the keys makes (compared in constant time), else it is counted `bad_auth`
+ * and goes no further (no answer, no record). Without keys a tagged datagram is `bad_auth`.
+ * SHA-256 and HMAC are implemented below (FIPS 180-4, RFC 2104): each key's inner and outer
+ * padded blocks are compressed once at construction, so a 48-byte message costs 2 blocks.
  * Deferred follow-ups (prober/wire.py docstring): with `defer`, probes carry DEFER_OK and a
  * reply's t3 to an initiator that set it is held (per initiator NIC hash) and carried as the
  * t3 list of the next REPLY to that NIC, or after `hold_ns` sent as one FOLLOW_UP carrying
@@ -56,6 +63,8 @@
 #define REPLY_TOKEN_BASE (1LL << 32)
 #define NCOL 11
 #define MAXERRNO 160
+#define TAG 16         /* prober.wire.TAG_LEN: the HMAC-SHA256 tag is cut to 16 bytes */
+#define MAX_KEYS 4     /* keys that verify (contract/keys.py allows 2: a rotation) */
 
 #ifndef SO_TIMESTAMPING_OLD
 #define SO_TIMESTAMPING_OLD 37
@@ -105,16 +114,116 @@ static inline void wr32(uint8_t *p, uint32_t v) {
 }
 static inline void wr64(uint8_t *p, uint64_t v) { wr32(p, (uint32_t)(v >> 32)); wr32(p + 4, (uint32_t)v); }
 
-/* Decode like prober.wire.Codec(None).decode; return -1 when valid, else the counter index of
- * the reason (the same reason, checked in the same order). */
-static int decode(const uint8_t *d, size_t n, Msg *m) {
+/* ---- SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104) ------------------------------------- */
+
+static const uint32_t SHA_IV[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+static const uint32_t SHA_K[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+#define ROR32(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+/* One compression of the 64-byte block p into state s. */
+static void sha256_block(uint32_t s[8], const uint8_t *p) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; i++) w[i] = rd32(p + 4 * i);
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROR32(w[i - 15], 7) ^ ROR32(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROR32(w[i - 2], 17) ^ ROR32(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = s[0], b = s[1], c = s[2], d = s[3], x = s[4], f = s[5], g = s[6], h = s[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = h + (ROR32(x, 6) ^ ROR32(x, 11) ^ ROR32(x, 25)) + ((x & f) ^ (~x & g)) +
+                      SHA_K[i] + w[i];
+        uint32_t t2 = (ROR32(a, 2) ^ ROR32(a, 13) ^ ROR32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        h = g; g = f; f = x; x = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    s[0] += a; s[1] += b; s[2] += c; s[3] += d; s[4] += x; s[5] += f; s[6] += g; s[7] += h;
+}
+
+/* The SHA-256 digest of (`prior` bytes already compressed into `st`, a multiple of 64) + d[:n]. */
+static void sha256_finish(const uint32_t st[8], uint64_t prior, const uint8_t *d, size_t n,
+                          uint8_t out[32]) {
+    uint32_t s[8];
+    uint8_t b[128];
+    uint64_t bits = (prior + n) * 8;
+    memcpy(s, st, sizeof(s));
+    for (; n >= 64; d += 64, n -= 64) sha256_block(s, d);
+    memset(b, 0, sizeof(b));
+    memcpy(b, d, n);
+    b[n] = 0x80;
+    size_t len = n + 9 <= 64 ? 64 : 128;
+    wr64(b + len - 8, bits);
+    sha256_block(s, b);
+    if (len == 128) sha256_block(s, b + 64);
+    for (int i = 0; i < 8; i++) wr32(out + 4 * i, s[i]);
+}
+
+/* One HMAC key: the states after compressing its inner (key ^ 0x36..) and outer (key ^ 0x5c..)
+ * padded blocks, computed once (`hmac_key`), so a tag costs only the message's blocks + 1. */
+typedef struct {
+    uint32_t in[8], out[8];
+} HmacKey;
+
+static void hmac_key(HmacKey *k, const uint8_t *key, size_t n) {
+    uint8_t kb[64], blk[64];
+    memset(kb, 0, sizeof(kb));
+    if (n > 64) sha256_finish(SHA_IV, 0, key, n, kb); /* RFC 2104: a long key is hashed first */
+    else memcpy(kb, key, n);
+    for (int i = 0; i < 64; i++) blk[i] = kb[i] ^ 0x36;
+    memcpy(k->in, SHA_IV, sizeof(k->in));
+    sha256_block(k->in, blk);
+    for (int i = 0; i < 64; i++) blk[i] = kb[i] ^ 0x5c;
+    memcpy(k->out, SHA_IV, sizeof(k->out));
+    sha256_block(k->out, blk);
+    explicit_bzero(kb, sizeof(kb));
+    explicit_bzero(blk, sizeof(blk));
+}
+
+static void hmac_sha256(const HmacKey *k, const uint8_t *d, size_t n, uint8_t out[32]) {
+    uint8_t inner[32];
+    sha256_finish(k->in, 64, d, n, inner);
+    sha256_finish(k->out, 64, inner, 32, out);
+}
+
+/* 1 when tag (TAG bytes) is the tag of d[:n] under one of the keys: the send key first, the
+ * others only when it does not match (as prober.wire.Codec._verify); each comparison takes the
+ * same time whatever the bytes. */
+static int tag_ok(const HmacKey *keys, int nkeys, const uint8_t *d, size_t n, const uint8_t *tag) {
+    for (int i = 0; i < nkeys; i++) {
+        uint8_t t[32], diff = 0;
+        hmac_sha256(&keys[i], d, n, t);
+        for (int j = 0; j < TAG; j++) diff |= (uint8_t)(t[j] ^ tag[j]);
+        if (!diff) return 1;
+    }
+    return 0;
+}
+
+/* Decode like prober.wire.Codec(key, accept).decode (keys: key first, then accept; none: the
+ * unauthenticated codec); return -1 when valid, else the counter index of the reason (the same
+ * reason, checked in the same order). */
+static int decode(const HmacKey *keys, int nkeys, const uint8_t *d, size_t n, Msg *m) {
     if (n < BODY) return C_TRUNCATED;
     if (rd16(d) != MAGIC) return C_BAD_MAGIC;
     if (d[2] != VERSION) return C_BAD_VERSION;
     int mtype = d[3], flags = d[4];
     if (mtype < 1 || mtype > 3) return C_BAD_TYPE;
     if ((flags & ~KNOWN_FLAGS) || rd16(d + 6)) return C_BAD_FIELD;
-    if (flags & FLAG_AUTH) return C_BAD_AUTH; /* this engine speaks the unauthenticated codec */
+    if (!(flags & FLAG_AUTH) != !nkeys) return C_BAD_AUTH; /* tag missing, or unexpected */
+    if (nkeys) {
+        if (n < BODY + TAG) return C_TRUNCATED; /* no room for the tag */
+        n -= TAG;
+        if (!tag_ok(keys, nkeys, d, n, d + n)) return C_BAD_AUTH;
+    }
     size_t at = BODY;
     m->nt3 = 0;
     m->t3p = NULL;
@@ -252,6 +361,8 @@ typedef struct {
     Held *htab;               /* initiator NIC -> held t3s (hmask + 1 slots) */
     uint32_t hmask, hused;
     int unstamped_count;      /* 1: OPT_ID also counts unstamped sends (older kernels) */
+    HmacKey keys[MAX_KEYS];   /* probe HMAC keys: [0] tags what is sent, all verify */
+    int nkeys;                /* 0: unauthenticated */
     PyObject *clock;          /* None or callable(kernel ns) -> NIC ns */
     /* queue: binary heap */
     Queued *q;
@@ -370,6 +481,17 @@ static Out *out_slot(Engine *e) {
         return &e->scratch;
     }
     return &e->out[e->nout++];
+}
+
+/* With keys: set AUTH and append the send key's tag over everything before it (prober.wire);
+ * call once the datagram's bytes are final. Every caller leaves TAG bytes of room in the slot. */
+static inline void seal(Engine *e, Out *o) {
+    if (!e->nkeys) return;
+    uint8_t t[32];
+    o->data[4] |= FLAG_AUTH;
+    hmac_sha256(&e->keys[0], o->data, (size_t)o->len, t);
+    memcpy(o->data + o->len, t, TAG);
+    o->len += TAG;
 }
 
 static void note_token(Engine *e, Sock *s, int64_t token) {
@@ -555,6 +677,7 @@ static int send_held(Engine *e, Held *h) {
     o->dest = h->dest;
     encode(o->data, 3, FLAG_CARRIES_T3, 0, e->nic, h->peer, 0, -1, 0, 0, 0);
     o->len = BODY + (int)put_t3s(o->data + BODY, h);
+    seal(e, o);
     e->counters[C_FOLLOW_UPS]++;
     e->counters[C_T3_FLUSHED] += h->n;
     h->n = 0;
@@ -639,7 +762,7 @@ static int match(Engine *e, const Msg *m, int64_t rx);
 static int process(Engine *e, const uint8_t *d, size_t n, const struct sockaddr_in *src,
                    int64_t rx, int64_t now) {
     Msg m;
-    int why = decode(d, n, &m);
+    int why = decode(e->keys, e->nkeys, d, n, &m);
     if (why >= 0) { e->counters[why]++; return 0; }
     if (m.peer != e->nic) { e->counters[C_MISDIRECTED]++; return 0; }
     if (m.mtype == 1) {
@@ -650,7 +773,8 @@ static int process(Engine *e, const uint8_t *d, size_t n, const struct sockaddr_
             return 0;
         }
         if (e->responder < 0) { e->counters[C_NO_SOCKET]++; return 0; }
-        if (BODY + m.pad > SLOT) { e->counters[C_RX_OVERSIZED]++; return 0; }
+        size_t room = (size_t)SLOT - (e->nkeys ? TAG : 0); /* the reply's bytes before its tag */
+        if (BODY + (size_t)m.pad > room) { e->counters[C_RX_OVERSIZED]++; return 0; }
         int64_t ctr = e->aw_next++;
         Await *a = &e->aw[ctr & e->amask];
         a->live = 1; a->ctr = ctr; a->created = now; a->ta = rx; a->peer = m.sender;
@@ -664,7 +788,7 @@ static int process(Engine *e, const uint8_t *d, size_t n, const struct sockaddr_
         o->sock = e->responder;
         o->token = REPLY_TOKEN_BASE + ctr;
         o->dest = *src;
-        if (h && h->n && BODY + 1 + (size_t)h->n * T3E + (size_t)m.pad <= SLOT) {
+        if (h && h->n && BODY + 1 + (size_t)h->n * T3E + (size_t)m.pad <= room) {
             /* carry what is held for this initiator NIC: no FOLLOW_UP for those */
             encode(o->data, 2, FLAG_CARRIES_T3, m.pos, e->nic, m.sender, m.seq, m.pair, rx, 0, 0);
             size_t at = BODY + put_t3s(o->data + BODY, h);
@@ -676,6 +800,7 @@ static int process(Engine *e, const uint8_t *d, size_t n, const struct sockaddr_
             o->len = BODY + m.pad;
             encode(o->data, 2, 0, m.pos, e->nic, m.sender, m.seq, m.pair, rx, 0, m.pad);
         }
+        seal(e, o);
         return 0;
     }
     if (m.trace) return defer(e, d, n, src, rx); /* TraceReached: Python */
@@ -807,6 +932,7 @@ static int on_tx(Engine *e, int64_t token, int64_t tx, int64_t now) {
         o->dest = a->dest;
         o->len = BODY;
         encode(o->data, 3, 0, a->pos, e->nic, a->peer, a->seq, a->pair, a->ta, t3, 0);
+        seal(e, o);
         e->counters[C_FOLLOW_UPS]++;
         return 0;
     }
@@ -1037,6 +1163,7 @@ static int take_due(Engine *e, int64_t now) {
             o->len = BODY + e->pad;
             encode(o->data, 1, e->defer ? FLAG_DEFER_OK : 0, q.pos, e->nic, q.dst_hash, seq,
                    q.pair, 0, 0, e->pad);
+            seal(e, o);
             sent++;
         }
         if (q.spacing >= 0) { /* the second probe of a coded pair */
@@ -1338,6 +1465,31 @@ static PyMethodDef Engine_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Precompute the HMAC keys of `seq` (None or a sequence of bytes, each >= 16 bytes: the send
+ * key first) into keys; return how many, or -1 with a Python error. */
+static int parse_keys(PyObject *seq, HmacKey keys[MAX_KEYS]) {
+    if (seq == Py_None) return 0;
+    PyObject *fast = PySequence_Fast(seq, "keys must be None or a sequence of bytes");
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > MAX_KEYS) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "at most %d keys", MAX_KEYS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyBytes_Check(k) || PyBytes_GET_SIZE(k) < 16) {
+            Py_DECREF(fast);
+            PyErr_SetString(PyExc_ValueError, "HMAC key must be bytes, at least 16 of them");
+            return -1;
+        }
+        hmac_key(&keys[i], (const uint8_t *)PyBytes_AS_STRING(k), (size_t)PyBytes_GET_SIZE(k));
+    }
+    Py_DECREF(fast);
+    return (int)n;
+}
+
 static uint32_t pow2_at_least(int64_t n) {
     uint32_t p = 1024;
     while (p < n && p < (1u << 20)) p <<= 1;
@@ -1346,22 +1498,27 @@ static uint32_t pow2_at_least(int64_t n) {
 
 static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     static char *names[] = {"nic_hash", "timeout_ns", "max_pending", "pad", "seq_start", "clock",
-                            "stamp_followups", "unstamped_count", "defer", "hold_ns", NULL};
+                            "stamp_followups", "unstamped_count", "defer", "hold_ns", "keys",
+                            NULL};
     unsigned long long nic, seq_start = 0;
     long long timeout, max_pending, hold = 250000000LL;
     int pad = 0, stamp_fu = 1, unstamped = 0, defer_fu = 0;
-    PyObject *clock = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KLL|iKOpppL", names, &nic, &timeout,
+    PyObject *clock = Py_None, *keys = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KLL|iKOpppLO", names, &nic, &timeout,
                                      &max_pending, &pad, &seq_start, &clock, &stamp_fu,
-                                     &unstamped, &defer_fu, &hold))
+                                     &unstamped, &defer_fu, &hold, &keys))
         return -1;
-    if (timeout <= 0 || max_pending <= 0 || pad < 0 || pad > SLOT - BODY || hold < 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "timeout_ns and max_pending must be positive, pad small, hold_ns >= 0");
-        return -1;
-    }
     if (e->pend) {
         PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
+        return -1;
+    }
+    int nkeys = parse_keys(keys, e->keys);
+    if (nkeys < 0) return -1;
+    e->nkeys = nkeys;
+    if (timeout <= 0 || max_pending <= 0 || pad < 0 || pad > SLOT - BODY - (nkeys ? TAG : 0) ||
+        hold < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "timeout_ns and max_pending must be positive, pad small, hold_ns >= 0");
         return -1;
     }
     e->nic = nic; e->timeout = timeout; e->max_pending = max_pending; e->pad = pad;
@@ -1395,6 +1552,7 @@ static void Engine_dealloc(Engine *e) {
     Py_XDECREF(e->clock);
     Py_XDECREF(e->deferred);
     Py_XDECREF(e->renumber);
+    explicit_bzero(e->keys, sizeof(e->keys)); /* the padded-key states stand for the keys */
     if (e->epfd > 0) close(e->epfd);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
@@ -1426,13 +1584,19 @@ static PyTypeObject EngineType = {
     .tp_getset = Engine_getset,
 };
 
-/* decode(data) -> reason string, or (mtype, sender, peer, seq, pair_id, pair_pos, ta, tb,
- * t3_final, pad, trace): the parser alone, for tests against prober.wire.Codec. */
-static PyObject *py_decode(PyObject *Py_UNUSED(m), PyObject *arg) {
+/* decode(data, keys=None) -> reason string, or (mtype, sender, peer, seq, pair_id, pair_pos,
+ * ta, tb, t3_final, pad, trace, defer_ok, t3s): the parser alone, for tests against
+ * prober.wire.Codec (keys: the send key first, as Engine's). */
+static PyObject *py_decode(PyObject *Py_UNUSED(m), PyObject *args) {
     Py_buffer buf;
-    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *keys = Py_None;
+    HmacKey hk[MAX_KEYS];
+    if (!PyArg_ParseTuple(args, "y*|O", &buf, &keys)) return NULL;
+    int nkeys = parse_keys(keys, hk);
+    if (nkeys < 0) { PyBuffer_Release(&buf); return NULL; }
     Msg msg;
-    int why = decode(buf.buf, (size_t)buf.len, &msg);
+    int why = decode(hk, nkeys, buf.buf, (size_t)buf.len, &msg);
+    explicit_bzero(hk, sizeof(hk));
     PyBuffer_Release(&buf);
     if (why >= 0) return PyUnicode_FromString(COUNTER_NAMES[why]);
     PyObject *t3s = PyTuple_New(msg.nt3);
@@ -1450,8 +1614,35 @@ static PyObject *py_decode(PyObject *Py_UNUSED(m), PyObject *arg) {
                          msg.trace ? Py_True : Py_False, msg.defer_ok ? Py_True : Py_False, t3s);
 }
 
+/* hmac_sha256(key, data) -> the 32-byte HMAC-SHA256 through the engine's code (precomputed
+ * key states; any key length), and sha256(data): for known-answer tests (RFC 4231, FIPS). */
+static PyObject *py_hmac_sha256(PyObject *Py_UNUSED(m), PyObject *args) {
+    Py_buffer key, data;
+    if (!PyArg_ParseTuple(args, "y*y*", &key, &data)) return NULL;
+    HmacKey k;
+    uint8_t out[32];
+    hmac_key(&k, key.buf, (size_t)key.len);
+    hmac_sha256(&k, data.buf, (size_t)data.len, out);
+    explicit_bzero(&k, sizeof(k));
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&data);
+    return PyBytes_FromStringAndSize((const char *)out, 32);
+}
+
+static PyObject *py_sha256(PyObject *Py_UNUSED(m), PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    uint8_t out[32];
+    sha256_finish(SHA_IV, 0, data.buf, (size_t)data.len, out);
+    PyBuffer_Release(&data);
+    return PyBytes_FromStringAndSize((const char *)out, 32);
+}
+
 static PyMethodDef module_methods[] = {
-    {"decode", py_decode, METH_O, "decode(data) -> reason or message fields"},
+    {"decode", py_decode, METH_VARARGS,
+     "decode(data, keys=None) -> reason or message fields (keys: send key first)"},
+    {"hmac_sha256", py_hmac_sha256, METH_VARARGS, "hmac_sha256(key, data) -> 32-byte tag"},
+    {"sha256", py_sha256, METH_VARARGS, "sha256(data) -> 32-byte digest"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1472,5 +1663,6 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     }
     PyModule_AddIntConstant(m, "NCOL", NCOL);
     PyModule_AddIntConstant(m, "SLOT", SLOT);
+    PyModule_AddIntConstant(m, "TAG", TAG);
     return m;
 }

@@ -1,12 +1,17 @@
 """Type stub of the C extension `prober._fastpath` (source: prober/_fastpath.c)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 NCOL: int
 SLOT: int
+TAG: int
 
-def decode(data: bytes | bytearray | memoryview, /) -> str | tuple[Any, ...]: ...
+def decode(
+    data: bytes | bytearray | memoryview, keys: Sequence[bytes] | None = None, /
+) -> str | tuple[Any, ...]: ...
+def hmac_sha256(key: bytes, data: bytes | bytearray | memoryview, /) -> bytes: ...
+def sha256(data: bytes | bytearray | memoryview, /) -> bytes: ...
 
 class Engine:
     pending: int
@@ -25,6 +30,7 @@ class Engine:
         unstamped_count: bool = False,
         defer: bool = False,
         hold_ns: int = 250_000_000,
+        keys: Sequence[bytes] | None = None,
     ) -> None: ...
     def add_socket(
         self, fd: int, port: int, responder: bool = False, key_bits: int = 10, /

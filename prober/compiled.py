@@ -26,9 +26,18 @@ message of 0): nobody needs the follow-up's send time, and the kernel then neith
 to the error queue nor counts it in OPT_ID (checked at first use by `opt_id_counts_unstamped`;
 a kernel that counts every send is handled too).
 
-What the engine does not do, and the fallback: HMAC-authenticated codecs, one-step sessions
-and endpoints without kernel stamps use the Python paths (`available` says whether the
-extension was built; `prober.agent` picks). Runtime errors are counted, never raised.
+Probe authentication (``[auth] key_file``, docs/security.md): with an HMAC-keyed codec the
+engine tags and verifies exactly as `prober.wire.Codec` does (AUTH flag, a 16-byte
+HMAC-SHA256 tag over everything before it, t3 lists and padding included): the codec's send
+key tags every datagram the engine makes, every key of the set verifies (a rotation), the
+tag is compared in constant time, and a datagram with a missing or wrong tag is counted
+``bad_auth`` and is neither answered nor matched. SHA-256 and HMAC are the engine's own code
+(no library); each key's padded blocks are hashed once, so a tag costs 2 SHA-256 blocks for
+a probe. Python-made datagrams (trace probes and replies) use the codec itself.
+
+What the engine does not do, and the fallback: one-step sessions and endpoints without
+kernel stamps use the Python paths (`available` says whether the extension was built;
+`prober.agent` picks). Runtime errors are counted, never raised.
 """
 
 from __future__ import annotations
@@ -75,6 +84,16 @@ _SESSION_KEYS = frozenset(WIRE_ERROR_REASONS) | {
 _STAMP_KEYS = {"stamp_hw": "hw", "stamp_sw": "sw", "stamp_user": "user"}
 DEFAULT_HOLD_NS = 250_000_000
 """How long a responder holds a deferred t3 for a REPLY to carry (see `prober.wire`)."""
+
+
+def codec_keys(codec: Codec) -> tuple[bytes, ...] | None:
+    """Return the HMAC keys of ``codec`` for the engine (the send key first, then the others
+    it accepts), or None for an unauthenticated codec."""
+    if not codec.authenticated:
+        return None
+    # the codec keeps its keys private (prober.wire); the engine needs the same bytes
+    assert codec._key is not None
+    return (codec._key, *codec._accept)
 
 
 def available() -> bool:
@@ -127,10 +146,12 @@ class CompiledSession(ProbeSession):
 
     Same constructor as `ProbeSession`, plus ``defer_follow_ups`` (set DEFER_OK on probes and
     honour it as a responder, see the module docstring) and ``hold_ns`` (how long a held t3
-    waits for a REPLY to carry it; default min(250 ms, timeout_ns / 4)). Raises `ValueError`
-    for an authenticated codec or a one-step session (use `ProbeSession`) or a ``hold_ns``
-    over half of ``timeout_ns`` (held t3s must reach initiators before their timeout),
-    `RuntimeError` when the extension is not built.
+    waits for a REPLY to carry it; default min(250 ms, timeout_ns / 4)). An HMAC-keyed
+    ``codec`` is handed to the engine (its send key tags, all its keys verify). Raises
+    `ValueError` for a one-step session (use `ProbeSession`), a ``pad`` that leaves no room
+    for the tag in the engine's 2,048-byte slot, or a ``hold_ns`` over half of ``timeout_ns``
+    (held t3s must reach initiators before their timeout), `RuntimeError` when the extension
+    is not built.
     Completed results and losses come out of `take_events` (and `poll`) as `ResultBlock`s.
     ``counters`` merges the engine's counts (same keys as `ProbeSession`).
     """
@@ -152,8 +173,8 @@ class CompiledSession(ProbeSession):
             raise RuntimeError("prober._fastpath is not built (pip install -e . with a compiler)")
         super().__init__(nic_id, codec, timeout_ns=timeout_ns, one_step=one_step,
                          max_pending=max_pending, seq_start=seq_start, pad=pad)  # fmt: skip
-        if self.codec.authenticated or one_step:
-            raise ValueError("the compiled path speaks the unauthenticated two-step protocol")
+        if one_step:
+            raise ValueError("the compiled path speaks the two-step protocol")
         if hold_ns is None:
             hold_ns = min(DEFAULT_HOLD_NS, timeout_ns // 4)
         if not 0 <= hold_ns <= timeout_ns // 2:
@@ -164,7 +185,7 @@ class CompiledSession(ProbeSession):
         self.engine = _fastpath.Engine(
             self.nic, timeout_ns, max_pending, pad, seq_start,
             stamp_followups=mode is None, unstamped_count=bool(mode),
-            defer=defer_follow_ups, hold_ns=hold_ns,
+            defer=defer_follow_ups, hold_ns=hold_ns, keys=codec_keys(self.codec),
         )  # fmt: skip
         self._dst_index: dict[str, int] = {}
         self._dsts: list[str] = []
