@@ -203,12 +203,19 @@ def udp_endpoint_factory(
 
 
 def session_hot_path(cfg: ProberConfig, authenticated: bool, built: bool) -> str:
-    """Return the hot path the agent really runs for ``cfg``: ``"compiled"`` only for the UDP
-    transport, an unauthenticated codec (the C engine has no HMAC) and a built extension
-    (``built``); a ``"compiled"`` config falls back to ``"per-datagram"`` otherwise."""
+    """Return the hot path the agent really runs for ``cfg``: ``"compiled"`` for the UDP
+    transport with a built extension (``built``), probe HMAC on or off; a ``"compiled"``
+    config falls back to ``"per-datagram"`` otherwise (RDMA, no compiler).
+
+    ``authenticated`` (``[auth] key_file`` set) no longer changes the choice: the C engine
+    tags and verifies as `prober.wire.Codec` does (`prober.compiled`). An A/B against the
+    Python path with authentication on is ``prober.hot_path = "per-datagram"``, the path
+    authenticated probers ran before.
+    """
+    del authenticated  # both codecs run compiled
     if cfg.hot_path != "compiled":
         return cfg.hot_path
-    if cfg.transport == "udp" and not authenticated and built:
+    if cfg.transport == "udp" and built:
         return "compiled"
     return "per-datagram"
 

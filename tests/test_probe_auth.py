@@ -26,6 +26,7 @@ from contract.keys import (
     load_key_file,
     parse_key_file,
 )
+from prober import compiled
 from prober.agent import Agent
 from prober.config import ConfigError, load_config, parse_config
 from prober.session import ProbeSession
@@ -289,12 +290,15 @@ async def test_key_rotation_loses_no_probe(tmp_path: Path) -> None:
         for agent in (a, b):
             (session,) = agent.sessions.values()
             assert session.codec.authenticated and session.counters["bad_auth"] == 0
+            # authenticated probers run the compiled engine when it is built
+            assert agent.hot_path == ("compiled" if compiled.available() else "per-datagram")
 
 
 async def test_wrong_key_is_counted_bad_auth_and_never_a_record(tmp_path: Path) -> None:
     ka = write_keys(tmp_path / "a.keys", [("x", OTHER)])
     kb = write_keys(tmp_path / "b.keys", [("old", OLD), ("new", NEW)])
     _a, stats, b = await _run_pair(ka, kb)
+    assert b.hot_path == ("compiled" if compiled.available() else "per-datagram")
     assert stats.probes_queued == 2 and stats.results == 0 and stats.lost == 2
     assert b.sessions["nicB"].counters["bad_auth"] >= 2  # A's two probes, never answered
     b.publish_health()
