@@ -154,8 +154,11 @@ def measure_round_trips(
     when `prober._fastpath` is built, else batched), ``baseline_round_trips_per_core_second``
     the per-datagram path, both medians over ``repeats``; ``round_trip_ratio`` = the first /
     the baseline; every path measured also has ``<path>_round_trips_per_core_second`` and its
-    per-repeat values. Raises `ValueError` for non-positive ``seconds``/``repeats`` or an
-    unknown path.
+    per-repeat values. With probe HMAC on (the ``-auth`` paths, `prober.benchloop.AUTH_KEY`):
+    ``auth_round_trip_ratio`` = compiled-auth / per-datagram-auth (what an authenticated
+    prober gains from the compiled path) and ``auth_cost_compiled`` = compiled /
+    compiled-auth (what turning authentication on costs it). Raises `ValueError` for
+    non-positive ``seconds``/``repeats`` or an unknown path.
     """
     if seconds <= 0 or repeats <= 0:
         raise ValueError("seconds and repeats must be positive")
@@ -183,6 +186,10 @@ def measure_round_trips(
         out["per_repeat_baseline"] = [round(x) for x in runs["per-datagram"]]
         if best is not None and base:
             out["round_trip_ratio"] = round(med[best] / base, 3)
+    if med.get("compiled-auth") and med.get("per-datagram-auth"):
+        out["auth_round_trip_ratio"] = round(med["compiled-auth"] / med["per-datagram-auth"], 3)
+    if med.get("compiled-auth") and med.get("compiled"):
+        out["auth_cost_compiled"] = round(med["compiled"] / med["compiled-auth"], 3)
     return out
 
 
@@ -192,8 +199,8 @@ def measure(
     """Run the interleaved benchmark for about ``seconds`` and return the figures.
 
     Adds the full round trips per CPU second of ``path`` ("both": every path this install
-    runs, compiled, batched and the per-datagram baseline, interleaved; see
-    `measure_round_trips`).
+    runs, compiled, batched and the per-datagram baseline, and compiled and per-datagram with
+    probe HMAC on, interleaved; see `measure_round_trips`).
     Raises `ValueError` for non-positive ``seconds``, ``rounds`` or ``repeats``.
     """
     if seconds <= 0 or rounds <= 0 or repeats <= 0:
@@ -272,6 +279,13 @@ def run_bench(
             )
         if "round_trip_ratio" in result:
             print(f"ratio: {result['round_trip_ratio']}")
+        for p in ("compiled-auth", "per-datagram-auth"):
+            key = f"{p.replace('-', '_')}_round_trips_per_core_second"
+            if key in result:
+                print(f"{p} round trips per core-second: {result[key]}")
+        if "auth_round_trip_ratio" in result:
+            print(f"ratio with probe HMAC (compiled-auth / per-datagram-auth): "
+                  f"{result['auth_round_trip_ratio']}")  # fmt: skip
     return result
 
 

@@ -15,11 +15,15 @@ from prober.events import ProbeEvent, ProbeResult, ResultBlock
 from prober.fastudp import BatchUdpEndpoint
 from prober.session import ProbeSession
 from prober.udp import UdpEndpoint
+from prober.wire import Codec
 
 _WINDOW = 128  # probes kept in flight: topped up whenever results come back (or every 2 ms)
-ALL_PATHS = ("compiled", "batched", "per-datagram")
-PATHS = ALL_PATHS if compiled.available() else ALL_PATHS[1:]
+ALL_PATHS = ("compiled", "batched", "per-datagram", "compiled-auth", "per-datagram-auth")
+"""Hot paths, and ``<path>-auth``: the same path with probe HMAC on (both ends keyed)."""
+PATHS = tuple(p for p in ALL_PATHS if compiled.available() or not p.startswith("compiled"))
 """The hot paths this install can run (compiled only when `prober._fastpath` was built)."""
+AUTH_KEY = bytes(range(32))
+"""The ``-auth`` paths' probe HMAC key (a fixed bench key: loopback only)."""
 
 
 async def endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, float]:
@@ -30,14 +34,17 @@ async def endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, f
     (kernel time included:
     ``time.process_time`` is user + system time). ``path``: `prober.fastudp.BatchUdpEndpoint`
     ("batched"), `prober.udp.UdpEndpoint` ("per-datagram", the path before batching, the
-    baseline) or `prober.compiled.CompiledUdpEndpoint` ("compiled", the C datagram loop).
+    baseline) or `prober.compiled.CompiledUdpEndpoint` ("compiled", the C datagram loop);
+    a ``-auth`` suffix: both ends tag and verify with `AUTH_KEY` (``[auth] key_file``).
     Raises `ValueError` for a path this install cannot run.
     """
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    base = path.removesuffix("-auth")
     cls: type[UdpEndpoint] = {"compiled": compiled.CompiledUdpEndpoint,
-                              "batched": BatchUdpEndpoint}.get(path, UdpEndpoint)  # fmt: skip
-    session: type[ProbeSession] = compiled.CompiledSession if path == "compiled" else ProbeSession
+                              "batched": BatchUdpEndpoint}.get(base, UdpEndpoint)  # fmt: skip
+    session: type[ProbeSession] = compiled.CompiledSession if base == "compiled" else ProbeSession
+    key = AUTH_KEY if path.endswith("-auth") else None
     done = 0
     arrived = asyncio.Event()
 
@@ -50,8 +57,8 @@ async def endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, f
             elif isinstance(e, ProbeResult):
                 done += 1
 
-    a = cls(session("bench-a"), "127.0.0.1", dport=0, on_events=count)
-    b = cls(session("bench-b"), "127.0.0.1", dport=0)
+    a = cls(session("bench-a", Codec(key)), "127.0.0.1", dport=0, on_events=count)
+    b = cls(session("bench-b", Codec(key)), "127.0.0.1", dport=0)
     async with a, b:
         tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]  # as the agent does
         sport = a.add_source_port(0)

@@ -37,13 +37,16 @@ def register(subparsers: Any) -> None:
     b.add_argument("--seconds", type=float, default=3.0,
                    help="duration of each measurement (the round-trip runs last seconds/repeats/2 "
                         "each, at least 0.5 s)")  # fmt: skip
-    b.add_argument("--path", choices=("both", "compiled", "batched", "per-datagram"),
-                   default="both",
+    b.add_argument("--path", default="both",
+                   choices=("both", "compiled", "batched", "per-datagram", "compiled-auth",
+                            "per-datagram-auth"),
                    help="hot path(s) whose full round trips per CPU second are measured: the "
                         "compiled path (prober.compiled, the C datagram loop; needs the built "
                         "extension), the batched Python path (prober.fastudp), the per-datagram "
-                        "path (prober.udp, the baseline) or all of them, interleaved, with the "
-                        "ratio of the fastest to the baseline (default)")  # fmt: skip
+                        "path (prober.udp, the baseline), compiled-auth / per-datagram-auth "
+                        "(the same with probe HMAC on at both ends) or all of them, "
+                        "interleaved, with the ratio of the fastest to the baseline and of "
+                        "compiled-auth to per-datagram-auth (default)")  # fmt: skip
     b.add_argument(
         "--repeats",
         type=int,
@@ -64,11 +67,11 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError("--seconds must be positive")
     if args.repeats <= 0:
         raise ValueError("--repeats must be positive")
-    if args.path == "compiled":
+    if args.path.startswith("compiled"):
         from prober.compiled import available
 
         if not available():
-            raise OSError("--path compiled: prober._fastpath is not built (pip install -e . "
+            raise OSError(f"--path {args.path}: prober._fastpath is not built (pip install -e . "
                           "with a C compiler and the Python headers)")  # fmt: skip
     result = run_bench(
         args.seconds, args.json, path=args.path, repeats=args.repeats, profile=args.profile

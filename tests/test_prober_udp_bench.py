@@ -56,3 +56,16 @@ def test_profile_stages_add_up_to_the_cpu_per_round_trip() -> None:
 def test_measure_rejects_bad_input() -> None:
     with pytest.raises(ValueError):
         measure(0)
+
+
+def test_round_trips_with_probe_hmac_compiled_against_per_datagram() -> None:
+    from prober import compiled
+
+    if not compiled.available():
+        pytest.skip("prober._fastpath not built")
+    res = measure_round_trips(0.3, 1, ("compiled", "compiled-auth", "per-datagram-auth"))
+    auth = res["compiled_auth_round_trips_per_core_second"]
+    base = res["per_datagram_auth_round_trips_per_core_second"]
+    assert isinstance(auth, int) and isinstance(base, int) and auth > 0 and base > 0
+    assert res["auth_round_trip_ratio"] == pytest.approx(auth / base, rel=1e-2)
+    assert isinstance(res["auth_cost_compiled"], float)
