@@ -202,17 +202,16 @@ def udp_endpoint_factory(
     return UdpEndpointFactory(cfg, clock)
 
 
-def session_hot_path(cfg: ProberConfig, authenticated: bool, built: bool) -> str:
+def session_hot_path(cfg: ProberConfig, built: bool) -> str:
     """Return the hot path the agent really runs for ``cfg``: ``"compiled"`` for the UDP
     transport with a built extension (``built``), probe HMAC on or off; a ``"compiled"``
     config falls back to ``"per-datagram"`` otherwise (RDMA, no compiler).
 
-    ``authenticated`` (``[auth] key_file`` set) no longer changes the choice: the C engine
-    tags and verifies as `prober.wire.Codec` does (`prober.compiled`). An A/B against the
-    Python path with authentication on is ``prober.hot_path = "per-datagram"``, the path
-    authenticated probers ran before.
+    Probe HMAC (``[auth] key_file``) does not change the choice: the C engine tags and
+    verifies as `prober.wire.Codec` does (`prober.compiled`). An A/B against the Python path
+    with authentication on is ``prober.hot_path = "per-datagram"``, the path authenticated
+    probers ran before.
     """
-    del authenticated  # both codecs run compiled
     if cfg.hot_path != "compiled":
         return cfg.hot_path
     if cfg.transport == "udp" and built:
@@ -281,9 +280,7 @@ class Agent:
         # untagged or badly tagged datagrams are counted as bad_auth and never become records.
         self.probe_keys = load_probe_keys(cfg)
         self.hot_path = session_hot_path(
-            cfg,
-            self.probe_keys is not None,
-            compiled.available() and isinstance(self._factory, UdpEndpointFactory),
+            cfg, compiled.available() and isinstance(self._factory, UdpEndpointFactory)
         )
         session_cls = compiled.CompiledSession if self.hot_path == "compiled" else ProbeSession
         defer_kw: dict[str, Any] = (

@@ -89,11 +89,7 @@ DEFAULT_HOLD_NS = 250_000_000
 def codec_keys(codec: Codec) -> tuple[bytes, ...] | None:
     """Return the HMAC keys of ``codec`` for the engine (the send key first, then the others
     it accepts), or None for an unauthenticated codec."""
-    if not codec.authenticated:
-        return None
-    # the codec keeps its keys private (prober.wire); the engine needs the same bytes
-    assert codec._key is not None
-    return (codec._key, *codec._accept)
+    return codec.keys or None
 
 
 def available() -> bool:

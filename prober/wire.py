@@ -257,6 +257,12 @@ class Codec:
         """Return True when this codec tags and verifies messages."""
         return self._key is not None
 
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        """Return the HMAC keys, the sending key first, then the others it accepts; empty for
+        an unauthenticated codec (for the compiled engine, which tags and verifies alike)."""
+        return () if self._key is None else (self._key, *self._accept)
+
     def _tag(self, data: bytes | memoryview, key: bytes | None = None) -> bytes:
         k = key if key is not None else self._key
         assert k is not None

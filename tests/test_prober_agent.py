@@ -269,19 +269,17 @@ def test_compiled_hot_path_and_its_fallbacks() -> None:
 
     nic = {"nics": [{"id": "nic0", "address": "127.0.0.1"}]}
     cfg = parse_config({"prober": {"host": "h", "hot_path": "compiled"}, **nic})
-    assert session_hot_path(cfg, authenticated=False, built=True) == "compiled"
-    # probe HMAC runs compiled too (the engine tags and verifies); the per-datagram config is
-    # the A/B switch; no extension built, RDMA: the per-datagram path
-    assert session_hot_path(cfg, authenticated=True, built=True) == "compiled"
+    assert session_hot_path(cfg, built=True) == "compiled"
+    # (probe HMAC does not change it: the engine tags and verifies); the per-datagram config
+    # is the A/B switch; no extension built, RDMA: the per-datagram path
     per = parse_config({"prober": {"host": "h", "hot_path": "per-datagram"}, **nic})
-    assert session_hot_path(per, authenticated=True, built=True) == "per-datagram"
-    assert session_hot_path(cfg, authenticated=False, built=False) == "per-datagram"
-    assert session_hot_path(cfg, authenticated=True, built=False) == "per-datagram"
+    assert session_hot_path(per, built=True) == "per-datagram"
+    assert session_hot_path(cfg, built=False) == "per-datagram"
     rdma = parse_config({"prober": {"host": "h", "hot_path": "compiled", "transport": "rdma"},
                          **nic})  # fmt: skip
-    assert session_hot_path(rdma, authenticated=False, built=True) == "per-datagram"
+    assert session_hot_path(rdma, built=True) == "per-datagram"
     batched = parse_config({"prober": {"host": "h", "hot_path": "batched"}, **nic})
-    assert session_hot_path(batched, authenticated=False, built=True) == "batched"
+    assert session_hot_path(batched, built=True) == "batched"
     if compiled.available():
         agent = Agent(cfg)
         session = agent.sessions["nic0"]

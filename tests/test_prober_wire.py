@@ -105,6 +105,13 @@ def test_hmac_rejects_wrong_key_missing_tag_tamper() -> None:
         Codec(b"short")
 
 
+def test_codec_keys_send_key_first_then_the_accepted_ones() -> None:
+    old, new = b"o" * 32, b"n" * 32
+    assert Codec().keys == ()
+    assert Codec(new, (old, new)).keys == (new, old)  # the send key is not repeated
+    assert Codec(KEY).keys == (KEY,)
+
+
 def test_message_validation() -> None:
     with pytest.raises(BadFieldError):
         Message(MsgType.PROBE, 1, 2, 3, ta=5)
