@@ -172,7 +172,7 @@ def _prober_cpu(a: argparse.Namespace) -> int:
     report = run_prober_cpu(
         nics=a.nics, peers_per_nic=a.peers, seconds=a.seconds, warmup_s=a.warmup,
         repeats=a.repeats, paths=paths, prefix=a.prefix, progress=_progress,
-        profile=a.profile, perf=a.perf,
+        profile=a.profile, perf=a.perf, auth=a.auth,
     )  # fmt: skip
     if a.json:
         print(json.dumps(report))
@@ -186,6 +186,8 @@ def _prober_cpu(a: argparse.Namespace) -> int:
         if f"{key}_cpu_percent_excluding_net_rx_softirq" in report:
             print(f"{'':8s} {report[f'{key}_cpu_percent_excluding_net_rx_softirq']:6.2f} % "
                   "without the net_rx softirq veth charges it with (perf)")  # fmt: skip
+    if report["auth"]:
+        print(f"auth     hmac-sha256 both ways, {report['bad_auth']} datagrams failed auth")
     if "nodefer_cpu_percent_of_one_core" in report:
         print(f"nodefer  {report['nodefer_cpu_percent_of_one_core']:6.2f} % of one core "
               "(compiled, a FOLLOW_UP per reply)")  # fmt: skip
@@ -390,6 +392,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also sample each prober with `perf record -g` while it is measured: the split of "
         "its CPU (kernel, of which the net_rx softirq veth charges it with, C engine, Python) "
         "and its share without that softirq (the peers' receive of what it sent)",
+    )
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="authenticated probes: a fresh hmac-sha256 key file (mode 0600, in the work "
+        "directory) is the prober's [auth] key_file and the peers' keys; the report says "
+        '"auth": true and counts "bad_auth" (prober and peers)',
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p = cmd(

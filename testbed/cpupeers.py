@@ -15,7 +15,10 @@ host's id. The process
   results of its own probes, and rewrites ``stats`` (JSON: results, lost, batches, answered)
   every 0.5 s for the orchestrator to read.
 
-Stops on SIGTERM. Test and benchmark machinery, not production code.
+With ``key_file`` (a `contract.keys` hmac-sha256 file) every peer NIC tags what it sends and
+verifies what it receives with those keys (the engine's HMAC: `prober.compiled.codec_keys`);
+``bad_auth`` in its counters counts what failed, and ``prober_bad_auth`` the prober's own
+(its health document). Stops on SIGTERM. Test and benchmark machinery, not production code.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from contract.keys import HMAC, load_key_file
 from contract.records import RecordError, decode_batch
 from prober import compiled
 from prober.events import ProbeEvent, ProbeLost, ProbeResult, ResultBlock
 from prober.fastudp import BatchUdpEndpoint
 from prober.session import ProbeSession
+from prober.wire import codec_for
 
 
 def _count_records(spec: dict[str, Any], counts: dict[str, int], health: dict[str, Any]) -> Any:
@@ -58,6 +63,7 @@ def _count_records(spec: dict[str, Any], counts: dict[str, int], health: dict[st
             try:
                 doc = json.loads(msg.payload)
                 health["sessions"] = doc.get("counters", {}).get("sessions", {})
+                health["bad_auth"] = int(doc.get("counters", {}).get("bad_auth", 0))
             except ValueError:
                 pass
             return
@@ -94,11 +100,12 @@ async def run(spec: dict[str, Any]) -> None:
 
     eps: dict[str, BatchUdpEndpoint] = {}
     use_compiled = spec.get("peer_path", "compiled") == "compiled" and compiled.available()
+    keys = load_key_file(spec["key_file"], HMAC) if spec.get("key_file") else None
     for nic in spec["peers"]:
         endpoint = compiled.CompiledUdpEndpoint if use_compiled else BatchUdpEndpoint
         session = compiled.CompiledSession if use_compiled else ProbeSession
         ep = endpoint(
-            session(nic["id"], timeout_ns=1_000_000_000),
+            session(nic["id"], codec_for(keys), timeout_ns=1_000_000_000),
             nic["address"],
             dport=spec["port"],
             sports=nic["sports"],
@@ -143,6 +150,7 @@ async def run(spec: dict[str, Any]) -> None:
             doc["counters"] = agg
             if health:
                 doc["prober_sessions"] = health.get("sessions", {})
+                doc["prober_bad_auth"] = health.get("bad_auth", 0)
             tmp = stats.with_suffix(".tmp")
             tmp.write_text(json.dumps(doc))
             tmp.replace(stats)

@@ -16,6 +16,12 @@ batches, runs ``warmup_s`` more (start-up excluded), then ``seconds`` are measur
 interval, divided by the wall interval = its share of one core. Records per second (from the
 broker) and probes answered per second say the schedule really ran.
 
+``auth`` (``--auth``): one fresh hmac-sha256 key file (`contract.keys` format, mode 0600) in
+the run's work directory is the measured prober's ``[auth] key_file`` and the peers' keys, so
+every datagram both ways is tagged and verified. A datagram that fails verification is counted
+(``bad_auth`` of the prober's health counters and of the peers) and never answered or matched,
+so it also shows as lost or unanswered, which `schedule_kept` judges.
+
 Pure plan (`cpu_plan`, `prober_toml`, `proc_cpu_seconds`) and a thin shell (`run_prober_cpu`)
 that stops what it started by PID and removes its namespaces, also on failure.
 """
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract.keys import HMAC, format_key_file
 from testbed import perfsplit
 from testbed.netns.nsutil import stop_processes, write_sysctls
 
@@ -104,15 +111,17 @@ def cpu_plan(prefix: str, nics: int = 8, peers_per_nic: int = 32) -> CpuPlan:
     return CpuPlan(prefix, nics, peers_per_nic - CROSS_PEERS)
 
 
-def prober_toml(plan: CpuPlan, hot_path: str) -> str:
+def prober_toml(plan: CpuPlan, hot_path: str, key_file: str = "") -> str:
     """Return the measured prober's TOML: default schedule, paths and telemetry; sw stamps.
-    ``hot_path`` is one of `PATHS` (``compiled-nodefer``: compiled, no deferred follow-ups)."""
+    ``hot_path`` is one of `PATHS` (``compiled-nodefer``: compiled, no deferred follow-ups);
+    ``key_file``: the probe key file (``[auth] key_file``), "" for unauthenticated probes."""
     nodefer = hot_path == "compiled-nodefer"
     lines = [
         "[prober]", f'host = "{HOST_ID}"', f"port = {plan.port}", 'timestamps = "sw"',
         f'hot_path = "{"compiled" if nodefer else hot_path}"',
         *(["defer_follow_ups = false"] if nodefer else []), "",
         "[mqtt]", f'host = "{plan.broker[0]}"', f"port = {plan.broker[1]}", "",
+        *(["[auth]", f"key_file = {json.dumps(key_file)}", ""] if key_file else []),
     ]  # fmt: skip
     for k in range(plan.nics):
         lines += ["[[nics]]", f'id = "h{k}"', f'address = "{plan.host_addr(k)}"',
@@ -124,10 +133,16 @@ def prober_toml(plan: CpuPlan, hot_path: str) -> str:
 
 
 def peers_spec(
-    plan: CpuPlan, stats: Path, rate_hz: float = 10.0, shard: int = 0, shards: int = 1
+    plan: CpuPlan,
+    stats: Path,
+    rate_hz: float = 10.0,
+    shard: int = 0,
+    shards: int = 1,
+    key_file: str = "",
 ) -> dict[str, Any]:
     """Return the `testbed.cpupeers` spec of one of ``shards`` peer processes: every peer NIC
-    probes two of the host's NICs; shard 0 also counts the prober's published records."""
+    probes two of the host's NICs; shard 0 also counts the prober's published records.
+    ``key_file``: the probe key file every peer NIC tags and verifies with ("" = none)."""
     peers, streams = [], []
     for k in range(plan.nics):
         for i in range(plan.mates):
@@ -141,8 +156,19 @@ def peers_spec(
     return {
         "host": HOST_ID, "prefix": "qpmesh/v1", "broker": list(plan.broker), "port": plan.port,
         "rate_hz": rate_hz, "peers": peers, "streams": streams, "stats": str(stats),
-        "count_records": shard == 0,
+        "count_records": shard == 0, "key_file": key_file,
     }  # fmt: skip
+
+
+def write_probe_key(path: Path) -> Path:
+    """Write one fresh random hmac-sha256 key (32 bytes) as a `contract.keys` file at ``path``,
+    created with mode 0600 (never readable by others, also not for a moment); return ``path``.
+    Raises `FileExistsError` if it exists (a key is never overwritten), `OSError` otherwise."""
+    text = format_key_file([("prober-cpu", HMAC, secrets.token_bytes(32))])
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    return path
 
 
 def proc_cpu_seconds(stat_line: str, clk_tck: int) -> float:
@@ -257,6 +283,7 @@ def run_prober_cpu(
     progress: Callable[[str], None] = lambda m: None,
     profile: bool = False,
     perf: bool = False,
+    auth: bool = False,
 ) -> dict[str, Any]:
     """Build the testbed, measure the prober's CPU share per path, tear down; return figures.
 
@@ -265,6 +292,7 @@ def run_prober_cpu(
     record -g`` over the measured interval and add the split of `testbed.perfsplit` to its
     run (``perf``) and the share of one core without the net_rx softirq charged to it
     (``cpu_percent_excluding_net_rx_softirq``: on veth, the peers' receive of what it sent).
+    ``auth``: probes tagged and verified both ways with a fresh key (module docstring).
     Raises `ValueError` for bad sizes, `OSError` when the environment cannot run it (not root,
     no ``ip`` or mosquitto, a process that died).
     """
@@ -284,6 +312,7 @@ def run_prober_cpu(
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs: list[subprocess.Popen[bytes]] = []
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
+    key_file = str(write_probe_key(work / "probe.keys")) if auth else ""
     try:
         _build(plan)
         progress(f"namespaces {plan.host_ns}, {plan.peer_ns}: {nics} NICs, "
@@ -296,7 +325,11 @@ def run_prober_cpu(
         stats = [work / f"peers-{i}-stats.json" for i in range(peer_procs)]
         for i in range(peer_procs):
             spec = work / f"peers-{i}.json"
-            spec.write_text(json.dumps(peers_spec(plan, stats[i], shard=i, shards=peer_procs)))
+            spec.write_text(
+                json.dumps(
+                    peers_spec(plan, stats[i], shard=i, shards=peer_procs, key_file=key_file)
+                )
+            )
             procs.append(_spawn(["ip", "netns", "exec", plan.peer_ns, sys.executable, "-m",
                                  "testbed.cpupeers", str(spec)], work / f"peers-{i}.log", env))  # fmt: skip
         ready = time.monotonic() + 60.0
@@ -307,7 +340,7 @@ def run_prober_cpu(
         for run in range(repeats):
             for path in paths:
                 cfg = work / f"prober-{path}.toml"
-                cfg.write_text(prober_toml(plan, path))
+                cfg.write_text(prober_toml(plan, path, key_file))
                 argv = ["ip", "netns", "exec", plan.host_ns, sys.executable, "-m", "qpmesh.cli",
                         "prober", "--config", str(cfg)]  # fmt: skip
                 penv = env
@@ -347,7 +380,7 @@ def run_prober_cpu(
     finally:
         stop_processes(reversed(procs))
         _teardown(plan)
-    return cpu_report(plan, runs, seconds, warmup_s, repeats, work)
+    return cpu_report(plan, runs, seconds, warmup_s, repeats, work, auth)
 
 
 def _summary(
@@ -372,6 +405,10 @@ def _summary(
         "answered_per_s": round(answered, 1),
         "unanswered_per_s": round(rate("unanswered"), 1),
         "peer_counters": peer_counters,
+        # datagrams that failed auth: at the peers over the window, at the prober since it
+        # started (its health counters, published every 5 s: the last document of the window)
+        "peers_bad_auth": peer_counters.get("bad_auth", 0),
+        "prober_bad_auth": int(s1.get("prober_bad_auth", 0)),
         "cpu_us_per_probe": round(1e6 * cpu / (probes * wall), 2) if probes > 0 else None,
         "scheduled_probes_per_s": plan.nics * (plan.mates + CROSS_PEERS) * 20,
         # every peer NIC probes two of the host's NICs with coded pairs at 10 Hz (peers_spec)
@@ -386,10 +423,13 @@ def cpu_report(
     warmup_s: float,
     repeats: int,
     work: Path,
+    auth: bool = False,
 ) -> dict[str, Any]:
     """Return the report of ``runs`` (path -> `_summary` per repeat): medians per path, the
     ratio to the per-datagram baseline, and ``target_met`` (<= 10 % of one core), judged only
-    at the target's size and when every run kept the schedule (`schedule_kept`), else None."""
+    at the target's size and when every run kept the schedule (`schedule_kept`), else None.
+    ``auth``: whether probes were authenticated (reported as is, with ``bad_auth``: the
+    datagrams that failed auth at the prober and the peers over every measured window)."""
 
     def med(path: str, key: str) -> float | None:
         vals = [r[key] for r in runs.get(path, []) if r.get(key) is not None]
@@ -402,6 +442,12 @@ def cpu_report(
         "warmup_s": warmup_s,
         "repeats": repeats,
         "work_dir": str(work),
+        "auth": auth,
+        "bad_auth": sum(
+            int(r.get("prober_bad_auth", 0)) + int(r.get("peers_bad_auth", 0))
+            for rs in runs.values()
+            for r in rs
+        ),
         "runs": runs,
     }
     measured = next((p for p in ("compiled", "batched") if runs.get(p)), None)

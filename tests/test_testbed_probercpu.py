@@ -1,21 +1,28 @@
-"""The pure parts of `qpmesh testbed prober-cpu`: plan, prober TOML, peers' spec, /proc parsing."""
+"""`qpmesh testbed prober-cpu`: the pure parts (plan, prober TOML, peers' spec, /proc parsing,
+report) and one short real run with probe auth (namespaces, broker)."""
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from prober import compiled
 from prober.agent import plan_peers
 from prober.config import parse_config
+from testbed import probercpu
 from testbed.probercpu import (
     CROSS_PEERS,
+    MOSQUITTO,
     cpu_plan,
     cpu_report,
     peers_spec,
     prober_toml,
     proc_cpu_seconds,
+    run_prober_cpu,
     schedule_kept,
 )
 
@@ -94,3 +101,64 @@ def test_defer_ab_runs_the_compiled_path_without_deferred_follow_ups(tmp_path: P
     assert rep["prober_path"] == "compiled" and rep["prober_cpu_percent_of_one_core"] == 15.0
     assert rep["nodefer_cpu_percent_of_one_core"] == 21.0 and rep["nodefer_schedule_kept"]
     assert rep["cpu_ratio_nodefer_over_prober"] == 1.4
+
+
+def test_auth_puts_one_fresh_0600_key_in_the_prober_and_peers_config(tmp_path: Path) -> None:
+    import stat
+    import tomllib
+
+    from contract.keys import HMAC, load_key_file
+    from prober.config import load_probe_keys
+    from testbed.probercpu import write_probe_key
+
+    key = write_probe_key(tmp_path / "probe.keys")
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert (
+        load_key_file(key, HMAC).send.material
+        != load_key_file(write_probe_key(tmp_path / "other.keys"), HMAC).send.material
+    )  # fresh per run
+    with pytest.raises(FileExistsError):
+        write_probe_key(key)  # never overwritten
+    plan = cpu_plan("qcx", nics=2, peers_per_nic=20)
+    cfg = parse_config(tomllib.loads(prober_toml(plan, "compiled", str(key))), "cpu.toml")
+    assert cfg.auth_key_file == str(key) and load_probe_keys(cfg) is not None
+    assert "[auth]" not in prober_toml(plan, "compiled")
+    assert peers_spec(plan, tmp_path / "s", key_file=str(key))["key_file"] == str(key)
+    assert peers_spec(plan, tmp_path / "s")["key_file"] == ""
+    runs = {"compiled": [{**_run(9.0, 5089, 5031), "prober_bad_auth": 3, "peers_bad_auth": 4}]}
+    rep = cpu_report(plan, runs, 20, 6, 1, tmp_path, auth=True)
+    assert rep["auth"] is True and rep["bad_auth"] == 7
+
+
+def _short_run(**kw: Any) -> dict[str, Any]:
+    return run_prober_cpu(nics=2, peers_per_nic=17, seconds=3.0, warmup_s=1.0, repeats=1,
+                          paths=("compiled",), prefix=f"qt{secrets.token_hex(3)}", peer_procs=1,
+                          **kw)  # fmt: skip
+
+
+@pytest.mark.netns
+@pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
+@pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="needs mosquitto")
+@pytest.mark.skipif(not compiled.available(), reason="prober._fastpath not built")
+@pytest.mark.timeout(240)
+def test_authenticated_run_flows_and_a_keyless_peer_shows_as_bad_auth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rep = _short_run(auth=True)
+    run = rep["runs"]["compiled"][0]
+    assert rep["auth"] is True and rep["bad_auth"] == 0
+    assert run["results_per_s"] > 0 and run["answered_per_s"] > 0
+    assert run["prober_bad_auth"] == 0 and run["peers_bad_auth"] == 0
+    # the peers without the key: what either side sends fails auth at the other, and shows
+    real_spec = probercpu.peers_spec
+    monkeypatch.setattr(probercpu, "peers_spec",
+                        lambda *a, **k: {**real_spec(*a, **k), "key_file": ""})  # fmt: skip
+    bad = _short_run(auth=True)
+    run = bad["runs"]["compiled"][0]
+    assert run["peers_bad_auth"] > 0 and run["prober_bad_auth"] > 0 and bad["bad_auth"] > 0
+    # the prober's probes of the peers are lost, the peers' probes unanswered (only the
+    # prober's two NICs, cross-group peers of each other, share the key and still complete)
+    assert run["answered_per_s"] == 0 and run["unanswered_per_s"] > 0 and run["lost_per_s"] > 0
+    assert not schedule_kept(run)
