@@ -1402,6 +1402,21 @@ static PyObject *Engine_next_timeout_ns(Engine *e, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* When the oldest held t3 of any initiator is `hold` old (poll sends it then), or None when
+ * nothing is held: an endpoint's own timer wakes for it (one pass over the held table). */
+static PyObject *Engine_next_flush_ns(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    int found = 0;
+    int64_t at = 0;
+    for (uint32_t j = 0; e->htab && j <= e->hmask; j++) {
+        Held *h = &e->htab[j];
+        if (!h->used || !h->n) continue;
+        if (!found || h->since + e->hold < at) at = h->since + e->hold;
+        found = 1;
+    }
+    if (!found) Py_RETURN_NONE;
+    return PyLong_FromLongLong(at);
+}
+
 static PyObject *Engine_stats(Engine *e, PyObject *Py_UNUSED(ignored)) {
     return Py_BuildValue("{s:L,s:L,s:n,s:I}", "pending", (long long)e->npending, "awaiting_tx",
                          (long long)e->nawait, "queued", e->qn, "held_initiators", e->hused);
@@ -1461,6 +1476,8 @@ static PyMethodDef Engine_methods[] = {
      "set_clock(None or callable(kernel ns) -> NIC ns)"},
     {"next_send_ns", (PyCFunction)Engine_next_send_ns, METH_NOARGS, ""},
     {"next_timeout_ns", (PyCFunction)Engine_next_timeout_ns, METH_NOARGS, ""},
+    {"next_flush_ns", (PyCFunction)Engine_next_flush_ns, METH_NOARGS,
+     "next_flush_ns() -> when poll sends the oldest held t3 (since + hold_ns), or None"},
     {"stats", (PyCFunction)Engine_stats, METH_NOARGS, ""},
     {NULL, NULL, 0, NULL},
 };

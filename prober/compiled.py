@@ -290,9 +290,14 @@ class CompiledSession(ProbeSession):
         return nxt
 
     def next_timeout_ns(self) -> int | None:
-        """Return the earliest probe timeout still to report, or None."""
-        nxt: int | None = self.engine.next_timeout_ns()
-        return nxt
+        """Return the earliest time `poll` has work: a probe timeout still to report or the
+        hold deadline of the oldest held t3 (deferred follow-ups: ``poll`` sends it then), or
+        None when there is neither. An endpoint's own timer (`BatchUdpEndpoint.run`, used
+        without `prober.drive.CompiledDriver`) thus flushes held t3s on time, not on its 1 s
+        idle wake-up, after a short initiator timeout."""
+        times = [t for t in (self.engine.next_timeout_ns(), self.engine.next_flush_ns())
+                 if t is not None]  # fmt: skip
+        return min(times) if times else None
 
     def next_deadline_ns(self) -> int | None:
         """Return the earliest time something is due (a queued probe or a timeout), or None."""

@@ -368,3 +368,67 @@ def test_the_held_table_is_bounded_and_falls_back_to_a_follow_up_per_reply() -> 
     finally:
         b.sock.close()
         sink.close()
+
+
+# ---- an endpoint's own timer: next_timeout_ns covers the hold deadline -------------------------
+
+
+def test_a_responder_only_session_wakes_for_its_oldest_held_t3() -> None:
+    """Without `prober.drive.CompiledDriver` an endpoint wakes at ``next_timeout_ns`` (else at
+    most every 1 s): a responder with nothing of its own pending must still wake when its
+    oldest held t3 is due, not after a short initiator timeout."""
+    b = compiled.CompiledSession("nicB", timeout_ns=10**9, hold_ns=HOLD)
+    bsock = _sock()
+    bport = bsock.getsockname()[1]
+    bidx = b.engine.add_socket(bsock.fileno(), bport, True)
+    inits = [_Nic("nicA", True, False), _Nic("nicC", True, False)]
+    keys = [0]  # OPT_ID keys of B's stamped sends (its replies)
+    try:
+        assert b.next_timeout_ns() is None and b.engine.next_timeout_ns() is None
+
+        def answer(who: int, seq: int, now: int) -> None:  # a coded pair from `who`, answered
+            ini = inits[who]
+            ini.engine.queue(now, 0, b.nic, LO, bport, ini.port, seq, 0, 0)
+            ini.engine.send_due(now)
+            ini.stamp_sends([_t(who, seq + k, 1) for k in (0, 1)], now)
+            for data, src in _drain(bsock):
+                b.engine.feed(data, src, _t(who, CODEC.decode(data).seq, 2), now)
+            b.engine.send_due(now)  # the two replies; their t3s are held once stamped
+            for k in (0, 1):
+                assert b.engine.feed_tx(bidx, keys[0], _t(who, seq + k, 3), now)
+                keys[0] += 1
+            b.engine.send_due(now)
+            _drain(ini.sock)
+
+        answer(0, 0, 5 * MS)  # A's t3s held since 5 ms
+        assert b.engine.next_timeout_ns() is None  # B probes nobody: no timeout of its own
+        assert b.next_timeout_ns() == 5 * MS + HOLD
+        answer(1, 0, 40 * MS)  # C's later: the oldest still decides
+        assert b.next_timeout_ns() == 5 * MS + HOLD
+        b.engine.poll(5 * MS + HOLD)  # A's flushed, C's still held
+        assert b.next_timeout_ns() == 40 * MS + HOLD
+        b.engine.poll(40 * MS + HOLD)
+        assert b.next_timeout_ns() is None  # nothing held: no wake-up for it
+        counts = b.engine.take_counters()
+        assert counts["t3_held"] == counts["t3_flushed"] == 4
+    finally:
+        bsock.close()
+        for n in inits:
+            n.sock.close()
+
+
+def test_next_timeout_ns_is_the_probe_timeout_when_nothing_is_held() -> None:
+    a = compiled.CompiledSession("nicA", timeout_ns=10**9, hold_ns=HOLD)
+    sock, peer = _sock(), _sock()
+    try:
+        idx = a.engine.add_socket(sock.fileno(), sock.getsockname()[1], False)
+        a.engine.queue(7 * MS, 0, nic_hash("nicB"), LO, peer.getsockname()[1],
+                       sock.getsockname()[1], 0, 0, 0)  # fmt: skip
+        a.engine.send_due(7 * MS)
+        assert a.engine.feed_tx(idx, 0, 7 * MS, 7 * MS)
+        timeout = a.engine.next_timeout_ns()
+        assert timeout is not None and a.next_timeout_ns() == timeout  # unchanged
+        assert a.engine.next_flush_ns() is None
+    finally:
+        sock.close()
+        peer.close()
