@@ -312,6 +312,8 @@ def run_prober_cpu(
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs: list[subprocess.Popen[bytes]] = []
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
+    if auth:  # a fresh key per run, also when --prefix reuses a work directory
+        (work / "probe.keys").unlink(missing_ok=True)
     key_file = str(write_probe_key(work / "probe.keys")) if auth else ""
     try:
         _build(plan)
