@@ -21,6 +21,7 @@ from prober.events import ProbeLost, ProbeResult, ResultBlock, results_to_batch
 from prober.session import ProbeSession
 from prober.udp import UdpEndpoint
 from prober.wire import BODY_LEN, Codec, Message, MsgType, WireError, nic_hash
+from tests.loopexchange import events_of, exchange
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="prober._fastpath not built")
 
@@ -245,18 +246,8 @@ def test_compiled_path_interoperates_with_the_per_datagram_path(initiator: str) 
         a, b = (ca, pb) if initiator == "compiled" else (pa, cb)
         async with a, b:
             tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
-            sport = a.add_source_port(0)
-            for _ in range(10):
-                a.session.queue_pair("nicB", (LO, b.dport), sport, a.now_ns())
-            a.wake()
-            for _ in range(200):
-                await asyncio.sleep(0.02)
-                if len(results_to_batch(got, origin="x")) >= 20:
-                    break
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        return [e for g in got for e in (g.events() if isinstance(g, ResultBlock) else [g])]
+            await exchange(a, b, got, tasks, polls=200)
+        return events_of(got)
 
     events = asyncio.run(run())
     assert len(events) == 20 and all(isinstance(e, ProbeResult) for e in events)

@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 
 from prober import compiled
 from prober.drive import CompiledDriver
-from prober.events import ProbeLost, ProbeResult, ResultBlock, results_to_batch
+from prober.events import ProbeLost, ProbeResult
 from prober.session import ProbeSession
 from prober.udp import UdpEndpoint
 from prober.wire import FLAG_AUTH, TAG_LEN, Codec, Message, MsgType, WireError, nic_hash
+from tests.loopexchange import events_of, exchange
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="prober._fastpath not built")
 
@@ -375,20 +376,8 @@ async def _live(initiator: str, responder: str, codec_a: Codec, codec_b: Codec) 
         driven = [e for e in (a, b) if isinstance(e, compiled.CompiledUdpEndpoint)]
         tasks = [asyncio.create_task(CompiledDriver(driven).run())]
         tasks += [asyncio.create_task(e.run()) for e in (a, b) if e not in driven]
-        sport = a.add_source_port(0)
-        for _ in range(10):
-            a.session.queue_pair("nicB", (LO, b.dport), sport, a.now_ns())
-        a.wake()
-        for _ in range(300):
-            await asyncio.sleep(0.02)
-            if a in driven:  # records wait in the engine for the agent's batch
-                got.extend(a.session.take_events())
-            if len(results_to_batch(got, origin="x")) >= 20:
-                break
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    events = [e for g in got for e in (g.events() if isinstance(g, ResultBlock) else [g])]
+        await exchange(a, b, got, tasks, drained=driven)
+    events = events_of(got)
     return events, a.session.counters, b.session.counters
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from prober import compiled
 from prober.wire import Codec, Message, MsgType, nic_hash
+from tests.loopexchange import events_of, exchange
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="prober._fastpath not built")
 
@@ -277,7 +278,6 @@ def test_closing_the_endpoint_sends_the_held_t3s() -> None:
 async def _live(initiator: str, responder: str, defer: bool = True) -> tuple[list[Any], Any]:
     """10 coded pairs 30 ms apart from nicA to nicB over loopback; returns A's results and
     B's session counters (after B closed: held t3s flushed)."""
-    from prober.events import ResultBlock, results_to_batch
     from prober.session import ProbeSession
     from prober.udp import UdpEndpoint
 
@@ -292,18 +292,8 @@ async def _live(initiator: str, responder: str, defer: bool = True) -> tuple[lis
     a, b = mk(initiator, "nicA", on_events=got.extend), mk(responder, "nicB")
     async with a, b:
         tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
-        sport = a.add_source_port(0)
-        for i in range(10):
-            a.session.queue_pair("nicB", (LO, b.dport), sport, a.now_ns() + i * 30 * MS)
-        a.wake()
-        for _ in range(500):
-            await asyncio.sleep(0.02)
-            if len(results_to_batch(got, origin="x")) >= 20:
-                break
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    events = [e for g in got for e in (g.events() if isinstance(g, ResultBlock) else [g])]
+        await exchange(a, b, got, tasks, spacing_ns=30 * MS, polls=500)
+    events = events_of(got)
     return events, b.session.counters  # a CompiledSession's: the engine's counts merged in
 
 
