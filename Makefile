@@ -18,7 +18,7 @@ lint: setup
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml .ci/setup prober/_fastpath.c
+$(STAMP): pyproject.toml .ci/setup prober/_fastpath.c prober/_sha256.h
 	bash .ci/setup
 	touch $@
 
