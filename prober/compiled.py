@@ -86,12 +86,6 @@ DEFAULT_HOLD_NS = 250_000_000
 """How long a responder holds a deferred t3 for a REPLY to carry (see `prober.wire`)."""
 
 
-def codec_keys(codec: Codec) -> tuple[bytes, ...] | None:
-    """Return the HMAC keys of ``codec`` for the engine (the send key first, then the others
-    it accepts), or None for an unauthenticated codec."""
-    return codec.keys or None
-
-
 def available() -> bool:
     """Return True when the C extension `prober._fastpath` is importable (it was built)."""
     return _fastpath is not None
@@ -181,7 +175,7 @@ class CompiledSession(ProbeSession):
         self.engine = _fastpath.Engine(
             self.nic, timeout_ns, max_pending, pad, seq_start,
             stamp_followups=mode is None, unstamped_count=bool(mode),
-            defer=defer_follow_ups, hold_ns=hold_ns, keys=codec_keys(self.codec),
+            defer=defer_follow_ups, hold_ns=hold_ns, keys=self.codec.keys or None,
         )  # fmt: skip
         self._dst_index: dict[str, int] = {}
         self._dsts: list[str] = []

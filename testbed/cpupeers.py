@@ -16,7 +16,7 @@ host's id. The process
   every 0.5 s for the orchestrator to read.
 
 With ``key_file`` (a `contract.keys` hmac-sha256 file) every peer NIC tags what it sends and
-verifies what it receives with those keys (the engine's HMAC: `prober.compiled.codec_keys`);
+verifies what it receives with those keys (the engine's HMAC, keyed from `prober.wire.Codec.keys`);
 ``bad_auth`` in its counters counts what failed, and ``prober_bad_auth`` the prober's own
 (its health document). Stops on SIGTERM. Test and benchmark machinery, not production code.
 """

@@ -22,6 +22,7 @@ from prober.session import ProbeSession
 from prober.udp import UdpEndpoint
 from prober.wire import BODY_LEN, Codec, Message, MsgType, WireError, nic_hash
 from tests.loopexchange import events_of, exchange
+from tests.wiremutate import mutated
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="prober._fastpath not built")
 
@@ -68,12 +69,8 @@ def _valid_messages() -> list[bytes]:
 def test_c_parser_agrees_with_the_codec_on_mutated_datagrams(
     base: bytes, flips: list[tuple[int, int]], cut: int, extra: bytes
 ) -> None:
-    data = bytearray(base)
-    for pos, val in flips:
-        if pos < len(data):
-            data[pos] = val
-    data = data[: max(0, cut)] if cut < len(data) else data + extra
-    assert compiled._fastpath.decode(bytes(data)) == _codec_view(bytes(data))
+    data = mutated(base, flips, cut, extra)
+    assert compiled._fastpath.decode(data) == _codec_view(data)
 
 
 @settings(max_examples=500, deadline=None)
