@@ -133,6 +133,28 @@ def _stop_prober(a: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(a: argparse.Namespace) -> int:
+    from testbed.replay import CAPTURE, replay
+
+    out = Path(a.dir)
+    for name in (CAPTURE, "controller.toml"):
+        if not (out / name).is_file():
+            raise ValueError(f"{out / name}: not found (a 'testbed run' output directory has it)")
+    r = replay(out)
+    if a.json:
+        events = [
+            {"t_ns": e.t_ns, "kind": e.kind, "target": e.target, "detail": e.detail}
+            for e in r.events
+        ]
+        print(json.dumps({"events": events, "messages": r.outcomes, "clock_solves": r.solves}))
+        return 0
+    t0 = r.events[0].t_ns if r.events else 0
+    for e in r.events:
+        print(f"{(e.t_ns - t0) / 1e9:8.2f} s  {e.kind:12s} {e.target:20s} {e.detail}")
+    print(f"{len(r.events)} events; messages {r.outcomes}; {r.solves} clock solves")
+    return 0
+
+
 def _run(a: argparse.Namespace) -> int:
     from testbed.runner import run_scenario
     from testbed.scenario import load_scenario
@@ -330,6 +352,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "probes, batches as another host, a replay, a forged action); the report gains "
         '"security": what was tried and what got through (docs/mqtt-security.md)',
     )
+    p = ts.add_parser(
+        "replay",
+        help="replay a 'testbed run' output directory through a fresh controller, offline",
+        description=(
+            "Feed the messages a 'testbed run' captured (OUT/mqtt.jsonl: probe batches, paths, "
+            "health, presence, with their arrival times) to the controller that OUT/controller.toml "
+            "describes, ticking and solving clocks on arrival time, and print its events: why a "
+            "fault was or was not localized can be examined after the namespaces are gone."
+        ),
+    )
+    p.add_argument("dir", help="the run's output directory (--out of 'testbed run')")
+    p.add_argument("--json", action="store_true", help="print events and message counts as JSON")
+    p.set_defaults(func=_replay)
     p = cmd(
         "prober-cpu",
         "CPU share of one prober process running the default schedule (8 NICs x 32 peers by "

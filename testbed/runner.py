@@ -28,6 +28,7 @@ from testbed.netns.nsutil import stop_processes, wait_port
 from testbed.netns.plan import Plan
 from testbed.netns.state import record_process, state_dir
 from testbed.netns.teardown import tear_down
+from testbed.replay import CAPTURE, write_capture
 from testbed.runreport import Monitor, localization, sync_report
 from testbed.runscore import estimators
 from testbed.scenario import TESTBED_CONGEST, FaultKind, Scenario, random_faults
@@ -237,6 +238,8 @@ def run_scenario(
         out = out_dir or Path("/var/tmp/qpmesh") / prefix
         with contextlib.suppress(OSError):
             shutil.copytree(d, out, dirs_exist_ok=True)
+            if monitor is not None:  # what the controller read, for `qpmesh testbed replay`
+                write_capture(out / CAPTURE, monitor.raw)
         tear_down(prefix, progress)
         signal.signal(signal.SIGTERM, prev)
     events = monitor.events if monitor is not None and monitor.events else []

@@ -1,7 +1,9 @@
 """What ``qpmesh testbed run`` watches and reports: MQTT monitor, sync error, localization.
 
-- `Monitor`: a background thread with its own asyncio loop subscribed to ``<prefix>/events/#``
-  and ``<prefix>/probes/#`` on the run's broker; keeps every event (JSON) and probe batch.
+- `Monitor`: a background thread with its own asyncio loop subscribed to ``<prefix>/events/#``,
+  ``probes``, ``paths``, ``health`` and ``presence`` on the run's broker; keeps every event
+  (JSON) and probe batch, and every message the controller also reads as it arrived
+  (``raw``: arrival ns, topic, payload) so a run can be replayed offline (`testbed.replay`).
 - `sync_report(batches, truth, windows)`: sync error of the probes the probers really sent
   (kernel software stamps through the hosts' virtual clocks) against the clocks' truth, per
   window, with `sync.window` (Huygens) and the NTP-style baseline on the same probes, through
@@ -16,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +32,8 @@ from testbed.scenario import Fault, FaultKind
 from testbed.vclock import VirtualClock
 
 WINDOW_S = 5.0
+RAW_KINDS = ("probes", "paths", "health", "presence")
+"""Topic kinds `Monitor.raw` keeps: the ones the controller's pipeline reads."""
 
 
 def digest(payload: bytes) -> str:
@@ -52,6 +57,8 @@ class Monitor:
         # included (a replay shows twice); ``batches`` keeps each (origin, batch_seq) once
         self.arrivals: list[tuple[str, str, int, str]] = []
         self.health: dict[str, dict[str, Any]] = {}  # host -> its latest health document
+        # what the controller reads (probes, paths, health, presence) as it arrived
+        self.raw: list[tuple[int, str, bytes]] = []
         self._seen: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -78,6 +85,7 @@ class Monitor:
                     await c.subscribe(f"{self.prefix}/probes/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/paths/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/health/#", qos=1, timeout=5)
+                    await c.subscribe(f"{self.prefix}/presence/#", qos=1, timeout=5)
                     # The reader is never cancelled while it runs: cancelling aiomqtt's
                     # ``messages.__anext__`` (e.g. by a wait_for timeout) just after it took a
                     # message off its queue loses that message, which a busy machine hits.
@@ -100,6 +108,9 @@ class Monitor:
     def _take(self, topic: str, payload: Any) -> None:
         data = payload if isinstance(payload, bytes) else b""
         kind = topic[len(self.prefix) + 1 :].split("/", 1)[0]
+        if kind in RAW_KINDS:
+            with self._lock:
+                self.raw.append((time.time_ns(), topic, data))
         with contextlib.suppress(RecordError, ValueError), self._lock:
             if kind == "probes":
                 b = decode_batch(data)

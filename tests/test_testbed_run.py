@@ -47,6 +47,14 @@ def test_run_localizes_flap_and_reports_sync(tmp_path: Path) -> None:
         # three leaves make its hops identifiable from end-to-end delays
         assert loc["congest"]["localized"], loc["congest"]
         assert not loc["congest"]["other_events"], loc["congest"]
+        # the run's capture replays offline through a fresh controller to the same findings
+        rp = _qpmesh("testbed", "replay", str(tmp_path), "--json", timeout=120)
+        assert rp.returncode == 0, rp.stderr[-2000:]
+        doc = json.loads(rp.stdout)
+        assert doc["messages"]["probes"] == rep["probe_batches"], doc["messages"]
+        found = {(e["kind"], e["target"]) for e in doc["events"]}
+        assert {t for _, t in found} >= {"leaf0-spine1"}, found
+        assert found & {("contention", "leaf1->spine0"), ("contention", "spine0->leaf1")}, found
     finally:
         _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
         st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)

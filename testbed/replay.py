@@ -1,0 +1,136 @@
+"""Offline replay of a `qpmesh testbed run`: what the controller read, through a fresh pipeline.
+
+`testbed.runner` writes every message the controller also reads (probe batches, paths, health,
+presence) with its arrival time to ``<out>/mqtt.jsonl`` (`write_capture`: one JSON object
+``{"t_ns", "topic", "b64"}`` per line). `replay` builds the controller the service builds from
+the run's ``controller.toml`` and feeds it those messages in arrival order with time passed in:
+a tick and a due clock solve every ``tick_s`` of arrival time, as the service's ticker and
+solver do. The solve runs inline (the service runs it in a worker thread and installs it a
+little later), so the replay's events match the run's in kind and target, within a tick or two
+in time. ``on_window`` sees the brain's delay verdict of every closed window, for diagnosing a
+run (why a fault was or was not localized) after the namespaces are gone.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from contract.topics import Topics
+from controller.brain import Brain
+from controller.clocksync import ClockState
+from controller.coalesce import ProbeQueue
+from controller.config import load_config
+from controller.dispatch import handle_message
+from controller.live import LiveController
+from controller.snapshot import MeshEvent
+
+CAPTURE = "mqtt.jsonl"
+"""File name of a run's capture inside its output directory."""
+
+
+class CaptureError(ValueError):
+    """A capture file that cannot be read (its line number and reason in the message)."""
+
+
+def write_capture(path: Path, raw: Iterable[tuple[int, str, bytes]]) -> int:
+    """Write ``raw`` (arrival ns, topic, payload) to ``path`` as JSON lines; return the count."""
+    n = 0
+    with path.open("w") as f:
+        for t_ns, topic, payload in raw:
+            doc = {"t_ns": t_ns, "topic": topic, "b64": base64.b64encode(payload).decode()}
+            f.write(json.dumps(doc) + "\n")
+            n += 1
+    return n
+
+
+def read_capture(path: Path) -> Iterator[tuple[int, str, bytes]]:
+    """Yield (arrival ns, topic, payload) of a capture file, in file order.
+
+    Raises `CaptureError` on a line that is not a capture record, OSError if unreadable."""
+    with path.open() as f:
+        for i, line in enumerate(f, 1):
+            try:
+                doc = json.loads(line)
+                yield (
+                    int(doc["t_ns"]),
+                    str(doc["topic"]),
+                    base64.b64decode(doc["b64"], validate=True),
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CaptureError(f"{path}:{i}: not a capture record ({exc})") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What a replay produced: the events, how many messages of each outcome, solves."""
+
+    events: tuple[MeshEvent, ...]
+    outcomes: dict[str, int]
+    solves: int
+
+
+def replay(
+    out_dir: Path,
+    *,
+    prefix: str = "qpmesh/v1",
+    solve_delay_s: float = 0.0,
+    on_tick: Callable[[LiveController, int], None] = lambda live, now: None,
+) -> Replay:
+    """Replay the capture of the run in ``out_dir`` through the controller its
+    ``controller.toml`` describes; return its events. ``solve_delay_s``: a clock solve is
+    installed this long after it started (the service's worker thread takes that long on a
+    busy machine; 0: at once). ``on_tick(live, now_ns)`` runs after every tick (inspection).
+
+    Raises FileNotFoundError without a capture or config, `CaptureError` on a bad capture,
+    `controller.config.ConfigError` on a bad config."""
+    cfg = load_config(out_dir / "controller.toml", out_dir)
+    live = LiveController(
+        cfg.fabric,
+        dataclasses.replace(cfg.live, solve_inline=False),
+        brain=Brain(cfg.fabric, cfg.brain),
+    )
+    live.use_model_paths(cfg.model_paths)
+    topics = Topics(prefix)
+    queue = ProbeQueue(cfg.ingest) if cfg.ingest.coalesce_ms > 0 else None
+    tick_ns = round(cfg.tick_s * 1e9)
+    events: list[MeshEvent] = []
+    outcomes: dict[str, int] = {}
+    solves = 0
+    next_tick: int | None = None
+    running: list[tuple[int, ClockState | None]] = []  # (install at, state)
+    delay_ns = round(solve_delay_s * 1e9)
+
+    def step(now: int) -> None:
+        nonlocal solves
+        if queue is not None and len(queue):
+            live.flush(queue, now)
+        events.extend(live.tick(now))
+        while running and running[0][0] <= now:
+            solves += live.install_clock(running.pop(0)[1])
+        if not running:  # the service runs one solve at a time
+            job = live.start_solve(now)
+            if job is not None:
+                running.append((now + delay_ns, job()))
+                if not delay_ns:
+                    solves += live.install_clock(running.pop(0)[1])
+        on_tick(live, now)
+
+    for t_ns, topic, payload in sorted(read_capture(out_dir / CAPTURE), key=lambda r: r[0]):
+        if next_tick is None:
+            next_tick = t_ns + tick_ns
+        while t_ns >= next_tick:
+            step(next_tick)
+            next_tick += tick_ns
+        if queue is not None and queue.due(t_ns):
+            live.flush(queue, t_ns)
+        out = handle_message(live, topics, topic, payload, t_ns, cfg.router_nodes, queue)
+        key = "bad" if out.startswith("bad:") else out
+        outcomes[key] = outcomes.get(key, 0) + 1
+    if next_tick is not None:  # close the window of the last messages (more ticks without
+        step(next_tick)  # messages would only find the probers silent)
+    return Replay(tuple(events), outcomes, solves)
