@@ -143,11 +143,13 @@ class Brain:
         win.loss.add(pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
         p = self.config.delay
         win.delay.add(
-            self._paths, pf, obs.hops_fwd, obs.owd_fwd_ns, (obs.src, obs.dst, obs.sport), p
-        )
+            self._paths, pf, obs.hops_fwd, obs.owd_fwd_ns, (obs.src, obs.dst, obs.sport), p,
+            obs.coarse,
+        )  # fmt: skip
         win.delay.add(
-            self._paths, pr, obs.hops_rev, obs.owd_rev_ns, (obs.dst, obs.src, obs.sport), p
-        )
+            self._paths, pr, obs.hops_rev, obs.owd_rev_ns, (obs.dst, obs.src, obs.sport), p,
+            obs.coarse,
+        )  # fmt: skip
 
     def presence(self, host: str, alive: bool, now_ns: int) -> None:
         """Record the prober presence of ``host`` (MQTT last-will / hello)."""

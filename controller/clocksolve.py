@@ -64,7 +64,10 @@ class ClockSyncConfig:
     min_coded: int = 8  # thin-edge fallback (`orient_samples`, `sync_summary`)
     refine: bool = True  # second stage of `sync_window` (software stamps)
     warmup_bins: int = 8  # the first bin after start is split in this many (drift observable)
-    max_unc_ns: float = 1000.0  # delays of a NIC whose clock is less certain are withheld
+    max_unc_ns: float = 1000.0  # delays less certain than this are not judged finely
+    # ... and delays less certain than this are withheld (between the two: coarse delays,
+    # judged against the slow tier's 4 us floor only: docs/controller.md "Clock trust")
+    coarse_unc_ns: float = 2000.0
     min_span_ns: int = 1_000_000_000  # a solve over less data cannot see drift: not trusted
 
     def __post_init__(self) -> None:
@@ -76,6 +79,8 @@ class ClockSyncConfig:
             raise ValueError("bins and warmup_bins must be >= 1")
         if not self.max_unc_ns > 0 or self.min_span_ns < 0:
             raise ValueError("max_unc_ns must be > 0 and min_span_ns >= 0")
+        if not self.coarse_unc_ns >= self.max_unc_ns:
+            raise ValueError("coarse_unc_ns must be >= max_unc_ns")
 
 
 @dataclass(frozen=True, eq=False)

@@ -59,12 +59,20 @@ _DTYPES: dict[str, type[Any]] = {"src": np.int32, "dst": np.int32, "sw": np.bool
 
 @dataclass(frozen=True, eq=False)
 class Delays:
-    """One-way delays of an ingested batch (ns, NaN if lost or clocks unknown)."""
+    """One-way delays of an ingested batch (ns, NaN if lost or clocks unknown or less certain
+    than ``coarse_unc_ns``); ``coarse``: True where certain only to ``coarse_unc_ns``, not to
+    ``max_unc_ns`` (all False before the first solve)."""
 
     t_ns: I64  # send time on the controller timebase (initiator clock corrected)
     owd_fwd_ns: F64
     owd_rev_ns: F64
     rtt_ns: F64
+    coarse: NDArray[np.bool_]
+
+    def fine(self) -> tuple[F64, F64]:
+        """Return (forward, reverse) delays with the coarse ones NaN."""
+        return (np.where(self.coarse, np.nan, self.owd_fwd_ns),
+                np.where(self.coarse, np.nan, self.owd_rev_ns))  # fmt: skip
 
 
 class ClockSync:
@@ -93,6 +101,7 @@ class ClockSync:
         self.miss_ns = np.full(n_nics, np.nan)
         self.drift_err = np.full(n_nics, np.inf)
         self.trust_ns = np.full(n_nics, -1.0)
+        self.coarse_trust_ns = np.full(n_nics, -1.0)  # the same for coarse_unc
 
     # ---- samples -------------------------------------------------------------------------
     def add(self, ing: Ingested) -> int:
@@ -279,10 +288,13 @@ class ClockSync:
         self.miss_ns, self.drift_err = solve_miss(old, state)
         if state.span_ns < self.config.min_span_ns:
             self.drift_err = np.full(self.n_nics, np.inf)  # one instant: drift unobservable
-        self.trust_ns = trust_horizon(state.models, self.drift_err, self.config.max_unc_ns)
         # two solves that disagree by more than a clock may err: one of them is wrong, and
-        # which one is unknown: withhold the NIC until a later solve agrees
-        self.trust_ns[~(self.miss_ns <= self.config.max_unc_ns / np.sqrt(2.0))] = -1.0
+        # which one is unknown: withhold the NIC (at that bound) until a later solve agrees
+        self.trust_ns, self.coarse_trust_ns = (
+            np.where(self.miss_ns <= unc / np.sqrt(2.0),
+                     trust_horizon(state.models, self.drift_err, unc), -1.0)
+            for unc in (self.config.max_unc_ns, self.config.coarse_unc_ns)
+        )  # fmt: skip
         self.state = state
         self.solves += 1
         self.last_solve_samples = state.n_samples
@@ -312,9 +324,10 @@ class ClockSync:
             unc = np.sqrt(m.offset_std_ns**2 + (ds * abs(rel - st.center_ns)) ** 2)
         return off, np.where(m.known, unc, np.nan)
 
-    def trusted(self, nic: I32, rel_ns: F64) -> NDArray[np.bool_]:
-        """True where NIC ``nic``'s clock at ``rel_ns`` from t_ref is within ``max_unc_ns``."""
-        return np.abs(rel_ns) <= np.take(self.trust_ns, nic)
+    def trusted(self, nic: I32, rel_ns: F64, *, coarse: bool = False) -> NDArray[np.bool_]:
+        """True where NIC ``nic``'s clock at ``rel_ns`` from t_ref is within ``max_unc_ns``
+        (``coarse``: within ``coarse_unc_ns``)."""
+        return np.abs(rel_ns) <= np.take(self.coarse_trust_ns if coarse else self.trust_ns, nic)
 
     def delays(self, ing: Ingested) -> Delays:
         """Return one-way delays of the batch's probes and replies from the current models."""
@@ -324,18 +337,22 @@ class ClockSync:
         st = self.state
         if st is None:
             nan = np.full(len(ing), np.nan)
-            return Delays(ing.t1, nan, nan.copy(), rtt)
+            return Delays(ing.t1, nan, nan.copy(), rtt, np.zeros(len(ing), np.bool_))
         r1 = self.true_rel(ing.src, ing.t1)
         r2 = self.true_rel(ing.dst, ing.t2)
         owd_f = r2 - r1
         owd_r = self.true_rel(ing.src, ing.t4) - self.true_rel(ing.dst, ing.t3)
-        # a delay is only as good as both clocks: withhold it where either is too uncertain
-        bad = lost | ~(self.trusted(ing.src, r1) & self.trusted(ing.dst, r2))
+        # a delay is only as good as both clocks: withhold it where either is too uncertain,
+        # mark it coarse where either is certain only to coarse_unc
+        fine = self.trusted(ing.src, r1) & self.trusted(ing.dst, r2)
+        bad = lost | ~(
+            fine | (self.trusted(ing.src, r1, coarse=True) & self.trusted(ing.dst, r2, coarse=True))
+        )
         owd_f[bad] = np.nan
         owd_r[bad] = np.nan
         t_ns = np.where(np.isfinite(r1), np.rint(np.nan_to_num(r1)).astype(np.int64) +
                         st.models.t_ref_ns, ing.t1)  # fmt: skip
-        return Delays(t_ns, owd_f, owd_r, rtt)
+        return Delays(t_ns, owd_f, owd_r, rtt, ~bad & ~fine)
 
 
 _NONE = np.iinfo(np.int64).max

@@ -135,6 +135,10 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
                 "max_unc_ns", float, d.max_unc_ns, lambda v: 0 < v < float("inf"),
                 "a number of ns > 0",
             ),
+            coarse_unc_ns=sy.get(
+                "coarse_unc_ns", float, d.coarse_unc_ns, lambda v: 0 < v < float("inf"),
+                "a number of ns > 0",
+            ),
             min_span_ns=int(
                 sy.get("min_span_s", float, d.min_span_ns / 1e9, lambda v: 0 <= v < 1e9,
                        "a number of s >= 0")

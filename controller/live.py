@@ -214,7 +214,7 @@ class LiveController:
             s, hops = slots[new], ing.hops_fwd[new]
             spine = _path_spine(self._hop_spine, hops)
             self.flows.register(s, ing.src[new], ing.dst[new], ing.sport[new], spine)
-        self.flows.update(slots, d.t_ns, d.owd_fwd_ns, now_ns)
+        self.flows.update(slots, d.t_ns, d.fine()[0], now_ns)  # what the API shows: fine
         return Observations(
             d.t_ns,
             ing.src,
@@ -226,6 +226,7 @@ class LiveController:
             d.owd_fwd_ns,
             d.owd_rev_ns,
             d.rtt_ns,
+            d.coarse,
         )
 
     def presence(self, host: str, alive: bool, now_ns: int) -> None:

@@ -8,10 +8,12 @@ probe batches (fabric NIC indices, ECMP paths, clock-synced one-way delays); the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
+
+_UNSET: NDArray[np.bool_] = np.zeros(0, np.bool_)  # Observations.coarse not given
 
 
 class ObservationError(ValueError):
@@ -44,6 +46,9 @@ class Observations:
     owd_fwd_ns: NDArray[np.float64]  # one-way delay after clock sync, NaN if lost/unknown
     owd_rev_ns: NDArray[np.float64]
     rtt_ns: NDArray[np.float64]  # (t4-t1)-(t3-t2), NaN if lost
+    # True where both delays are known only coarsely: clocks certain to ClockSyncConfig
+    # .coarse_unc_ns, not .max_unc_ns (controller.clocksync); not given: all False
+    coarse: NDArray[np.bool_] = field(default_factory=lambda: _UNSET)
 
     def __post_init__(self) -> None:
         n = len(self.t_ns) if isinstance(self.t_ns, np.ndarray) else -1
@@ -61,6 +66,11 @@ class Observations:
                 raise ObservationError(f"{name} must be a 2-d array with {n} rows")
             if col.dtype != np.int32:
                 raise ObservationError(f"{name} must have dtype int32, got {col.dtype}")
+        c = self.coarse
+        if c is _UNSET:
+            object.__setattr__(self, "coarse", np.zeros(n, np.bool_))
+        elif not isinstance(c, np.ndarray) or c.shape != (n,) or c.dtype != np.bool_:
+            raise ObservationError(f"coarse must be a bool array of length {n}")
 
     def __len__(self) -> int:
         return len(self.t_ns)
@@ -97,4 +107,5 @@ class Observations:
             self.owd_fwd_ns[mask],
             self.owd_rev_ns[mask],
             self.rtt_ns[mask],
+            self.coarse[mask],
         )

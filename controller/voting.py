@@ -67,6 +67,7 @@ class VotingBaseline:
             obs.owd_fwd_ns,
             (obs.src, obs.dst, obs.sport),
             self._delay_p,
+            obs.coarse,  # the same clock knowledge as the brain
         )
         self._delay.add(
             self._base,
@@ -75,6 +76,7 @@ class VotingBaseline:
             obs.owd_rev_ns,
             (obs.dst, obs.src, obs.sport),
             self._delay_p,
+            obs.coarse,
         )
 
     def tick(self, now_ns: int) -> list[str]:

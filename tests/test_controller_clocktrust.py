@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from contract.records import ProbeBatch
 from controller.clocksync import (
     ClockState,
     ClockSync,
@@ -115,3 +116,37 @@ def test_delays_given_out_on_the_realistic_model_are_within_the_bound(seed: int)
             worst = max(worst, float(err[fin].max()))
     assert worst < cs.config.max_unc_ns
     assert np.mean(judged[-10:]) > 0.9  # after warm-up nearly every delay is judged
+
+
+def test_a_nic_missed_by_more_than_the_fine_bound_gives_coarse_delays() -> None:
+    """A miss of 1.2 µs (over 1000/sqrt 2, under 2000/sqrt 2) leaves the NIC's delays coarse:
+    given out, marked, judged only by the slow tier; a 4 µs miss withholds them."""
+    cs = ClockSync(8, ClockSyncConfig(max_unc_ns=1000.0, coarse_unc_ns=2000.0))
+    assert cs.install(_state([0.0] * 8, EPOCH, span=S))
+    offsets = [0.0, 0.0, 0.0, 1200.0, 4000.0, 0.0, 0.0, 0.0]
+    assert cs.install(_state(offsets, EPOCH + 2 * S, span=2 * S))
+    nic = np.arange(5, dtype=np.int32)
+    rel = np.full(5, 0.5e9)
+    assert cs.trusted(nic, rel).tolist() == [True, True, True, False, False]
+    assert cs.trusted(nic, rel, coarse=True).tolist() == [True, True, True, True, False]
+    fab = build_fabric(FabricShape.for_nics(8, nics_per_leaf=4, spines=1))
+    # probes nic0 -> nic3, nic4, nic1 sent 0.5 s after the new state's t_ref, 2 us each way
+    t1 = np.full(3, EPOCH + 2 * S + S // 2, np.int64)
+    batch = ProbeBatch.from_columns(
+        fab.nics[0].host, "hw", tuple(n.id for n in fab.nics),
+        {"seq": np.arange(3), "src": np.zeros(3), "dst": np.array([3, 4, 1]),
+         "sport": np.full(3, 49152), "t1": t1, "t2": t1 + 2000, "t3": t1 + 2100,
+         "t4": t1 + 4100},
+    )  # fmt: skip
+    b = Ingestor(fab).ingest(batch)
+    assert b is not None
+    assert b.dst.tolist() == [3, 4, 1]
+    d = cs.delays(b)
+    assert d.coarse.tolist() == [True, False, False]
+    assert np.isfinite(d.owd_fwd_ns).tolist() == [True, False, True]
+    assert np.isnan(d.fine()[0]).tolist() == [True, True, False]
+
+
+def test_coarse_bound_below_the_fine_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="coarse_unc_ns"):
+        ClockSyncConfig(max_unc_ns=1000.0, coarse_unc_ns=500.0)

@@ -12,6 +12,7 @@ from controller.snapshot import MeshEvent
 from tests.fullmesh import DST, FAB, FWD, REV, SPORT, SRC, WIN
 
 HOP = 2 * FAB.link_index["leaf0-spine2"]  # leaf0 -> spine2
+LEAF0_NICS = {lk.lower for lk in FAB.links if lk.upper == "leaf0"}
 
 
 def owd(
@@ -26,14 +27,28 @@ def owd(
     return np.asarray(base + q + np.where(on, rng.exponential(mean_ns, n), 0.0), np.float64)
 
 
-def run(share: float, mean_ns: float, windows: int = 30) -> list[MeshEvent]:
+def run(
+    share: float,
+    mean_ns: float,
+    windows: int = 30,
+    coarse: range = range(0),
+    clock_err_ns: float = 0.0,
+) -> list[MeshEvent]:
+    """Windows 10.. carry the queue; in windows ``coarse`` every delay is coarse (clocks
+    certain to 2 µs only) and the clock of the NICs on leaf0 reads ``clock_err_ns`` late."""
     rng = np.random.default_rng(7)
     brain = Brain(FAB, BrainConfig(lateness_ns=0))
     out: list[MeshEvent] = []
+    leaf0 = np.array([nic.id in LEAF0_NICS for nic in FAB.nics])
+    assert leaf0.sum() == 4
     for k in range(windows):
         s, m = (share, mean_ns) if k >= 10 else (0.0, 1.0)
         n = len(SRC)
         f, r = owd(FWD, rng, s, m), owd(REV, rng, s, m)
+        is_coarse = np.full(n, k in coarse)
+        if k in coarse:  # a late initiator clock: its probes look fast, its replies slow
+            f -= np.where(leaf0[SRC], clock_err_ns, 0.0)
+            r += np.where(leaf0[SRC], clock_err_ns, 0.0)
         brain.observe(
             Observations(
                 (k * WIN + rng.integers(0, WIN, n)).astype(np.int64),
@@ -46,6 +61,7 @@ def run(share: float, mean_ns: float, windows: int = 30) -> list[MeshEvent]:
                 f,
                 r,
                 f + r,
+                is_coarse,
             )
         )
         out += brain.tick((k + 1) * WIN)
@@ -61,3 +77,23 @@ def test_a_3us_queue_is_contention_on_its_hop() -> None:
 def test_incast_like_minority_bursts_and_small_queues_are_not() -> None:
     assert run(0.2, 5000.0) == []  # a fifth of the probes, 5 µs mean
     assert run(1.0, 400.0) == []  # everyone, 0.4 µs mean (a hot but healthy hop)
+
+
+def test_coarse_delays_find_a_large_queue_with_the_slow_tier() -> None:
+    """Delays whose clocks are certain only to 2 µs still show a 20 µs queue: judged by the
+    slow tier, whose 4 µs floor their clock error stays under."""
+    ev = run(1.0, 20_000.0, coarse=range(10, 30), clock_err_ns=1_400.0)
+    assert [(e.kind, e.target) for e in ev] == [("contention", "leaf0->spine2")]
+
+
+def test_coarse_delays_are_not_judged_by_the_moderate_tier() -> None:
+    """A 3 µs queue is found by the moderate tier on fine delays (above) but not on coarse
+    ones: their clock error may be as large as the moderate floor."""
+    assert run(1.0, 3000.0, coarse=range(10, 30)) == []
+    assert run(0.0, 1.0, coarse=range(10, 30), clock_err_ns=1_900.0) == []
+
+
+def test_coarse_delays_set_no_baseline() -> None:
+    """Coarse delays that read 1.9 µs low (a late clock) must not lower the paths' baselines:
+    the fine delays after them would look 1.9 µs queued, over the moderate floor."""
+    assert run(0.0, 1.0, coarse=range(0, 10), clock_err_ns=1_900.0) == []

@@ -58,7 +58,8 @@ class DelayWindow:
     """Mutable per-window accumulator of judged delays (owned by one brain or baseline)."""
 
     n_hops: int
-    judged_paths: npt.NDArray[np.int64] = field(init=False)
+    judged_paths: npt.NDArray[np.int64] = field(init=False)  # fine delays (both tiers)
+    coarse_paths: npt.NDArray[np.int64] = field(init=False)  # coarse ones (slow tier only)
     wmin: npt.NDArray[np.float64] = field(init=False)
     _slow_hops: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
     _slow_flows: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
@@ -67,12 +68,14 @@ class DelayWindow:
 
     def __post_init__(self) -> None:
         self.judged_paths = np.zeros(0, dtype=np.int64)
+        self.coarse_paths = np.zeros(0, dtype=np.int64)
         self.wmin = np.zeros(0, dtype=np.float64)
 
     def _grow(self, size: int) -> None:
         if size > len(self.wmin):
             extra = size - len(self.wmin)
             self.judged_paths = np.concatenate([self.judged_paths, np.zeros(extra, np.int64)])
+            self.coarse_paths = np.concatenate([self.coarse_paths, np.zeros(extra, np.int64)])
             self.wmin = np.concatenate([self.wmin, np.full(extra, np.inf)])
 
     def add(
@@ -83,37 +86,48 @@ class DelayWindow:
         owd: npt.NDArray[np.float64],
         flows: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]],
         params: DelayParams,
+        coarse: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         """Judge one direction's delays (NaN = unknown) against their path baselines.
 
         ``path`` are the path numbers of the rows (from ``index.paths(hops)``); ``flows`` is
-        (src, dst, sport) of each measurement, for the affected-flow list.
+        (src, dst, sport) of each measurement, for the affected-flow list. ``coarse`` marks
+        delays whose clocks are certain only to the coarse bound (`ClockSyncConfig
+        .coarse_unc_ns`): they are judged by the slow tier only (their clock error stays under
+        its floor, not under the moderate one) and never set a baseline.
         """
         if not len(owd):
             return
         self._grow(index.size)
         ok = np.isfinite(owd)
-        np.minimum.at(self.wmin, path[ok], owd[ok])
+        fine = ok if coarse is None else ok & ~coarse
+        np.minimum.at(self.wmin, path[fine], owd[fine])
         excess = owd - index.base[path]
         known = np.isfinite(excess)
         if not known.any():
             return
-        ex = excess[known]
-        sample = ex[:: max(1, len(ex) // 20_000)]
+        known_fine = known & fine
+        # the batch's typical excess from fine delays when there are any (coarse clock error
+        # would widen the spread the thresholds scale with)
+        ex_stats = excess[known_fine] if known_fine.any() else excess[known]
+        sample = ex_stats[:: max(1, len(ex_stats) // 20_000)]
         med = float(np.median(sample))
         mad = float(np.median(np.abs(sample - med))) * 1.4826
         thr = max(params.min_excess_ns, med + params.noise_k * mad)
         low = min(thr, max(params.low_excess_ns, med + params.low_k * mad))
         # add.at, not bincount: a bincount allocates and adds an array of every known path
         # per call, which at 10,000 NICs costs more than the batch itself
-        np.add.at(self.judged_paths, path[known], 1)
-        for cut, hop_sets, flow_sets in (
-            (thr, self._slow_hops, self._slow_flows),
-            (low, self._mod_hops, self._mod_flows),
+        np.add.at(self.judged_paths, path[known_fine], 1)
+        if not known_fine.all():
+            np.add.at(self.coarse_paths, path[known & ~known_fine], 1)
+        for cut, sel, hop_sets, flow_sets in (
+            (thr, known, self._slow_hops, self._slow_flows),
+            (low, known_fine, self._mod_hops, self._mod_flows),
         ):
-            slow = ex > cut
+            slow = np.zeros(len(owd), dtype=bool)
+            slow[sel] = excess[sel] > cut
             if slow.any():
-                idx = np.flatnonzero(known)[slow]
+                idx = np.flatnonzero(slow)
                 hop_sets.append(hops[idx])
                 flow_sets.append(np.column_stack([f[idx] for f in flows]).astype(np.int64))
 
@@ -121,9 +135,11 @@ class DelayWindow:
         """Return the hop sets of this window's slow measurements, (m, H), -1 padded."""
         return _pad_concat(self._slow_hops)
 
-    def judged(self, index: PathIndex) -> npt.NDArray[np.int64]:
-        """Return judged measurements per directed hop in this window."""
-        return expand(self.judged_paths, index.hops, self.n_hops)
+    def judged(self, index: PathIndex, *, coarse: bool = False) -> npt.NDArray[np.int64]:
+        """Return judged measurements per directed hop in this window: fine ones (the
+        moderate tier's), or with ``coarse`` fine and coarse ones (the slow tier's)."""
+        per_path = self.judged_paths + self.coarse_paths if coarse else self.judged_paths
+        return expand(per_path, index.hops, self.n_hops)
 
     def verdict(
         self, index: PathIndex, params: DelayParams
@@ -134,12 +150,11 @@ class DelayWindow:
         Returns the cover (picks of both tiers, in that order; ``total``/``bad`` of the slow
         tier) and, per blamed hop, up to ``max_flows`` affected (src, dst, sport).
         """
-        judged = self.judged(index)
         out: dict[int, list[tuple[int, int, int]]] = {}
         covers = []
-        for hop_sets, flow_sets in (
-            (self._slow_hops, self._slow_flows),
-            (self._mod_hops, self._mod_flows),
+        for judged, hop_sets, flow_sets in (
+            (self.judged(index, coarse=True), self._slow_hops, self._slow_flows),
+            (self.judged(index), self._mod_hops, self._mod_flows),
         ):
             sets = _pad_concat(hop_sets)
             flows = np.concatenate(flow_sets) if flow_sets else np.zeros((0, 3), np.int64)
@@ -173,6 +188,7 @@ class DelayWindow:
     def reset(self) -> None:
         """Start a new window."""
         self.judged_paths[:] = 0
+        self.coarse_paths[:] = 0
         self.wmin[:] = np.inf
         self._slow_hops.clear()
         self._slow_flows.clear()
