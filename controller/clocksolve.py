@@ -45,7 +45,12 @@ class ClockSyncConfig:
     """Window and solve cadence (ns), coded-pair tolerances, bins per window, ring bound (rows).
 
     The default solves once per window (10 s), so each sample is solved once: the solve's cost
-    is amortized over every probe of the window. Until the first window is full, a solve is
+    is amortized over every probe of the window. An owner that reports each solve's cost
+    (the service: its worker thread's wall time) gets solves as often as ``solve_budget`` of a
+    core allows, down to ``min_solve_every_ns``: on a small fabric a solve takes milliseconds,
+    and a model extrapolated 2 s instead of 10-15 s stays within the clock-trust bounds
+    (docs/controller.md, "Clock trust"); at 10,000 NICs it stays once per window. Until the
+    first window is full, a solve is
     also due whenever the data span has doubled since the last one (warm-up: a model from the
     first 0.1 s would otherwise be extrapolated for a whole window). ``coded_tol_ns`` is the
     coded-pair tolerance of software stamps, ``coded_tol_hw_ns`` of hardware stamps (both as
@@ -54,6 +59,10 @@ class ClockSyncConfig:
 
     window_ns: int = 10_000_000_000
     solve_every_ns: int = 10_000_000_000
+    # when the owner reports what solves cost (`ClockSync.install(cost_ns=)`), solve as often
+    # as solve_budget of one core allows, but not more often than min_solve_every_ns
+    min_solve_every_ns: int = 2_000_000_000
+    solve_budget: float = 0.05
     coded_tol_ns: int = 2_000
     coded_tol_hw_ns: int = 25
     quant_hw_ns: float = 6.4
@@ -73,6 +82,8 @@ class ClockSyncConfig:
     def __post_init__(self) -> None:
         if self.window_ns <= 0 or self.solve_every_ns <= 0 or self.capacity < 16:
             raise ValueError("window and solve period must be > 0 and capacity >= 16")
+        if self.min_solve_every_ns <= 0 or not 0 < self.solve_budget <= 1:
+            raise ValueError("min_solve_every must be > 0 and solve_budget in (0, 1]")
         if self.coded_tol_ns < 0 or self.coded_tol_hw_ns < 0 or not self.quant_hw_ns >= 0:
             raise ValueError("coded-pair tolerances and quant_hw_ns must be >= 0")
         if self.bins < 1 or self.warmup_bins < 1:

@@ -94,6 +94,7 @@ class ClockSync:
         self.state: ClockState | None = None
         self._last_solve_ns: int | None = None
         self._span_solved = 0  # data span at the last solve (warm-up cadence)
+        self.solve_cost_ns: int | None = None  # what the last solve cost, if its owner said
         self.solves = 0
         self.last_solve_samples = 0
         # per NIC: the last solve-to-solve disagreement (ns), the drift error it implies and
@@ -222,7 +223,16 @@ class ClockSync:
             return True
         if self._span_solved < self.config.window_ns and self._span() >= 2 * self._span_solved:
             return True  # warm-up: re-solve each time the data span doubles until it fills
-        return now_ns - last >= self.config.solve_every_ns
+        return now_ns - last >= self.solve_period_ns()
+
+    def solve_period_ns(self) -> int:
+        """Return the time between solves: ``solve_every_ns``, or with a reported solve cost
+        the cost / ``solve_budget``, clamped to [``min_solve_every_ns``, ``solve_every_ns``]."""
+        cfg = self.config
+        if self.solve_cost_ns is None:
+            return cfg.solve_every_ns
+        by_cost = round(self.solve_cost_ns / cfg.solve_budget)
+        return min(cfg.solve_every_ns, max(cfg.min_solve_every_ns, by_cost))
 
     def _span(self) -> int:
         """Time covered by the samples so far (ns, capped at the window)."""
@@ -273,13 +283,16 @@ class ClockSync:
             cols = {k: v[keep] for k, v in cols.items()}
         return SampleWindow(**cols)
 
-    def install(self, state: ClockState | None) -> bool:
+    def install(self, state: ClockState | None, cost_ns: int | None = None) -> bool:
         """Adopt a computed clock state (None = the solve found nothing; an older solve than
-        the installed one is ignored); return True if adopted.
+        the installed one is ignored); return True if adopted. ``cost_ns``: what the solve
+        cost (wall time of the worker), which sets the solve cadence (`solve_period_ns`).
 
         Each NIC's trust is set from how far the previous state, extrapolated, missed the new
         one (`solve_miss`): the solver's own uncertainty assumes its envelope is unqueued and
         its drift observable, neither of which holds on little data."""
+        if cost_ns is not None:
+            self.solve_cost_ns = max(0, cost_ns)
         if state is None:
             return False
         old = self.state

@@ -59,7 +59,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     """Read and validate a TOML config (None = defaults: a default-shaped fabric).
 
     Sections: ``[fabric]`` (shape keys of `FabricShape`, or ``file = "fabric.json"``),
-    ``[sync]`` (``window_s``, ``solve_every_s``, ``coded_tol_ns``, ``coded_tol_hw_ns``,
+    ``[sync]`` (``window_s``, ``solve_every_s``, ``min_solve_every_s``, ``solve_budget``,
+    ``coded_tol_ns``, ``coded_tol_hw_ns``,
     ``quant_hw_ns``, ``bins``, ``use_uncoded``, and the
     clock-trust gate's ``max_unc_ns``, ``min_span_s``, ``warmup_bins``),
     ``[controller]`` (``tick_s``, ``stale_s``, ``max_events``), ``[ingest]``
@@ -117,6 +118,13 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
             ),
             solve_every_ns=int(
                 sy.get("solve_every_s", float, d.solve_every_ns / 1e9, lambda v: v > 0, pos) * 1e9
+            ),
+            min_solve_every_ns=int(
+                sy.get("min_solve_every_s", float, d.min_solve_every_ns / 1e9, lambda v: v > 0, pos)
+                * 1e9
+            ),
+            solve_budget=sy.get(
+                "solve_budget", float, d.solve_budget, lambda v: 0 < v <= 1, "a number in (0, 1]"
             ),
             coded_tol_ns=sy.get(
                 "coded_tol_ns", int, d.coded_tol_ns, lambda v: v >= 0, "an integer >= 0"

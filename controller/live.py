@@ -172,9 +172,10 @@ class LiveController:
         n, cfg = self.clock.n_nics, self.clock.config
         return lambda: compute_state(window, n, cfg, now_ns)
 
-    def install_clock(self, state: ClockState | None) -> bool:
-        """Install a solved clock state; return True if it was new."""
-        return self.clock.install(state)
+    def install_clock(self, state: ClockState | None, cost_s: float | None = None) -> bool:
+        """Install a solved clock state; return True if it was new. ``cost_s``: the solve's
+        wall time, which sets how often solves are due (`ClockSync.solve_period_ns`)."""
+        return self.clock.install(state, None if cost_s is None else round(cost_s * 1e9))
 
     # ---- inputs --------------------------------------------------------------------------
     def ingest_batch(self, batch: ProbeBatch, now_ns: int) -> int:

@@ -103,12 +103,13 @@ async def _solver(
         t0 = time.perf_counter()
         try:
             state = await asyncio.to_thread(job)
-            on_solve(time.perf_counter() - t0)
+            cost_s = time.perf_counter() - t0
+            on_solve(cost_s)
         except Exception as exc:
             counters["solve_failed"] = counters.get("solve_failed", 0) + 1
             log(now, "clock solve failed", error=f"{type(exc).__name__}: {exc}")
             continue
-        live.install_clock(state)
+        live.install_clock(state, cost_s)  # the cost sets the cadence (solve_budget)
 
 
 async def serve_once(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +103,7 @@ def replay(
     outcomes: dict[str, int] = {}
     solves = 0
     next_tick: int | None = None
-    running: list[tuple[int, ClockState | None]] = []  # (install at, state)
+    running: list[tuple[int, ClockState | None, float]] = []  # (install at, state, cost s)
     delay_ns = round(solve_delay_s * 1e9)
 
     def step(now: int) -> None:
@@ -111,13 +112,15 @@ def replay(
             live.flush(queue, now)
         events.extend(live.tick(now))
         while running and running[0][0] <= now:
-            solves += live.install_clock(running.pop(0)[1])
+            solves += live.install_clock(*running.pop(0)[1:])
         if not running:  # the service runs one solve at a time
             job = live.start_solve(now)
             if job is not None:
-                running.append((now + delay_ns, job()))
+                t0 = time.perf_counter()  # its cost sets the cadence, as in the service
+                state = job()
+                running.append((now + delay_ns, state, time.perf_counter() - t0))
                 if not delay_ns:
-                    solves += live.install_clock(running.pop(0)[1])
+                    solves += live.install_clock(*running.pop(0)[1:])
         on_tick(live, now)
 
     for t_ns, topic, payload in sorted(read_capture(out_dir / CAPTURE), key=lambda r: r[0]):

@@ -150,3 +150,19 @@ def test_a_nic_missed_by_more_than_the_fine_bound_gives_coarse_delays() -> None:
 def test_coarse_bound_below_the_fine_one_is_refused() -> None:
     with pytest.raises(ValueError, match="coarse_unc_ns"):
         ClockSyncConfig(max_unc_ns=1000.0, coarse_unc_ns=500.0)
+
+
+def test_solves_come_as_often_as_their_reported_cost_allows() -> None:
+    """Without a reported cost: once per solve_every; with one: cost / budget, clamped."""
+    cfg = ClockSyncConfig(solve_every_ns=10 * S, min_solve_every_ns=2 * S, solve_budget=0.05)
+    cs = ClockSync(3, cfg)
+    assert cs.solve_period_ns() == 10 * S
+    cs.install(None, cost_ns=20_000_000)  # 20 ms: 0.4 s at 5 % of a core, clamped up to 2 s
+    assert cs.solve_period_ns() == 2 * S
+    cs.install(None, cost_ns=200_000_000)  # 0.2 s -> 4 s
+    assert cs.solve_period_ns() == 4 * S
+    cs.install(None, cost_ns=5 * S)  # a 10,000-NIC solve: once per window
+    assert cs.solve_period_ns() == 10 * S
+    cs._last_solve_ns, cs._span_solved = EPOCH, 10 * S  # past warm-up
+    cs.install(None, cost_ns=200_000_000)
+    assert not cs.due(EPOCH + 4 * S - 1) and cs.due(EPOCH + 4 * S)
