@@ -229,14 +229,18 @@ def test_api_process_dies_with_a_killed_controller(parent: subprocess.Popen[str]
 
 
 async def test_a_killed_api_process_is_replaced_at_the_next_publish(runner: DemoRunner) -> None:
+    """The replacement serves the controller's snapshot and every event published before,
+    also the ones published while it was starting."""
     s = Served(runner)
     await s.api.start()
     try:
         first = s.api.process
         assert first is not None and first.proc is not None
+        s.api.publish(None, (MeshEvent(1, "link_flap", "leaf0-spine0", "before"),))
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait(30)
         s.api.publish(runner.controller.snapshot(), ())
+        s.api.publish(None, (MeshEvent(2, "loss", "leaf1-spine1", "while starting"),))
         for _ in range(1200):
             if s.api.restarts:
                 break
@@ -244,6 +248,15 @@ async def test_a_killed_api_process_is_replaced_at_the_next_publish(runner: Demo
         assert s.api.restarts == 1 and s.api.process is not first
         async with aiohttp.ClientSession() as http:
             status, doc = await _get(http, s.api.url + "snapshot")
-        assert status == 200 and doc["t_ns"] == runner.controller.snapshot().t_ns
+            assert status == 200 and doc["t_ns"] == runner.controller.snapshot().t_ns
+            for _ in range(600):  # the events are queued to the new process after it serves
+                status, ev = await _get(http, s.api.url + "events")
+                if len(ev["events"]) >= 2:
+                    break
+                await asyncio.sleep(0.05)
+        assert [(e["kind"], e["target"]) for e in ev["events"]] == [
+            ("link_flap", "leaf0-spine0"),
+            ("loss", "leaf1-spine1"),
+        ]
     finally:
         await s.api.stop()

@@ -7,9 +7,11 @@ base URL once it serves; the service calls `publish(snapshot, events)` after eve
 are served in the other process). The API's writes come back as calls that run on the
 service's event loop (``submit``) against the job registry, Control and Alertmanager intake
 given here, with their usual checks and audit; after each the API process mirrors the
-state. ``await stop()`` ends serving. The API process holds no state of its own apart from
-the event log, so a new one starts from the controller's: when it dies (a bug, or killed),
-the next `publish` notices and starts another (events published before are not replayed).
+state. ``await stop()`` ends serving. The API process holds no state of its own: the
+runtime keeps the last `EVENT_LOG` events published, so when the process dies (a bug, or
+killed) the next `publish` notices and starts another, which is handed the controller's
+snapshot, state and those events (also the ones published while it was starting; their
+sequence numbers start again at 1).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +33,7 @@ from controller.remediation.audit import ActionLog
 from controller.snapshot import MeshEvent, MeshSnapshot
 
 START_TIMEOUT_S = 60.0  # the API process imports numpy and aiohttp: seconds on a busy host
+EVENT_LOG = 10_000  # events kept for a new API process (the API's own event log holds as many)
 
 
 class ApiRuntime:
@@ -61,6 +65,7 @@ class ApiRuntime:
         self.url = ""
         self.restarts = 0
         self._restarting: asyncio.Task[None] | None = None
+        self._events: deque[MeshEvent] = deque(maxlen=EVENT_LOG)
 
     def state(self, *, full: bool = False) -> SharedState:
         """Return the shared state now; the action log only when it changed since the last
@@ -123,6 +128,8 @@ class ApiRuntime:
             raise
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
         self.url = f"http://{host}:{port}/api/v1/"
+        if self._events:  # a replacement: the events its predecessor had, and any since
+            proc.publish(None, tuple(self._events), None)
         return self.url
 
     async def _restart(self, code: int | None) -> None:
@@ -141,6 +148,7 @@ class ApiRuntime:
         shared state when it changed."""
         if snapshot is not None:
             self._snapshot = snapshot
+        self._events.extend(events)
         if self._restarting is not None and not self._restarting.done():
             return
         if self.process is None:
