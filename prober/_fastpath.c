@@ -322,6 +322,8 @@ typedef struct {
     int epfd;                 /* epoll set of every socket: one readiness callback per NIC */
     long last_drained;        /* datagrams and error-queue entries the last drain_ready read */
     long drained;             /* running count (drain_data / drain_errq) */
+    uint32_t next_pair;       /* the next coded pair's id (queue with pair -2 takes it) */
+    int64_t next_poll;        /* tick_all: when poll_engine runs next */
 } Engine;
 
 static int64_t map_clock(Engine *e, int64_t ns, int *err) {
@@ -1116,15 +1118,19 @@ static PyObject *Engine_queue(Engine *e, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "bad destination %s:%d or source port %d", ip, port, sport);
         return NULL;
     }
+    if (pair == -2) { /* a coded pair: the engine numbers it */
+        pair = (int)e->next_pair;
+        e->next_pair = (e->next_pair + 1) & 0x7FFFFFFFu;
+    }
     q.at = at; q.order = ++e->order; q.dst = dst; q.dst_hash = dst_hash; q.sport = (uint16_t)sport;
     q.pair = pair; q.pos = (uint8_t)pos; q.spacing = spacing;
     if (qpush(e, &q) < 0) return NULL;
-    Py_RETURN_NONE;
+    return PyLong_FromLong(pair);
 }
 
-static PyObject *Engine_poll(Engine *e, PyObject *args) {
-    long long now;
-    if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
+/* Timeouts due by `now` (lost rows, stale replies) and the held t3s past their hold time.
+ * Returns -1 with a Python error set on failure. */
+static int poll_engine(Engine *e, int64_t now) {
     while (e->oldest_seq != e->next_seq) {
         Pend *p = &e->pend[e->oldest_seq & e->pmask];
         if (p->live && p->seq == e->oldest_seq) {
@@ -1137,7 +1143,7 @@ static PyObject *Engine_poll(Engine *e, PyObject *args) {
                 int64_t r[NCOL] = {p->seq, p->dst, p->sport, p->pair, p->pos,
                                    (p->have & 1) ? p->t1 : MISSING, MISSING, MISSING, MISSING, 1,
                                    p->sent};
-                if (add_row(e, r) < 0) return NULL;
+                if (add_row(e, r) < 0) return -1;
                 e->counters[C_LOST]++;
             }
         }
@@ -1155,7 +1161,14 @@ static PyObject *Engine_poll(Engine *e, PyObject *args) {
         e->aw_oldest++;
     }
     long flushed = flush_held(e, now, 0);
-    if (flushed < 0 || (flushed && flush_out(e) < 0)) return NULL;
+    if (flushed < 0 || (flushed && flush_out(e) < 0)) return -1;
+    return 0;
+}
+
+static PyObject *Engine_poll(Engine *e, PyObject *args) {
+    long long now;
+    if (!PyArg_ParseTuple(args, "L", &now)) return NULL;
+    if (poll_engine(e, now) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1362,7 +1375,11 @@ static PyObject *Engine_feed(Engine *e, PyObject *args) {
     return take_deferred(e);
 }
 
+static PyObject *Engine_queued(Engine *e, PyObject *Py_UNUSED(ignored)); /* _fastbatch.h */
+
 static PyMethodDef Engine_methods[] = {
+    {"queued", (PyCFunction)Engine_queued, METH_NOARGS,
+     "queued() -> the probes queued and not sent yet, in send order (for tests)"},
     {"add_socket", (PyCFunction)Engine_add_socket, METH_VARARGS,
      "add_socket(fd, port, responder=False, key_bits=10) -> index"},
     {"forget_sockets", (PyCFunction)Engine_forget_sockets, METH_NOARGS, "drop every socket"},
@@ -1576,7 +1593,14 @@ static PyObject *py_sha256(PyObject *Py_UNUSED(m), PyObject *args) {
     return PyBytes_FromStringAndSize((const char *)out, 32);
 }
 
+#include "_fastbatch.h" /* tick_all, queue_rows: one call for all engines */
+
 static PyMethodDef module_methods[] = {
+    {"tick_all", py_tick_all, METH_VARARGS,
+     "tick_all(engines, poll_ns, spin_ns) -> [(index, deferred, renumber, error)] or None"},
+    {"queue_rows", py_queue_rows, METH_VARARGS,
+     "queue_rows(engines, table, rows, offsets, plan_now_ns, spacing_ns, coded) -> "
+     "(queued, [(index, sport)] or None)"},
     {"decode", py_decode, METH_VARARGS,
      "decode(data, keys=None) -> reason or message fields (keys: send key first)"},
     {"hmac_sha256", py_hmac_sha256, METH_VARARGS, "hmac_sha256(key, data) -> 32-byte tag"},

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
@@ -304,6 +305,7 @@ class Agent:
         self._paths_out: deque[DiscoveredPath] = deque(maxlen=100_000)
         self._retrace: deque[Any] = deque(maxlen=10_000)
         self._targets: list[tuple[str, ProbeSession, str, Address | None]] | None = None
+        self._stream_table: list[tuple[int, int, int, int, int] | None] | None = None
 
     # ---- pieces -------------------------------------------------------------------------------
 
@@ -355,6 +357,43 @@ class Agent:
                 session.queue_probe(dst, dest, sport, at_nic)
                 queued += 1
         self.stats.probes_queued += queued
+
+    def _queue_rows_batched(
+        self, driver: CompiledDriver, rows: list[tuple[int, int, int]], plan_now_ns: int
+    ) -> None:
+        """`_queue_rows` in one C call (`prober.compiled.queue_rows`) for a batched driver (its
+        endpoints share the host clock, so one clock read gives every NIC's offset): the same
+        probes at the same times and pair ids; source ports without a socket yet are opened
+        after (before the tick that sends them), as `queue_pair` would before."""
+        table = self._stream_table
+        if table is None:
+            table = self._stream_table = self._batched_stream_table(driver)
+        off = driver.endpoints[0].now_ns() - plan_now_ns
+        queued, missing = compiled.queue_rows(
+            driver.engines, table, rows, [off] * len(driver.engines), plan_now_ns,
+            self.cfg.schedule.pair_spacing_ns, self.plan.config.coded,
+        )  # fmt: skip
+        if missing:
+            for slot, sport in missing:
+                driver.endpoints[slot].add_source_port(sport)
+        self.stats.probes_queued += queued
+
+    def _batched_stream_table(
+        self, driver: CompiledDriver
+    ) -> list[tuple[int, int, int, int, int] | None]:
+        """Per stream of the plan: None (nowhere to probe) or (the driver's index of its NIC,
+        the session's index and hash of the peer, the peer's IPv4 address as an int, port)."""
+        slot_of = {id(ep): i for i, ep in enumerate(driver.endpoints)}
+        table: list[tuple[int, int, int, int, int] | None] = []
+        for src, session, dst, dest in self._stream_targets():
+            slot = slot_of.get(id(_inner(self.endpoints[src])))
+            if dest is None or slot is None or not isinstance(session, compiled.CompiledSession):
+                table.append(None)
+                continue
+            i, h = session.dst_entry(dst)
+            ip = int.from_bytes(socket.inet_aton(dest[0]), "big")
+            table.append((slot, i, h, ip, dest[1]))
+        return table
 
     def _stream_targets(self) -> list[tuple[str, ProbeSession, str, Address | None]]:
         """Return, per stream of the plan, (src, its session, dst, where to probe dst): the
@@ -481,6 +520,7 @@ class Agent:
                 driven,
                 before_tick=None if once else self._driver_hook,
                 tick_ns=self.cfg.tick_ms * 1_000_000,
+                batch=self.cfg.tick_batch,
             )
             tasks.append(asyncio.create_task(self._driver.run()))
         tasks.extend(asyncio.create_task(c) for c in self._factory.agent_tasks(self))
@@ -520,6 +560,7 @@ class Agent:
             self._driver = None
             self._traces = None
             self._targets = None
+            self._stream_table = None
         return self.stats
 
     def _records(self) -> int:
@@ -565,7 +606,12 @@ class Agent:
         lead = max(DRIVEN_LEAD_NS, self.cfg.tick_ms * 1_000_000)
         nxt = self.plan.next_at_ns()
         if nxt is not None and nxt <= plan_now + lead:
-            self._queue_rows(self.plan.due_rows(plan_now + lead), plan_now)
+            rows = self.plan.due_rows(plan_now + lead)
+            driver = self._driver
+            if driver is not None and driver.batched:
+                self._queue_rows_batched(driver, rows, plan_now)
+            else:
+                self._queue_rows(rows, plan_now)
         if self._traces is not None:
             self._trace_step(time.monotonic())
 

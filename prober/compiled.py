@@ -46,8 +46,9 @@ import contextlib
 import functools
 import math
 import socket
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -115,8 +116,6 @@ def opt_id_counts_unstamped() -> bool | None:
             try:
                 _, anc, _, _ = tx.recvmsg(64, 512, socket.MSG_ERRQUEUE)
             except (BlockingIOError, TimeoutError):
-                import time
-
                 time.sleep(0.005)
                 continue
             err = parse_extended_err(anc)
@@ -184,6 +183,7 @@ class CompiledSession(ProbeSession):
         self._transport_counters: Counter[str] | None = None
         self._stamp_counts: Counter[str] | None = None
         self._ensure_port: Callable[[int], int] | None = None
+        self._open_ports: Mapping[int, object] = {}
 
     # ---- counters ------------------------------------------------------------------------------
 
@@ -202,12 +202,16 @@ class CompiledSession(ProbeSession):
         transport_counters: Counter[str],
         stamp_counts: Counter[str],
         ensure_port: Callable[[int], int],
+        open_ports: Mapping[int, object] | None = None,
     ) -> None:
         """Route the engine's transport counts (send/receive errors) and stamp sources into the
-        endpoint's counters; ``ensure_port(sport)`` opens a source port's socket on demand."""
+        endpoint's counters; ``ensure_port(sport)`` opens a source port's socket on demand, for
+        a port not in ``open_ports`` (the endpoint's live map of open source ports: the plan's
+        ports are opened at start, so queueing a probe costs no call for them)."""
         self._transport_counters = transport_counters
         self._stamp_counts = stamp_counts
         self._ensure_port = ensure_port
+        self._open_ports = open_ports if open_ports is not None else {}
 
     def sync_counters(self) -> None:
         """Move the engine's counts since the last call into the Python counters."""
@@ -241,23 +245,27 @@ class CompiledSession(ProbeSession):
     ) -> None:
         """Schedule one probe (see `ProbeSession.queue_probe`); the engine sends it."""
         i, h = self._dst(dst)
-        if self._ensure_port is not None:
+        if self._ensure_port is not None and sport not in self._open_ports:
             self._ensure_port(sport)
         self.engine.queue(at_ns, i, h, dest[0], dest[1], sport, pair_id, pair_pos, -1)
 
     def queue_pair(
         self, dst: str, dest: Address, sport: int, at_ns: int, spacing_ns: int = 20_000
     ) -> int:
-        """Schedule a coded pair (see `ProbeSession.queue_pair`); return its id."""
+        """Schedule a coded pair (see `ProbeSession.queue_pair`); return its id (numbered by
+        the engine, which `prober._fastpath.queue_rows` also numbers from)."""
         if spacing_ns < 0:
             raise ValueError("spacing_ns must be >= 0")
-        pair_id = self._pair
-        self._pair = (self._pair + 1) & 0x7FFFFFFF
         i, h = self._dst(dst)
-        if self._ensure_port is not None:
+        if self._ensure_port is not None and sport not in self._open_ports:
             self._ensure_port(sport)
-        self.engine.queue(at_ns, i, h, dest[0], dest[1], sport, pair_id, 0, spacing_ns)
+        pair_id: int = self.engine.queue(at_ns, i, h, dest[0], dest[1], sport, -2, 0, spacing_ns)
         return pair_id
+
+    def dst_entry(self, dst: str) -> tuple[int, int]:
+        """Return (the engine's index of ``dst``, its wire hash), registering ``dst`` (the
+        stream table of `prober._fastpath.queue_rows`)."""
+        return self._dst(dst)
 
     def send_probe(self, dst: str, dest: Address, sport: int, now_ns: int) -> list[Datagram]:
         """Queue one probe for ``now_ns``; the endpoint's next flush sends it. Returns the
@@ -353,7 +361,7 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         self.external_ticks = False  # set before `open`: a `prober.drive.CompiledDriver` ticks it
         self._next_poll = 0
         self.engine.set_clock(None if self.clock is identity_clock else self.clock)
-        session.attach(self.counters, self.stamp_counts, self.add_source_port)
+        session.attach(self.counters, self.stamp_counts, self.add_source_port, self._pool)
 
     def open(self) -> None:
         """Open the sockets (see `UdpEndpoint.open`); one readiness callback watches them all
@@ -398,6 +406,33 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
     def closed(self) -> bool:
         """Return True once `close` ran."""
         return self._closed
+
+    @property
+    def host_clock(self) -> bool:
+        """Return True when this NIC's clock is the host's realtime clock unmapped (the
+        identity clock over `time.time_ns`): `prober._fastpath.tick_all` reads that clock
+        itself, once for all such NICs."""
+        return self.clock is identity_clock and self.realtime is time.time_ns
+
+    def poll_python(self, now_ns: int) -> None:
+        """The Python half of `tick`'s ``poll_ns`` step, for a driver that ran the engine's
+        half in `prober._fastpath.tick_all`: timeouts of Python-made (trace) probes."""
+        s = self.csession
+        if s._deadlines or s._await_tx:
+            events = ProbeSession.poll(s, now_ns)
+            if events:
+                self._deliver(events)
+
+    def after_tick_all(self, deferred: list[Any] | None, renumber: bool) -> None:
+        """What `tick` does with `Engine.tick`'s result, for a NIC `tick_all` ticked: hand the
+        trace datagrams and ICMP errors to Python, send what the Python side queued, replace
+        sockets whose send was refused."""
+        if deferred or self.csession._outbox:
+            self._after_engine(deferred)
+            if self.csession._outbox:
+                self.flush()
+        elif renumber:
+            self._renumber_refused()
 
     def next_send_ns(self) -> int | None:
         """Return when this NIC's next probe is due (its clock), or None."""
@@ -571,6 +606,33 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
             if i is not None and i >= 0:
                 self.engine.note_sent(i)
         return ok
+
+
+def tick_all(engines: tuple[Any, ...], poll_ns: int, spin_ns: int) -> list[Any] | None:
+    """Tick every engine once (`prober._fastpath.tick_all`, see `prober.drive`); return the
+    (index, deferred, renumber, error) of those Python has work for, or None."""
+    assert _fastpath is not None
+    work: list[Any] | None = _fastpath.tick_all(engines, poll_ns, spin_ns)
+    return work
+
+
+def queue_rows(
+    engines: tuple[Any, ...],
+    table: list[tuple[int, int, int, int, int] | None],
+    rows: list[tuple[int, int, int]],
+    offsets: list[int],
+    plan_now_ns: int,
+    spacing_ns: int,
+    coded: bool,
+) -> tuple[int, list[tuple[int, int]] | None]:
+    """Queue the schedule's due ``rows`` into the engines in one call
+    (`prober._fastpath.queue_rows`); return (probes queued, (engine, source port) pairs that
+    have no socket yet, or None)."""
+    assert _fastpath is not None
+    out: tuple[int, list[tuple[int, int]] | None] = _fastpath.queue_rows(
+        engines, table, rows, offsets, plan_now_ns, spacing_ns, coded
+    )
+    return out
 
 
 def compiled_ok() -> bool:

@@ -84,6 +84,7 @@ class ProberConfig:
     batch_interval_ms: int = 1000
     tick_ms: int = 10  # the compiled path's shared timer (prober.drive); see docs/prober.md
     defer_follow_ups: bool = True  # compiled path: t3s ride in later replies (prober.wire)
+    tick_batch: bool = True  # compiled path: one C call per tick for all NICs (prober.drive)
     follow_up_hold_ms: int = 250  # ... or leave as one FOLLOW_UP after this; < timeout_ms / 2
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     mqtt: BrokerSettings = field(default_factory=BrokerSettings)
@@ -148,6 +149,7 @@ def parse_config(
     batch_ms = pr.get("batch_interval_ms", int, 1000, lambda v: 10 <= v <= 600_000, "10..600000")
     tick_ms = pr.get("tick_ms", int, 10, lambda v: 1 <= v <= 100, "1..100")
     defer_fu = pr.get("defer_follow_ups", bool, True)
+    tick_batch = pr.get("tick_batch", bool, True)
     hold_ms = pr.get("follow_up_hold_ms", int, min(250, timeout_ms // 4),
                      lambda v: 0 <= v <= timeout_ms // 2,
                      f"0..{timeout_ms // 2} (half of timeout_ms: held t3s must arrive in time)")  # fmt: skip
@@ -256,6 +258,7 @@ def parse_config(
         batch_interval_ms=batch_ms,
         tick_ms=tick_ms,
         defer_follow_ups=defer_fu,
+        tick_batch=tick_batch,
         follow_up_hold_ms=hold_ms,
         schedule=schedule,
         mqtt=mqtt,

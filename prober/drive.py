@@ -14,6 +14,12 @@ tick (``tick_ns``, on the grid of the event loop's clock) and, in that one turn:
 3. if a NIC's next probe (the second of a coded pair) is due within ``pair_spin_ns``, waits
    for it once for all NICs (busy: 20 µs is shorter than a timer's slack) and sends it.
 
+With ``batch`` (``prober.tick_batch``, the default) and every NIC on the host's clock, steps 2
+and 3 are one C call for all NICs (`prober._fastpath.tick_all`: the same engine work, without
+a Python wrapper, a clock read and a ``next_send_ns`` per NIC and tick); Python then sees only
+the NICs that handed something back (trace datagrams, ICMP errors, a refused send), and the
+timeouts of its own (trace) probes every ``poll_ns``. `batched` says whether it runs so.
+
 A probe leaves up to one tick after its planned time (the schedule's own jitter is a quarter
 period, 25 ms at 10 Hz) and a probe received is answered up to one tick after it arrived (its
 t2 and t3 are kernel stamps, so that is responder residence, which neither the RTT nor the
@@ -28,6 +34,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from prober import compiled
 from prober.compiled import CompiledUdpEndpoint
 
 
@@ -35,8 +42,10 @@ class CompiledDriver:
     """Tick ``endpoints`` (opened with ``external_ticks = True``) until `stop`.
 
     ``before_tick()`` runs first in every turn (the agent queues due probes there);
-    ``tick_ns`` defaults to the endpoints' own tick. Raises `ValueError` for no endpoints or
-    a tick that is not positive.
+    ``tick_ns`` defaults to the endpoints' own tick; ``batch`` asks for one C call per tick
+    for all of them (taken when every endpoint is on the host clock, `CompiledUdpEndpoint.
+    host_clock`; `batched` says whether it was). Raises `ValueError` for no endpoints or a
+    tick that is not positive.
     """
 
     def __init__(
@@ -44,6 +53,7 @@ class CompiledDriver:
         endpoints: Sequence[CompiledUdpEndpoint],
         before_tick: Callable[[], None] | None = None,
         tick_ns: int | None = None,
+        batch: bool = True,
     ) -> None:
         if not endpoints:
             raise ValueError("a driver needs at least one endpoint")
@@ -55,6 +65,10 @@ class CompiledDriver:
         self.pair_spin_ns = max(ep.pair_spin_ns for ep in self.endpoints)
         self.ticks = 0
         self._stopped = False
+        self.batched = batch and all(ep.host_clock for ep in self.endpoints)
+        self.engines = tuple(ep.engine for ep in self.endpoints)
+        self.poll_ns = min(ep.poll_ns for ep in self.endpoints)
+        self._next_poll = 0
 
     def stop(self) -> None:
         """End `run` after its current turn."""
@@ -65,6 +79,9 @@ class CompiledDriver:
         self.ticks += 1
         if self.before_tick is not None:
             self.before_tick()
+        if self.batched:
+            self._turn_batched()
+            return
         spin: list[tuple[int, CompiledUdpEndpoint]] = []
         for ep in self.endpoints:
             now = ep.now_ns()
@@ -82,6 +99,25 @@ class CompiledDriver:
                 pass
             for _, ep in spin:
                 ep.flush()
+
+    def _turn_batched(self) -> None:
+        """`turn`'s endpoint part as one `tick_all` call; Python for what it hands back."""
+        eps = self.endpoints
+        work = compiled.tick_all(self.engines, self.poll_ns, self.pair_spin_ns)
+        if work is not None:
+            for i, deferred, renumber, error in work:
+                ep = eps[i]
+                if error is not None:  # epoll_wait failed: counted, the other NICs went on
+                    ep.counters[f"tick_error_{type(error).__name__}"] += 1
+                    continue
+                if not ep.closed:
+                    ep.after_tick_all(deferred, renumber)
+        now = time.time_ns()  # the host clock, as tick_all's
+        if now >= self._next_poll:
+            self._next_poll = now + self.poll_ns
+            for ep in eps:
+                if not ep.closed:
+                    ep.poll_python(now)
 
     async def run(self) -> None:
         """Run `turn` once per tick, on the tick grid of the event loop's clock, until `stop`

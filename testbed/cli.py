@@ -188,9 +188,17 @@ def _prober(a: argparse.Namespace) -> int:
 
 
 def _prober_cpu(a: argparse.Namespace) -> int:
-    from testbed.probercpu import DEFAULT_PATHS, DEFER_AB_PATHS, PATHS, run_prober_cpu
+    from testbed.probercpu import (
+        BATCH_AB_PATHS,
+        DEFAULT_PATHS,
+        DEFER_AB_PATHS,
+        PATHS,
+        run_prober_cpu,
+    )
 
-    paths = {"both": DEFAULT_PATHS, "all": PATHS, "defer-ab": DEFER_AB_PATHS}.get(a.path, (a.path,))
+    paths = {
+        "both": DEFAULT_PATHS, "all": PATHS, "defer-ab": DEFER_AB_PATHS, "batch-ab": BATCH_AB_PATHS
+    }.get(a.path, (a.path,))  # fmt: skip
     report = run_prober_cpu(
         nics=a.nics, peers_per_nic=a.peers, seconds=a.seconds, warmup_s=a.warmup,
         repeats=a.repeats, paths=paths, prefix=a.prefix, progress=_progress,
@@ -213,6 +221,9 @@ def _prober_cpu(a: argparse.Namespace) -> int:
     if "nodefer_cpu_percent_of_one_core" in report:
         print(f"nodefer  {report['nodefer_cpu_percent_of_one_core']:6.2f} % of one core "
               "(compiled, a FOLLOW_UP per reply)")  # fmt: skip
+    if "pernic_cpu_percent_of_one_core" in report:
+        print(f"pernic   {report['pernic_cpu_percent_of_one_core']:6.2f} % of one core "
+              "(compiled, each NIC ticked from Python)")  # fmt: skip
     return 0
 
 
@@ -405,16 +416,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "both",
             "all",
             "defer-ab",
+            "batch-ab",
             "compiled",
             "batched",
             "per-datagram",
             "compiled-nodefer",
+            "compiled-pernic",
         ),
         default="both",
         help="prober.hot_path(s) to measure: both = compiled and the per-datagram baseline, "
         "defer-ab = compiled with and without deferred follow-ups (compiled-nodefer: "
-        "prober.defer_follow_ups = false), all = every one of them and batched "
-        "(default %(default)s)",
+        "prober.defer_follow_ups = false), batch-ab = compiled with and without one C call per "
+        "tick for all NICs (compiled-pernic: prober.tick_batch = false), all = every one of "
+        "them and batched (default %(default)s)",
     )
     p.add_argument(
         "--profile",

@@ -47,12 +47,16 @@ from testbed.netns.nsutil import stop_processes, write_sysctls
 MOSQUITTO = "/usr/sbin/mosquitto"
 CROSS_PEERS = 16  # the default schedule's cross_peers
 HOST_ID = "cpuhost"
-PATHS = ("compiled", "batched", "per-datagram", "compiled-nodefer")
-"""``prober.hot_path`` values, and ``compiled-nodefer``: the compiled path with
-``prober.defer_follow_ups = false`` (a FOLLOW_UP per reply: the same binary without deferred
-follow-ups, for A/B runs)."""
+PATHS = ("compiled", "batched", "per-datagram", "compiled-nodefer", "compiled-pernic")
+"""``prober.hot_path`` values, and two compiled variants of the same binary for A/B runs:
+``compiled-nodefer`` (``prober.defer_follow_ups = false``: a FOLLOW_UP per reply) and
+``compiled-pernic`` (``prober.tick_batch = false``: the driver ticks each NIC's engine from
+Python and queues the schedule pair by pair, as before one C call per tick for all NICs)."""
+VARIANTS = {"compiled-nodefer": "defer_follow_ups = false", "compiled-pernic": "tick_batch = false"}
+"""The compiled A/B variants: the `PATHS` entry -> its line in ``[prober]``."""
 DEFAULT_PATHS = ("compiled", "per-datagram")
 DEFER_AB_PATHS = ("compiled", "compiled-nodefer")
+BATCH_AB_PATHS = ("compiled", "compiled-pernic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +119,11 @@ def prober_toml(plan: CpuPlan, hot_path: str, key_file: str = "") -> str:
     """Return the measured prober's TOML: default schedule, paths and telemetry; sw stamps.
     ``hot_path`` is one of `PATHS` (``compiled-nodefer``: compiled, no deferred follow-ups);
     ``key_file``: the probe key file (``[auth] key_file``), "" for unauthenticated probes."""
-    nodefer = hot_path == "compiled-nodefer"
+    variant = VARIANTS.get(hot_path)
     lines = [
         "[prober]", f'host = "{HOST_ID}"', f"port = {plan.port}", 'timestamps = "sw"',
-        f'hot_path = "{"compiled" if nodefer else hot_path}"',
-        *(["defer_follow_ups = false"] if nodefer else []), "",
+        f'hot_path = "{"compiled" if variant else hot_path}"',
+        *([variant] if variant else []), "",
         "[mqtt]", f'host = "{plan.broker[0]}"', f"port = {plan.broker[1]}", "",
         *(["[auth]", f"key_file = {json.dumps(key_file)}", ""] if key_file else []),
     ]  # fmt: skip
@@ -467,16 +471,18 @@ def cpu_report(
     a, b = out.get("prober_cpu_percent_of_one_core"), out.get("baseline_cpu_percent_of_one_core")
     if a and b:
         out["cpu_ratio_baseline_over_prober"] = round(b / a, 3)
-    if runs.get("compiled-nodefer"):  # the A/B of deferred follow-ups (same binary)
+    for variant, tag in (("compiled-nodefer", "nodefer"), ("compiled-pernic", "pernic")):
+        if not runs.get(variant):  # the A/B of a compiled variant (same binary)
+            continue
         for key in ("cpu_percent_of_one_core", "system_percent_of_one_core", "cpu_us_per_probe",
                     "records_per_s", "answered_per_s"):  # fmt: skip
-            out[f"nodefer_{key}"] = med("compiled-nodefer", key)
-        out["nodefer_schedule_kept"] = all(schedule_kept(r) for r in runs["compiled-nodefer"])
+            out[f"{tag}_{key}"] = med(variant, key)
+        out[f"{tag}_schedule_kept"] = all(schedule_kept(r) for r in runs[variant])
         if measured == "compiled":
             out["prober_system_percent_of_one_core"] = med("compiled", "system_percent_of_one_core")
-            n = out["nodefer_cpu_percent_of_one_core"]
+            n = out[f"{tag}_cpu_percent_of_one_core"]
             if a and n:
-                out["cpu_ratio_nodefer_over_prober"] = round(n / a, 3)
+                out[f"cpu_ratio_{tag}_over_prober"] = round(n / a, 3)
     if a is not None and measured is not None:
         out["target_percent"] = 10.0
         # the target is for the default size (8 NICs x 32 peers); a smaller run says nothing,

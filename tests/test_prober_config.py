@@ -84,6 +84,9 @@ def test_defaults_from_minimal() -> None:
     assert short.follow_up_hold_ms == 100  # the default hold stays under a short timeout
     off = parse_config({**base(), "prober": {"host": "h", "defer_follow_ups": False}}, "f")
     assert not off.defer_follow_ups
+    assert cfg.tick_batch  # one C call per tick for all NICs (prober.drive)
+    pernic = parse_config({**base(), "prober": {"host": "h", "tick_batch": False}}, "f")
+    assert not pernic.tick_batch
 
 
 @pytest.mark.parametrize(
@@ -103,6 +106,7 @@ def test_defaults_from_minimal() -> None:
             {"prober": {"host": "h", "defer_follow_ups": 1}},
             "f.toml: prober.defer_follow_ups: must be",
         ),
+        ({"prober": {"host": "h", "tick_batch": "no"}}, "f.toml: prober.tick_batch: must be"),
         (
             {"prober": {"host": "h", "port": 0}},
             "f.toml: prober.port: must be an integer in 1..65535, got 0",

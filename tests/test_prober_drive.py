@@ -18,6 +18,9 @@ class _Ep:
 
     tick_ns = 1_000_000
     pair_spin_ns = 0
+    poll_ns = 1_000_000
+    host_clock = False  # a fake: the per-NIC turn (tick_all needs real engines)
+    engine = None
 
     def __init__(self, fail_at: int = -1) -> None:
         self.ticks = 0

@@ -42,7 +42,9 @@ SCRIPT = textwrap.dedent(
     from prober.drive import CompiledDriver
     PATH = sys.argv[1]
     CLS = {"per-datagram": UdpEndpoint, "batched": BatchUdpEndpoint,
-           "compiled": CompiledUdpEndpoint, "compiled-driven": CompiledUdpEndpoint}[PATH]
+           "compiled": CompiledUdpEndpoint, "compiled-driven": CompiledUdpEndpoint,
+           "compiled-driven-pernic": CompiledUdpEndpoint}[PATH]
+    DRIVEN = PATH.startswith("compiled-driven")
     LO = "127.0.0.1"
 
     def session(nic, **kw):
@@ -54,11 +56,13 @@ SCRIPT = textwrap.dedent(
         got = []
         a = CLS(session("nicA", timeout_ns=3_000_000_000), LO, dport=0, on_events=got.extend)
         b = CLS(session("nicB"), LO, dport=0)
-        if PATH == "compiled-driven":  # as in the agent: one shared timer ticks both
+        if DRIVEN:  # as in the agent: one shared timer ticks both
             a.external_ticks = b.external_ticks = True
         await a.start(); await b.start()
-        if PATH == "compiled-driven":
-            tasks = [asyncio.create_task(CompiledDriver([a, b]).run())]
+        if DRIVEN:  # batched (one C call for both) or each NIC ticked from Python
+            drv = CompiledDriver([a, b], batch=PATH == "compiled-driven")
+            assert drv.batched is (PATH == "compiled-driven")
+            tasks = [asyncio.create_task(drv.run())]
         else:
             tasks = [asyncio.create_task(e.run()) for e in (a, b)]
         sport = a.add_source_port(0)
@@ -70,7 +74,7 @@ SCRIPT = textwrap.dedent(
                 a.wake()
                 await asyncio.sleep(0.01)
             def evs():
-                if PATH == "compiled-driven":  # records wait in the engine for the agent's batch
+                if DRIVEN:  # records wait in the engine for the agent's batch
                     got.extend(a.session.take_events())
                 return [x for e in got for x in (e.events() if hasattr(e, "events") else [e])]
 
@@ -121,7 +125,9 @@ def test_lost_record_without_tx_stamp_carries_its_send_time() -> None:
     assert int(results_to_batch([stamped], origin="h").t1[0]) == 99
 
 
-@pytest.mark.parametrize("path", ["per-datagram", "batched", "compiled", "compiled-driven"])
+@pytest.mark.parametrize(
+    "path", ["per-datagram", "batched", "compiled", "compiled-driven", "compiled-driven-pernic"]
+)
 def test_netfilter_refused_sends_are_lost_and_stamps_resume(path: str) -> None:
     if os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("ip") is None:
         pytest.skip("needs root, ip and nft")
