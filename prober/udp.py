@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import errno
 import socket
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -51,6 +52,7 @@ from prober.timestamping import (
 
 ROCE_DPORT = 4791
 _MAX_TOKENS = 65536
+_TTL = struct.Struct("=i")  # an IP_TTL control message's int
 # errnos an ICMP error leaves pending on an IP_RECVERR socket (icmp_err_convert): a send that
 # reports one of them sent nothing and cleared it
 _PENDING_ICMP_ERRNOS = frozenset(
@@ -121,6 +123,7 @@ class UdpEndpoint:
         self.counters: Counter[str] = Counter()
         self.stamp_counts: Counter[str] = Counter()
         self.stamp_source = StampSource.USER
+        self.ttl_cmsg = True  # a trace probe's TTL in a control message (see `_sendto`)
         self.on_events = on_events
         self._events: list[ProbeEvent] = []
         self._initial_sports = tuple(sports)
@@ -261,22 +264,16 @@ class UdpEndpoint:
                 st = self._responder = self._open_socket(self.dport)
             if st is None:
                 st = self._pool[self.add_source_port(sport)]
-            if ttl is not None:
-                st.sock.setsockopt(SOL_IP, IP_TTL, ttl)
             try:
-                try:
-                    st.sock.sendto(dgram.data, dgram.dest)
-                except OSError as exc:
-                    # with IP_RECVERR an ICMP error (e.g. a trace's time-exceeded) leaves a
-                    # pending socket error that the *next* send reports and clears without
-                    # sending; its details are already queued, so send once more
-                    if exc.errno not in _PENDING_ICMP_ERRNOS:
-                        raise
-                    self.counters["send_pending_icmp_error"] += 1
-                    st.sock.sendto(dgram.data, dgram.dest)
-            finally:
-                if ttl is not None:
-                    st.sock.setsockopt(SOL_IP, IP_TTL, 64)
+                self._sendto(st.sock, dgram, ttl)
+            except OSError as exc:
+                # with IP_RECVERR an ICMP error (e.g. a trace's time-exceeded) leaves a
+                # pending socket error that the *next* send reports and clears without
+                # sending; its details are already queued, so send once more
+                if exc.errno not in _PENDING_ICMP_ERRNOS:
+                    raise
+                self.counters["send_pending_icmp_error"] += 1
+                self._sendto(st.sock, dgram, ttl)
         except OSError as exc:
             self.counters[f"send_error_{type(exc).__name__}"] += 1
             if st is not None:
@@ -294,6 +291,29 @@ class UdpEndpoint:
             self.stamp_counts[StampSource.USER] += 1
             self._deliver(self.session.on_tx_stamp(dgram.meta.token, self.now_ns()))
         return True
+
+    def _sendto(self, sock: socket.socket, dgram: Datagram, ttl: int | None) -> None:
+        """Send ``dgram``; a ``ttl`` rides in an IP_TTL control message of the same system
+        call (one call per trace probe instead of set, send, restore). A kernel that refuses
+        the control message (EINVAL) gets the socket option around the send instead, from
+        then on (counted ``ttl_cmsg_refused``)."""
+        if ttl is None:
+            sock.sendto(dgram.data, dgram.dest)
+            return
+        if self.ttl_cmsg:
+            try:
+                sock.sendmsg([dgram.data], [(SOL_IP, IP_TTL, _TTL.pack(ttl))], 0, dgram.dest)
+                return
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self.ttl_cmsg = False
+                self.counters["ttl_cmsg_refused"] += 1
+        sock.setsockopt(SOL_IP, IP_TTL, ttl)
+        try:
+            sock.sendto(dgram.data, dgram.dest)
+        finally:
+            sock.setsockopt(SOL_IP, IP_TTL, 64)
 
     def _renumber(self, st: _Sock) -> None:
         """Replace ``st`` by a fresh socket on the same port after a refused send.

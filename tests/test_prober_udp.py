@@ -230,3 +230,38 @@ def test_parse_stamp_prefers_hardware_and_parses_icmp_offender() -> None:
     err = parse_extended_err([(SOL_IP, IP_RECVERR, ee + sin + bytes(8))])
     assert err is not None and err.offender == "10.9.8.7" and err.icmp_type == 11
     assert parse_extended_err([(SOL_IP, IP_RECVERR, b"tiny")]) is None
+
+
+@pytest.mark.parametrize("cmsg", [True, False], ids=["ttl-cmsg", "ttl-sockopt"])
+async def test_trace_probe_ttl_applies_to_that_datagram_only(cmsg: bool) -> None:
+    """A trace probe's TTL rides in an IP_TTL control message of its one `sendmsg` (the
+    fallback, ``ttl_cmsg`` off: set the option, send, restore): the datagram leaves with that
+    TTL, the next one from the same socket with the default, and the cmsg path stays on (a
+    kernel refusing it would be counted ``ttl_cmsg_refused``)."""
+    import socket
+
+    live = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    live.bind((LO, 0))
+    live.settimeout(2.0)
+    live.setsockopt(socket.SOL_IP, 12, 1)  # IP_RECVTTL (linux/in.h; not in the socket module)
+    ep = UdpEndpoint(ProbeSession("nicA", Codec(KEY)), LO, dport=0)
+    ep.ttl_cmsg = cmsg
+    await ep.start()
+
+    def received_ttl() -> int:
+        _, anc, _, _ = live.recvmsg(4096, 64)
+        (ttl,) = [int.from_bytes(d[:4], "little") for lvl, typ, d in anc if typ == socket.IP_TTL]
+        return ttl
+
+    try:
+        sport = ep.add_source_port(0)
+        assert ep.send(ep.session.trace_probe("nicC", live.getsockname(), sport), ttl=3)
+        assert received_ttl() == 3
+        assert ep.send(ep.session.trace_probe("nicC", live.getsockname(), sport))
+        assert received_ttl() == 64
+        assert ep.send(ep.session.trace_probe("nicC", live.getsockname(), sport), ttl=7)
+        assert received_ttl() == 7
+        assert ep.ttl_cmsg is cmsg and ep.counters["ttl_cmsg_refused"] == 0
+    finally:
+        ep.close()
+        live.close()
