@@ -202,7 +202,7 @@ def _prober_cpu(a: argparse.Namespace) -> int:
     report = run_prober_cpu(
         nics=a.nics, peers_per_nic=a.peers, seconds=a.seconds, warmup_s=a.warmup,
         repeats=a.repeats, paths=paths, prefix=a.prefix, progress=_progress,
-        profile=a.profile, perf=a.perf, auth=a.auth,
+        profile=a.profile, perf=a.perf, auth=a.auth, peer_ticks=a.peer_ticks,
     )  # fmt: skip
     if a.json:
         print(json.dumps(report))
@@ -448,6 +448,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="authenticated probes: a fresh hmac-sha256 key file (mode 0600, in the work "
         "directory) is the prober's [auth] key_file and the peers' keys; the report says "
         '"auth": true and counts "bad_auth" (prober and peers)',
+    )
+    p.add_argument(
+        "--peer-ticks",
+        choices=("driver", "readiness"),
+        default="driver",
+        help="how the peer processes wake: driver = one 10 ms timer ticks all their NICs, as "
+        "the prober's own driver does; readiness = a wake-up per arriving datagram batch "
+        "(before 2026-11-23 22:30; on veth the prober's sends pay for waking them) "
+        "(default %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p = cmd(

@@ -8,7 +8,13 @@ host's id. The process
 - answers every probe of the measured prober (one `prober.compiled.CompiledUdpEndpoint` per
   peer NIC on its probe port, deferred follow-ups on, as the rest of a fleet of this prober
   would; `prober.fastudp.BatchUdpEndpoint` when the extension is not built or the spec says
-  ``"peer_path": "batched"``), so the prober's own probes complete;
+  ``"peer_path": "batched"``), so the prober's own probes complete. With ``"peer_ticks":
+  "driver"`` (the default) one `prober.drive.CompiledDriver` ticks all of them every 10 ms, as
+  the agent ticks its NICs: a datagram arriving does not wake the process (nothing waits on
+  the engines' readiness). On veth the sender's ``sendmmsg`` runs the receiver's UDP receive,
+  wake-up included, so peers woken per datagram (``"readiness"``: each endpoint's own timer and
+  readiness callback, as before 2026-11-23 22:30) charge the measured prober with waking them,
+  a cost a fleet of driven probers does not have;
 - probes the prober's NICs back at the default schedule's rate, so the prober answers as many
   probes as it sends (a host in a mesh does both);
 - counts the records the prober publishes (``<prefix>/probes/<host>``, decoded) and the
@@ -38,6 +44,7 @@ from typing import Any
 from contract.keys import HMAC, load_key_file
 from contract.records import RecordError, decode_batch
 from prober import compiled
+from prober.drive import CompiledDriver
 from prober.events import ProbeEvent, ProbeLost, ProbeResult, ResultBlock
 from prober.fastudp import BatchUdpEndpoint
 from prober.session import ProbeSession
@@ -100,6 +107,7 @@ async def run(spec: dict[str, Any]) -> None:
 
     eps: dict[str, BatchUdpEndpoint] = {}
     use_compiled = spec.get("peer_path", "compiled") == "compiled" and compiled.available()
+    driven = use_compiled and spec.get("peer_ticks", "driver") == "driver"
     keys = load_key_file(spec["key_file"], HMAC) if spec.get("key_file") else None
     for nic in spec["peers"]:
         endpoint = compiled.CompiledUdpEndpoint if use_compiled else BatchUdpEndpoint
@@ -111,9 +119,17 @@ async def run(spec: dict[str, Any]) -> None:
             sports=nic["sports"],
             on_events=answered,
         )
+        if driven:
+            assert isinstance(ep, compiled.CompiledUdpEndpoint)
+            ep.external_ticks = True
         await ep.start(warmup_s=0.5 if not eps else 0.0)  # RX stamping is switched on once
         eps[nic["id"]] = ep
-    tasks = [asyncio.create_task(ep.run()) for ep in eps.values()]
+    if driven:  # one timer for all, records taken from the engines below
+        driven_eps = [e for e in eps.values() if isinstance(e, compiled.CompiledUdpEndpoint)]
+        driver = CompiledDriver(driven_eps, tick_ns=10_000_000)
+        tasks = [asyncio.create_task(driver.run())]
+    else:
+        tasks = [asyncio.create_task(ep.run()) for ep in eps.values()]
     health: dict[str, Any] = {}
     counter = _count_records(spec, counts, health) if spec.get("count_records", True) else None
     stop = asyncio.Event()
@@ -140,6 +156,10 @@ async def run(spec: dict[str, Any]) -> None:
         for src in woken:
             eps[src].wake()
         if now >= next_write:
+            if driven:  # the records wait in the engines (as the agent's do for its batch)
+                for ep in eps.values():
+                    if isinstance(ep, compiled.CompiledUdpEndpoint):
+                        answered(ep.csession.take_events())
             usage = resource.getrusage(resource.RUSAGE_SELF)
             doc: dict[str, Any] = {**counts, "t": time.time(),
                                    "cpu_s": usage.ru_utime + usage.ru_stime}  # fmt: skip

@@ -57,6 +57,8 @@ VARIANTS = {"compiled-nodefer": "defer_follow_ups = false", "compiled-pernic": "
 DEFAULT_PATHS = ("compiled", "per-datagram")
 DEFER_AB_PATHS = ("compiled", "compiled-nodefer")
 BATCH_AB_PATHS = ("compiled", "compiled-pernic")
+PEER_TICKS = ("driver", "readiness")
+"""How the peer processes wake: one timer for all their NICs, or per arriving datagrams."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +145,13 @@ def peers_spec(
     shard: int = 0,
     shards: int = 1,
     key_file: str = "",
+    peer_ticks: str = "driver",
 ) -> dict[str, Any]:
     """Return the `testbed.cpupeers` spec of one of ``shards`` peer processes: every peer NIC
     probes two of the host's NICs; shard 0 also counts the prober's published records.
-    ``key_file``: the probe key file every peer NIC tags and verifies with ("" = none)."""
+    ``key_file``: the probe key file every peer NIC tags and verifies with ("" = none);
+    ``peer_ticks``: "driver" (one timer ticks the process's NICs, as the agent does) or
+    "readiness" (a wake-up per arriving datagram batch: see `testbed.cpupeers`)."""
     peers, streams = [], []
     for k in range(plan.nics):
         for i in range(plan.mates):
@@ -160,7 +165,7 @@ def peers_spec(
     return {
         "host": HOST_ID, "prefix": "qpmesh/v1", "broker": list(plan.broker), "port": plan.port,
         "rate_hz": rate_hz, "peers": peers, "streams": streams, "stats": str(stats),
-        "count_records": shard == 0, "key_file": key_file,
+        "count_records": shard == 0, "key_file": key_file, "peer_ticks": peer_ticks,
     }  # fmt: skip
 
 
@@ -288,6 +293,7 @@ def run_prober_cpu(
     profile: bool = False,
     perf: bool = False,
     auth: bool = False,
+    peer_ticks: str = "driver",
 ) -> dict[str, Any]:
     """Build the testbed, measure the prober's CPU share per path, tear down; return figures.
 
@@ -297,6 +303,7 @@ def run_prober_cpu(
     run (``perf``) and the share of one core without the net_rx softirq charged to it
     (``cpu_percent_excluding_net_rx_softirq``: on veth, the peers' receive of what it sent).
     ``auth``: probes tagged and verified both ways with a fresh key (module docstring).
+    ``peer_ticks``: how the peer processes wake ("driver" or "readiness", `peers_spec`).
     Raises `ValueError` for bad sizes, `OSError` when the environment cannot run it (not root,
     no ``ip`` or mosquitto, a process that died).
     """
@@ -304,6 +311,8 @@ def run_prober_cpu(
         raise ValueError("seconds and repeats must be positive, warmup_s >= 0, paths non-empty")
     if any(p not in PATHS for p in paths):
         raise ValueError(f"paths must be among {PATHS}")
+    if peer_ticks not in PEER_TICKS:
+        raise ValueError(f"peer_ticks must be one of {PEER_TICKS}")
     plan = cpu_plan(prefix or f"qc{secrets.token_hex(3)}", nics, peers_per_nic)
     if os.geteuid() != 0:
         raise OSError("qpmesh testbed prober-cpu needs root (network namespaces)")
@@ -333,7 +342,14 @@ def run_prober_cpu(
             spec = work / f"peers-{i}.json"
             spec.write_text(
                 json.dumps(
-                    peers_spec(plan, stats[i], shard=i, shards=peer_procs, key_file=key_file)
+                    peers_spec(
+                        plan,
+                        stats[i],
+                        shard=i,
+                        shards=peer_procs,
+                        key_file=key_file,
+                        peer_ticks=peer_ticks,
+                    )
                 )
             )
             procs.append(_spawn(["ip", "netns", "exec", plan.peer_ns, sys.executable, "-m",
@@ -386,7 +402,9 @@ def run_prober_cpu(
     finally:
         stop_processes(reversed(procs))
         _teardown(plan)
-    return cpu_report(plan, runs, seconds, warmup_s, repeats, work, auth)
+    report = cpu_report(plan, runs, seconds, warmup_s, repeats, work, auth)
+    report["peer_ticks"] = peer_ticks
+    return report
 
 
 def _summary(

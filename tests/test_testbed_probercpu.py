@@ -103,6 +103,28 @@ def test_defer_ab_runs_the_compiled_path_without_deferred_follow_ups(tmp_path: P
     assert rep["cpu_ratio_nodefer_over_prober"] == 1.4
 
 
+def test_batch_ab_runs_the_compiled_path_ticked_per_nic(tmp_path: Path) -> None:
+    import tomllib
+
+    plan = cpu_plan("qcx", nics=8, peers_per_nic=32)
+    on = parse_config(tomllib.loads(prober_toml(plan, "compiled")), "cpu.toml")
+    off = parse_config(tomllib.loads(prober_toml(plan, "compiled-pernic")), "cpu.toml")
+    assert on.hot_path == off.hot_path == "compiled"
+    assert on.tick_batch and not off.tick_batch and off.defer_follow_ups
+    runs = {"compiled": [_run(14.0, 5089, 5031)], "compiled-pernic": [_run(14.7, 5100, 5050)]}
+    rep = cpu_report(plan, runs, 20, 6, 1, tmp_path)
+    assert rep["pernic_cpu_percent_of_one_core"] == 14.7 and rep["pernic_schedule_kept"]
+    assert rep["cpu_ratio_pernic_over_prober"] == 1.05 and "nodefer_schedule_kept" not in rep
+
+
+def test_peers_tick_on_one_timer_unless_asked_to_wake_per_datagram(tmp_path: Path) -> None:
+    plan = cpu_plan("qcx", nics=2, peers_per_nic=20)
+    assert peers_spec(plan, tmp_path / "s")["peer_ticks"] == "driver"
+    assert peers_spec(plan, tmp_path / "s", peer_ticks="readiness")["peer_ticks"] == "readiness"
+    with pytest.raises(ValueError, match="peer_ticks"):
+        run_prober_cpu(nics=2, peer_ticks="sometimes")
+
+
 def test_auth_puts_one_fresh_0600_key_in_the_prober_and_peers_config(tmp_path: Path) -> None:
     import stat
     import tomllib
