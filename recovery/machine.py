@@ -3,8 +3,10 @@
 Phases: ``healthy`` -> (a ``move_off_nic`` for the NIC in use) ``move_requested`` -> (the next
 safe point: a step boundary) ``reforming`` -> (the new group is up) ``healthy`` again, on the
 other NIC, with the action acknowledged ``done``. A collective that times out while healthy
-makes the agent ``stuck``: it waits up to ``verdict_wait_ns`` for qpmesh's verdict (an action
-arriving then re-forms at once, without waiting for a safe point), and without one re-forms
+makes the agent ``stuck``: it waits up to ``verdict_wait_ns`` for qpmesh's verdict (a
+``move_off_nic`` arriving then re-forms on a spare NIC at once, without waiting for a safe
+point; a ``may_move_back`` for the NIC in use, sent when a finding on it cleared, re-forms in
+place at once), and without one re-forms
 in place (the link may have come back; a timed-out gloo group is not reusable), at most
 ``max_reforms`` times in a row before it gives up (``failed``). Another rank bumping the
 group generation in the rendezvous store (`PeerReform`) makes this rank re-form too.
@@ -196,8 +198,11 @@ def _on_action(cfg: AgentConfig, st: AgentState, a: ActionDoc, now_ns: int
     if a.expired(now_ns):
         return st, [Ack(a.id, "expired", "arrived after its expiry")]
     if a.kind == "may_move_back":
-        bad = st.bad - {a.nic}
-        return replace(st, bad=bad), [Ack(a.id, "done", f"{a.nic} usable again; staying on {st.nic}")]  # fmt: skip
+        st = replace(st, bad=st.bad - {a.nic})
+        if st.phase == Phase.STUCK and a.nic == st.nic:  # the verdict: the link is back
+            st, cmds = _reform(st, st.nic, f"{a.nic} usable again ({a.reason}): re-form in place")
+            return st, [Ack(a.id, "done", f"re-formed in place on {a.nic}"), *cmds]
+        return st, [Ack(a.id, "done", f"{a.nic} usable again; staying on {st.nic}")]
     if a.kind != "move_off_nic" or a.nic not in cfg.nics:
         return st, [Ack(a.id, "ignored", f"{a.kind} {a.target}: not a NIC of this rank")]
     bad = st.bad | {a.nic}

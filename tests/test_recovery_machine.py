@@ -155,3 +155,18 @@ def test_may_move_back_clears_the_bad_mark_and_stays() -> None:
         and "nic2" not in st.bad
         and [a.outcome for a in only(cmds, Ack)] == ["done"]
     )
+
+
+def test_stuck_on_a_nic_qpmesh_calls_usable_reforms_in_place_at_once() -> None:
+    """A flap that outlasted the collective timeout and cleared: the usable signal for the NIC
+    in use re-forms in place at once instead of after the verdict wait."""
+    st, _ = feed([(0, CollectiveTimedOut())])
+    assert st.phase == Phase.STUCK
+    st, cmds = feed([(1.5, ActionReceived(move(t=1, kind="may_move_back")))], st)
+    assert st.phase == Phase.REFORMING and st.nic == "nic2"
+    assert [(r.gen, r.nic) for r in only(cmds, Reform)] == [(1, "nic2")]
+    assert [a.outcome for a in only(cmds, Ack)] == ["done"]
+    # for the other NIC it only clears the mark: still stuck, still waiting for a verdict
+    st, _ = feed([(0, CollectiveTimedOut())])
+    st, cmds = feed([(1.5, ActionReceived(move("nic3", t=1, kind="may_move_back")))], st)
+    assert st.phase == Phase.STUCK and not only(cmds, Reform)

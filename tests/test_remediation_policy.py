@@ -73,8 +73,21 @@ CASES = [
         [(1.5, "send", "move_off_nic", "nic1", "eval")],
     ),
     Case(
-        "a flap shorter than the hold moves nothing",
+        "a flap shorter than the hold moves nothing; its clear says the NIC is usable",
         [(0.0, [f("nic_down", "nic0", 0.0)]), (0.6, [f("clear", "nic0", 0.6)]), (5.0, [])],
+        [(0.6, "send", "may_move_back", "nic0", "train")],
+    ),
+    Case(
+        "loss on a NIC link, cleared: the NIC is usable",
+        [(0.0, [f("loss", "nic1-leaf0", 0.0)]), (2.0, [f("clear", "nic1-leaf0", 2.0)])],
+        [(2.0, "send", "may_move_back", "nic1", "eval")],
+    ),
+    Case(
+        "a clear with no finding before it, or of a NIC no job uses, says nothing",
+        [
+            (0.0, [f("clear", "nic0", 0.0), f("loss", "nic7-leaf1", 0.0)]),
+            (1.0, [f("clear", "nic7-leaf1", 1.0)]),
+        ],
         [],
     ),
     Case(

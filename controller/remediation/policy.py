@@ -16,6 +16,7 @@ The table (`DEFAULT_RULES`, one `Rule` per row; the configuration may replace it
 | link_down / link_flap / nic_down on any link  | replace_link       | ``min_count`` such findings within ``window_ns`` |
 | contention on a hop            | report_contention per affected job (or one with no job) | always |
 | clear of a NIC a job was moved off | may_move_back per moved job | no new down for ``hold_ns`` |
+| clear of a NIC that was down or lossy and moved nothing | may_move_back per job on it ("usable") | at once: an agent stuck on it re-forms in place instead of waiting for a verdict |
 
 Idempotence and de-duplication: an action's id is a hash of (kind, target, job, episode), the
 episode being the time its finding first appeared, so the same finding seen again (another
@@ -150,7 +151,8 @@ class PolicyState:
     (clear t_ns, ref) while waiting to allow a move back; ``wanted``: actions not yet issued;
     ``issued``: id -> issue time; ``last``: (kind, target, job) -> last issue time; ``sent``:
     issue times inside the budget window; ``reported``: suppressed ids already reported;
-    ``bad``: finding targets down now (a repeat of their finding is not a new down).
+    ``bad``: finding targets down now (a repeat of their finding is not a new down);
+    ``troubled``: NIC -> (first t_ns, ref) of a down or loss finding not yet cleared.
     """
 
     down: Mapping[str, tuple[int, str, bool]] = field(default_factory=dict)
@@ -163,6 +165,7 @@ class PolicyState:
     sent: tuple[int, ...] = ()
     reported: frozenset[str] = frozenset()
     bad: frozenset[str] = frozenset()
+    troubled: Mapping[str, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,9 @@ def _absorb(cfg: PolicyConfig, st: PolicyState, f: Finding, jobs: JobNics, now_n
             wanted: list[ActionDoc]) -> PolicyState:  # fmt: skip
     """Fold one finding into the state; append the actions it asks for at once."""
     down, history, stable = dict(st.down), dict(st.history), dict(st.stable)
-    bad = set(st.bad)
+    bad, troubled = set(st.bad), dict(st.troubled)
+    if f.nic and f.kind in (*DOWN_KINDS, "loss"):
+        troubled.setdefault(f.nic, (f.t_ns, f.ref))
     if f.kind in DOWN_KINDS:
         rep = cfg.rule("replace_link")
         link = f.target
@@ -234,6 +239,15 @@ def _absorb(cfg: PolicyConfig, st: PolicyState, f: Finding, jobs: JobNics, now_n
             back = cfg.rule("may_move_back")
             if back is not None and st.moved.get(nic):
                 stable[nic] = (f.t_ns, f.ref)
+            if back is not None and troubled.pop(nic, None) is not None:
+                for job in _jobs_on(jobs, nic):
+                    if job in st.moved.get(nic, ()):
+                        continue  # moved off: it may move back after the hold (above)
+                    wanted.append(_make(
+                        cfg, "may_move_back", nic=nic, job=job, episode_ns=f.t_ns,
+                        now_ns=now_ns, ref=f.ref,
+                        reason=f"{nic} recovered and job {job} was not moved: {nic} is usable",
+                    ))  # fmt: skip
     elif f.kind == "contention" and cfg.rule("report_contention") is not None:
         nics = {n for fl in f.flows for n in fl[:2]}
         affected = sorted({j for j, js in jobs.items() if js & nics}) or [""]
@@ -243,7 +257,9 @@ def _absorb(cfg: PolicyConfig, st: PolicyState, f: Finding, jobs: JobNics, now_n
                 now_ns=now_ns, ref=f.ref, flows=f.flows,
                 reason=f"contention on {f.target}" + (f" affects job {job}" if job else ""),
             ))  # fmt: skip
-    return replace(st, down=down, history=history, stable=stable, bad=frozenset(bad))
+    return replace(
+        st, down=down, history=history, stable=stable, bad=frozenset(bad), troubled=troubled
+    )
 
 
 def _due(cfg: PolicyConfig, st: PolicyState, jobs: JobNics, now_ns: int,

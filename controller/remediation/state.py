@@ -4,7 +4,7 @@
 (`controller.remediation.policy.PolicyState`: ids issued, last issue per (kind, target, job),
 jobs moved off each NIC, flap history, queued actions, budget), the Alertmanager fingerprints
 already acted on and the recent audit records; `load_state(doc, now_ns)` returns them back.
-On load the NICs and links that were down (``down``, ``bad``) are forgotten: the restarted
+On load the NICs and links that were down or lossy (``down``, ``bad``, ``troubled``) are forgotten: the restarted
 controller's detection rebuilds them from fresh findings within one detection window, while
 ``issued``, ``last`` and ``moved`` keep it from telling a job again what it was told before the
 restart (a finding seen anew after a restart starts a new episode, so only ``moved`` and the
