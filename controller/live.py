@@ -121,6 +121,8 @@ class LiveController:
         self.alive: dict[str, bool] = {}
         self.now_ns = 0
         self.records = 0
+        # delays of the arrived probes by clock trust: fine, coarse, withheld (unjudged)
+        self.delay_trust = np.zeros(3, np.int64)
         self._hist_t = np.zeros(self.config.history_len, np.int64)
         # float32: ns delays need no more, and at 10,000 NICs x 3600 ticks float64 is 288 MB
         self._hist_v = np.full((self.config.history_len, n), np.nan, np.float32)
@@ -202,7 +204,9 @@ class LiveController:
         self.clock.add(ing)
         if self.config.solve_inline:
             self.clock.maybe_solve(now_ns)
-        obs = self.observations(ing, self.clock.delays(ing), now_ns)
+        d = self.clock.delays(ing)
+        self.delay_trust += trust_counts(ing.lost, d)
+        obs = self.observations(ing, d, now_ns)
         self.brain.observe(obs)
         self.records += len(ing)
         return len(ing)
@@ -366,6 +370,16 @@ class LiveController:
         if self._control is None:
             raise ControlUnavailable("automatic remediation is not available in this controller")
         self._control.set(enabled, self._actor, self.now_ns)
+
+
+def trust_counts(lost: npt.NDArray[np.bool_], d: Delays) -> npt.NDArray[np.int64]:
+    """Return (fine, coarse, withheld) counts of the arrived probes' delays (`Delays.coarse`;
+    withheld: NaN although the probe arrived, i.e. a clock not trusted or not yet solved)."""
+    ok = ~lost
+    known = ok & np.isfinite(d.owd_fwd_ns)
+    coarse = int((known & d.coarse).sum())
+    n_known = int(known.sum())
+    return np.array([n_known - coarse, coarse, int(ok.sum()) - n_known], np.int64)
 
 
 def _hop_spine_table(fabric: Fabric) -> npt.NDArray[np.int64]:

@@ -146,12 +146,16 @@ def _replay(a: argparse.Namespace) -> int:
             {"t_ns": e.t_ns, "kind": e.kind, "target": e.target, "detail": e.detail}
             for e in r.events
         ]
-        print(json.dumps({"events": events, "messages": r.outcomes, "clock_solves": r.solves}))
+        trust = dict(zip(("fine", "coarse", "withheld"), r.delay_trust, strict=True))
+        print(json.dumps({"events": events, "messages": r.outcomes, "clock_solves": r.solves,
+                          "delays": trust}))  # fmt: skip
         return 0
     t0 = r.events[0].t_ns if r.events else 0
     for e in r.events:
         print(f"{(e.t_ns - t0) / 1e9:8.2f} s  {e.kind:12s} {e.target:20s} {e.detail}")
-    print(f"{len(r.events)} events; messages {r.outcomes}; {r.solves} clock solves")
+    fine, coarse, withheld = r.delay_trust
+    print(f"{len(r.events)} events; messages {r.outcomes}; {r.solves} clock solves; delays "
+          f"{fine} fine, {coarse} coarse, {withheld} withheld")  # fmt: skip
     return 0
 
 

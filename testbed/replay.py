@@ -68,11 +68,14 @@ def read_capture(path: Path) -> Iterator[tuple[int, str, bytes]]:
 
 @dataclass(frozen=True, slots=True)
 class Replay:
-    """What a replay produced: the events, how many messages of each outcome, solves."""
+    """What a replay produced: the events, how many messages of each outcome, solves, and the
+    arrived probes' delays by clock trust (`LiveController.delay_trust`: fine, coarse,
+    withheld)."""
 
     events: tuple[MeshEvent, ...]
     outcomes: dict[str, int]
     solves: int
+    delay_trust: tuple[int, int, int] = (0, 0, 0)
 
 
 def replay(
@@ -136,4 +139,5 @@ def replay(
         outcomes[key] = outcomes.get(key, 0) + 1
     if next_tick is not None:  # close the window of the last messages (more ticks without
         step(next_tick)  # messages would only find the probers silent)
-    return Replay(tuple(events), outcomes, solves)
+    fine, coarse, withheld = (int(n) for n in live.delay_trust)
+    return Replay(tuple(events), outcomes, solves, (fine, coarse, withheld))

@@ -16,6 +16,7 @@ from controller.clocksync import (
 )
 from controller.fabric import FabricShape, build_fabric
 from controller.ingest import Ingestor
+from controller.live import LiveController
 from sync import ClockModels
 from testbed.sim.engine import SimConfig, Simulator
 
@@ -166,3 +167,21 @@ def test_solves_come_as_often_as_their_reported_cost_allows() -> None:
     cs._last_solve_ns, cs._span_solved = EPOCH, 10 * S  # past warm-up
     cs.install(None, cost_ns=200_000_000)
     assert not cs.due(EPOCH + 4 * S - 1) and cs.due(EPOCH + 4 * S)
+
+
+def test_the_controller_counts_its_delays_by_clock_trust() -> None:
+    """Every arrived probe's delay is counted once: withheld before a trusted solve (the
+    first 2 s here), then all fine on a hardware-stamped fabric."""
+    fab = build_fabric(FabricShape.for_nics(16))
+    live = LiveController(fab)
+    arrived, at_3s = [], None
+    for st in Simulator(fab, SimConfig(seed=5, peers=4)).run(6.0, 0.25):
+        live.ingest_batch(st.batch, int(st.batch.t1.max()))
+        arrived.append(int((~np.asarray(st.batch.lost, bool)).sum()))
+        if len(arrived) == 2:
+            assert live.delay_trust.tolist() == [0, 0, sum(arrived)]  # no trusted solve yet
+        if len(arrived) == 12:
+            at_3s = live.delay_trust.copy()
+    assert at_3s is not None and int(live.delay_trust.sum()) == sum(arrived)
+    grown = live.delay_trust - at_3s
+    assert grown.tolist() == [sum(arrived[12:]), 0, 0]

@@ -55,6 +55,8 @@ def test_run_localizes_flap_and_reports_sync(tmp_path: Path) -> None:
         found = {(e["kind"], e["target"]) for e in doc["events"]}
         assert {t for _, t in found} >= {"leaf0-spine1"}, found
         assert found & {("contention", "leaf1->spine0"), ("contention", "spine0->leaf1")}, found
+        d = doc["delays"]  # most delays judged: the clocks were trusted most of the run
+        assert d["fine"] + d["coarse"] > 0.7 * (d["fine"] + d["coarse"] + d["withheld"]), d
     finally:
         _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
         st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)

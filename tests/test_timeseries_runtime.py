@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from contract.tomlcheck import Table
 from controller.timeseries.config import TimeseriesConfig, read_metrics, read_timeseries
 from controller.timeseries.metrics import ControllerMetrics
-from controller.timeseries.runtime import MetricsRuntime, Observability, TimeseriesRuntime
+from controller.timeseries.runtime import TRUST, MetricsRuntime, Observability, TimeseriesRuntime
 from controller.timeseries.writer import Backoff, TsdbWriter
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
@@ -156,8 +156,8 @@ async def test_runtime_passes_the_series_knobs_on() -> None:
 def test_metrics_runtime_copies_totals_once() -> None:
     reg = CollectorRegistry()
     mr = MetricsRuntime(ControllerMetrics(reg))
-    mr.sync(100, {"probes": 3, "duplicate": 1, "bad:probes": 2, "bad": 1})
-    mr.sync(250, {"probes": 5, "duplicate": 1, "bad:probes": 2, "bad": 1})
+    mr.sync(100, {"probes": 3, "duplicate": 1, "bad:probes": 2, "bad": 1}, None, [90, 4, 6])
+    mr.sync(250, {"probes": 5, "duplicate": 1, "bad:probes": 2, "bad": 1}, None, [230, 9, 11])
     mr.solve(0.25)
     obs = Observability(None, None, None)  # type: ignore[arg-type]
     obs.metrics = mr
@@ -169,3 +169,5 @@ def test_metrics_runtime_copies_totals_once() -> None:
     assert reg.get_sample_value("qpmesh_decode_errors_total", {"topic_kind": "probes"}) == 2
     assert reg.get_sample_value("qpmesh_decode_errors_total", {"topic_kind": "any"}) == 1
     assert reg.get_sample_value("qpmesh_clock_solve_seconds_count") == 1
+    trust = {t: reg.get_sample_value("qpmesh_delays_total", {"trust": t}) for t in TRUST}
+    assert trust == {"fine": 230, "coarse": 9, "withheld": 11}

@@ -32,6 +32,13 @@ class ControllerMetrics:
         self.decode_errors = Counter(
             "qpmesh_decode_errors", "Malformed MQTT payloads dropped", ["topic_kind"], registry=r
         )
+        self.delays = Counter(
+            "qpmesh_delays",
+            "One-way delays of arrived probes by clock trust (fine: both detection tiers; coarse: "
+            "the slow tier only; withheld: a clock not certain enough, not judged)",
+            ["trust"],
+            registry=r,
+        )
         self.solve_seconds = Histogram(
             "qpmesh_clock_solve_seconds",
             "Wall time of one clock-sync solve",

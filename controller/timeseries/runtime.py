@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
 from prometheus_client import CollectorRegistry
 
 from controller.fabric import Fabric
@@ -31,12 +33,16 @@ from controller.timeseries.metrics import ControllerMetrics, serve_metrics
 from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter, WriterStats
 
+TRUST = ("fine", "coarse", "withheld")
+"""The ``trust`` labels of ``qpmesh_delays_total``, in `LiveController.delay_trust` order."""
+
 
 class LiveLike(Protocol):
     """What the runtime reads from the live controller (`controller.live.LiveController`)."""
 
     alive: dict[str, bool]
     records: int
+    delay_trust: npt.NDArray[np.int64]  # fine, coarse, withheld delays so far
 
     def snapshot(self) -> MeshSnapshot: ...
 
@@ -123,11 +129,15 @@ class MetricsRuntime:
         records: int,
         counters: Mapping[str, int],
         tsdb: WriterStats | None = None,
+        delay_trust: Sequence[int] = (),
     ) -> None:
         """Copy totals: ``records`` ingested, the service's message ``counters`` (``probes``,
-        ``duplicate``, ``bad:<kind>`` or ``bad``) and the writer's counters."""
+        ``duplicate``, ``bad:<kind>`` or ``bad``), the writer's counters and the delays by
+        clock trust (fine, coarse, withheld)."""
         m = self.metrics
         self._inc("records", records, m.records)
+        for name, n in zip(TRUST, delay_trust, strict=False):
+            self._inc(f"delays/{name}", n, m.delays.labels(name))
         self._inc("batches", counters.get("probes", 0), m.batches)
         self._inc("dropped", counters.get("duplicate", 0), m.batches_dropped)
         for key, n in counters.items():
@@ -216,7 +226,8 @@ class Observability:
         ts = self.timeseries
         if ts is not None:
             await ts.step(live, now_ns)
-        self.metrics.sync(live.records, counters, ts.stats() if ts else None)
+        trust = [int(n) for n in live.delay_trust]
+        self.metrics.sync(live.records, counters, ts.stats() if ts else None, trust)
         if ts is not None and self.log is not None and ts.recorder.intervals != self._intervals:
             self._intervals = ts.recorder.intervals
             self.log(now_ns, "timeseries", **ts.health())
