@@ -7,7 +7,10 @@ noise_k * MAD)`` (over the batch: robust to the few contended paths), *moderatel
 it is above ``max(low_excess_ns, median + low_k * MAD)``. `DelayWindow` counts
 judged measurements per path (expanded to directed hops once per window), keeps each path's
 window minimum for the baseline, and keeps the hop sets and flows of the slow and the moderately
-slow measurements for the tomography (`controller.localize.greedy_cover`).
+slow measurements for the tomography (`controller.localize.greedy_cover`). A *coarse* delay
+(clocks certain to `ClockSyncConfig.coarse_unc_ns` only) is judged by the slow tier alone and
+counted in that tier's judged measurements, never in the moderate tier's, and sets no
+baseline: its clock error may reach the moderate floor, not the slow one.
 
 Two tiers because a queue is a distribution, not a constant: an added queue of mean m puts a
 share exp(-x / m) of its probes above x. Over the 4 µs floor, half of a hop's probes are slow
