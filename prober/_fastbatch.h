@@ -31,7 +31,8 @@ static Engine *batch_engine(PyObject *engines, Py_ssize_t i) {
 /* tick_all(engines, poll_ns, spin_ns) -> [(index, deferred, renumber, error), ...] or None.
  *
  * `now` is CLOCK_REALTIME (time.time_ns), read once for all engines: the caller passes only
- * engines whose NIC clock is the host's (no clock mapping). Per engine: its timeouts and held
+ * engines whose NIC clock is the host's (no clock mapping). An engine without sockets (its
+ * endpoint closed) is skipped. Per engine: its timeouts and held
  * t3s every `poll_ns` (`Engine.poll`), then `Engine.tick` (drain what epoll reports, send what
  * is due, read the TX stamps). An engine whose next probe (a coded pair's second) is due
  * within `spin_ns` is waited for once for all of them (busy, as the Python driver did) and
@@ -59,6 +60,7 @@ static PyObject *py_tick_all(PyObject *Py_UNUSED(self), PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         Engine *e = batch_engine(engines, i);
         if (!e) goto fail;
+        if (e->nsocks == 0) continue; /* closed (forget_sockets): as the per-NIC tick, skipped */
         int rc = 0;
         if (now >= e->next_poll) {
             e->next_poll = now + poll_ns;

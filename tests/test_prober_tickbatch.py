@@ -190,3 +190,29 @@ def test_driver_takes_the_per_nic_path_off_the_host_clock() -> None:
         return out
 
     assert asyncio.run(main()) == [True, False, False]
+
+
+async def test_tick_all_skips_a_closed_nic() -> None:
+    """A NIC closed while the others run is left alone, as the per-NIC tick left it: what it
+    had queued is neither sent nor counted (no ``no_socket``), the others still complete."""
+    got: list[Any] = []
+    a = CompiledUdpEndpoint(CompiledSession("nicA"), LO, dport=0, want_hw=False)
+    b = CompiledUdpEndpoint(CompiledSession("nicB"), LO, dport=0, want_hw=False)
+    c = CompiledUdpEndpoint(CompiledSession("nicC"), LO, dport=0, want_hw=False)
+    for ep in (a, b, c):
+        ep.external_ticks = True
+        await ep.start()
+    sport = c.add_source_port(0)
+    c.session.queue_pair("nicB", (LO, b.dport), sport, c.now_ns())  # due at the first tick
+    c.close()
+    try:
+        drv = CompiledDriver([c, a, b])
+        tasks = [asyncio.create_task(drv.run())]
+        await exchange(a, b, got, tasks, drained=[a])
+        got.extend(a.session.take_events())
+    finally:
+        for ep in (a, b):
+            ep.close()
+    c.csession.sync_counters()  # the engine's counts into the endpoint's
+    assert len(c.engine.queued()) == 1 and c.counters["no_socket"] == 0
+    assert len([e for e in events_of(got) if isinstance(e, ProbeResult)]) == 20
