@@ -32,6 +32,23 @@ def free_udp_port() -> int:
         return int(s.getsockname()[1])
 
 
+class FakeEndpoint:
+    """A NIC endpoint as the agent's queueing sees it: a clock ``offset`` ns from the plan's
+    (``t`` set by the test), addresses as configured, nothing to wake."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset, self.t = offset, 0
+
+    def now_ns(self) -> int:
+        return self.t + self.offset
+
+    def resolve(self, nic_id: str, configured: Any) -> Any:
+        return configured
+
+    def wake(self) -> None:
+        pass
+
+
 def config(broker: tuple[str, int] = ("127.0.0.1", 1883), **prober: Any) -> Any:
     return parse_config(
         {
@@ -336,19 +353,6 @@ def test_driven_queueing_queues_what_the_per_probe_queueing_did() -> None:
         def queue_probe(self, dst: str, dest: Any, sport: int, at: int) -> None:
             self.calls.append(("probe", self.nic, dst, dest, sport, at))
 
-    class Ep:
-        def __init__(self, offset: int) -> None:
-            self.offset, self.t = offset, 0
-
-        def now_ns(self) -> int:
-            return self.t + self.offset
-
-        def resolve(self, nic_id: str, configured: Any) -> Any:
-            return configured
-
-        def wake(self) -> None:
-            pass
-
     for coded in (True, False):
         cfg = config()
         cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, coded=coded))
@@ -356,7 +360,7 @@ def test_driven_queueing_queues_what_the_per_probe_queueing_did() -> None:
         agents = {}
         for name, recorded in calls.items():
             agent = Agent(cfg, now_ns=lambda: 0)
-            agent.endpoints = {"nic0": Ep(0), "nic1": Ep(5 * 10**9)}  # type: ignore[dict-item]
+            agent.endpoints = {"nic0": FakeEndpoint(0), "nic1": FakeEndpoint(5 * 10**9)}  # type: ignore[dict-item]
             agent.sessions = {n: Recorder(n, recorded) for n in ("nic0", "nic1")}  # type: ignore[misc]
             agents[name] = agent
         for tick in range(1, 400):

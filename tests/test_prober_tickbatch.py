@@ -17,26 +17,19 @@ from prober.compiled import CompiledSession, CompiledUdpEndpoint
 from prober.drive import CompiledDriver
 from prober.events import ProbeResult
 from tests.loopexchange import LO, events_of, exchange
-from tests.test_prober_agent import config
+from tests.test_prober_agent import FakeEndpoint, config
 
 pytestmark = pytest.mark.skipif(not compiled.compiled_ok(), reason="compiled path not available")
 
 
-class _Ep:
-    """A NIC endpoint as the agent's queueing sees it (host clock plus ``offset``)."""
+class _Ep(FakeEndpoint):
+    """A compiled NIC endpoint as the agent's queueing sees it (its session's engine; the
+    source ports it was asked to open)."""
 
     def __init__(self, session: CompiledSession, offset: int) -> None:
-        self.session, self.engine, self.offset, self.t = session, session.engine, offset, 0
+        super().__init__(offset)
+        self.session, self.engine = session, session.engine
         self.opened: list[int] = []
-
-    def now_ns(self) -> int:
-        return self.t + self.offset
-
-    def resolve(self, nic_id: str, configured: Any) -> Any:
-        return configured
-
-    def wake(self) -> None:
-        pass
 
     def add_source_port(self, port: int) -> int:
         self.opened.append(port)
@@ -151,16 +144,20 @@ async def test_tick_all_gives_the_records_of_the_per_nic_ticks(
                 assert r.t1 - first[r.pair_id] >= 10_000  # spacing 20 us, never much earlier
 
 
+async def _started(*nics: str) -> list[CompiledUdpEndpoint]:
+    """Loopback endpoints of ``nics``, started, ticked by a driver (external ticks)."""
+    eps = [CompiledUdpEndpoint(CompiledSession(n), LO, dport=0, want_hw=False) for n in nics]
+    for ep in eps:
+        ep.external_ticks = True
+        await ep.start()
+    return eps
+
+
 async def test_tick_all_counts_an_engine_error_and_ticks_the_other_nics() -> None:
     """An engine whose epoll fails (its fd replaced by /dev/null: EINVAL) is counted
     ``tick_error_OSError`` and skipped; the other NIC's probes still complete."""
     got: list[Any] = []
-    a = CompiledUdpEndpoint(CompiledSession("nicA"), LO, dport=0, want_hw=False)
-    b = CompiledUdpEndpoint(CompiledSession("nicB"), LO, dport=0, want_hw=False)
-    c = CompiledUdpEndpoint(CompiledSession("nicC"), LO, dport=0, want_hw=False)
-    for ep in (a, b, c):
-        ep.external_ticks = True
-        await ep.start()
+    a, b, c = await _started("nicA", "nicB", "nicC")
     null = os.open(os.devnull, os.O_RDONLY)
     try:
         os.dup2(null, c.engine.epoll_fd)  # c's epoll_wait now fails
@@ -196,12 +193,7 @@ async def test_tick_all_skips_a_closed_nic() -> None:
     """A NIC closed while the others run is left alone, as the per-NIC tick left it: what it
     had queued is neither sent nor counted (no ``no_socket``), the others still complete."""
     got: list[Any] = []
-    a = CompiledUdpEndpoint(CompiledSession("nicA"), LO, dport=0, want_hw=False)
-    b = CompiledUdpEndpoint(CompiledSession("nicB"), LO, dport=0, want_hw=False)
-    c = CompiledUdpEndpoint(CompiledSession("nicC"), LO, dport=0, want_hw=False)
-    for ep in (a, b, c):
-        ep.external_ticks = True
-        await ep.start()
+    a, b, c = await _started("nicA", "nicB", "nicC")
     sport = c.add_source_port(0)
     c.session.queue_pair("nicB", (LO, b.dport), sport, c.now_ns())  # due at the first tick
     c.close()
