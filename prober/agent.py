@@ -190,6 +190,20 @@ class UdpEndpointFactory:
         """Return no tasks: UDP peers are configured, not discovered."""
         return []
 
+    def port_usable(self, nic_id: str, port: int) -> bool:
+        """Return whether UDP ``port`` can be bound on NIC ``nic_id``'s address now (another
+        socket of the host may hold it: the RoCE source-port range overlaps Linux's ephemeral
+        ports); True for a NIC this config does not have."""
+        nic = next((n for n in self.cfg.nics if n.id == nic_id), None)
+        if nic is None:
+            return True
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((nic.address, port))
+            except OSError:
+                return False
+        return True
+
 
 def udp_endpoint_factory(
     cfg: ProberConfig, clock: Callable[[int], int] | None = None
@@ -276,7 +290,10 @@ class Agent:
         self.peers = plan_peers(cfg)
         self.nic_table = tuple(sorted(cfg.group_of()))
         self.address = cfg.peer_address()
-        self.plan = ProbePlan(self.peers, cfg.schedule, start_ns=now_ns())
+        usable = (
+            self._factory.port_usable if isinstance(self._factory, UdpEndpointFactory) else None
+        )
+        self.plan = ProbePlan(self.peers, cfg.schedule, start_ns=now_ns(), port_usable=usable)
         # [auth] key_file: every session tags with the send key and verifies with every key;
         # untagged or badly tagged datagrams are counted as bad_auth and never become records.
         self.probe_keys = load_probe_keys(cfg)
@@ -509,8 +526,10 @@ class Agent:
         # the schedule starts when the endpoints are up: opening ~80 sockets per NIC takes
         # seconds on a busy host, and a plan started before would hand out every probe of that
         # time at once (a burst that blocked the event loop past the MQTT keepalive with 8
-        # NICs). Same seed: same peers and source ports, fresh phases.
-        self.plan = ProbePlan(self.peers, self.cfg.schedule, start_ns=self._now_ns())
+        # NICs). Same peers and the source ports the endpoints opened, fresh phases.
+        self.plan = ProbePlan(
+            self.peers, self.cfg.schedule, start_ns=self._now_ns(), ports=self.plan.ports
+        )
         driven = self.driven_endpoints()
         tasks: list[asyncio.Task[Any]] = [asyncio.create_task(ep.run())
                                           for ep in self.endpoints.values()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 ROCE_SPORT_RANGE = (0xC000, 0xFFFF)  # mlx5 sets the top two bits: 49152..65535
 
@@ -72,15 +73,32 @@ def ports_needed_exact(m: int, p: float) -> int:
 
 
 def pick_source_ports(
-    n: int, rng: random.Random, port_range: tuple[int, int] = ROCE_SPORT_RANGE
+    n: int,
+    rng: random.Random,
+    port_range: tuple[int, int] = ROCE_SPORT_RANGE,
+    usable: Callable[[int], bool] | None = None,
 ) -> tuple[int, ...]:
     """Return ``n`` distinct random ports from the inclusive ``port_range``, drawn with ``rng``.
 
-    Raises `ValueError` if the range holds fewer than ``n`` ports or is not within 1..65535.
+    ``usable(port)`` False (e.g. another socket of the host holds it: the RoCE range overlaps
+    Linux's ephemeral ports) replaces that port by further draws; the ports drawn are the same
+    as without ``usable`` when all are usable. Raises `ValueError` if the range holds fewer
+    than ``n`` (usable) ports or is not within 1..65535.
     """
     lo, hi = port_range
     if not 1 <= lo <= hi <= 0xFFFF:
         raise ValueError(f"bad port range {port_range}")
     if n < 0 or n > hi - lo + 1:
         raise ValueError(f"cannot pick {n} distinct ports from {port_range}")
-    return tuple(rng.sample(range(lo, hi + 1), n))
+    drawn = rng.sample(range(lo, hi + 1), n)
+    if usable is None:
+        return tuple(drawn)
+    out = [p for p in drawn if usable(p)]
+    if len(out) < n:
+        taken = set(drawn)
+        rest = [p for p in range(lo, hi + 1) if p not in taken]
+        rng.shuffle(rest)
+        out += [p for p in rest if usable(p)][: n - len(out)]
+    if len(out) < n:
+        raise ValueError(f"fewer than {n} usable ports in {port_range}")
+    return tuple(out)

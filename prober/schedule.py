@@ -19,6 +19,7 @@ The plan never reads a clock: `ProbePlan.due(now_ns)` returns what is due at ``n
 
 from __future__ import annotations
 
+import functools
 import heapq
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -124,17 +125,30 @@ class ProbePlan:
     """
 
     def __init__(
-        self, peers: Mapping[str, Sequence[str]], config: ScheduleConfig, start_ns: int
+        self,
+        peers: Mapping[str, Sequence[str]],
+        config: ScheduleConfig,
+        start_ns: int,
+        *,
+        port_usable: Callable[[str, int], bool] | None = None,
+        ports: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:
+        """``port_usable(nic, port)`` False skips a port (`prober.ports.pick_source_ports`);
+        ``ports`` reuses another plan's source ports (a restarted schedule keeps its sockets)."""
         self.config = config
         self.period_ns = round(1e9 / config.rate_hz)
         self.ports: dict[str, tuple[int, ...]] = {}
         self._streams: list[_Stream] = []
         self._heap: list[tuple[int, int]] = []
         for src in sorted(peers):
-            self.ports[src] = pick_source_ports(
-                config.ports_per_nic, random.Random(f"ports:{config.seed}:{src}"), config.port_range
-            )
+            if ports is not None and src in ports:
+                self.ports[src] = ports[src]
+            else:
+                ok = None if port_usable is None else functools.partial(port_usable, src)
+                self.ports[src] = pick_source_ports(
+                    config.ports_per_nic, random.Random(f"ports:{config.seed}:{src}"),
+                    config.port_range, ok,
+                )  # fmt: skip
             for dst in peers[src]:
                 if dst == src:
                     raise ScheduleError(f"NIC {src!r} cannot probe itself")

@@ -374,3 +374,20 @@ def test_driven_queueing_queues_what_the_per_probe_queueing_did() -> None:
         assert len(calls["old"]) > 200 and calls["new"] == calls["old"]
         assert agents["new"].stats.probes_queued == agents["old"].stats.probes_queued
         assert {c[0] for c in calls["new"]} == {"pair" if coded else "probe"}
+
+
+def test_the_agent_plans_around_a_source_port_another_socket_holds() -> None:
+    """A planned source port that another socket of the host holds is not planned (the
+    prober's start failed on it: 'Address already in use'); the schedule restarted at run
+    keeps the ports the endpoints opened."""
+    cfg = config()
+    first = Agent(cfg, now_ns=lambda: 0).plan.ports
+    nic, port = next((n, ps[0]) for n, ps in sorted(first.items()) if ps)
+    addr = next(n.address for n in cfg.nics if n.id == nic)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((addr, port))
+        agent = Agent(cfg, now_ns=lambda: 0)
+    assert port not in agent.plan.ports[nic] and len(agent.plan.ports[nic]) == len(first[nic])
+    assert set(agent.plan.ports[nic]) - set(first[nic]) != set()
+    again = ProbePlan(agent.peers, cfg.schedule, start_ns=5, ports=agent.plan.ports)
+    assert again.ports == agent.plan.ports

@@ -234,3 +234,17 @@ def test_due_rows_and_due_yield_exactly_the_old_sequence(
     it = iter(ProbePlan(peers, cfg, start))
     assert [next(it) for _ in range(len(want))] == want
     assert rows.due_rows(start) == [] and rows.due(start) == []
+
+
+def test_ports_another_socket_holds_are_replaced_by_further_draws() -> None:
+    """The RoCE source-port range overlaps Linux's ephemeral ports: a planned port some other
+    socket holds is replaced (the prober failed to start on it), the rest stay as drawn."""
+    free = pick_source_ports(8, random.Random(3))
+    held = {free[2], free[5]}
+    got = pick_source_ports(8, random.Random(3), usable=lambda p: p not in held)
+    assert len(set(got)) == 8 and not held & set(got)
+    assert [p for p in free if p not in held] == list(got[:6])
+    with pytest.raises(ValueError, match="usable"):
+        pick_source_ports(
+            3, random.Random(1), (50000, 50003), usable=lambda p: p not in {50001, 50002}
+        )
