@@ -392,7 +392,8 @@ class Agent:
         )  # fmt: skip
         if missing:
             for slot, sport in missing:
-                driver.endpoints[slot].add_source_port(sport)
+                if not driver.endpoints[slot].closed:  # shutting down: nothing is sent
+                    driver.endpoints[slot].add_source_port(sport)
         self.stats.probes_queued += queued
 
     def _batched_stream_table(

@@ -206,6 +206,8 @@ class UdpEndpoint:
         self.close()
 
     def _open_socket(self, port: int) -> _Sock:
+        if self._closed:  # a socket opened now would never be closed (nor read)
+            raise UdpError(errno.EBADF, f"UDP endpoint {self.addr} ({self.device}) is closed")
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
@@ -228,7 +230,9 @@ class UdpEndpoint:
         return st
 
     def add_source_port(self, port: int) -> int:
-        """Open (if needed) the initiator socket for ``port`` (0: any free) and return its port."""
+        """Open (if needed) the initiator socket for ``port`` (0: any free) and return its port.
+
+        Raises `UdpError` if the socket cannot be opened, or (EBADF) if the endpoint is closed."""
         if port and port in self._pool:
             return port
         st = self._open_socket(port)

@@ -7,6 +7,7 @@ per-datagram path (same seqs, ports, pairs and losses; kernel stamps in order).
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
 import socket
 from typing import Any
@@ -19,7 +20,7 @@ from prober import compiled
 from prober.drive import CompiledDriver
 from prober.events import ProbeLost, ProbeResult, ResultBlock, results_to_batch
 from prober.session import ProbeSession
-from prober.udp import UdpEndpoint
+from prober.udp import UdpEndpoint, UdpError
 from prober.wire import BODY_LEN, Codec, Message, MsgType, WireError, nic_hash
 from tests.loopexchange import events_of, exchange
 from tests.wiremutate import mutated
@@ -277,3 +278,15 @@ def test_result_block_rows_become_the_same_batch_as_events() -> None:
     with pytest.raises(ValueError):
         ResultBlock("nicA", ("nicB",), rows)  # dst index 1 outside the table
     assert BODY_LEN == 48
+
+
+async def test_queueing_on_a_closed_compiled_endpoint_opens_no_socket() -> None:
+    """The compiled session opens a missing source port on demand; once its endpoint is closed
+    that is refused (EBADF) and nothing is queued with a socket behind it."""
+    s = compiled.CompiledSession("nicA")
+    async with compiled.CompiledUdpEndpoint(s, LO, dport=0) as ep:
+        pass
+    with pytest.raises(UdpError) as err:
+        s.queue_pair("nicB", (LO, 4791), 50_000, ep.now_ns())
+    assert err.value.errno == errno.EBADF
+    assert ep.source_ports == ()

@@ -30,6 +30,7 @@ class _Ep(FakeEndpoint):
         super().__init__(offset)
         self.session, self.engine = session, session.engine
         self.opened: list[int] = []
+        self.closed = False
 
     def add_source_port(self, port: int) -> int:
         self.opened.append(port)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -265,3 +266,15 @@ async def test_trace_probe_ttl_applies_to_that_datagram_only(cmsg: bool) -> None
     finally:
         ep.close()
         live.close()
+
+
+async def test_a_closed_endpoint_opens_no_socket(ep_cls: type[UdpEndpoint]) -> None:
+    """A source port asked for after `close` (a probe queued while the agent shuts down) is
+    refused with EBADF instead of opening a socket that nothing would read or close."""
+    async with endpoint("nicA", cls=ep_cls) as ep:
+        ep.add_source_port(0)
+    assert ep.source_ports == ()
+    with pytest.raises(UdpError) as err:
+        ep.add_source_port(0)
+    assert err.value.errno == errno.EBADF
+    assert ep.source_ports == ()
