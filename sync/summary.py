@@ -430,8 +430,8 @@ def receive_excess(
     data: per incoming direction the lowest ``k`` delays detrended by the pair slope
     (``slope[edge]``, exact from the stored hull layers; at most 1 in ``RX_SAMPLES_PER_K`` of
     the direction's samples, since the tail model below holds near the floor only, and at
-    least 3), the floor extrapolated from them, median over the NIC's incoming directions.
-    The extrapolation assumes the delay distribution rises from its floor like a power
+    least 3), the floor extrapolated from them, interquartile mean over the NIC's incoming
+    directions (`_node_midmean`). The extrapolation assumes the delay distribution rises from its floor like a power
     ``1 / beta`` of the excess (`tail_factor`): ``beta = 1`` is a density at the floor (the
     minimum's excess is one spacing), while a hot receive hop makes the best samples the few
     that found it idle plus a small wait elsewhere, a faster rise (index ~2). ``beta`` is
@@ -472,7 +472,24 @@ def receive_excess(
     node, kd, low, high = (np.concatenate(c) for c in zip(*parts, strict=True))
     full = kd == k
     beta = pooled_tail_index(low[full], high[full], k)
-    return _node_median(n_nodes, node, high * tail_factor(kd, beta))
+    return _node_midmean(n_nodes, node, high * tail_factor(kd, beta))
+
+
+def _node_midmean(n_nodes: int, node: I64, val: F64) -> F64:
+    """Per node the interquartile mean of its values: the mean of those ranked in
+    ``[floor(c / 4), c - floor(c / 4))`` of its ``c`` (all of them for ``c < 4``); NaN where
+    none. Robust to the few wild per-direction extrapolations like a median, and it averages
+    ~15 of a NIC's ~30 instead of reading one or two."""
+    order = np.lexsort((val, node))
+    node, val = node[order], val[order]
+    cnt = np.bincount(node, minlength=n_nodes)
+    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    rank = np.arange(len(node)) - first[node]
+    cut = cnt[node] // 4
+    keep = (rank >= cut) & (rank < cnt[node] - cut)
+    num = np.bincount(node[keep], minlength=n_nodes)
+    tot = np.bincount(node[keep], val[keep], n_nodes)
+    return np.where(num > 0, tot / np.maximum(num, 1), np.nan)
 
 
 def _node_median(n_nodes: int, node: I64, val: F64) -> F64:
