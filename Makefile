@@ -18,7 +18,7 @@ lint: setup
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml .ci/setup prober/_fastpath.c prober/_sha256.h prober/_fastbatch.h
+$(STAMP): pyproject.toml .ci/setup prober/_fastpath.c prober/_sha256.h prober/_fastbatch.h prober/_fastplan.h
 	bash .ci/setup
 	touch $@
 

@@ -1594,6 +1594,7 @@ static PyObject *py_sha256(PyObject *Py_UNUSED(m), PyObject *args) {
 }
 
 #include "_fastbatch.h" /* tick_all, queue_rows: one call for all engines */
+#include "_fastplan.h"  /* Plan, queue_plan, draws: the schedule's due rows in C */
 
 static PyMethodDef module_methods[] = {
     {"tick_all", py_tick_all, METH_VARARGS,
@@ -1601,6 +1602,11 @@ static PyMethodDef module_methods[] = {
     {"queue_rows", py_queue_rows, METH_VARARGS,
      "queue_rows(engines, table, rows, offsets, plan_now_ns, spacing_ns, coded) -> "
      "(queued, [(index, sport)] or None)"},
+    {"queue_plan", py_queue_plan, METH_VARARGS,
+     "queue_plan(plan, engines, until_ns, plan_now_ns, offset_ns, spacing_ns, coded) -> "
+     "(queued, [(index, sport)] or None)"},
+    {"draws", py_draws, METH_VARARGS,
+     "draws(state, floats, shuffle_len) -> (floats, permutation, state after)"},
     {"decode", py_decode, METH_VARARGS,
      "decode(data, keys=None) -> reason or message fields (keys: send key first)"},
     {"hmac_sha256", py_hmac_sha256, METH_VARARGS, "hmac_sha256(key, data) -> 32-byte tag"},
@@ -1614,12 +1620,18 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
-    if (PyType_Ready(&EngineType) < 0) return NULL;
+    if (PyType_Ready(&EngineType) < 0 || PyType_Ready(&PlanType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     Py_INCREF(&EngineType);
     if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
         Py_DECREF(&EngineType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&PlanType);
+    if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
+        Py_DECREF(&PlanType);
         Py_DECREF(m);
         return NULL;
     }

@@ -25,6 +25,34 @@ def queue_rows(
     coded: bool,
     /,
 ) -> tuple[int, list[tuple[int, int]] | None]: ...
+def queue_plan(
+    plan: Plan,
+    engines: tuple[Engine, ...],
+    until_ns: int,
+    plan_now_ns: int,
+    offset_ns: int,
+    spacing_ns: int,
+    coded: bool,
+    /,
+) -> tuple[int, list[tuple[int, int]] | None]: ...
+def draws(
+    state: tuple[int, ...], floats: int, shuffle_len: int, /
+) -> tuple[list[float], list[int], tuple[int, ...]]: ...
+
+class Plan:
+    def __init__(
+        self,
+        period_ns: int,
+        jitter: float,
+        ports: list[Sequence[int]],
+        streams: list[tuple[int, int, int, tuple[int, ...], Sequence[int]]],
+        heap: list[tuple[int, int]],
+        /,
+    ) -> None: ...
+    def next_at(self) -> int | None: ...
+    def due_rows(self, now_ns: int, /) -> list[tuple[int, int, int]]: ...
+    def rng_state(self, stream: int, /) -> tuple[int, ...]: ...
+    def set_targets(self, table: list[tuple[int, int, int, int, int] | None], /) -> None: ...
 
 class Engine:
     pending: int

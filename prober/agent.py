@@ -323,6 +323,7 @@ class Agent:
         self._retrace: deque[Any] = deque(maxlen=10_000)
         self._targets: list[tuple[str, ProbeSession, str, Address | None]] | None = None
         self._stream_table: list[tuple[int, int, int, int, int] | None] | None = None
+        self._core_targets: Any = None  # the compiled plan whose targets are this table's
 
     # ---- pieces -------------------------------------------------------------------------------
 
@@ -388,6 +389,30 @@ class Agent:
         off = driver.endpoints[0].now_ns() - plan_now_ns
         queued, missing = compiled.queue_rows(
             driver.engines, table, rows, [off] * len(driver.engines), plan_now_ns,
+            self.cfg.schedule.pair_spacing_ns, self.plan.config.coded,
+        )  # fmt: skip
+        if missing:
+            for slot, sport in missing:
+                if not driver.endpoints[slot].closed:  # shutting down: nothing is sent
+                    driver.endpoints[slot].add_source_port(sport)
+        self.stats.probes_queued += queued
+
+    def _queue_plan_batched(self, driver: CompiledDriver, until_ns: int, plan_now_ns: int) -> None:
+        """`_queue_rows_batched` of ``self.plan.due_rows(until_ns)`` for a compiled plan
+        (`prober.schedule.ProbePlan.compile`): the C plan pops its due rows straight into the
+        engines (`prober.compiled.queue_plan`), the same probes at the same times and pair
+        ids, without a Python tuple per row; source ports without a socket yet are opened
+        after, as there."""
+        core = self.plan.core
+        if self._core_targets is not core:
+            table = self._stream_table
+            if table is None:
+                table = self._stream_table = self._batched_stream_table(driver)
+            core.set_targets(table)
+            self._core_targets = core
+        off = driver.endpoints[0].now_ns() - plan_now_ns
+        queued, missing = compiled.queue_plan(
+            core, driver.engines, until_ns, plan_now_ns, off,
             self.cfg.schedule.pair_spacing_ns, self.plan.config.coded,
         )  # fmt: skip
         if missing:
@@ -542,6 +567,8 @@ class Agent:
                 tick_ns=self.cfg.tick_ms * 1_000_000,
                 batch=self.cfg.tick_batch,
             )
+            if self._driver.batched:  # its rows go into the engines from C (`_driver_hook`)
+                self.plan.compile()
             tasks.append(asyncio.create_task(self._driver.run()))
         tasks.extend(asyncio.create_task(c) for c in self._factory.agent_tasks(self))
         if self.discovery and not once:
@@ -581,6 +608,7 @@ class Agent:
             self._traces = None
             self._targets = None
             self._stream_table = None
+            self._core_targets = None
         return self.stats
 
     def _records(self) -> int:
@@ -626,12 +654,13 @@ class Agent:
         lead = max(DRIVEN_LEAD_NS, self.cfg.tick_ms * 1_000_000)
         nxt = self.plan.next_at_ns()
         if nxt is not None and nxt <= plan_now + lead:
-            rows = self.plan.due_rows(plan_now + lead)
             driver = self._driver
-            if driver is not None and driver.batched:
-                self._queue_rows_batched(driver, rows, plan_now)
+            if driver is not None and driver.batched and self.plan.core is not None:
+                self._queue_plan_batched(driver, plan_now + lead, plan_now)
+            elif driver is not None and driver.batched:
+                self._queue_rows_batched(driver, self.plan.due_rows(plan_now + lead), plan_now)
             else:
-                self._queue_rows(rows, plan_now)
+                self._queue_rows(self.plan.due_rows(plan_now + lead), plan_now)
         if self._traces is not None:
             self._trace_step(time.monotonic())
 

@@ -635,6 +635,27 @@ def queue_rows(
     return out
 
 
+def queue_plan(
+    plan: Any,
+    engines: tuple[Any, ...],
+    until_ns: int,
+    plan_now_ns: int,
+    offset_ns: int,
+    spacing_ns: int,
+    coded: bool,
+) -> tuple[int, list[tuple[int, int]] | None]:
+    """Queue what the compiled ``plan`` (`prober.schedule.ProbePlan.core`) has due by
+    ``until_ns`` into the engines of its targets (``plan.set_targets``) in one call
+    (`prober._fastpath.queue_plan`: `queue_rows` of its `due_rows`, every NIC ``offset_ns``
+    from the plan's clock); return (probes queued, (engine, source port) pairs that have no
+    socket yet, or None)."""
+    assert _fastpath is not None
+    out: tuple[int, list[tuple[int, int]] | None] = _fastpath.queue_plan(
+        plan, engines, until_ns, plan_now_ns, offset_ns, spacing_ns, coded
+    )
+    return out
+
+
 def compiled_ok() -> bool:
     """Return True when the compiled path can run here (extension built, kernel stamps and
     the error queue usable on loopback)."""

@@ -24,6 +24,7 @@ import heapq
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prober.events import Address
 from prober.ports import ROCE_SPORT_RANGE, pick_source_ports, ports_needed_exact
@@ -156,6 +157,37 @@ class ProbePlan:
                 anchor = start_ns + int(rng.random() * self.period_ns)  # random phase
                 self._streams.append(_Stream(src, dst, rng, [], anchor))
                 heapq.heappush(self._heap, (anchor, len(self._streams) - 1))
+        self._core: Any = None  # `compile`: the C plan that holds the state from then on
+
+    def compile(self) -> bool:
+        """Move the plan's state (each stream's generator, anchor, probe count and sweep; the
+        heap) into the compiled extension (``prober._fastpath.Plan``): from then on `due_rows`,
+        `due`, `next_at_ns` and iteration draw there, the same probes at the same times from
+        the same ports, without a Python object per probe; `core` is it (the agent's driver
+        queues its rows straight into the engines, `prober._fastpath.queue_plan`). Return
+        whether the plan is compiled: False without the extension, or when its generator does
+        not draw what this Python's `random` draws (`_c_draws_match`); the Python plan then
+        goes on as before. Idempotent."""
+        if self._core is not None:
+            return True
+        fast = _fastpath()
+        if fast is None or not _c_draws_match():
+            return False
+        srcs = sorted(self.ports)
+        index = {src: k for k, src in enumerate(srcs)}
+        streams = [(index[st.src], st.anchor, st.k, st.rng.getstate()[1], list(st.order))
+                   for st in self._streams]  # fmt: skip
+        self._core = fast.Plan(self.period_ns, self.config.jitter,
+                               [self.ports[src] for src in srcs], streams, list(self._heap))  # fmt: skip
+        self._heap = []  # the C plan holds the state now; the Python copy would go stale
+        for st in self._streams:
+            st.order = []
+        return True
+
+    @property
+    def core(self) -> Any:
+        """Return the compiled plan (``prober._fastpath.Plan``) after `compile`, else None."""
+        return self._core
 
     def __len__(self) -> int:
         """Return the number of (src, dst) streams."""
@@ -168,6 +200,9 @@ class ProbePlan:
 
     def next_at_ns(self) -> int | None:
         """Return the time of the next probe, or None when there are no streams."""
+        if self._core is not None:
+            nxt: int | None = self._core.next_at()
+            return nxt
         return self._heap[0][0] if self._heap else None
 
     def stream(self, i: int) -> tuple[str, str]:
@@ -182,8 +217,12 @@ class ProbePlan:
 
         The probes `due` returns, without an object per probe: the same draws in the same
         order (one jitter draw per probe, one shuffle per sweep of a stream's ports), so the
-        same seed gives the same times and ports whichever of the two is called.
+        same seed gives the same times and ports whichever of the two is called (and whether
+        the plan is compiled or not, `compile`).
         """
+        if self._core is not None:
+            rows: list[tuple[int, int, int]] = self._core.due_rows(now_ns)
+            return rows
         heap = self._heap
         out: list[tuple[int, int, int]] = []
         if not heap or heap[0][0] > now_ns:
@@ -213,8 +252,38 @@ class ProbePlan:
 
     def __iter__(self) -> Iterator[ScheduledProbe]:
         """Yield probes forever in time order (consuming the plan)."""
-        while self._heap:
-            yield from self.due(self._heap[0][0])
+        while (nxt := self.next_at_ns()) is not None:
+            yield from self.due(nxt)
+
+
+def _fastpath() -> Any:
+    """Return the compiled extension ``prober._fastpath``, or None when it was not built."""
+    try:
+        from prober import _fastpath
+    except ImportError:
+        return None
+    return _fastpath
+
+
+@functools.cache
+def _c_draws_match() -> bool:
+    """Return whether the compiled plan's generator (CPython's MT19937, ``random()`` and
+    ``shuffle`` as `random.Random` has them) draws exactly what this Python's `random` does,
+    from states of a few seeds: floats, shuffles of sweep sizes, and the state after (checked
+    once per process; a Python whose `random` draws otherwise keeps the Python plan)."""
+    fast = _fastpath()
+    if fast is None:
+        return False
+    for seed, floats, n in (("check:0", 700, 79), ("check:1", 3, 2), ("check:2", 1300, 1000)):
+        rng = random.Random(seed)
+        rng.random()
+        got = fast.draws(rng.getstate()[1], floats, n)
+        want = [rng.random() for _ in range(floats)]
+        perm = list(range(n))
+        rng.shuffle(perm)
+        if got != (want, perm, rng.getstate()[1]):
+            return False
+    return True
 
 
 def queue_due(

@@ -118,6 +118,11 @@ async def test_agent_probes_and_publishes(mosquitto: tuple[str, int]) -> None:
             assert agent.hot_path != "compiled" or (
                 driver is not None and driver.ticks > 0 and len(driven) == 2 and driver.batched
             )
+            # and the schedule's rows go into the engines from the C plan (fails if silently
+            # off: `ProbePlan.compile` refused, or the hook still takes Python rows)
+            assert agent.hot_path != "compiled" or (
+                agent.plan.core is not None and agent._core_targets is agent.plan.core
+            )
         finally:
             stop.set()
             stats = await asyncio.wait_for(task, 15)

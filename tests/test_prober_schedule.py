@@ -22,6 +22,8 @@ from prober.schedule import (
     ScheduleConfig,
     ScheduledProbe,
     ScheduleError,
+    _c_draws_match,
+    _fastpath,
     choose_peers,
     queue_due,
 )
@@ -234,6 +236,99 @@ def test_due_rows_and_due_yield_exactly_the_old_sequence(
     it = iter(ProbePlan(peers, cfg, start))
     assert [next(it) for _ in range(len(want))] == want
     assert rows.due_rows(start) == [] and rows.due(start) == []
+
+
+_compiled = pytest.mark.skipif(_fastpath() is None, reason="prober._fastpath not built")
+
+
+@_compiled
+def test_the_c_generator_draws_what_random_draws() -> None:
+    """`prober._fastpath.draws` (the compiled plan's MT19937, ``random()`` and ``shuffle``)
+    against `random.Random` from the same state: floats, a shuffle, the state after; and
+    `_c_draws_match` (the once-per-process check `ProbePlan.compile` relies on) holds."""
+    assert _fastpath is not None
+    for seed in ("a", "stream:0:g0n0:g1n3", 12345):
+        rng = random.Random(seed)
+        for _ in range(700):  # past one regeneration of the 624 words
+            rng.random()
+        floats, perm, after = _fastpath().draws(rng.getstate()[1], 2000, 79)
+        assert floats == [rng.random() for _ in range(2000)]
+        want = list(range(79))
+        rng.shuffle(want)
+        assert perm == want and after == rng.getstate()[1]
+    assert _c_draws_match()
+    with pytest.raises(ValueError):
+        _fastpath().draws((1, 2, 3), 1, 1)  # not a generator state
+
+
+@_compiled
+@pytest.mark.parametrize("compile_after", [0, 37])
+@pytest.mark.parametrize(
+    ("seed", "rate_hz", "jitter", "coded", "port_range"),
+    [(0, 10.0, 0.25, True, (49152, 65535)), (3, 333.0, 0.49, False, (50000, 50004)),
+     (11, 1.0, 0.0, True, (49152, 65535))],
+)  # fmt: skip
+def test_a_compiled_plan_draws_what_the_python_plan_draws(
+    seed: int,
+    rate_hz: float,
+    jitter: float,
+    coded: bool,
+    port_range: tuple[int, int],
+    compile_after: int,
+) -> None:
+    """`ProbePlan.compile` (the C plan: the driver queues its rows straight into the engines)
+    against the Python plan with the same seed: the same rows at the same times from the same
+    ports, tick after tick (10 ms and irregular ticks, several sweeps), `next_at_ns` equal,
+    each stream's generator in the same state at the end; compiled at the start or after
+    ``compile_after`` ticks of the Python plan (mid-sweep); `due` and iteration too."""
+    peers = choose_peers([f"g{g}n0" for g in range(4)], _groups(4, 5), cross_peers=6, seed=seed)
+    cfg = ScheduleConfig(rate_hz=rate_hz, jitter=jitter, coded=coded, port_range=port_range,
+                         seed=seed)  # fmt: skip
+    start = 123_456_789
+    py, c = ProbePlan(peers, cfg, start), ProbePlan(peers, cfg, start)
+    ticks = random.Random(seed)
+    now, rows = start, 0
+    sweeps_ns = 3 * cfg.ports_per_nic * round(1e9 / rate_hz)
+    for tick in range(10**6):
+        if tick == compile_after:
+            assert c.core is None and c.compile() and c.core is not None and c.compile()
+        now += 10_000_000 if ticks.random() < 0.5 else ticks.randrange(1, 80_000_000)
+        want = py.due_rows(now)
+        assert c.due_rows(now) == want
+        assert c.next_at_ns() == py.next_at_ns()
+        rows += len(want)
+        if now >= start + min(max(sweeps_ns, 2 * S), 60 * S):
+            break
+    assert rows > 1000
+    for i in range(len(py)):
+        assert c.core.rng_state(i) == py._streams[i].rng.getstate()[1]
+    assert c.due(now + S) == py.due(now + S)
+    a, b = iter(c), iter(py)
+    assert [next(a) for _ in range(500)] == [next(b) for _ in range(500)]
+
+
+@_compiled
+def test_a_compiled_plan_refuses_bad_state_and_a_nic_without_ports() -> None:
+    fast = _fastpath()
+    state = random.Random(1).getstate()[1]
+    with pytest.raises(ValueError):
+        fast.Plan(0, 0.25, [(7,)], [], [])  # period
+    with pytest.raises(ValueError):
+        fast.Plan(10, 0.25, [(7,)], [(1, 0, 0, state, [])], [(0, 0)])  # no source NIC 1
+    with pytest.raises(ValueError):
+        fast.Plan(10, 0.25, [(7,)], [(0, 0, 0, state, [7, 7])], [(0, 0)])  # order > ports
+    with pytest.raises(ValueError):
+        fast.Plan(10, 0.25, [(7,)], [(0, 0, 0, state, [])], [(0, 1)])  # heap: no stream 1
+    with pytest.raises(ValueError):
+        fast.Plan(10, 0.25, [(70000,)], [(0, 0, 0, state, [])], [(0, 0)])  # port
+    empty = fast.Plan(10, 0.25, [()], [(0, 0, 0, state, [])], [(0, 0)])
+    with pytest.raises(IndexError):  # as the Python plan's pop from an empty sweep
+        empty.due_rows(5)
+    one = fast.Plan(10, 0.0, [(7, 8)], [(0, 100, 0, state, [])], [(100, 0)])
+    assert one.next_at() == 100 and one.due_rows(99) == []
+    assert [r[0] for r in one.due_rows(130)] == [100, 110, 120, 130]
+    with pytest.raises(ValueError):
+        one.set_targets([])  # one entry per stream
 
 
 def test_ports_another_socket_holds_are_replaced_by_further_draws() -> None:

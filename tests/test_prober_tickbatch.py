@@ -80,6 +80,77 @@ def test_queue_rows_queues_what_queue_pair_did() -> None:
         assert agents["new"].stats.probes_queued == agents["old"].stats.probes_queued
 
 
+def test_queue_plan_queues_what_queue_pair_did() -> None:
+    """`Agent._queue_plan_batched` (the compiled plan pops its due rows into the engines,
+    `prober._fastpath.queue_plan`) against `Agent._queue_rows` (the Python plan's rows, a
+    `queue_pair` per coded pair): every engine holds the same probes in the same order, coded
+    pairs and single probes, NIC clock ahead of the plan's, the plan compiled after a few ticks
+    of the other path; source ports without a socket are handed to their endpoint to open;
+    the same probes counted."""
+    for coded in (True, False):
+        cfg = config()
+        cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, coded=coded))
+        agents: dict[str, Agent] = {}
+        for name in ("old", "new"):
+            agent = Agent(cfg, now_ns=lambda: 0)
+            agent.endpoints = {n: _Ep(agent.sessions[n], 5 * 10**9)  # type: ignore[misc,arg-type]
+                               for n in ("nic0", "nic1")}  # fmt: skip
+            agents[name] = agent
+        eps = list(agents["new"].endpoints.values())
+        driver: Any = type("D", (), {"engines": tuple(e.engine for e in eps), "endpoints": eps})
+        new = agents["new"]
+        for tick in range(1, 400):
+            plan_now = tick * 10_000_000
+            for agent in agents.values():
+                for ep in agent.endpoints.values():
+                    ep.t = plan_now + 1234  # type: ignore[attr-defined]
+            lead = plan_now + 10_000_000
+            agents["old"]._queue_rows(agents["old"].plan.due_rows(lead), plan_now)
+            if tick < 7:  # the Python plan's rows, one call per tick
+                new._queue_rows_batched(driver, new.plan.due_rows(lead), plan_now)
+                continue
+            assert new.plan.compile()
+            new._queue_plan_batched(driver, lead, plan_now)
+        assert new._core_targets is new.plan.core is not None
+        for nic in ("nic0", "nic1"):
+            old_q = _queued(agents["old"].sessions[nic])  # type: ignore[arg-type]
+            new_q = _queued(new.sessions[nic])  # type: ignore[arg-type]
+            assert len(old_q) > 100 and new_q == old_q
+            opened = new.endpoints[nic].opened  # type: ignore[attr-defined]
+            assert set(opened) == {q[5] for q in new_q}  # no socket yet: opened
+        assert new.stats.probes_queued == agents["old"].stats.probes_queued
+
+
+def test_queue_plan_skips_streams_without_target_and_rejects_bad_tables() -> None:
+    """A stream with nowhere to probe is consumed and skipped (as `queue_rows` skips its
+    rows); the table must have an entry per stream and valid entries; an engine index the
+    engines do not have fails the call."""
+    from prober.schedule import ProbePlan, ScheduleConfig
+
+    s = CompiledSession("nicA")
+    i, h = s.dst_entry("nicB")
+    plan = ProbePlan({"nicA": ("nicB", "nicC")}, ScheduleConfig(coded=True), start_ns=0)
+    ref = ProbePlan({"nicA": ("nicB", "nicC")}, ScheduleConfig(coded=True), start_ns=0)
+    assert plan.compile()
+    core = plan.core
+    with pytest.raises(ValueError):
+        core.set_targets([None])  # two streams
+    with pytest.raises(ValueError):
+        core.set_targets([(0, i, h, 2**40, 4791), None])  # not an IPv4 address
+    with pytest.raises(TypeError):
+        core.set_targets([(0, i), None])
+    core.set_targets([(0, i, h, 0x7F000001, 4791), None])
+    n, missing = compiled.queue_plan(core, (s.engine,), 10**9, 0, 100, 20, True)
+    rows = [r for r in ref.due_rows(10**9) if r[1] == 0]
+    assert n == 2 * len(rows) and len(rows) >= 9
+    assert missing == [(0, sport) for _, _, sport in rows]  # no sockets: every port missing
+    assert s.engine.queued() == [(at + 100, i, h, "127.0.0.1", 4791, sport, k, 0, 20)
+                                 for k, (at, _, sport) in enumerate(rows)]  # fmt: skip
+    core.set_targets([(1, i, h, 0x7F000001, 4791), None])
+    with pytest.raises(IndexError):
+        compiled.queue_plan(core, (s.engine,), 2 * 10**9, 0, 0, 20, True)  # no engine 1
+
+
 def test_queue_rows_rejects_bad_rows_and_skips_streams_without_address() -> None:
     s = CompiledSession("nicA")
     i, h = s.dst_entry("nicB")
