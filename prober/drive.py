@@ -121,10 +121,36 @@ class CompiledDriver:
 
     async def run(self) -> None:
         """Run `turn` once per tick, on the tick grid of the event loop's clock, until `stop`
-        or every endpoint is closed."""
+        or every endpoint is closed; an exception of `turn` ends it (raised here).
+
+        Each turn is a timer callback of the event loop (``loop.call_at`` on the grid), not a
+        task step after ``asyncio.sleep``: a sleeping task is woken through its future and a
+        second pass of the loop (another ``epoll_wait`` and the task machinery) every tick."""
         loop = asyncio.get_running_loop()
         tick_s = self.tick_ns / 1e9
-        while not self._stopped and not all(ep.closed for ep in self.endpoints):
-            self.turn()
+        done: asyncio.Future[None] = loop.create_future()
+        handle: asyncio.TimerHandle | None = None
+        eps = self.endpoints
+
+        def step() -> None:
+            nonlocal handle
+            handle = None
+            if done.done():
+                return
+            if self._stopped or all(ep.closed for ep in eps):
+                done.set_result(None)
+                return
+            try:
+                self.turn()
+            except Exception as exc:
+                done.set_exception(exc)
+                return
             t = loop.time()
-            await asyncio.sleep(max(0.0, math.ceil((t + 1e-6) / tick_s) * tick_s - t))
+            handle = loop.call_at(math.ceil((t + 1e-6) / tick_s) * tick_s, step)
+
+        step()
+        try:
+            await done
+        finally:
+            if handle is not None:
+                handle.cancel()

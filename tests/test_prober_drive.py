@@ -4,6 +4,7 @@ errors out of `run`, cancellation leaves no turn behind (fake endpoints, the rea
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
 from typing import Any, cast
 
@@ -77,6 +78,26 @@ async def test_run_turns_every_tick_until_stop_or_all_closed() -> None:
     assert not task2.done()  # one endpoint still open
     d.closed = True
     await asyncio.wait_for(task2, 20)
+
+
+async def test_turns_are_timer_callbacks_on_the_tick_grid() -> None:
+    """After the first turn (run's own step), every turn is a timer callback of the event loop
+    (no task runs it: no ``asyncio.sleep`` wake-up through a future and a second loop pass),
+    called at or just after a point of the ``tick_ns`` grid of the loop's clock, one per grid
+    point."""
+    loop = asyncio.get_running_loop()
+    seen: list[tuple[float, bool]] = []
+    drv = _driver(_Ep(), hook=lambda: seen.append((loop.time(), asyncio.current_task() is None)))
+    task = asyncio.create_task(drv.run())
+    await _until(lambda: drv.ticks >= 12)
+    drv.stop()
+    await asyncio.wait_for(task, 20)
+    assert seen[0][1] is False and all(cb for _, cb in seen[1:])
+    tick_s = drv.tick_ns / 1e9
+    slots = [round(t / tick_s - 0.5) for t, _ in seen[1:]]  # the grid point each one follows
+    assert all(b > a for a, b in itertools.pairwise(slots))  # one turn per point
+    for (t, _), k in zip(seen[1:], slots, strict=True):
+        assert k * tick_s - 1e-9 <= t  # never early
 
 
 async def test_an_error_in_a_turn_ends_run_with_it_and_cancel_stops_the_timer() -> None:
