@@ -275,3 +275,16 @@ def test_fuzz_mutated_valid_messages(
     mutated = bytes(data[: max(0, len(data) - cut % 20)]) + (tail if cut > 100 else b"")
     _decode_or_wire_error(Codec(), mutated)
     _decode_or_wire_error(_KEYED, mutated)
+
+
+def test_nic_hash_is_blake2b_64_and_memoized() -> None:
+    """The wire hash of a NIC id is blake2b-64 of its UTF-8 bytes, big-endian; memoized (path
+    discovery asks for it per trace probe and reply), the same value from the cache."""
+    import hashlib
+
+    for nic in ("nicA", "p3x7", "h0", "ü-nic"):
+        want = int.from_bytes(hashlib.blake2b(nic.encode(), digest_size=8).digest(), "big")
+        assert nic_hash(nic) == want and nic_hash(nic) == want
+    hits = nic_hash.cache_info().hits
+    nic_hash("p3x7")
+    assert nic_hash.cache_info().hits == hits + 1
