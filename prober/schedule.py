@@ -257,12 +257,13 @@ class ProbePlan:
 
 
 def _fastpath() -> Any:
-    """Return the compiled extension ``prober._fastpath``, or None when it was not built."""
+    """Return the compiled extension ``prober._fastpath``, or None when it was not built (or
+    is a build from before the compiled plan: no ``Plan``)."""
     try:
         from prober import _fastpath
     except ImportError:
         return None
-    return _fastpath
+    return _fastpath if hasattr(_fastpath, "Plan") and hasattr(_fastpath, "draws") else None
 
 
 @functools.cache

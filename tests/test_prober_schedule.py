@@ -343,3 +343,15 @@ def test_ports_another_socket_holds_are_replaced_by_further_draws() -> None:
         pick_source_ports(
             3, random.Random(1), (50000, 50003), usable=lambda p: p not in {50001, 50002}
         )
+
+
+def test_without_the_compiled_plan_the_python_plan_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No extension (or one built before `Plan`): `compile` says so and changes nothing."""
+    from prober import schedule
+
+    peers = choose_peers([f"g{g}n0" for g in range(2)], _groups(2, 3), cross_peers=2)
+    plan, ref = ProbePlan(peers, ScheduleConfig(), 0), ProbePlan(peers, ScheduleConfig(), 0)
+    monkeypatch.setattr(schedule, "_fastpath", lambda: None)
+    assert plan.compile() is False and plan.core is None
+    want = ref.due_rows(3 * S)
+    assert len(want) > 10 and plan.due_rows(3 * S) == want
