@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -153,9 +154,15 @@ def test_auth_puts_one_fresh_0600_key_in_the_prober_and_peers_config(tmp_path: P
 
 
 def _short_run(**kw: Any) -> dict[str, Any]:
-    return run_prober_cpu(nics=2, peers_per_nic=17, seconds=3.0, warmup_s=1.0, repeats=1,
-                          paths=("compiled",), prefix=f"qt{secrets.token_hex(3)}", peer_procs=1,
-                          **kw)  # fmt: skip
+    """A short run whose work directory (/var/tmp/qpmesh/PREFIX: configs, logs) is removed
+    afterwards, also when the run fails."""
+    prefix = f"qt{secrets.token_hex(3)}"
+    try:
+        return run_prober_cpu(nics=2, peers_per_nic=17, seconds=3.0, warmup_s=1.0, repeats=1,
+                              paths=("compiled",), prefix=prefix, peer_procs=1,
+                              **kw)  # fmt: skip
+    finally:
+        shutil.rmtree(Path("/var/tmp/qpmesh") / prefix, ignore_errors=True)
 
 
 @pytest.mark.netns
