@@ -3,6 +3,10 @@
 ``mosquitto``: a real MQTT broker (/usr/sbin/mosquitto) on a free loopback port with a temp
 config, yields ``(host, port)``; stopped by its PID when the test ends (also on failure).
 Tests that use it are skipped when the binary is missing.
+
+``_rxe_vm_early`` (session, automatic): starts the Soft-RoCE VM of ``tests/test_rxe.py`` at
+the session's start when an ``rxe`` test was collected (`tests.rxe_early`), so its minutes of
+emulation overlap the rest of the suite; killed by its PID at the session's end if unused.
 """
 
 from __future__ import annotations
@@ -17,7 +21,35 @@ from pathlib import Path
 
 import pytest
 
+from testbed.rxevm.vm import VmError, vm_unavailable
+from tests.rxe_early import EARLY, start_scenario
+
 MOSQUITTO = "/usr/sbin/mosquitto"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _rxe_vm_early(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Start `tests.rxe_early`'s VM when an rxe test was collected and a VM can run here;
+    kill it at the session's end (a no-op once it has finished)."""
+    if not any(item.get_closest_marker("rxe") for item in request.session.items):
+        yield
+        return
+    if vm_unavailable() is not None:  # test_rxe skips with the reason
+        yield
+        return
+    out = tmp_path_factory.mktemp("rxe")
+    try:
+        vm = start_scenario(out)
+    except VmError:
+        yield
+        return
+    request.config.stash[EARLY] = (vm, out)
+    try:
+        yield
+    finally:
+        vm.kill()
 
 
 def _free_port() -> int:

@@ -1,7 +1,8 @@
 """Real RDMA: two probers exchange UD probes over Soft-RoCE (rxe) inside one VM boot.
 
-The module boots one VM (`testbed.rxevm.vm.run_in_vm`, ~25 s to the shell under software
-emulation, a few minutes in all on a busy machine) and runs `testbed.rxevm.scenario` in it:
+The module boots one VM (`testbed.rxevm.vm.start_in_vm`, ~25 s to the shell under software
+emulation, a few minutes in all on a busy machine; started at the session's start when the
+session has this module, `tests.rxe_early`) and runs `testbed.rxevm.scenario` in it:
 a real mosquitto, probers ``ha`` (NIC a0 on rxe0) and ``hb`` (NIC b0 on rxe1) started with
 ``qpmesh prober --transport rdma``, a subscriber decoding the published batches, a packet
 sniffer on the wire, a netem fault on one source port, and a restart of ``hb``. Each test here
@@ -13,19 +14,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contract.records import MISSING
 from prober.rdma.flowlabel import rxe_sport_of_qpn
-from testbed.rxevm.vm import run_in_vm, vm_unavailable
+from testbed.rxevm.vm import vm_unavailable
+from tests.rxe_early import EARLY, VM_TIMEOUT_S, start_scenario
 
 pytestmark = [pytest.mark.rxe, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-REPO = Path(__file__).resolve().parents[1]
-VM_TIMEOUT_S = 1080.0  # a busy 2-core host slows emulation down a lot
 MARGIN_NS = 300_000_000
 
 # row layout of result.json "rows"
@@ -33,23 +32,28 @@ ORIGIN, STAMP, SRC, DST, SPORT, SEQ, T1, T2, T3, T4, LOST, RX = range(12)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Boot the VM once, run the scenario, return its result.json (fails with log tails).
+def run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The VM's scenario result (result.json; fails with log tails): the run the session
+    started early (`tests.rxe_early`), or one started here.
 
     The run's folder (result.json, logs) stays in pytest's temp area (last 3 sessions kept).
     """
     reason = vm_unavailable()
     if reason is not None:
         pytest.skip(f"cannot run a VM here: {reason}")
-    out = tmp_path_factory.mktemp("rxe")
-    py = REPO / ".venv" / "bin" / "python"
-    python = py if py.exists() else Path("python3")
-    cmd = f"cd {REPO} && {python} -m testbed.rxevm.scenario --out {out}"
-    vm = run_in_vm(cmd, out, timeout_s=VM_TIMEOUT_S)
+    early = request.config.stash.get(EARLY, None)
+    if early is None:
+        out = tmp_path_factory.mktemp("rxe")
+        vm = start_scenario(out)
+    else:
+        vm, out = early
+    result = vm.wait(VM_TIMEOUT_S)
     path = out / "result.json"
-    assert path.exists(), f"no result (vng exit {vm.returncode}): {vm.stderr[-2000:]}"
+    assert path.exists(), f"no result (vng exit {result.returncode}): {result.stderr[-2000:]}"
     res: dict[str, Any] = json.loads(path.read_text())
-    res["vm_seconds"] = vm.seconds
+    res["vm_seconds"] = result.seconds
     if "error" in res:
         logs = "\n".join(f"== {k}\n{v[-1200:]}" for k, v in res["logs"].items())
         pytest.fail(f"scenario failed: {res['error']}\n{logs}")

@@ -117,3 +117,41 @@ def test_stamp_source_falls_back_to_host_clock_without_completion_timestamps(
     assert (ep.clock is None) == (want == "sw")
     if want == "sw":
         assert abs(ep.now_ns() - time.time_ns()) < 60_000_000_000
+
+
+def test_a_started_vm_run_is_waited_for_or_killed_by_its_process_group(tmp_path: Path) -> None:
+    """`VmRun` on a stand-in for vng (a shell whose child sleeps): `wait` past its timeout
+    kills the whole group and raises; `kill` of a finished run is harmless."""
+    import subprocess
+
+    from testbed.rxevm.vm import VmError, VmRun
+
+    def start(script: str) -> VmRun:
+        proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+        return VmRun(proc, time.monotonic())
+
+    pid_file = tmp_path / "child.pid"
+    slow = start(f"sleep 60 & echo $! > {pid_file}.new; mv {pid_file}.new {pid_file}; wait")
+    deadline = time.monotonic() + 30.0
+    while not pid_file.exists() and time.monotonic() < deadline:  # a busy host starts late
+        time.sleep(0.05)
+    with pytest.raises(VmError, match="did not finish"):
+        slow.wait(0.5)
+    child = int(pid_file.read_text())
+
+    def alive(pid: int) -> bool:  # a killed orphan may stay a zombie until init reaps it
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10.0
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child)  # the group, the sleeping child included, was killed
+    done = start("echo hello")
+    res = done.wait(30.0)
+    assert (res.returncode, res.stdout) == (0, "hello\n") and res.seconds >= 0.0
+    done.kill()

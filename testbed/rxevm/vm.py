@@ -8,7 +8,8 @@ KVM is not used: the nested guest hangs at boot on this kind of machine (see
 ~25 s on an idle core and more on a busy one: callers boot once and run several checks.
 
 `vm_unavailable` says why a VM cannot run here (None when it can); `run_in_vm` starts ``vng``
-in its own process group and kills that group (by the PID it started) on timeout or error.
+in its own process group and kills that group (by the PID it started) on timeout or error;
+`start_in_vm` starts it and returns a `VmRun` to wait for or kill later.
 """
 
 from __future__ import annotations
@@ -76,12 +77,37 @@ def vng_command(kernel: Path, command: str, rwdir: Path, memory: str = "1G") -> 
             "--user", "root", "--rwdir", str(rwdir), "--exec", command]  # fmt: skip
 
 
-def run_in_vm(command: str, rwdir: Path, *, timeout_s: float, memory: str = "1G") -> VmResult:
-    """Boot a VM, run the shell ``command`` in it as root and return what ``vng`` returned.
+class VmRun:
+    """A started ``vng`` run (`start_in_vm`): `wait` for its result, or `kill` it."""
 
-    ``rwdir`` (an existing host folder) is writable in the guest. Raises `VmError` if no VM
-    can run here or the run takes longer than ``timeout_s`` (the VM is killed first).
-    """
+    def __init__(self, proc: subprocess.Popen[str], began: float) -> None:
+        self._proc, self._began = proc, began
+
+    def wait(self, timeout_s: float) -> VmResult:
+        """Wait up to ``timeout_s`` more seconds and return what ``vng`` returned. Raises
+        `VmError` on timeout (the VM is killed first); any other exception kills it too."""
+        try:
+            out, err = self._proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(self._proc)
+            out, err = self._proc.communicate()
+            raise VmError(f"VM run did not finish within {timeout_s:.0f} s; stderr tail: "
+                          f"{(err or '')[-400:]!r}") from None  # fmt: skip
+        except BaseException:
+            _kill_group(self._proc)
+            raise
+        return VmResult(self._proc.returncode, out, err, time.monotonic() - self._began)
+
+    def kill(self) -> None:
+        """Kill the run's process group if it is still running (by the PID it started)."""
+        _kill_group(self._proc)
+        self._proc.communicate()
+
+
+def start_in_vm(command: str, rwdir: Path, *, memory: str = "1G") -> VmRun:
+    """Start booting a VM that runs the shell ``command`` as root (``rwdir``, an existing
+    host folder, is writable in the guest) and return at once. Raises `VmError` if no VM can
+    run here."""
     reason = vm_unavailable()
     if reason is not None:
         raise VmError(reason)
@@ -93,17 +119,16 @@ def run_in_vm(command: str, rwdir: Path, *, timeout_s: float, memory: str = "1G"
         vng_command(kernel, command, rwdir, memory), env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out, err = proc.communicate()
-        raise VmError(f"VM run did not finish within {timeout_s:.0f} s; stderr tail: "
-                      f"{(err or '')[-400:]!r}") from None  # fmt: skip
-    except BaseException:
-        _kill_group(proc)
-        raise
-    return VmResult(proc.returncode, out, err, time.monotonic() - began)
+    return VmRun(proc, began)
+
+
+def run_in_vm(command: str, rwdir: Path, *, timeout_s: float, memory: str = "1G") -> VmResult:
+    """Boot a VM, run the shell ``command`` in it as root and return what ``vng`` returned.
+
+    ``rwdir`` (an existing host folder) is writable in the guest. Raises `VmError` if no VM
+    can run here or the run takes longer than ``timeout_s`` (the VM is killed first).
+    """
+    return start_in_vm(command, rwdir, memory=memory).wait(timeout_s)
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
