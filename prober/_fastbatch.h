@@ -137,6 +137,43 @@ fail:
  * `CompiledSession.queue_pair` (coded: a pair id from the engine's counter, the second probe
  * `spacing_ns` after the first) or `queue_probe` would, at max(at, plan_now) + offset. A source
  * port with no socket yet is returned: the caller opens it before the next tick sends. */
+/* Queue one probe (a coded pair when `coded`, `spacing` ns apart) on engine `e` (slot `slot`)
+ * for `dest` at max(at, plan_now) + off, numbering its pair; when `e` has no socket on
+ * `sport` yet, append (slot, sport) to *missing (a list made on first use). Returns the
+ * datagrams queued (1 or 2), or -1 with a Python error set. */
+static int queue_probe(Engine *e, Py_ssize_t slot, const struct sockaddr_in *dest, long long at,
+                       long long plan_now, long long off, int32_t dst, uint64_t dst_hash,
+                       int sport, int coded, long long spacing, PyObject **missing) {
+    Queued q;
+    memset(&q, 0, sizeof(q));
+    q.dest = *dest;
+    q.at = (at > plan_now ? at : plan_now) + off;
+    q.order = ++e->order;
+    q.dst = dst;
+    q.dst_hash = dst_hash;
+    q.sport = (uint16_t)sport;
+    if (coded) {
+        q.pair = (int32_t)e->next_pair;
+        e->next_pair = (e->next_pair + 1) & 0x7FFFFFFFu;
+        q.spacing = spacing;
+    } else {
+        q.pair = -1;
+        q.spacing = -1;
+    }
+    q.pos = 0;
+    if (qpush(e, &q) < 0) return -1;
+    if (e->port_sock[q.sport] < 0) {
+        if (!*missing && !(*missing = PyList_New(0))) return -1;
+        PyObject *m = Py_BuildValue("(ni)", slot, sport);
+        if (!m || PyList_Append(*missing, m) < 0) {
+            Py_XDECREF(m);
+            return -1;
+        }
+        Py_DECREF(m);
+    }
+    return coded ? 2 : 1;
+}
+
 static PyObject *py_queue_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *engines, *table, *rows, *offsets;
     long long plan_now, spacing;
@@ -186,36 +223,15 @@ static PyObject *py_queue_rows(PyObject *Py_UNUSED(self), PyObject *args) {
             PyErr_Format(PyExc_ValueError, "bad destination port %d", port);
             goto fail;
         }
-        Queued q;
-        memset(&q, 0, sizeof(q));
-        q.dest.sin_family = AF_INET;
-        q.dest.sin_port = htons((uint16_t)port);
-        q.dest.sin_addr.s_addr = htonl((uint32_t)ip);
-        q.at = (at > plan_now ? at : plan_now) + off;
-        q.order = ++e->order;
-        q.dst = dst;
-        q.dst_hash = dst_hash;
-        q.sport = (uint16_t)sport;
-        if (coded) {
-            q.pair = (int32_t)e->next_pair;
-            e->next_pair = (e->next_pair + 1) & 0x7FFFFFFFu;
-            q.spacing = spacing;
-        } else {
-            q.pair = -1;
-            q.spacing = -1;
-        }
-        q.pos = 0;
-        if (qpush(e, &q) < 0) goto fail;
-        queued += coded ? 2 : 1;
-        if (e->port_sock[q.sport] < 0) {
-            if (!missing && !(missing = PyList_New(0))) goto fail;
-            PyObject *m = Py_BuildValue("(nl)", slot, sport);
-            if (!m || PyList_Append(missing, m) < 0) {
-                Py_XDECREF(m);
-                goto fail;
-            }
-            Py_DECREF(m);
-        }
+        struct sockaddr_in dest;
+        memset(&dest, 0, sizeof(dest));
+        dest.sin_family = AF_INET;
+        dest.sin_port = htons((uint16_t)port);
+        dest.sin_addr.s_addr = htonl((uint32_t)ip);
+        int n = queue_probe(e, slot, &dest, at, plan_now, off, dst, dst_hash, (int)sport, coded,
+                            spacing, &missing);
+        if (n < 0) goto fail;
+        queued += n;
     }
     if (!missing) return Py_BuildValue("(nO)", queued, Py_None);
     return Py_BuildValue("(nN)", queued, missing);

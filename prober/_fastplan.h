@@ -515,34 +515,10 @@ static PyObject *py_queue_plan(PyObject *Py_UNUSED(self), PyObject *args) {
         if (!s->has_target) continue;
         Engine *e = batch_engine(engines, s->slot);
         if (!e) goto fail;
-        Queued q;
-        memset(&q, 0, sizeof(q));
-        q.dest = s->dest;
-        q.at = (at > plan_now ? at : plan_now) + off;
-        q.order = ++e->order;
-        q.dst = s->dst;
-        q.dst_hash = s->dst_hash;
-        q.sport = (uint16_t)sport;
-        if (coded) {
-            q.pair = (int32_t)e->next_pair;
-            e->next_pair = (e->next_pair + 1) & 0x7FFFFFFFu;
-            q.spacing = spacing;
-        } else {
-            q.pair = -1;
-            q.spacing = -1;
-        }
-        q.pos = 0;
-        if (qpush(e, &q) < 0) goto fail;
-        queued += coded ? 2 : 1;
-        if (e->port_sock[q.sport] < 0) {
-            if (!missing && !(missing = PyList_New(0))) goto fail;
-            PyObject *m = Py_BuildValue("(ni)", s->slot, sport);
-            if (!m || PyList_Append(missing, m) < 0) {
-                Py_XDECREF(m);
-                goto fail;
-            }
-            Py_DECREF(m);
-        }
+        int n = queue_probe(e, s->slot, &s->dest, at, plan_now, off, s->dst, s->dst_hash, sport,
+                            coded, spacing, &missing);
+        if (n < 0) goto fail;
+        queued += n;
     }
     if (!missing) return Py_BuildValue("(nO)", queued, Py_None);
     return Py_BuildValue("(nN)", queued, missing);

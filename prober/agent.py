@@ -391,10 +391,16 @@ class Agent:
             driver.engines, table, rows, [off] * len(driver.engines), plan_now_ns,
             self.cfg.schedule.pair_spacing_ns, self.plan.config.coded,
         )  # fmt: skip
-        if missing:
-            for slot, sport in missing:
-                if not driver.endpoints[slot].closed:  # shutting down: nothing is sent
-                    driver.endpoints[slot].add_source_port(sport)
+        self._after_queueing(driver, queued, missing)
+
+    def _after_queueing(
+        self, driver: CompiledDriver, queued: int, missing: list[tuple[int, int]] | None
+    ) -> None:
+        """Count ``queued`` probes and open the source ports the engines had no socket for
+        (``missing``: (slot, port) pairs), except on NICs already closed (shutting down)."""
+        for slot, sport in missing or ():
+            if not driver.endpoints[slot].closed:
+                driver.endpoints[slot].add_source_port(sport)
         self.stats.probes_queued += queued
 
     def _queue_plan_batched(self, driver: CompiledDriver, until_ns: int, plan_now_ns: int) -> None:
@@ -415,11 +421,7 @@ class Agent:
             core, driver.engines, until_ns, plan_now_ns, off,
             self.cfg.schedule.pair_spacing_ns, self.plan.config.coded,
         )  # fmt: skip
-        if missing:
-            for slot, sport in missing:
-                if not driver.endpoints[slot].closed:  # shutting down: nothing is sent
-                    driver.endpoints[slot].add_source_port(sport)
-        self.stats.probes_queued += queued
+        self._after_queueing(driver, queued, missing)
 
     def _batched_stream_table(
         self, driver: CompiledDriver
