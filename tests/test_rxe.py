@@ -88,6 +88,10 @@ def test_probes_cross_rxe_through_the_broker_with_four_host_stamps(run: dict[str
             assert r[T1] < r[T2] <= r[T3] < r[T4], r
     # rxe has no completion timestamps: every batch is flagged as host ("sw") stamps
     assert {r[STAMP] for r in run["rows"]} == {"sw"}
+    # kept for a loss nobody planned: both devices' counters (rdma statistic) and link drops
+    assert all(
+        f"link {d}/1 sent_pkts" in run["counters"]["rdma_statistic"] for d in ("rxe0", "rxe1")
+    )
 
 
 def test_records_carry_the_source_ports_seen_on_the_wire(run: dict[str, Any]) -> None:

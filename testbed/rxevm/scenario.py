@@ -17,6 +17,7 @@
 
 Everything observed goes to ``DIR/result.json`` (records as rows, phase times in the guest's
 clock, which is also the clock of the "sw" stamps, presence history, wire ports, exit codes,
+rxe and link counters at the end,
 log tails); the tests (tests/test_rxe.py) judge it. Processes started here are stopped by PID.
 """
 
@@ -291,6 +292,12 @@ async def run(out: Path, phase_s: float) -> dict[str, Any]:
             with contextlib.suppress(asyncio.CancelledError):
                 await sub
     sniffer.join(timeout=5)
+    # where a lost packet went, if one did: rxe's per-device counters and the links' drops
+    res["counters"] = {
+        name: subprocess.run(argv, check=False, capture_output=True, text=True).stdout
+        for name, argv in (("rdma_statistic", ["rdma", "statistic", "show"]),
+                           ("links", ["ip", "-s", "link", "show"]))
+    }  # fmt: skip
     res["rows"] = obs.rows
     res["presence"] = obs.presence
     res["health"] = obs.health
