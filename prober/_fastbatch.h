@@ -137,6 +137,30 @@ fail:
  * `CompiledSession.queue_pair` (coded: a pair id from the engine's counter, the second probe
  * `spacing_ns` after the first) or `queue_probe` would, at max(at, plan_now) + offset. A source
  * port with no socket yet is returned: the caller opens it before the next tick sends. */
+/* One entry of a stream table (`queue_rows`, `Plan.set_targets`): (engine index, dst index, dst
+ * hash, IPv4 address as a host-order int, UDP port) into its parts and the destination
+ * address; -1 with a TypeError or ValueError set when it is not one. */
+static int parse_target(PyObject *ent, Py_ssize_t *slot, int32_t *dst, uint64_t *dst_hash,
+                        struct sockaddr_in *dest) {
+    int d, port;
+    unsigned long long h;
+    unsigned long ip;
+    if (!PyArg_ParseTuple(ent, "niKki;table entries are (engine, dst, hash, ip, port)", slot, &d,
+                          &h, &ip, &port))
+        return -1;
+    if (port < 0 || port > 65535 || ip > 0xFFFFFFFFul) {
+        PyErr_Format(PyExc_ValueError, "bad destination: address %lu, port %d", ip, port);
+        return -1;
+    }
+    memset(dest, 0, sizeof(*dest));
+    dest->sin_family = AF_INET;
+    dest->sin_port = htons((uint16_t)port);
+    dest->sin_addr.s_addr = htonl((uint32_t)ip);
+    *dst = d;
+    *dst_hash = h;
+    return 0;
+}
+
 /* Queue one probe (a coded pair when `coded`, `spacing` ns apart) on engine `e` (slot `slot`)
  * for `dest` at max(at, plan_now) + off, numbering its pair; when `e` has no socket on
  * `sport` yet, append (slot, sport) to *missing (a list made on first use). Returns the
@@ -205,12 +229,10 @@ static PyObject *py_queue_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         PyObject *ent = PyList_GET_ITEM(table, stream);
         if (ent == Py_None) continue;
         Py_ssize_t slot;
-        int dst, port;
-        unsigned long long dst_hash;
-        unsigned long ip;
-        if (!PyArg_ParseTuple(ent, "niKki;table entries are (engine, dst, hash, ip, port)", &slot,
-                              &dst, &dst_hash, &ip, &port))
-            goto fail;
+        int32_t dst;
+        uint64_t dst_hash;
+        struct sockaddr_in dest;
+        if (parse_target(ent, &slot, &dst, &dst_hash, &dest) < 0) goto fail;
         Engine *e = batch_engine(engines, slot);
         if (!e) goto fail;
         if (slot >= PyList_GET_SIZE(offsets)) {
@@ -219,15 +241,6 @@ static PyObject *py_queue_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         }
         long long off = PyLong_AsLongLong(PyList_GET_ITEM(offsets, slot));
         if (off == -1 && PyErr_Occurred()) goto fail;
-        if (port < 0 || port > 65535 || ip > 0xFFFFFFFFul) {
-            PyErr_Format(PyExc_ValueError, "bad destination port %d", port);
-            goto fail;
-        }
-        struct sockaddr_in dest;
-        memset(&dest, 0, sizeof(dest));
-        dest.sin_family = AF_INET;
-        dest.sin_port = htons((uint16_t)port);
-        dest.sin_addr.s_addr = htonl((uint32_t)ip);
         int n = queue_probe(e, slot, &dest, at, plan_now, off, dst, dst_hash, (int)sport, coded,
                             spacing, &missing);
         if (n < 0) goto fail;

@@ -236,6 +236,21 @@ static int plan_take(Plan *p, int64_t now, int64_t *at, Py_ssize_t *stream, int 
     return 1;
 }
 
+/* Copy the ints of `seq` (a PySequence_Fast) into `out` as source ports: their count, or -1
+ * with an error set (not an int, or outside [0, 65535]). */
+static Py_ssize_t copy_ports(PyObject *seq, uint16_t *out) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, j));
+        if ((v == -1 && PyErr_Occurred()) || v < 0 || v > 65535) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad source port");
+            return -1;
+        }
+        out[j] = (uint16_t)v;
+    }
+    return n;
+}
+
 static void Plan_free_arrays(Plan *p) {
     for (Py_ssize_t i = 0; p->st && i < p->ns; i++) PyMem_Free(p->st[i].order);
     for (int i = 0; p->ports && i < p->nsrc; i++) PyMem_Free(p->ports[i]);
@@ -296,16 +311,9 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kw) {
             goto fail;
         }
         p->nports[i] = (int)n;
-        for (Py_ssize_t j = 0; j < n; j++) {
-            long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, j));
-            if ((v == -1 && PyErr_Occurred()) || v < 0 || v > 65535) {
-                Py_DECREF(seq);
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad source port");
-                goto fail;
-            }
-            p->ports[i][j] = (uint16_t)v;
-        }
+        Py_ssize_t got = copy_ports(seq, p->ports[i]);
         Py_DECREF(seq);
+        if (got < 0) goto fail;
     }
     for (Py_ssize_t i = 0; i < ns; i++) {
         PStream *s = &p->st[i];
@@ -337,17 +345,10 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kw) {
             PyErr_SetString(PyExc_ValueError, "a stream's order is longer than its port set");
             goto fail;
         }
-        for (Py_ssize_t j = 0; j < n; j++) {
-            long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, j));
-            if ((v == -1 && PyErr_Occurred()) || v < 0 || v > 65535) {
-                Py_DECREF(seq);
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad source port");
-                goto fail;
-            }
-            s->order[j] = (uint16_t)v;
-        }
-        s->norder = (int)n;
+        Py_ssize_t got = copy_ports(seq, s->order);
         Py_DECREF(seq);
+        if (got < 0) goto fail;
+        s->norder = (int)n;
     }
     for (Py_ssize_t h = 0; h < hn; h++) {
         long long at;
@@ -423,39 +424,26 @@ static PyObject *Plan_set_targets(Plan *p, PyObject *table) {
         PyErr_SetString(PyExc_ValueError, "the table is a list with one entry per stream");
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < p->ns; i++) {
+    Py_ssize_t slot;
+    int32_t dst;
+    uint64_t dst_hash;
+    struct sockaddr_in dest;
+    for (Py_ssize_t i = 0; i < p->ns; i++) { /* all or nothing: check every entry first */
         PyObject *ent = PyList_GET_ITEM(table, i);
         if (ent == Py_None) continue;
-        Py_ssize_t slot;
-        int dst, port;
-        unsigned long long dst_hash;
-        unsigned long ip;
-        if (!PyArg_ParseTuple(ent, "niKki;table entries are (engine, dst, hash, ip, port)", &slot,
-                              &dst, &dst_hash, &ip, &port))
-            return NULL;
-        if (slot < 0 || port < 0 || port > 65535 || ip > 0xFFFFFFFFul) {
-            PyErr_Format(PyExc_ValueError, "bad table entry for stream %zd", i);
+        if (parse_target(ent, &slot, &dst, &dst_hash, &dest) < 0) return NULL;
+        if (slot < 0) {
+            PyErr_Format(PyExc_ValueError, "bad engine index for stream %zd", i);
             return NULL;
         }
     }
     for (Py_ssize_t i = 0; i < p->ns; i++) {
         PyObject *ent = PyList_GET_ITEM(table, i);
         PStream *s = &p->st[i];
-        s->has_target = 0;
-        if (ent == Py_None) continue;
-        Py_ssize_t slot;
-        int dst, port;
-        unsigned long long dst_hash;
-        unsigned long ip;
-        if (!PyArg_ParseTuple(ent, "niKki", &slot, &dst, &dst_hash, &ip, &port)) return NULL;
-        memset(&s->dest, 0, sizeof(s->dest));
-        s->dest.sin_family = AF_INET;
-        s->dest.sin_port = htons((uint16_t)port);
-        s->dest.sin_addr.s_addr = htonl((uint32_t)ip);
-        s->slot = slot;
-        s->dst = dst;
-        s->dst_hash = dst_hash;
-        s->has_target = 1;
+        s->has_target = ent != Py_None;
+        if (s->has_target &&
+            parse_target(ent, &s->slot, &s->dst, &s->dst_hash, &s->dest) < 0) /* checked above */
+            return NULL;
     }
     Py_RETURN_NONE;
 }

@@ -44,6 +44,31 @@ def _queued(session: CompiledSession) -> list[tuple[Any, ...]]:
     return [(at, names[dst], *rest) for at, dst, *rest in session.engine.queued()]
 
 
+def _old_and_new(coded: bool) -> tuple[dict[str, Agent], Any]:
+    """Two agents ("old", "new") of one config, coded pairs or not, on the compiled hot path
+    with fake endpoints (the NICs' clocks 5 s ahead of the plan's), and a stand-in driver of
+    the new one's engines and endpoints."""
+    cfg = config()
+    cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, coded=coded))
+    agents: dict[str, Agent] = {}
+    for name in ("old", "new"):
+        agent = Agent(cfg, now_ns=lambda: 0)
+        assert agent.hot_path == "compiled"
+        agent.endpoints = {n: _Ep(agent.sessions[n], 5 * 10**9)  # type: ignore[misc,arg-type]
+                           for n in ("nic0", "nic1")}  # fmt: skip
+        agents[name] = agent
+    eps = list(agents["new"].endpoints.values())
+    driver: Any = type("D", (), {"engines": tuple(e.engine for e in eps), "endpoints": eps})
+    return agents, driver
+
+
+def _clocks_at(agents: dict[str, Agent], plan_now: int) -> None:
+    """Set every fake endpoint's clock to just after ``plan_now``."""
+    for agent in agents.values():
+        for ep in agent.endpoints.values():
+            ep.t = plan_now + 1234  # type: ignore[attr-defined]
+
+
 def test_queue_rows_queues_what_queue_pair_did() -> None:
     """`Agent._queue_rows_batched` (one `queue_rows` call per tick) against `Agent._queue_rows`
     (a `queue_pair` per coded pair): every engine holds the same probes (peer, address, source
@@ -51,22 +76,10 @@ def test_queue_rows_queues_what_queue_pair_did() -> None:
     and single probes, NIC clock ahead of the plan's; the source ports without a socket are
     handed to their endpoint to open."""
     for coded in (True, False):
-        cfg = config()
-        cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, coded=coded))
-        agents: dict[str, Agent] = {}
-        for name in ("old", "new"):
-            agent = Agent(cfg, now_ns=lambda: 0)
-            assert agent.hot_path == "compiled"
-            agent.endpoints = {n: _Ep(agent.sessions[n], 5 * 10**9)  # type: ignore[misc,arg-type]
-                               for n in ("nic0", "nic1")}  # fmt: skip
-            agents[name] = agent
-        eps = list(agents["new"].endpoints.values())
-        driver: Any = type("D", (), {"engines": tuple(e.engine for e in eps), "endpoints": eps})
+        agents, driver = _old_and_new(coded)
         for tick in range(1, 400):
             plan_now = tick * 10_000_000
-            for agent in agents.values():
-                for ep in agent.endpoints.values():
-                    ep.t = plan_now + 1234  # type: ignore[attr-defined]
+            _clocks_at(agents, plan_now)
             lead = plan_now + 10_000_000
             agents["old"]._queue_rows(agents["old"].plan.due_rows(lead), plan_now)
             agents["new"]._queue_rows_batched(driver, agents["new"].plan.due_rows(lead), plan_now)
@@ -88,22 +101,11 @@ def test_queue_plan_queues_what_queue_pair_did() -> None:
     of the other path; source ports without a socket are handed to their endpoint to open;
     the same probes counted."""
     for coded in (True, False):
-        cfg = config()
-        cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, coded=coded))
-        agents: dict[str, Agent] = {}
-        for name in ("old", "new"):
-            agent = Agent(cfg, now_ns=lambda: 0)
-            agent.endpoints = {n: _Ep(agent.sessions[n], 5 * 10**9)  # type: ignore[misc,arg-type]
-                               for n in ("nic0", "nic1")}  # fmt: skip
-            agents[name] = agent
-        eps = list(agents["new"].endpoints.values())
-        driver: Any = type("D", (), {"engines": tuple(e.engine for e in eps), "endpoints": eps})
+        agents, driver = _old_and_new(coded)
         new = agents["new"]
         for tick in range(1, 400):
             plan_now = tick * 10_000_000
-            for agent in agents.values():
-                for ep in agent.endpoints.values():
-                    ep.t = plan_now + 1234  # type: ignore[attr-defined]
+            _clocks_at(agents, plan_now)
             lead = plan_now + 10_000_000
             agents["old"]._queue_rows(agents["old"].plan.due_rows(lead), plan_now)
             if tick < 7:  # the Python plan's rows, one call per tick
