@@ -194,10 +194,12 @@ def _laid_end_to_end(parts: list[Summary]) -> Summary:
 
 
 def solve_window(
-    w: SampleWindow, n_nics: int, config: ClockSyncConfig, t_ref: int
+    w: SampleWindow, n_nics: int, config: ClockSyncConfig, t_ref: int, leaf: I64 | None = None
 ) -> tuple[WindowSync, int]:
     """The estimator on one window at ``t_ref`` (module docstring: hw summary driver unless a
-    row is software-stamped); returns (result, summary points read, 0 for the sw driver)."""
+    row is software-stamped); returns (result, summary points read, 0 for the sw driver).
+    ``leaf``: per NIC its leaf's index, for the summary driver's leaf split of the queueing
+    (`sync.summary.split_excess`); None: the receive part alone."""
     if w.sw.any():
         samples = orient_samples(
             w.src, w.dst, w.pair, w.t1, w.t2, w.t3, w.t4, np.zeros(len(w), bool), t_ref,
@@ -210,21 +212,22 @@ def solve_window(
     s = window_summary(w, t_ref, config.coded_tol_hw_ns)
     ws = sync_summary(
         n_nics, s, quant_ns=config.quant_hw_ns, min_samples=config.min_samples,
-        min_coded=config.min_coded,
+        min_coded=config.min_coded, leaf=leaf,
     )  # fmt: skip
     return ws, s.n_points
 
 
 def compute_state(
-    w: SampleWindow, n_nics: int, config: ClockSyncConfig, now_ns: int
+    w: SampleWindow, n_nics: int, config: ClockSyncConfig, now_ns: int, leaf: I64 | None = None
 ) -> ClockState | None:
-    """Pure solve of one window (`solve_window`) -> per-NIC `ClockModels` at the middle of the
-    window. Returns None when no pair could be fitted. Safe to run in a worker thread."""
+    """Pure solve of one window (`solve_window`, ``leaf`` as there) -> per-NIC `ClockModels`
+    at the middle of the window. Returns None when no pair could be fitted. Safe to run in a
+    worker thread."""
     if len(w) < 2:
         return None
     t_lo, t_hi = int(w.t1.min()), int(w.t1.max())
     t_ref = t_lo + (t_hi - t_lo) // 2
-    ws, points = solve_window(w, n_nics, config, t_ref)
+    ws, points = solve_window(w, n_nics, config, t_ref, leaf)
     fits = ws.fits
     good = fits.ok & np.isfinite(fits.drift_std)
     if not ws.known.any() or not good.any():

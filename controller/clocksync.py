@@ -78,7 +78,20 @@ class Delays:
 class ClockSync:
     """Stateful wrapper that runs `sync.window` continuously; see the module docstring."""
 
-    def __init__(self, n_nics: int, config: ClockSyncConfig | None = None) -> None:
+    def __init__(
+        self,
+        n_nics: int,
+        config: ClockSyncConfig | None = None,
+        *,
+        leaf: NDArray[np.integer[Any]] | None = None,
+    ) -> None:
+        """``leaf``: per NIC index its leaf switch's index (the fabric's ECMP group), which
+        lets the solve split the queueing left in the best samples by leaf uplink and NIC
+        downlink (`sync.summary.split_excess`); None: receive side only. Raises ValueError
+        when ``leaf`` does not have ``n_nics`` entries."""
+        if leaf is not None and len(leaf) != n_nics:
+            raise ValueError(f"leaf has {len(leaf)} entries for {n_nics} NICs")
+        self.leaf = None if leaf is None else np.asarray(leaf, np.int64)
         self.n_nics = n_nics
         self.config = config or ClockSyncConfig()
         self._chunks: deque[tuple[int, dict[str, NDArray[Any]]]] = deque()
@@ -255,14 +268,14 @@ class ClockSync:
         window = self.start_solve(now_ns)
         if window is None:
             return False
-        return self.install(compute_state(window, self.n_nics, self.config, now_ns))
+        return self.install(compute_state(window, self.n_nics, self.config, now_ns, self.leaf))
 
     def solve(self, now_ns: int) -> bool:
         """Run `sync_window` on the current window; return True on a new state."""
         window = self.window()
         if window is None:
             return False
-        return self.install(compute_state(window, self.n_nics, self.config, now_ns))
+        return self.install(compute_state(window, self.n_nics, self.config, now_ns, self.leaf))
 
     def window(self) -> SampleWindow | None:
         """Return the rows of the current window (None if there are none).

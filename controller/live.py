@@ -112,7 +112,7 @@ class LiveController:
         self.config = config or LiveConfig()
         n = len(fabric.nics)
         self.ingestor = Ingestor(fabric, paths)
-        self.clock = ClockSync(n, self.config.sync)
+        self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
         self.flows = FlowStore(n, self.config.baseline_bucket_ns)
         self.brain = brain if brain is not None else default_brain(fabric)
         self.events: deque[MeshEvent] = deque(maxlen=self.config.max_events)
@@ -171,8 +171,8 @@ class LiveController:
         window = self.clock.start_solve(now_ns)
         if window is None:
             return None
-        n, cfg = self.clock.n_nics, self.clock.config
-        return lambda: compute_state(window, n, cfg, now_ns)
+        n, cfg, leaf = self.clock.n_nics, self.clock.config, self.clock.leaf
+        return lambda: compute_state(window, n, cfg, now_ns, leaf)
 
     def install_clock(self, state: ClockState | None, cost_s: float | None = None) -> bool:
         """Install a solved clock state; return True if it was new. ``cost_s``: the solve's

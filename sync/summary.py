@@ -55,6 +55,7 @@ LINE_FRACTION = 0.1  # lowest-RTT exchanges per edge the drift lines go through
 RX_K = 6  # lowest samples per direction the receive-side floor excess is extrapolated from
 # a direction reads at most 1 in RX_SAMPLES_PER_K of its samples: the tail model is near-floor
 RX_SAMPLES_PER_K = 20
+SPLIT_ROUNDS = 8  # backfitting rounds of `split_excess` (the parts settle in 3-4)
 BETA_MIN = 1 / 3  # the steepest rise from the floor `pooled_tail_index` allows (index 3)
 
 
@@ -298,11 +299,15 @@ def sync_summary(
     rtt_fractions: tuple[float, ...] = RTT_FRACTIONS,
     bias_bound: bool = True,
     rx_correction: bool = True,
+    leaf: I64 | None = None,
 ) -> WindowSync:
     """`sync.window.sync_window` on a summary: pair fits on the hulls, two network solves,
     second stage with the envelope and the lowest-RTT candidates (no per-direction lowest
     fractions: they need every sample). ``rx_correction``: subtract from every NIC's offset
-    half the queueing its best incoming samples still carry (`receive_excess`). Raises
+    half the queueing its best incoming samples still carry (`receive_excess`); with ``leaf``
+    (per node its leaf switch's index, the fabric's ECMP group) the excesses are split into a
+    receive part per NIC and a send part per leaf and the NIC's offset loses half of their
+    difference instead (`split_excess`; estimator name ``...+rx+uplink``). Raises
     ValueError when a fraction needs more exchanges than ``cap`` kept (a cap from a too small
     ``max_exchanges``)."""
     m = len(s.edges)
@@ -358,10 +363,17 @@ def sync_summary(
     out = dataclasses.replace(out, drift_from=drift_from)
     if not rx_correction:
         return out
-    rx = np.nan_to_num(receive_excess(n_nodes, s, slope))
-    off = np.where(out.known, out.offset_ns - 0.5 * rx, np.nan)
+    src, dst, val = direction_excess(s, slope)
+    if leaf is None:
+        rx = _node_midmean(n_nodes, dst, val) if len(val) else np.full(n_nodes, np.nan)
+        name = "+rx"
+    else:
+        recv, send = split_excess(n_nodes, src, dst, val, np.asarray(leaf, np.int64))
+        rx = recv - send[leaf] if len(send) else recv
+        name = "+rx+uplink"
+    off = np.where(out.known, out.offset_ns - 0.5 * np.nan_to_num(rx), np.nan)
     off -= np.nanmean(off) if out.known.any() else 0.0
-    return dataclasses.replace(out, offset_ns=off, estimator=out.estimator + "+rx")
+    return dataclasses.replace(out, offset_ns=off, estimator=out.estimator + name)
 
 
 def tail_factor(k: I64 | int, beta: float) -> F64:
@@ -423,33 +435,30 @@ def pooled_tail_index(low: F64, high: F64, k: int) -> float:
     return 0.5 * (lo + hi)
 
 
-def receive_excess(
-    n_nodes: int, s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20
-) -> F64:
-    """Per NIC, how far its best incoming samples sit above the delay floor (ns), from the
-    data: per incoming direction the lowest ``k`` delays detrended by the pair slope
-    (``slope[edge]``, exact from the stored hull layers; at most 1 in ``RX_SAMPLES_PER_K`` of
-    the direction's samples, since the tail model below holds near the floor only, and at
-    least 3), the floor extrapolated from them, interquartile mean over the NIC's incoming
-    directions (`_node_midmean`). The extrapolation assumes the delay distribution rises from its floor like a power
-    ``1 / beta`` of the excess (`tail_factor`): ``beta = 1`` is a density at the floor (the
-    minimum's excess is one spacing), while a hot receive hop makes the best samples the few
-    that found it idle plus a small wait elsewhere, a faster rise (index ~2). ``beta`` is
+def direction_excess(
+    s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20
+) -> tuple[I64, I64, F64]:
+    """Per edge direction with at least 3 usable samples: (sender, receiver, excess ns), the
+    excess being how far the direction's best sample sits above its delay floor, read from the
+    data: the lowest ``k`` delays detrended by the pair slope (``slope[edge]``, exact from the
+    stored hull layers; at most 1 in ``RX_SAMPLES_PER_K`` of the direction's samples, since
+    the tail model below holds near the floor only, and at least 3), the floor extrapolated
+    from them. The extrapolation assumes the delay distribution rises from its floor like a
+    power ``1 / beta`` of the excess (`tail_factor`): ``beta = 1`` is a density at the floor
+    (the minimum's excess is one spacing), while a hot receive hop makes the best samples the
+    few that found it idle plus a small wait elsewhere, a faster rise (index ~2). ``beta`` is
     one figure per window, pooled over all directions with ``k`` samples
-    (`pooled_tail_index`): per direction it is far too noisy. With hardware stamps taken at
-    the wire a NIC's own egress queue is not measured, so the queueing its access link
-    leaves in the envelopes is on the receive side only, and it inflates every delay *into*
-    the NIC alike: the NIC's offset comes out high by half of it (a node offset that loops
-    cannot see). NaN for NICs with no direction of 3 samples. The hull points are read in
-    runs of whole groups of about ``block`` points (they are sorted by group), so the
-    temporaries stay bounded; the result does not depend on ``block``. Raises ValueError if
-    ``k`` is below 3 or exceeds the stored layers."""
+    (`pooled_tail_index`): per direction it is far too noisy, and so is a direction's excess
+    (it is aggregated per NIC, `receive_excess`, or per NIC and leaf, `split_excess`). The
+    hull points are read in runs of whole groups of about ``block`` points (they are sorted
+    by group), so the temporaries stay bounded; the result does not depend on ``block``.
+    Raises ValueError if ``k`` is below 3 or exceeds the stored layers."""
     if not 3 <= k <= RX_K:
         raise ValueError(f"k must be in [3, {RX_K}], got {k}")
     n_groups = 2 * len(s.edges)
     step = max(1, (block * n_groups) // max(len(s.all_g), 1))
     bounds = np.searchsorted(s.all_g, np.arange(0, n_groups + step, step))
-    parts: list[tuple[I64, I64, F64, F64]] = []  # node, samples used, x2 - x1, xk - x1
+    parts: list[tuple[I64, I64, F64, F64]] = []  # group, samples used, x2 - x1, xk - x1
     for a, b in itertools.pairwise(bounds.tolist()):
         if a == b:
             continue
@@ -463,16 +472,69 @@ def receive_excess(
         near = np.maximum(s.n_all[grp] // RX_SAMPLES_PER_K, 3)  # the floor's neighbourhood
         kd = np.minimum(np.minimum(np.diff(np.r_[first, len(g)]), k), near)
         ok = kd >= 3
-        f, kd, grp = first[ok], kd[ok], grp[ok]
-        # forward group 2e (i -> j) lands at j = edges[e, 1]; reverse 2e + 1 lands at i
-        node = np.where(grp % 2 == 0, s.edges[grp // 2, 1], s.edges[grp // 2, 0])
-        parts.append((node, kd, v[f + 1] - v[f], v[f + kd - 1] - v[f]))
+        f, kd, grp = first[ok], kd[ok], grp[ok].astype(np.int64)
+        parts.append((grp, kd, v[f + 1] - v[f], v[f + kd - 1] - v[f]))
     if not parts:
-        return np.full(n_nodes, np.nan)
-    node, kd, low, high = (np.concatenate(c) for c in zip(*parts, strict=True))
+        empty = np.zeros(0, np.int64)
+        return empty, empty.copy(), np.zeros(0)
+    grp, kd, low, high = (np.concatenate(c) for c in zip(*parts, strict=True))
     full = kd == k
     beta = pooled_tail_index(low[full], high[full], k)
-    return _node_midmean(n_nodes, node, high * tail_factor(kd, beta))
+    # forward group 2e runs i -> j for edges[e] = (i, j); reverse 2e + 1 runs j -> i
+    fwd = grp % 2 == 0
+    i, j = s.edges[grp // 2, 0], s.edges[grp // 2, 1]
+    return np.where(fwd, i, j), np.where(fwd, j, i), high * tail_factor(kd, beta)
+
+
+def receive_excess(
+    n_nodes: int, s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20
+) -> F64:
+    """Per NIC, how far its best incoming samples sit above the delay floor (ns): the
+    interquartile mean (`_node_midmean`) of `direction_excess` over the NIC's incoming
+    directions. With hardware stamps taken at the wire a NIC's own egress queue is not
+    measured, so the queueing its access link leaves in the envelopes is on the receive side
+    only, and it inflates every delay *into* the NIC alike: the NIC's offset comes out high by
+    half of it (a node offset that loops cannot see). NaN for NICs with no direction of 3
+    samples. Raises ValueError as `direction_excess`."""
+    _, dst, val = direction_excess(s, slope, k, block)
+    if not len(val):
+        return np.full(n_nodes, np.nan)
+    return _node_midmean(n_nodes, dst, val)
+
+
+def split_excess(
+    n_nodes: int, src: I64, dst: I64, val: F64, leaf: I64, *, rounds: int = SPLIT_ROUNDS
+) -> tuple[F64, F64]:
+    """Split per-direction excesses ``val`` (directions ``src -> dst``) into a part per
+    receiving NIC and a part per sending NIC's leaf: ``val ~ recv[dst] + send[leaf[src]]``,
+    the send part only where the direction leaves the leaf (``leaf[src] != leaf[dst]``).
+
+    Why: with send stamps taken at the wire the first queue a probe can meet is its leaf's
+    uplink towards a spine, shared by every NIC of the leaf; the last is the leaf's port
+    towards the receiving NIC. A pair offset is biased by half the difference of its two
+    directions' excesses, so NIC ``j`` carries ``(recv[j] - send[leaf[j]]) / 2``: the receive
+    part alone (`receive_excess`) leaves the leaf's send part, the same for all its NICs and
+    as invisible to loop closure. Fitted by backfitting (``rounds`` alternations) with the
+    interquartile mean (`_node_midmean`) for both parts, robust to the per-direction
+    extrapolations' wild values. Returns (recv per node, NaN where no incoming direction;
+    send per leaf index, 0 for a leaf with no outgoing direction). Each part is determined up
+    to a constant that can move between them (only the directions inside a leaf pin it, and
+    backfitting moves it slowly); ``recv - send[leaf]``, the correction, does not see it. Raises ValueError on arrays of different lengths or a leaf index < 0."""
+    if not len(src) == len(dst) == len(val):
+        raise ValueError("src, dst and val must have one entry per direction")
+    n_leaves = int(leaf.max()) + 1 if len(leaf) else 0
+    if len(leaf) != n_nodes or (len(leaf) and int(leaf.min()) < 0):
+        raise ValueError("leaf must give a leaf index >= 0 for every node")
+    out_leaf = leaf[src]
+    inter = out_leaf != leaf[dst]
+    send = np.zeros(n_leaves)
+    recv = np.full(n_nodes, np.nan)
+    for _ in range(max(1, rounds)):
+        recv = _node_midmean(n_nodes, dst, val - np.where(inter, send[out_leaf], 0.0))
+        rest = val - recv[dst]
+        part = _node_midmean(n_leaves, out_leaf[inter], rest[inter])
+        send = np.where(np.isfinite(part), part, 0.0)
+    return recv, send
 
 
 def _node_midmean(n_nodes: int, node: I64, val: F64) -> F64:

@@ -37,7 +37,7 @@ def run_one(
     fab = build_fabric(FabricShape.for_nics(nics, nics_per_leaf=16))
     sim = Simulator(fab, SimConfig(seed=seed, load=load, model=ModelKnobs()))
     ing = Ingestor(fab)
-    cs = ClockSync(len(fab.nics), ClockSyncConfig(bins=bins))
+    cs = ClockSync(len(fab.nics), ClockSyncConfig(bins=bins), leaf=fab.nic_group_index)
     p99s: list[float] = []
     owd: list[F64] = []
     last = None

@@ -55,7 +55,8 @@ def test_live_clock_sync_agrees_with_the_sim_sync_path(load: float, seed: int) -
     n = len(fab.nics)
     steps = list(sim.run(2.0, 0.1))
     ing = Ingestor(fab)
-    live = ClockSync(n, ClockSyncConfig(window_ns=3 * S, bins=30_000, warmup_bins=1))
+    leaf = fab.nic_group_index  # as `controller.live.LiveController` gives it
+    live = ClockSync(n, ClockSyncConfig(window_ns=3 * S, bins=30_000, warmup_bins=1), leaf=leaf)
     for st in steps:
         b = ing.ingest(st.batch)
         assert b is not None and b.stamp == "hw"
@@ -66,8 +67,8 @@ def test_live_clock_sync_agrees_with_the_sim_sync_path(load: float, seed: int) -
     kept = [dataclasses.replace(st, batch=_both_arrived(st.batch)) for st in steps]
     streamed = collect_window(kept, edges, per * 2 * 101, n, t_ref, 2.0, 25)
     assert streamed.probes == live.state.n_samples  # every kept pair in its own 0.1 ms cell
-    bench = sync_summary(n, streamed.summary, quant_ns=HW_TICK_NS)
-    assert live.state.summary_points > 0 and live.state.estimator.endswith("+rx")
+    bench = sync_summary(n, streamed.summary, quant_ns=HW_TICK_NS, leaf=leaf.astype(np.int64))
+    assert live.state.summary_points > 0 and live.state.estimator.endswith("+rx+uplink")
     assert live.state.estimator == bench.estimator
     off, _ = live.offsets(t_ref)
     gap = _rel(off, bench.offset_ns)
@@ -77,7 +78,7 @@ def test_live_clock_sync_agrees_with_the_sim_sync_path(load: float, seed: int) -
     assert np.max(np.abs(drift_gap - np.mean(drift_gap))) < 1e-12, drift_gap
     every = sync_summary(
         n, collect_window(steps, edges, per * 2 * 101, n, t_ref, 2.0, 25).summary,
-        quant_ns=HW_TICK_NS,
+        quant_ns=HW_TICK_NS, leaf=leaf.astype(np.int64),
     )  # fmt: skip
     truth = sim.true_offset_ns(float(t_ref - EPOCH_NS))
     e_live, e_every = _rel(off, truth), _rel(every.offset_ns, truth)
@@ -139,3 +140,9 @@ def test_window_summary_is_the_same_whatever_the_blocks() -> None:
         part = window_summary(w, t_ref, 25, block_rows=rows)
         for f in dataclasses.fields(whole):
             assert np.array_equal(getattr(part, f.name), getattr(whole, f.name)), f.name
+
+
+def test_clock_sync_refuses_a_leaf_map_of_the_wrong_length() -> None:
+    with pytest.raises(ValueError, match="leaf has 3 entries for 4 NICs"):
+        ClockSync(4, leaf=np.zeros(3, np.int64))
+    assert ClockSync(4, leaf=np.arange(4) // 2).leaf is not None

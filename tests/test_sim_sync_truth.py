@@ -42,6 +42,12 @@ def test_breakdown_separates_node_offsets_from_loop_noise() -> None:
     assert 20.0 < out["perfect_rx_p99_ns"] < out["uncorrected_p99_ns"] - 10.0
     rx_true[17] = -100.0
     assert breakdown(n, edges, theta, raw, truth, rx_true)["perfect_rx_p99_ns"] < 5.0
+    # the leaf split's correction, when given, is applied the same way and reported beside
+    out = breakdown(n, edges, theta, raw, truth, rx_true, rx_true.copy())
+    assert out["perfect_split_p99_ns"] == out["perfect_rx_p99_ns"]
+    out = breakdown(n, edges, theta, raw, truth, rx_true, np.zeros(n))
+    assert out["perfect_split_p99_ns"] == out["uncorrected_p99_ns"]
+    assert "perfect_split_p99_ns" not in breakdown(n, edges, theta, raw, truth, rx_true)
 
 
 def test_best_queueing_is_each_direction_s_least_queued_sample() -> None:
@@ -68,6 +74,10 @@ def test_best_queueing_is_each_direction_s_least_queued_sample() -> None:
     assert abs(best.best[2 * e + (a < c)] - min(qs)) > 1.0  # the other direction is another
     rx = best.receive_mean()
     assert np.all(rx[np.isfinite(rx)] >= 0.0) and np.isfinite(rx).sum() > n // 2
+    src, dst, q = best.directions()
+    k = np.flatnonzero((src == a) & (dst == c))
+    assert len(k) == 1 and q[k[0]] == best.best[2 * e + (a > c)]
+    assert len(q) == np.isfinite(best.best).sum()
 
 
 def test_sim_sync_reports_the_truth_breakdown_only_when_asked(
@@ -81,5 +91,6 @@ def test_sim_sync_reports_the_truth_breakdown_only_when_asked(
     tb = json.loads(capsys.readouterr().out)["truth_breakdown"]
     assert tb["node_like_p99_ns"] > 0 and tb["loop_scale_ns"] > 0
     assert tb["rx_true_p99_ns"] > 0 and tb["perfect_rx_p99_ns"] > 0
+    assert tb["perfect_split_p99_ns"] > 0
     assert main([*args, "--truth-breakdown", "--timestamps", "sw"]) == 2
     assert "needs --timestamps hw" in capsys.readouterr().err

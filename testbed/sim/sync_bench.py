@@ -40,7 +40,7 @@ import numpy.typing as npt
 from contract.records import ProbeBatch
 from controller.fabric import FabricShape, build_fabric
 from sync import anchor_tree, ntp_offsets, solve_network
-from sync.summary import queueing_bound, sync_summary
+from sync.summary import queueing_bound, split_excess, sync_summary
 from sync.window import EdgeSamples, orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, SimStep, Simulator
 from testbed.sim.heap import release_free_heap
@@ -202,6 +202,7 @@ def run_sync_bench(
     t0 = time.perf_counter()
     sim = Simulator(fabric, cfg)
     n_nodes = len(fabric.nics)
+    leaf = fabric.nic_group_index.astype(np.int64)  # the controller knows each NIC's leaf
     t_mid_ns = window_s / 2 * 1e9
     t_ref = EPOCH_NS + int(t_mid_ns)
 
@@ -237,12 +238,14 @@ def run_sync_bench(
         qb = queueing_bound(n_nodes, sw.summary)
         release_free_heap()  # what the window's reduction freed, before the solve's temporaries
         t_fit = time.perf_counter()
-        ws = sync_summary(n_nodes, sw.summary, quant_ns=quant)
+        ws = sync_summary(n_nodes, sw.summary, quant_ns=quant, leaf=leaf)
         solve_total = time.perf_counter() - t_fit
         if best is not None:  # the same solve without the receive-side correction, vs truth
             raw = sync_summary(n_nodes, sw.summary, quant_ns=quant, rx_correction=False)
+            recv, send = split_excess(n_nodes, *best.directions(), leaf)
             tb = breakdown(
-                n_nodes, edges, raw.theta_ns, raw.offset_ns, truth, best.receive_mean()
+                n_nodes, edges, raw.theta_ns, raw.offset_ns, truth, best.receive_mean(),
+                recv - send[leaf],
             )  # fmt: skip
         n_edges = m
         del sw

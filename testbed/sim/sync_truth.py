@@ -11,6 +11,8 @@ Two questions the estimator cannot answer from its data, and the simulator can:
   true queueing (the envelope's excess), averaged per NIC over its incoming directions, is the
   quantity `sync.summary.receive_excess` estimates from the data; subtracting half of the true
   value instead of the estimate gives the error that is left when that estimate is perfect.
+  The same true per-direction queueing through the leaf split (`sync.summary.split_excess`)
+  is what the estimator with leaves would reach with perfect per-direction readings.
 
 Pure except for reading a simulator step's truth arrays; nothing here feeds the estimator.
 """
@@ -61,6 +63,14 @@ class BestQueueing:
         q = owd[ok] - sim.fixed_delay_ns(hops[ok], a, b)
         np.minimum.at(self.best, 2 * e + (a > b), q)
 
+    def directions(self) -> tuple[I64, I64, F64]:
+        """(sender, receiver, best sample's true queueing ns) of every direction with an
+        arrived sample: the truth `sync.summary.direction_excess` estimates."""
+        g = np.flatnonzero(np.isfinite(self.best))
+        i, j = self.edges[g // 2, 0], self.edges[g // 2, 1]
+        fwd = g % 2 == 0
+        return np.where(fwd, i, j), np.where(fwd, j, i), self.best[g]
+
     def receive_mean(self) -> F64:
         """Per NIC the mean over its incoming directions of their best sample's queueing (ns;
         NaN for a NIC with none)."""
@@ -91,13 +101,17 @@ def breakdown(
     raw_offset_ns: F64,
     truth: F64,
     rx_true: F64,
+    split_true: F64 | None = None,
 ) -> dict[str, Any]:
     """The report's ``truth_breakdown``: from the pair offsets the final solve got
     (``theta_ns``, offset of j minus offset of i at the reference instant, before any
     receive-side correction) their error against ``truth``, split into the node-like part
     (p99 over NICs of ``|b - mean b|``) and the loop part (robust scale and p99 of the
     residual per edge); and the node p99 error of ``raw_offset_ns`` (the same solve's node
-    offsets, uncorrected) corrected by half of the true per-NIC receive excess ``rx_true``."""
+    offsets, uncorrected) corrected by half of the true per-NIC receive excess ``rx_true``,
+    and, given ``split_true`` (the true per-direction queueing through the estimator's leaf
+    split, `sync.summary.split_excess`: receive part minus the NIC's leaf's send part), by half
+    of that (``perfect_split_p99_ns``)."""
     fin = np.isfinite(theta_ns)
     e = edges[fin]
     err = theta_ns[fin] - (truth[e[:, 1]] - truth[e[:, 0]])
@@ -109,6 +123,10 @@ def breakdown(
     res = sol.residual_ns[np.isfinite(sol.residual_ns)]
     loop_scale = float(1.4826 * np.median(np.abs(res))) if res.size else float("nan")
     corrected = raw_offset_ns - 0.5 * np.nan_to_num(rx_true)
+    extra: dict[str, Any] = {}
+    if split_true is not None:
+        split = raw_offset_ns - 0.5 * np.nan_to_num(split_true)
+        extra["perfect_split_p99_ns"] = _p99(_node_errors(split, truth))
     return {
         "edge_error_p99_ns": _p99(np.abs(err)),
         "node_like_p99_ns": _p99(b),
@@ -117,4 +135,5 @@ def breakdown(
         "uncorrected_p99_ns": _p99(_node_errors(raw_offset_ns, truth)),
         "rx_true_p99_ns": _p99(rx_true),
         "perfect_rx_p99_ns": _p99(_node_errors(corrected, truth)),
+        **extra,
     }
