@@ -7,12 +7,17 @@ Tests that use it are skipped when the binary is missing.
 ``_rxe_vm_early`` (session, automatic): starts the Soft-RoCE VM of ``tests/test_rxe.py`` at
 the session's start when an ``rxe`` test was collected (`tests.rxe_early`), so its minutes of
 emulation overlap the rest of the suite; killed by its PID at the session's end if unused.
+
+``_teardown_on_sigterm`` (session, automatic): a SIGTERM (a CI timeout, ``kill``) ends the
+session the way Ctrl-C does, so every fixture's teardown runs (VMs, brokers, namespaces are
+stopped by their PIDs) instead of the process dying with them still running.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -27,9 +32,26 @@ from tests.rxe_early import EARLY, start_scenario
 MOSQUITTO = "/usr/sbin/mosquitto"
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    """Raise KeyboardInterrupt: pytest then stops and tears every fixture down."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _teardown_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into an interrupt for the session (see the module docstring)."""
+    before = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _rxe_vm_early(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    _teardown_on_sigterm: None,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[None]:
     """Start `tests.rxe_early`'s VM when an rxe test was collected and a VM can run here;
     kill it at the session's end (a no-op once it has finished)."""
