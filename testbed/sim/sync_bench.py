@@ -177,12 +177,18 @@ def run_sync_bench(
     progress: bool = False,
     model: ModelKnobs | None = None,
     truth_breakdown: bool = False,
+    windows: int = 1,
 ) -> dict[str, Any]:
     """Run the benchmark and return the report (see module docstring). ``truth_breakdown``
     (hardware stamps only) adds ``truth_breakdown`` (`testbed.sim.sync_truth.breakdown`).
-    Raises ValueError."""
+    ``windows`` > 1 scores that many consecutive windows of one simulated run (the fabric, its
+    fixed delays and its clocks go on; hot spots move): the report is the first window's, plus
+    ``windows`` (each window's figures) and ``over_windows`` (their medians). Raises
+    ValueError."""
     if truth_breakdown and timestamps != "hw":
         raise ValueError("--truth-breakdown needs --timestamps hw")
+    if windows < 1:
+        raise ValueError("--windows must be >= 1")
     if nics < 4:
         raise ValueError("--nics must be >= 4")
     if not 1 <= peers < nics:
@@ -200,10 +206,85 @@ def run_sync_bench(
         model=ModelKnobs() if model is None else model,
     )
     t0 = time.perf_counter()
-    sim = Simulator(fabric, cfg)
+    hold = _SimHold(Simulator(fabric, cfg))
+    reports = []
+    for w in range(windows):
+        reports.append(
+            _score_window(hold, cfg, w * window_s, window_s, last=w == windows - 1, t0=t0,
+                          progress=progress, truth_breakdown=truth_breakdown)
+        )  # fmt: skip
+        t0 = time.perf_counter()
+    rep = reports[0]
+    if windows > 1:
+        rep["windows"] = [_window_figures(r) for r in reports]
+        rep["over_windows"] = _over_windows(rep["windows"])
+    return rep
+
+
+class _SimHold:
+    """The run's simulator, let go once its last window is simulated, so that its memory
+    (hundreds of MB at 10,000 NICs) is free before that window's solve."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim: Simulator | None = sim
+
+
+def _window_figures(rep: dict[str, Any]) -> dict[str, Any]:
+    """One window's line of ``windows``: where it starts, the headline p99s and the choice."""
+    est = rep["estimators"]
+    out = {
+        "start_s": rep["window_start_s"],
+        "qpmesh_p99_ns": est["qpmesh"]["p99_ns"],
+        "ntp_baseline_p99_ns": est["ntp_baseline"]["p99_ns"],
+        "p99_ratio_ntp_over_qpmesh": rep["p99_ratio_ntp_over_qpmesh"],
+        "estimator": rep["estimator"],
+    }
+    tb = rep.get("truth_breakdown")
+    if tb is not None:
+        out["perfect_rx_p99_ns"] = tb["perfect_rx_p99_ns"]
+        out["perfect_split_p99_ns"] = tb["perfect_split_p99_ns"]
+    return out
+
+
+def _over_windows(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the windows' lines of every numeric figure (NaN and None left out)."""
+    out: dict[str, Any] = {"windows": len(lines)}
+    for key, v in lines[0].items():
+        if key == "start_s" or not isinstance(v, (int, float)):
+            continue
+        vals = [x[key] for x in lines if isinstance(x[key], (int, float)) and np.isfinite(x[key])]
+        out[f"median_{key}"] = round(float(np.median(vals)), 2) if vals else None
+    return out
+
+
+def _score_window(
+    hold: _SimHold,
+    cfg: SimConfig,
+    start_s: float,
+    window_s: float,
+    *,
+    last: bool,
+    t0: float,
+    progress: bool,
+    truth_breakdown: bool,
+) -> dict[str, Any]:
+    """Simulate the window ``[start_s, start_s + window_s)`` on ``hold``'s simulator, estimate
+    and score it (the report of `run_sync_bench` for one window). ``last``: let the simulator
+    go once the window is simulated. ``t0``: when this window's work began (for
+    ``simulate_seconds``)."""
+    sim = hold.sim
+    assert sim is not None  # (let go only after the last window)
+    fabric = sim.fabric
+    timestamps, rate_hz, peers, load, seed = (
+        cfg.timestamps,
+        cfg.rate_hz,
+        cfg.peers,
+        cfg.load,
+        cfg.seed,
+    )
     n_nodes = len(fabric.nics)
     leaf = fabric.nic_group_index.astype(np.int64)  # the controller knows each NIC's leaf
-    t_mid_ns = window_s / 2 * 1e9
+    t_mid_ns = (start_s + window_s / 2) * 1e9
     t_ref = EPOCH_NS + int(t_mid_ns)
 
     best: BestQueueing | None = None
@@ -213,7 +294,9 @@ def run_sync_bench(
             best.observe(sim, st)
 
     def run() -> Iterator[ProbeBatch]:
-        return window_batches(sim, window_s, 0.1, progress=progress, observe=observe)
+        return window_batches(
+            sim, window_s, 0.1, start_s=start_s, progress=progress, observe=observe
+        )  # fmt: skip
 
     quant = HW_TICK_NS if timestamps == "hw" else 0.0
     if timestamps == "hw":  # streamed: the window is reduced step by step, never held
@@ -223,6 +306,8 @@ def run_sync_bench(
         max_x = per * 2 * (int(np.ceil(window_s * rate_hz)) + 1)
         sw = collect_window(run(), edges, max_x, n_nodes, t_ref, window_s, 25)
         truth, asym, asym_edges = _truth(sim, t_mid_ns)
+        if last:
+            hold.sim = None
         del sim
         sim_s = time.perf_counter() - t0  # includes the reduction, which runs as steps come
         t1 = time.perf_counter()
@@ -259,6 +344,8 @@ def run_sync_bench(
             del b
         c = {k: np.concatenate(cols.pop(k)) for k in list(cols)}
         truth, asym, asym_edges = _truth(sim, t_mid_ns)
+        if last:
+            hold.sim = None
         del sim
         sim_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -313,6 +400,7 @@ def run_sync_bench(
         "timestamps": timestamps,
         "seed": seed,
         "window_s": window_s,
+        "window_start_s": start_s,
         "rate_hz": rate_hz,
         "probes": n_probes,
         "streamed": timestamps == "hw",
@@ -361,6 +449,7 @@ def _cmd(args: argparse.Namespace) -> int:
         progress=not args.json,
         model=model_from_args(args),
         truth_breakdown=args.truth_breakdown,
+        windows=args.windows,
     )
     if args.json:
         print(json.dumps(rep))
@@ -382,6 +471,18 @@ def _cmd(args: argparse.Namespace) -> int:
     print(
         f"  network solve {rep['solve_seconds']} s; fits+solves {rep['fit_and_solve_seconds']} s; peak RSS {rep['max_rss_mb']} MB"
     )
+    if "windows" in rep:
+        for w in rep["windows"]:
+            print(
+                f"  window at {w['start_s']:6.1f} s: qpmesh p99 {w['qpmesh_p99_ns']:8.1f} ns, "
+                f"NTP (network) p99 {w['ntp_baseline_p99_ns']:8.1f} ns ({w['estimator']})"
+            )
+        ow = rep["over_windows"]
+        print(
+            f"  median over {ow['windows']} windows: qpmesh p99 {ow['median_qpmesh_p99_ns']} ns, "
+            f"NTP (network) p99 {ow['median_ntp_baseline_p99_ns']} ns, "
+            f"ratio {ow['median_p99_ratio_ntp_over_qpmesh']}x"
+        )
     return 0
 
 
@@ -417,6 +518,14 @@ def register_sync(ssub: Any) -> None:
         type=float,
         default=50.0,
         help="coded probe pairs per second per peer (default %(default)s)",
+    )
+    p.add_argument(
+        "--windows",
+        type=int,
+        default=1,
+        help="score this many consecutive windows of one run (the fabric and its clocks go on, "
+        "hot spots move); the report is the first window's plus `windows` and their medians "
+        "`over_windows` (default %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(

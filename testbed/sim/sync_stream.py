@@ -77,10 +77,12 @@ def window_batches(
     window_s: float,
     step_s: float,
     *,
+    start_s: float = 0.0,
     progress: bool = False,
     observe: Callable[[SimStep], None] | None = None,
 ) -> Iterator[ProbeBatch]:
-    """The probe batches of ``sim``'s steps over ``window_s``, one per step, as simulated.
+    """The probe batches of ``sim``'s steps over ``[start_s, start_s + window_s)``, one per
+    step, as simulated.
 
     Neither a step nor its batch is held once handed on: the step's truth columns are freed
     at once and the batch when the consumer drops it, so the next step is simulated without
@@ -99,7 +101,7 @@ def window_batches(
             print(f"sim sync: simulated {done}/{total} steps", file=sys.stderr)
         return st.batch
 
-    return map(batch_of, sim.run(window_s, step_s))
+    return map(batch_of, sim.run(window_s, step_s, start_s))
 
 
 def _ntp_cells(n_cells: int, cell: I64, s: tuple[I64, I64, I64, I64], t_ref: int) -> NtpCells:
