@@ -42,3 +42,15 @@ def test_windows_must_be_at_least_one(capsys: pytest.CaptureFixture[str]) -> Non
     assert main([*ARGS, "--windows", "0"]) == 2
     err = capsys.readouterr().err
     assert "--windows must be >= 1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_no_leaf_split_is_the_receive_part_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(ARGS) == 0
+    split = json.loads(capsys.readouterr().out)
+    assert main([*ARGS, "--no-leaf-split"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert split["estimator"].endswith("+rx+uplink")
+    assert alone["estimator"] == split["estimator"].removesuffix("+uplink")
+    # the same probes and truth: only the correction differs
+    assert alone["estimators"]["ntp_baseline"] == split["estimators"]["ntp_baseline"]
+    assert alone["estimators"]["qpmesh"] != split["estimators"]["qpmesh"]

@@ -178,13 +178,15 @@ def run_sync_bench(
     model: ModelKnobs | None = None,
     truth_breakdown: bool = False,
     windows: int = 1,
+    leaf_split: bool = True,
 ) -> dict[str, Any]:
     """Run the benchmark and return the report (see module docstring). ``truth_breakdown``
     (hardware stamps only) adds ``truth_breakdown`` (`testbed.sim.sync_truth.breakdown`).
     ``windows`` > 1 scores that many consecutive windows of one simulated run (the fabric, its
     fixed delays and its clocks go on; hot spots move): the report is the first window's, plus
-    ``windows`` (each window's figures) and ``over_windows`` (their medians). Raises
-    ValueError."""
+    ``windows`` (each window's figures) and ``over_windows`` (their medians).
+    ``leaf_split`` False: the hw estimator without the leaf split (the receive part alone;
+    for comparison). Raises ValueError."""
     if truth_breakdown and timestamps != "hw":
         raise ValueError("--truth-breakdown needs --timestamps hw")
     if windows < 1:
@@ -211,7 +213,8 @@ def run_sync_bench(
     for w in range(windows):
         reports.append(
             _score_window(hold, cfg, w * window_s, window_s, last=w == windows - 1, t0=t0,
-                          progress=progress, truth_breakdown=truth_breakdown)
+                          progress=progress, truth_breakdown=truth_breakdown,
+                          leaf_split=leaf_split)
         )  # fmt: skip
         t0 = time.perf_counter()
     rep = reports[0]
@@ -267,6 +270,7 @@ def _score_window(
     t0: float,
     progress: bool,
     truth_breakdown: bool,
+    leaf_split: bool,
 ) -> dict[str, Any]:
     """Simulate the window ``[start_s, start_s + window_s)`` on ``hold``'s simulator, estimate
     and score it (the report of `run_sync_bench` for one window). ``last``: let the simulator
@@ -323,7 +327,7 @@ def _score_window(
         qb = queueing_bound(n_nodes, sw.summary)
         release_free_heap()  # what the window's reduction freed, before the solve's temporaries
         t_fit = time.perf_counter()
-        ws = sync_summary(n_nodes, sw.summary, quant_ns=quant, leaf=leaf)
+        ws = sync_summary(n_nodes, sw.summary, quant_ns=quant, leaf=leaf if leaf_split else None)
         solve_total = time.perf_counter() - t_fit
         if best is not None:  # the same solve without the receive-side correction, vs truth
             raw = sync_summary(n_nodes, sw.summary, quant_ns=quant, rx_correction=False)
@@ -450,6 +454,7 @@ def _cmd(args: argparse.Namespace) -> int:
         model=model_from_args(args),
         truth_breakdown=args.truth_breakdown,
         windows=args.windows,
+        leaf_split=not args.no_leaf_split,
     )
     if args.json:
         print(json.dumps(rep))
@@ -526,6 +531,12 @@ def register_sync(ssub: Any) -> None:
         help="score this many consecutive windows of one run (the fabric and its clocks go on, "
         "hot spots move); the report is the first window's plus `windows` and their medians "
         "`over_windows` (default %(default)s)",
+    )
+    p.add_argument(
+        "--no-leaf-split",
+        action="store_true",
+        help="hw stamps: correct by the receive part alone, without the split by the sender's "
+        "leaf uplink (the estimator before 2026-11-27's leaf split; for comparison)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
