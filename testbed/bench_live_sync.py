@@ -31,13 +31,15 @@ WARMUP_S = 10.5
 
 
 def run_one(
-    nics: int, load: float, seed: int, seconds: float, bins: int
+    nics: int, load: float, seed: int, seconds: float, bins: int, leaf_split: bool = True
 ) -> tuple[list[float], F64]:
-    """One seed: (p99 node offset error per steady solve, |owd error| of steady delays)."""
+    """One seed: (p99 node offset error per steady solve, |owd error| of steady delays).
+    ``leaf_split`` False: the solve without the NICs' leaves (receive part alone)."""
     fab = build_fabric(FabricShape.for_nics(nics, nics_per_leaf=16))
     sim = Simulator(fab, SimConfig(seed=seed, load=load, model=ModelKnobs()))
     ing = Ingestor(fab)
-    cs = ClockSync(len(fab.nics), ClockSyncConfig(bins=bins), leaf=fab.nic_group_index)
+    leaf = fab.nic_group_index if leaf_split else None
+    cs = ClockSync(len(fab.nics), ClockSyncConfig(bins=bins), leaf=leaf)
     p99s: list[float] = []
     owd: list[F64] = []
     last = None
@@ -65,15 +67,22 @@ def run_one(
 
 
 def run_bench(
-    nics: int, loads: list[float], seeds: list[int], seconds: float, bins: int
+    nics: int,
+    loads: list[float],
+    seeds: list[int],
+    seconds: float,
+    bins: int,
+    leaf_split: bool = True,
 ) -> dict[str, Any]:
     """Return the report: per load the per-solve p99s, their median, owd p50/p99."""
-    out: dict[str, Any] = {"nics": nics, "seconds": seconds, "bins": bins, "seeds": seeds}
+    out: dict[str, Any] = {
+        "nics": nics, "seconds": seconds, "bins": bins, "seeds": seeds, "leaf_split": leaf_split
+    }  # fmt: skip
     for load in loads:
         p99s: list[float] = []
         owd: list[F64] = []
         for seed in seeds:
-            p, o = run_one(nics, load, seed, seconds, bins)
+            p, o = run_one(nics, load, seed, seconds, bins, leaf_split)
             p99s += p
             owd.append(o)
         o = np.concatenate(owd)
@@ -102,13 +111,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"(the first {WARMUP_S} s are warm-up, not scored)")  # fmt: skip
     ap.add_argument("--bins", type=int, default=ClockSyncConfig().bins,
                     help="ClockSyncConfig.bins: kept coded pairs per directed pair and window")  # fmt: skip
+    ap.add_argument("--no-leaf-split", action="store_true",
+                    help="solve without the NICs' leaves (the receive part alone; for comparison)")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     a = ap.parse_args(argv)
     if a.nics < 4 or a.seconds <= WARMUP_S or a.bins < 1 or not all(0 < x < 1 for x in a.loads):
         print(f"bad options: need --nics >= 4, --seconds > {WARMUP_S}, --bins >= 1, loads in "
               "(0, 1)", file=sys.stderr)  # fmt: skip
         return 2
-    rep = run_bench(a.nics, a.loads, a.seeds, a.seconds, a.bins)
+    rep = run_bench(a.nics, a.loads, a.seeds, a.seconds, a.bins, not a.no_leaf_split)
     if a.json:
         print(json.dumps(rep))
     else:
