@@ -519,7 +519,8 @@ def split_excess(
     extrapolations' wild values. Returns (recv per node, NaN where no incoming direction;
     send per leaf index, 0 for a leaf with no outgoing direction). Each part is determined up
     to a constant that can move between them (only the directions inside a leaf pin it, and
-    backfitting moves it slowly); ``recv - send[leaf]``, the correction, does not see it. Raises ValueError on arrays of different lengths or a leaf index < 0."""
+    backfitting moves it slowly); ``recv - send[leaf]``, the correction, does not see it.
+    Raises ValueError on arrays of different lengths or a leaf index < 0."""
     if not len(src) == len(dst) == len(val):
         raise ValueError("src, dst and val must have one entry per direction")
     n_leaves = int(leaf.max()) + 1 if len(leaf) else 0
