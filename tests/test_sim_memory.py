@@ -159,8 +159,9 @@ class _Watched:
         self.refs: list[tuple[weakref.ref[SimStep], weakref.ref[ProbeBatch]]] = []
         self.alive_at_step: list[int] = []
 
-    def run(self, duration_s: float, step_s: float) -> Iterator[SimStep]:
-        starts = [i * step_s for i in range(int(np.ceil(duration_s / step_s - 1e-9)))]
+    def run(self, duration_s: float, step_s: float, start_s: float = 0.0) -> Iterator[SimStep]:
+        n = int(np.ceil(duration_s / step_s - 1e-9))
+        starts = [start_s + i * step_s for i in range(n)]
         return map(lambda t0: self._step(t0, step_s), starts)  # holds no step itself
 
     def _step(self, t0_s: float, dt_s: float) -> SimStep:
