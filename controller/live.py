@@ -112,7 +112,10 @@ class LiveController:
         self.config = config or LiveConfig()
         n = len(fabric.nics)
         self.ingestor = Ingestor(fabric, paths)
-        self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
+        # no leaves (`ClockSync(leaf=...)`): with them the namespace testbed's run test failed
+        # 5 of 10 times against 1 of 15 without, though its software-stamped windows take the
+        # held-window solve, which ignores them; not wired in until that is understood
+        self.clock = ClockSync(n, self.config.sync)
         self.flows = FlowStore(n, self.config.baseline_bucket_ns)
         self.brain = brain if brain is not None else default_brain(fabric)
         self.events: deque[MeshEvent] = deque(maxlen=self.config.max_events)

@@ -31,10 +31,11 @@ WARMUP_S = 10.5
 
 
 def run_one(
-    nics: int, load: float, seed: int, seconds: float, bins: int, leaf_split: bool = True
+    nics: int, load: float, seed: int, seconds: float, bins: int, leaf_split: bool = False
 ) -> tuple[list[float], F64]:
     """One seed: (p99 node offset error per steady solve, |owd error| of steady delays).
-    ``leaf_split`` False: the solve without the NICs' leaves (receive part alone)."""
+    ``leaf_split``: give the solve the NICs' leaves (`ClockSync(leaf=...)`, which
+    `controller.live.LiveController` does not do yet); False: the receive part alone."""
     fab = build_fabric(FabricShape.for_nics(nics, nics_per_leaf=16))
     sim = Simulator(fab, SimConfig(seed=seed, load=load, model=ModelKnobs()))
     ing = Ingestor(fab)
@@ -72,7 +73,7 @@ def run_bench(
     seeds: list[int],
     seconds: float,
     bins: int,
-    leaf_split: bool = True,
+    leaf_split: bool = False,
 ) -> dict[str, Any]:
     """Return the report: per load the per-solve p99s, their median, owd p50/p99."""
     out: dict[str, Any] = {
@@ -111,15 +112,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"(the first {WARMUP_S} s are warm-up, not scored)")  # fmt: skip
     ap.add_argument("--bins", type=int, default=ClockSyncConfig().bins,
                     help="ClockSyncConfig.bins: kept coded pairs per directed pair and window")  # fmt: skip
-    ap.add_argument("--no-leaf-split", action="store_true",
-                    help="solve without the NICs' leaves (the receive part alone; for comparison)")  # fmt: skip
+    ap.add_argument("--leaf-split", action="store_true",
+                    help="give the solve the NICs' leaves (the split `sim sync` uses; the "
+                    "controller does not pass them yet)")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     a = ap.parse_args(argv)
     if a.nics < 4 or a.seconds <= WARMUP_S or a.bins < 1 or not all(0 < x < 1 for x in a.loads):
         print(f"bad options: need --nics >= 4, --seconds > {WARMUP_S}, --bins >= 1, loads in "
               "(0, 1)", file=sys.stderr)  # fmt: skip
         return 2
-    rep = run_bench(a.nics, a.loads, a.seeds, a.seconds, a.bins, not a.no_leaf_split)
+    rep = run_bench(a.nics, a.loads, a.seeds, a.seconds, a.bins, a.leaf_split)
     if a.json:
         print(json.dumps(rep))
     else:

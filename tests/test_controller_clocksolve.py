@@ -55,7 +55,7 @@ def test_live_clock_sync_agrees_with_the_sim_sync_path(load: float, seed: int) -
     n = len(fab.nics)
     steps = list(sim.run(2.0, 0.1))
     ing = Ingestor(fab)
-    leaf = fab.nic_group_index  # as `controller.live.LiveController` gives it
+    leaf = fab.nic_group_index  # the leaf split, as `sim sync` runs it
     live = ClockSync(n, ClockSyncConfig(window_ns=3 * S, bins=30_000, warmup_bins=1), leaf=leaf)
     for st in steps:
         b = ing.ingest(st.batch)
