@@ -365,12 +365,10 @@ def sync_summary(
         return out
     src, dst, val = direction_excess(s, slope)
     if leaf is None:
-        rx = _node_midmean(n_nodes, dst, val) if len(val) else np.full(n_nodes, np.nan)
-        name = "+rx"
+        rx, name = _node_midmean(n_nodes, dst, val), "+rx"
     else:
         recv, send = split_excess(n_nodes, src, dst, val, np.asarray(leaf, np.int64))
-        rx = recv - send[leaf] if len(send) else recv
-        name = "+rx+uplink"
+        rx, name = recv - send[leaf], "+rx+uplink"
     off = np.where(out.known, out.offset_ns - 0.5 * np.nan_to_num(rx), np.nan)
     off -= np.nanmean(off) if out.known.any() else 0.0
     return dataclasses.replace(out, offset_ns=off, estimator=out.estimator + name)
@@ -435,6 +433,14 @@ def pooled_tail_index(low: F64, high: F64, k: int) -> float:
     return 0.5 * (lo + hi)
 
 
+def direction_ends(edges: I64, grp: NDArray[np.integer[Any]]) -> tuple[I64, I64]:
+    """(sender, receiver) of each edge direction ``grp``: group ``2 e`` runs i -> j for
+    ``edges[e] = (i, j)``, group ``2 e + 1`` runs j -> i."""
+    fwd = grp % 2 == 0
+    i, j = edges[grp // 2, 0], edges[grp // 2, 1]
+    return np.where(fwd, i, j), np.where(fwd, j, i)
+
+
 def direction_excess(
     s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20
 ) -> tuple[I64, I64, F64]:
@@ -480,10 +486,7 @@ def direction_excess(
     grp, kd, low, high = (np.concatenate(c) for c in zip(*parts, strict=True))
     full = kd == k
     beta = pooled_tail_index(low[full], high[full], k)
-    # forward group 2e runs i -> j for edges[e] = (i, j); reverse 2e + 1 runs j -> i
-    fwd = grp % 2 == 0
-    i, j = s.edges[grp // 2, 0], s.edges[grp // 2, 1]
-    return np.where(fwd, i, j), np.where(fwd, j, i), high * tail_factor(kd, beta)
+    return (*direction_ends(s.edges, grp), high * tail_factor(kd, beta))
 
 
 def receive_excess(
@@ -497,8 +500,6 @@ def receive_excess(
     half of it (a node offset that loops cannot see). NaN for NICs with no direction of 3
     samples. Raises ValueError as `direction_excess`."""
     _, dst, val = direction_excess(s, slope, k, block)
-    if not len(val):
-        return np.full(n_nodes, np.nan)
     return _node_midmean(n_nodes, dst, val)
 
 

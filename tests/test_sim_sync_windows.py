@@ -58,8 +58,11 @@ def test_no_leaf_split_is_the_receive_part_alone(capsys: pytest.CaptureFixture[s
 
 
 def test_live_sync_bench_runs_with_and_without_the_leaf_split() -> None:
-    """`python -m testbed.bench_live_sync` on a tiny fabric: both solves score and report."""
-    for split in (True, False):
-        rep = run_bench(16, [0.9], [1], 12.0, 4, leaf_split=split)
+    """`python -m testbed.bench_live_sync` on a small two-leaf fabric: both solves score, and
+    the leaves reach the solve (its offsets move)."""
+    reps = {split: run_bench(32, [0.9], [1], 12.0, 4, leaf_split=split) for split in (True, False)}
+    for split, rep in reps.items():
         assert rep["leaf_split"] is split
         assert rep["load_0.9"]["judged_delays"] > 0
+    with_leaf, without = (reps[s]["load_0.9"]["solve_offset_p99_ns"] for s in (True, False))
+    assert with_leaf and without and with_leaf != without

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sync import solve_network
+from sync.summary import direction_ends
 from testbed.sim.engine import SimStep, Simulator
 
 F64 = npt.NDArray[np.float64]
@@ -67,17 +68,14 @@ class BestQueueing:
         """(sender, receiver, best sample's true queueing ns) of every direction with an
         arrived sample: the truth `sync.summary.direction_excess` estimates."""
         g = np.flatnonzero(np.isfinite(self.best))
-        i, j = self.edges[g // 2, 0], self.edges[g // 2, 1]
-        fwd = g % 2 == 0
-        return np.where(fwd, i, j), np.where(fwd, j, i), self.best[g]
+        return (*direction_ends(self.edges, g), self.best[g])
 
     def receive_mean(self) -> F64:
         """Per NIC the mean over its incoming directions of their best sample's queueing (ns;
         NaN for a NIC with none)."""
-        g = np.flatnonzero(np.isfinite(self.best))
-        node = np.where(g % 2 == 0, self.edges[g // 2, 1], self.edges[g // 2, 0])
+        _, node, best = self.directions()
         cnt = np.bincount(node, minlength=self.n_nodes)
-        tot = np.bincount(node, self.best[g], self.n_nodes)
+        tot = np.bincount(node, best, self.n_nodes)
         mean = tot / np.maximum(cnt, 1)
         return np.where(cnt > 0, np.maximum(mean, 0.0), np.nan)  # >= 0 but for rounding
 
