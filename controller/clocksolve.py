@@ -7,7 +7,7 @@ stamps in hardware):
 
 * **hardware stamps** (``hw``; ``sim`` too): the rows are oriented onto edges with the
   hardware coded-pair tolerance and reduced, block of edges by block, into one bounded
-  `sync.summary.Summary` (`reduce_chunk`: lower hulls per direction, lowest-RTT exchanges), then `sync.summary.sync_summary` (pair fits on the hulls, drifts from the
+  `sync.summary.Summary` (`reduce_chunk`: lower hulls per direction, lowest-RTT exchanges), then `sync.summarysolve.sync_summary` (pair fits on the hulls, drifts from the
   envelopes and the lowest-RTT lines, the receive-side correction `receive_excess`);
 * **software stamps** (any ``sw`` row in the window): `sync.window.sync_window` on the oriented
   rows (the per-direction lowest-fraction means need every sample), candidates scored with
@@ -26,7 +26,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sync import ClockModels
-from sync.summary import Summary, reduce_chunk, rtt_cap, sync_summary
+from sync.summary import Summary, reduce_chunk, rtt_cap
+from sync.summarysolve import sync_summary
 from sync.window import (
     WindowSync,
     drift_std_per_node,
@@ -199,7 +200,7 @@ def solve_window(
     """The estimator on one window at ``t_ref`` (module docstring: hw summary driver unless a
     row is software-stamped); returns (result, summary points read, 0 for the sw driver).
     ``leaf``: per NIC its leaf's index, for the summary driver's leaf split of the queueing
-    (`sync.summary.split_excess`); None: the receive part alone."""
+    (`sync.excess.split_excess`); None: the receive part alone."""
     if w.sw.any():
         samples = orient_samples(
             w.src, w.dst, w.pair, w.t1, w.t2, w.t3, w.t4, np.zeros(len(w), bool), t_ref,

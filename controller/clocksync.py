@@ -13,7 +13,7 @@ points as the bin has records (docs/controller.md, "Clock sync").
 
 `ClockSync.maybe_solve(now_ns)` (every ``solve_every_ns``) runs `controller.clocksolve` on the
 rows of the last ``window_ns``: hardware-stamped windows are streamed into a bounded
-`sync.summary.Summary` and solved by `sync.summary.sync_summary` (hull fits, drifts from the
+`sync.summary.Summary` and solved by `sync.summarysolve.sync_summary` (hull fits, drifts from the
 envelopes and lowest-RTT lines, receive-side correction), software-stamped ones by
 `sync.window.sync_window` (the two drivers of the benchmark), and per-NIC `sync.ClockModels`
 are installed. `ClockSync.delays(ing)` maps each stamp to the reference timescale with those
@@ -87,7 +87,7 @@ class ClockSync:
     ) -> None:
         """``leaf``: per NIC index its leaf switch's index (the fabric's ECMP group), which
         lets the solve split the queueing left in the best samples by leaf uplink and NIC
-        downlink (`sync.summary.split_excess`); None: receive side only. Raises ValueError
+        downlink (`sync.excess.split_excess`); None: receive side only. Raises ValueError
         when ``leaf`` does not have ``n_nics`` entries."""
         if leaf is not None and len(leaf) != n_nics:
             raise ValueError(f"leaf has {len(leaf)} entries for {n_nics} NICs")

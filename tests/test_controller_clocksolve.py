@@ -20,7 +20,7 @@ from controller.clocksolve import (
 from controller.clocksync import ClockSync
 from controller.fabric import FabricShape, build_fabric
 from controller.ingest import Ingestor
-from sync.summary import sync_summary
+from sync.summarysolve import sync_summary
 from sync.window import orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator
 from testbed.sim.sync_stream import collect_window, window_edges

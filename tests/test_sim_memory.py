@@ -261,7 +261,7 @@ def test_envelope_of_thin_directions_alone_is_the_whole_hulls_part() -> None:
             np.concatenate([s.clean_t[kc], at[ka]]),
             np.concatenate([s.clean_d[kc], ad[ka]]),
         )
-        got = summary._pick_hulls(s, min_coded)
+        got = summary.fit_hulls(s, min_coded)
         for x, y in zip(got[:3], want, strict=True):
             assert x.dtype == y.dtype
             np.testing.assert_array_equal(x, y)

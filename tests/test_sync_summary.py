@@ -1,5 +1,5 @@
-"""sync.summary: a window streamed chunk by chunk summarizes (and solves) exactly as held at
-once, the hull keeps every envelope, and the summary path agrees with the raw one."""
+"""sync.summary, sync.summarysolve and sync.excess: a window streamed chunk by chunk
+summarizes (and solves) exactly as held at once, the hull keeps every envelope, and the summary path agrees with the raw one."""
 
 from __future__ import annotations
 
@@ -10,19 +10,10 @@ import numpy.typing as npt
 import pytest
 
 from controller.fabric import FabricShape, build_fabric
-from sync import summary
-from sync.summary import (
-    Summary,
-    direction_excess,
-    lower_hull,
-    merge,
-    queueing_bound,
-    receive_excess,
-    reduce_chunk,
-    rtt_cap,
-    split_excess,
-    sync_summary,
-)
+from sync import excess, summary
+from sync.excess import direction_excess, queueing_bound, receive_excess, split_excess
+from sync.summary import Summary, lower_hull, merge, reduce_chunk, rtt_cap
+from sync.summarysolve import sync_summary
 from sync.window import orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator
 from testbed.sim.sync_stream import window_edges
@@ -207,28 +198,28 @@ def test_receive_excess_is_the_incoming_tail_spacing_and_corrects_the_offsets() 
 def test_tail_factor_and_pooled_index() -> None:
     """A density at the floor (beta 1) gives one mean spacing; the pooled index is read back
     from power-law tails; spacings of 0 (an atom at the floor) or no full direction give 1."""
-    np.testing.assert_allclose(summary.tail_factor(np.array([2, 3, 6]), 1.0), [1.0, 0.5, 0.2])
-    assert summary.tail_factor(6, 0.5) > 0.2  # a faster rise: the minimum sits further up
+    np.testing.assert_allclose(excess.tail_factor(np.array([2, 3, 6]), 1.0), [1.0, 0.5, 0.2])
+    assert excess.tail_factor(6, 0.5) > 0.2  # a faster rise: the minimum sits further up
     with pytest.raises(ValueError):
-        summary.tail_factor(1, 1.0)
+        excess.tail_factor(1, 1.0)
     with pytest.raises(ValueError):
-        summary.tail_factor(3, 0.0)
+        excess.tail_factor(3, 0.0)
     rng = np.random.default_rng(3)
     k = summary.RX_K
     # beta 1: (x_k - x_1) / (x_2 - x_1) = 1 + Gamma(k - 2) / Exp, median 1 + 1 / (2^(1/(k-2)) - 1)
     exact = 1.0 + 1.0 / (2.0 ** (1.0 / (k - 2)) - 1.0)
-    assert abs(summary.median_spacing_ratio(k, 1.0) / exact - 1.0) < 0.02
+    assert abs(excess.median_spacing_ratio(k, 1.0) / exact - 1.0) < 0.02
     for beta in (0.5, 0.8, 1.0):
         x = np.sort(rng.random((4000, 200)) ** beta, axis=1)[:, :k]  # x - F = U^beta
-        got = summary.pooled_tail_index(x[:, 1] - x[:, 0], x[:, k - 1] - x[:, 0], k)
+        got = excess.pooled_tail_index(x[:, 1] - x[:, 0], x[:, k - 1] - x[:, 0], k)
         assert abs(got - beta) < 0.05
-        est = (x[:, k - 1] - x[:, 0]) * summary.tail_factor(k, got)
+        est = (x[:, k - 1] - x[:, 0]) * excess.tail_factor(k, got)
         assert abs(est.mean() / x[:, 0].mean() - 1.0) < 0.15  # the minimum's mean excess
-    assert summary.pooled_tail_index(np.zeros(5), np.ones(5), k) == 1.0
-    assert summary.pooled_tail_index(np.zeros(0), np.zeros(0), k) == 1.0
-    assert summary.pooled_tail_index(np.ones(5), np.ones(5), k) == summary.BETA_MIN
+    assert excess.pooled_tail_index(np.zeros(5), np.ones(5), k) == 1.0
+    assert excess.pooled_tail_index(np.zeros(0), np.zeros(0), k) == 1.0
+    assert excess.pooled_tail_index(np.ones(5), np.ones(5), k) == excess.BETA_MIN
     with pytest.raises(ValueError):
-        summary.pooled_tail_index(np.ones(5), np.ones(5), 2)
+        excess.pooled_tail_index(np.ones(5), np.ones(5), 2)
 
 
 def test_receive_excess_reads_a_power_law_floor_per_nic() -> None:
@@ -269,7 +260,7 @@ def test_node_midmean_is_the_interquartile_mean_per_node() -> None:
     wild extrapolation moves a NIC's figure no more than it moves a median."""
     node = np.array([0, 0, 0, 0, 1, 1, 1, 2] + [3] * 8)
     val = np.array([3.0, 100.0, 1.0, 2.0, 1.0, 2.0, 6.0, 5.0, 1, 2, 3, 4, 5, 6, 7, 1000.0])
-    got = summary._node_midmean(5, node, val)
+    got = excess.node_midmean(5, node, val)
     np.testing.assert_allclose(got[:4], [2.5, 3.0, 5.0, 4.5])
     assert np.isnan(got[4])
 
@@ -292,7 +283,7 @@ def test_split_excess_separates_a_leafs_uplink_from_its_nics_downlinks() -> None
     # each part up to a constant that may move between them (the correction does not see it)
     assert np.ptp(recv - recv_true) < 10.0
     assert np.ptp(send - send_true) < 10.0
-    only_recv = summary._node_midmean(n, dst, val)
+    only_recv = excess.node_midmean(n, dst, val)
     # the receive part alone carries the mean send part of the senders, not the NIC's own leaf
     err_split = (recv - send[leaf]) - (recv_true - send_true[leaf])
     err_recv = only_recv - (recv_true - send_true[leaf])
@@ -302,7 +293,7 @@ def test_split_excess_separates_a_leafs_uplink_from_its_nics_downlinks() -> None
     same = leaf[src] == leaf[dst]
     r2, s2 = split_excess(n, src[same], dst[same], val[same], leaf)
     np.testing.assert_allclose(s2, 0.0)
-    np.testing.assert_allclose(r2, summary._node_midmean(n, dst[same], val[same]))
+    np.testing.assert_allclose(r2, excess.node_midmean(n, dst[same], val[same]))
     with pytest.raises(ValueError):
         split_excess(n, src, dst[:-1], val, leaf)
     with pytest.raises(ValueError):
@@ -323,9 +314,7 @@ def test_direction_excess_feeds_receive_excess_and_the_leaf_split_corrects_offse
     slope = np.random.default_rng(5).normal(0.0, 1e-6, len(edges))
     src, dst, val = direction_excess(summ, slope)
     assert len(val) > len(edges) and np.all(src != dst)
-    np.testing.assert_array_equal(
-        receive_excess(n, summ, slope), summary._node_midmean(n, dst, val)
-    )
+    np.testing.assert_array_equal(receive_excess(n, summ, slope), excess.node_midmean(n, dst, val))
     leaf = sim.fabric.nic_group_index.astype(np.int64)
     rx = sync_summary(n, summ, quant_ns=HW_TICK_NS)
     up = sync_summary(n, summ, quant_ns=HW_TICK_NS, leaf=leaf)
@@ -333,7 +322,7 @@ def test_direction_excess_feeds_receive_excess_and_the_leaf_split_corrects_offse
     used = up.drift[edges[:, 1]] - up.drift[edges[:, 0]]  # the slope the solve detrended by
     s2, d2, v2 = direction_excess(summ, np.nan_to_num(used))
     recv, send = split_excess(n, s2, d2, v2, leaf)
-    moved = -0.5 * ((recv - send[leaf]) - summary._node_midmean(n, d2, v2))
+    moved = -0.5 * ((recv - send[leaf]) - excess.node_midmean(n, d2, v2))
     k = up.known
     assert np.ptp(send) > 1.0  # the leaves' uplinks differ at this load
     np.testing.assert_allclose(

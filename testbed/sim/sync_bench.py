@@ -40,7 +40,8 @@ import numpy.typing as npt
 from contract.records import ProbeBatch
 from controller.fabric import FabricShape, build_fabric
 from sync import anchor_tree, ntp_offsets, solve_network
-from sync.summary import queueing_bound, split_excess, sync_summary
+from sync.excess import queueing_bound, split_excess
+from sync.summarysolve import sync_summary
 from sync.window import EdgeSamples, orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, SimStep, Simulator
 from testbed.sim.heap import release_free_heap

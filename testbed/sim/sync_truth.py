@@ -9,9 +9,9 @@ Two questions the estimator cannot answer from its data, and the simulator can:
   squares over the edges gives ``b``; the rest is the residual.
 * **what a perfect receive-side correction would reach.** Per direction the best sample's
   true queueing (the envelope's excess), averaged per NIC over its incoming directions, is the
-  quantity `sync.summary.receive_excess` estimates from the data; subtracting half of the true
+  quantity `sync.excess.receive_excess` estimates from the data; subtracting half of the true
   value instead of the estimate gives the error that is left when that estimate is perfect.
-  The same true per-direction queueing through the leaf split (`sync.summary.split_excess`)
+  The same true per-direction queueing through the leaf split (`sync.excess.split_excess`)
   is what the estimator with leaves would reach with perfect per-direction readings.
 
 Pure except for reading a simulator step's truth arrays; nothing here feeds the estimator.
@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sync import solve_network
-from sync.summary import direction_ends
+from sync.excess import direction_ends
 from testbed.sim.engine import SimStep, Simulator
 
 F64 = npt.NDArray[np.float64]
@@ -66,7 +66,7 @@ class BestQueueing:
 
     def directions(self) -> tuple[I64, I64, F64]:
         """(sender, receiver, best sample's true queueing ns) of every direction with an
-        arrived sample: the truth `sync.summary.direction_excess` estimates."""
+        arrived sample: the truth `sync.excess.direction_excess` estimates."""
         g = np.flatnonzero(np.isfinite(self.best))
         return (*direction_ends(self.edges, g), self.best[g])
 
@@ -108,7 +108,7 @@ def breakdown(
     residual per edge); and the node p99 error of ``raw_offset_ns`` (the same solve's node
     offsets, uncorrected) corrected by half of the true per-NIC receive excess ``rx_true``,
     and, given ``split_true`` (the true per-direction queueing through the estimator's leaf
-    split, `sync.summary.split_excess`: receive part minus the NIC's leaf's send part), by half
+    split, `sync.excess.split_excess`: receive part minus the NIC's leaf's send part), by half
     of that (``perfect_split_p99_ns``)."""
     fin = np.isfinite(theta_ns)
     e = edges[fin]

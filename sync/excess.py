@@ -1,0 +1,254 @@
+"""How much queueing a window's best samples still carry, read from its summary.
+
+With hardware send stamps taken at the wire, the queueing left in a NIC's best incoming
+samples (its leaf's port towards it) and in the best samples leaving a leaf (the leaf's
+uplink) shifts every pair offset of the NIC alike: a node offset that loop closure cannot see
+(docs/sync.md, "What is left"). `direction_excess` reads, per edge direction, how far its best
+sample sits above the delay floor (extrapolated from the lowest samples with a tail index
+pooled over the window, `pooled_tail_index` and `tail_factor`); `receive_excess` aggregates it
+per receiving NIC and `split_excess` into a receive part per NIC and a send part per leaf.
+`queueing_bound` is a data-only size of that bias before the correction. Pure: arrays in,
+arrays out.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.special import gammaln
+
+from sync.summary import RX_K, Summary
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+# a direction reads at most 1 in RX_SAMPLES_PER_K of its samples: the tail model is near-floor
+RX_SAMPLES_PER_K = 20
+SPLIT_ROUNDS = 8  # backfitting rounds of `split_excess` (the parts settle in 3-4)
+BETA_MIN = 1 / 3  # the steepest rise from the floor `pooled_tail_index` allows (index 3)
+
+
+def tail_factor(k: I64 | int, beta: float) -> F64:
+    """``E[x_(1) - F] / E[x_(k) - x_(1)]`` for the lowest order statistics of a sample whose
+    distribution rises from its floor ``F`` like ``(x - F)^(1/beta)`` (a lower tail regularly
+    varying with index ``1 / beta``): with ``g(r) = Γ(r + beta) / Γ(r)``, ``E[x_(r) - F]`` is
+    proportional to ``g(r)``, so the factor is ``g(1) / (g(k) - g(1))``. ``beta = 1`` (a
+    density at the floor) gives ``1 / (k - 1)``: the minimum's excess is one mean spacing.
+    Raises ValueError for ``k < 2`` or ``beta`` outside (0, 1]."""
+    kk = np.asarray(k, dtype=np.float64)
+    if np.any(kk < 2) or not 0.0 < beta <= 1.0:
+        raise ValueError(f"need k >= 2 and beta in (0, 1], got beta={beta}")
+    g1 = math.gamma(1.0 + beta)
+    gk = np.exp(gammaln(kk + beta) - gammaln(kk))
+    return np.asarray(g1 / (gk - g1), dtype=np.float64)
+
+
+_MC_DRAWS = 40_000  # model draws behind `median_spacing_ratio` (fixed seed: deterministic)
+
+
+@functools.cache
+def _unit_arrivals(k: int) -> F64:
+    """The first ``k`` arrival times of a unit-rate Poisson process, ``_MC_DRAWS`` rows."""
+    rng = np.random.default_rng(0)
+    return np.cumsum(rng.exponential(size=(_MC_DRAWS, k)), axis=1)
+
+
+def median_spacing_ratio(k: int, beta: float) -> float:
+    """The median of ``(x_(k) - x_(1)) / (x_(2) - x_(1))`` over windows of the tail model of
+    `tail_factor` (``x_(r) - F`` is ``Γ_r^beta`` times a scale, ``Γ_r`` the r-th arrival of a
+    unit Poisson process), from ``_MC_DRAWS`` fixed draws; it rises with ``beta``. The ratio
+    is scale-free, so directions with different queueing scales share it."""
+    e = _unit_arrivals(k) ** beta
+    return float(np.median((e[:, k - 1] - e[:, 0]) / (e[:, 1] - e[:, 0])))
+
+
+def pooled_tail_index(low: F64, high: F64, k: int) -> float:
+    """The inverse tail index ``beta`` (in [BETA_MIN, 1]) that one window's directions share,
+    from ``low = x_(2) - x_(1)`` and ``high = x_(k) - x_(1)`` of each direction with ``k``
+    samples: the ``beta`` whose model median of the scale-free ratio ``high / low``
+    (`median_spacing_ratio`) equals the directions' median ratio. Pooled over the fabric
+    because a direction's own ratio is far too noisy. 1 (a density at the floor) when no
+    direction has ``k`` samples or most lowest spacings are 0 (an atom at the floor, as with
+    unqueued minima); clipped to the interval. Raises ValueError for ``k < 3``."""
+    if k < 3:
+        raise ValueError(f"k must be >= 3, got {k}")
+    if not len(low):
+        return 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        target = float(np.median(np.where(low > 0, high / low, np.inf)))
+    lo, hi = BETA_MIN, 1.0
+    if not np.isfinite(target) or target >= median_spacing_ratio(k, hi):
+        return hi
+    if target <= median_spacing_ratio(k, lo):
+        return lo
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if median_spacing_ratio(k, mid) < target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def direction_ends(edges: I64, grp: NDArray[np.integer[Any]]) -> tuple[I64, I64]:
+    """(sender, receiver) of each edge direction ``grp``: group ``2 e`` runs i -> j for
+    ``edges[e] = (i, j)``, group ``2 e + 1`` runs j -> i."""
+    fwd = grp % 2 == 0
+    i, j = edges[grp // 2, 0], edges[grp // 2, 1]
+    return np.where(fwd, i, j), np.where(fwd, j, i)
+
+
+def direction_excess(
+    s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20
+) -> tuple[I64, I64, F64]:
+    """Per edge direction with at least 3 usable samples: (sender, receiver, excess ns), the
+    excess being how far the direction's best sample sits above its delay floor, read from the
+    data: the lowest ``k`` delays detrended by the pair slope (``slope[edge]``, exact from the
+    stored hull layers; at most 1 in ``RX_SAMPLES_PER_K`` of the direction's samples, since
+    the tail model below holds near the floor only, and at least 3), the floor extrapolated
+    from them. The extrapolation assumes the delay distribution rises from its floor like a
+    power ``1 / beta`` of the excess (`tail_factor`): ``beta = 1`` is a density at the floor
+    (the minimum's excess is one spacing), while a hot receive hop makes the best samples the
+    few that found it idle plus a small wait elsewhere, a faster rise (index ~2). ``beta`` is
+    one figure per window, pooled over all directions with ``k`` samples
+    (`pooled_tail_index`): per direction it is far too noisy, and so is a direction's excess
+    (it is aggregated per NIC, `receive_excess`, or per NIC and leaf, `split_excess`). The
+    hull points are read in runs of whole groups of about ``block`` points (they are sorted
+    by group), so the temporaries stay bounded; the result does not depend on ``block``.
+    Raises ValueError if ``k`` is below 3 or exceeds the stored layers."""
+    if not 3 <= k <= RX_K:
+        raise ValueError(f"k must be in [3, {RX_K}], got {k}")
+    n_groups = 2 * len(s.edges)
+    step = max(1, (block * n_groups) // max(len(s.all_g), 1))
+    bounds = np.searchsorted(s.all_g, np.arange(0, n_groups + step, step))
+    parts: list[tuple[I64, I64, F64, F64]] = []  # group, samples used, x2 - x1, xk - x1
+    for a, b in itertools.pairwise(bounds.tolist()):
+        if a == b:
+            continue
+        g = s.all_g[a:b]
+        e = g // 2
+        v = s.all_d[a:b] + np.where(g % 2 == 0, -slope[e], slope[e]) * s.all_t[a:b]
+        order = np.lexsort((v, g))
+        g, v = g[order], v[order]
+        first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        grp = g[first]
+        near = np.maximum(s.n_all[grp] // RX_SAMPLES_PER_K, 3)  # the floor's neighbourhood
+        kd = np.minimum(np.minimum(np.diff(np.r_[first, len(g)]), k), near)
+        ok = kd >= 3
+        f, kd, grp = first[ok], kd[ok], grp[ok].astype(np.int64)
+        parts.append((grp, kd, v[f + 1] - v[f], v[f + kd - 1] - v[f]))
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return empty, empty.copy(), np.zeros(0)
+    grp, kd, low, high = (np.concatenate(c) for c in zip(*parts, strict=True))
+    full = kd == k
+    beta = pooled_tail_index(low[full], high[full], k)
+    return (*direction_ends(s.edges, grp), high * tail_factor(kd, beta))
+
+
+def receive_excess(
+    n_nodes: int, s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20
+) -> F64:
+    """Per NIC, how far its best incoming samples sit above the delay floor (ns): the
+    interquartile mean (`node_midmean`) of `direction_excess` over the NIC's incoming
+    directions. With hardware stamps taken at the wire a NIC's own egress queue is not
+    measured, so the queueing its access link leaves in the envelopes is on the receive side
+    only, and it inflates every delay *into* the NIC alike: the NIC's offset comes out high by
+    half of it (a node offset that loops cannot see). NaN for NICs with no direction of 3
+    samples. Raises ValueError as `direction_excess`."""
+    _, dst, val = direction_excess(s, slope, k, block)
+    return node_midmean(n_nodes, dst, val)
+
+
+def split_excess(
+    n_nodes: int, src: I64, dst: I64, val: F64, leaf: I64, *, rounds: int = SPLIT_ROUNDS
+) -> tuple[F64, F64]:
+    """Split per-direction excesses ``val`` (directions ``src -> dst``) into a part per
+    receiving NIC and a part per sending NIC's leaf: ``val ~ recv[dst] + send[leaf[src]]``,
+    the send part only where the direction leaves the leaf (``leaf[src] != leaf[dst]``).
+
+    Why: with send stamps taken at the wire the first queue a probe can meet is its leaf's
+    uplink towards a spine, shared by every NIC of the leaf; the last is the leaf's port
+    towards the receiving NIC. A pair offset is biased by half the difference of its two
+    directions' excesses, so NIC ``j`` carries ``(recv[j] - send[leaf[j]]) / 2``: the receive
+    part alone (`receive_excess`) leaves the leaf's send part, the same for all its NICs and
+    as invisible to loop closure. Fitted by backfitting (``rounds`` alternations) with the
+    interquartile mean (`node_midmean`) for both parts, robust to the per-direction
+    extrapolations' wild values. Returns (recv per node, NaN where no incoming direction;
+    send per leaf index, 0 for a leaf with no outgoing direction). Each part is determined up
+    to a constant that can move between them (only the directions inside a leaf pin it, and
+    backfitting moves it slowly); ``recv - send[leaf]``, the correction, does not see it.
+    Raises ValueError on arrays of different lengths or a leaf index < 0."""
+    if not len(src) == len(dst) == len(val):
+        raise ValueError("src, dst and val must have one entry per direction")
+    n_leaves = int(leaf.max()) + 1 if len(leaf) else 0
+    if len(leaf) != n_nodes or (len(leaf) and int(leaf.min()) < 0):
+        raise ValueError("leaf must give a leaf index >= 0 for every node")
+    out_leaf = leaf[src]
+    inter = out_leaf != leaf[dst]
+    send = np.zeros(n_leaves)
+    recv = np.full(n_nodes, np.nan)
+    for _ in range(max(1, rounds)):
+        recv = node_midmean(n_nodes, dst, val - np.where(inter, send[out_leaf], 0.0))
+        rest = val - recv[dst]
+        part = node_midmean(n_leaves, out_leaf[inter], rest[inter])
+        send = np.where(np.isfinite(part), part, 0.0)
+    return recv, send
+
+
+def node_midmean(n_nodes: int, node: I64, val: F64) -> F64:
+    """Per node the interquartile mean of its values: the mean of those ranked in
+    ``[floor(c / 4), c - floor(c / 4))`` of its ``c`` (all of them for ``c < 4``); NaN where
+    none. Robust to the few wild per-direction extrapolations like a median, and it averages
+    ~15 of a NIC's ~30 instead of reading one or two."""
+    order = np.lexsort((val, node))
+    node, val = node[order], val[order]
+    cnt = np.bincount(node, minlength=n_nodes)
+    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    rank = np.arange(len(node)) - first[node]
+    cut = cnt[node] // 4
+    keep = (rank >= cut) & (rank < cnt[node] - cut)
+    num = np.bincount(node[keep], minlength=n_nodes)
+    tot = np.bincount(node[keep], val[keep], n_nodes)
+    return np.where(num > 0, tot / np.maximum(num, 1), np.nan)
+
+
+def _node_median(n_nodes: int, node: I64, val: F64) -> F64:
+    """Per node the median of its values (NaN where none)."""
+    order = np.lexsort((val, node))
+    node, val = node[order], val[order]
+    cnt = np.bincount(node, minlength=n_nodes)
+    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    has = cnt > 0
+    lo = first[has] + (cnt[has] - 1) // 2
+    hi = first[has] + cnt[has] // 2
+    out = np.full(n_nodes, np.nan)
+    out[has] = 0.5 * (val[lo] + val[hi])
+    return out
+
+
+def queueing_bound(n_nodes: int, s: Summary, k: int = 3) -> F64:
+    """Per node, an estimate from the data of the queueing bias its offset may carry (ns).
+
+    The envelope (and the lowest-RTT exchange) of a pair sits above the delay floor by the
+    queueing its best samples still met; half of the excess of the lowest RTT over the RTT
+    floor bounds the offset error of both (each direction's minimum is at most that
+    exchange's delay in that direction). The RTT floor is extrapolated from the lower tail:
+    with a density at the floor, the lowest order statistics are evenly spaced, so the
+    lowest RTT's excess is about one spacing, ``(r_k - r_1) / (k - 1)``. Queueing that
+    differs by direction on a NIC's own access link acts on every pair of the NIC alike (a
+    node offset that loops cannot see), so the node's figure is the median over its edges
+    of half that spacing. NaN for nodes without an edge of at least ``k`` exchanges. Raises
+    ValueError for ``k < 2``.
+    """
+    if k < 2:
+        raise ValueError(f"k must be >= 2, got {k}")
+    m = len(s.edges)
+    n_x = np.bincount(s.x_edge, minlength=m)
+    start = np.concatenate([[0], np.cumsum(n_x)[:-1]])
+    ok = n_x >= k
+    st = start[ok]
+    beta = (s.x_rtt[st + k - 1] - s.x_rtt[st]) / (2.0 * (k - 1))
+    node = np.concatenate([s.edges[ok, 0], s.edges[ok, 1]])
+    return _node_median(n_nodes, node, np.concatenate([beta, beta]))
