@@ -97,3 +97,39 @@ def test_coarse_delays_set_no_baseline() -> None:
     """Coarse delays that read 1.9 µs low (a late clock) must not lower the paths' baselines:
     the fine delays after them would look 1.9 µs queued, over the moderate floor."""
     assert run(0.0, 1.0, coarse=range(0, 10), clock_err_ns=1_900.0) == []
+
+
+def test_the_moderate_tier_goes_on_from_the_slow_tiers_picks() -> None:
+    """A 20 µs queue on leaf0->spine2, seen behind uncertain clocks: every exchange of a leaf0
+    NIC is coarse but those with leaf1, whose probes up leaf0->spine2 all come down
+    spine2->leaf1. The slow tier blames leaf0->spine2 from all its delays. The moderate tier
+    (fine delays only) sees that queue only on paths that also cross spine2->leaf1, where a
+    minority of other leaves' probes also wait 2.5 µs: on its own it blamed spine2->leaf1 for
+    both, a second explanation of probes the slow tier's pick already explains (how the
+    namespace testbed's congestion raised contention on a healthy hop next to it)."""
+    rng = np.random.default_rng(11)
+    down = 2 * FAB.link_index["leaf1-spine2"] + 1
+    assert FAB.hop_name(down) == "spine2->leaf1"
+    leaf_of = np.array([int(nic.id.removeprefix("nic")) // 4 for nic in FAB.nics])
+    a, b = leaf_of[SRC], leaf_of[DST]
+    coarse = ((a == 0) | (b == 0)) & ~(((a == 0) & (b == 1)) | ((a == 1) & (b == 0)))
+    brain = Brain(FAB, BrainConfig(lateness_ns=0))
+    events: list[MeshEvent] = []
+    for k in range(30):
+        n = len(SRC)
+        s = 1.0 if k >= 10 else 0.0
+        f, r = owd(FWD, rng, s, 20_000.0), owd(REV, rng, s, 20_000.0)
+        if k >= 10:  # a third of the other leaves' probes down spine2->leaf1 wait 2.5 µs
+            f += np.where(np.equal(FWD, down).any(axis=1) & (a != 0) & (rng.random(n) < 0.35),
+                          2_500.0, 0.0)  # fmt: skip
+            r += np.where(np.equal(REV, down).any(axis=1) & (b != 0) & (rng.random(n) < 0.35),
+                          2_500.0, 0.0)  # fmt: skip
+        brain.observe(
+            Observations(
+                (k * WIN + rng.integers(0, WIN, n)).astype(np.int64),
+                SRC.astype(np.int32), DST.astype(np.int32), SPORT.astype(np.int32),
+                FWD, REV, np.zeros(n, dtype=bool), f, r, f + r, coarse & (k >= 10),
+            )
+        )  # fmt: skip
+        events += brain.tick((k + 1) * WIN)
+    assert [(e.kind, e.target) for e in events] == [("contention", "leaf0->spine2")]

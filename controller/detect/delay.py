@@ -148,22 +148,27 @@ class DelayWindow:
         self, index: PathIndex, params: DelayParams
     ) -> tuple[Cover, dict[int, list[tuple[int, int, int]]]]:
         """Localize this window's slow measurements to directed hops: the slow tier's cover,
-        then hops the moderate tier blames that the slow one did not.
+        then the moderate tier's, which goes on from the slow tier's picks (its measurements
+        across them count as explained) and adds hops only for what they leave unexplained.
 
         Returns the cover (picks of both tiers, in that order; ``total``/``bad`` of the slow
         tier) and, per blamed hop, up to ``max_flows`` affected (src, dst, sport).
         """
         out: dict[int, list[tuple[int, int, int]]] = {}
-        covers = []
+        covers: list[Cover] = []
         for judged, hop_sets, flow_sets in (
             (self.judged(index, coarse=True), self._slow_hops, self._slow_flows),
             (self.judged(index), self._mod_hops, self._mod_flows),
         ):
             sets = _pad_concat(hop_sets)
             flows = np.concatenate(flow_sets) if flow_sets else np.zeros((0, 3), np.int64)
+            # the moderate tier goes on from the slow tier's picks: what they explain is
+            # explained, so it blames only what the slow tier left (else its own greedy may
+            # pick a healthy hop the slow tier's fault's paths share, a second explanation)
+            left = ~np.isin(sets, covers[0].picked).any(axis=1) if covers else slice(None)
             cover = greedy_cover(
                 judged,
-                sets,
+                sets[left],
                 min_rate=params.min_rate,
                 min_bad=params.min_slow,
                 max_picks=params.max_faults,
