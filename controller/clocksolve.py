@@ -20,6 +20,8 @@ out the window with `start_solve` and adopts the result with `install`).
 from __future__ import annotations
 
 import itertools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,8 +49,9 @@ class ClockSyncConfig:
 
     The default solves once per window (10 s), so each sample is solved once: the solve's cost
     is amortized over every probe of the window. An owner that reports each solve's cost
-    (the service: its worker thread's wall time) gets solves as often as ``solve_budget`` of a
-    core allows, down to ``min_solve_every_ns``: on a small fabric a solve takes milliseconds,
+    (the service: the CPU time of the thread that ran it, `timed_solve`) gets solves as often
+    as ``solve_budget`` of a core allows, down to ``min_solve_every_ns``: on a small fabric a
+    solve takes milliseconds,
     and a model extrapolated 2 s instead of 10-15 s stays within the clock-trust bounds
     (docs/controller.md, "Clock trust"); at 10,000 NICs it stays once per window. Until the
     first window is full, a solve is
@@ -254,3 +257,12 @@ def compute_state(
         end_ns=t_hi,
         summary_points=points,
     )
+
+
+def timed_solve(job: Callable[[], ClockState | None]) -> tuple[ClockState | None, float]:
+    """Run a clock solve; return its result and the CPU time (s) of the thread that ran it,
+    which is what the solve cost of a core, however busy the machine. Raises what ``job``
+    raises."""
+    t0 = time.thread_time()
+    state = job()
+    return state, time.thread_time() - t0

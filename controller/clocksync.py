@@ -299,7 +299,8 @@ class ClockSync:
     def install(self, state: ClockState | None, cost_ns: int | None = None) -> bool:
         """Adopt a computed clock state (None = the solve found nothing; an older solve than
         the installed one is ignored); return True if adopted. ``cost_ns``: what the solve
-        cost (wall time of the worker), which sets the solve cadence (`solve_period_ns`).
+        cost (CPU time of the thread that ran it), which sets the solve cadence
+        (`solve_period_ns`).
 
         Each NIC's trust is set from how far the previous state, extrapolated, missed the new
         one (`solve_miss`): the solver's own uncertainty assumes its envelope is unqueued and

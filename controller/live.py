@@ -178,8 +178,9 @@ class LiveController:
         return lambda: compute_state(window, n, cfg, now_ns, leaf)
 
     def install_clock(self, state: ClockState | None, cost_s: float | None = None) -> bool:
-        """Install a solved clock state; return True if it was new. ``cost_s``: the solve's
-        wall time, which sets how often solves are due (`ClockSync.solve_period_ns`)."""
+        """Install a solved clock state; return True if it was new. ``cost_s``: what the
+        solve cost (CPU s, `controller.clocksolve.timed_solve`), which sets how often solves
+        are due (`ClockSync.solve_period_ns`)."""
         return self.clock.install(state, None if cost_s is None else round(cost_s * 1e9))
 
     # ---- inputs --------------------------------------------------------------------------

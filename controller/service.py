@@ -23,6 +23,7 @@ from contract.actionsig import ActionSigner
 from contract.topics import Topics
 from controller.api.runtime import ApiRuntime
 from controller.brain import Brain
+from controller.clocksolve import timed_solve
 from controller.coalesce import ProbeQueue
 from controller.config import ServiceConfig
 from controller.control import ControlChange
@@ -89,7 +90,10 @@ async def _solver(
     on_solve: Callable[[float], None] = lambda s: None,
 ) -> None:
     """Run due clock solves in a worker thread so ingest goes on meanwhile; ``on_solve``
-    gets each solve's wall time in s.
+    gets each solve's wall time in s. The cadence (`ClockSync.solve_period_ns`) is set by the
+    solve's own CPU time (`timed_solve`): the budget is a share of a core, and wall time also
+    counts the waits for the GIL (ingest runs meanwhile) and for CPUs that other processes
+    hold, so on a busy machine it made solves rarer and the clocks staler.
 
     A solve that raises is logged and counted (``solve_failed``); the controller keeps the
     last good clock state and tries again at the next due solve.
@@ -102,14 +106,13 @@ async def _solver(
             continue
         t0 = time.perf_counter()
         try:
-            state = await asyncio.to_thread(job)
-            cost_s = time.perf_counter() - t0
-            on_solve(cost_s)
+            state, cpu_s = await asyncio.to_thread(timed_solve, job)
+            on_solve(time.perf_counter() - t0)
         except Exception as exc:
             counters["solve_failed"] = counters.get("solve_failed", 0) + 1
             log(now, "clock solve failed", error=f"{type(exc).__name__}: {exc}")
             continue
-        live.install_clock(state, cost_s)  # the cost sets the cadence (solve_budget)
+        live.install_clock(state, cpu_s)  # its CPU time sets the cadence (solve_budget)
 
 
 async def serve_once(

@@ -16,13 +16,13 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from contract.topics import Topics
 from controller.brain import Brain
+from controller.clocksolve import timed_solve
 from controller.clocksync import ClockState
 from controller.coalesce import ProbeQueue
 from controller.config import load_config
@@ -119,9 +119,8 @@ def replay(
         if not running:  # the service runs one solve at a time
             job = live.start_solve(now)
             if job is not None:
-                t0 = time.perf_counter()  # its cost sets the cadence, as in the service
-                state = job()
-                running.append((now + delay_ns, state, time.perf_counter() - t0))
+                state, cpu_s = timed_solve(job)  # its CPU time sets the cadence, as in
+                running.append((now + delay_ns, state, cpu_s))  # the service
                 if not delay_ns:
                     solves += live.install_clock(*running.pop(0)[1:])
         on_tick(live, now)

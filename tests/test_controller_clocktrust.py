@@ -169,6 +169,29 @@ def test_solves_come_as_often_as_their_reported_cost_allows() -> None:
     assert not cs.due(EPOCH + 4 * S - 1) and cs.due(EPOCH + 4 * S)
 
 
+def test_the_cadence_is_set_by_the_solves_cpu_time_not_its_waits() -> None:
+    """`timed_solve` reports the CPU time of the thread that ran the solve: time spent waiting
+    (here a sleep, on a busy machine the GIL or other processes) is not what the solve cost
+    of a core, and counting it made solves rarer exactly when the machine was busy."""
+    import threading
+    import time
+
+    from controller.clocksolve import timed_solve
+
+    def waits() -> None:
+        threading.Event().wait(0.3)  # 0.3 s of wall time, almost no CPU
+
+    def works() -> None:
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.05:  # 50 ms of this thread's CPU
+            pass
+
+    state, idle = timed_solve(waits)
+    assert state is None and idle < 0.1
+    _, busy = timed_solve(works)
+    assert busy >= 0.05
+
+
 def test_the_controller_counts_its_delays_by_clock_trust() -> None:
     """Every arrived probe's delay is counted once: withheld before a trusted solve (the
     first 2 s here), then all fine on a hardware-stamped fabric."""
