@@ -112,10 +112,9 @@ class LiveController:
         self.config = config or LiveConfig()
         n = len(fabric.nics)
         self.ingestor = Ingestor(fabric, paths)
-        # no leaves (`ClockSync(leaf=...)`): with them the namespace testbed's run test failed
-        # 5 of 10 times against 1 of 15 without, though its software-stamped windows take the
-        # held-window solve, which ignores them; not wired in until that is understood
-        self.clock = ClockSync(n, self.config.sync)
+        # each NIC's leaf: the hardware-stamp solve splits the queueing left in the best
+        # samples into a part per NIC downlink and one per leaf uplink (`sync.excess`)
+        self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
         self.flows = FlowStore(n, self.config.baseline_bucket_ns)
         self.brain = brain if brain is not None else default_brain(fabric)
         self.events: deque[MeshEvent] = deque(maxlen=self.config.max_events)

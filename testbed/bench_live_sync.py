@@ -31,11 +31,11 @@ WARMUP_S = 10.5
 
 
 def run_one(
-    nics: int, load: float, seed: int, seconds: float, bins: int, leaf_split: bool = False
+    nics: int, load: float, seed: int, seconds: float, bins: int, leaf_split: bool = True
 ) -> tuple[list[float], F64]:
     """One seed: (p99 node offset error per steady solve, |owd error| of steady delays).
-    ``leaf_split``: give the solve the NICs' leaves (`ClockSync(leaf=...)`, which
-    `controller.live.LiveController` does not do yet); False: the receive part alone."""
+    ``leaf_split``: give the solve the NICs' leaves (`ClockSync(leaf=...)`, as
+    `controller.live.LiveController` does); False: the receive part alone."""
     fab = build_fabric(FabricShape.for_nics(nics, nics_per_leaf=16))
     sim = Simulator(fab, SimConfig(seed=seed, load=load, model=ModelKnobs()))
     ing = Ingestor(fab)
@@ -73,7 +73,7 @@ def run_bench(
     seeds: list[int],
     seconds: float,
     bins: int,
-    leaf_split: bool = False,
+    leaf_split: bool = True,
 ) -> dict[str, Any]:
     """Return the report: per load the per-solve p99s, their median, owd p50/p99."""
     out: dict[str, Any] = {
@@ -112,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"(the first {WARMUP_S} s are warm-up, not scored)")  # fmt: skip
     ap.add_argument("--bins", type=int, default=ClockSyncConfig().bins,
                     help="ClockSyncConfig.bins: kept coded pairs per directed pair and window")  # fmt: skip
-    ap.add_argument("--leaf-split", action="store_true",
-                    help="give the solve the NICs' leaves (the split `sim sync` uses; the "
-                    "controller does not pass them yet)")  # fmt: skip
+    ap.add_argument("--no-leaf-split", dest="leaf_split", action="store_false",
+                    help="do not give the solve the NICs' leaves (the receive-side correction "
+                    "alone, as before the controller passed them)")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     a = ap.parse_args(argv)
     if a.nics < 4 or a.seconds <= WARMUP_S or a.bins < 1 or not all(0 < x < 1 for x in a.loads):

@@ -208,3 +208,11 @@ def test_the_controller_counts_its_delays_by_clock_trust() -> None:
     assert at_3s is not None and int(live.delay_trust.sum()) == sum(arrived)
     grown = live.delay_trust - at_3s
     assert grown.tolist() == [sum(arrived[12:]), 0, 0]
+
+
+def test_the_live_controller_gives_the_clock_solve_each_nics_leaf() -> None:
+    """The hardware-stamp solve splits the queueing left in the best samples by NIC downlink
+    and leaf uplink only if it knows each NIC's leaf (`sync.excess.split_excess`)."""
+    fab = build_fabric(FabricShape(leaves=2, hosts_per_leaf=2, spines=1))
+    leaf = LiveController(fab).clock.leaf
+    assert leaf is not None and leaf.tolist() == [0, 0, 1, 1]
