@@ -135,7 +135,7 @@ def handle_message(
             why = presence_origin_error(presence, host, nic_hosts(live.fabric))
             if why:
                 return f"bad:{why}"
-            live.presence(host, presence.alive, now_ns)
+            live.presence(host, presence.alive, now_ns, since_ns=presence.t_ns)
             return "presence"
         if kind == "paths":
             if not router_nodes:

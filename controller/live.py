@@ -121,6 +121,10 @@ class LiveController:
         self.gpu_state: dict[str, GpuHealth] = {}
         self.rates = NicRates()  # NIC byte counters from health documents -> throughput
         self.alive: dict[str, bool] = {}
+        # per host index: since when its prober has been alive (its last alive presence);
+        # probes to it sent earlier are no evidence (`ingest_admitted`)
+        self._host_of = {h.id: i for i, h in enumerate(fabric.hosts)}
+        self._alive_since = np.full(len(fabric.hosts), np.iinfo(np.int64).min, np.int64)
         self.now_ns = 0
         self.records = 0
         # delays of the arrived probes by clock trust: fine, coarse, withheld (unjudged)
@@ -210,7 +214,10 @@ class LiveController:
         d = self.clock.delays(ing)
         self.delay_trust += trust_counts(ing.lost, d)
         obs = self.observations(ing, d, now_ns)
-        self.brain.observe(obs)
+        # a probe sent to a host before its prober announced itself alive met no responder:
+        # its loss is the start (or restart) of that prober, not evidence about the fabric
+        early = d.t_ns < self._alive_since[self.fabric.nic_host_index[ing.dst]]
+        self.brain.observe(obs.select(~early) if early.any() else obs)
         self.records += len(ing)
         return len(ing)
 
@@ -237,9 +244,17 @@ class LiveController:
             d.coarse,
         )
 
-    def presence(self, host: str, alive: bool, now_ns: int) -> None:
-        """Record a prober's liveness (a last-will arrives as alive=False)."""
+    def presence(self, host: str, alive: bool, now_ns: int, *, since_ns: int | None = None) -> None:
+        """Record a prober's liveness (a last-will arrives as alive=False). The first alive
+        one, and the first after a last will, starts the host's probes counting as evidence:
+        those sent to it before ``since_ns`` (the presence's own time, when the prober
+        published it; ``now_ns`` if None, 0 or later than ``now_ns``) are not judged
+        (`ingest_admitted`). Repeated alive presences (a retained one delivered again, a
+        prober's reconnect) do not move it."""
         self.now_ns = max(self.now_ns, now_ns)
+        i = self._host_of.get(host)
+        if alive and i is not None and not self.alive.get(host, False):
+            self._alive_since[i] = now_ns if not since_ns or since_ns > now_ns else since_ns
         self.alive[host] = alive
         self.brain.presence(host, alive, now_ns)
 

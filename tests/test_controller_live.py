@@ -123,3 +123,42 @@ def test_live_reports_prober_down_with_real_brain() -> None:
     lc.presence("host1", False, BASE)
     ev = lc.tick(BASE + 1)
     assert [(e.kind, e.target) for e in ev] == [("prober_down", "host1")]
+
+
+def test_probes_sent_to_a_host_before_its_prober_was_alive_are_not_evidence() -> None:
+    """A prober that starts after its peers loses their first probes to it (no responder
+    yet): the namespace testbed's replays raised `loss` on such a NIC's link at start-up. The
+    first alive presence (its own time) starts the host's probes counting; a repeated one (a
+    retained presence delivered again) does not move it, a restart after a last will does."""
+    from contract.documents import PresenceDoc
+    from contract.topics import Topics
+    from controller.dispatch import handle_message
+    from controller.ingest import Ingestor
+
+    fab = build_fabric(FabricShape.for_nics(16))
+    sim = Simulator(fab, SimConfig(seed=4, peers=4))
+    brain = StubBrain(len(fab.nics))
+    lc = LiveController(fab, LiveConfig(solve_inline=False), brain=brain)
+    st = sim.step(0.0, 0.5)
+    ing = Ingestor(fab).ingest(st.batch)
+    to3 = np.isin(ing.dst, [n.index for n in fab.nics if n.host == "host3"])
+    since = int(np.median(ing.t1[to3]))  # no clock solve yet: a probe's time is its send stamp
+    now = int(ing.t1.max()) + 1
+    doc = PresenceDoc(alive=True, t_ns=since).encode()  # as the prober publishes it
+    assert handle_message(lc, Topics(), Topics().presence("host3"), doc, now) == "presence"
+    assert lc.ingest_batch(st.batch, now) == len(st.batch)
+    early = int((to3 & (ing.t1 < since)).sum())
+    assert early > 0 and brain.seen == len(st.batch) - early
+    st2 = sim.step(0.5, 0.5)
+    lc.presence("host3", True, now + 10**9, since_ns=now + 10**9)  # again: not a restart
+    brain.seen = 0
+    lc.ingest_batch(st2.batch, now + 10**9)
+    assert brain.seen == len(st2.batch)
+    lc.presence("host3", False, now + 10**9)  # last will, then back: a restart
+    lc.presence("host3", True, now + 2 * 10**9, since_ns=now + 2 * 10**9)
+    brain.seen = 0
+    st3 = sim.step(1.0, 0.5)
+    lc.ingest_batch(st3.batch, now + 2 * 10**9)
+    ing3 = Ingestor(fab).ingest(st3.batch)
+    to3 = np.isin(ing3.dst, [n.index for n in fab.nics if n.host == "host3"])
+    assert brain.seen == len(st3.batch) - int(to3.sum())  # all sent before it came back
