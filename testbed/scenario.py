@@ -238,7 +238,8 @@ def random_faults(
 ) -> tuple[Fault, ...]:
     """Draw ``k`` faults of mixed kinds on distinct targets, inside ``duration_s``.
 
-    Link faults go on leaf-spine (fabric) links, NIC faults on NICs. With ``spacing_s`` = 0 the
+    Link faults go on leaf-spine (fabric) links, NIC faults on NICs, prober and GPU faults on
+    hosts. With ``spacing_s`` = 0 the
     faults overlap in time (concurrent); otherwise they start ``spacing_s`` apart.
     ``congest_magnitude`` is in the units of whoever applies the fault: the simulator reads
     20 as 20 µs of extra queueing, the namespace testbed reads a magnitude <= 1 as extra
@@ -246,7 +247,7 @@ def random_faults(
     and one > 1 as a generator rate in Mbit/s (see `testbed.schedule.timeline`), so the
     testbed passes its own (`TESTBED_CONGEST`). ``loss_percent``: loss faults drop that share.
     ``flap_down_s``: each down period of a flap (up periods are 2 s).
-    Raises `ScenarioError` if ``k`` < 0 or the fabric is too small.
+    Raises `ScenarioError` if ``k`` < 0 or the fabric has too few targets of the drawn kinds.
     """
     if k < 0:
         raise ScenarioError("number of random faults must be >= 0")
@@ -257,13 +258,22 @@ def random_faults(
         raise ScenarioError(f"at most {len(fabric_links)} random faults on this fabric")
     links_pick = list(rng.permutation(fabric_links))
     nics_pick = list(rng.permutation(nics))
+    # hosts from a stream of their own: the links' and NICs' draws (and so every seed's
+    # faults of the other kinds) stay what they were before host faults could be drawn
+    hosts_pick = [str(h) for h in np.random.default_rng([seed, 1]).permutation(
+        [h.id for h in fabric.hosts])]  # fmt: skip
     out: list[Fault] = []
     t0 = min(5.0, duration_s * 0.2)
     for i in range(k):
         kind = FaultKind(kinds[int(rng.integers(len(kinds)))])
         start = t0 + i * spacing_s + float(rng.uniform(0, 1.0))
         dur = max(1.0, min(duration_s - start - 1.0, 10.0 + float(rng.uniform(0, 5))))
-        if kind == FaultKind.NIC_DOWN:
+        if not (hosts_pick if kind in HOST_FAULTS else nics_pick if kind == FaultKind.NIC_DOWN
+                else links_pick):  # fmt: skip
+            raise ScenarioError(f"not enough distinct targets for {k} random faults")
+        if kind in HOST_FAULTS:  # a prober or a GPU: on a host
+            out.append(Fault(kind, hosts_pick.pop(), start, dur))
+        elif kind == FaultKind.NIC_DOWN:
             out.append(Fault(kind, str(nics_pick.pop()), start, dur))
         elif kind == FaultKind.FLAP:
             out.append(Fault(kind, str(links_pick.pop()), start, dur, down_s=flap_down_s, up_s=2.0))

@@ -182,3 +182,19 @@ def test_wait_port_sees_a_listener_and_gives_up_on_none() -> None:
         port = srv.getsockname()[1]
         assert wait_port("127.0.0.1", port, timeout_s=30) is True
     assert wait_port("127.0.0.1", port, timeout_s=0.2) is False  # closed: nobody listens
+
+
+def test_random_host_faults_go_on_hosts_and_leave_the_other_draws_alone() -> None:
+    """`sim localize --kinds prober_down` drew a link as the prober's host (and failed);
+    host faults now draw hosts, from a stream of their own, so a seed's other faults are
+    the ones it always gave."""
+    fabric = build_fabric(FabricShape(leaves=3, hosts_per_leaf=2, nics_per_host=1, spines=2))
+    hosts = {h.id for h in fabric.hosts}
+    for kind in (FaultKind.PROBER_DOWN, FaultKind.GPU_FAULT):
+        fs = random_faults(fabric, 3, seed=5, duration_s=30, kinds=(kind,))
+        assert {f.kind for f in fs} == {kind} and {f.target for f in fs} <= hosts
+        assert len({f.target for f in fs}) == 3
+    assert random_faults(fabric, 2, seed=3, duration_s=40)[0].target == "leaf0-spine0"  # as before
+    two_hosts = build_fabric(FabricShape(leaves=2, hosts_per_leaf=1, spines=4))
+    with pytest.raises(ScenarioError, match="not enough distinct targets"):
+        random_faults(two_hosts, 3, seed=1, duration_s=30, kinds=(FaultKind.PROBER_DOWN,))
