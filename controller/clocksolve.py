@@ -51,12 +51,11 @@ class ClockSyncConfig:
     is amortized over every probe of the window. An owner that reports each solve's cost
     (the service: the CPU time of the thread that ran it, `timed_solve`) gets solves as often
     as ``solve_budget`` of a core allows, down to ``min_solve_every_ns``: on a small fabric a
-    solve takes milliseconds,
-    and a model extrapolated 2 s instead of 10-15 s stays within the clock-trust bounds
-    (docs/controller.md, "Clock trust"); at 10,000 NICs it stays once per window. Until the
-    first window is full, a solve is
-    also due whenever the data span has doubled since the last one (warm-up: a model from the
-    first 0.1 s would otherwise be extrapolated for a whole window). ``coded_tol_ns`` is the
+    solve takes milliseconds, and a model extrapolated 2 s instead of 10-15 s stays within the
+    clock-trust bounds (docs/controller.md, "Clock trust"); at 10,000 NICs it stays once per
+    window. Until the first window is full, a solve is also due whenever the data span has
+    doubled since the last one (warm-up: a model from the first 0.1 s would otherwise be
+    extrapolated for a whole window). ``coded_tol_ns`` is the
     coded-pair tolerance of software stamps, ``coded_tol_hw_ns`` of hardware stamps (both as
     `qpmesh sim sync` uses them); ``quant_hw_ns`` is the hardware stamp resolution the pair
     fits allow for (6.4 ns: the simulator's NIC clock tick)."""
