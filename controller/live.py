@@ -40,6 +40,11 @@ from controller.throughput import NicRates
 from controller.windows import FlowStore
 
 F64 = npt.NDArray[np.float64]
+EARLY_NS = 10_000_000_000
+"""How long before a prober's start a probe sent to its host is taken for a loss of that start
+(no responder yet) and not judged. Start-up races are a second or less; a probe stamped further
+back is judged as before: stamps on another time base than the controller's clock (a
+free-running NIC clock) must not blind the controller to a host."""
 
 
 class BrainLike(Protocol):
@@ -216,7 +221,8 @@ class LiveController:
         obs = self.observations(ing, d, now_ns)
         # a probe sent to a host before its prober announced itself alive met no responder:
         # its loss is the start (or restart) of that prober, not evidence about the fabric
-        early = d.t_ns < self._alive_since[self.fabric.nic_host_index[ing.dst]]
+        ahead = self._alive_since[self.fabric.nic_host_index[ing.dst]] - d.t_ns
+        early = (ahead > 0) & (ahead <= EARLY_NS)
         self.brain.observe(obs.select(~early) if early.any() else obs)
         self.records += len(ing)
         return len(ing)

@@ -162,3 +162,12 @@ def test_probes_sent_to_a_host_before_its_prober_was_alive_are_not_evidence() ->
     ing3 = Ingestor(fab).ingest(st3.batch)
     to3 = np.isin(ing3.dst, [n.index for n in fab.nics if n.host == "host3"])
     assert brain.seen == len(st3.batch) - int(to3.sum())  # all sent before it came back
+    # a probe stamped far before the start (stamps on another time base than the
+    # controller's clock) is judged as before: the rule must not blind the controller
+    far = now + 100 * 10**9
+    lc.presence("host5", False, far)
+    lc.presence("host5", True, far, since_ns=far)
+    brain.seen = 0
+    st4 = sim.step(1.5, 0.5)
+    lc.ingest_batch(st4.batch, far)
+    assert brain.seen == len(st4.batch)
