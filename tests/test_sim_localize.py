@@ -71,6 +71,11 @@ def test_localize_cli_reports_the_model(capsys: pytest.CaptureFixture[str]) -> N
     assert model["ideal"] is True and model["util_spread"] == 0.1
     assert main([*args, "--model-knob", "nope=1"]) == 2
     assert "unknown model knob" in cap.readouterr().err
+    assert main([*args, "--kinds", "flap,bogus"]) == 2
+    err = cap.readouterr().err
+    assert (
+        "unknown fault kind 'bogus'" in err and "prober_down" in err and len(err.splitlines()) == 1
+    )
 
 
 @pytest.mark.parametrize(

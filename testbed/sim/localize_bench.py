@@ -377,9 +377,14 @@ def _median(xs: list[float]) -> float:
 def _localize(args: argparse.Namespace) -> int:
     seeds = [args.seed + i for i in range(args.seeds)]
     runs = []
+    valid = [k.value for k in FaultKind]
+    names = [k.strip() for k in args.kinds.split(",")] if args.kinds else []
+    unknown = [k for k in names if k not in valid]
+    if unknown:
+        raise ValueError(f"unknown fault kind {unknown[0]!r} (one of: {', '.join(valid)})")
     kinds = (
-        [FaultKind(k) for k in args.kinds.split(",")]
-        if args.kinds
+        [FaultKind(k) for k in names]
+        if names
         else [FaultKind.FLAP, FaultKind.CONGEST, FaultKind.LOSS, FaultKind.NIC_DOWN]
     )
     wall = time.perf_counter()
