@@ -200,8 +200,13 @@ def run_scenario(
             argv = ["ip", "netns", "exec", plan.node_ns[h.id], *qp, "testbed", "prober",
                     "--config", str(cfg), "--clock", str(clk)]  # fmt: skip
             procs.append(_spawn(argv, d / f"prober-{h.id}.log", prefix, f"prober:{h.id}", env))
+        # the scenario's clock starts once the mesh measures: on a busy machine the probers
+        # and the controller took seconds to start, and a fault at 5 s then fell before the
+        # controller's first trusted clocks (nothing can localize what nobody measured)
+        report["startup_s"] = _wait_mesh(monitor, [h.id for h in fabric.hosts], ctl_log)
         progress(
-            f"{len(fabric.hosts)} probers, controller: running {sc.duration_s:g}s, {len(sc.faults)} faults"
+            f"{len(fabric.hosts)} probers and the controller up after {report['startup_s']:g}s: "
+            f"running {sc.duration_s:g}s, {len(sc.faults)} faults"
         )
         t0 = time.monotonic()
         t0_wall = time.time_ns()
@@ -330,6 +335,40 @@ def _apply(
     elif act.op == "prober_stop":
         with contextlib.suppress(OSError):
             faults.stop_prober(plan, act.target)
+
+
+MESH_UP_S = 60.0
+"""How long a run waits for every prober's first probe batch and the controller's connection."""
+
+
+def mesh_missing(origins: frozenset[str], hosts: Sequence[str], controller_log: str) -> list[str]:
+    """Return what of the mesh is not up yet: hosts none of whose probe batches were seen
+    (``origins``), then ``"controller"`` unless its JSON-lines log (text) says it connected.
+    Empty when everything measures."""
+    out = [h for h in hosts if h not in origins]
+    connected = False
+    for line in controller_log.splitlines():
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            connected |= isinstance(doc, dict) and doc.get("msg") == "connected"
+    return out if connected else [*out, "controller"]
+
+
+def _wait_mesh(
+    monitor: Monitor, hosts: Sequence[str], ctl_log: Path, timeout_s: float = MESH_UP_S
+) -> float:
+    """Wait until `mesh_missing` is empty; return the seconds waited. Raises OSError naming
+    what is missing after ``timeout_s``."""
+    start = time.monotonic()
+    while True:
+        log = ctl_log.read_text() if ctl_log.exists() else ""
+        missing = mesh_missing(monitor.origins(), hosts, log)
+        waited = time.monotonic() - start
+        if not missing:
+            return round(waited, 2)
+        if waited > timeout_s:
+            raise OSError(f"mesh not up after {timeout_s:g}s: no sign of {', '.join(missing)}")
+        time.sleep(0.1)
 
 
 def _read_events(path: Path) -> list[dict[str, Any]]:

@@ -144,6 +144,11 @@ class Monitor:
                 out[host] = n
         return out
 
+    def origins(self) -> frozenset[str]:
+        """Return the origins (hosts) of every probe batch seen so far."""
+        with self._lock:
+            return frozenset(b.origin for b in self.batches)
+
     def latest_batch(self, origin: str) -> ProbeBatch | None:
         """Return the newest batch seen from ``origin`` (None if none)."""
         with self._lock:

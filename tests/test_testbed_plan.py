@@ -198,3 +198,16 @@ def test_random_host_faults_go_on_hosts_and_leave_the_other_draws_alone() -> Non
     two_hosts = build_fabric(FabricShape(leaves=2, hosts_per_leaf=1, spines=4))
     with pytest.raises(ScenarioError, match="not enough distinct targets"):
         random_faults(two_hosts, 3, seed=1, duration_s=30, kinds=(FaultKind.PROBER_DOWN,))
+
+
+def test_a_run_starts_its_fault_clock_once_the_mesh_measures() -> None:
+    """On a busy machine the probers and the controller took seconds to start, and a fault at
+    5 s fell before anything measured (seed 5 of the random faults, load 5-6): the run waits
+    for every prober's first batch and the controller's connection (`mesh_missing`)."""
+    from testbed.runner import mesh_missing
+
+    hosts = ["host0", "host1"]
+    up = '{"t_ns": 1, "msg": "warning: unsigned"}\n{"t_ns": 2, "msg": "connected", "broker": "b"}\n'
+    assert mesh_missing(frozenset(), hosts, "") == ["host0", "host1", "controller"]
+    assert mesh_missing(frozenset({"host1"}), hosts, "not json\n") == ["host0", "controller"]
+    assert mesh_missing(frozenset({"host0", "host1"}), hosts, up) == []
