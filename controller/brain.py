@@ -27,7 +27,7 @@ from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_l
 from controller.detect.paths import PathIndex
 from controller.fabric import Fabric
 from controller.fabric.ecmp import routing_tables
-from controller.fabric.model import hop_id, hop_link
+from controller.fabric.model import hop_id, hop_link, reverse_hop
 from controller.health import EntityState, Finding, HealthParams, Signal, step
 from controller.observations import Observations
 from controller.snapshot import Health, MeshEvent
@@ -234,9 +234,12 @@ class Brain:
         slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay)
         signals: dict[int, Signal] = {}
         slow_hop: dict[int, int] = {}
+        two_way: set[int] = set()  # links blamed in both directions
         for hop, nbad in zip(slow_cover.picked, slow_cover.picked_bad, strict=True):
             lk = hop_link(int(hop))
             signals[lk] = Signal.SLOW
+            if lk in slow_hop and slow_hop[lk] != int(hop):
+                two_way.add(lk)
             if lk not in slow_hop or nbad > slow_cover.bad[slow_hop[lk]]:
                 slow_hop[lk] = int(hop)
         for lk, rate in loss.blamed.items():
@@ -269,7 +272,9 @@ class Brain:
             new, finding = step(st, sig, now_ns, cfg.health)
             self._states[lk] = new
             if finding is not None:
-                ev = self._event(lk, finding, new, now_ns, rates.get(lk), slow_hop, slow_flows)
+                ev = self._event(
+                    lk, finding, new, now_ns, rates.get(lk), slow_hop, slow_flows, lk in two_way
+                )
                 if ev is not None:
                     events.append(ev)
 
@@ -329,6 +334,7 @@ class Brain:
         rate: float | None,
         slow_hop: dict[int, int],
         slow_flows: dict[int, list[tuple[int, int, int]]],
+        two_way: bool = False,
     ) -> MeshEvent | None:
         f = self.fabric
         link = f.links[lk].id
@@ -357,11 +363,12 @@ class Brain:
             hop = slow_hop.get(lk, hop_id(lk, down=False))
             names = f.nics
             flows = tuple((names[a].id, names[b].id, c) for a, b, c in slow_flows.get(hop, []))
+            both = f" and {f.hop_name(reverse_hop(hop))}" if two_way else ""
             ev = MeshEvent(
                 now_ns,
                 "contention",
                 f.hop_name(hop),
-                f"queueing delay on {f.hop_name(hop)}",
+                f"queueing delay on {f.hop_name(hop)}{both}",
                 flows=flows,
             )
         self._raised[lk] = ev.target

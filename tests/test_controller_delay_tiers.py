@@ -133,3 +133,34 @@ def test_the_moderate_tier_goes_on_from_the_slow_tiers_picks() -> None:
         )  # fmt: skip
         events += brain.tick((k + 1) * WIN)
     assert [(e.kind, e.target) for e in events] == [("contention", "leaf0->spine2")]
+
+
+def test_a_link_queued_both_ways_says_so() -> None:
+    """A link congested in both directions (the namespace testbed's `congest` runs a generator
+    each way) is one contention event, on the direction with more slow delays, whose detail
+    names the other direction too."""
+    rng = np.random.default_rng(3)
+    both_ways = (HOP, HOP ^ 1)
+    brain = Brain(FAB, BrainConfig(lateness_ns=0))
+    events: list[MeshEvent] = []
+    for k in range(20):
+        n = len(SRC)
+        f, r = owd(FWD, rng, 0.0, 1.0), owd(REV, rng, 0.0, 1.0)
+        if k >= 10:
+            f += np.where(np.isin(FWD, both_ways).any(axis=1), rng.exponential(20_000.0, n), 0.0)
+            r += np.where(np.isin(REV, both_ways).any(axis=1), rng.exponential(20_000.0, n), 0.0)
+        brain.observe(
+            Observations(
+                (k * WIN + rng.integers(0, WIN, n)).astype(np.int64),
+                SRC.astype(np.int32), DST.astype(np.int32), SPORT.astype(np.int32),
+                FWD, REV, np.zeros(n, dtype=bool), f, r, f + r, np.zeros(n, dtype=bool),
+            )
+        )  # fmt: skip
+        events += brain.tick((k + 1) * WIN)
+    assert [(e.kind, e.target in ("leaf0->spine2", "spine2->leaf0")) for e in events] == [
+        ("contention", True)
+    ]
+    assert events[0].detail in (
+        "queueing delay on leaf0->spine2 and spine2->leaf0",
+        "queueing delay on spine2->leaf0 and leaf0->spine2",
+    )
