@@ -7,8 +7,9 @@ stamps in hardware):
 
 * **hardware stamps** (``hw``; ``sim`` too): the rows are oriented onto edges with the
   hardware coded-pair tolerance and reduced, block of edges by block, into one bounded
-  `sync.summary.Summary` (`reduce_chunk`: lower hulls per direction, lowest-RTT exchanges), then `sync.summarysolve.sync_summary` (pair fits on the hulls, drifts from the
-  envelopes and the lowest-RTT lines, the receive-side correction `receive_excess`);
+  `sync.summary.Summary` (`reduce_chunk`: lower hulls per direction, lowest-RTT exchanges),
+  then `sync.summarysolve.sync_summary` (pair fits on the hulls, drifts from the envelopes
+  and the lowest-RTT lines, the correction for the queueing left in the best samples);
 * **software stamps** (any ``sw`` row in the window): `sync.window.sync_window` on the oriented
   rows (the per-direction lowest-fraction means need every sample), candidates scored with
   the bias bound as for hardware stamps (`sync.window.sync_window`).

@@ -13,8 +13,8 @@ points as the bin has records (docs/controller.md, "Clock sync").
 
 `ClockSync.maybe_solve(now_ns)` (every ``solve_every_ns``) runs `controller.clocksolve` on the
 rows of the last ``window_ns``: hardware-stamped windows are streamed into a bounded
-`sync.summary.Summary` and solved by `sync.summarysolve.sync_summary` (hull fits, drifts from the
-envelopes and lowest-RTT lines, receive-side correction), software-stamped ones by
+`sync.summary.Summary` and solved by `sync.summarysolve.sync_summary` (hull fits, drifts from
+the envelopes and lowest-RTT lines, receive-side correction), software-stamped ones by
 `sync.window.sync_window` (the two drivers of the benchmark), and per-NIC `sync.ClockModels`
 are installed. `ClockSync.delays(ing)` maps each stamp to the reference timescale with those
 models (extrapolated to "now"): one-way delays in real time; NaN before the first solve or for a

@@ -126,10 +126,9 @@ class LiveController:
         self.gpu_state: dict[str, GpuHealth] = {}
         self.rates = NicRates()  # NIC byte counters from health documents -> throughput
         self.alive: dict[str, bool] = {}
-        # per host index: since when its prober has been alive (its last alive presence);
-        # probes to it sent earlier are no evidence (`ingest_admitted`)
-        self._host_of = {h.id: i for i, h in enumerate(fabric.hosts)}
-        self._alive_since = np.full(len(fabric.hosts), np.iinfo(np.int64).min, np.int64)
+        # per host index: since when its prober has been alive (its last alive presence; 0:
+        # never said); probes to it sent earlier are no evidence (`ingest_admitted`)
+        self._alive_since = np.zeros(len(fabric.hosts), np.int64)
         self.now_ns = 0
         self.records = 0
         # delays of the arrived probes by clock trust: fine, coarse, withheld (unjudged)
@@ -221,9 +220,12 @@ class LiveController:
         obs = self.observations(ing, d, now_ns)
         # a probe sent to a host before its prober announced itself alive met no responder:
         # its loss is the start (or restart) of that prober, not evidence about the fabric
-        ahead = self._alive_since[self.fabric.nic_host_index[ing.dst]] - d.t_ns
-        early = (ahead > 0) & (ahead <= EARLY_NS)
-        self.brain.observe(obs.select(~early) if early.any() else obs)
+        if self._alive_since.any():
+            ahead = self._alive_since[self.fabric.nic_host_index[ing.dst]] - d.t_ns
+            early = (ahead > 0) & (ahead <= EARLY_NS)
+            if early.any():
+                obs = obs.select(~early)
+        self.brain.observe(obs)
         self.records += len(ing)
         return len(ing)
 
@@ -258,7 +260,7 @@ class LiveController:
         (`ingest_admitted`). Repeated alive presences (a retained one delivered again, a
         prober's reconnect) do not move it."""
         self.now_ns = max(self.now_ns, now_ns)
-        i = self._host_of.get(host)
+        i = self.fabric.host_index.get(host)
         if alive and i is not None and not self.alive.get(host, False):
             self._alive_since[i] = now_ns if not since_ns or since_ns > now_ns else since_ns
         self.alive[host] = alive

@@ -239,8 +239,8 @@ def random_faults(
     """Draw ``k`` faults of mixed kinds on distinct targets, inside ``duration_s``.
 
     Link faults go on leaf-spine (fabric) links, NIC faults on NICs, prober and GPU faults on
-    hosts. With ``spacing_s`` = 0 the
-    faults overlap in time (concurrent); otherwise they start ``spacing_s`` apart.
+    hosts. With ``spacing_s`` = 0 the faults overlap in time (concurrent); otherwise they start
+    ``spacing_s`` apart.
     ``congest_magnitude`` is in the units of whoever applies the fault: the simulator reads
     20 as 20 µs of extra queueing, the namespace testbed reads a magnitude <= 1 as extra
     utilisation of the shaped link (0.6: a generator at 1.6x the link rate, a standing queue)
@@ -268,19 +268,21 @@ def random_faults(
         kind = FaultKind(kinds[int(rng.integers(len(kinds)))])
         start = t0 + i * spacing_s + float(rng.uniform(0, 1.0))
         dur = max(1.0, min(duration_s - start - 1.0, 10.0 + float(rng.uniform(0, 5))))
-        if not (hosts_pick if kind in HOST_FAULTS else nics_pick if kind == FaultKind.NIC_DOWN
-                else links_pick):  # fmt: skip
+        # a prober or a GPU on a host, a NIC down on a NIC, the rest on a fabric link
+        pool = (
+            hosts_pick if kind in HOST_FAULTS
+            else nics_pick if kind == FaultKind.NIC_DOWN
+            else links_pick
+        )  # fmt: skip
+        if not pool:
             raise ScenarioError(f"not enough distinct targets for {k} random faults")
-        if kind in HOST_FAULTS:  # a prober or a GPU: on a host
-            out.append(Fault(kind, hosts_pick.pop(), start, dur))
-        elif kind == FaultKind.NIC_DOWN:
-            out.append(Fault(kind, str(nics_pick.pop()), start, dur))
-        elif kind == FaultKind.FLAP:
-            out.append(Fault(kind, str(links_pick.pop()), start, dur, down_s=flap_down_s, up_s=2.0))
+        target = str(pool.pop())
+        if kind == FaultKind.FLAP:
+            out.append(Fault(kind, target, start, dur, down_s=flap_down_s, up_s=2.0))
         elif kind == FaultKind.CONGEST:
-            out.append(Fault(kind, str(links_pick.pop()), start, dur, magnitude=congest_magnitude))
+            out.append(Fault(kind, target, start, dur, magnitude=congest_magnitude))
         elif kind == FaultKind.LOSS:
-            out.append(Fault(kind, str(links_pick.pop()), start, dur, magnitude=loss_percent))
+            out.append(Fault(kind, target, start, dur, magnitude=loss_percent))
         else:
-            out.append(Fault(kind, str(links_pick.pop()), start, dur))
+            out.append(Fault(kind, target, start, dur))
     return tuple(out)

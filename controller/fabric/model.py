@@ -227,9 +227,14 @@ class Fabric:
         return np.array([gi[n.group] for n in self.nics], dtype=np.int32)
 
     @cached_property
+    def host_index(self) -> dict[str, int]:
+        """Host id -> its dense index (order of `hosts`)."""
+        return {h.id: i for i, h in enumerate(self.hosts)}
+
+    @cached_property
     def nic_host_index(self) -> npt.NDArray[np.int32]:
         """Per NIC index: the dense index of its host (order of `hosts`)."""
-        hi = {h.id: i for i, h in enumerate(self.hosts)}
+        hi = self.host_index
         return np.array([hi[n.host] for n in self.nics], dtype=np.int32)
 
     @property
