@@ -7,8 +7,9 @@ uplink) shifts every pair offset of the NIC alike: a node offset that loop closu
 sample sits above the delay floor (extrapolated from the lowest samples with a tail index
 pooled over the window, `pooled_tail_index` and `tail_factor`); `receive_excess` aggregates it
 per receiving NIC and `split_excess` into a receive part per NIC and a send part per leaf.
-`queueing_bound` is a data-only size of that bias before the correction. Pure: arrays in,
-arrays out.
+`receive_luck` is what no reading of a window can remove: the luck of each direction's best
+sample. `queueing_bound` is a data-only size of that bias before the correction. Pure: arrays
+in, arrays out.
 """
 
 from __future__ import annotations
@@ -117,6 +118,13 @@ def direction_excess(
     hull points are read in runs of whole groups of about ``block`` points (they are sorted
     by group), so the temporaries stay bounded; the result does not depend on ``block``.
     Raises ValueError if ``k`` is below 3 or exceeds the stored layers."""
+    src, dst, val, _ = _readings(s, slope, k, block)
+    return src, dst, val
+
+
+def _readings(s: Summary, slope: F64, k: int, block: int) -> tuple[I64, I64, F64, float]:
+    """`direction_excess` and the pooled ``beta`` it used (1 when no direction has ``k``
+    samples). Raises ValueError as `direction_excess`."""
     if not 3 <= k <= RX_K:
         raise ValueError(f"k must be in [3, {RX_K}], got {k}")
     n_groups = 2 * len(s.edges)
@@ -140,11 +148,11 @@ def direction_excess(
         parts.append((grp, kd, v[f + 1] - v[f], v[f + kd - 1] - v[f]))
     if not parts:
         empty = np.zeros(0, np.int64)
-        return empty, empty.copy(), np.zeros(0)
+        return empty, empty.copy(), np.zeros(0), 1.0
     grp, kd, low, high = (np.concatenate(c) for c in zip(*parts, strict=True))
     full = kd == k
     beta = pooled_tail_index(low[full], high[full], k)
-    return (*direction_ends(s.edges, grp), high * tail_factor(kd, beta))
+    return (*direction_ends(s.edges, grp), high * tail_factor(kd, beta), beta)
 
 
 def receive_excess(
@@ -159,6 +167,38 @@ def receive_excess(
     samples. Raises ValueError as `direction_excess`."""
     _, dst, val = direction_excess(s, slope, k, block)
     return node_midmean(n_nodes, dst, val)
+
+
+def luck_cv(beta: float) -> float:
+    """The coefficient of variation of a direction's best-sample excess in the tail model of
+    `tail_factor`: ``x_(1) - F`` is ``c Γ_1^beta`` with ``Γ_1`` a unit exponential, so the
+    ratio of its standard deviation to its mean is ``sqrt(Γ(1 + 2 beta) - Γ(1 + beta)^2) /
+    Γ(1 + beta)`` (1 for ``beta = 1``, 0.52 for 1/2). Raises ValueError for ``beta`` outside
+    (0, 1]."""
+    if not 0.0 < beta <= 1.0:
+        raise ValueError(f"need beta in (0, 1], got {beta}")
+    g1 = math.gamma(1.0 + beta)
+    return math.sqrt(math.gamma(1.0 + 2.0 * beta) - g1 * g1) / g1
+
+
+def receive_luck(n_nodes: int, s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20) -> F64:
+    """Per NIC, the standard deviation (ns) of the offset error that no reading of the window
+    can remove: the luck of its incoming directions' best samples. The correction subtracts
+    half of what a NIC's best incoming samples are *expected* to carry (`direction_excess`:
+    ``c E[Γ_1^beta]`` per direction, from the scale its lowest samples show); what they
+    actually carry is ``c Γ_1^beta``, and which sample was luckiest does not show in its
+    neighbours (conditioning on the lowest six's shape reduces the error by ~2 %, docs/sync.md
+    "The limit of the reading"). So the NIC's offset keeps half of the mean over its ``D``
+    incoming directions of ``c (Γ_1^beta - E)``: ``0.5 luck_cv(beta) sqrt(sum val^2) / D`` with
+    ``val`` each direction's reading. A model figure, for reports beside the error; the
+    reading's own error (its scale is read from six samples per direction) comes on top: with
+    the tail index of a load-0.9 window the model puts the correction's whole error at 1.46x
+    this, and the simulator's truth gives 1.46x too (docs/sync.md). NaN for NICs with no
+    direction of 3 samples. Raises ValueError as `direction_excess`."""
+    _, dst, val, beta = _readings(s, slope, k, block)
+    cnt = np.bincount(dst, minlength=n_nodes)
+    out = 0.5 * luck_cv(beta) * np.sqrt(np.bincount(dst, val * val, n_nodes)) / np.maximum(cnt, 1)
+    return np.where(cnt > 0, out, np.nan)
 
 
 def split_excess(

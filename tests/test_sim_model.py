@@ -248,6 +248,9 @@ def test_sim_sync_json_names_the_model_and_the_asymmetry_floor(
     # hw: streamed into summaries, with the data's own queueing bound beside the floor
     assert rep["streamed"] is True and rep["summary_points"] > 0
     assert rep["queueing_bound"]["p99_ns"] > 0 and rep["drift_from"]
+    # and the part of the receive correction's error no reading can remove (the luck)
+    luck = rep["receive_luck_sd"]
+    assert 0 < luck["p50_ns"] <= luck["p99_ns"] < rep["queueing_bound"]["p99_ns"]
     assert main([*args, "--json", "--ideal"]) == 0
     ideal = json.loads(capsys.readouterr().out)
     assert ideal["model"]["ideal"] is True

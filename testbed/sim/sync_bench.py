@@ -19,7 +19,10 @@ The report names the model in force (``"model": {"ideal": ..., knobs}``) and, as
 ``asymmetry_floor``, the error a perfect two-way estimator would still make: the simulator's
 constant per-pair path asymmetry (half of fixed forward minus fixed reverse delay, averaged over
 the pair's swept paths) pushed through the same network solve. Two-way probes cannot observe
-it; qpmesh's error should be read beside it.
+it; qpmesh's error should be read beside it. With hardware stamps ``receive_luck_sd`` is a
+second such figure, from the data: per NIC the standard deviation of the offset error left by
+the luck of its incoming directions' best samples, which no reading of the window can remove
+(`sync.excess.receive_luck`; docs/sync.md, "The limit of the reading").
 
 Errors are absolute offset errors in ns at the window's middle after removing the common
 offset (no sync can observe it): ``|est_k - mean(est) - (true_k - mean(true))|`` over NICs.
@@ -40,7 +43,7 @@ import numpy.typing as npt
 from contract.records import ProbeBatch
 from controller.fabric import FabricShape, build_fabric
 from sync import anchor_tree, ntp_offsets, solve_network
-from sync.excess import queueing_bound, split_excess
+from sync.excess import queueing_bound, receive_luck, split_excess
 from sync.summarysolve import sync_summary
 from sync.window import EdgeSamples, orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, SimStep, Simulator
@@ -242,6 +245,7 @@ def _window_figures(rep: dict[str, Any]) -> dict[str, Any]:
         "ntp_baseline_p99_ns": est["ntp_baseline"]["p99_ns"],
         "p99_ratio_ntp_over_qpmesh": rep["p99_ratio_ntp_over_qpmesh"],
         "estimator": rep["estimator"],
+        "receive_luck_sd_p99_ns": rep["receive_luck_sd"]["p99_ns"],
     }
     tb = rep.get("truth_breakdown")
     if tb is not None:
@@ -330,6 +334,10 @@ def _score_window(
         t_fit = time.perf_counter()
         ws = sync_summary(n_nodes, sw.summary, quant_ns=quant, leaf=leaf if leaf_split else None)
         solve_total = time.perf_counter() - t_fit
+        se = sw.summary.edges
+        luck = receive_luck(
+            n_nodes, sw.summary, np.nan_to_num(ws.drift[se[:, 1]] - ws.drift[se[:, 0]])
+        )
         if best is not None:  # the same solve without the receive-side correction, vs truth
             raw = sync_summary(n_nodes, sw.summary, quant_ns=quant, rx_correction=False)
             recv, send = split_excess(n_nodes, *best.directions(), leaf)
@@ -362,6 +370,7 @@ def _score_window(
         ntp_net, ntp_fit, ntp_plain = _ntp_estimates(n_nodes, samples, c, t_ref, window_s)
         n_probes, summary_points = len(c["t1"]), 0
         qb = np.full(n_nodes, np.nan)  # (hw stamps only: from the summary's RTT tails)
+        luck = np.full(n_nodes, np.nan)  # (hw stamps only: from the summary's hull layers)
         del c
         t_fit = time.perf_counter()
         ws = sync_window(n_nodes, samples, quant_ns=quant)
@@ -432,6 +441,7 @@ def _score_window(
         },
         "asymmetry_floor": af,
         "queueing_bound": _spread_of(qb),
+        "receive_luck_sd": _spread_of(luck),
         "p99_ratio_ntp_over_qpmesh": round(nb["p99_ns"] / qp["p99_ns"], 1)
         if qp["p99_ns"] > 0
         else None,
