@@ -479,6 +479,7 @@ def _cmd(args: argparse.Namespace) -> int:
         **rep["estimators"],
         "asym_floor": rep["asymmetry_floor"],
         "queue_bound": rep["queueing_bound"],
+        "luck_sd": rep["receive_luck_sd"],
     }
     for name, e in rows.items():
         print(
@@ -509,7 +510,9 @@ def register_sync(ssub: Any) -> None:
         help="clock-sync accuracy vs truth: qpmesh vs NTP-style and pairwise-only baselines",
         description=(
             "Simulate a two-tier Clos with known clocks (offsets up to 1 ms, drift up to 30 ppm), probe, "
-            "and report p50/p99/max offset error for qpmesh and baselines fed the same probes."
+            "and report p50/p99/max offset error for qpmesh and baselines fed the same probes, "
+            "beside what no two-way estimator can see: the constant path asymmetry (asym_floor) "
+            "and, with hw stamps, the luck of the best samples (luck_sd, a standard deviation)."
         ),
     )
     p.add_argument("--nics", type=int, default=128, help="number of NICs (default %(default)s)")
