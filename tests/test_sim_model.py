@@ -12,11 +12,12 @@ from controller.fabric import FabricShape, build_fabric
 from qpmesh.cli import main
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.clock_model import ClockWander
-from testbed.sim.engine import SimConfig, Simulator
+from testbed.sim.engine import SimConfig, SimStep, Simulator
 from testbed.sim.load_model import UtilisationModel, redistribution
 from testbed.sim.loss_model import LossModel
 from testbed.sim.model import ModelError, ModelKnobs
 from testbed.sim.stamp_model import StampModel
+from testbed.sim.sync_truth import BestQueueing, mean_queueing
 
 FABRIC = build_fabric(FabricShape())
 QUIET = dataclasses.replace(  # realistic floors and clocks, nothing random on top
@@ -271,3 +272,60 @@ def test_discovered_paths_are_the_controllers_view() -> None:
     assert len(src) == len(dst) == len(sport) == len(fwd) == len(rev) > 0
     wrong = np.mean((fwd != true_f).any(axis=1))
     assert 0 < wrong < 0.1  # mismatched and not discovered: ~5 % by default
+
+
+def test_redraw_luck_keeps_fabric_pairs_paths_and_load_and_redraws_the_queueing() -> None:
+    """A luck draw is the same window with other per-probe randomness: probes, paths and fixed
+    delays are the same, the queueing is not; draws are reproducible."""
+    cfg = SimConfig(load=0.9, rate_hz=20.0, seed=4)
+
+    def step(draw: int | None) -> tuple[Simulator, SimStep]:
+        sim = Simulator(FABRIC, cfg)
+        if draw is not None:
+            sim.redraw_luck(draw)
+        return sim, sim.step(0.0, 0.2)
+
+    (s0, a), (s1, b), (_, b2) = step(None), step(1), step(1)
+    np.testing.assert_array_equal(s0.pairs_src, s1.pairs_src)
+    np.testing.assert_array_equal(a.batch.src, b.batch.src)
+    np.testing.assert_array_equal(a.hops_fwd, b.hops_fwd)
+    ok = np.isfinite(a.true_fwd_ns) & np.isfinite(b.true_fwd_ns)
+    src, dst = a.batch.src.astype(np.int64), a.batch.dst.astype(np.int64)
+    fixed = s0.fixed_delay_ns(a.hops_fwd[ok], src[ok], dst[ok])
+    np.testing.assert_allclose(fixed, s1.fixed_delay_ns(b.hops_fwd[ok], src[ok], dst[ok]))
+    qa, qb = a.true_fwd_ns[ok] - fixed, b.true_fwd_ns[ok] - fixed
+    assert np.all(qa >= -1e-6) and np.all(qb >= -1e-6)
+    assert np.mean(qa != qb) > 0.5  # most probes queue differently
+    assert abs(np.mean(qa) / np.mean(qb) - 1.0) < 0.2  # at the same load
+    np.testing.assert_array_equal(b.true_fwd_ns, b2.true_fwd_ns)
+    with pytest.raises(ValueError):
+        s0.redraw_luck(-1)
+
+
+def test_mean_queueing_averages_each_direction_over_the_draws_it_arrived_in() -> None:
+    edges = np.array([[0, 1], [1, 2]])
+    draws = []
+    for best in ([1.0, np.inf, 3.0, np.inf], [3.0, 5.0, np.inf, np.inf]):
+        d = BestQueueing(edges, 3)
+        d.best = np.array(best)
+        draws.append(d)
+    np.testing.assert_allclose(mean_queueing(draws).best, [2.0, 5.0, 3.0, np.inf])
+    with pytest.raises(ValueError):
+        mean_queueing([])
+    with pytest.raises(ValueError):
+        mean_queueing([draws[0], BestQueueing(edges[:1], 3)])
+
+
+def test_sim_sync_luck_draws_report_the_expected_excess_oracle(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--luck-draws`` adds what a perfect reading of the expected excess would reach; it
+    needs the truth breakdown (a one-line error otherwise)."""
+    args = ["sim", "sync", "--nics", "32", "--peers", "4", "--window", "0.5", "--rate", "20"]
+    args += ["--load", "0.9", "--truth-breakdown", "--json"]
+    assert main([*args, "--luck-draws", "3"]) == 0
+    tb = json.loads(capsys.readouterr().out)["truth_breakdown"]
+    assert tb["expected_split_p99_ns"] > 0 and tb["perfect_split_p99_ns"] > 0
+    assert main([*args[:-2], "--luck-draws", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--luck-draws needs --truth-breakdown" in err[0]

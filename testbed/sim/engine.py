@@ -231,6 +231,20 @@ class Simulator:
         self.faults = kept
 
     # ---- truth ---------------------------------------------------------------------------
+    def redraw_luck(self, draw: int) -> None:
+        """Re-seed the per-probe random streams (queueing waits and bursts, incast hits, the
+        coded pairs' FIFO gaps, loss and turnaround draws, stamp jitter) as draw ``draw`` of
+        this seed: the same fabric, clocks, probe pairs, paths, load and hot spots, other luck.
+        Call before the first step. For truth that needs the luck averaged out
+        (`sim sync --luck-draws`); draw 0 is not the simulator's own stream. Raises ValueError
+        for a negative ``draw``."""
+        if draw < 0:
+            raise ValueError(f"draw must be >= 0, got {draw}")
+        seed = self.config.seed
+        self.rng = np.random.default_rng([seed, 910, draw])
+        self._fx = np.random.default_rng([seed, 911, draw])
+        self._fifo_rng = np.random.default_rng([seed, 912, draw])
+
     def true_offset_ns(self, t_ns: float | F64, nic: npt.ArrayLike | None = None) -> F64:
         """Return the clock offsets (local - true, without the epoch) at true time ``t_ns``.
 

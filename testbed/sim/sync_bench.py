@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -41,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contract.records import ProbeBatch
-from controller.fabric import FabricShape, build_fabric
+from controller.fabric import Fabric, FabricShape, build_fabric
 from sync import anchor_tree, ntp_offsets, solve_network
 from sync.excess import queueing_bound, receive_luck, split_excess
 from sync.summarysolve import sync_summary
@@ -51,7 +52,7 @@ from testbed.sim.heap import release_free_heap
 from testbed.sim.model import ModelKnobs
 from testbed.sim.options import add_model_options, model_from_args
 from testbed.sim.sync_stream import N_SUB, collect_window, window_batches, window_edges
-from testbed.sim.sync_truth import BestQueueing, breakdown
+from testbed.sim.sync_truth import BestQueueing, breakdown, mean_queueing
 
 F64 = npt.NDArray[np.float64]
 
@@ -183,6 +184,7 @@ def run_sync_bench(
     truth_breakdown: bool = False,
     windows: int = 1,
     leaf_split: bool = True,
+    luck_draws: int = 0,
 ) -> dict[str, Any]:
     """Run the benchmark and return the report (see module docstring). ``truth_breakdown``
     (hardware stamps only) adds ``truth_breakdown`` (`testbed.sim.sync_truth.breakdown`).
@@ -190,11 +192,16 @@ def run_sync_bench(
     fixed delays and its clocks go on; hot spots move): the report is the first window's, plus
     ``windows`` (each window's figures) and ``over_windows`` (their medians).
     ``leaf_split`` False: the hw estimator without the leaf split (the receive part alone;
-    for comparison). Raises ValueError."""
+    for comparison). ``luck_draws`` R >= 2 (with ``truth_breakdown``): each window is
+    simulated R - 1 more times with other per-probe luck (`Simulator.redraw_luck`) and the
+    breakdown adds ``expected_split_p99_ns`` (`testbed.sim.sync_truth.breakdown`). Raises
+    ValueError."""
     if truth_breakdown and timestamps != "hw":
         raise ValueError("--truth-breakdown needs --timestamps hw")
     if windows < 1:
         raise ValueError("--windows must be >= 1")
+    if luck_draws and (luck_draws < 2 or not truth_breakdown):
+        raise ValueError("--luck-draws needs --truth-breakdown and at least 2 draws")
     if nics < 4:
         raise ValueError("--nics must be >= 4")
     if not 1 <= peers < nics:
@@ -218,7 +225,7 @@ def run_sync_bench(
         reports.append(
             _score_window(hold, cfg, w * window_s, window_s, last=w == windows - 1, t0=t0,
                           progress=progress, truth_breakdown=truth_breakdown,
-                          leaf_split=leaf_split)
+                          leaf_split=leaf_split, luck_draws=luck_draws)
         )  # fmt: skip
         t0 = time.perf_counter()
     rep = reports[0]
@@ -226,6 +233,35 @@ def run_sync_bench(
         rep["windows"] = [_window_figures(r) for r in reports]
         rep["over_windows"] = _over_windows(rep["windows"])
     return rep
+
+
+def _redrawn_best(
+    fabric: Fabric,
+    cfg: SimConfig,
+    edges: npt.NDArray[np.int64],
+    start_s: float,
+    window_s: float,
+    draw: int,
+    draws: int,
+    progress: bool,
+) -> BestQueueing:
+    """Per direction the best sample's true queueing in the window ``[start_s, start_s +
+    window_s)`` simulated afresh with draw ``draw`` of the per-probe luck
+    (`Simulator.redraw_luck`: the same fabric, pairs, paths and load). Raises ValueError if
+    the fresh simulator's probe pairs differ from ``edges``'s."""
+    sim = Simulator(fabric, cfg)
+    sim.redraw_luck(draw)
+    n = len(fabric.nics)
+    if not np.array_equal(window_edges(sim.pairs_src, sim.pairs_dst, n)[0], edges):
+        raise ValueError("a luck draw's probe pairs differ from the window's")
+    best = BestQueueing(edges, n)
+    for _ in window_batches(
+        sim, window_s, 0.1, start_s=start_s, observe=lambda st: best.observe(sim, st)
+    ):
+        pass
+    if progress:
+        print(f"sim sync: luck draw {draw + 1}/{draws} simulated", file=sys.stderr)
+    return best
 
 
 class _SimHold:
@@ -251,6 +287,8 @@ def _window_figures(rep: dict[str, Any]) -> dict[str, Any]:
     if tb is not None:
         out["perfect_rx_p99_ns"] = tb["perfect_rx_p99_ns"]
         out["perfect_split_p99_ns"] = tb["perfect_split_p99_ns"]
+        if "expected_split_p99_ns" in tb:
+            out["expected_split_p99_ns"] = tb["expected_split_p99_ns"]
     return out
 
 
@@ -276,6 +314,7 @@ def _score_window(
     progress: bool,
     truth_breakdown: bool,
     leaf_split: bool,
+    luck_draws: int = 0,
 ) -> dict[str, Any]:
     """Simulate the window ``[start_s, start_s + window_s)`` on ``hold``'s simulator, estimate
     and score it (the report of `run_sync_bench` for one window). ``last``: let the simulator
@@ -315,6 +354,12 @@ def _score_window(
         max_x = per * 2 * (int(np.ceil(window_s * rate_hz)) + 1)
         sw = collect_window(run(), edges, max_x, n_nodes, t_ref, window_s, 25)
         truth, asym, asym_edges = _truth(sim, t_mid_ns)
+        expected: BestQueueing | None = None
+        if best is not None and luck_draws:
+            expected = mean_queueing([best] + [
+                _redrawn_best(fabric, cfg, edges, start_s, window_s, r, luck_draws, progress)
+                for r in range(1, luck_draws)
+            ])  # fmt: skip
         if last:
             hold.sim = None
         del sim
@@ -341,9 +386,13 @@ def _score_window(
         if best is not None:  # the same solve without the receive-side correction, vs truth
             raw = sync_summary(n_nodes, sw.summary, quant_ns=quant, rx_correction=False)
             recv, send = split_excess(n_nodes, *best.directions(), leaf)
+            exp_split = None
+            if expected is not None:
+                e_recv, e_send = split_excess(n_nodes, *expected.directions(), leaf)
+                exp_split = e_recv - e_send[leaf]
             tb = breakdown(
                 n_nodes, edges, raw.theta_ns, raw.offset_ns, truth, best.receive_mean(),
-                recv - send[leaf],
+                recv - send[leaf], exp_split,
             )  # fmt: skip
         n_edges = m
         del sw
@@ -466,6 +515,7 @@ def _cmd(args: argparse.Namespace) -> int:
         truth_breakdown=args.truth_breakdown,
         windows=args.windows,
         leaf_split=not args.no_leaf_split,
+        luck_draws=args.luck_draws,
     )
     if args.json:
         print(json.dumps(rep))
@@ -559,6 +609,16 @@ def register_sync(ssub: Any) -> None:
         help="hw stamps only: also split the error against the simulator's truth into its "
         "node-like and loop parts and report what a perfect receive-side correction would reach "
         "(`truth_breakdown`; docs/benchmarks.md; costs one more solve and the truth per probe)",
+    )
+    p.add_argument(
+        "--luck-draws",
+        type=int,
+        default=0,
+        metavar="R",
+        help="with --truth-breakdown: simulate each window R - 1 more times with other per-probe "
+        "luck (same fabric, paths, load) and report `expected_split_p99_ns`, the error a perfect "
+        "reading of each direction's expected best-sample queueing would leave (the luck is not "
+        "readable: docs/sync.md); R times the simulation time (default: off)",
     )
     add_model_options(p)
     p.set_defaults(func=_cmd)

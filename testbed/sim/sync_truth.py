@@ -19,6 +19,7 @@ Pure except for reading a simulator step's truth arrays; nothing here feeds the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,25 @@ class BestQueueing:
         return np.where(cnt > 0, np.maximum(mean, 0.0), np.nan)  # >= 0 but for rounding
 
 
+def mean_queueing(draws: Sequence[BestQueueing]) -> BestQueueing:
+    """Per direction the mean over ``draws`` (the same window simulated with other per-probe
+    luck, same edges) of the best sample's true queueing, over the draws where it arrived:
+    the *expected* best-sample queueing (up to the draws' own spread), which is what a reading
+    of the direction's scale can at best give. Raises ValueError on no draws or draws of
+    different edges."""
+    if not draws:
+        raise ValueError("no draws")
+    first = draws[0]
+    if any(not np.array_equal(d.edges, first.edges) for d in draws):
+        raise ValueError("draws of different edges")
+    b = np.stack([d.best for d in draws])
+    ok = np.isfinite(b)
+    cnt = ok.sum(axis=0)
+    out = BestQueueing(first.edges, first.n_nodes)
+    out.best = np.where(cnt > 0, np.where(ok, b, 0.0).sum(axis=0) / np.maximum(cnt, 1), np.inf)
+    return out
+
+
 def _p99(x: F64) -> float:
     x = x[np.isfinite(x)]
     return round(float(np.percentile(x, 99)), 2) if x.size else float("nan")
@@ -100,6 +120,7 @@ def breakdown(
     truth: F64,
     rx_true: F64,
     split_true: F64 | None = None,
+    split_expected: F64 | None = None,
 ) -> dict[str, Any]:
     """The report's ``truth_breakdown``: from the pair offsets the final solve got
     (``theta_ns``, offset of j minus offset of i at the reference instant, before any
@@ -109,7 +130,10 @@ def breakdown(
     offsets, uncorrected) corrected by half of the true per-NIC receive excess ``rx_true``,
     and, given ``split_true`` (the true per-direction queueing through the estimator's leaf
     split, `sync.excess.split_excess`: receive part minus the NIC's leaf's send part), by half
-    of that (``perfect_split_p99_ns``)."""
+    of that (``perfect_split_p99_ns``); given ``split_expected`` (the same from the
+    directions' *expected* best-sample queueing, `mean_queueing`: the luck of each window's
+    best samples left in), ``expected_split_p99_ns``, what a perfect reading of each
+    direction's scale would reach."""
     fin = np.isfinite(theta_ns)
     e = edges[fin]
     err = theta_ns[fin] - (truth[e[:, 1]] - truth[e[:, 0]])
@@ -125,6 +149,9 @@ def breakdown(
     if split_true is not None:
         split = raw_offset_ns - 0.5 * np.nan_to_num(split_true)
         extra["perfect_split_p99_ns"] = _p99(_node_errors(split, truth))
+    if split_expected is not None:
+        exp = raw_offset_ns - 0.5 * np.nan_to_num(split_expected)
+        extra["expected_split_p99_ns"] = _p99(_node_errors(exp, truth))
     return {
         "edge_error_p99_ns": _p99(np.abs(err)),
         "node_like_p99_ns": _p99(b),
