@@ -44,7 +44,7 @@ import numpy.typing as npt
 from contract.records import ProbeBatch
 from controller.fabric import Fabric, FabricShape, build_fabric
 from sync import anchor_tree, ntp_offsets, solve_network
-from sync.excess import queueing_bound, receive_luck, split_excess
+from sync.excess import queueing_bound, receive_luck
 from sync.summarysolve import sync_summary
 from sync.window import EdgeSamples, orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, SimStep, Simulator
@@ -385,14 +385,10 @@ def _score_window(
         )
         if best is not None:  # the same solve without the receive-side correction, vs truth
             raw = sync_summary(n_nodes, sw.summary, quant_ns=quant, rx_correction=False)
-            recv, send = split_excess(n_nodes, *best.directions(), leaf)
-            exp_split = None
-            if expected is not None:
-                e_recv, e_send = split_excess(n_nodes, *expected.directions(), leaf)
-                exp_split = e_recv - e_send[leaf]
             tb = breakdown(
                 n_nodes, edges, raw.theta_ns, raw.offset_ns, truth, best.receive_mean(),
-                recv - send[leaf], exp_split,
+                best.through_split(leaf),
+                None if expected is None else expected.through_split(leaf),
             )  # fmt: skip
         n_edges = m
         del sw
