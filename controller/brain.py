@@ -364,15 +364,27 @@ class Brain:
             names = f.nics
             flows = tuple((names[a].id, names[b].id, c) for a, b, c in slow_flows.get(hop, []))
             both = f" and {f.hop_name(reverse_hop(hop))}" if two_way else ""
+            moved = self._down_sibling(lk)
+            why = "" if moved is None else f" (flows re-hashed here from {moved}, which is down)"
             ev = MeshEvent(
                 now_ns,
                 "contention",
                 f.hop_name(hop),
-                f"queueing delay on {f.hop_name(hop)}{both}",
+                f"queueing delay on {f.hop_name(hop)}{both}{why}",
                 flows=flows,
+                related=moved or "",
             )
         self._raised[lk] = ev.target
         return ev
+
+    def _down_sibling(self, lk: int) -> str | None:
+        """Return the id of a sibling of link ``lk`` (`Fabric.sibling_links`) that is down or
+        flapping now, the first by index, or None: ECMP moved that link's flows onto ``lk``'s
+        group, so queueing on ``lk`` may follow from it."""
+        for s in self.fabric.sibling_links[lk]:
+            if self._states[s].state in (Health.DOWN, Health.FLAPPING):
+                return self.fabric.links[s].id
+        return None
 
     # ---- outputs -------------------------------------------------------------------------
     def link_health(self) -> dict[str, Health]:

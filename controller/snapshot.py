@@ -46,7 +46,9 @@ SEVERITY: Mapping[Health, int] = {
 class MeshEvent:
     """A finding: ``kind`` (link_flap, contention, nic_down, prober_down, gpu_fault, loss,
     remediation, clear, ...), ``target`` (a link, NIC or host id), time in ns of the
-    controller's clock, free-form ``detail``, and the affected queue pairs if any."""
+    controller's clock, free-form ``detail``, and the affected queue pairs if any.
+    ``related``: the id of what this finding follows from, if it follows from another (the
+    down link whose flows ECMP moved onto a contended sibling link); "" if it stands alone."""
 
     t_ns: int
     kind: str
@@ -54,6 +56,7 @@ class MeshEvent:
     detail: str = ""
     severity: str = "warning"
     flows: tuple[tuple[str, str, int], ...] = ()
+    related: str = ""
 
     def __post_init__(self) -> None:
         if not self.kind or not self.target:

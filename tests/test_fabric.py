@@ -103,3 +103,18 @@ def test_cli_bad_shape_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["sim", "topology", "--pods", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "super-spines" in err[0]
+
+
+def test_sibling_links_are_the_other_uplinks_to_the_same_tier() -> None:
+    f = build_fabric(FabricShape(pods=2, leaves=2, hosts_per_leaf=2, spines=2, superspines=4))
+    ids = {lk.id: lk.index for lk in f.links}
+    sib = {lk.id: sorted(f.links[i].id for i in f.sibling_links[lk.index]) for lk in f.links}
+    assert sib["leaf0-spine0"] == ["leaf0-spine1"]  # a leaf's other spine uplink
+    assert sib["spine1-super2"] == ["spine1-super3"]  # a spine's other uplink in its plane
+    assert sib["nic0-leaf0"] == []  # a NIC has one link
+    # symmetric, and never across tiers
+    for lk in f.links:
+        for s in f.sibling_links[lk.index]:
+            assert lk.index in f.sibling_links[s]
+            assert f.links[s].lower == lk.lower
+    assert ids["leaf0-spine0"] not in f.sibling_links[ids["spine0-super0"]]

@@ -185,6 +185,24 @@ class Fabric:
         return {(lk.lower, lk.upper): lk.index for lk in self.links}
 
     @cached_property
+    def sibling_links(self) -> tuple[tuple[int, ...], ...]:
+        """Per link index: the other links from the same lower node to an upper node of the
+        same kind (a leaf's other spine uplinks, a spine's other super-spine uplinks), in index
+        order; empty for a NIC's link. ECMP re-hashes a down link's flows onto these."""
+        kind = {n.id: n.kind for n in self.nodes}
+        groups: dict[tuple[str, object], list[int]] = {}
+        for lk in self.links:
+            groups.setdefault((lk.lower, kind.get(lk.upper)), []).append(lk.index)
+        out: list[tuple[int, ...]] = []
+        for lk in self.links:
+            if lk.lower in self.nic_index:
+                out.append(())
+                continue
+            group = groups[(lk.lower, kind.get(lk.upper))]
+            out.append(tuple(i for i in group if i != lk.index))
+        return tuple(out)
+
+    @cached_property
     def nic_link(self) -> npt.NDArray[np.int32]:
         """Per NIC index: the index of its NIC-to-leaf link."""
         out = np.empty(len(self.nics), dtype=np.int32)

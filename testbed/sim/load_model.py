@@ -65,18 +65,13 @@ class UtilisationModel:
 def redistribution(fabric: Fabric, down_links: list[int], rho: F64) -> F64:
     """Return the utilisation added to each directed hop when ``down_links`` carry nothing.
 
-    A down link's utilisation (both directions) moves evenly to its siblings: the links with
-    the same lower switch whose upper node is of the same tier (ECMP re-hashes onto them).
+    A down link's utilisation (both directions) moves evenly to its siblings
+    (`Fabric.sibling_links`: the links with the same lower switch whose upper node is of the
+    same tier; ECMP re-hashes onto them).
     """
     extra = np.zeros(len(rho))
-    kinds = {n.id: n.kind for n in fabric.nodes}
     for li in down_links:
-        lk = fabric.links[li]
-        sib = [
-            o.index
-            for o in fabric.links
-            if o.lower == lk.lower and o.index != li and kinds.get(o.upper) == kinds.get(lk.upper)
-        ]
+        sib = fabric.sibling_links[li]
         if not sib:
             continue
         for d in (0, 1):

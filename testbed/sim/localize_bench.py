@@ -17,14 +17,14 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from controller.brain import Brain, BrainConfig
-from controller.fabric import Fabric, FabricShape, build_fabric
+from controller.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
 from controller.live import LiveController
 from controller.observations import Observations
 from controller.snapshot import Health, MeshEvent
@@ -244,6 +244,8 @@ def run_once(
     hosts = {h.id for h in fabric.hosts}
     alive, gpu_bad = set(hosts), set[str]()
     ours, theirs = Score(), Score()
+    reroute = [0, 0]  # alerts on links that faulted links' flows were re-hashed onto: ours, voting
+    rerouted = reroute_targets(fabric, faults, sim.real and knobs.redistribute)
     blamed_first: dict[str, float] = {}
     n_probes = 0
     t_brain = 0.0
@@ -277,10 +279,18 @@ def run_once(
                 clock_err.add(st.t1_s, seen[0].owd_rev_ns, st.true_rev_ns)
         t_brain += time.perf_counter() - c0
         for ev in events:
-            if ev.kind != "clear":
-                ours.alerts.append((st.t1_s, normalize(fabric, ev.target), ev.kind))
+            if ev.kind == "clear":
+                continue
+            tgt = normalize(fabric, ev.target)
+            if ev.kind == "contention" and ev.related in rerouted(st.t1_s).get(tgt, ()):
+                reroute[0] += 1
+            else:
+                ours.alerts.append((st.t1_s, tgt, ev.kind))
         for lk in voter.tick(now):
-            theirs.alerts.append((st.t1_s, lk, None))
+            if rerouted(st.t1_s).get(lk):
+                reroute[1] += 1
+            else:
+                theirs.alerts.append((st.t1_s, lk, None))
         for ev in events:  # host findings come from presence / NVML: give them to both
             if ev.kind in ("prober_down", "gpu_fault"):
                 theirs.alerts.append((st.t1_s, ev.target, ev.kind))
@@ -290,6 +300,7 @@ def run_once(
     theirs.alerts, theirs_burst = _split_burst_alerts(fabric, theirs.alerts, bursts)
     ours_s, theirs_s = ours.evaluate(fabric, faults), theirs.evaluate(fabric, faults)
     ours_s["burst_alerts"], theirs_s["burst_alerts"] = ours_burst, theirs_burst
+    ours_s["reroute_alerts"], theirs_s["reroute_alerts"] = reroute
     fault_rows = []
     for i, f in enumerate(faults):
         first = ours_s["_first"][i]  # type: ignore[index]
@@ -322,6 +333,37 @@ def run_once(
             {"t_s": round(t, 3), "target": tgt, "kind": kind} for t, tgt, kind in ours.alerts[:50]
         ],
     }
+
+
+def reroute_targets(
+    fabric: Fabric, faults: Sequence[Fault], redistributes: bool
+) -> Callable[[float], dict[str, tuple[str, ...]]]:
+    """Return a function of time s: per link id, the faulted links whose flows ECMP re-hashed
+    onto it then (the siblings, `Fabric.sibling_links`, of a flapping or down link, from its
+    fault's start to ``GRACE_S`` after its end); empty if the model does not move load.
+
+    The realistic model moves a down link's utilisation onto its siblings, so their queues
+    are real. A contention alert there that names the down link as what it follows from
+    (`MeshEvent.related`) reports that, and is neither a hit nor false; so is a voting alert
+    on such a sibling, which names no cause (the same allowance for both)."""
+    spans = [
+        (f.start_s, f.end_s + GRACE_S, fabric.link_index[f.target])
+        for f in faults
+        if redistributes
+        and f.kind in (FaultKind.FLAP, FaultKind.LINK_DOWN)
+        and f.target in fabric.link_index
+    ]
+
+    def at(t_s: float) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        for a, b, li in spans:
+            if a <= t_s <= b:
+                for s in fabric.sibling_links[li]:
+                    sid = fabric.links[s].id
+                    out[sid] = (*out.get(sid, ()), fabric.links[li].id)
+        return out
+
+    return at
 
 
 def _split_burst_alerts(
@@ -364,10 +406,30 @@ def _track_blamed(
 
 
 def _fabric(args: argparse.Namespace) -> Fabric:
+    if args.pods > 1 or args.superspines:
+        return build_fabric(three_tier_shape(args.nics or 32, args.pods, args.superspines or 8))
     if args.nics:
         per_leaf = min(32, max(2, args.nics // 4))
         return build_fabric(FabricShape.for_nics(args.nics, nics_per_leaf=per_leaf, spines=4))
     return build_fabric(FabricShape())
+
+
+def three_tier_shape(nics: int, pods: int, superspines: int) -> FabricShape:
+    """Return a three-tier shape with at least ``nics`` NICs (one per host) over ``pods``
+    pods, each of 4 spines and as many leaves of up to 32 NICs as it needs, joined by
+    ``superspines`` super-spines (``superspines / 4`` in each of the 4 planes).
+
+    Raises `FabricError` for fewer than 2 NICs per pod or super-spines that are not a
+    positive multiple of 4."""
+    if pods < 1 or nics < 2 * pods:
+        raise FabricError(f"need at least 2 NICs per pod, got {nics} NICs over {pods} pods")
+    per_pod = -(-nics // pods)
+    per_leaf = min(32, max(2, per_pod // 4))
+    leaves = -(-per_pod // per_leaf)
+    return FabricShape(
+        leaves=leaves, hosts_per_leaf=per_leaf, nics_per_host=1, spines=4, pods=pods,
+        superspines=superspines,
+    )  # fmt: skip
 
 
 def _median(xs: list[float]) -> float:
@@ -387,6 +449,10 @@ def _localize(args: argparse.Namespace) -> int:
         if names
         else [FaultKind.FLAP, FaultKind.CONGEST, FaultKind.LOSS, FaultKind.NIC_DOWN]
     )
+    if args.scenario and (args.pods != 1 or args.superspines):
+        raise ValueError(
+            "--pods and --superspines shape random-fault fabrics; a scenario has its own [fabric]"
+        )
     wall = time.perf_counter()
     model = model_from_args(args)
     for seed in seeds:
@@ -423,6 +489,11 @@ def _localize(args: argparse.Namespace) -> int:
         r["seed"] = seed
         runs.append(r)
     out: dict[str, object] = {
+        "fabric": {
+            "nics": len(fabric.nics),
+            "tiers": 3 if any(n.kind == NodeKind.SUPERSPINE for n in fabric.switches) else 2,
+            "links": len(fabric.links),
+        },
         "pipeline": args.pipeline,
         "seeds": seeds,
         "step_s": args.step,
@@ -444,6 +515,7 @@ def _localize(args: argparse.Namespace) -> int:
                 "false_alerts",
                 "wrong_cause_alerts",
                 "burst_alerts",
+                "reroute_alerts",
             )
         }
     out["estimators"] = est
@@ -525,6 +597,19 @@ def register_localize(ssub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--seeds", type=int, default=1, help="number of seeds to run (default 1)")
     p.add_argument("--duration", type=float, default=None, help="simulated seconds (default 30)")
     p.add_argument("--nics", type=int, default=0, help="NICs (default: 4 leaves x 4 NICs)")
+    p.add_argument(
+        "--pods",
+        type=int,
+        default=1,
+        help="three tiers: this many pods of 4 spines each, --nics split over them (default "
+        "1: two tiers, unless --superspines is given)",
+    )
+    p.add_argument(
+        "--superspines",
+        type=int,
+        default=0,
+        help="super-spines joining the pods, a multiple of 4 (default 8 with --pods > 1)",
+    )
     p.add_argument("--load", type=float, default=None, help="background load (default 0.4)")
     p.add_argument("--step", type=float, default=0.1, help="detection window, s (default 0.1)")
     p.add_argument(
