@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.detect.paths import PathIndex, expand, path_signature
+from controller.detect.paths import PathIndex, alias_groups, expand, path_signature
+from controller.fabric import build_fabric
+from testbed.sim.engine import SimConfig, Simulator
+from testbed.sim.localize_bench import three_tier_shape
 
 
 @settings(max_examples=30, deadline=None)
@@ -41,3 +45,31 @@ def test_expand_and_fold() -> None:
     assert idx.base[0] == 1000.0 and np.isinf(idx.base[1])
     idx.fold(np.array([2000.0, 500.0]), 1.0, 50.0)  # higher: creeps up by drift only
     assert idx.base.tolist() == [1050.0, 500.0]
+
+
+def test_alias_groups_are_links_every_path_crosses_together() -> None:
+    # links 0..3; hop id = 2 x link + direction
+    hops = np.array(
+        [
+            [0, 3, -1],  # links 0 and 1 (0 up, 1 down)
+            [2, 1, -1],  # links 1 and 0 the other way: 0 and 1 are still crossed together
+            [4, -1, -1],  # link 2 alone
+            [4, 6, -1],  # links 2 and 3: 2 is crossed without 3 above, so not aliases
+        ],
+        dtype=np.int32,
+    )
+    assert alias_groups(5, hops) == [(0, 1)]  # link 4 is crossed by nothing: in no group
+    assert alias_groups(5, hops[2:]) == []
+    with pytest.raises(ValueError, match="names link 3 of 3"):
+        alias_groups(3, hops)
+
+
+def test_two_pods_leave_each_super_spine_s_two_links_unidentifiable() -> None:
+    for pods, expect in ((2, 8), (4, 0)):
+        fab = build_fabric(three_tier_shape(64, pods, 8))
+        sim = Simulator(fab, SimConfig(seed=1))
+        groups = alias_groups(len(fab.links), sim.probed_paths())
+        assert len(groups) == expect
+        for g in groups:  # the super-spine's link into each pod
+            ends = {fab.links[i].upper for i in g}
+            assert len(g) == 2 and len(ends) == 1 and next(iter(ends)).startswith("super")

@@ -167,7 +167,9 @@ def test_three_tiers_a_flapping_spine_to_super_spine_link_is_found(
     # the CLI draws random faults on a three-tier fabric and says which fabric it scored
     args = ["sim", "localize", "--pods", "2", "--nics", "16", "--random-faults", "0"]
     assert main([*args, "--duration", "1", "--pipeline", "truth-clocks", "--json"]) == 0
-    fabric = json.loads(capsys.readouterr().out)["fabric"]
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["unidentifiable"]) == 8  # two pods: each super-spine's two links
+    fabric = report["fabric"]
     assert fabric == {"nics": 16, "tiers": 3, "links": 16 + 8 * 4 + 8 * 2}  # NIC, leaf, spine
     assert main([*args, "--superspines", "6", "--json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

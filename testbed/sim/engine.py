@@ -326,6 +326,12 @@ class Simulator:
         a, b, _, _ = self._all_paths
         return a, b
 
+    def probed_paths(self) -> I32:
+        """Return the true hops of every probed flow's probes and of its replies, one row
+        each: ``(2 x pairs x ports, H)``, -1 padding (what end-to-end measurements cover)."""
+        fwd, rev = self._paths
+        return np.concatenate([fwd.reshape(-1, fwd.shape[-1]), rev.reshape(-1, rev.shape[-1])])
+
     def loss_bursts(self, t0_s: float, t1_s: float) -> list[tuple[int, float, float]]:
         """Return the background loss bursts (link index, start s, end s) in [t0_s, t1_s)
         (none in the ideal model)."""

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.brain import Brain, BrainConfig
+from controller.detect.paths import alias_groups
 from controller.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
 from controller.live import LiveController
 from controller.observations import Observations
@@ -322,9 +323,11 @@ def run_once(
     for s in (ours_s, theirs_s):
         s.pop("_found")
         s.pop("_first")
+    aliases = alias_groups(len(fabric.links), sim.probed_paths())
     return {
         "estimators": {"qpmesh": ours_s, "voting_baseline": theirs_s},
         "faults": fault_rows,
+        "unidentifiable": [[fabric.links[i].id for i in g] for g in aliases],
         "false_alerts": ours_s["false_alerts"],
         "clock": clock_err.to_dict() if live is not None else None,
         "probes": n_probes,
@@ -519,6 +522,8 @@ def _localize(args: argparse.Namespace) -> int:
             )
         }
     out["estimators"] = est
+    # links no end-to-end measurement on the probed paths tells apart (the first seed's paths)
+    out["unidentifiable"] = runs[0]["unidentifiable"] if runs else []
     out["faults"] = [f for r in runs for f in r["faults"]]  # type: ignore[attr-defined]
     out["false_alerts"] = sum(int(r["false_alerts"]) for r in runs)  # type: ignore[call-overload]
     lat = [f["latency_s"] for f in out["faults"] if f["latency_s"] is not None]  # type: ignore[attr-defined, index]
