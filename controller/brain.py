@@ -15,7 +15,7 @@ file or the network.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +24,7 @@ from controller.detect.causes import excluded_nics, host_quiet, silent_hosts
 from controller.detect.delay import DelayParams, DelayWindow
 from controller.detect.loss import LossParams, LossWindow
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
-from controller.detect.paths import PathIndex
+from controller.detect.paths import PathIndex, alias_groups
 from controller.fabric import Fabric
 from controller.fabric.ecmp import routing_tables
 from controller.fabric.model import hop_id, hop_link, reverse_hop
@@ -77,6 +77,8 @@ class Brain:
         width = routing_tables(fabric).max_hops
         self._paths = PathIndex(width)
         self._pairs = PathIndex(2 * width)
+        self._alias_at = -1  # path count `_alias_of` was computed at (-1: never)
+        self._alias_of: dict[int, tuple[str, ...]] = {}
         self._open: list[_Window] = [self._new_window()]
         self._states = [EntityState() for _ in range(n_links)]
         self._raised: dict[int, str] = {}
@@ -374,8 +376,27 @@ class Brain:
                 flows=flows,
                 related=moved or "",
             )
+        alias = self._aliases(lk) if nic is None else ()
+        if alias:
+            also = ", ".join(alias)
+            why = f"; or {also}: every known path that crosses one crosses the other"
+            ev = replace(ev, detail=ev.detail + why)
         self._raised[lk] = ev.target
         return ev
+
+    def _aliases(self, lk: int) -> tuple[str, ...]:
+        """Return the ids of the links no known path tells apart from link ``lk``
+        (`alias_groups` over every path seen so far, recomputed once the known paths have grown
+        by 1 %: new paths only split groups, so between two computations a group may name a
+        link that the newest paths already tell apart)."""
+        n = self._paths.size
+        if self._alias_at < 0 or n > 1.01 * self._alias_at:  # 2 s at 2.5 M paths: not per event
+            self._alias_at = n
+            self._alias_of = {}
+            for g in alias_groups(len(self.fabric.links), self._paths.hops):
+                for li in g:
+                    self._alias_of[li] = tuple(self.fabric.links[o].id for o in g if o != li)
+        return self._alias_of.get(lk, ())
 
     def _down_sibling(self, lk: int) -> str | None:
         """Return the id of a sibling of link ``lk`` (`Fabric.sibling_links`) that is down or

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
+from controller.brain import Brain
 from controller.fabric import FabricShape, build_fabric
+from controller.snapshot import MeshEvent
 from qpmesh.cli import main
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.localize_bench import (
@@ -176,3 +178,24 @@ def test_three_tiers_a_flapping_spine_to_super_spine_link_is_found(
     assert len(err) == 1 and "multiple of spines" in err[0]
     assert main(["sim", "localize", "x.toml", "--pods", "2", "--json"]) == 2
     assert "a scenario has its own [fabric]" in capsys.readouterr().err
+
+
+def test_an_event_on_a_link_no_path_tells_apart_names_its_alias(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fab = build_fabric(three_tier_shape(32, 2, 8))
+    details: list[str] = []
+    tick = Brain.tick
+
+    def spy(self: Brain, now_ns: int) -> list[MeshEvent]:
+        events = tick(self, now_ns)
+        details.extend(f"{e.kind} {e.target}: {e.detail}" for e in events if e.kind != "clear")
+        return events
+
+    monkeypatch.setattr(Brain, "tick", spy)
+    faults = (Fault(FaultKind.FLAP, "spine1-super3", 2.0, 5.0, down_s=1.0, up_s=2.0),)
+    run_once(fab, faults, duration_s=8.0, load=0.4, seed=3, step_s=0.1)
+    down = [d for d in details if d.startswith("link_down spine1-super3")]
+    assert down and "or spine5-super3: every known path" in down[0], details
+    moved = [d for d in details if d.startswith("contention")]
+    assert moved and "re-hashed here from spine1-super3" in moved[0], details

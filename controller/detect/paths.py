@@ -131,9 +131,11 @@ def alias_groups(n_links: int, hops: npt.NDArray[np.int32]) -> list[tuple[int, .
 
     End-to-end measurements on these paths see a fault on any link of a group identically, so
     no localizer can name which one it is (on a fabric of two pods, for example, a super-spine
-    has one link into each pod, and every path through it takes both). Each row gets a random
-    64-bit weight (fixed seed) and each link the wrapped sum of its rows' weights: equal sums
-    mean equal sets but for a 2^-64 chance. Raises ValueError on a hop id of a link >= n_links.
+    has one link into each pod, and every path through it takes both). Each row gets two
+    random weights (fixed seed) and each link the two sums of its rows' weights, added in row
+    order: links crossed by the same rows get bit-identical sums, others differ but for a
+    chance of ~2^-100. A row is taken to cross a link at most once (a path never turns back
+    on a link). Raises ValueError on a hop id of a link >= n_links.
     """
     h = np.asarray(hops)
     if h.ndim != 2:
@@ -142,15 +144,13 @@ def alias_groups(n_links: int, hops: npt.NDArray[np.int32]) -> list[tuple[int, .
     links = hop_links(h[rows, cols]).astype(np.int64)
     if len(links) and int(links.max()) >= n_links:
         raise ValueError(f"a hop names link {int(links.max())} of {n_links}")
-    # a row crosses a link at most once per direction; count each (row, link) once
-    pair = np.unique(rows.astype(np.int64) * n_links + links)
-    rows, links = pair // n_links, pair % n_links
     rng = np.random.default_rng(0x5EED)
-    weight = np.asarray(rng.integers(0, 2**63, size=h.shape[0], dtype=np.uint64), np.uint64)
-    total = np.zeros(n_links, dtype=np.uint64)
-    np.add.at(total, links, weight[rows])  # uint64 arithmetic wraps: a sum modulo 2^64
+    keys = [
+        np.bincount(links, np.asarray(rng.random(h.shape[0]), np.float64)[rows], n_links)
+        for _ in range(2)
+    ]
     crossed = np.bincount(links, minlength=n_links) > 0
-    groups: dict[int, list[int]] = {}
+    groups: dict[tuple[float, float], list[int]] = {}
     for li in np.flatnonzero(crossed).tolist():
-        groups.setdefault(int(total[li]), []).append(li)
+        groups.setdefault((float(keys[0][li]), float(keys[1][li])), []).append(li)
     return [tuple(g) for g in groups.values() if len(g) > 1]
