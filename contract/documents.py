@@ -222,7 +222,9 @@ class PathsDoc:
 @dataclass(frozen=True, slots=True)
 class EventDoc:
     """A controller finding: what (``kind``), where (``target``: a link, NIC or host id),
-    when (``t_ns``, the controller's clock), how bad, and the queue pairs it touched."""
+    when (``t_ns``, the controller's clock), how bad, the queue pairs it touched, and what it
+    follows from (``related``: e.g. the down link whose flows ECMP moved onto a contended
+    sibling; "" when it stands alone)."""
 
     t_ns: int
     kind: str
@@ -230,6 +232,7 @@ class EventDoc:
     detail: str = ""
     severity: str = "warning"
     flows: tuple[tuple[str, str, int], ...] = ()
+    related: str = ""
 
     def __post_init__(self) -> None:
         w = "event"
@@ -238,6 +241,7 @@ class EventDoc:
             value = getattr(self, key)
             check(isinstance(value, str) and bool(value), w, key, "a non-empty string", value)
         check(isinstance(self.detail, str), w, "detail", "a string", self.detail)
+        check(isinstance(self.related, str), w, "related", "a string", self.related)
         check(self.severity in SEVERITIES, w, "severity", f"one of {SEVERITIES}", self.severity)
         ok = isinstance(self.flows, tuple | list) and all(
             isinstance(f, tuple | list) and len(f) == 3 and isinstance(f[0], str)
@@ -257,6 +261,7 @@ class EventDoc:
                 "detail": self.detail,
                 "severity": self.severity,
                 "flows": [list(f) for f in self.flows],
+                "related": self.related,
             }
         )
 
@@ -272,6 +277,7 @@ class EventDoc:
             detail=read(doc, "detail", str, w, ""),
             severity=read(doc, "severity", str, w, "warning"),
             flows=tuple(read(doc, "flows", list, w, [])),
+            related=read(doc, "related", str, w, ""),
         )
 
 

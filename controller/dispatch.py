@@ -55,6 +55,7 @@ def event_json(ev: MeshEvent) -> bytes:
             "detail": ev.detail,
             "severity": ev.severity,
             "flows": [list(f) for f in ev.flows],
+            "related": ev.related,
         },
         separators=(",", ":"),
     ).encode()

@@ -90,6 +90,7 @@ async def test_operator_sees_the_fleet_and_the_flap(
     st, ev = await get(client, "/events?kind=link_flap")
     assert st == 200 and ev["events"] and all(e["kind"] == "link_flap" for e in ev["events"])
     flapped = ev["events"][0]["target"]
+    assert ev["events"][0]["related"] == ""  # a flap follows from nothing else
     st, links = await get(client, "/links")
     assert next(lk for lk in links["links"] if lk["id"] == flapped)["flaps"] >= 1
     st, d = await get(client, "/delays")

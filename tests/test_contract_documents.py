@@ -50,8 +50,12 @@ def test_paths_and_events_round_trip() -> None:
     assert PathsDoc.decode(doc.encode()) == doc
     ev = MeshEvent(5, "link_flap", "leaf0-spine1", "down 1.0 s", "critical", (("a", "b", 7),))
     got = EventDoc.decode(event_json(ev))
-    assert (got.t_ns, got.kind, got.target, got.severity, got.flows) == (
-        5, "link_flap", "leaf0-spine1", "critical", (("a", "b", 7),))  # fmt: skip
+    assert (got.t_ns, got.kind, got.target, got.severity, got.flows, got.related) == (
+        5, "link_flap", "leaf0-spine1", "critical", (("a", "b", 7),), "")  # fmt: skip
+    moved = MeshEvent(6, "contention", "leaf0->spine0", "q", related="leaf0-spine1")
+    got = EventDoc.decode(event_json(moved))
+    assert got.related == "leaf0-spine1" and EventDoc.decode(got.encode()) == got
+    assert EventDoc.decode(b'{"t_ns": 1, "kind": "k", "target": "x"}').related == ""  # older
 
 
 @pytest.mark.parametrize(
@@ -65,6 +69,7 @@ def test_paths_and_events_round_trip() -> None:
         (PathsDoc.decode, b'{"src": "a"}', "paths"),
         (EventDoc.decode, b'{"t_ns": 1, "kind": "", "target": "x"}', "event"),
         (EventDoc.decode, b'{"t_ns": 1, "kind": "k", "target": "x", "severity": "bad"}', "event"),
+        (EventDoc.decode, b'{"t_ns": 1, "kind": "k", "target": "x", "related": 3}', "event"),
     ],
 )
 def test_malformed_documents_are_one_line_errors(

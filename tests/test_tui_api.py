@@ -109,6 +109,9 @@ def test_malformed_documents_are_api_doc_errors() -> None:
             build_snapshot(bad, fab)
     with pytest.raises(ApiDocError):
         event_from_doc({"seq": 1, "t_ns": 5, "kind": "x", "target": "y", "severity": "awful"})
+    moved = {"seq": 2, "t_ns": 6, "kind": "contention", "target": "y", "related": "z"}
+    assert event_from_doc(moved)[1].related == "z"
+    assert event_from_doc({**moved, "related": ""})[1].related == ""
 
 
 def test_merge_events_keeps_order_and_replaces_after_a_restart() -> None:

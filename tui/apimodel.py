@@ -132,6 +132,7 @@ def event_from_doc(doc: Mapping[str, Any]) -> tuple[int, MeshEvent]:
             str(doc.get("detail", "")),
             str(doc.get("severity", "warning")),
             tuple(flows),
+            str(doc.get("related", "")),
         )
     except ValueError as exc:
         raise ApiDocError(f"event: {exc}") from None

@@ -270,7 +270,8 @@ def event_doc(ev: MeshEvent, fabric: Fabric, scope: Scope, seq: int) -> dict[str
         or (scope.nic_visible(idx.get(s, -1)) and scope.nic_visible(idx.get(d, -1)))
     ]
     return {"seq": seq, "t_ns": ev.t_ns, "kind": ev.kind, "target": ev.target,
-            "severity": ev.severity, "detail": ev.detail, "flows": flows}  # fmt: skip
+            "severity": ev.severity, "detail": ev.detail, "flows": flows,
+            "related": ev.related}  # fmt: skip
 
 
 def event_matches(ev: MeshEvent, q: EventQuery) -> bool:
