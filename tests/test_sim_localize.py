@@ -199,3 +199,18 @@ def test_an_event_on_a_link_no_path_tells_apart_names_its_alias(
     assert down and "or spine5-super3: every known path" in down[0], details
     moved = [d for d in details if d.startswith("contention")]
     assert moved and "re-hashed here from spine1-super3" in moved[0], details
+
+
+def test_the_report_gives_false_alerts_summed_over_seeds_beside_their_median(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # two pods: seed 5 blames two faults on their aliases (2 false alerts), seed 6 none
+    args = ["sim", "localize", "--pods", "2", "--nics", "64", "--random-faults", "3"]
+    assert main([*args, "--seed", "5", "--seeds", "2", "--duration", "10", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    q = report["estimators"]["qpmesh"]
+    per_seed = [r["estimators"]["qpmesh"]["false_alerts"] for r in report["runs"]]
+    assert q["false_alerts_total"] == sum(per_seed) == report["false_alerts"] >= 1
+    assert q["false_alerts"] == sum(per_seed) / 2  # the median of two seeds
+    precision = [r["estimators"]["qpmesh"]["precision"] for r in report["runs"]]
+    assert q["precision_mean"] == round(sum(precision) / 2, 4) < 1
