@@ -279,16 +279,17 @@ def run_once(
                 clock_err.add(st.t1_s, seen[0].owd_fwd_ns, st.true_fwd_ns)
                 clock_err.add(st.t1_s, seen[0].owd_rev_ns, st.true_rev_ns)
         t_brain += time.perf_counter() - c0
+        moved_onto = rerouted(st.t1_s)  # once per step, not per alert
         for ev in events:
             if ev.kind == "clear":
                 continue
             tgt = normalize(fabric, ev.target)
-            if ev.kind == "contention" and ev.related in rerouted(st.t1_s).get(tgt, ()):
+            if ev.kind == "contention" and ev.related in moved_onto.get(tgt, ()):
                 reroute[0] += 1
             else:
                 ours.alerts.append((st.t1_s, tgt, ev.kind))
         for lk in voter.tick(now):
-            if rerouted(st.t1_s).get(lk):
+            if moved_onto.get(lk):
                 reroute[1] += 1
             else:
                 theirs.alerts.append((st.t1_s, lk, None))
