@@ -7,7 +7,7 @@ Under a configurable prefix (default ``qpmesh/v1``):
   last-will publishes ``alive: false``;
 - ``<prefix>/health/<host>``: JSON GPU/NIC telemetry, e.g. ``{"gpu_ok": bool, "detail": str,
   "t_ns": int}``;
-- ``<prefix>/events/<kind>``: the controller's findings (JSON `MeshEvent`);
+- ``<prefix>/events/<kind>``: the controller's findings (JSON `EventDoc`);
 - ``<prefix>/paths/<host>``: the prober's discovered paths, JSON list of
   ``{"src": nic, "dst": nic, "sport": int, "hops": [router address, ...], "reached": bool}``
   (TTL trace of the probe's own 5-tuple; unshared: every controller needs every path).

@@ -33,7 +33,7 @@ WHAT = {"nic_down": "is down", "link_down": "is down", "link_flap": "is flapping
 
 
 class FindingView(Protocol):
-    """What attribution reads of a finding (a `controller.snapshot.MeshEvent`)."""
+    """What attribution reads of a finding (a `contract.documents.EventDoc`)."""
 
     @property
     def t_ns(self) -> int: ...

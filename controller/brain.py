@@ -6,7 +6,7 @@ ids, baseline lookups); `Brain.tick(now_ns)` marks a window boundary at ``now_ns
 every open window whose end is at least ``BrainConfig.lateness_ns`` old (a lost probe is
 reported one loss timeout after the successes sent after it): for each it localizes loss and
 queueing delay (`controller.localize`), separates causes (`controller.detect.causes`), steps
-every entity through the health table (`controller.health`) and returns the new `MeshEvent`
+every entity through the health table (`controller.health`) and returns the new `EventDoc`
 findings stamped with the window's end. `presence`, `gpu` and `nic_links` (the NIC link
 states a host's prober read from its own NICs) feed host facts. Nothing here reads a clock, a
 file or the network.
@@ -20,17 +20,18 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from contract.documents import EventDoc
 from controller.detect.causes import excluded_nics, host_quiet, silent_hosts
 from controller.detect.delay import DelayParams, DelayWindow
 from controller.detect.loss import LossParams, LossWindow
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
 from controller.detect.paths import PathIndex, alias_groups
-from controller.fabric import Fabric
-from controller.fabric.ecmp import routing_tables
-from controller.fabric.model import hop_id, hop_link, reverse_hop
 from controller.health import EntityState, Finding, HealthParams, Signal, step
 from controller.observations import Observations
-from controller.snapshot import Health, MeshEvent
+from mesh.fabric import Fabric
+from mesh.fabric.ecmp import routing_tables
+from mesh.fabric.model import hop_id, hop_link, reverse_hop
+from mesh.snapshot import Health
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,7 @@ class Brain:
         self._excluded = np.zeros(n_nics, dtype=bool)
         self._reported_down: set[int] = set()
         self._gpu_bad: dict[str, str] = {}
-        self._pending: list[MeshEvent] = []
+        self._pending: list[EventDoc] = []
         self._last_tick: int | None = None
         self._horizon = LossHorizon(n_links, self.config.horizon)
         self._last_dead = np.full(n_links, np.iinfo(np.int64).min // 2, dtype=np.int64)  # ns
@@ -159,12 +160,12 @@ class Brain:
             if host in self._presence_down:
                 self._presence_down.discard(host)
                 if host not in self._silent:
-                    self._pending.append(MeshEvent(now_ns, "clear", host, "prober back", "info"))
+                    self._pending.append(EventDoc(now_ns, "clear", host, "prober back", "info"))
         elif host not in self._presence_down:
             self._presence_down.add(host)
             if host not in self._silent:
                 self._pending.append(
-                    MeshEvent(now_ns, "prober_down", host, "presence lost", "warning")
+                    EventDoc(now_ns, "prober_down", host, "presence lost", "warning")
                 )
         self._excluded = excluded_nics(self.fabric, self._presence_down | self._silent)
 
@@ -172,10 +173,10 @@ class Brain:
         """Record the GPU health of ``host``; a change raises gpu_fault / clear at next tick."""
         if not ok and host not in self._gpu_bad:
             self._gpu_bad[host] = detail
-            self._pending.append(MeshEvent(now_ns, "gpu_fault", host, detail, "critical"))
+            self._pending.append(EventDoc(now_ns, "gpu_fault", host, detail, "critical"))
         elif ok and host in self._gpu_bad:
             del self._gpu_bad[host]
-            self._pending.append(MeshEvent(now_ns, "clear", host, "GPU healthy", "info"))
+            self._pending.append(EventDoc(now_ns, "clear", host, "GPU healthy", "info"))
 
     def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
         """Record the link state (carrier) of ``host``'s NICs as its own prober read them.
@@ -199,7 +200,7 @@ class Brain:
         return bool(idx) and all(i in self._reported_down for i in idx)
 
     # ---- the window ----------------------------------------------------------------------
-    def tick(self, now_ns: int) -> list[MeshEvent]:
+    def tick(self, now_ns: int) -> list[EventDoc]:
         """Mark a window boundary at ``now_ns`` and close the windows that ended at least
         ``lateness_ns`` before it; return new findings (incl. clears), each window's stamped
         with its end time."""
@@ -218,12 +219,12 @@ class Brain:
             events += self._close(self._open.pop(0), end)
         return events
 
-    def _close(self, win: _Window, now_ns: int) -> list[MeshEvent]:
+    def _close(self, win: _Window, now_ns: int) -> list[EventDoc]:
         """Judge one window ending at ``now_ns``; return its findings."""
         f, cfg = self.fabric, self.config
         dt_s = 0.0 if self._last_tick is None else (now_ns - self._last_tick) / 1e9
         self._last_tick = now_ns
-        events: list[MeshEvent] = []
+        events: list[EventDoc] = []
         quiet_hosts = host_quiet(f, win.src_count)
         nic_quiet = quiet_hosts[f.nic_host_index] | self._excluded
         reported = np.zeros(len(f.nics), dtype=bool)
@@ -310,18 +311,18 @@ class Brain:
                 signals[lk] = Signal.LOSSY
         return out
 
-    def _host_silence(self, now_ns: int) -> list[MeshEvent]:
-        out: list[MeshEvent] = []
+    def _host_silence(self, now_ns: int) -> list[EventDoc]:
+        out: list[EventDoc] = []
         if not self.config.silent_ns:
             return out
         silent = silent_hosts(self.fabric, self._last_src, now_ns, self.config.silent_ns)
         silent = {h for h in silent if not self._all_reported_down(h)}  # it cannot send
         for host in sorted(silent - self._silent):
             if host not in self._presence_down:
-                out.append(MeshEvent(now_ns, "prober_down", host, "prober silent", "warning"))
+                out.append(EventDoc(now_ns, "prober_down", host, "prober silent", "warning"))
         for host in sorted(self._silent - silent):
             if host not in self._presence_down:
-                out.append(MeshEvent(now_ns, "clear", host, "prober reporting again", "info"))
+                out.append(EventDoc(now_ns, "clear", host, "prober reporting again", "info"))
         if silent != self._silent:
             self._silent = silent
             self._excluded = excluded_nics(self.fabric, self._presence_down | self._silent)
@@ -337,14 +338,14 @@ class Brain:
         slow_hop: dict[int, int],
         slow_flows: dict[int, list[tuple[int, int, int]]],
         two_way: bool = False,
-    ) -> MeshEvent | None:
+    ) -> EventDoc | None:
         f = self.fabric
         link = f.links[lk].id
         nic = self._nic_of_link.get(lk)
         if finding == Finding.CLEAR:
             target = self._raised.pop(lk, None)
             return (
-                None if target is None else MeshEvent(now_ns, "clear", target, "recovered", "info")
+                None if target is None else EventDoc(now_ns, "clear", target, "recovered", "info")
             )
         if finding == Finding.DOWN:
             kind, target = ("nic_down", f.nics[nic].id) if nic is not None else ("link_down", link)
@@ -352,15 +353,15 @@ class Brain:
             detail = f"{loss_txt} of probes across {link} lost"
             if nic is not None and nic in self._reported_down:
                 detail = f"{f.nics[nic].host} reports the link of {target} down (no carrier)"
-            ev = MeshEvent(now_ns, kind, target, detail, "critical")
+            ev = EventDoc(now_ns, kind, target, detail, "critical")
         elif finding == Finding.FLAP:
             n = st.flap_count(now_ns, self.config.health.flap_window_ns)
             win = self.config.health.flap_window_ns / 1e9
             first = st.first_down_ns if st.first_down_ns is not None else now_ns
             detail = f"link flapped {n} times in {win:g} s (first down {(now_ns - first) / 1e9:.1f} s ago)"
-            ev = MeshEvent(now_ns, "link_flap", link, detail, "critical")
+            ev = EventDoc(now_ns, "link_flap", link, detail, "critical")
         elif finding == Finding.LOSS:
-            ev = MeshEvent(now_ns, "loss", link, f"{rate or 0:.1%} of probes across it lost")
+            ev = EventDoc(now_ns, "loss", link, f"{rate or 0:.1%} of probes across it lost")
         else:
             hop = slow_hop.get(lk, hop_id(lk, down=False))
             names = f.nics
@@ -368,7 +369,7 @@ class Brain:
             both = f" and {f.hop_name(reverse_hop(hop))}" if two_way else ""
             moved = self._down_sibling(lk)
             why = "" if moved is None else f" (flows re-hashed here from {moved}, which is down)"
-            ev = MeshEvent(
+            ev = EventDoc(
                 now_ns,
                 "contention",
                 f.hop_name(hop),

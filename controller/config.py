@@ -19,10 +19,10 @@ from controller.api.config import ApiConfig, read_api_table
 from controller.brain import BrainConfig
 from controller.clocksync import ClockSyncConfig
 from controller.coalesce import CoalesceConfig
-from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
 from controller.live import LiveConfig
 from controller.remediation.config import RemediationConfig, read_remediation
 from controller.timeseries.config import TimeseriesConfig, read_metrics, read_timeseries
+from mesh.fabric import Fabric, FabricError, FabricShape, build_fabric
 from mqttlink.settings import MqttSecurity, read_security
 
 

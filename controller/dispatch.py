@@ -2,8 +2,7 @@
 
 `handle_message` decodes a message by topic and applies it to a `LiveController`; it never
 raises for a bad payload (it returns ``bad:<reason>``, which the service counts and logs).
-`apply_paths` feeds a discovered-paths document (`controller.pathmap`). `event_json` is the
-payload of an event on ``<prefix>/events/<kind>``; `JsonLog` writes one JSON object per line,
+`apply_paths` feeds a discovered-paths document (`controller.pathmap`). `JsonLog` writes one JSON object per line,
 time passed in.
 """
 
@@ -22,11 +21,10 @@ from contract.records import RecordError, decode_batch
 from contract.remediation import JOBS, REMEDIATION_ACK
 from contract.topics import TopicError, Topics
 from controller.coalesce import ProbeQueue
-from controller.fabric import Fabric
 from controller.live import LiveController
 from controller.pathmap import path_rows
-from controller.snapshot import MeshEvent
 from controller.throughput import nic_byte_counters
+from mesh.fabric import Fabric
 
 
 @functools.lru_cache(maxsize=8)
@@ -43,22 +41,6 @@ def apply_paths(live: LiveController, router_nodes: Mapping[str, str], doc: Any)
     if len(rows.src):
         live.learn_paths(*rows)
     return len(rows.src)
-
-
-def event_json(ev: MeshEvent) -> bytes:
-    """Return the JSON payload of an event."""
-    return json.dumps(
-        {
-            "t_ns": ev.t_ns,
-            "kind": ev.kind,
-            "target": ev.target,
-            "detail": ev.detail,
-            "severity": ev.severity,
-            "flows": [list(f) for f in ev.flows],
-            "related": ev.related,
-        },
-        separators=(",", ":"),
-    ).encode()
 
 
 class JsonLog:

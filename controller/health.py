@@ -28,7 +28,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from controller.snapshot import Health
+from mesh.snapshot import Health
 
 
 class Signal(enum.StrEnum):
@@ -86,7 +86,7 @@ del S, H, A
 
 
 class Finding(enum.StrEnum):
-    """What a transition reports (the brain turns it into a `MeshEvent`)."""
+    """What a transition reports (the brain turns it into a `EventDoc`)."""
 
     DOWN = "down"
     FLAP = "flap"

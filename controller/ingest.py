@@ -20,9 +20,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from contract.records import MISSING, ProbeBatch
-from controller.fabric import Fabric
-from controller.fabric.ecmp import ROCEV2_PORT, flow_paths, routing_tables
 from controller.windows import KeyIndex, flow_key
+from mesh.fabric import Fabric
+from mesh.fabric.ecmp import ROCEV2_PORT, flow_paths, routing_tables
 
 # batches an origin's batch_seq may lie below its newest before it counts as a replay
 REPLAY_SLACK = 16

@@ -18,26 +18,20 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from contract.documents import EventDoc
 from contract.records import ProbeBatch
 from controller.brain import Brain, BrainConfig
 from controller.clocksync import ClockState, ClockSync, ClockSyncConfig, Delays, compute_state
 from controller.coalesce import ProbeQueue
 from controller.control import Control
-from controller.fabric import Fabric
-from controller.fabric.model import SWITCH_TIER, NodeKind, hop_id
 from controller.ingest import Ingested, Ingestor, PathTable
 from controller.jobs import JobRegistry, screen_jobs
 from controller.observations import Observations
-from controller.snapshot import (
-    ControlUnavailable,
-    GpuHealth,
-    Health,
-    MeshEvent,
-    MeshSnapshot,
-    PairPaths,
-)
 from controller.throughput import NicRates
 from controller.windows import FlowStore
+from mesh.fabric import Fabric
+from mesh.fabric.model import SWITCH_TIER, NodeKind, hop_id
+from mesh.snapshot import ControlUnavailable, GpuHealth, Health, MeshSnapshot, PairPaths
 
 F64 = npt.NDArray[np.float64]
 EARLY_NS = 10_000_000_000
@@ -54,7 +48,7 @@ class BrainLike(Protocol):
     def presence(self, host: str, alive: bool, now_ns: int) -> None: ...
     def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None: ...
     def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None: ...
-    def tick(self, now_ns: int) -> list[MeshEvent]: ...
+    def tick(self, now_ns: int) -> list[EventDoc]: ...
     def link_health(self) -> dict[str, Health]: ...
     def nic_health(self) -> list[Health]: ...
     def flap_counts(self) -> dict[str, int]: ...
@@ -103,7 +97,7 @@ class LiveConfig:
 
 
 class LiveController:
-    """In-process controller state; implements `controller.snapshot.SnapshotSource`."""
+    """In-process controller state; implements `mesh.snapshot.SnapshotSource`."""
 
     def __init__(
         self,
@@ -122,7 +116,7 @@ class LiveController:
         self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
         self.flows = FlowStore(n, self.config.baseline_bucket_ns)
         self.brain = brain if brain is not None else default_brain(fabric)
-        self.events: deque[MeshEvent] = deque(maxlen=self.config.max_events)
+        self.events: deque[EventDoc] = deque(maxlen=self.config.max_events)
         self.gpu_state: dict[str, GpuHealth] = {}
         self.rates = NicRates()  # NIC byte counters from health documents -> throughput
         self.alive: dict[str, bool] = {}
@@ -285,7 +279,7 @@ class LiveController:
             if nic in self.fabric.nic_index:
                 self.rates.update(nic, rx, tx, t_ns, now_ns)
 
-    def tick(self, now_ns: int) -> list[MeshEvent]:
+    def tick(self, now_ns: int) -> list[EventDoc]:
         """Solve clocks if due, run detection, record history; return the new events."""
         self.now_ns = max(self.now_ns, now_ns)
         if self.config.solve_inline:

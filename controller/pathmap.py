@@ -2,7 +2,7 @@
 
 A discovered path names routers by the address that answered each TTL; ``router_nodes`` maps
 those addresses to fabric nodes. `path_hops` turns one path into directed hop ids
-(`controller.fabric.model.hop_id`), `path_rows` a whole document into rows for
+(`mesh.fabric.model.hop_id`), `path_rows` a whole document into rows for
 `controller.live.LiveController.learn_paths` (which also sets the replies' mirror hops).
 """
 
@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric
-from controller.fabric.model import hop_id
+from mesh.fabric import Fabric
+from mesh.fabric.model import hop_id
 
 
 class PathRows(NamedTuple):

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 import aiomqtt
 
 from contract.actionsig import ActionSigner
+from contract.documents import EventDoc
 from contract.topics import Topics
 from controller.api.runtime import ApiRuntime
 from controller.brain import Brain
@@ -27,10 +28,9 @@ from controller.clocksolve import timed_solve
 from controller.coalesce import ProbeQueue
 from controller.config import ServiceConfig
 from controller.control import ControlChange
-from controller.dispatch import JsonLog, event_json, handle_message, message_kind
+from controller.dispatch import JsonLog, handle_message, message_kind
 from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime, action_event
-from controller.snapshot import MeshEvent
 from controller.timeseries.runtime import Observability
 from mqttlink.reconnect import Backoff, reconnect_loop
 from mqttlink.settings import CredentialError, MqttSecurity, client_kwargs
@@ -76,7 +76,7 @@ async def _ticker(
             if ev.kind != "remediation":
                 log(now, "event", kind=ev.kind, target=ev.target, detail=ev.detail)
             await asyncio.wait_for(
-                client.publish(topics.events(ev.kind), event_json(ev), qos=1),
+                client.publish(topics.events(ev.kind), ev.encode(), qos=1),
                 REQUEST_TIMEOUT_S,
             )
 
@@ -238,12 +238,12 @@ async def _flusher(
 
 
 async def _publish_event(
-    client: aiomqtt.Client, topics: Topics, api: ApiRuntime | None, ev: MeshEvent
+    client: aiomqtt.Client, topics: Topics, api: ApiRuntime | None, ev: EventDoc
 ) -> None:
     if api is not None:
         api.publish(None, (ev,))
     await asyncio.wait_for(
-        client.publish(topics.events(ev.kind), event_json(ev), qos=1), REQUEST_TIMEOUT_S
+        client.publish(topics.events(ev.kind), ev.encode(), qos=1), REQUEST_TIMEOUT_S
     )
 
 

@@ -14,10 +14,10 @@ import numpy as np
 from controller.detect.delay import DelayParams, DelayWindow
 from controller.detect.loss import LossWindow
 from controller.detect.paths import PathIndex
-from controller.fabric import Fabric
-from controller.fabric.ecmp import routing_tables
-from controller.fabric.model import hop_links
 from controller.observations import Observations
+from mesh.fabric import Fabric
+from mesh.fabric.ecmp import routing_tables
+from mesh.fabric.model import hop_links
 
 
 def _votes(sets: np.ndarray, n: int) -> np.ndarray:  # type: ignore[type-arg]

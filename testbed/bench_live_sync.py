@@ -21,8 +21,8 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.clocksync import ClockSync, ClockSyncConfig
-from controller.fabric import FabricShape, build_fabric
 from controller.ingest import Ingestor
+from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
 

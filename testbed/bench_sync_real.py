@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from controller.fabric import FabricShape
+from mesh.fabric import FabricShape
 from sync import ntp_offsets
 from sync.window import orient_samples, sync_window
 from testbed import faults

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import secrets
 
+from contract.documents import EventDoc
 from controller.api.app import make_app
 from controller.api.auth import Principal, TokenTable
 from controller.api.hub import ApiHub
 from controller.api.server import ApiThread, parse_listen
-from controller.snapshot import MeshEvent
 from testbed.sim.demo_runner import DemoRunner
 
 
@@ -41,7 +41,7 @@ class DemoApi:
         self._runner = runner
         runner.on_step.append(self._publish)
 
-    def _publish(self, events: list[MeshEvent]) -> None:
+    def _publish(self, events: list[EventDoc]) -> None:
         self.hub.publish(self._runner.controller.snapshot(), tuple(events))
 
     def start(self) -> str:

@@ -43,10 +43,10 @@ from typing import Any
 
 from contract.remediation import AckDoc, ActionDoc, DocumentError, parse_rank_topic
 from controller.control import Control
-from controller.fabric import FabricShape
 from controller.jobs import Job, JobRegistry
 from controller.remediation.loop import Remediator
 from controller.remediation.policy import SEC, PolicyConfig, Rule, finding, nic_of
+from mesh.fabric import FabricShape
 from testbed import faults
 from testbed.netns.lifecycle import up
 from testbed.netns.nsutil import stop_processes, wait_port

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.documents import EventDoc
 from contract.topics import Topics
 from controller.brain import Brain
 from controller.clocksolve import timed_solve
@@ -28,7 +29,6 @@ from controller.coalesce import ProbeQueue
 from controller.config import load_config
 from controller.dispatch import handle_message
 from controller.live import LiveController
-from controller.snapshot import MeshEvent
 
 CAPTURE = "mqtt.jsonl"
 """File name of a run's capture inside its output directory."""
@@ -72,7 +72,7 @@ class Replay:
     arrived probes' delays by clock trust (`LiveController.delay_trust`: fine, coarse,
     withheld)."""
 
-    events: tuple[MeshEvent, ...]
+    events: tuple[EventDoc, ...]
     outcomes: dict[str, int]
     solves: int
     delay_trust: tuple[int, int, int] = (0, 0, 0)
@@ -102,7 +102,7 @@ def replay(
     topics = Topics(prefix)
     queue = ProbeQueue(cfg.ingest) if cfg.ingest.coalesce_ms > 0 else None
     tick_ns = round(cfg.tick_s * 1e9)
-    events: list[MeshEvent] = []
+    events: list[EventDoc] = []
     outcomes: dict[str, int] = {}
     solves = 0
     next_tick: int | None = None

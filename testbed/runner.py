@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from controller.fabric import Fabric, NodeKind
+from mesh.fabric import Fabric, NodeKind
 from testbed import faults
 from testbed.netns.lifecycle import up
 from testbed.netns.nsutil import stop_processes, wait_port

@@ -16,9 +16,9 @@ from typing import Any
 from contract.records import ProbeBatch
 from controller.brain import Brain, BrainConfig
 from controller.dispatch import apply_paths
-from controller.fabric import Fabric
 from controller.live import LiveController
 from controller.voting import VotingBaseline
+from mesh.fabric import Fabric
 from testbed.scenario import Fault
 from testbed.scoring import cause_ok, prf
 from testbed.sim.localize_bench import _Tee

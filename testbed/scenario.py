@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from contract.tomlcheck import Table, parse_toml
-from controller.fabric import Fabric, FabricError, FabricShape, build_fabric
+from mesh.fabric import Fabric, FabricError, FabricShape, build_fabric
 
 
 class ScenarioError(ValueError):

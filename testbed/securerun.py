@@ -30,7 +30,7 @@ import aiomqtt
 
 from contract.actionsig import new_private_seed, public_from_private
 from contract.keys import ED25519_PRIVATE, ED25519_PUBLIC, HMAC, format_key_file, load_key_file
-from controller.fabric import Fabric
+from mesh.fabric import Fabric
 from mqttlink.settings import MqttSecurity, client_kwargs
 from recovery.follow import Follower
 from testbed.adversary import Sent, mqtt_attacks, score

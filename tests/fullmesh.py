@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from controller.fabric import FabricShape, build_fabric
-from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
+from mesh.fabric import FabricShape, build_fabric
+from mesh.fabric.ecmp import ROCEV2_PORT, flow_paths
 
 FAB = build_fabric(FabricShape(leaves=4, hosts_per_leaf=4, spines=4))
 WIN = 100_000_000  # one detection window, ns

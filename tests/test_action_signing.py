@@ -283,8 +283,8 @@ async def test_controller_logs_whether_its_actions_are_signed(tmp_path: Path) ->
     from contract.topics import Topics
     from controller.config import ServiceConfig
     from controller.dispatch import JsonLog
-    from controller.fabric import FabricShape, build_fabric
     from controller.service import run_service
+    from mesh.fabric import FabricShape, build_fabric
 
     with socket.socket() as s:  # nothing listening: the service gives up after one attempt
         s.bind(("127.0.0.1", 0))

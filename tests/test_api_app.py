@@ -13,12 +13,12 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from contract.documents import EventDoc
 from controller.api.app import PREFIX, ROUTES, ApiOptions, api_stats, make_app
 from controller.api.auth import Principal, TokenTable
 from controller.api.hub import ApiHub
 from controller.control import Control
 from controller.jobs import Job, JobRegistry
-from controller.snapshot import MeshEvent
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
 OPENAPI = Path(__file__).parents[1] / "docs" / "openapi.yaml"
@@ -264,8 +264,8 @@ async def test_websocket_tenant_gets_only_its_events(world: World) -> None:
     async with TestClient(TestServer(app)) as c:
         ws = await c.ws_connect(PREFIX + "/ws", headers=auth(ACME))
         assert (await ws.receive_json(timeout=30))["data"]["scope"] == "tenant"
-        hub.publish(None, (MeshEvent(1, "nic_down", world.beta_nic, severity="critical"),
-                           MeshEvent(2, "nic_down", world.acme_nics[0], severity="critical")))  # fmt: skip
+        hub.publish(None, (EventDoc(1, "nic_down", world.beta_nic, severity="critical"),
+                           EventDoc(2, "nic_down", world.acme_nics[0], severity="critical")))  # fmt: skip
         msg = await ws.receive_json(timeout=30)
         assert msg["type"] == "event" and msg["data"]["target"] == world.acme_nics[0]
         assert fab.nic(world.acme_nics[0]).id == msg["data"]["target"]

@@ -19,8 +19,8 @@ from contract.records import encode_batch
 from contract.topics import Topics
 from controller.config import ConfigError, load_config
 from controller.dispatch import JsonLog, nic_hosts
-from controller.fabric import FabricShape, build_fabric
 from controller.service import run_service
+from mesh.fabric import FabricShape, build_fabric
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs

@@ -16,8 +16,8 @@ from controller.api.hub import snapshot_wait
 from controller.api.server import parse_listen
 from controller.api.views import BadQuery, parse_event_query, tenant_scope
 from controller.control import Control
-from controller.fabric import FabricShape, build_fabric
 from controller.jobs import Job, JobError, JobRegistry
+from mesh.fabric import FabricShape, build_fabric
 
 
 def test_token_bucket_refills_with_time_passed_in() -> None:

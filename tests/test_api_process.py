@@ -20,6 +20,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from contract.documents import EventDoc
 from controller.api import feed
 from controller.api.app import ApiOptions, chunked_dumps, fleet_base_text, with_control
 from controller.api.auth import Principal, TokenTable
@@ -29,7 +30,7 @@ from controller.api.views import Scope, snapshot_view
 from controller.control import Control
 from controller.jobs import Job, JobRegistry
 from controller.remediation.audit import ActionLog, ActionQuery
-from controller.snapshot import MeshEvent, PairPaths
+from mesh.snapshot import PairPaths
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
 OP, ACME = "operator-token-1", "acme-tenant-token"
@@ -120,7 +121,7 @@ async def test_api_process_serves_reads_and_applies_writes_here(runner: DemoRunn
             assert (await ws.receive_json(timeout=30))["type"] == "snapshot"
             evs = runner.step()
             snap = runner.controller.snapshot()
-            ev = MeshEvent(snap.t_ns, "link_flap", "leaf0-spine0", "test flap")
+            ev = EventDoc(snap.t_ns, "link_flap", "leaf0-spine0", "test flap")
             s.api.publish(snap, (*evs, ev))
             for _ in range(200):  # the new snapshot reaches the other process
                 status, doc = await _get(http, url + "snapshot")
@@ -181,8 +182,8 @@ PARENT = textwrap.dedent("""
     from controller.api.config import ApiConfig
     from controller.api.process import ApiProcess
     from controller.api.feed import SharedState
-    from controller.fabric import FabricShape, build_fabric
-    from controller.snapshot import MeshSnapshot
+    from mesh.fabric import FabricShape, build_fabric
+    from mesh.snapshot import MeshSnapshot
     fab = build_fabric(FabricShape(leaves=2, spines=2, hosts_per_leaf=2, nics_per_host=1))
     cfg = ApiConfig("127.0.0.1", 0, TokenTable({"operator-xyz": Principal("operator", "o")}),
                     ApiOptions())
@@ -236,11 +237,11 @@ async def test_a_killed_api_process_is_replaced_at_the_next_publish(runner: Demo
     try:
         first = s.api.process
         assert first is not None and first.proc is not None
-        s.api.publish(None, (MeshEvent(1, "link_flap", "leaf0-spine0", "before"),))
+        s.api.publish(None, (EventDoc(1, "link_flap", "leaf0-spine0", "before"),))
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait(30)
         s.api.publish(runner.controller.snapshot(), ())
-        s.api.publish(None, (MeshEvent(2, "loss", "leaf1-spine1", "while starting"),))
+        s.api.publish(None, (EventDoc(2, "loss", "leaf1-spine1", "while starting"),))
         for _ in range(1200):
             if s.api.restarts:
                 break

@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from contract.documents import EventDoc
 from contract.remediation import DocumentError, PerfDoc, parse_perf_topic, perf_topic
 from controller.api.app import PREFIX, make_app
 from controller.api.auth import Principal, TokenTable
 from controller.api.hub import ApiHub
 from controller.attribution import AttributionConfig, JobPerf, attribute, ring_pairs
-from controller.fabric import FabricShape, build_fabric
 from controller.jobs import Job
 from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime
-from controller.snapshot import MeshEvent
+from mesh.fabric import FabricShape, build_fabric
 from recovery.perf import StepMeter
 
 S = 1_000_000_000
@@ -34,12 +34,12 @@ def _perf(*step_s: float, base: float = 1.0, timeouts: int = 0, seen: int = 0) -
 
 def ev(
     t_s: float, kind: str, target: str, flows: tuple[tuple[str, str, int], ...] = ()
-) -> MeshEvent:
-    return MeshEvent(round(t_s * S), kind, target, flows=flows)
+) -> EventDoc:
+    return EventDoc(round(t_s * S), kind, target, flows=flows)
 
 
 NOW = 100 * S
-CASES: list[tuple[str, JobPerf, list[MeshEvent], str | None, str]] = [
+CASES: list[tuple[str, JobPerf, list[EventDoc], str | None, str]] = [
     ("fast job: nothing to say", _perf(1.1, 1.0, 1.0, 1.0), [ev(99, "contention", "leaf0->spine1")], None, ""),
     ("ring crosses contention", _perf(3.0, 1.0, 1.0, 1.0),
      [ev(95, "contention", "leaf1->spine0", (("nic4", "nic8", 4791), ("nic1", "nic9", 5000)))],
@@ -75,7 +75,7 @@ CASES: list[tuple[str, JobPerf, list[MeshEvent], str | None, str]] = [
 
 @pytest.mark.parametrize("name,perf,findings,cause,text", CASES, ids=[c[0] for c in CASES])
 def test_attribution_table(
-    name: str, perf: JobPerf, findings: list[MeshEvent], cause: str | None, text: str
+    name: str, perf: JobPerf, findings: list[EventDoc], cause: str | None, text: str
 ) -> None:
     a = attribute(JOB, perf, findings, NOW, AttributionConfig(window_ns=60 * S))
     if cause is None:
@@ -147,12 +147,12 @@ async def test_runtime_attributes_and_the_jobs_route_says_so() -> None:
     )  # fmt: skip
     assert rt.handle(perf_topic("p", "train", 1), rep[0].encode())[0].startswith("bad:")  # type: ignore[index]
     rt.handle(perf_topic("p", "train", 2), PerfDoc("train", 2, 2, 20, 0.3).encode())
-    rt.observe([MeshEvent(2 * S, "contention", "leaf1->spine0", flows=(("nic4", "nic8", 7),))])
+    rt.observe([EventDoc(2 * S, "contention", "leaf1->spine0", flows=(("nic4", "nic8", 7),))])
     (e,) = rt.job_events(3 * S)
     assert (e.kind, e.target) == ("job_slowdown", "leaf1->spine0")
     assert e.detail == ("job train: step time 3.0x; its ring crosses contended link "
                         "leaf1->spine0 on queue pairs nic4->nic8")  # fmt: skip
-    rt.observe([MeshEvent(4 * S, "contention", "leaf1->spine0", flows=(("nic4", "nic8", 7),))])
+    rt.observe([EventDoc(4 * S, "contention", "leaf1->spine0", flows=(("nic4", "nic8", 7),))])
     assert rt.job_events(5 * S) == []  # the same explanation is not repeated
     app = make_app(ApiHub(LiveController(fab).snapshot()),
                    TokenTable({TOK: Principal("operator", "ops")}), jobs=rt.jobs,

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from contract.documents import EventDoc
 from contract.records import (
     MAX_NIC_IDS,
     ProbeBatch,
@@ -26,10 +27,10 @@ from controller.clocksync import ClockSyncConfig
 from controller.coalesce import CoalesceConfig, ProbeQueue, plan_groups
 from controller.config import ConfigError, load_config
 from controller.dispatch import handle_message
-from controller.fabric import Fabric, FabricShape, build_fabric
 from controller.live import LiveConfig, LiveController
 from controller.observations import Observations
-from controller.snapshot import Health, MeshEvent
+from mesh.fabric import Fabric, FabricShape, build_fabric
+from mesh.snapshot import Health
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.ingest_bench import host_batches
 
@@ -59,7 +60,7 @@ class Recorder:
     def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
         self.inner.nic_links(host, up, now_ns)
 
-    def tick(self, now_ns: int) -> list[MeshEvent]:
+    def tick(self, now_ns: int) -> list[EventDoc]:
         return self.inner.tick(now_ns)
 
     def link_health(self) -> dict[str, Health]:

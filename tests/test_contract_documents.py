@@ -10,8 +10,6 @@ import pytest
 
 from contract.documents import EventDoc, HealthDoc, PathsDoc, PresenceDoc
 from contract.jsondoc import DocumentError
-from controller.dispatch import event_json
-from controller.snapshot import MeshEvent
 from prober.agent import health_doc
 from prober.pathdisc import DiscoveredPath, PathKey
 from prober.pathsweep import paths_payload
@@ -48,12 +46,12 @@ def test_paths_and_events_round_trip() -> None:
     assert (tp.src, tp.dst, tp.sport, tp.hops, tp.reached) == ("nic0", "nic3", 49152,
                                                                ("10.0.0.1", None), True)  # fmt: skip
     assert PathsDoc.decode(doc.encode()) == doc
-    ev = MeshEvent(5, "link_flap", "leaf0-spine1", "down 1.0 s", "critical", (("a", "b", 7),))
-    got = EventDoc.decode(event_json(ev))
+    ev = EventDoc(5, "link_flap", "leaf0-spine1", "down 1.0 s", "critical", (("a", "b", 7),))
+    got = EventDoc.decode(ev.encode())
     assert (got.t_ns, got.kind, got.target, got.severity, got.flows, got.related) == (
         5, "link_flap", "leaf0-spine1", "critical", (("a", "b", 7),), "")  # fmt: skip
-    moved = MeshEvent(6, "contention", "leaf0->spine0", "q", related="leaf0-spine1")
-    got = EventDoc.decode(event_json(moved))
+    moved = EventDoc(6, "contention", "leaf0->spine0", "q", related="leaf0-spine1")
+    got = EventDoc.decode(moved.encode())
     assert got.related == "leaf0-spine1" and EventDoc.decode(got.encode()) == got
     assert EventDoc.decode(b'{"t_ns": 1, "kind": "k", "target": "x"}').related == ""  # older
 

@@ -18,8 +18,8 @@ from controller.clocksolve import (
     window_summary,
 )
 from controller.clocksync import ClockSync
-from controller.fabric import FabricShape, build_fabric
 from controller.ingest import Ingestor
+from mesh.fabric import FabricShape, build_fabric
 from sync.summarysolve import sync_summary
 from sync.window import orient_samples, sync_window
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator

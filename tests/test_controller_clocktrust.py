@@ -14,9 +14,9 @@ from controller.clocksync import (
     solve_miss,
     trust_horizon,
 )
-from controller.fabric import FabricShape, build_fabric
 from controller.ingest import Ingestor
 from controller.live import LiveController
+from mesh.fabric import FabricShape, build_fabric
 from sync import ClockModels
 from testbed.sim.engine import SimConfig, Simulator
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from contract.documents import EventDoc
 from controller.brain import Brain, BrainConfig
 from controller.observations import Observations
-from controller.snapshot import MeshEvent
 from tests.fullmesh import DST, FAB, FWD, REV, SPORT, SRC, WIN
 
 HOP = 2 * FAB.link_index["leaf0-spine2"]  # leaf0 -> spine2
@@ -33,12 +33,12 @@ def run(
     windows: int = 30,
     coarse: range = range(0),
     clock_err_ns: float = 0.0,
-) -> list[MeshEvent]:
+) -> list[EventDoc]:
     """Windows 10.. carry the queue; in windows ``coarse`` every delay is coarse (clocks
     certain to 2 µs only) and the clock of the NICs on leaf0 reads ``clock_err_ns`` late."""
     rng = np.random.default_rng(7)
     brain = Brain(FAB, BrainConfig(lateness_ns=0))
-    out: list[MeshEvent] = []
+    out: list[EventDoc] = []
     leaf0 = np.array([nic.id in LEAF0_NICS for nic in FAB.nics])
     assert leaf0.sum() == 4
     for k in range(windows):
@@ -114,7 +114,7 @@ def test_the_moderate_tier_goes_on_from_the_slow_tiers_picks() -> None:
     a, b = leaf_of[SRC], leaf_of[DST]
     coarse = ((a == 0) | (b == 0)) & ~(((a == 0) & (b == 1)) | ((a == 1) & (b == 0)))
     brain = Brain(FAB, BrainConfig(lateness_ns=0))
-    events: list[MeshEvent] = []
+    events: list[EventDoc] = []
     for k in range(30):
         n = len(SRC)
         s = 1.0 if k >= 10 else 0.0
@@ -142,7 +142,7 @@ def test_a_link_queued_both_ways_says_so() -> None:
     rng = np.random.default_rng(3)
     both_ways = (HOP, HOP ^ 1)
     brain = Brain(FAB, BrainConfig(lateness_ns=0))
-    events: list[MeshEvent] = []
+    events: list[EventDoc] = []
     for k in range(20):
         n = len(SRC)
         f, r = owd(FWD, rng, 0.0, 1.0), owd(REV, rng, 0.0, 1.0)

@@ -8,7 +8,7 @@ import numpy as np
 
 from controller.brain import Brain, BrainConfig
 from controller.observations import Observations
-from controller.snapshot import Health
+from mesh.snapshot import Health
 from tests.fullmesh import DST, FAB, FWD, REV, SPORT, SRC, WIN
 
 CFG = BrainConfig(lateness_ns=0)  # tests below deliver each window complete

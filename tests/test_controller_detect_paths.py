@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.detect.paths import PathIndex, alias_groups, expand, path_signature
-from controller.fabric import build_fabric
+from mesh.fabric import build_fabric
 from testbed.sim.engine import SimConfig, Simulator
 from testbed.sim.localize_bench import three_tier_shape
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from controller.brain import Brain, BrainConfig
-from controller.fabric import FabricShape, build_fabric
-from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
 from controller.observations import Observations
+from mesh.fabric import FabricShape, build_fabric
+from mesh.fabric.ecmp import ROCEV2_PORT, flow_paths
 
 FAB = build_fabric(FabricShape(leaves=2, hosts_per_leaf=1, nics_per_host=2, spines=1))
 WIN = 1_000_000_000

@@ -30,10 +30,10 @@ from contract.remediation import AckDoc, RankDoc, ack_topic, rank_topic
 from contract.topics import Topics
 from controller.config import ServiceConfig
 from controller.dispatch import JsonLog, handle_message, message_kind
-from controller.fabric import Fabric, FabricShape, build_fabric
 from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime
 from controller.service import run_service
+from mesh.fabric import Fabric, FabricShape, build_fabric
 from prober.agent import health_doc
 from prober.telemetry.gpu import GpuReading
 from testbed.sim.engine import SimConfig, Simulator

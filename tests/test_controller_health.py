@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller.health import TABLE, EntityState, Finding, HealthParams, Signal, step
-from controller.snapshot import Health
+from mesh.snapshot import Health
 
 P = HealthParams(raise_windows=2, clear_windows=3, flap_threshold=2, flap_hold_ns=1000)
 MS = 1

@@ -8,10 +8,10 @@ import pytest
 
 from contract.records import MISSING, ProbeBatch, decode_batch, encode_batch
 from controller.clocksync import ClockSync, ClockSyncConfig
-from controller.fabric import FabricShape, build_fabric, flow_paths
 from controller.ingest import Ingestor, PathTable
 from controller.observations import ObservationError, Observations
 from controller.windows import FlowStore, KeyIndex, SampleRing
+from mesh.fabric import FabricShape, build_fabric, flow_paths
 from testbed.sim.engine import SimConfig, Simulator
 
 FAB = build_fabric(FabricShape(leaves=2, hosts_per_leaf=4, spines=2))

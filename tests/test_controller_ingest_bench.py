@@ -42,7 +42,7 @@ def test_host_batches_are_what_each_prober_publishes() -> None:
     import numpy as np
 
     from contract.records import decode_batch
-    from controller.fabric import FabricShape, build_fabric
+    from mesh.fabric import FabricShape, build_fabric
     from testbed.sim.engine import SimConfig, Simulator
     from testbed.sim.ingest_bench import host_batches, traffic
 
@@ -69,7 +69,7 @@ def test_replayed_traffic_moves_every_clock_on() -> None:
     import numpy as np
 
     from contract.records import MISSING, decode_batch
-    from controller.fabric import FabricShape, build_fabric
+    from mesh.fabric import FabricShape, build_fabric
     from testbed.sim.engine import SimConfig, Simulator
     from testbed.sim.ingest_traffic import traffic
 
@@ -96,7 +96,7 @@ def test_replayed_traffic_moves_every_clock_on() -> None:
 
 def test_large_steps_are_simulated_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     from contract.records import decode_batch
-    from controller.fabric import FabricShape, build_fabric
+    from mesh.fabric import FabricShape, build_fabric
     from testbed.sim import ingest_traffic
     from testbed.sim.engine import SimConfig
 

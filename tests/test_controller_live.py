@@ -7,11 +7,12 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
+from contract.documents import EventDoc
 from controller.control import Control
-from controller.fabric import FabricShape, build_fabric
 from controller.jobs import Job, JobRegistry
 from controller.live import LiveConfig, LiveController
-from controller.snapshot import ControlUnavailable, Health, MeshEvent
+from mesh.fabric import FabricShape, build_fabric
+from mesh.snapshot import ControlUnavailable, Health
 from testbed.sim.engine import SimConfig, Simulator
 
 BASE = 1_700_000_000_000_000_000
@@ -23,14 +24,14 @@ class StubBrain:
     def __init__(self, n: int) -> None:
         self.n = n
         self.seen = 0
-        self.pending: list[MeshEvent] = []
+        self.pending: list[EventDoc] = []
 
     def observe(self, obs: object) -> None:
         self.seen += len(obs)  # type: ignore[arg-type]
 
     def presence(self, host: str, alive: bool, now_ns: int) -> None:
         if not alive:
-            self.pending.append(MeshEvent(now_ns, "prober_down", host))
+            self.pending.append(EventDoc(now_ns, "prober_down", host))
 
     def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
         pass
@@ -38,7 +39,7 @@ class StubBrain:
     def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
         pass
 
-    def tick(self, now_ns: int) -> list[MeshEvent]:
+    def tick(self, now_ns: int) -> list[EventDoc]:
         out, self.pending = self.pending, []
         return out
 
@@ -52,8 +53,8 @@ class StubBrain:
         return {}
 
 
-def _run(lc: LiveController, sim: Simulator, seconds: float) -> list[MeshEvent]:
-    events: list[MeshEvent] = []
+def _run(lc: LiveController, sim: Simulator, seconds: float) -> list[EventDoc]:
+    events: list[EventDoc] = []
     for st in sim.run(seconds, 0.5):
         now = BASE + int(st.t1_s * 1e9)
         lc.ingest_batch(st.batch, now)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from controller.fabric import FabricShape, build_fabric
-from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
 from controller.observations import Observations
 from controller.voting import VotingBaseline
+from mesh.fabric import FabricShape, build_fabric
+from mesh.fabric.ecmp import ROCEV2_PORT, flow_paths
 
 FAB = build_fabric(FabricShape())
 WIN = 100_000_000

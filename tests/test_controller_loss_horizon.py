@@ -6,12 +6,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from contract.documents import EventDoc
 from controller.brain import Brain, BrainConfig
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks
-from controller.fabric.model import hop_id
 from controller.localize import greedy_cover
 from controller.observations import Observations
-from controller.snapshot import MeshEvent
+from mesh.fabric.model import hop_id
 from tests.fullmesh import DST, FAB, FWD, REV, SPORT, SRC, WIN
 
 CFG = BrainConfig(lateness_ns=0)
@@ -81,16 +81,16 @@ def window(
     )
 
 
-def drive(brain: Brain, k0: int, k1: int, seed: int, **kw: object) -> list[MeshEvent]:
+def drive(brain: Brain, k0: int, k1: int, seed: int, **kw: object) -> list[EventDoc]:
     rng = np.random.default_rng(seed)
-    out: list[MeshEvent] = []
+    out: list[EventDoc] = []
     for k in range(k0, k1):
         brain.observe(window(k, rng, **kw))  # type: ignore[arg-type]
         out += brain.tick((k + 1) * WIN)
     return out
 
 
-def kinds(events: list[MeshEvent]) -> list[tuple[str, str]]:
+def kinds(events: list[EventDoc]) -> list[tuple[str, str]]:
     return [(e.kind, e.target) for e in events]
 
 

@@ -9,9 +9,9 @@ import numpy as np
 from contract.records import encode_batch
 from contract.topics import Topics
 from controller.dispatch import handle_message
-from controller.fabric import FabricShape, build_fabric
 from controller.ingest import REPLAY_SLACK
 from controller.live import LiveController
+from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 
 

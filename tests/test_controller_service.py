@@ -19,10 +19,10 @@ from contract.records import encode_batch
 from contract.topics import TopicError, Topics
 from controller.config import ConfigError, ServiceConfig, load_config
 from controller.dispatch import JsonLog, handle_message, nic_hosts
-from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveConfig, LiveController
 from controller.service import run_service
 from controller.service_cli import parse_broker
+from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 
 

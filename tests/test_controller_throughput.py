@@ -12,10 +12,10 @@ from contract.topics import Topics
 from controller.api.views import Scope, snapshot_view
 from controller.brain import Brain
 from controller.dispatch import handle_message
-from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveController
-from controller.snapshot import Health
 from controller.throughput import NicRates, nic_byte_counters
+from mesh.fabric import FabricShape, build_fabric
+from mesh.snapshot import Health
 from prober.agent import health_doc
 from prober.telemetry.gpu import GpuReading
 from prober.telemetry.nic import nic_status
@@ -99,7 +99,7 @@ def test_health_documents_carry_the_nic_link_states_to_the_brain() -> None:
 def test_pair_paths_keep_the_worst_per_switch_and_build_dicts_on_access() -> None:
     import numpy as np
 
-    from controller.snapshot import PairPaths
+    from mesh.snapshot import PairPaths
 
     pp = PairPaths(
         4,

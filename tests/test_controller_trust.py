@@ -10,8 +10,8 @@ from contract.origin import batch_origin_error, split_by_host
 from contract.records import ProbeBatch, concat_batches, encode_batch
 from contract.topics import Topics
 from controller.dispatch import handle_message, nic_hosts
-from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveController
+from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 
 T = Topics()

@@ -26,7 +26,7 @@ from contract.origin import split_by_host
 from contract.records import encode_batch
 from contract.topics import Topics
 from controller.dispatch import nic_hosts
-from controller.fabric import FabricShape, build_fabric
+from mesh.fabric import FabricShape, build_fabric
 from prober.agent import health_doc
 from prober.telemetry.gpu import GpuReading
 from testbed.scenario import Fault, FaultKind

@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from controller.fabric import FabricError, FabricShape, build_fabric, flow_path, flow_paths
-from controller.fabric.ecmp import spine_of_path
+from mesh.fabric import FabricError, FabricShape, build_fabric, flow_path, flow_paths
+from mesh.fabric.ecmp import spine_of_path
 from qpmesh.cli import main
 
 

@@ -271,8 +271,8 @@ async def test_controller_with_a_wrong_password_logs_one_line_and_retries(
 ) -> None:
     from contract.topics import Topics
     from controller.config import ServiceConfig
-    from controller.fabric import FabricShape, build_fabric
     from controller.service import run_service
+    from mesh.fabric import FabricShape, build_fabric
 
     port, m = secure_broker
     sec = m.wrong_password("controller")

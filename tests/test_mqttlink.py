@@ -70,7 +70,7 @@ def test_run_service_resets_its_backoff_after_a_good_connection(
     from controller import service
     from controller.config import ServiceConfig
     from controller.dispatch import JsonLog
-    from controller.fabric import FabricShape, build_fabric
+    from mesh.fabric import FabricShape, build_fabric
 
     calls = {"n": 0}
 

@@ -14,10 +14,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from contract.documents import EventDoc
 from controller.api.app import PREFIX, make_app
 from controller.api.auth import Principal, TokenTable
 from controller.api.hub import ApiHub
-from controller.fabric import FabricShape, build_fabric
 from controller.jobs import Job
 from controller.live import LiveController
 from controller.remediation.alerts import WebhookError, alert_for, labels_for, parse_webhook
@@ -25,7 +25,7 @@ from controller.remediation.config import RemediationConfig
 from controller.remediation.policy import SEC, PolicyConfig
 from controller.remediation.runtime import RemediationRuntime
 from controller.remediation.webhook import Delivery, HookSender
-from controller.snapshot import MeshEvent
+from mesh.fabric import FabricShape, build_fabric
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -176,10 +176,10 @@ async def test_findings_reach_a_fake_alertmanager_and_sent_actions_the_webhook()
         sender = HookSender(timeout_s=2.0, retries=3, backoff_s=0.01, sleep=_no_sleep)
         rt = RemediationRuntime(cfg, "p", leaf_of={"nic0": "leaf0"}, sender=sender)
         rt.jobs.register(Job("train", "acme", (("nic0",),)))
-        rt.observe([MeshEvent(1 * SEC, "link_flap", "nic0-leaf0", "3 flaps"),
-                    MeshEvent(1 * SEC, "contention", "leaf0-spine1", "q")])  # fmt: skip
+        rt.observe([EventDoc(1 * SEC, "link_flap", "nic0-leaf0", "3 flaps"),
+                    EventDoc(1 * SEC, "contention", "leaf0-spine1", "q")])  # fmt: skip
         msgs, docs = rt.tick(2 * SEC)
-        rt.observe([MeshEvent(3 * SEC, "clear", "nic0-leaf0")])
+        rt.observe([EventDoc(3 * SEC, "clear", "nic0-leaf0")])
         rt.tick(4 * SEC)
         assert await sender.drain(30)
         await sender.stop()

@@ -334,7 +334,7 @@ def test_remediator_turns_published_events_into_actions_over_ticks() -> None:
 
     from controller.remediation.loop import Remediator
 
-    def ev(kind: str, target: str) -> SimpleNamespace:  # an EventDoc's / MeshEvent's fields
+    def ev(kind: str, target: str) -> SimpleNamespace:  # an EventDoc's / EventDoc's fields
         return SimpleNamespace(t_ns=0, kind=kind, target=target, detail="", flows=())
 
     r = Remediator(CFG)

@@ -16,11 +16,11 @@ import aiohttp
 import aiomqtt
 import pytest
 
+from contract.documents import EventDoc
 from contract.remediation import AckDoc, ActionDoc, PerfDoc, RankDoc, perf_topic, rank_topic
 from contract.topics import Topics
 from controller.config import ConfigError, load_config
 from controller.dispatch import JsonLog
-from controller.fabric import FabricShape, build_fabric
 from controller.jobfeed import RankFeed
 from controller.jobs import Job, JobRegistry
 from controller.live import LiveConfig, LiveController
@@ -29,10 +29,10 @@ from controller.remediation.audit import parse_action_query as paq
 from controller.remediation.policy import SEC
 from controller.remediation.runtime import RemediationRuntime
 from controller.service import run_service
-from controller.snapshot import MeshEvent
 from controller.timeseries.config import TimeseriesConfig
 from controller.timeseries.runtime import Observability
 from controller.timeseries.writer import TsdbWriter
+from mesh.fabric import FabricShape, build_fabric
 
 TOKEN = "remediation-operator-token"
 ACME = "remediation-acme-token"
@@ -136,12 +136,12 @@ def test_action_log_status_acks_tenants_and_queries() -> None:
 def test_runtime_control_off_is_would_have_and_sends_nothing() -> None:
     rt = RemediationRuntime(prefix="p")
     rt.jobs.register(Job("train", "acme", (("nic0",),)))
-    rt.observe([MeshEvent(1 * SEC, "link_flap", "nic0-leaf0")])
+    rt.observe([EventDoc(1 * SEC, "link_flap", "nic0-leaf0")])
     msgs, docs = rt.tick(2 * SEC)
     assert msgs == [] and [d["status"] for d in docs] == ["would have"]
     assert docs[0]["tenant"] == "acme" and docs[0]["job"] == "train"
     rt.control.set(True, "ops", 3 * SEC)
-    rt.observe([MeshEvent(3 * SEC, "link_flap", "nic0-leaf0")])  # the same episode: issued
+    rt.observe([EventDoc(3 * SEC, "link_flap", "nic0-leaf0")])  # the same episode: issued
     assert rt.tick(4 * SEC) == ([], [])
 
 
@@ -153,9 +153,9 @@ class ScriptedLive(LiveController):
         self.inject: list[tuple[str, str]] = []
         self.inject_flows: tuple[tuple[str, str, int], ...] = ()
 
-    def tick(self, now_ns: int) -> list[MeshEvent]:
+    def tick(self, now_ns: int) -> list[EventDoc]:
         out = super().tick(now_ns)
-        out += [MeshEvent(now_ns, k, t, "injected", "critical", self.inject_flows)
+        out += [EventDoc(now_ns, k, t, "injected", "critical", self.inject_flows)
                 for k, t in self.inject]  # fmt: skip
         self.inject.clear()
         return out
@@ -369,7 +369,7 @@ def test_restart_resumes_from_the_state_file_without_repeating(tmp_path: Path) -
                             state_dir=tmp_path / "st")  # fmt: skip
     job = Job("train", "acme", (("nic0",), ("nic2",)))
     first = RemediationRuntime(cfg, "p", jobs=JobRegistry((job,)))
-    first.observe([MeshEvent(1 * SEC, "link_flap", "nic0-leaf0")])
+    first.observe([EventDoc(1 * SEC, "link_flap", "nic0-leaf0")])
     msgs, docs = first.tick(2 * SEC)
     assert [t for t, _ in msgs] == ["p/remediation/nic0"]
     assert first.handle(f"p/remediation-ack/{docs[0]['id']}",
@@ -381,15 +381,15 @@ def test_restart_resumes_from_the_state_file_without_repeating(tmp_path: Path) -
     assert second.restored == 1
     (old,) = second.log.records()
     assert old["id"] == docs[0]["id"] and old["acks"][0]["outcome"] == "done"
-    second.observe([MeshEvent(50 * SEC, "nic_down", "nic0")])
+    second.observe([EventDoc(50 * SEC, "nic_down", "nic0")])
     assert second.tick(51 * SEC)[0] == []
-    second.observe([MeshEvent(52 * SEC, "nic_down", "nic2")])
+    second.observe([EventDoc(52 * SEC, "nic_down", "nic2")])
     msgs2, docs2 = second.tick(53 * SEC)
     assert [t for t, _ in msgs2] == ["p/remediation/nic2"] and docs2[0]["seq"] == 2
     # without the state file the same run repeats the action: the file is what prevents it
     fresh = RemediationRuntime(RemediationConfig(policy=cfg.policy, control=True), "p",
                                jobs=JobRegistry((job,)))  # fmt: skip
-    fresh.observe([MeshEvent(50 * SEC, "nic_down", "nic0")])
+    fresh.observe([EventDoc(50 * SEC, "nic_down", "nic0")])
     assert [t for t, _ in fresh.tick(51 * SEC)[0]] == ["p/remediation/nic0"]
     (tmp_path / "st" / FILE).write_text("{not json")
     with pytest.raises(StateError, match="not JSON"):
@@ -461,9 +461,9 @@ def test_a_job_that_leaves_and_comes_back_is_told_again() -> None:
                                               control=True), "p")  # fmt: skip
     job = Job("demo", "acme", (("nic0", "nic1"),))
     rt.jobs.register(job)
-    rt.observe([MeshEvent(1 * SEC, "nic_down", "nic0")])
+    rt.observe([EventDoc(1 * SEC, "nic_down", "nic0")])
     assert [t for t, _ in rt.tick(3 * SEC)[0]] == ["p/remediation/nic0"]
-    rt.observe([MeshEvent(4 * SEC, "nic_down", "nic0")])  # still down, same job: told already
+    rt.observe([EventDoc(4 * SEC, "nic_down", "nic0")])  # still down, same job: told already
     assert rt.tick(5 * SEC)[0] == []
     rt.jobs.unregister("demo")  # the run ends; nic0 never came back clear
     rt.tick(6 * SEC)

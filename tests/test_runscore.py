@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.fabric import FabricShape, build_fabric
+from mesh.fabric import FabricShape, build_fabric
 from testbed.runscore import estimators, score_alerts
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import SimConfig, Simulator

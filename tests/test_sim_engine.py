@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from contract.records import MISSING, decode_batch, encode_batch
-from controller.fabric import FabricShape, build_fabric
+from mesh.fabric import FabricShape, build_fabric
 from testbed.scenario import Fault, FaultKind, ScenarioError
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimError, Simulator
 from testbed.sim.model import ModelKnobs

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from contract.documents import EventDoc
 from controller.brain import Brain
-from controller.fabric import FabricShape, build_fabric
-from controller.snapshot import MeshEvent
+from mesh.fabric import FabricShape, build_fabric
 from qpmesh.cli import main
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.localize_bench import (
@@ -187,7 +187,7 @@ def test_an_event_on_a_link_no_path_tells_apart_names_its_alias(
     details: list[str] = []
     tick = Brain.tick
 
-    def spy(self: Brain, now_ns: int) -> list[MeshEvent]:
+    def spy(self: Brain, now_ns: int) -> list[EventDoc]:
         events = tick(self, now_ns)
         details.extend(f"{e.kind} {e.target}: {e.detail}" for e in events if e.kind != "clear")
         return events

@@ -18,8 +18,8 @@ import numpy.typing as npt
 import pytest
 
 from contract.records import COLUMNS, ProbeBatch
-from controller.fabric import FabricShape, build_fabric
-from controller.fabric.model import hop_links
+from mesh.fabric import FabricShape, build_fabric
+from mesh.fabric.model import hop_links
 from sync import summary
 from sync.window import orient_samples
 from testbed.scenario import Fault, FaultKind

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from controller.fabric import FabricShape, build_fabric
+from mesh.fabric import FabricShape, build_fabric
 from qpmesh.cli import main
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.clock_model import ClockWander

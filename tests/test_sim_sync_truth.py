@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from controller.fabric import FabricShape, build_fabric
+from mesh.fabric import FabricShape, build_fabric
 from qpmesh.cli import main
 from testbed.sim.engine import SimConfig, Simulator
 from testbed.sim.sync_stream import window_edges

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from controller.fabric import FabricShape, build_fabric
+from mesh.fabric import FabricShape, build_fabric
 from sync import excess, summary
 from sync.excess import direction_excess, queueing_bound, receive_excess, split_excess
 from sync.summary import Summary, lower_hull, merge, reduce_chunk, rtt_cap

@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from controller.fabric import FabricShape, build_fabric
+from mesh.fabric import FabricShape, build_fabric
 from sync import window
 from sync.refine import lowest_means
 from sync.window import EdgeSamples, orient_samples, sync_window

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from controller.fabric import Fabric, FabricShape
+from mesh.fabric import Fabric, FabricShape
 from testbed import faults
 from testbed.netns.counters import qdisc_backlog_bytes, rx_packets
 from testbed.netns.lifecycle import up

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.fabric import FabricShape, build_fabric
+from mesh.fabric import FabricShape, build_fabric
 from testbed import faults
 from testbed.netns.blast import packets_due
 from testbed.netns.plan import PlanError, check_prefix, make_plan, names_pattern

@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from controller.fabric import FabricShape, build_fabric
-from controller.fabric.ecmp import routing_tables
+from contract.documents import EventDoc
 from controller.observations import Observations
-from controller.snapshot import GpuHealth, Health, MeshEvent
 from controller.timeseries.lineproto import Point, PointError, to_line_protocol
 from controller.timeseries.metrics import ControllerMetrics, parse_listen, serve_metrics
 from controller.timeseries.points import MeshState, PointBuilder, RemediationAction
@@ -28,6 +26,9 @@ from controller.timeseries.writer import (
     LineBuffer,
     TsdbWriter,
 )
+from mesh.fabric import FabricShape, build_fabric
+from mesh.fabric.ecmp import routing_tables
+from mesh.snapshot import GpuHealth, Health
 
 
 def _fabric():  # type: ignore[no-untyped-def]
@@ -36,7 +37,7 @@ def _fabric():  # type: ignore[no-untyped-def]
 
 def _obs(fab, src, dst, owd, lost=None, sport=None):  # type: ignore[no-untyped-def]
     """Observations between NIC indices with the model ECMP paths (fwd and reply)."""
-    from controller.fabric.ecmp import flow_paths
+    from mesh.fabric.ecmp import flow_paths
 
     n = len(src)
     src = np.asarray(src, np.int32)
@@ -160,7 +161,7 @@ def test_points_schema_has_no_high_cardinality_tags_and_parses() -> None:
     st.observe(_obs(fab, [0, 1, 2, 3] * 5, [2, 3, 0, 1] * 5, np.linspace(1e3, 2e3, 20)))
     summ = st.close(5_000)
     alive = {h.id: True for h in fab.hosts}
-    ev = MeshEvent(4_000, "link_flap", "leaf0-spine1", "flapped", "critical")
+    ev = EventDoc(4_000, "link_flap", "leaf0-spine1", "flapped", "critical")
     act = RemediationAction.from_doc(
         {"t_ns": 4_500, "action": "exclude_nic", "target": "nic0", "job": "j1", "extra": [1]}
     )

@@ -360,8 +360,8 @@ async def test_controller_service_writes_a_flap_and_serves_metrics(
     from contract.topics import Topics
     from controller.config import load_config
     from controller.dispatch import JsonLog, nic_hosts
-    from controller.fabric import FabricShape, build_fabric
     from controller.service import run_service
+    from mesh.fabric import FabricShape, build_fabric
     from testbed.scenario import Fault, FaultKind
     from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 

@@ -12,15 +12,16 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pytest
 
+from contract.documents import EventDoc
 from controller.api.app import STATE, make_app
 from controller.api.auth import Principal, TokenTable
 from controller.api.hub import ApiHub
 from controller.api.server import ApiThread
 from controller.api.views import Scope, snapshot_view
 from controller.control import Control
-from controller.fabric import FabricShape, build_fabric
 from controller.jobs import Job, JobRegistry
-from controller.snapshot import ControlUnavailable, GpuHealth, Health, MeshEvent, MeshSnapshot
+from mesh.fabric import FabricShape, build_fabric
+from mesh.snapshot import ControlUnavailable, GpuHealth, Health, MeshSnapshot
 from tui.apiclient import ApiSource, ApiTokenRefused, ApiUnreachable, api_base
 from tui.apimodel import (
     ApiDocError,
@@ -60,8 +61,8 @@ def _snapshot(t_s: float = 100.0) -> MeshSnapshot:
     )  # fmt: skip
 
 
-def _event(t_s: float, kind: str = "link_flap", target: str = "leaf1-spine1") -> MeshEvent:
-    return MeshEvent(int(t_s * 1e9), kind, target, "flaps=3", "critical")
+def _event(t_s: float, kind: str = "link_flap", target: str = "leaf1-spine1") -> EventDoc:
+    return EventDoc(int(t_s * 1e9), kind, target, "flaps=3", "critical")
 
 
 # ---- pure: documents -> values ------------------------------------------------------------------
@@ -331,8 +332,8 @@ def test_cli_errors_are_one_line_with_exit_codes(
 def test_remediation_verdict_follows_the_controllers_status() -> None:
     from tui.panes import remediation_verdict
 
-    def ev(detail: str) -> MeshEvent:
-        return MeshEvent(1, "remediation", "nic3", detail, "info")
+    def ev(detail: str) -> EventDoc:
+        return EventDoc(1, "remediation", "nic3", detail, "info")
 
     assert remediation_verdict(ev("sent: move_off_nic (a1): nic3 down"), False) == "Control ran it"
     assert remediation_verdict(ev("would have: move_off_nic (a1)"), True).startswith("advice")

@@ -7,8 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from controller.fabric import FabricShape, build_fabric
-from controller.snapshot import Health, MeshEvent
+from contract.documents import EventDoc
+from mesh.fabric import FabricShape, build_fabric
+from mesh.snapshot import Health
 from tui.fake import FakeSource
 from tui.layout import layout_grid, panel_shape
 from tui.panes import detail_text, event_line, header_text, pair_vectors, path_breakdown
@@ -153,7 +154,7 @@ def test_panes_say_unavailable_and_control_verdict() -> None:
     head = header_text(snap).plain
     assert "Healthy NICs 29/32" in head
     assert "Control unavailable" in head and "Running jobs unavailable" in head
-    ev = MeshEvent(snap.t_ns, "remediation", "nic3", "drain")
+    ev = EventDoc(snap.t_ns, "remediation", "nic3", "drain")
     assert "advice only" in event_line(ev, snap).plain
     on = FakeSource(control=True).snapshot()
     assert "Control ran it" in event_line(ev, on).plain

@@ -36,7 +36,7 @@ def test_control_confirmation_modal(snap_compare: Any) -> None:
 
 
 def test_large_fabric_1024(snap_compare: Any) -> None:
-    from controller.fabric import FabricShape, build_fabric
+    from mesh.fabric import FabricShape, build_fabric
 
     fab = build_fabric(FabricShape.for_nics(1024, nics_per_leaf=32))
     app = MeshApp(FakeSource(fab), live=False)

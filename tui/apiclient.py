@@ -35,8 +35,9 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric
-from controller.snapshot import ControlUnavailable, MeshEvent, MeshSnapshot
+from contract.documents import EventDoc
+from mesh.fabric import Fabric
+from mesh.snapshot import ControlUnavailable, MeshSnapshot
 from mqttlink.reconnect import Backoff
 from tui.apimodel import (
     ApiDocError,
@@ -137,7 +138,7 @@ class ApiSource:
         self._fkey: FabricKey | None = None
         self._fabric: Fabric | None = None
         self._snap: MeshSnapshot | None = None
-        self._events: tuple[tuple[int, MeshEvent], ...] = ()
+        self._events: tuple[tuple[int, EventDoc], ...] = ()
         self._jobs: tuple[Mapping[str, object], ...] | None = None
         self._delays = Delays.empty()
         self._hist = HistoryRing(0)
@@ -367,7 +368,7 @@ class ApiSource:
                 self._snap = dataclasses.replace(self._snap, control_enabled=now)
 
 
-def _events(doc: Any) -> list[tuple[int, MeshEvent]]:
+def _events(doc: Any) -> list[tuple[int, EventDoc]]:
     if not isinstance(doc, dict) or not isinstance(doc.get("events"), list):
         raise ApiDocError("events: missing 'events'")
     out = []

@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric, Link, Nic, Node, NodeKind
-from controller.fabric.model import FabricError
-from controller.snapshot import GpuHealth, Health, MeshEvent, MeshSnapshot
+from contract.documents import EventDoc
+from mesh.fabric import Fabric, Link, Nic, Node, NodeKind
+from mesh.fabric.model import FabricError
+from mesh.snapshot import GpuHealth, Health, MeshSnapshot
 
 F64 = npt.NDArray[np.float64]
 MAX_EVENTS = 5000
@@ -116,7 +117,7 @@ def fabric_from_doc(doc: Mapping[str, Any]) -> Fabric:
         raise ApiDocError(f"snapshot: {exc}") from None
 
 
-def event_from_doc(doc: Mapping[str, Any]) -> tuple[int, MeshEvent]:
+def event_from_doc(doc: Mapping[str, Any]) -> tuple[int, EventDoc]:
     """Return (sequence number, event) of one event document; raise `ApiDocError`."""
     w = "event"
     flows = []
@@ -125,7 +126,7 @@ def event_from_doc(doc: Mapping[str, Any]) -> tuple[int, MeshEvent]:
             raise ApiDocError("event: a flow is not an object")
         flows.append((str(f.get("src", "")), str(f.get("dst", "")), int(f.get("sport", 0))))
     try:
-        ev = MeshEvent(
+        ev = EventDoc(
             int(_get(doc, "t_ns", int, w)),
             str(_get(doc, "kind", str, w)),
             str(_get(doc, "target", str, w)),
@@ -140,17 +141,17 @@ def event_from_doc(doc: Mapping[str, Any]) -> tuple[int, MeshEvent]:
 
 
 def merge_events(
-    have: Sequence[tuple[int, MeshEvent]],
-    got: Sequence[tuple[int, MeshEvent]],
+    have: Sequence[tuple[int, EventDoc]],
+    got: Sequence[tuple[int, EventDoc]],
     *,
     restarted: bool = False,
     limit: int = MAX_EVENTS,
-) -> tuple[tuple[int, MeshEvent], ...]:
+) -> tuple[tuple[int, EventDoc], ...]:
     """Return the event log ``have`` with ``got`` added: only events with a sequence number
     above the newest of ``have`` (what was already seen is not repeated), ordered by sequence
     number, the newest ``limit`` kept. ``restarted`` (the controller started again, so its
     sequence numbers did too): ``got`` replaces the log."""
-    base: list[tuple[int, MeshEvent]] = [] if restarted else list(have)
+    base: list[tuple[int, EventDoc]] = [] if restarted else list(have)
     last = base[-1][0] if base else 0
     new = sorted((s, e) for s, e in got if s > last) if got else []
     seen: set[int] = set()
@@ -225,7 +226,7 @@ def build_snapshot(
     doc: Mapping[str, Any],
     fabric: Fabric,
     *,
-    events: Sequence[tuple[int, MeshEvent]] = (),
+    events: Sequence[tuple[int, EventDoc]] = (),
     jobs: tuple[Mapping[str, object], ...] | None = None,
     delays: Delays | None = None,
 ) -> MeshSnapshot:

@@ -20,7 +20,7 @@ from textual.events import Resize
 from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Input, Label, Static
 
-from controller.snapshot import ControlUnavailable, MeshSnapshot, SnapshotSource
+from mesh.snapshot import ControlUnavailable, MeshSnapshot, SnapshotSource
 from tui.grid import MeshGrid
 from tui.panes import (
     Connection,

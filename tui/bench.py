@@ -13,7 +13,7 @@ import time
 
 from rich.console import Console
 
-from controller.fabric import FabricShape, build_fabric
+from mesh.fabric import FabricShape, build_fabric
 from tui.fake import FakeSource
 from tui.grid import render_strips
 from tui.layout import layout_grid

@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
 
 
 def _tui(args: argparse.Namespace) -> int:
-    from controller.fabric import FabricShape, build_fabric
+    from mesh.fabric import FabricShape, build_fabric
     from tui.app import MeshApp
     from tui.fake import FakeSource
 

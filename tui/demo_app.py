@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 from textual.binding import Binding, BindingType
 
-from controller.snapshot import MeshSnapshot
+from mesh.snapshot import MeshSnapshot
 from tui.app import MeshApp
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric, FabricShape, build_fabric
-from controller.snapshot import ControlUnavailable, GpuHealth, Health, MeshEvent, MeshSnapshot
+from contract.documents import EventDoc
+from mesh.fabric import Fabric, FabricShape, build_fabric
+from mesh.snapshot import ControlUnavailable, GpuHealth, Health, MeshSnapshot
 
 T0_NS = 1_700_000_000_000_000_000
 
@@ -75,18 +76,18 @@ class FakeSource:
         t_ns = T0_NS + int(self.t_s * 1e9)
         flap_link = f"leaf{fab.nics[flap].leaf[4:]}-spine1" if self.spines else fab.links[0].id
         events = (
-            MeshEvent(t_ns - 50_000_000_000, "link_flap", flap_link, "down 1.0 s", "critical"),
-            MeshEvent(
+            EventDoc(t_ns - 50_000_000_000, "link_flap", flap_link, "down 1.0 s", "critical"),
+            EventDoc(
                 t_ns - 30_000_000_000,
                 "contention",
                 f"{fab.nics[cont].leaf}-spine1",
                 "3 flows over 1 link",
                 "warning",
             ),
-            MeshEvent(
+            EventDoc(
                 t_ns - 20_000_000_000, "nic_down", fab.nics[down].id, "no replies", "critical"
             ),
-            MeshEvent(
+            EventDoc(
                 t_ns - 10_000_000_000,
                 "remediation",
                 fab.nics[down].id,

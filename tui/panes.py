@@ -15,7 +15,8 @@ import numpy.typing as npt
 from rich.style import Style
 from rich.text import Text
 
-from controller.snapshot import Health, MeshEvent, MeshSnapshot, PairPaths
+from contract.documents import EventDoc
+from mesh.snapshot import Health, MeshSnapshot, PairPaths
 from tui.render import (
     HEAT_CHARS,
     HEAT_STYLES,
@@ -241,7 +242,7 @@ _KIND_STYLE = {
 }
 
 
-def remediation_verdict(ev: MeshEvent, control: bool | None) -> str:
+def remediation_verdict(ev: EventDoc, control: bool | None) -> str:
     """Return whether a remediation event's action ran: from the status the controller puts
     first in its detail (``sent: ...``, ``would have: ...``, ``suppressed: ...``), else from
     the Control state ``control``."""
@@ -255,7 +256,7 @@ def remediation_verdict(ev: MeshEvent, control: bool | None) -> str:
     return "Control ran it" if control else "advice only: Control off"
 
 
-def event_line(ev: MeshEvent, snap: MeshSnapshot) -> Text:
+def event_line(ev: EventDoc, snap: MeshSnapshot) -> Text:
     """Return one event as a line: age, kind, target, flap count, Control verdict, detail."""
     t = Text()
     age = (snap.t_ns - ev.t_ns) / 1e9

@@ -18,7 +18,7 @@ import numpy.typing as npt
 from rich.style import Style
 from rich.text import Text
 
-from controller.snapshot import Health
+from mesh.snapshot import Health
 
 DEFAULT_THRESHOLD_NS = 5_000.0
 

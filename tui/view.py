@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric
-from controller.snapshot import MeshSnapshot
+from mesh.fabric import Fabric
+from mesh.snapshot import MeshSnapshot
 from tui.render import DEFAULT_THRESHOLD_NS, TileLook, tile_looks
 
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from aiohttp import WSMsgType, web
 
+from contract.documents import EventDoc
 from controller.api.auth import Principal, TokenBucket, TokenTable, bearer
 from controller.api.hub import Subscriber, snapshot_wait
 from controller.api.views import (
@@ -53,7 +54,7 @@ from controller.control import Control, ControlChange
 from controller.jobs import Job, JobError, JobRegistry
 from controller.remediation.alerts import WebhookError
 from controller.remediation.audit import ActionQuery, ActionQueryError, parse_action_query
-from controller.snapshot import MeshEvent, MeshSnapshot
+from mesh.snapshot import MeshSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class ReadModel(Protocol):
     """What the API reads: the latest snapshot, the event log, subscriptions, health."""
 
     def snapshot(self) -> MeshSnapshot: ...
-    def events(self) -> Sequence[tuple[int, MeshEvent]]: ...
+    def events(self) -> Sequence[tuple[int, EventDoc]]: ...
     def subscribe(self) -> Subscriber: ...
     def unsubscribe(self, sub: Subscriber) -> None: ...
     def health(self) -> Mapping[str, object]: ...

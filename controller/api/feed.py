@@ -23,12 +23,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.documents import EventDoc
 from controller.api.config import ApiConfig
 from controller.control import ControlChange
-from controller.fabric import Fabric
 from controller.jobs import Job
 from controller.remediation.audit import ActionLog, ActionQuery
-from controller.snapshot import MeshEvent, MeshSnapshot
+from mesh.fabric import Fabric
+from mesh.snapshot import MeshSnapshot
 
 CONTROL_AUDIT = 20  # Control changes the API shows (the newest)
 
@@ -67,7 +68,7 @@ class Snap:
 class Tick:
     """New events and/or the shared state (None = unchanged)."""
 
-    events: tuple[MeshEvent, ...] = ()
+    events: tuple[EventDoc, ...] = ()
     state: SharedState | None = None
 
 

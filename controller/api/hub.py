@@ -16,7 +16,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from controller.snapshot import MeshEvent, MeshSnapshot
+from contract.documents import EventDoc
+from mesh.snapshot import MeshSnapshot
 
 
 def snapshot_wait(last_sent_s: float | None, now_s: float, min_interval_s: float) -> float:
@@ -33,11 +34,11 @@ class Subscriber:
     loop: asyncio.AbstractEventLoop
     max_pending: int = 1000
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    pending: deque[tuple[int, MeshEvent]] = field(default_factory=deque)
+    pending: deque[tuple[int, EventDoc]] = field(default_factory=deque)
     snap_dirty: bool = True
     dropped: int = 0
 
-    def push(self, events: tuple[tuple[int, MeshEvent], ...], snap: bool) -> None:
+    def push(self, events: tuple[tuple[int, EventDoc], ...], snap: bool) -> None:
         """Queue ``events`` (oldest dropped past `max_pending`, counted), mark the snapshot
         new if ``snap``, wake the sender. Call in the subscriber's loop."""
         for item in events:
@@ -48,7 +49,7 @@ class Subscriber:
         self.snap_dirty = self.snap_dirty or snap
         self.wake.set()
 
-    def drain(self) -> list[tuple[int, MeshEvent]]:
+    def drain(self) -> list[tuple[int, EventDoc]]:
         """Return and forget the queued events."""
         out = list(self.pending)
         self.pending.clear()
@@ -63,12 +64,12 @@ class ApiHub:
             raise ValueError("max_events must be >= 1")
         self._lock = threading.Lock()
         self._snap = snapshot
-        self._events: deque[tuple[int, MeshEvent]] = deque(maxlen=max_events)
+        self._events: deque[tuple[int, EventDoc]] = deque(maxlen=max_events)
         self._seq = 0
         self._subs: set[Subscriber] = set()
         self.published = 0
 
-    def publish(self, snapshot: MeshSnapshot | None, events: tuple[MeshEvent, ...] = ()) -> None:
+    def publish(self, snapshot: MeshSnapshot | None, events: tuple[EventDoc, ...] = ()) -> None:
         """Install ``snapshot`` (None keeps the current one) and append ``events``; wake every
         subscriber. Safe from any thread."""
         with self._lock:
@@ -92,7 +93,7 @@ class ApiHub:
         """Return the latest snapshot."""
         return self._snap
 
-    def events(self) -> tuple[tuple[int, MeshEvent], ...]:
+    def events(self) -> tuple[tuple[int, EventDoc], ...]:
         """Return the logged events with their sequence numbers, oldest first."""
         with self._lock:
             return tuple(self._events)

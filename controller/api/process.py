@@ -26,10 +26,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from contract.documents import EventDoc
 from controller.api import feed
 from controller.api.config import ApiConfig
-from controller.fabric import Fabric
-from controller.snapshot import MeshEvent, MeshSnapshot
+from mesh.fabric import Fabric
+from mesh.snapshot import MeshSnapshot
 
 Handler = Callable[[str, tuple[Any, ...]], Any]
 """(op, args) -> result of a `feed.Call`; raises what the operation raises."""
@@ -161,7 +162,7 @@ class ApiProcess:
     def publish(
         self,
         snapshot: MeshSnapshot | None,
-        events: tuple[MeshEvent, ...] = (),
+        events: tuple[EventDoc, ...] = (),
         state: feed.SharedState | None = None,
     ) -> None:
         """Hand the API process a new snapshot (None: none), new events and the state (None:

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from contract.documents import EventDoc
 from controller.api.app import AlertIntake, JobStatus
 from controller.api.config import ApiConfig
 from controller.api.feed import CONTROL_AUDIT, SharedState
@@ -30,7 +31,7 @@ from controller.api.process import ApiProcess
 from controller.control import Control
 from controller.jobs import Job, JobRegistry
 from controller.remediation.audit import ActionLog
-from controller.snapshot import MeshEvent, MeshSnapshot
+from mesh.snapshot import MeshSnapshot
 
 START_TIMEOUT_S = 60.0  # the API process imports numpy and aiohttp: seconds on a busy host
 EVENT_LOG = 10_000  # events kept for a new API process (the API's own event log holds as many)
@@ -65,7 +66,7 @@ class ApiRuntime:
         self.url = ""
         self.restarts = 0
         self._restarting: asyncio.Task[None] | None = None
-        self._events: deque[MeshEvent] = deque(maxlen=EVENT_LOG)
+        self._events: deque[EventDoc] = deque(maxlen=EVENT_LOG)
 
     def state(self, *, full: bool = False) -> SharedState:
         """Return the shared state now; the action log only when it changed since the last
@@ -143,7 +144,7 @@ class ApiRuntime:
         self.restarts += 1
         self._log(f"the API process serves again at {url}")
 
-    def publish(self, snapshot: MeshSnapshot | None, events: tuple[MeshEvent, ...]) -> None:
+    def publish(self, snapshot: MeshSnapshot | None, events: tuple[EventDoc, ...]) -> None:
         """Hand the API the latest snapshot (None keeps the current one), new events, and the
         shared state when it changed."""
         if snapshot is not None:

@@ -13,10 +13,11 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from controller.fabric import Fabric
+from contract.documents import EventDoc
 from controller.jobs import Job
 from controller.query import int_param
-from controller.snapshot import MeshEvent, MeshSnapshot
+from mesh.fabric import Fabric
+from mesh.snapshot import MeshSnapshot
 
 SEVERITIES = ("info", "warning", "critical")
 MAX_EVENTS = 1000
@@ -260,7 +261,7 @@ def parse_event_query(q: Mapping[str, str]) -> EventQuery:
     return EventQuery(since, until, q.get("kind"), q.get("target"), sev, limit or 200)
 
 
-def event_doc(ev: MeshEvent, fabric: Fabric, scope: Scope, seq: int) -> dict[str, object]:
+def event_doc(ev: EventDoc, fabric: Fabric, scope: Scope, seq: int) -> dict[str, object]:
     """Return one event (its affected queue pairs limited to the scope's NICs)."""
     idx = fabric.nic_index
     flows = [
@@ -274,7 +275,7 @@ def event_doc(ev: MeshEvent, fabric: Fabric, scope: Scope, seq: int) -> dict[str
             "related": ev.related}  # fmt: skip
 
 
-def event_matches(ev: MeshEvent, q: EventQuery) -> bool:
+def event_matches(ev: EventDoc, q: EventQuery) -> bool:
     """Return True if ``ev`` passes the filters of ``q`` (not the limit)."""
     return (
         (q.since_ns is None or ev.t_ns >= q.since_ns)
@@ -286,7 +287,7 @@ def event_matches(ev: MeshEvent, q: EventQuery) -> bool:
 
 
 def events_view(
-    events: Sequence[tuple[int, MeshEvent]], fabric: Fabric, scope: Scope, q: EventQuery
+    events: Sequence[tuple[int, EventDoc]], fabric: Fabric, scope: Scope, q: EventQuery
 ) -> dict[str, object]:
     """Return the visible events (``(seq, event)``, oldest first) passing ``q``: the newest
     ``q.limit`` of them, oldest first, and whether older ones were cut."""

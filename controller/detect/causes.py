@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric
+from mesh.fabric import Fabric
 
 
 def excluded_nics(fabric: Fabric, hosts_down: Iterable[str]) -> npt.NDArray[np.bool_]:

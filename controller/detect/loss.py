@@ -13,8 +13,8 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.detect.paths import PathIndex, expand
-from controller.fabric.model import hop_links
 from controller.localize import Cover, greedy_cover, unique_rows
+from mesh.fabric.model import hop_links
 
 
 def probe_links(

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric.model import hop_links
 from controller.windows import KeyIndex
+from mesh.fabric.model import hop_links
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 

@@ -2,7 +2,7 @@
 
 `Remediator` holds the policy's state between steps. The service (or any driver) calls
 `observe` with each finding as it is published (an `EventDoc`, or anything with ``t_ns``,
-``kind``, ``target``, ``detail``, ``flows``: a `MeshEvent` too) and `tick` on a timer with the
+``kind``, ``target``, ``detail``, ``flows``: a `EventDoc` too) and `tick` on a timer with the
 registered jobs' NICs, the Control switch and a ``publish(topic, payload)`` callable (or
 `tick_with` the API's `controller.jobs.JobRegistry` and `controller.control.Control`); `tick`
 returns this step's audit records (`controller.remediation.publish.audit_record`), which

@@ -76,7 +76,7 @@ def nic_of(target: str) -> str:
 
 def finding(kind: str, target: str, t_ns: int, detail: str = "",
             flows: tuple[tuple[str, str, int], ...] = ()) -> Finding:  # fmt: skip
-    """Return a `Finding` with its NIC derived from ``target`` (a controller `MeshEvent`'s
+    """Return a `Finding` with its NIC derived from ``target`` (a controller `EventDoc`'s
     kind/target/t_ns/detail/flows map one to one)."""
     return Finding(kind, target, t_ns, nic_of(target), detail, flows)
 

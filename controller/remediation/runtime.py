@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from contract.documents import EventDoc
 from contract.remediation import (
     REMEDIATION_ACK,
     AckDoc,
@@ -47,7 +48,6 @@ from controller.remediation.policy import Planned, action_id
 from controller.remediation.publish import send_planned
 from controller.remediation.state import StateFile, dump_state, load_state
 from controller.remediation.webhook import Delivery, HookSender
-from controller.snapshot import MeshEvent
 
 Message = tuple[str, bytes]
 """(topic, payload) to publish with QoS 1."""
@@ -56,7 +56,7 @@ MAX_FINGERPRINTS = 100_000
 KEEP_RECORDS = 500  # audit records kept in the state file
 
 
-def action_event(doc: dict[str, Any]) -> MeshEvent:
+def action_event(doc: dict[str, Any]) -> EventDoc:
     """Return the event-stream entry of one audit record: kind ``remediation``, the action's
     NIC or link as target, the status first in the detail ("would have: move_off_nic ...")."""
     target = doc.get("nic") or doc.get("link") or "controller"
@@ -64,15 +64,15 @@ def action_event(doc: dict[str, Any]) -> MeshEvent:
     detail = f"{doc['status']}: {doc['kind']}{job} ({doc['id']}): {doc.get('reason', '')}"
     flows = tuple((str(f[0]), str(f[1]), int(f[2])) for f in doc.get("flows", ()))
     sev = "info" if doc["status"] != "sent" else "warning"
-    return MeshEvent(int(doc["t_ns"]), "remediation", str(target), detail, sev, flows)
+    return EventDoc(int(doc["t_ns"]), "remediation", str(target), detail, sev, flows)
 
 
-def ack_event(doc: dict[str, Any], ack: AckDoc) -> MeshEvent:
+def ack_event(doc: dict[str, Any], ack: AckDoc) -> EventDoc:
     """Return the event-stream entry of an acknowledgement of a sent action."""
     target = doc.get("nic") or doc.get("link") or "controller"
     detail = f"ack {ack.outcome} by {ack.receiver}: {doc['kind']} ({ack.action}) {ack.detail}"
     sev = "warning" if ack.outcome == "failed" else "info"
-    return MeshEvent(ack.t_ns, "remediation_ack", str(target), detail.strip(), sev)
+    return EventDoc(ack.t_ns, "remediation_ack", str(target), detail.strip(), sev)
 
 
 class RemediationRuntime:
@@ -113,7 +113,7 @@ class RemediationRuntime:
         self.attribution_config = AttributionConfig()
         self.perf: dict[str, JobPerf] = {}
         self.attributions: dict[str, Attribution] = {}
-        self._recent: deque[MeshEvent] = deque(maxlen=2000)
+        self._recent: deque[EventDoc] = deque(maxlen=2000)
         self._perf_dirty: set[str] = set()
         self._seen_jobs: set[str] = set()
         self.state_error = ""
@@ -141,7 +141,7 @@ class RemediationRuntime:
             self.remediator.observe(f)
             if f.kind in ("nic_down", "link_down", "link_flap", "clear", "contention"):
                 flows = tuple((str(x[0]), str(x[1]), int(x[2])) for x in f.flows if len(x) == 3)
-                self._recent.append(MeshEvent(f.t_ns, f.kind, f.target, f.detail, flows=flows))
+                self._recent.append(EventDoc(f.t_ns, f.kind, f.target, f.detail, flows=flows))
                 self._perf_dirty.update(self.perf)  # a new finding may explain a slowdown
             if not self.config.alertmanager:
                 continue
@@ -259,7 +259,7 @@ class RemediationRuntime:
             self._count("state_write_failed")
             self.state_error = f"{self.state_file.path}: {exc.strerror or exc}"
 
-    def handle(self, topic: str, payload: bytes) -> tuple[str, MeshEvent | None] | None:
+    def handle(self, topic: str, payload: bytes) -> tuple[str, EventDoc | None] | None:
         """Apply a message of an ack or jobs topic; return (outcome, event to show or None),
         or None when the topic is not one of ours. Outcomes: ``ack``, ``ack_unmatched``,
         ``jobs``, ``bad:<reason>``. Never raises."""
@@ -293,7 +293,7 @@ class RemediationRuntime:
         self._perf_dirty.add(doc.job)
         return "perf"
 
-    def job_events(self, now_ns: int) -> list[MeshEvent]:
+    def job_events(self, now_ns: int) -> list[EventDoc]:
         """Attribute the slowdowns of the jobs with news (a report, a finding); return an event
         (kind ``job_slowdown``) per job whose explanation changed."""
         out = []
@@ -313,7 +313,7 @@ class RemediationRuntime:
                 nics = sorted(job.nics)
                 target = a.links[0] if a.links else nics[0]
                 sev = "warning" if a.cause == "fabric" else "info"
-                out.append(MeshEvent(now_ns, "job_slowdown", target, f"job {job_id}: {a.text}",
+                out.append(EventDoc(now_ns, "job_slowdown", target, f"job {job_id}: {a.text}",
                                      sev, a.flows))  # fmt: skip
         self._perf_dirty.clear()
         return out

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from controller.brain import Brain
-from controller.fabric import FabricShape, build_fabric
-from controller.fabric.ecmp import flow_paths, routing_tables
 from controller.observations import Observations
-from controller.snapshot import GpuHealth, Health
 from controller.timeseries.points import MeshState, PointBuilder
 from controller.timeseries.stats import IntervalStats, summarize
+from mesh.fabric import FabricShape, build_fabric
+from mesh.fabric.ecmp import flow_paths, routing_tables
+from mesh.snapshot import GpuHealth, Health
 
 
 def synthetic(n_records: int, nics: int, seed: int) -> tuple[Any, list[Observations]]:

@@ -21,7 +21,7 @@ qpmesh_remediation action, target, status              count
 ============== ======================================= ==================================
 
 Tags are the fabric's low-cardinality identities; a probe's source port, flow label, QP
-number and sequence never become tags. States are `controller.snapshot.SEVERITY` codes
+number and sequence never become tags. States are `mesh.snapshot.SEVERITY` codes
 (0 up, 1 unknown, 2 degraded, 3 contended, 4 flapping, 5 down).
 
 `PointBuilder.render(state, summary, now_ns)` returns one interval's body (``pairs=False``
@@ -41,11 +41,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric
-from controller.fabric.model import SWITCH_TIER
-from controller.snapshot import SEVERITY, GpuHealth, Health, MeshEvent, MeshSnapshot
+from contract.documents import EventDoc
 from controller.timeseries.lineproto import Point, to_line_protocol
 from controller.timeseries.stats import IntervalSummary
+from mesh.fabric import Fabric
+from mesh.fabric.model import SWITCH_TIER
+from mesh.snapshot import SEVERITY, GpuHealth, Health, MeshSnapshot
 
 F64 = npt.NDArray[np.float64]
 
@@ -107,7 +108,7 @@ class MeshState:
     flap_counts: Mapping[str, int] = field(default_factory=dict)
     gpu: Mapping[str, GpuHealth] = field(default_factory=dict)
     alive: Mapping[str, bool] = field(default_factory=dict)
-    events: tuple[MeshEvent, ...] = ()
+    events: tuple[EventDoc, ...] = ()
     actions: tuple[RemediationAction, ...] = ()
 
     @classmethod
@@ -115,7 +116,7 @@ class MeshState:
         cls,
         snap: MeshSnapshot,
         alive: Mapping[str, bool],
-        events: Sequence[MeshEvent] = (),
+        events: Sequence[EventDoc] = (),
         actions: Sequence[RemediationAction] = (),
     ) -> MeshState:
         """Return the state of ``snap`` with prober presence ``alive`` and the new events."""

@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from controller.fabric import Fabric
-from controller.fabric.ecmp import routing_tables
+from contract.documents import EventDoc
 from controller.live import BrainLike
 from controller.observations import Observations
-from controller.snapshot import Health, MeshEvent, MeshSnapshot
 from controller.timeseries.points import MeshState, PointBuilder, RemediationAction
 from controller.timeseries.stats import F64, IntervalStats, summarize
+from mesh.fabric import Fabric
+from mesh.fabric.ecmp import routing_tables
+from mesh.snapshot import Health, MeshSnapshot
 
 
 class TimeseriesRecorder:
@@ -47,7 +48,7 @@ class TimeseriesRecorder:
         self.builder = PointBuilder(
             fabric, gone_after_ns=gone_after_ns, pairs=pairs, shift_ns=shift_ns
         )
-        self._events: list[MeshEvent] = []
+        self._events: list[EventDoc] = []
         self._actions: list[RemediationAction] = []
         self._last: int | None = None
         self._fold: tuple[int, F64] | None = None
@@ -58,7 +59,7 @@ class TimeseriesRecorder:
         """Fold one batch of probe outcomes into the open interval."""
         self.stats.observe(obs)
 
-    def events(self, events: Sequence[MeshEvent]) -> None:
+    def events(self, events: Sequence[EventDoc]) -> None:
         """Record events (written with the next interval, at their own times)."""
         self._events.extend(events)
 
@@ -146,7 +147,7 @@ class TeeBrain:
     def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
         self.brain.nic_links(host, up, now_ns)
 
-    def tick(self, now_ns: int) -> list[MeshEvent]:
+    def tick(self, now_ns: int) -> list[EventDoc]:
         events = self.brain.tick(now_ns)
         self.recorder.events(events)
         return events

@@ -25,13 +25,13 @@ import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry
 
-from controller.fabric import Fabric
 from controller.live import BrainLike
-from controller.snapshot import MeshSnapshot
 from controller.timeseries.config import TimeseriesConfig
 from controller.timeseries.metrics import ControllerMetrics, serve_metrics
 from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter, WriterStats
+from mesh.fabric import Fabric
+from mesh.snapshot import MeshSnapshot
 
 TRUST = ("fine", "coarse", "withheld")
 """The ``trust`` labels of ``qpmesh_delays_total``, in `LiveController.delay_trust` order."""

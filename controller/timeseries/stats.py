@@ -28,9 +28,9 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.detect.paths import PathIndex, expand, path_signature
-from controller.fabric import Fabric
-from controller.fabric.model import SWITCH_TIER, NodeKind
 from controller.observations import Observations
+from mesh.fabric import Fabric
+from mesh.fabric.model import SWITCH_TIER, NodeKind
 
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from controller.fabric import Fabric, FabricShape, build_fabric
+from mesh.fabric import Fabric, FabricShape, build_fabric
 from testbed.netns.apply import (
     Progress,
     TestbedEnvError,

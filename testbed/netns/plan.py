@@ -30,7 +30,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
-from controller.fabric import Fabric, FabricError, NodeKind
+from mesh.fabric import Fabric, FabricError, NodeKind
 
 MAX_PREFIX_LEN = 8
 MAX_MGMT_HOSTS = 250

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from contract.documents import EventDoc
 from contract.records import COLUMNS, ProbeBatch
 from controller.api.app import ApiOptions
 from controller.api.auth import Principal, TokenTable
@@ -56,9 +57,8 @@ from controller.api.config import ApiConfig
 from controller.api.feed import SharedState
 from controller.api.process import ApiProcess
 from controller.coalesce import CoalesceConfig, ProbeQueue
-from controller.fabric import Fabric, FabricShape, build_fabric
 from controller.live import LiveConfig, LiveController
-from controller.snapshot import MeshEvent
+from mesh.fabric import Fabric, FabricShape, build_fabric
 from testbed.sim.engine import SimConfig, Simulator
 from testbed.sim.ingest_traffic import split_hosts
 
@@ -144,7 +144,7 @@ def _ingest(
     source: Iterator[ProbeBatch],
     duration_s: float,
     tick_s: float,
-    publish: Callable[[LiveController, list[MeshEvent]], None] | None,
+    publish: Callable[[LiveController, list[EventDoc]], None] | None,
 ) -> IngestRun:
     run = IngestRun()
     live = feed.live
@@ -191,11 +191,11 @@ def _proc_cpu_s(pid: int) -> float:
         return 0.0
 
 
-def _publisher(api: ApiProcess) -> Callable[[LiveController, list[MeshEvent]], None]:
+def _publisher(api: ApiProcess) -> Callable[[LiveController, list[EventDoc]], None]:
     """What the service does after a tick with ``[api]``: the snapshot and new events to the
     API process (`controller.api.runtime.ApiRuntime.publish`)."""
 
-    def publish(live: LiveController, new: list[MeshEvent]) -> None:
+    def publish(live: LiveController, new: list[EventDoc]) -> None:
         api.publish(live.snapshot(), tuple(new), None)
 
     return publish

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric, NodeKind, hop_id
+from mesh.fabric import Fabric, NodeKind, hop_id
 from testbed.sim.model import ModelKnobs
 
 F64 = npt.NDArray[np.float64]

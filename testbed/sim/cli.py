@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from controller.fabric import FabricShape, build_fabric
+from mesh.fabric import FabricShape, build_fabric
 
 
 def add_shape_options(p: argparse.ArgumentParser) -> None:

@@ -19,13 +19,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from controller.fabric import Fabric, FabricShape
+from contract.documents import EventDoc
 from controller.jobs import Job, JobRegistry
 from controller.live import LiveController, default_brain
 from controller.remediation.runtime import RemediationRuntime, action_event
-from controller.snapshot import MeshEvent
 from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter
+from mesh.fabric import Fabric, FabricShape
 from testbed.scenario import Fault, FaultKind, Scenario, load_scenario
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
@@ -86,12 +86,12 @@ class DemoRunner:
         )
         self.step_s = step_s
         self.t_s = 0.0
-        self.events: list[MeshEvent] = []
+        self.events: list[EventDoc] = []
         self._alive: set[str] = set()
         self._gpu_bad: frozenset[str] = frozenset()
         self.timeseries: TimeseriesRecorder | None = None
         # called after every step with its new events (the demo's API publishes from here)
-        self.on_step: list[Callable[[list[MeshEvent]], None]] = []
+        self.on_step: list[Callable[[list[EventDoc]], None]] = []
         now = self.now_ns
         for h in self.fabric.hosts:
             self.controller.gpu(h.id, True, "", now)
@@ -106,7 +106,7 @@ class DemoRunner:
         """Controller time: the simulator's NIC-clock epoch plus simulated time."""
         return EPOCH_NS + round(self.t_s * 1e9)
 
-    def step(self) -> list[MeshEvent]:
+    def step(self) -> list[EventDoc]:
         """Advance one step: simulate, ingest, report presence and GPU changes, tick.
 
         Returns the controller's new events.

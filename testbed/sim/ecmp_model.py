@@ -2,7 +2,7 @@
 
 Real switches hash with their own functions and seeds. For a fraction ``ecmp_mismatch`` of
 flows (pair, source port) the real path differs from the controller's hash model
-(`controller.fabric.ecmp.flow_paths`): the simulator routes them with a salted hash. The
+(`mesh.fabric.ecmp.flow_paths`): the simulator routes them with a salted hash. The
 controller discovers a fraction ``discovered`` of those (TTL probes); for the rest it keeps the
 model's path, which is then wrong.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric
-from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
+from mesh.fabric import Fabric
+from mesh.fabric.ecmp import ROCEV2_PORT, flow_paths
 from testbed.sim.model import ModelKnobs
 
 I32 = npt.NDArray[np.int32]

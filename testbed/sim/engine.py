@@ -44,9 +44,9 @@ import numpy as np
 import numpy.typing as npt
 
 from contract.records import MISSING, ProbeBatch
-from controller.fabric import Fabric, NodeKind, hop_id
-from controller.fabric.ecmp import ROCEV2_PORT, flow_paths
-from controller.fabric.model import hop_links
+from mesh.fabric import Fabric, NodeKind, hop_id
+from mesh.fabric.ecmp import ROCEV2_PORT, flow_paths
+from mesh.fabric.model import hop_links
 from testbed.scenario import Fault, FaultKind, validate_targets
 from testbed.sim.asymmetry import hop_base_ns, nic_txrx_ns, pair_asymmetry_ns
 from testbed.sim.clock_model import ClockWander

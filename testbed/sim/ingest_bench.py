@@ -35,8 +35,8 @@ import numpy.typing as npt
 from contract.records import ProbeBatch, decode_batch, merge_batches
 from controller.clocksync import Delays
 from controller.coalesce import CoalesceConfig, ProbeQueue, plan_groups
-from controller.fabric import FabricShape, build_fabric
 from controller.live import LiveConfig, LiveController
+from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.engine import EPOCH_NS, SimConfig
 from testbed.sim.ingest_traffic import host_batches, traffic
 from testbed.sim.model import ModelKnobs

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contract.records import COLUMNS, MAX_RECORDS, MISSING, ProbeBatch, encode_batch
-from controller.fabric import Fabric
+from mesh.fabric import Fabric
 from testbed.sim.engine import SimConfig, Simulator
 
 F64 = npt.NDArray[np.float64]

@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from contract.documents import EventDoc
 from controller.brain import Brain, BrainConfig
 from controller.detect.paths import alias_groups
-from controller.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
 from controller.live import LiveController
 from controller.observations import Observations
-from controller.snapshot import Health, MeshEvent
 from controller.voting import VotingBaseline
+from mesh.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
+from mesh.snapshot import Health
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
 from testbed.scoring import cause_ok, prf
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimStep, Simulator
@@ -91,7 +92,7 @@ class _Tee:
     def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
         self.brain.nic_links(host, up, now_ns)
 
-    def tick(self, now_ns: int) -> list[MeshEvent]:
+    def tick(self, now_ns: int) -> list[EventDoc]:
         return self.brain.tick(now_ns)
 
     def link_health(self) -> dict[str, Health]:
@@ -348,7 +349,7 @@ def reroute_targets(
 
     The realistic model moves a down link's utilisation onto its siblings, so their queues
     are real. A contention alert there that names the down link as what it follows from
-    (`MeshEvent.related`) reports that, and is neither a hit nor false; so is a voting alert
+    (`EventDoc.related`) reports that, and is neither a hit nor false; so is a voting alert
     on such a sibling, which names no cause (the same allowance for both)."""
     spans = [
         (f.start_s, f.end_s + GRACE_S, fabric.link_index[f.target])

@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contract.records import ProbeBatch
-from controller.fabric import Fabric, FabricShape, build_fabric
+from mesh.fabric import Fabric, FabricShape, build_fabric
 from sync import anchor_tree, ntp_offsets, solve_network
 from sync.excess import queueing_bound, receive_luck
 from sync.summarysolve import sync_summary

@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric.model import (
+from mesh.fabric.model import (
     SWITCH_TIER,
     Fabric,
     FabricError,

@@ -5,9 +5,9 @@
 (source NIC, destination NIC, UDP source port) takes through a deterministic hash model.
 """
 
-from controller.fabric.build import FabricShape, build_fabric
-from controller.fabric.ecmp import ecmp_hash, flow_path, flow_paths
-from controller.fabric.model import (
+from mesh.fabric.build import FabricShape, build_fabric
+from mesh.fabric.ecmp import ecmp_hash, flow_path, flow_paths
+from mesh.fabric.model import (
     Fabric,
     FabricError,
     Link,

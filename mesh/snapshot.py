@@ -18,7 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from controller.fabric import Fabric
+from contract.documents import EventDoc
+from mesh.fabric import Fabric
 
 
 class Health(enum.StrEnum):
@@ -40,29 +41,6 @@ SEVERITY: Mapping[Health, int] = {
     Health.FLAPPING: 4,
     Health.DOWN: 5,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class MeshEvent:
-    """A finding: ``kind`` (link_flap, contention, nic_down, prober_down, gpu_fault, loss,
-    remediation, clear, ...), ``target`` (a link, NIC or host id), time in ns of the
-    controller's clock, free-form ``detail``, and the affected queue pairs if any.
-    ``related``: the id of what this finding follows from, if it follows from another (the
-    down link whose flows ECMP moved onto a contended sibling link); "" if it stands alone."""
-
-    t_ns: int
-    kind: str
-    target: str
-    detail: str = ""
-    severity: str = "warning"
-    flows: tuple[tuple[str, str, int], ...] = ()
-    related: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.kind or not self.target:
-            raise ValueError("event needs a kind and a target")
-        if self.severity not in ("info", "warning", "critical"):
-            raise ValueError(f"bad severity {self.severity!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +181,7 @@ class MeshSnapshot:
     link_health: Mapping[str, Health] = field(default_factory=dict)
     flap_counts: Mapping[str, int] = field(default_factory=dict)
     path_owd: Mapping[tuple[int, int], Mapping[str, float]] = field(default_factory=dict)
-    events: tuple[MeshEvent, ...] = ()
+    events: tuple[EventDoc, ...] = ()
     gpu: Mapping[str, GpuHealth] = field(default_factory=dict)
     throughput_bps: float | None = None
     control_enabled: bool | None = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from controller.fabric.model import Fabric, FabricError, Link, Nic, Node, NodeKind
+from mesh.fabric.model import Fabric, FabricError, Link, Nic, Node, NodeKind
 
 MAX_NICS_PER_LEAF = 250
 
