@@ -260,7 +260,7 @@ def fabric_from_doc(doc: object) -> Fabric:
     """Return the fabric of snapshot document ``doc``: its NICs (dense indices in document
     order), their hosts and leaves, the links whose ends are known and the switches above.
     Raises `DocumentError` on a malformed document or ids the fabric model refuses."""
-    nic_rows, link_rows_ = fabric_key(doc)
+    nic_rows, link_list = fabric_key(doc)
     try:
         nics = tuple(Nic(i_, k, h, leaf, a, g) for k, (i_, h, leaf, g, a) in enumerate(nic_rows))
         tier: dict[str, NodeKind] = {n.leaf: NodeKind.LEAF for n in nics}
@@ -268,7 +268,7 @@ def fabric_from_doc(doc: object) -> Fabric:
         changed = True
         while changed:  # climb: the upper end of a leaf link is a spine, and so on
             changed = False
-            for _, lower, upper in link_rows_:
+            for _, lower, upper in link_list:
                 below = tier.get(lower)
                 if below in up and upper not in tier:
                     tier[upper] = up[below]
@@ -280,7 +280,7 @@ def fabric_from_doc(doc: object) -> Fabric:
             nodes.append(Node(sid, kind, count.get(kind, 0)))
             count[kind] = count.get(kind, 0) + 1
         known = {n.id for n in nics} | set(tier)
-        kept = [(i_, lo, hi) for i_, lo, hi in link_rows_ if lo in known and hi in known]
+        kept = [(i_, lo, hi) for i_, lo, hi in link_list if lo in known and hi in known]
         links = tuple(Link(i_, k, lo, hi, 1.0, 0.0) for k, (i_, lo, hi) in enumerate(kept))
         return Fabric(tuple(nodes), nics, links)
     except FabricError as exc:
