@@ -41,14 +41,6 @@ class Job:
         """Return the NIC ids of every rank."""
         return frozenset(n for r in self.ranks for n in r)
 
-    def to_dict(self) -> dict[str, object]:
-        """Return the job as JSON-ready values."""
-        return {
-            "id": self.id,
-            "tenant": self.tenant,
-            "ranks": [{"rank": i, "nics": list(r)} for i, r in enumerate(self.ranks)],
-        }
-
 
 class JobRegistry:
     """The running jobs, by id (thread-safe)."""
@@ -105,7 +97,7 @@ class JobRegistry:
 
 def screen_jobs(jobs: tuple[Job, ...]) -> tuple[dict[str, object], ...]:
     """Return ``jobs`` as the mesh screen's entries: ``{"name": id, "tenant", "nics": NIC ids
-    in rank order}`` (the shape `tui.apimodel.jobs_from_doc` makes of the API's ``/jobs``)."""
+    in rank order}`` (the shape `mesh.documents.jobs_from_doc` makes of the API's ``/jobs``)."""
     return tuple(
         {"name": j.id, "tenant": j.tenant, "nics": [n for r in j.ranks for n in r]} for j in jobs
     )

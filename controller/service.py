@@ -73,8 +73,8 @@ async def _ticker(
         for topic, payload in actions:  # the actions first: a job waits on them
             await asyncio.wait_for(client.publish(topic, payload, qos=1), REQUEST_TIMEOUT_S)
         for ev in new:
-            if ev.kind != "remediation":
-                log(now, "event", kind=ev.kind, target=ev.target, detail=ev.detail)
+            if ev.kind != "remediation":  # the line is the event's JSON plus "msg"
+                log(ev.t_ns, "event", **{k: v for k, v in ev.to_json().items() if k != "t_ns"})
             await asyncio.wait_for(
                 client.publish(topics.events(ev.kind), ev.encode(), qos=1),
                 REQUEST_TIMEOUT_S,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from contract.actionsig import ActionAuthError, ActionSigner, public_from_private, verify_action
+from contract.documents import EventDoc
 from contract.keys import (
     ED25519_PRIVATE,
     ED25519_PUBLIC,
@@ -144,7 +145,7 @@ def test_remediator_publishes_signed_actions_and_plain_ones_without_a_signer() -
 
     for signer in (ActionSigner(private()), None):
         rem = Remediator(PolicyConfig(), P, sign=signer.sign if signer else None)
-        rem.observe(_Finding(NOW, "nic_down", "nic3"))
+        rem.observe(EventDoc(NOW, "nic_down", "nic3", "test"))
         sent: list[tuple[str, bytes]] = []
 
         def publish(t: str, p: bytes, out: list[tuple[str, bytes]] = sent) -> None:
@@ -158,12 +159,6 @@ def test_remediator_publishes_signed_actions_and_plain_ones_without_a_signer() -
             assert doc.kind == "move_off_nic" and doc.nic == "nic3"
         else:
             assert "sig" not in json.loads(payload)
-
-
-class _Finding:
-    def __init__(self, t_ns: int, kind: str, target: str) -> None:
-        self.t_ns, self.kind, self.target, self.detail = t_ns, kind, target, "test"
-        self.flows: tuple[tuple[str, str, int], ...] = ()
 
 
 # ---- the controller's key file -----------------------------------------------------------------

@@ -4,8 +4,9 @@
 the websocket (``/api/v1/ws``), reads ``/version``, ``/snapshot``, ``/events`` and ``/jobs``,
 then follows the websocket's snapshots and events; every ``refresh_s`` (and at once when the
 screen focuses another NIC) it reads that NIC's row and column of the delay matrix
-(``/delays?nic=N``) and the jobs. The documents become `MeshSnapshot` values in
-`tui.apimodel` (pure); the screen reads the latest one with `snapshot()`, never waiting.
+(``/delays?nic=N``) and the jobs. The documents become `MeshSnapshot` values through
+`mesh.documents` (pure: the decoders beside the encoders the API writes them with); the screen
+reads the latest one with `snapshot()`, never waiting.
 
 When the controller goes away the source keeps the last snapshot, says so in `connection()`
 ("disconnected, retrying") and reconnects with exponential backoff; when it is back it reads
@@ -36,22 +37,21 @@ import numpy as np
 import numpy.typing as npt
 
 from contract.documents import EventDoc
-from mesh.fabric import Fabric
-from mesh.snapshot import ControlUnavailable, MeshSnapshot
-from mqttlink.reconnect import Backoff
-from tui.apimodel import (
-    ApiDocError,
-    Delays,
+from contract.jsondoc import DocumentError
+from mesh.documents import (
+    DelayPairs,
     FabricKey,
-    HistoryRing,
-    build_snapshot,
     delays_from_doc,
     event_from_doc,
     fabric_from_doc,
     fabric_key,
     jobs_from_doc,
-    merge_events,
+    snapshot_from_doc,
 )
+from mesh.fabric import Fabric
+from mesh.snapshot import ControlUnavailable, MeshSnapshot
+from mqttlink.reconnect import Backoff
+from tui.apimodel import HistoryRing, merge_events
 from tui.panes import Connection
 
 F64 = npt.NDArray[np.float64]
@@ -140,7 +140,7 @@ class ApiSource:
         self._snap: MeshSnapshot | None = None
         self._events: tuple[tuple[int, EventDoc], ...] = ()
         self._jobs: tuple[Mapping[str, object], ...] | None = None
-        self._delays = Delays.empty()
+        self._delays = DelayPairs.empty()
         self._hist = HistoryRing(0)
         self._focus: str | None = None
         self._instance: str | None = None
@@ -217,7 +217,7 @@ class ApiSource:
             fab = self._fabric
             ok = fab is not None and nic is not None and 0 <= nic < len(fab.nics)
             self._focus = fab.nics[nic].id if ok and fab is not None and nic is not None else None
-            self._delays = Delays.empty()
+            self._delays = DelayPairs.empty()
         if self._wake is not None:
             self._loop.call_soon_threadsafe(self._wake.set)
 
@@ -233,7 +233,7 @@ class ApiSource:
                 try:
                     await self._session(http, backoff.reset)
                     reason = "the controller closed the connection"
-                except (aiohttp.ClientError, OSError, TimeoutError, ApiDocError, _HttpError,
+                except (aiohttp.ClientError, OSError, TimeoutError, DocumentError, _HttpError,
                         ValueError) as exc:  # fmt: skip
                     reason = _one_line(exc)
                     if not self._ready.is_set():
@@ -325,7 +325,9 @@ class ApiSource:
             with self._lock:
                 if nic == self._focus and self._fabric is not None:
                     self._delays = (
-                        Delays.empty() if delays is None else delays_from_doc(delays, self._fabric)
+                        DelayPairs.empty()
+                        if delays is None
+                        else delays_from_doc(delays, self._fabric)
                     )
                 self._jobs = jobs
                 if self._doc is not None:
@@ -334,17 +336,17 @@ class ApiSource:
                 await asyncio.wait_for(self._wake.wait(), self.refresh_s)
 
     def _install(self, doc: Any, *, history: bool = True) -> None:
-        """Make ``doc`` the current snapshot (caller holds the lock). Raises `ApiDocError`."""
+        """Make ``doc`` the current snapshot (caller holds the lock). Raises `DocumentError`."""
         if not isinstance(doc, dict):
-            raise ApiDocError("snapshot: not an object")
+            raise DocumentError("snapshot: not an object")
         key = fabric_key(doc)
         if key != self._fkey or self._fabric is None:
             self._fabric = fabric_from_doc(doc)
             self._fkey = key
             self._hist = HistoryRing(len(self._fabric.nics))
-            self._delays = Delays.empty()
-        snap = build_snapshot(doc, self._fabric, events=self._events, jobs=self._jobs,
-                              delays=self._delays)  # fmt: skip
+            self._delays = DelayPairs.empty()
+        snap = snapshot_from_doc(doc, self._fabric, events=self._events, jobs=self._jobs,
+                                 delays=self._delays)  # fmt: skip
         if history:
             self._hist.add(snap.t_ns, snap.worst_in_ns, snap.worst_out_ns)
             self._last_data_s = self.clock()
@@ -370,12 +372,12 @@ class ApiSource:
 
 def _events(doc: Any) -> list[tuple[int, EventDoc]]:
     if not isinstance(doc, dict) or not isinstance(doc.get("events"), list):
-        raise ApiDocError("events: missing 'events'")
+        raise DocumentError("events: missing 'events'")
     out = []
     for e in doc["events"]:
         try:
             out.append(event_from_doc(e))
-        except ApiDocError:
+        except DocumentError:
             continue  # one odd event does not hide the others
     return out
 
@@ -392,7 +394,7 @@ async def _json_or_raise(r: aiohttp.ClientResponse) -> Any:
     try:
         return await r.json(content_type=None)
     except ValueError:
-        raise ApiDocError(f"{r.url.path}: the answer is not JSON") from None
+        raise DocumentError(f"{r.url.path}: the answer is not JSON") from None
 
 
 def _first_error(base: str, exc: BaseException) -> BaseException:

@@ -40,11 +40,10 @@ from controller.api.views import (
     Scope,
     clocks_view,
     delays_view,
-    event_doc,
+    event_view,
     events_view,
     jobs_view,
     links_view,
-    nic_doc,
     nic_index,
     parse_event_query,
     snapshot_view,
@@ -54,6 +53,7 @@ from controller.control import Control, ControlChange
 from controller.jobs import Job, JobError, JobRegistry
 from controller.remediation.alerts import WebhookError
 from controller.remediation.audit import ActionQuery, ActionQueryError, parse_action_query
+from mesh.documents import job_doc, nic_doc
 from mesh.snapshot import MeshSnapshot
 
 log = logging.getLogger(__name__)
@@ -448,7 +448,7 @@ async def _jobs_post(request: web.Request) -> web.Response:
         await st.commands.register_job(job)
     except JobError as exc:
         return _error(409, str(exc))
-    return web.json_response(job.to_dict(), status=201)
+    return web.json_response(job_doc(job.id, job.tenant, job.ranks), status=201)
 
 
 async def _jobs_delete(request: web.Request) -> web.Response:
@@ -461,7 +461,7 @@ async def _jobs_delete(request: web.Request) -> web.Response:
         raise NotFound(f"no job {job_id!r}")
     with contextlib.suppress(JobError):  # gone meanwhile: the same answer
         await st.commands.unregister_job(job_id)
-    return web.json_response(job.to_dict())
+    return web.json_response(job_doc(job.id, job.tenant, job.ranks))
 
 
 async def _actions(request: web.Request) -> web.Response:
@@ -585,7 +585,7 @@ async def _ws_send(request: web.Request, ws: web.WebSocketResponse, sub: Subscri
         for seq, ev in sub.drain():
             if scope.target_visible(snap.fabric, ev.target):
                 await ws.send_json(
-                    {"type": "event", "data": event_doc(ev, snap.fabric, scope, seq)}
+                    {"type": "event", "data": event_view(ev, snap.fabric, scope, seq)}
                 )
                 st.stats.ws_sent += 1
         if sub.snap_dirty and snapshot_wait(last, st.clock(), st.options.ws_min_interval_s) == 0:

@@ -1,5 +1,7 @@
-"""The API's documents, as pure functions: a `MeshSnapshot` (and a `Scope`) in, JSON-ready
-dicts out. NaN (unknown) becomes null. Nothing here reads a clock or does I/O.
+"""The API's views, as pure functions: a `MeshSnapshot` (and a `Scope`) in, JSON-ready
+dicts out. The documents themselves are written by `mesh.documents` (where the TUI's client
+reads them back with the decoders beside the encoders); a view narrows them to the caller's
+scope. Nothing here reads a clock or does I/O.
 
 A `Scope` is what a principal may see: the whole fleet (``Scope.fleet()``) or a tenant's NICs,
 the hosts they sit on and the links on the paths between them (`tenant_scope`). Views raise
@@ -9,17 +11,16 @@ cannot learn whether another tenant's NIC exists) and `BadQuery` for a malformed
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from contract.documents import EventDoc
+from contract.documents import SEVERITIES, EventDoc
 from controller.jobs import Job
 from controller.query import int_param
+from mesh.documents import clocks_doc, delays_doc, event_doc, job_doc, link_rows, snapshot_doc
 from mesh.fabric import Fabric
 from mesh.snapshot import MeshSnapshot
 
-SEVERITIES = ("info", "warning", "critical")
 MAX_EVENTS = 1000
 
 
@@ -94,10 +95,6 @@ def tenant_scope(fabric: Fabric, nic_ids: Iterable[str]) -> Scope:
     return Scope(idx, hosts, frozenset(links))
 
 
-def _num(v: float) -> float | None:
-    return float(v) if math.isfinite(v) else None
-
-
 def nic_index(snap: MeshSnapshot, scope: Scope, nic: str) -> int:
     """Return the index of NIC id ``nic``; raise `NotFound` if unknown or out of scope."""
     i = snap.fabric.nic_index.get(nic)
@@ -106,122 +103,28 @@ def nic_index(snap: MeshSnapshot, scope: Scope, nic: str) -> int:
     return i
 
 
-def nic_doc(snap: MeshSnapshot, i: int) -> dict[str, object]:
-    """Return NIC ``i``'s document: ids, state, worst in/out delay, its clock and its host's
-    GPU health (null until the host's prober reported it)."""
-    n = snap.fabric.nics[i]
-    return {
-        "id": n.id,
-        "index": n.index,
-        "host": n.host,
-        "leaf": n.leaf,
-        "group": n.group,
-        "address": n.address,
-        "state": str(snap.nic_health[i]),
-        "worst_in_ns": _num(snap.worst_in_ns[i]),
-        "worst_out_ns": _num(snap.worst_out_ns[i]),
-        "clock_offset_ns": _num(snap.clock_offset_ns[i]),
-        "clock_uncertainty_ns": _num(snap.clock_uncertainty_ns[i]),
-        "gpu": _gpu_doc(snap, n.host),
-    }
-
-
-def _gpu_doc(snap: MeshSnapshot, host: str) -> dict[str, object] | None:
-    g = snap.gpu.get(host)
-    return None if g is None else {"present": g.present, "ok": g.ok, "detail": g.detail}
-
-
-def _visible_nics(snap: MeshSnapshot, scope: Scope) -> list[int]:
-    n = len(snap.fabric.nics)
-    return [i for i in range(n) if scope.nic_visible(i)]
-
-
 def links_view(snap: MeshSnapshot, scope: Scope) -> list[dict[str, object]]:
     """Return the visible links with state (``unknown`` if not judged) and flap count."""
-    out: list[dict[str, object]] = []
-    for lk in snap.fabric.links:
-        if not scope.link_visible(lk.id):
-            continue
-        h = snap.link_health.get(lk.id)
-        out.append({
-            "id": lk.id,
-            "lower": lk.lower,
-            "upper": lk.upper,
-            "state": str(h) if h is not None else "unknown",
-            "flaps": int(snap.flap_counts.get(lk.id, 0)),
-        })  # fmt: skip
-    return out
+    return link_rows(snap, scope.links)
 
 
 def snapshot_view(
     snap: MeshSnapshot, scope: Scope, *, control: bool | None, jobs: int | None
 ) -> dict[str, object]:
-    """Return the mesh snapshot: NICs, hosts, ECMP groups, links, counts, throughput,
-    Control and the number of running jobs (null when unavailable)."""
-    fab = snap.fabric
-    vis = _visible_nics(snap, scope)
-    vset = set(vis)
-    hosts: dict[str, list[str]] = {}
-    for i in vis:
-        hosts.setdefault(fab.nics[i].host, []).append(fab.nics[i].id)
-    groups = [
-        {"id": g, "nics": [fab.nics[i].id for i in members if i in vset]}
-        for g, members in fab.groups.items()
-        if any(i in vset for i in members)
-    ]
-    nics = [nic_doc(snap, i) for i in vis]
-    return {
-        "t_ns": int(snap.t_ns),
-        "scope": "fleet" if scope.is_fleet else "tenant",
-        "nic_count": len(nics),
-        "healthy_nics": sum(1 for d in nics if d["state"] == "up"),
-        "nics": nics,
-        "hosts": [{"id": h, "nics": v} for h, v in hosts.items()],
-        "groups": groups,
-        "links": links_view(snap, scope),
-        "throughput_bps": None if snap.throughput_bps is None else float(snap.throughput_bps),
-        "control_enabled": control,
-        "running_jobs": jobs,
-    }
+    """Return the mesh snapshot of what ``scope`` sees (`mesh.documents.snapshot_doc`)."""
+    return snapshot_doc(snap, nics=scope.nics, links=scope.links, control=control, jobs=jobs)
 
 
 def delays_view(snap: MeshSnapshot, scope: Scope, nic: str | None) -> dict[str, object]:
-    """Return the one-way delay matrix as pairs (src, dst, worst owd, per-spine owd): all
-    visible pairs, or with ``nic`` its row (as source) and column (as destination).
-    Raises `NotFound` for an unknown or hidden NIC."""
-    fab = snap.fabric
-    only = None if nic is None else nic_index(snap, scope, nic)
-    pairs: list[dict[str, object]] = []
-    for s, d, v in zip(snap.owd_src.tolist(), snap.owd_dst.tolist(), snap.owd_ns.tolist(),
-                       strict=True):  # fmt: skip
-        if not (scope.nic_visible(s) and scope.nic_visible(d)):
-            continue
-        if only is not None and only not in (s, d):
-            continue
-        per = snap.path_owd.get((s, d), {})
-        pairs.append({
-            "src": fab.nics[s].id,
-            "dst": fab.nics[d].id,
-            "owd_ns": _num(v),
-            "paths": [{"via": k, "owd_ns": _num(x)} for k, x in sorted(per.items())],
-        })  # fmt: skip
-    return {"t_ns": int(snap.t_ns), "nic": nic, "pairs": pairs}
+    """Return the one-way delay pairs between visible NICs, or with ``nic`` its row and
+    column (`mesh.documents.delays_doc`). Raises `NotFound` for an unknown or hidden NIC."""
+    focus = None if nic is None else nic_index(snap, scope, nic)
+    return delays_doc(snap, nics=scope.nics, focus=focus)
 
 
 def clocks_view(snap: MeshSnapshot, scope: Scope) -> dict[str, object]:
     """Return each visible NIC's clock offset and its uncertainty (ns; null if unknown)."""
-    fab = snap.fabric
-    return {
-        "t_ns": int(snap.t_ns),
-        "clocks": [
-            {
-                "nic": fab.nics[i].id,
-                "offset_ns": _num(snap.clock_offset_ns[i]),
-                "uncertainty_ns": _num(snap.clock_uncertainty_ns[i]),
-            }
-            for i in _visible_nics(snap, scope)
-        ],
-    }
+    return clocks_doc(snap, scope.nics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,18 +164,18 @@ def parse_event_query(q: Mapping[str, str]) -> EventQuery:
     return EventQuery(since, until, q.get("kind"), q.get("target"), sev, limit or 200)
 
 
-def event_doc(ev: EventDoc, fabric: Fabric, scope: Scope, seq: int) -> dict[str, object]:
-    """Return one event (its affected queue pairs limited to the scope's NICs)."""
-    idx = fabric.nic_index
-    flows = [
-        {"src": s, "dst": d, "sport": p}
-        for s, d, p in ev.flows
-        if scope.is_fleet
-        or (scope.nic_visible(idx.get(s, -1)) and scope.nic_visible(idx.get(d, -1)))
-    ]
-    return {"seq": seq, "t_ns": ev.t_ns, "kind": ev.kind, "target": ev.target,
-            "severity": ev.severity, "detail": ev.detail, "flows": flows,
-            "related": ev.related}  # fmt: skip
+def event_view(ev: EventDoc, fabric: Fabric, scope: Scope, seq: int) -> dict[str, object]:
+    """Return one event's document (`mesh.documents.event_doc`), its affected queue pairs
+    limited to the scope's NICs."""
+    if not scope.is_fleet:
+        idx = fabric.nic_index
+        flows = tuple(
+            f for f in ev.flows
+            if scope.nic_visible(idx.get(f[0], -1)) and scope.nic_visible(idx.get(f[1], -1))
+        )  # fmt: skip
+        if flows != ev.flows:
+            ev = replace(ev, flows=flows)
+    return event_doc(seq, ev)
 
 
 def event_matches(ev: EventDoc, q: EventQuery) -> bool:
@@ -298,7 +201,7 @@ def events_view(
     ]
     cut = len(hits) > q.limit
     hits = hits[-q.limit :]
-    return {"events": [event_doc(ev, fabric, scope, s) for s, ev in hits], "truncated": cut}
+    return {"events": [event_view(ev, fabric, scope, s) for s, ev in hits], "truncated": cut}
 
 
 def jobs_view(
@@ -309,7 +212,7 @@ def jobs_view(
     before its first report)."""
     out = []
     for j in jobs:
-        doc = j.to_dict()
+        doc = job_doc(j.id, j.tenant, j.ranks)
         if status is not None:
             st = status(j.id)
             doc["perf"] = dict(st) if st is not None else None
