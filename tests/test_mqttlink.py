@@ -98,7 +98,7 @@ def test_run_service_resets_its_backoff_after_a_good_connection(
     )
     out = io.StringIO()
     asyncio.run(
-        service.run_service("127.0.0.1", 1, cfg, Topics(), log=JsonLog(out),
+        service.run_service(service.Broker("127.0.0.1", 1, Topics()), cfg, log=JsonLog(out),
                             max_attempts=6)
     )  # fmt: skip
     retries = [line for line in out.getvalue().splitlines() if "broker error" in line]

@@ -361,7 +361,7 @@ async def test_controller_service_writes_a_flap_and_serves_metrics(
     from contract.topics import Topics
     from controller.config import load_config
     from controller.dispatch import JsonLog, nic_hosts
-    from controller.service import run_service
+    from controller.service import Broker, run_service
     from mesh.fabric import FabricShape, build_fabric
     from testbed.scenario import Fault, FaultKind
     from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
@@ -392,7 +392,7 @@ async def test_controller_service_writes_a_flap_and_serves_metrics(
     log_path = tmp_path / "log.jsonl"
     with log_path.open("w") as log_file:
         svc = asyncio.create_task(
-            run_service(host, port, config, topics, log=JsonLog(log_file), clock=clock)
+            run_service(Broker(host, port, topics), config, log=JsonLog(log_file), clock=clock)
         )
         try:
             for _ in range(400):
