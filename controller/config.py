@@ -71,8 +71,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     docs/recovery.md, docs/security.md), ``[mqtt]`` (TLS and credentials: ``tls``,
     ``ca_file``, ``cert_file``, ``key_file``, ``username``, ``password_file``;
     `mqttlink.settings.read_security`; the broker's address is the command's ``--broker``).
-    Each table is read by the module of what it configures, through `contract.tomlcheck`:
-    types are strict (``use_uncoded = "false"`` is an error, not True), relative file names
+    The service's own tables are read here, the others beside what they configure, all
+    through `contract.tomlcheck`: types are strict (``use_uncoded = "false"`` is an error, not True), relative file names
     are taken from ``base_dir`` (default: the file's folder). Raises `ConfigError` (one line
     naming the file and the key) on anything invalid.
     """
