@@ -20,7 +20,7 @@ from contract.topics import TopicError, Topics
 from controller.config import ConfigError, ServiceConfig, load_config
 from controller.dispatch import JsonLog, handle_message, nic_hosts
 from controller.live import LiveConfig, LiveController
-from controller.service import run_service
+from controller.service import Broker, run_service
 from controller.service_cli import parse_broker
 from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
@@ -153,7 +153,11 @@ async def test_service_end_to_end(mosquitto: tuple[str, int], tmp_path: Path) ->
     config = ServiceConfig(fabric=fab, tick_s=0.1)
     svc = asyncio.create_task(
         run_service(
-            host, port, config, topics, share="ctl", log=JsonLog(log_file), live=live, clock=clock
+            Broker(host, port, topics, share="ctl"),
+            config,
+            log=JsonLog(log_file),
+            live=live,
+            clock=clock,
         )
     )
     prober = subprocess.Popen(
@@ -224,7 +228,7 @@ async def test_service_backs_off_and_retries_when_broker_unreachable(tmp_path: P
     with log_path.open("w") as f:
         live = await asyncio.wait_for(
             run_service(
-                "127.0.0.1", port, ServiceConfig(fabric=fab, backoff_s=(0.01, 0.02)), Topics(),
+                Broker("127.0.0.1", port), ServiceConfig(fabric=fab, backoff_s=(0.01, 0.02)),
                 log=JsonLog(f), live=LiveController(fab), max_attempts=3,
             ),
             30,
@@ -290,7 +294,7 @@ async def test_model_paths_off_leaves_undiscovered_flows_unknown(tmp_path: Path)
                          model_paths=False)  # fmt: skip
     with (tmp_path / "log.jsonl").open("w") as f:
         live = await asyncio.wait_for(
-            run_service("127.0.0.1", port, conf, Topics(), log=JsonLog(f), max_attempts=1), 30
+            run_service(Broker("127.0.0.1", port), conf, log=JsonLog(f), max_attempts=1), 30
         )
     t = Topics()
     doc = [{"src": "nic0", "dst": "nic2", "sport": 50000, "reached": True,
@@ -309,9 +313,10 @@ def test_a_failing_clock_solve_is_logged_and_counted_never_fatal() -> None:
 
     from controller.dispatch import JsonLog
     from controller.live import LiveController
-    from controller.service import _solver
+    from controller.service import Wiring, _solver
 
-    live = LiveController(build_fabric(FabricShape(leaves=1, hosts_per_leaf=2, spines=1)))
+    fab = build_fabric(FabricShape(leaves=1, hosts_per_leaf=2, spines=1))
+    live = LiveController(fab)
     installed: list[object] = []
 
     def boom() -> None:
@@ -323,7 +328,9 @@ def test_a_failing_clock_solve_is_logged_and_counted_never_fatal() -> None:
     out = io.StringIO()
 
     async def main() -> bool:
-        task = asyncio.create_task(_solver(live, 0.001, lambda: 5, JsonLog(out), counters))
+        w = Wiring(Broker("127.0.0.1", 1), ServiceConfig(fab, tick_s=0.001), live, lambda: 5,
+                   JsonLog(out), counters)  # fmt: skip
+        task = asyncio.create_task(_solver(w))
         for _ in range(5000):  # until three solves failed (bounded: no wall-clock assertion)
             if counters.get("solve_failed", 0) >= 3:
                 break
