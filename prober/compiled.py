@@ -87,6 +87,13 @@ DEFAULT_HOLD_NS = 250_000_000
 """How long a responder holds a deferred t3 for a REPLY to carry (see `prober.wire`)."""
 
 
+def _earliest(a: int | None, b: int | None) -> int | None:
+    """Return the earlier of two optional times (None: nothing due)."""
+    if a is None:
+        return b
+    return a if b is None or a < b else b
+
+
 def available() -> bool:
     """Return True when the C extension `prober._fastpath` is importable (it was built)."""
     return _fastpath is not None
@@ -301,9 +308,7 @@ class CompiledSession:
 
     def next_send_ns(self) -> int | None:
         """Return when the next datagram is due (0: something is waiting now), or None."""
-        times = [t for t in (self.python.next_send_ns(), self.engine.next_send_ns())
-                 if t is not None]  # fmt: skip
-        return min(times) if times else None
+        return _earliest(self.python.next_send_ns(), self.engine.next_send_ns())
 
     def next_timeout_ns(self) -> int | None:
         """Return the earliest time `poll` has work: a probe timeout still to report or the
@@ -311,14 +316,12 @@ class CompiledSession:
         None when there is neither. An endpoint's own timer (`BatchUdpEndpoint.run`, used
         without `prober.drive.CompiledDriver`) thus flushes held t3s on time, not on its 1 s
         idle wake-up, after a short initiator timeout."""
-        times = [t for t in (self.engine.next_timeout_ns(), self.engine.next_flush_ns(),
-                             self.python.next_timeout_ns()) if t is not None]  # fmt: skip
-        return min(times) if times else None
+        engine = _earliest(self.engine.next_timeout_ns(), self.engine.next_flush_ns())
+        return _earliest(engine, self.python.next_timeout_ns())
 
     def next_deadline_ns(self) -> int | None:
         """Return the earliest time something is due (a queued probe or a timeout), or None."""
-        times = [t for t in (self.next_send_ns(), self.next_timeout_ns()) if t is not None]
-        return min(times) if times else None
+        return _earliest(self.next_send_ns(), self.next_timeout_ns())
 
     # ---- datagrams, stamps, results -------------------------------------------------------------
 
