@@ -98,7 +98,7 @@ def test_kubernetes_manifests_pass_the_schemas(version: str) -> None:
         "Namespace/qpmesh", "Service/qpmesh-broker", "Service/qpmesh-controller",
         "Service/qpmesh-victoria-metrics", "StatefulSet/qpmesh-victoria-metrics",
     ]  # fmt: skip
-    for name, doc in docs:
+    for _, doc in docs:
         kv.validate(doc, version, strict=True)  # raises ValidationError naming the field
     # the check bites: a misspelt field and a wrong type are refused
     ds = next(d for _, d in docs if d["kind"] == "DaemonSet")
