@@ -22,11 +22,10 @@ from mesh.fabric import Fabric, FabricShape, NodeKind
 from mesh.fabric.learn import learn_fabric
 from mesh.fabric.plancheck import check_plan
 from prober.discover.lldp import read_lldp
-from testbed.netns.apply import lldp_dir
 from testbed.netns.lifecycle import up
-from testbed.netns.lldp import lldp_socket, lldpd_available
+from testbed.netns.lldp import lldp_dir, lldp_socket, lldpd_available
 from testbed.netns.plan import Plan
-from testbed.netns.state import alive, load_state
+from testbed.netns.state import alive, load_state, state_dir
 from testbed.netns.teardown import tear_down
 from testbed.netns.trace import trace
 
@@ -82,6 +81,8 @@ def test_lldpd_runs_in_every_namespace_by_pid(bed: tuple[Fabric, Plan]) -> None:
              if p["role"].startswith("lldpd:")]  # fmt: skip
     assert sorted(p["role"] for p in procs) == sorted(f"lldpd:{n.id}" for n in fabric.nodes)
     assert all(alive(p) for p in procs)
+    # no socket in the state directory: `testbed run` copies it into its output
+    assert not [p for p in state_dir(plan.prefix).rglob("*") if p.is_socket()]
 
 
 def test_each_host_sees_its_leaf_by_name(bed: tuple[Fabric, Plan]) -> None:

@@ -14,13 +14,12 @@ import shutil
 import subprocess
 import zlib
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from testbed.netns.lldp import start_lldpd
+from testbed.netns.lldp import lldp_dir, start_lldpd
 from testbed.netns.nsutil import NamespaceError, write_sysctls
 from testbed.netns.plan import MGMT_NETS, Plan, mgmt_network
-from testbed.netns.state import load_state, save_state, state_dir
+from testbed.netns.state import load_state, save_state
 
 Progress = Callable[[str], None]
 
@@ -114,10 +113,6 @@ def bring_up(plan: Plan, state: dict[str, Any], progress: Progress = _quiet) -> 
     save_state(plan.prefix, {**doc, **state, "prefix": plan.prefix, "complete": True})
     progress(f"fabric up: broker address {plan.broker_addr}")
 
-
-def lldp_dir(prefix: str) -> Path:
-    """Return where the lldpds of testbed ``prefix`` keep their sockets, startup files, logs."""
-    return state_dir(prefix) / "lldpd"
 
 
 def mgmt_cidr(plan: Plan) -> str:

@@ -10,8 +10,8 @@ themselves), so a host's only neighbour per NIC is its leaf.
 
 `start_lldpd(plan, run_dir)` (thin) writes the startup files, starts every daemon with
 ``ip netns exec`` and records each pid in the testbed state (role ``lldpd:<node>``), so
-`testbed.netns.teardown` stops them by pid with the rest of the fabric. `lldp_socket(run_dir,
-node)` is where ``lldpcli -u`` finds a node's daemon.
+`testbed.netns.teardown` stops them by pid with the rest of the fabric and removes `lldp_dir`.
+`lldp_socket(lldp_dir(prefix), node)` is where ``lldpcli -u`` finds a node's daemon.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.netns.plan import Plan
-from testbed.netns.state import record_process
+from testbed.netns.state import STATE_ROOT, record_process
 
 LLDPD = "lldpd"
 TX_INTERVAL_S = 5  # the first frame leaves at once; this only bounds how fast a change shows
@@ -40,6 +40,13 @@ class LldpdSpec:
     config_path: str
     config_text: str
     argv: tuple[str, ...]
+
+
+def lldp_dir(prefix: str) -> Path:
+    """Return where the lldpds of testbed ``prefix`` keep their sockets, startup files and
+    logs: beside the state directory, not in it (whoever copies that directory, as
+    ``testbed run`` does into its output, copies no sockets). No prefix starts with a dot."""
+    return STATE_ROOT / ".lldpd" / prefix
 
 
 def lldp_socket(run_dir: Path, node: str) -> str:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from testbed.netns.apply import TestbedEnvError, run
+from testbed.netns.lldp import lldp_dir
 from testbed.netns.plan import names_pattern
 from testbed.netns.state import alive, load_state, state_dir
 
@@ -104,4 +105,5 @@ def tear_down(prefix: str, progress: Callable[[str], None] = lambda _: None) -> 
     if left_ns or left_links:
         raise TestbedEnvError(f"could not remove {left_ns + left_links}")
     shutil.rmtree(state_dir(prefix), ignore_errors=True)
+    shutil.rmtree(lldp_dir(prefix), ignore_errors=True)
     return {"processes": len(pids), "namespaces": len(namespaces), "links": len(links)}
