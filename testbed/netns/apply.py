@@ -114,7 +114,6 @@ def bring_up(plan: Plan, state: dict[str, Any], progress: Progress = _quiet) -> 
     progress(f"fabric up: broker address {plan.broker_addr}")
 
 
-
 def mgmt_cidr(plan: Plan) -> str:
     """Return the management network of ``plan`` as CIDR text."""
     return str(ipaddress.IPv4Network(f"{plan.broker_addr}/24", strict=False))
