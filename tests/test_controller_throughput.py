@@ -93,7 +93,7 @@ def test_health_documents_carry_the_nic_link_states_to_the_brain() -> None:
     no_state = health_doc("host1", S, GpuReading(False), None, {"nic1": {"device": "eth1"}}, {})
     assert handle_message(live, t, t.health("host1"), json.dumps(no_state).encode(), S) == "health"
     assert seen == [("host0", {"nic0": False})]
-    assert live.brain.nic_health()[0] == Health.UP  # judged from the next window on
+    assert live.snapshot().nic_health[0] == Health.UP  # judged from the next window on
 
 
 def test_pair_paths_keep_the_worst_per_switch_and_build_dicts_on_access() -> None:

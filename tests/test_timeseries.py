@@ -321,13 +321,13 @@ def test_default_buffer_holds_five_minutes_at_1024_nics() -> None:
     the default bound holds 5 minutes of them compressed as the buffer keeps them."""
     from dataclasses import replace
 
-    from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+    from controller.timeseries.recorder import TimeseriesRecorder
     from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
     runner = DemoRunner(replace(demo_scenario(None, nics=1024, seed=1), faults=()), step_s=1.0)
     bodies: list[bytes] = []
     rec = TimeseriesRecorder(runner.fabric, bodies.append, interval_ns=10_000_000_000)
-    runner.controller.brain = TeeBrain(runner.controller.brain, rec)
+    runner.controller.brain = rec.tee(runner.controller.brain)
     while len(bodies) < 2:  # the second interval has queueing (a baseline exists)
         runner.step()
         rec.tick(runner.now_ns, runner.controller.snapshot, runner.controller.alive)

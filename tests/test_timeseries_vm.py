@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+from controller.timeseries.recorder import TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter
 from mqttlink.reconnect import Backoff
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
@@ -209,9 +209,9 @@ def _run_demo(
         writer_sink(body)
 
     rec = TimeseriesRecorder(runner.fabric, sink, interval_ns=int(interval_s * 1e9))
-    runner.controller.brain = TeeBrain(runner.controller.brain, rec)
+    runner.controller.brain = rec.tee(runner.controller.brain)
     while runner.t_s < seconds - 1e-9:
-        runner.step()  # the TeeBrain hands observations and events to the recorder
+        runner.step()  # the brain's tee hands observations and events to the recorder
         if during is not None:
             during(runner, rec)
         rec.tick(runner.now_ns, runner.controller.snapshot, runner.controller.alive)

@@ -1,7 +1,7 @@
 """Glue between the live controller and the writer: intervals of points (time passed in).
 
 `TimeseriesRecorder(fabric, sink, interval_ns)` folds every batch of `Observations`
-(`observe`, or a `TeeBrain` that hands the brain's input to it as well) into
+(`observe`; `tee` wraps a brain so that it sees the brain's input and events) into
 `IntervalStats`, collects events and remediation actions, and on `tick(now_ns, snapshot,
 alive)` closes the interval when ``interval_ns`` has passed: it renders the interval with
 `PointBuilder` and hands the body to ``sink`` (`TsdbWriter.offer`). The sink must not block:
@@ -14,13 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from contract.documents import EventDoc
-from controller.live import BrainLike
+from controller.live import BrainLike, TeeBrain
 from controller.observations import Observations
 from controller.timeseries.points import MeshState, PointBuilder, RemediationAction
 from controller.timeseries.stats import F64, IntervalStats, summarize
 from mesh.fabric import Fabric
 from mesh.fabric.ecmp import routing_tables
-from mesh.snapshot import Health, MeshSnapshot
+from mesh.snapshot import MeshSnapshot
 
 
 class TimeseriesRecorder:
@@ -54,6 +54,11 @@ class TimeseriesRecorder:
         self._fold: tuple[int, F64] | None = None
         self.intervals = 0
         self.bytes_out = 0
+
+    def tee(self, brain: BrainLike) -> BrainLike:
+        """Return ``brain`` wrapped so that this recorder also gets each batch of its
+        observations and each tick's new events (`controller.live.TeeBrain`)."""
+        return TeeBrain(brain, self.observe, on_events=self.events)
 
     def observe(self, obs: Observations) -> None:
         """Fold one batch of probe outcomes into the open interval."""
@@ -123,40 +128,3 @@ class TimeseriesRecorder:
         size = self.finish(job())
         self._apply_fold()
         return size
-
-
-class TeeBrain:
-    """A `BrainLike` that forwards everything to ``brain`` and also hands each batch of
-    observations and each tick's new events to ``recorder`` (so the time series sees what
-    detection sees)."""
-
-    def __init__(self, brain: BrainLike, recorder: TimeseriesRecorder) -> None:
-        self.brain = brain
-        self.recorder = recorder
-
-    def observe(self, obs: Observations) -> None:
-        self.brain.observe(obs)
-        self.recorder.observe(obs)
-
-    def presence(self, host: str, alive: bool, now_ns: int) -> None:
-        self.brain.presence(host, alive, now_ns)
-
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
-        self.brain.gpu(host, ok, detail, now_ns)
-
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
-        self.brain.nic_links(host, up, now_ns)
-
-    def tick(self, now_ns: int) -> list[EventDoc]:
-        events = self.brain.tick(now_ns)
-        self.recorder.events(events)
-        return events
-
-    def link_health(self) -> dict[str, Health]:
-        return self.brain.link_health()
-
-    def nic_health(self) -> list[Health]:
-        return self.brain.nic_health()
-
-    def flap_counts(self) -> dict[str, int]:
-        return self.brain.flap_counts()

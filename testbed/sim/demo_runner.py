@@ -23,7 +23,7 @@ from contract.documents import EventDoc
 from controller.jobs import Job, JobRegistry
 from controller.live import LiveController, default_brain
 from controller.remediation.runtime import RemediationRuntime, action_event
-from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+from controller.timeseries.recorder import TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter
 from mesh.fabric import Fabric, FabricShape
 from testbed.scenario import Fault, FaultKind, Scenario, load_scenario
@@ -115,7 +115,7 @@ class DemoRunner:
         self.t_s = st.t1_s
         now = self.now_ns
         ctl = self.controller
-        ctl.ingest_batch(st.batch, now)
+        ctl.admit(st.batch, now)
         for host in st.alive_hosts:
             ctl.presence(host, True, now)
         for host in self._alive - st.alive_hosts:  # a prober's last will
@@ -130,7 +130,7 @@ class DemoRunner:
         self.remediation.observe(new)
         _sent, docs = self.remediation.tick(now)
         acted = [action_event(d) for d in docs]
-        ctl.events.extend(acted)
+        ctl.record_events(acted)
         new += acted
         self.events.extend(new)
         if self.timeseries is not None:
@@ -141,7 +141,7 @@ class DemoRunner:
 
     def record_to(self, recorder: TimeseriesRecorder) -> None:
         """Write time series through ``recorder`` from now on (its intervals in sim time)."""
-        self.controller.brain = TeeBrain(self.controller.brain, recorder)
+        self.controller.brain = recorder.tee(self.controller.brain)
         self.timeseries = recorder
 
     def fault_for(self, kind: str, duration_s: float = 30.0) -> Fault:
