@@ -246,10 +246,7 @@ def _replay(a: argparse.Namespace) -> int:
             raise ValueError(f"{out / name}: not found (a 'testbed run' output directory has it)")
     r = replay(out)
     if a.json:
-        events = [
-            {"t_ns": e.t_ns, "kind": e.kind, "target": e.target, "detail": e.detail}
-            for e in r.events
-        ]
+        events = [e.to_json() for e in r.events]  # the one form of a finding
         trust = dict(zip(("fine", "coarse", "withheld"), r.delay_trust, strict=True))
         print(json.dumps({"events": events, "messages": r.outcomes, "clock_solves": r.solves,
                           "delays": trust}))  # fmt: skip
