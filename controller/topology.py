@@ -98,6 +98,7 @@ class TopologyLearner:
         self._owners: dict[str, str] = {}
         self.owners: Mapping[str, str] = MappingProxyType(self._owners)
         self._paths: dict[_Flow, tuple[TracedPath, int]] = {}
+        self._oldest_ns = 0  # no kept path is older (times only move up: a bound, not exact)
         self._dirty = False
         self._last_ns: int | None = None
         self.learned: LearnedFabric | None = None
@@ -139,6 +140,8 @@ class TopologyLearner:
                 continue
             if had is None or had[0] != p:
                 self._dirty = True
+            if not self._paths:
+                self._oldest_ns = now_ns
             self._paths[key] = (p, now_ns)
             kept += 1
         self.counters["paths"] += kept
@@ -153,13 +156,19 @@ class TopologyLearner:
         """Learn the fabric again if something new came and ``relearn_ns`` passed; return
         the change from ``current``, or None (nothing new, too soon, or the same fabric)."""
         last = self._last_ns
-        if not self._dirty or (last is not None and now_ns - last < self.config.relearn_ns):
+        if last is not None and now_ns - last < self.config.relearn_ns:
+            return None
+        horizon = now_ns - self.config.path_max_age_ns
+        if self._oldest_ns < horizon:  # some path may have aged out: look (else none can)
+            old = [k for k, (_, t) in self._paths.items() if t < horizon]
+            for key in old:
+                del self._paths[key]
+            self._dirty |= bool(old)
+            self._oldest_ns = min((t for _, t in self._paths.values()), default=now_ns)
+        if not self._dirty:
             return None
         self._dirty = False
         self._last_ns = now_ns
-        horizon = now_ns - self.config.path_max_age_ns
-        for key in [k for k, (_, t) in self._paths.items() if t < horizon]:
-            del self._paths[key]
         learned = learn_fabric(
             self._docs.values(), (p for p, _ in self._paths.values()),
             names=self.config.names, links=self.config.links,

@@ -266,7 +266,7 @@ def run_scenario(
         # controller's first trusted clocks (nothing can localize what nobody measured)
         report["startup_s"] = _wait_mesh(monitor, [h.id for h in fabric.hosts], ctl_log)
         if discover:  # the scenario starts on the fabric the controller learned
-            report["startup_s"] += _wait_topology(ctl_log)
+            report["startup_s"] = round(report["startup_s"] + _wait_topology(ctl_log), 2)
         progress(
             f"{len(fabric.hosts)} probers and the controller up after {report['startup_s']:g}s: "
             f"running {sc.duration_s:g}s, {len(sc.faults)} faults"

@@ -82,8 +82,10 @@ def test_config_validation(tmp_path: Path) -> None:
         ('[sync]\nuse_uncoded = "false"\n', r"c\.toml: sync\.use_uncoded: must be true or false"),
         ('[controller]\nmax_events = "3"\n', r"c\.toml: controller\.max_events: must be"),
         ("[controller]\ntick_s = true\n", r"c\.toml: controller\.tick_s: must be"),
-        ("[fabric]\nleaves = 2\n[paths]\nrouters = {'10.0.0.1' = 'nope'}\n",
-         r"paths\.routers\.10\.0\.0\.1: unknown"),
+        (
+            "[fabric]\nleaves = 2\n[paths]\nrouters = {'10.0.0.1' = 'nope'}\n",
+            r"paths\.routers\.10\.0\.0\.1: unknown",
+        ),
         # no [fabric] shape: learned, so the routers are named in [fabric.routers]
         ("[paths]\nrouters = {'10.0.0.1' = 'spine0'}\n", r"c\.toml: paths\.routers: a learned"),
         ("[fabric]\nplan = 'missing.json'\n", "cannot read fabric file"),

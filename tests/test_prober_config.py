@@ -224,5 +224,5 @@ def test_discovery_needs_only_the_broker() -> None:
                                   "peers": False}}  # fmt: skip
     d = parse_config(doc, "f.toml").discover
     assert d == DiscoverConfig(("ens*",), ("ens9",), "{ifname}", "/run/x.sock", 2.0, False)
-    with pytest.raises(ConfigError, match="prober.host: is not set and the host name 'a b'"):
+    with pytest.raises(ConfigError, match=r"prober\.host: is not set and the host name 'a b'"):
         parse_config({}, "f.toml", hostname=lambda: "a b")
