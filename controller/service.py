@@ -378,7 +378,9 @@ async def run_service(
     that worked (`mqttlink.reconnect`). The log says ``connected`` once the subscriptions of a
     connection are in place.
 
-    ``live``: the live state to run (default `live_state(config)`); ``max_attempts`` bounds
+    ``live``: the live state to run (default `live_state(config)`; pass one only with a
+    declared fabric: a learned fabric's live state judges origins by the learner this
+    function makes, `live_state(config, topology)`); ``max_attempts`` bounds
     the connection attempts (tests); returns the live state then. ``on_tick(now)`` is called
     after every tick, once its events are out (tests wait on it instead of the wall clock).
     With ``config.timeseries`` every interval is written there (the brain is wrapped so the
