@@ -7,10 +7,10 @@ brain. Probe batches enter through one door, `admit` (a payload and its topic's 
 decoded batch; a frozen `controller.admission.Verdict` out), and are ingested at once or
 queued to be ingested merged by `flush`; other inputs are `presence`, `gpu`, `nic_links`,
 `nic_counters` and `learn_paths`; `replace_fabric` is the one door that swaps the fabric under
-a running controller (`controller.refabric` says what survives). Call `tick(now_ns)` periodically (it solves clocks when due,
-runs detection, records per-NIC history, returns new events); read `snapshot()` /
-`history()`. Every time-dependent call takes ``now_ns`` (same epoch as the NIC clocks, UNIX
-ns in production); nothing reads a clock.
+a running controller (`controller.refabric` says what survives). Call `tick(now_ns)`
+periodically (it solves clocks when due, runs detection, records per-NIC history, returns new
+events); read `snapshot()` / `history()`. Every time-dependent call takes ``now_ns`` (same
+epoch as the NIC clocks, UNIX ns in production); nothing reads a clock.
 """
 
 from __future__ import annotations
