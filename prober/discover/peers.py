@@ -6,7 +6,7 @@ own NICs (id, address) and each NIC's LLDP neighbour, retained, on
 ``<prefix>/neighbors/+`` (`prober.discover.follow`) therefore has the whole fleet's NICs as
 soon as it subscribes, and every change after. `PeerBook` turns those documents into peers
 (`prober.config.PeerConfig`): each NIC of another host with one LLDP neighbour, in the ECMP
-group of that leaf (`mesh.fabric.learn.leaf_group`, the same group the controller learns);
+group of that leaf (`contract.neighbors.leaf_group`, the same group the controller learns);
 the probe port is the prober's own (a fleet probes on one port).
 
 Left out, and counted: a NIC without one LLDP neighbour (``unplaced``: the controller cannot
@@ -23,10 +23,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from contract.jsondoc import DocumentError
-from contract.neighbors import NeighborsDoc
-from mesh.fabric.learn import leaf_group
+from contract.neighbors import NeighborsDoc, leaf_group, leaf_of
 from prober.config import PeerConfig
-from prober.discover.resolve import leaf_of
 
 
 class PeerBook:

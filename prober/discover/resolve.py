@@ -7,7 +7,8 @@ neighbours last read. `LocalNics.nics()` returns the NICs to probe from:
 - every selected interface (`prober.discover.nics.NicFilter`) as a `prober.config.NicConfig`:
   id from the ``nic_id`` template, its address, its netdev as ``device``, its RDMA device,
   port and RoCEv2 GID index when it has them, and as ECMP group the leaf its LLDP neighbour
-  names (`mesh.fabric.learn.leaf_group`; `UNPLACED` without one neighbour);
+  names (`contract.neighbors.leaf_group`, the controller's group too; `UNPLACED` without
+  one neighbour);
 - a ``[[nics]]`` entry replaces the found NIC with the same ``device``, address or id (and
   one that matches nothing is added as it is).
 
@@ -28,8 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from contract.neighbors import LldpNeighbor, NeighborsDoc, NicNeighbors
-from mesh.fabric.learn import leaf_group, switch_id
+from contract.neighbors import LldpNeighbor, NeighborsDoc, NicNeighbors, leaf_group, leaf_of
 from prober.config import DiscoverConfig, NicConfig, ProberConfig
 from prober.discover.lldp import LldpReadError, read_lldp
 from prober.discover.nics import DiscoveredNic, NicFilter, discover_nics, nic_id
@@ -42,13 +42,6 @@ Lldp = Mapping[str, tuple[LldpNeighbor, ...]]
 
 class NoNicsError(OSError):
     """Discovery left no NIC to probe from (the message says why each interface was not)."""
-
-
-def leaf_of(neighbors: tuple[LldpNeighbor, ...]) -> str:
-    """Return the leaf a NIC is cabled to: its one LLDP neighbour's name as a fabric id
-    (`mesh.fabric.learn.switch_id`), "" with none or several."""
-    names = {switch_id(n.name) for n in neighbors} - {""}
-    return next(iter(names)) if len(names) == 1 else ""
 
 
 def _ipv4(address: str) -> bool:
