@@ -19,6 +19,11 @@ Shape::
                               "port_descr": str, "mgmt": [address, ...]}]}]}
 
 Decoding raises only `DocumentError`; keys the document does not know are ignored.
+
+What a neighbour means, agreed by the prober (its NICs' ECMP groups, its peers' groups) and
+the controller (the fabric it learns): a NIC's **leaf** is its one LLDP neighbour's name as a
+fabric id (`switch_id`; `leaf_of`, "" with none or several), and the NICs under a leaf form
+one ECMP group, `leaf_group(leaf)`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,26 @@ from typing import Any
 
 from contract.jsondoc import DocumentError, check, decode_object, encode_json
 from contract.jsondoc import field as read
+
+_BAD_ID_CHARS = frozenset("/+# \t\n")
+
+
+def switch_id(name: str) -> str:
+    """Return ``name`` as a fabric id: characters ids may not hold (``/ + #`` and blanks)
+    become ``_``; an empty name stays empty."""
+    return "".join("_" if c in _BAD_ID_CHARS else c for c in name.strip())
+
+
+def leaf_group(leaf: str) -> str:
+    """Return the ECMP group id of the NICs under ``leaf`` (one group per leaf)."""
+    return f"ecmp-{leaf}"
+
+
+def leaf_of(neighbors: tuple[LldpNeighbor, ...]) -> str:
+    """Return the leaf of a NIC with these LLDP neighbours: the one neighbour's name as a
+    fabric id, "" with none or several."""
+    names = {switch_id(n.name) for n in neighbors} - {""}
+    return next(iter(names)) if len(names) == 1 else ""
 
 
 @dataclass(frozen=True, slots=True)

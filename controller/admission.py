@@ -86,14 +86,27 @@ class Admission:
     Remembered per origin: its newest batch_seq taken (for replays) and a bit mask of the
     ``dedup_depth`` numbers below its highest seen (bit k: highest - k was seen), a few
     hundred bytes per origin instead of a set and a queue of ints (gigabytes at 10,000
-    hosts). ``counts``: the verdicts given, per outcome."""
+    hosts). ``counts``: the verdicts given, per outcome.
 
-    def __init__(self, fabric: Fabric, *, dedup_depth: int = 4096) -> None:
-        self._nic_host = nic_hosts(fabric)
+    ``owners``: NIC id -> host for the origin check, read at every batch (a learned fabric's
+    claimed NICs, which change as neighbours documents come); None: ``fabric``'s, and the
+    new fabric's after `fabric_changed`."""
+
+    def __init__(
+        self, fabric: Fabric, *, dedup_depth: int = 4096, owners: Mapping[str, str] | None = None
+    ) -> None:
+        self._owners = owners
+        self._nic_host = nic_hosts(fabric) if owners is None else owners
         self._dedup_depth = dedup_depth
         self._seen: dict[str, tuple[int, int]] = {}  # origin -> (highest seq, seen mask)
         self._newest: dict[str, int] = {}  # origin -> highest batch_seq taken
         self.counts = dict.fromkeys(Outcome, 0)
+
+    def fabric_changed(self, fabric: Fabric) -> None:
+        """Judge origins by ``fabric`` from now on (unless ``owners`` were given); what was
+        taken per origin is kept: batch numbers do not depend on the fabric."""
+        if self._owners is None:
+            self._nic_host = nic_hosts(fabric)
 
     def judge(
         self, data: ProbeBatch | bytes, host: str | None = None

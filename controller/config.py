@@ -7,6 +7,7 @@ line naming the file and the key. The sections are listed at `load_config`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,9 @@ from controller.remediation.config import (
     read_remediation,
 )
 from controller.timeseries.config import TimeseriesConfig, read_metrics, read_timeseries
+from controller.topology import LearnConfig
 from mesh.fabric import Fabric, FabricError, FabricShape, build_fabric
+from mesh.fabric.learn import switch_id
 from mqttlink.settings import MqttSecurity, read_security
 
 
@@ -36,7 +39,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    """Everything the service needs, validated."""
+    """Everything the service needs, validated. With ``learn`` the fabric is learned
+    (`controller.topology`) and ``fabric`` is where it starts: empty."""
 
     fabric: Fabric
     live: LiveConfig = field(default_factory=LiveConfig)
@@ -57,12 +61,19 @@ class ServiceConfig:
     action_keys: KeySet | None = None
     # [ingest]: probe batches arriving within coalesce_ms are ingested merged (controller.coalesce)
     ingest: CoalesceConfig = field(default_factory=CoalesceConfig)
+    # [fabric] without shape keys or a file: the fabric is learned (controller.topology)
+    learn: LearnConfig | None = None
+
+
+EMPTY_FABRIC = Fabric((), (), ())
+"""Where a learned fabric starts: nothing is known until the probers report."""
 
 
 def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfig:
-    """Read and validate a TOML config (None = defaults: a default-shaped fabric).
+    """Read and validate a TOML config (None = defaults: a learned fabric).
 
-    Sections: ``[fabric]`` (`read_fabric`), ``[sync]`` (`read_sync`), ``[controller]``
+    Sections: ``[fabric]`` (`read_fabric` when it has shape keys or ``file``, else
+    `read_learning`: the fabric is learned, with or without a plan), ``[sync]`` (`read_sync`), ``[controller]``
     (``tick_s``, ``stale_s``, ``max_events``: `read_controller`), ``[ingest]``
     (`read_ingest`), ``[thresholds]`` (the detection `BrainConfig`, nested tables for its
     parameter groups), ``[paths]`` (`read_paths`), ``[timeseries]`` and ``[metrics]``
@@ -79,13 +90,18 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     root = _root(path)
     if path is not None:
         base_dir = base_dir or path.parent
-    fabric = read_fabric(root.table("fabric"), base_dir)
+    fab = root.table("fabric")
+    learn = read_learning(fab, base_dir) if learns(fab) else None
+    fabric = read_fabric(fab, base_dir) if learn is None else EMPTY_FABRIC
     sync = read_sync(root.table("sync"))
     live, tick_s = read_controller(root.table("controller"), sync)
     ingest = read_ingest(root.table("ingest"))
-    routers, model_paths = read_paths(root.table("paths"), fabric)
+    routers, model_paths = read_paths(root.table("paths"), None if learn else fabric)
     brain = root.table("thresholds").dataclass(BrainConfig())
     timeseries = read_timeseries(root.table("timeseries"), base_dir)
+    if learn is not None and timeseries is not None:
+        raise ConfigError(f"{fab.source}: timeseries: needs a declared fabric ([fabric] shape "
+                          "keys or file): the recorder does not follow a learned fabric yet")  # fmt: skip
     metrics_listen = read_metrics(root.table("metrics"))
     api = read_api_table(root.table("api"), base_dir)
     remediation = read_remediation(root.table("remediation"), base_dir)
@@ -106,6 +122,7 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         mqtt_security=mqtt_security,
         action_keys=load_action_keys(key_file, ConfigError),
         ingest=ingest,
+        learn=learn,
     )
 
 
@@ -130,10 +147,46 @@ def read_fabric(tab: Table, base_dir: Path | None) -> Fabric:
         except FabricError as exc:
             raise tab.error(f"{where}: {exc}") from None
     fpath = Path(tab.require("file", str))
-    if not fpath.is_absolute() and base_dir is not None:
-        fpath = base_dir / fpath
     if set(tab.values) - {"file"}:
         raise tab.error(f"{where}: takes either file or shape keys, not both")
+    return _fabric_file(tab, fpath, base_dir)
+
+
+def learns(tab: Table) -> bool:
+    """Return True when ``[fabric]`` (``tab``) asks for a learned fabric: it has neither
+    shape keys nor ``file`` (an absent table included)."""
+    declared = {f.name for f in dataclasses.fields(FabricShape)} | {"file"}
+    return not declared & set(tab.values)
+
+
+def read_learning(tab: Table, base_dir: Path | None) -> LearnConfig:
+    """Return how the fabric is learned, from ``[fabric]`` without shape keys or a file:
+    ``plan`` (a fabric file, relative to ``base_dir``, that every learned change is checked
+    against), ``relearn_s`` (at most one relearn this often, default 2), ``path_max_age_s``
+    (a flow's path not traced again for this long is forgotten, default 600) and
+    ``[fabric.routers]`` (router address -> switch name for spines and super-spines, else
+    named by their router ids). Raises the table's error."""
+    d = LearnConfig()
+    plan = None
+    if tab.has("plan"):
+        plan = _fabric_file(tab, Path(tab.require("plan", str, bool, "a fabric file")), base_dir)
+    relearn = _ns(tab, "relearn_s", d.relearn_ns, lambda v: 0 <= v <= 3600, "0..3600")
+    max_age = _ns(tab, "path_max_age_s", d.path_max_age_ns, lambda v: 1 <= v <= 86400, "1..86400")
+    names = tab.mapping("routers", str, "a switch name")
+    for addr, name in names.items():
+        if switch_id(name) != name or not name:
+            raise tab.err(
+                f"routers.{addr}", f"must be a switch name (no / + # or blanks), got {name!r}"
+            )
+    tab.finish()
+    return LearnConfig(plan=plan, names=names, relearn_ns=relearn, path_max_age_ns=max_age)
+
+
+def _fabric_file(tab: Table, fpath: Path, base_dir: Path | None) -> Fabric:
+    """Return the fabric in JSON file ``fpath`` (relative to ``base_dir``); raise the
+    table's error naming the file."""
+    if not fpath.is_absolute() and base_dir is not None:
+        fpath = base_dir / fpath
     try:
         return Fabric.from_dict(json.loads(fpath.read_text()))
     except OSError as exc:
@@ -235,15 +288,20 @@ def read_ingest(tab: Table) -> CoalesceConfig:
     return ingest
 
 
-def read_paths(tab: Table, fabric: Fabric) -> tuple[dict[str, str], bool]:
+def read_paths(tab: Table, fabric: Fabric | None) -> tuple[dict[str, str], bool]:
     """Return ``[paths]``: ``routers`` (router address -> fabric node id, to map the probers'
     discovered paths onto fabric links) and ``model`` (False: the fabric model's ECMP hash is
     not authoritative, so flows without a discovered path get unknown hops). Raises the
-    table's error, also for a router mapped to a node ``fabric`` lacks."""
+    table's error, also for a router mapped to a node ``fabric`` lacks; ``fabric`` None (a
+    learned fabric, which maps routers itself) takes no ``routers``."""
     model_paths = tab.get("model", bool, True)
     routers = tab.mapping("routers", str, "a fabric node id")
+    if fabric is None and routers:
+        raise tab.err("routers", "a learned fabric maps router addresses itself: name "
+                      "switches in [fabric.routers] instead")  # fmt: skip
+    known = fabric.node_by_id if fabric is not None else {}
     for addr, node in routers.items():
-        if node not in fabric.node_by_id:
+        if node not in known:
             raise tab.error(f"{tab.source}: paths.routers.{addr}: unknown fabric node {node!r}")
     tab.finish()
     return routers, model_paths

@@ -2,7 +2,9 @@
 
 `handle_message` decodes a message by topic and applies it to a `LiveController`: a probe
 batch through its one door (`LiveController.admit`), the other documents through `presence`,
-`gpu`, `nic_links`, `nic_counters` and `learn_paths`. It never raises for a bad payload (it
+`gpu`, `nic_links`, `nic_counters` and `learn_paths`; with a fabric being learned
+(`controller.topology.TopologyLearner`), neighbours documents and traced paths also go to the
+learner, and origins are judged by the NICs each host claims. It never raises for a bad payload (it
 returns ``bad:<reason>``, which the service counts and logs); an exception is a bug.
 `apply_paths` feeds a discovered-paths document (`controller.pathmap`). `JsonLog` writes one
 JSON object per line, time passed in.
@@ -14,8 +16,9 @@ import json
 from collections.abc import Mapping
 from typing import IO, Any
 
-from contract.documents import HealthDoc, PresenceDoc
+from contract.documents import HealthDoc, PathsDoc, PresenceDoc
 from contract.jsondoc import DocumentError, decode_json
+from contract.neighbors import NeighborsDoc
 from contract.origin import health_origin_error, presence_origin_error
 from contract.remediation import JOBS, REMEDIATION_ACK
 from contract.topics import TopicError, Topics
@@ -24,6 +27,7 @@ from controller.coalesce import ProbeQueue
 from controller.live import LiveController
 from controller.pathmap import path_rows
 from controller.throughput import nic_byte_counters
+from controller.topology import TopologyLearner
 
 
 def apply_paths(live: LiveController, router_nodes: Mapping[str, str], doc: Any) -> int:
@@ -49,8 +53,8 @@ class JsonLog:
 
 def message_kind(topics: Topics, topic: str) -> str:
     """Return the kind a message's topic names, for per-kind counters: ``probes``,
-    ``presence``, ``health``, ``paths``, ``events``, ``remediation-ack``, ``jobs``, or
-    ``unknown``."""
+    ``presence``, ``health``, ``paths``, ``neighbors``, ``events``, ``remediation-ack``,
+    ``jobs``, or ``unknown``."""
     try:
         return topics.parse(topic)[0]
     except TopicError:
@@ -81,6 +85,7 @@ def handle_message(
     now_ns: int,
     router_nodes: Mapping[str, str] | None = None,
     queue: ProbeQueue | None = None,
+    topology: TopologyLearner | None = None,
 ) -> str:
     """Apply one MQTT message to ``live``; return a short outcome (for counters and logs).
 
@@ -89,8 +94,15 @@ def handle_message(
     ingested merged with others (`controller.coalesce`; the caller runs
     `LiveController.flush` when the queue is due) instead of at once.
 
+    With ``topology`` (a fabric being learned) a neighbours document goes to the learner
+    (`TopologyLearner.neighbors`, which judges its origin), a paths document to the learner
+    too and onto the live state with the learned router map (``router_nodes`` is not read),
+    and presence and health are judged by the NICs hosts claim (`TopologyLearner.owners`);
+    the live state's admission reads the same owners (`controller.service.live_state`).
+    Without it neighbours documents are ``ignored``.
+
     Outcomes: ``probes`` (accepted, even with no record the fabric knows), ``duplicate``,
-    ``presence``, ``health``, ``paths``, ``ignored``; malformed payloads return
+    ``presence``, ``health``, ``paths``, ``neighbors``, ``ignored``; malformed payloads return
     ``bad:<reason>`` instead of raising, and so does an old batch published again
     (``bad:replayed batch <seq> from <origin>``) and a message that cannot come from the host
     of its topic (``bad:untrusted: ...``, `contract.origin`: a batch whose origin or probing
@@ -102,16 +114,28 @@ def handle_message(
         kind, host = topics.parse(topic)
     except TopicError:
         return "ignored"
+    owners = nic_hosts(live.fabric) if topology is None else topology.owners
     try:
         if kind == "probes":
             return outcome(live.admit(payload, now_ns, host=host, queue=queue))
+        if kind == "neighbors":
+            if topology is None:
+                return "ignored"
+            why = topology.neighbors(host, NeighborsDoc.decode(payload))
+            return f"bad:{why}" if why else "neighbors"
         if kind == "presence":
             presence = PresenceDoc.decode(payload)
-            why = presence_origin_error(presence, host, nic_hosts(live.fabric))
+            why = presence_origin_error(presence, host, owners)
             if why:
                 return f"bad:{why}"
             live.presence(host, presence.alive, now_ns, since_ns=presence.t_ns)
             return "presence"
+        if kind == "paths" and topology is not None:
+            traced = PathsDoc.decode(payload).paths
+            topology.paths(host, traced, now_ns)
+            if topology.router_nodes:
+                apply_paths(live, topology.router_nodes, [p.to_json() for p in traced])
+            return "paths"
         if kind == "paths":
             if not router_nodes:
                 return "ignored"
@@ -121,7 +145,7 @@ def handle_message(
             return "paths"
         if kind == "health":
             health = HealthDoc.decode(payload)
-            why = health_origin_error(health, host, nic_hosts(live.fabric))
+            why = health_origin_error(health, host, owners)
             if why:
                 return f"bad:{why}"
             live.gpu(host, health.gpu_ok, health.detail, now_ns, present=health.gpu_present)
@@ -131,6 +155,6 @@ def handle_message(
             if counters:
                 live.nic_counters(counters, health.t_ns or now_ns, now_ns)
             return "health"
-    except DocumentError as exc:  # presence, health, paths (`controller.pathmap.PathDocError`)
+    except DocumentError as exc:  # neighbours, presence, health, paths (`PathDocError` too)
         return f"bad:{exc}"
     return "ignored"

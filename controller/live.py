@@ -6,10 +6,11 @@ a `ClockSync`, a `FlowStore` (latest delay, spine and baseline per flow) and the
 brain. Probe batches enter through one door, `admit` (a payload and its topic's host, or a
 decoded batch; a frozen `controller.admission.Verdict` out), and are ingested at once or
 queued to be ingested merged by `flush`; other inputs are `presence`, `gpu`, `nic_links`,
-`nic_counters` and `learn_paths`. Call `tick(now_ns)` periodically (it solves clocks when due,
-runs detection, records per-NIC history, returns new events); read `snapshot()` /
-`history()`. Every time-dependent call takes ``now_ns`` (same epoch as the NIC clocks, UNIX
-ns in production); nothing reads a clock.
+`nic_counters` and `learn_paths`; `replace_fabric` is the one door that swaps the fabric under
+a running controller (`controller.refabric` says what survives). Call `tick(now_ns)`
+periodically (it solves clocks when due, runs detection, records per-NIC history, returns new
+events); read `snapshot()` / `history()`. Every time-dependent call takes ``now_ns`` (same
+epoch as the NIC clocks, UNIX ns in production); nothing reads a clock.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ from controller.control import Control
 from controller.ingest import Ingested, Ingestor, IngestStats, PathTable
 from controller.jobs import JobRegistry, screen_jobs
 from controller.observations import Observations
+from controller.refabric import host_times, remap_columns, topology_event
 from controller.throughput import NicRates
 from controller.windows import FlowStore
 from mesh.fabric import Fabric
 from mesh.fabric.ecmp import ROCEV2_PORT
 from mesh.fabric.model import SWITCH_TIER, NodeKind, hop_id
+from mesh.fabric.plancheck import fabric_changes
 from mesh.snapshot import ControlUnavailable, GpuHealth, Health, MeshSnapshot, PairPaths
 
 F64 = npt.NDArray[np.float64]
@@ -160,7 +163,9 @@ class LiveController:
     """In-process controller state; implements `mesh.snapshot.SnapshotSource`.
 
     ``on_stage``: called with the name of each stage of an ingest (`STAGES`) as it ends, for
-    profiling (`qpmesh sim ingest` times the stages with it); None in production."""
+    profiling (`qpmesh sim ingest` times the stages with it); None in production.
+    ``owners``: NIC id -> host for the origin checks of probe batches, read as it changes
+    (a learned fabric's claimed NICs, `contract.origin.claimed_nics`); None: the fabric's."""
 
     def __init__(
         self,
@@ -170,11 +175,12 @@ class LiveController:
         brain: BrainLike | None = None,
         paths: PathTable | None = None,
         on_stage: Callable[[str], object] | None = None,
+        owners: Mapping[str, str] | None = None,
     ) -> None:
         self.fabric = fabric
         self.config = config or LiveConfig()
         n = len(fabric.nics)
-        self._admission = Admission(fabric)
+        self._admission = Admission(fabric, owners=owners)
         self._ingestor = Ingestor(fabric, paths)
         self._on_stage = on_stage
         # each NIC's leaf: the hardware-stamp solve splits the queueing left in the best
@@ -189,6 +195,8 @@ class LiveController:
         # per host index: since when its prober has been alive (its last alive presence; 0:
         # never said); probes to it sent earlier are no evidence (`_ingest`)
         self._alive_since = np.zeros(len(fabric.hosts), np.int64)
+        self._alive_at: dict[str, int] = {}  # the same by host id (kept across fabrics)
+        self._fabric_since_ns = 0  # when the fabric was last replaced (older solves refused)
         self.now_ns = 0
         self.records = 0
         # delays of the arrived probes by clock trust: fine, coarse, withheld (unjudged)
@@ -263,7 +271,12 @@ class LiveController:
     def install_clock(self, state: ClockState | None, cost_s: float | None = None) -> bool:
         """Install a solved clock state; return True if it was new. ``cost_s``: what the
         solve cost (CPU s, `controller.clocksolve.timed_solve`), which sets how often solves
-        are due (`ClockSync.solve_period_ns`)."""
+        are due (`ClockSync.solve_period_ns`). A state solved before the fabric was last
+        replaced (`replace_fabric`) is refused: its NIC indices are the old fabric's."""
+        if state is not None and (
+            state.solved_at_ns < self._fabric_since_ns or len(state.models) != self.clock.n_nics
+        ):
+            return False
         return self.clock.install(state, None if cost_s is None else round(cost_s * 1e9))
 
     # ---- inputs --------------------------------------------------------------------------
@@ -369,8 +382,10 @@ class LiveController:
         prober's reconnect) do not move it."""
         self.now_ns = max(self.now_ns, now_ns)
         i = self.fabric.host_index.get(host)
-        if alive and i is not None and not self.alive.get(host, False):
-            self._alive_since[i] = now_ns if not since_ns or since_ns > now_ns else since_ns
+        if alive and not self.alive.get(host, False):
+            self._alive_at[host] = now_ns if not since_ns or since_ns > now_ns else since_ns
+            if i is not None:
+                self._alive_since[i] = self._alive_at[host]
         self.alive[host] = alive
         self.brain.presence(host, alive, now_ns)
 
@@ -407,6 +422,49 @@ class LiveController:
         self._hist_head = (i + 1) % self.config.history_len
         self._hist_count = min(self._hist_count + 1, self.config.history_len)
         return new
+
+    def replace_fabric(
+        self,
+        fabric: Fabric,
+        now_ns: int,
+        *,
+        brain: BrainLike | None = None,
+        note: str = "",
+    ) -> EventDoc:
+        """The one door to change the fabric under a running controller (a learned fabric
+        that changed: a new host, a recabled NIC, a spine gone); return the ``topology``
+        event it records (what changed, `mesh.fabric.plancheck.fabric_changes`, then
+        ``note``), also in `snapshot`'s events.
+
+        Kept by id: presence and since when each prober is alive, GPU health, NIC rates,
+        the events, the per-NIC history, the admission's replay and duplicate memory, the
+        ingest counters and whether model paths are used. Restarted (indexed by the old
+        fabric's NICs and links): the clock sync (a solve started earlier is refused by
+        `install_clock`), the flows, the path tables (the caller refills them from the traced
+        paths it keeps) and detection, as ``brain`` (None: `default_brain`), told the known
+        presence and GPU states again. See `controller.refabric`."""
+        old, n = self.fabric, len(fabric.nics)
+        event = topology_event(now_ns, fabric_changes(old, fabric), note, fabric,
+                               first=not old.nics and not old.nodes)  # fmt: skip
+        self.now_ns = max(self.now_ns, now_ns)
+        self.fabric = fabric
+        self._fabric_since_ns = now_ns
+        self._admission.fabric_changed(fabric)
+        ingestor = Ingestor(fabric, use_model_paths=self._ingestor.use_model_paths)
+        ingestor.stats = self._ingestor.stats
+        self._ingestor = ingestor
+        self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
+        self.flows = FlowStore(n, self.config.baseline_bucket_ns)
+        self.brain = brain if brain is not None else default_brain(fabric)
+        self._alive_since = host_times(fabric, self._alive_at)
+        self._hist_v = remap_columns(old, fabric, self._hist_v)
+        self._hop_spine = _hop_spine_table(fabric)
+        for host, alive in sorted(self.alive.items()):
+            self.brain.presence(host, alive, now_ns)
+        for host, g in sorted(self.gpu_state.items()):
+            self.brain.gpu(host, g.ok, g.detail, now_ns)
+        self.events.append(event)
+        return event
 
     def record_events(self, events: Iterable[EventDoc]) -> None:
         """Add findings made outside detection (e.g. remediation actions) to the events the

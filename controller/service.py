@@ -35,10 +35,13 @@ from controller.dispatch import JsonLog, handle_message, message_kind
 from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.timeseries.runtime import Observability
+from controller.topology import TopologyLearner, relearn_live
 from mqttlink.reconnect import Backoff, reconnect_loop
 from mqttlink.settings import CredentialError, client_kwargs
 
 REQUEST_TIMEOUT_S = 10.0
+LOGGED = 50
+"""At most this many changes, plan differences and problems in a ``topology`` log line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,8 @@ class Wiring:
     ``mqtt_security``), the live state, the clock and the log, the message ``counters``
     (mutated), the components that are on (remediation, the API process, the probe queue)
     and the observers: ``on_solve`` (a clock solve's wall time, s), ``on_action`` (an audit
-    record of the remediation policy), ``on_tick`` (the time of a tick whose events are out).
+    record of the remediation policy), ``on_tick`` (the time of a tick whose events are out);
+    ``topology``: the learner of a learned fabric (None: the fabric is declared).
     """
 
     broker: Broker
@@ -79,6 +83,33 @@ class Wiring:
     on_solve: Callable[[float], None] = _ignore
     on_action: Callable[[dict[str, object]], None] = _ignore
     on_tick: Callable[[int], None] = _ignore
+    topology: TopologyLearner | None = None
+
+
+def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
+    """With a learned fabric: learn it again when due and apply a change to the live state
+    (`controller.topology.relearn_live`, with a fresh brain of the configured thresholds) and
+    to the remediation's leaf map, log a ``topology`` line (NICs, links, what changed, how it
+    compares with the plan, what could not be placed: `LOGGED` of each, and their counts);
+    return the ``topology`` event (empty:
+    no change)."""
+    if w.topology is None:
+        return []
+    done = relearn_live(w.live, w.topology, now_ns, lambda f: Brain(f, w.config.brain))
+    if done is None:
+        return []
+    change, event = done
+    fab = change.learned.fabric
+    if w.remediation is not None:
+        w.remediation.leaf_of = {n.id: n.leaf for n in fab.nics}
+    plan = change.plan
+    diffs = () if plan is None else plan.differences
+    w.log(now_ns, "topology", nics=len(fab.nics), links=len(fab.links),
+          changes=list(change.changes[:LOGGED]), n_changes=len(change.changes),
+          problems=list(change.learned.problems[:LOGGED]),
+          matches_plan=None if plan is None else plan.matches_plan,
+          plan_differences=list(diffs[:LOGGED]), n_plan_differences=len(diffs))  # fmt: skip
+    return [event]
 
 
 async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
@@ -90,7 +121,8 @@ async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
     while True:
         await asyncio.sleep(w.config.tick_s)
         now = clock()
-        new = list(live.tick(now))
+        new = relearn(w, now)
+        new += live.tick(now)
         actions: list[tuple[str, bytes]] = []
         if remediation is not None:
             remediation.observe(new)
@@ -159,6 +191,9 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
     its audit records to ``w.on_action``, the log, the API's events and
     ``<prefix>/events/remediation``; acks and rank registrations are read from their topics.
     TLS and credentials: ``w.config.mqtt_security`` (`mqttlink.settings.client_kwargs`).
+    With a learned fabric (``w.topology``) it also reads every host's neighbours document
+    (subscribed first: the retained ones then arrive before the presence they vouch for) and
+    learns the fabric again on the ticker (`relearn`).
     """
     live, topics, clock, log, counters = w.live, w.broker.topics, w.clock, w.log, w.counters
     router_nodes, remediation, queue = w.config.router_nodes, w.remediation, w.queue
@@ -167,7 +202,9 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
         host, port, protocol=aiomqtt.ProtocolVersion.V5, timeout=REQUEST_TIMEOUT_S,
         **client_kwargs(w.config.mqtt_security),
     ) as client:  # fmt: skip
+        learned = (topics.subscription("neighbors"),) if w.topology is not None else ()
         for flt in (
+            *learned,
             topics.subscription("probes", w.broker.share),
             topics.subscription("presence"),
             topics.subscription("health"),
@@ -194,9 +231,8 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
                     if ev is not None:
                         await _publish_event(client, topics, w.api, ev)
                 else:
-                    out = handle_message(
-                        live, topics, str(msg.topic), payload, clock(), router_nodes, queue
-                    )
+                    out = handle_message(live, topics, str(msg.topic), payload, clock(),
+                                         router_nodes, queue, w.topology)  # fmt: skip
                 key = "bad" if out.startswith("bad:") else out
                 counters[key] = counters.get(key, 0) + 1
                 if key == "bad":
@@ -262,16 +298,20 @@ def _topic_kind(topics: Topics, topic: str) -> str:
     return message_kind(topics, topic)  # knows the jobs and remediation-ack topics too
 
 
-def live_state(config: ServiceConfig) -> LiveController:
+def live_state(config: ServiceConfig, topology: TopologyLearner | None = None) -> LiveController:
     """Return the live state `run_service` builds for ``config``: its fabric, live settings
     (clock solves left to the service's worker thread) and detection thresholds, with the
-    fabric model's paths trusted or not (``config.model_paths``)."""
+    fabric model's paths trusted or not (``config.model_paths``; never for a learned fabric,
+    whose ECMP model is no one's). With ``topology`` (a learned fabric) probe batches are
+    judged by the NICs hosts claim (`TopologyLearner.owners`)."""
     live = LiveController(
         config.fabric,
         dataclasses.replace(config.live, solve_inline=False),
         brain=Brain(config.fabric, config.brain),
+        owners=topology.owners if topology is not None else None,
     )
-    live.use_model_paths(config.model_paths)  # before any ingest: no flow has a path yet
+    # before any ingest: no flow has a path yet
+    live.use_model_paths(config.model_paths and config.learn is None)
     return live
 
 
@@ -338,7 +378,9 @@ async def run_service(
     that worked (`mqttlink.reconnect`). The log says ``connected`` once the subscriptions of a
     connection are in place.
 
-    ``live``: the live state to run (default `live_state(config)`); ``max_attempts`` bounds
+    ``live``: the live state to run (default `live_state(config)`; pass one only with a
+    declared fabric: a learned fabric's live state judges origins by the learner this
+    function makes, `live_state(config, topology)`); ``max_attempts`` bounds
     the connection attempts (tests); returns the live state then. ``on_tick(now)`` is called
     after every tick, once its events are out (tests wait on it instead of the wall clock).
     With ``config.timeseries`` every interval is written there (the brain is wrapped so the
@@ -352,8 +394,9 @@ async def run_service(
     API's, so ``PUT /api/v1/control`` switches real remediation and jobs registered through
     the API feed the policy.
     """
+    topology = TopologyLearner(config.learn) if config.learn is not None else None
     if live is None:
-        live = live_state(config)
+        live = live_state(config, topology)
     obs = observability or Observability(
         config.fabric, config.timeseries, config.metrics_listen, log
     )
@@ -370,7 +413,7 @@ async def run_service(
     w = Wiring(
         broker, config, live, clock, log, remediation=rem, api=api,
         queue=ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None,
-        on_solve=obs.solve, on_action=on_action, on_tick=on_tick,
+        on_solve=obs.solve, on_action=on_action, on_tick=on_tick, topology=topology,
     )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:

@@ -16,7 +16,14 @@ One agent per host drives every local NIC:
 - every ``telemetry.interval_s`` a health document (GPU, NIC counters, prober counters),
   and one at once when a NIC's link state changes (checked every `LINK_CHECK_S`);
 - path discovery (``[paths]``, UDP only): TTL traces of the probe flows themselves, a few per
-  second per NIC (`prober.pathsweep`), published as JSON on ``<prefix>/paths/<host>``.
+  second per NIC (`prober.pathsweep`), published as JSON on ``<prefix>/paths/<host>``;
+- with discovery (``[discover]``, `prober.discover.resolve.LocalNics`): the neighbours document
+  (its NICs and their LLDP neighbours, retained on ``<prefix>/neighbors/<host>``), published
+  on every connect and when LLDP (read every ``lldp_interval_s``) shows a change; a NIC whose
+  leaf changed moves to that leaf's group. Its peers are learned from every other prober's
+  neighbours document (`prober.discover.peers.PeerBook`, followed by
+  `prober.discover.follow`), ``[[peers]]`` laid over them; a change of peers or groups plans
+  the probes again (`replan`): same sockets and source ports, fresh phases, a new trace sweep.
 
 Clocks: every stamp and every "now" is in the NIC's clock (`Endpoint.now_ns`); the schedule
 runs on the host clock and each probe is queued at its NIC's "now".
@@ -34,13 +41,16 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from contract.records import encode_batch
 from prober import compiled
-from prober.config import ProberConfig, load_probe_keys
+from prober.config import PeerConfig, ProberConfig, load_probe_keys
+from prober.discover.follow import follow_neighbors
+from prober.discover.peers import PeerBook, merge_peers
+from prober.discover.resolve import Lldp, LocalNics, read_lldp_or_none
 from prober.drive import CompiledDriver
 from prober.endpoint import Endpoint, EndpointFactory, udp_endpoint_factory
 from prober.events import Address, ProbeEvent, ResultBlock, results_to_batch
@@ -128,10 +138,14 @@ class AgentStats:
     batches: int = 0
     traces: int = 0
     paths: int = 0
+    replans: int = 0
 
 
 class Agent:
-    """Run the prober of ``cfg.host`` until stopped (or for one round with ``once``)."""
+    """Run the prober of ``cfg.host`` until stopped (or for one round with ``once``).
+
+    ``local``: what ``cfg``'s NICs were found from (`prober.discover.resolve.discover_config`;
+    None: they were listed); ``lldp_reader(socket)`` reads the LLDP neighbours again."""
 
     def __init__(
         self,
@@ -142,8 +156,16 @@ class Agent:
         now_ns: Callable[[], int] = time.time_ns,
         gpu_reader: Callable[[], GpuReading] = read_gpus,
         link_reader: Callable[[str], bool | None] = read_link_up,
+        local: LocalNics | None = None,
+        lldp_reader: Callable[[str], Lldp] = read_lldp_or_none,
     ) -> None:
         self.cfg = cfg
+        self.local = local
+        self._lldp_reader = lldp_reader
+        self._explicit_peers = cfg.peers
+        learn = cfg.discover is not None and cfg.discover.peers
+        self.peer_book = PeerBook(cfg.host) if learn else None
+        self._replanned = asyncio.Event()
         self._link_reader = link_reader
         self._links: dict[str, bool | None] = {}
         self._now_ns = now_ns
@@ -336,6 +358,63 @@ class Agent:
         self.stats.results += len(batch) - int(batch.lost.sum())
         return len(batch)
 
+    # ---- peers and groups that change while probing --------------------------------------------
+
+    def set_peers(self, peers: Sequence[PeerConfig]) -> None:
+        """Probe ``peers`` (and the NICs of the own groups) from now on (`replan`)."""
+        self.cfg = replace(self.cfg, peers=tuple(peers))
+        self.replan()
+
+    def replan(self) -> None:
+        """Plan the probes of ``self.cfg``'s peers and groups again: same source ports (and
+        sockets), fresh phases, a new trace sweep at once. NIC ids and addresses seen before
+        stay known (results of a peer that left may still be in flight)."""
+        self.peers = plan_peers(self.cfg)
+        self.nic_table = tuple(sorted(set(self.nic_table) | set(self.cfg.group_of())))
+        self.address.update(self.cfg.peer_address())
+        self.plan = ProbePlan(self.peers, self.cfg.schedule, start_ns=self._now_ns(),
+                              ports=self.plan.ports)  # fmt: skip
+        self._targets = None
+        self._stream_table = None
+        self._core_targets = None
+        if self._driver is not None and self._driver.batched:
+            self.plan.compile()
+        if self._traces is not None:
+            self._flows = sweep_flows(self.peers, self.plan.ports)
+            self._traces = TraceTimer(len(self._flows), self._trace_gap_s(),
+                                      self.cfg.paths_refresh_s, time.monotonic())  # fmt: skip
+        self._replanned.set()
+        self.stats.replans += 1
+
+    def _learned_peers(self) -> None:
+        """`PeerBook` said the peers changed: probe them (with ``[[peers]]`` over them)."""
+        assert self.peer_book is not None
+        local = [n.id for n in self.cfg.nics]
+        self.set_peers(merge_peers(self._explicit_peers, self.peer_book.peers(), local))
+
+    def publish_neighbors(self) -> None:
+        """Hand the current neighbours document to the publisher (with discovery only)."""
+        if self.local is not None:
+            self.publisher.set_neighbors(self.local.document(self._now_ns()).encode())
+
+    def check_lldp(self, reading: Lldp) -> bool:
+        """Take a new LLDP reading: when a neighbour changed, publish the neighbours document
+        again and, when a NIC's leaf (group) changed, plan the probes again. Return whether
+        anything changed."""
+        if self.local is None:
+            return False
+        fresh = self.local.with_lldp(reading)
+        if fresh == self.local:
+            return False
+        self.local = fresh
+        self.publish_neighbors()
+        groups = {n.id: n.group for n in fresh.nics()}
+        nics = tuple(replace(n, group=groups.get(n.id, n.group)) for n in self.cfg.nics)
+        if nics != self.cfg.nics:
+            self.cfg = replace(self.cfg, nics=nics)
+            self.replan()
+        return True
+
     # ---- telemetry: the one place health documents are made and published --------------------
 
     def publish_health(self) -> None:
@@ -355,7 +434,11 @@ class Agent:
             "bad_auth": sum(s.counters["bad_auth"] for s in self.sessions.values()),
             "auth_key": self.probe_keys.send_id if self.probe_keys else "",
             "hot_path": self.hot_path,
+            "peers": len(self.cfg.peers),
+            "replans": self.stats.replans,
         }
+        if self.peer_book is not None:
+            counters["neighbors"] = dict(self.peer_book.counters)
         doc = health_doc(self.cfg.host, self._now_ns(), gpu, self._gpu_prev, nics, counters)
         self._gpu_prev = gpu
         self.publisher.set_health(doc)
@@ -431,6 +514,12 @@ class Agent:
                 self.plan.compile()
             tasks.append(asyncio.create_task(self._driver.run()))
         tasks.extend(asyncio.create_task(c) for c in self._factory.agent_tasks(self))
+        self.publish_neighbors()  # before the publisher's first connect: it goes out first
+        if self.peer_book is not None and not once:
+            tasks.append(asyncio.create_task(follow_neighbors(
+                self.cfg.mqtt, f"qpmesh-neighbors-{self.cfg.host}", self.peer_book,
+                self._learned_peers,
+            )))  # fmt: skip
         if self.discovery and not once:
             if driven:  # traces start on the driver's tick: no timer of their own
                 self._flows = sweep_flows(self.peers, self.plan.ports)
@@ -524,6 +613,10 @@ class Agent:
         next_batch = loop.time() + batch_s
         next_health = loop.time() + self.cfg.telemetry_interval_s
         next_links = loop.time()
+        d = self.cfg.discover
+        lldp_every = d.lldp_interval_s if d is not None and self.local is not None else None
+        next_lldp = loop.time() + (lldp_every or 0.0)
+        lldp_read: asyncio.Task[Lldp] | None = None
         # the batched hot path queues 10 ms ahead and wakes at most every 5 ms (its endpoints
         # send on their own tick); per-datagram: 2 ms ahead, woken for every probe; compiled:
         # the driver queues on its tick, this loop only batches and reports
@@ -548,6 +641,15 @@ class Agent:
                 if self.check_links():
                     next_health = now + self.cfg.telemetry_interval_s
                 next_links = now + LINK_CHECK_S
+            if lldp_every is not None and d is not None:
+                if lldp_read is not None and lldp_read.done():
+                    self.check_lldp(lldp_read.result())
+                    lldp_read = None
+                if lldp_read is None and now >= next_lldp:  # lldpcli in a thread: not here
+                    lldp_read = asyncio.create_task(
+                        asyncio.to_thread(self._lldp_reader, d.lldp_socket)
+                    )
+                    next_lldp = now + lldp_every
             if driven:
                 wait_s = max(0.0, min(next_batch, next_health, next_links) - loop.time())
             else:
@@ -558,6 +660,8 @@ class Agent:
                 wait_s = min(gap_s, 0.05, max(0.0, next_batch - now))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait_s)
+        if lldp_read is not None:  # a reading still running: let its thread end
+            await asyncio.gather(lldp_read, return_exceptions=True)
 
     # ---- path discovery -----------------------------------------------------------------------
 
@@ -606,19 +710,22 @@ class Agent:
             self._retrace_one()
 
     async def _trace_loop(self) -> None:
-        """Trace every probe flow, ``traces_per_s`` per NIC; a new sweep every ``refresh_s``."""
-        flows = sweep_flows(self.peers, self.plan.ports)
+        """Trace every probe flow, ``traces_per_s`` per NIC; a new sweep every ``refresh_s``,
+        and at once when the probes were planned again (`replan`)."""
         gap_s = self._trace_gap_s()
         loop = asyncio.get_running_loop()
         while True:
             began = loop.time()
-            for flow in flows:
+            self._replanned.clear()
+            for flow in sweep_flows(self.peers, self.plan.ports):
+                if self._replanned.is_set():
+                    break
                 self._trace_flow(*flow)
                 await asyncio.sleep(gap_s)
                 self.poll_paths()
             rest = self.cfg.paths_refresh_s - (loop.time() - began)
             end = loop.time() + max(0.0, rest)
-            while loop.time() < end:
+            while loop.time() < end and not self._replanned.is_set():
                 await asyncio.sleep(min(1.0, max(0.0, end - loop.time())))
                 self.poll_paths()
                 if self._retrace:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prober.config import ProberConfig, load_config, load_probe_keys
 
 if TYPE_CHECKING:  # the transports are imported when a prober runs, not by every command
+    from prober.discover.resolve import LocalNics
     from prober.endpoint import EndpointFactory
 
 
@@ -158,7 +159,9 @@ def _run(args: argparse.Namespace) -> int:
     cfg = _load(args)
     keys = load_probe_keys(cfg)  # a bad key file fails here, in one line, before anything runs
     if args.dry_run:
-        doc = dry_run_plan(cfg)
+        from prober.discover.resolve import discover_config
+
+        doc = dry_run_plan(discover_config(cfg)[0])
         doc["auth"] = {"key_file": cfg.auth_key_file, **keys.describe()} if keys else None
         _print_dry_run(doc, args.json)
         return 0
@@ -175,9 +178,14 @@ def run_prober(
     """Run the prober of ``cfg`` until SIGTERM/SIGINT (or one round with ``once``); return 0.
 
     ``clock`` is the UDP endpoints' clock hook (kernel ns -> host ns), None on a real host.
+    With ``[discover]`` the NICs are found first (`prober.discover.resolve.discover_config`).
     Raises `prober.rdma.discover.RdmaUnavailable` (an OSError) for ``transport = "rdma"``
-    without a usable device.
+    without a usable device, `prober.discover.resolve.NoNicsError` (an OSError) when no NIC
+    is found.
     """
+    from prober.discover.resolve import discover_config
+
+    cfg, local = discover_config(cfg)
     factory: EndpointFactory | None = None
     if cfg.transport == "rdma":
         from prober.rdma.discover import require_rdma
@@ -192,13 +200,13 @@ def run_prober(
         factory = udp_endpoint_factory(cfg, clock)
     profile_to = os.environ.get(PROFILE_ENV)
     if not profile_to:
-        return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json))
+        return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json, local=local))
     import cProfile
 
     prof = cProfile.Profile()
     prof.enable()
     try:
-        return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json))
+        return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json, local=local))
     finally:
         prof.disable()
         prof.dump_stats(profile_to)
@@ -210,11 +218,16 @@ PROFILE_ENV = "QPMESH_PROBER_PROFILE"
 
 
 async def _serve(
-    cfg: ProberConfig, factory: EndpointFactory | None, *, once: bool, as_json: bool
+    cfg: ProberConfig,
+    factory: EndpointFactory | None,
+    *,
+    once: bool,
+    as_json: bool,
+    local: LocalNics | None = None,
 ) -> int:
     from prober.agent import Agent
 
-    agent = Agent(cfg, endpoint_factory=factory)
+    agent = Agent(cfg, endpoint_factory=factory, local=local)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

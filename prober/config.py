@@ -15,14 +15,23 @@ Layout (see docs/prober.md for the full reference)::
     [telemetry]                   # interval_s, gpu
     [paths]                       # enabled, traces_per_s, max_ttl, refresh_s (path discovery)
     [auth]                        # key_file: probe HMAC keys (contract.keys; docs/security.md)
+    [discover]                    # nics, exclude (globs), nic_id, lldp_socket, lldp_interval_s,
+                                  # peers: this host's NICs and its peers found, not listed
     [[nics]]   id, address, group, device, rdma_device, gid_index
     [[peers]]  id, address, group, port
+
+Discovery (`read_discover`) is on when the file has ``[discover]`` or no ``[[nics]]``: the
+prober then finds its NICs (`prober.discover.resolve.discover_config`, before it starts) and
+learns its peers from the other probers' neighbours documents; ``[[nics]]`` and ``[[peers]]``
+entries override what is found. ``prober.host`` defaults to the host name. So a config needs
+only ``[mqtt]`` (the broker and its credentials).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +39,7 @@ from typing import Any
 from contract.keys import HMAC, KeySet, load_key_file
 from contract.tomlcheck import Table, parse_toml
 from mqttlink.settings import BrokerSettings, read_security
+from prober.discover.nics import nic_id as make_nic_id
 from prober.schedule import ScheduleConfig
 
 TRANSPORTS = ("udp", "rdma")
@@ -69,6 +79,22 @@ class PeerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DiscoverConfig:
+    """``[discover]``: which interfaces to probe from (``nics`` = ``include`` and ``exclude``
+    shell globs, `prober.discover.nics.NicFilter`), the fabric id of a found NIC (``nic_id``,
+    ``{host}`` and ``{ifname}`` filled in), lldpd's control socket (``lldp_socket``, "" the
+    system's), how often LLDP is read again (``lldp_interval_s``) and whether peers are
+    learned from the other probers' neighbours documents (``peers``)."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    nic_id: str = "{host}.{ifname}"
+    lldp_socket: str = ""
+    lldp_interval_s: float = 10.0
+    peers: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class ProberConfig:
     """The whole validated configuration."""
 
@@ -98,6 +124,7 @@ class ProberConfig:
     paths_max_ttl: int = 8
     paths_refresh_s: float = 60.0
     auth_key_file: str = ""  # "" = probes are not authenticated; relative: to the config file
+    discover: DiscoverConfig | None = None  # [discover]: NICs and peers found (None: listed)
     source: str = "<config>"
 
     def group_of(self) -> dict[str, str]:
@@ -130,17 +157,24 @@ def _port(v: int) -> bool:
 
 
 def parse_config(
-    doc: Mapping[str, Any], source: str = "<config>", base_dir: Path | None = None
+    doc: Mapping[str, Any],
+    source: str = "<config>",
+    base_dir: Path | None = None,
+    hostname: Callable[[], str] = socket.gethostname,
 ) -> ProberConfig:
     """Return the validated configuration in TOML document ``doc``; raise `ConfigError`.
 
     Relative file names in ``[mqtt]`` (``ca_file``, ``cert_file``, ``key_file``,
     ``password_file``) are taken from ``base_dir`` (the config file's folder).
+    ``prober.host`` defaults to ``hostname()``.
     """
     src = source
     root = Table.root(doc, src, ConfigError)
     pr = root.table("prober")
-    host = pr.require("host", str, _ident, "a host id (letters, digits, - _ . :)")
+    want = "a host id (letters, digits, - _ . :)"
+    host = pr.get("host", str, "", _ident, want) or hostname()
+    if not _ident(host):
+        raise pr.err("host", f"is not set and the host name {host!r} is not {want}")
     transport = pr.get("transport", str, "udp", lambda v: v in TRANSPORTS, f"one of {TRANSPORTS}")
     port = pr.get("port", int, 4791, _port, "an integer in 1..65535")
     stamps = pr.get("timestamps", str, "auto", lambda v: v in STAMPS, f"one of {STAMPS}")
@@ -180,8 +214,9 @@ def parse_config(
     au.finish()
 
     nics = tuple(_read_nic(t) for t in root.tables("nics"))
-    if not nics:
-        raise ConfigError(f"{src}: nics: at least one [[nics]] entry is required")
+    discover = None
+    if root.has("discover") or not nics:
+        discover = read_discover(root.table("discover"), host)
     peers = tuple(_read_peer(t) for t in root.tables("peers"))
     _check_unique_ids(nics, peers, src)
     root.finish()
@@ -212,8 +247,38 @@ def parse_config(
         paths_max_ttl=max_ttl,
         paths_refresh_s=refresh,
         auth_key_file=key_file,
+        discover=discover,
         source=src,
     )
+
+
+def read_discover(tab: Table, host: str) -> DiscoverConfig:
+    """Return ``[discover]`` (`DiscoverConfig`; an empty table: every interface with an RDMA
+    port, ids ``{host}.{ifname}``, the system lldpd). Raises the table's error, also for an
+    ``nic_id`` template that does not make a fabric id for ``host``."""
+    d = DiscoverConfig()
+
+    def globs(key: str) -> tuple[str, ...]:
+        value = tab.get(key, list, [], lambda v: all(isinstance(x, str) and x.strip() for x in v),
+                        "a list of interface name globs")  # fmt: skip
+        return tuple(value)
+
+    out = DiscoverConfig(
+        include=globs("nics"),
+        exclude=globs("exclude"),
+        nic_id=tab.get("nic_id", str, d.nic_id),
+        lldp_socket=tab.get("lldp_socket", str, d.lldp_socket),
+        lldp_interval_s=tab.get(
+            "lldp_interval_s", float, d.lldp_interval_s, lambda v: 0.1 <= v <= 3600, "0.1..3600"
+        ),
+        peers=tab.get("peers", bool, d.peers),
+    )
+    try:
+        make_nic_id(out.nic_id, host, "eth0")
+    except ValueError as exc:
+        raise tab.err("nic_id", str(exc)) from None
+    tab.finish()
+    return out
 
 
 def read_schedule(tab: Table) -> ScheduleConfig:

@@ -133,6 +133,10 @@ def gather(
 ) -> HostFacts:
     """Read everything `prober.doctor.run_checks` needs from this host (thin)."""
     addrs = read_ip_addr()
+    if cfg is not None and cfg.discover is not None:  # [discover]: its patterns and lldpd
+        d = cfg.discover
+        flt = NicFilter(flt.include or d.include, flt.exclude or d.exclude)
+        lldp_socket = lldp_socket or d.lldp_socket
     if cfg is not None:  # the config's NICs, by device name or by address
         named = {n.device for n in cfg.nics if n.device}
         wanted = {n.address for n in cfg.nics}

@@ -276,6 +276,14 @@ def _run_args(p: argparse.ArgumentParser) -> None:
         "probes, batches as another host, a replay, a forged action); the report gains "
         '"security": what was tried and what got through (docs/mqtt-security.md)',
     )
+    p.add_argument(
+        "--discover",
+        action="store_true",
+        help="tell the probers and the controller nothing of the fabric: lldpd in every "
+        "namespace, switches answering TTL probes from router ids, probers that find their "
+        "NICs and learn their peers, a controller that learns the fabric (checked against "
+        'the plan); the report gains "topology": matches_plan, differences (docs/testbed.md)',
+    )
 
 
 def _run(a: argparse.Namespace) -> int:
@@ -286,13 +294,18 @@ def _run(a: argparse.Namespace) -> int:
     prefix = a.prefix or ("r" + secrets.token_hex(3) + "-")
     report: dict[str, Any] = run_scenario(
         sc, prefix, random_k=a.random_faults, seed=a.seed, progress=_progress,
-        out_dir=Path(a.out) if a.out else None, secure=a.secure,
+        out_dir=Path(a.out) if a.out else None, secure=a.secure, discover=a.discover,
     )  # fmt: skip
     if a.json:
         print(json.dumps(report))
     else:
         print(f"scenario {report['scenario']}: {len(report['applied'])} fault actions, "
               f"{len(report['events'])} events; missing: {report['missing'] or 'nothing'}")  # fmt: skip
+        if "topology" in report:
+            t = report["topology"]
+            print(f"topology: matches the plan: {t['matches_plan']}; {t['changes']} changes "
+                  f"({t['changes_during_run']} during the run); differences: "
+                  f"{'; '.join(t['differences']) or 'none'}")  # fmt: skip
         if "security" in report:
             s = report["security"]
             print("security: " + ", ".join(f"{k} {s[k]}" for k in (

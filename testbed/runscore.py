@@ -22,7 +22,7 @@ from mesh.fabric import Fabric
 from testbed.scenario import Fault
 from testbed.scoring import cause_ok, prf
 
-NOT_ALERTS = frozenset(("clear", "remediation"))
+NOT_ALERTS = frozenset(("clear", "remediation", "topology"))  # not findings about faults
 
 
 def _ends(name: str) -> frozenset[str]:

@@ -82,7 +82,17 @@ def test_config_validation(tmp_path: Path) -> None:
         ('[sync]\nuse_uncoded = "false"\n', r"c\.toml: sync\.use_uncoded: must be true or false"),
         ('[controller]\nmax_events = "3"\n', r"c\.toml: controller\.max_events: must be"),
         ("[controller]\ntick_s = true\n", r"c\.toml: controller\.tick_s: must be"),
-        ("[paths]\nrouters = {'10.0.0.1' = 'nope'}\n", r"paths\.routers\.10\.0\.0\.1: unknown"),
+        (
+            "[fabric]\nleaves = 2\n[paths]\nrouters = {'10.0.0.1' = 'nope'}\n",
+            r"paths\.routers\.10\.0\.0\.1: unknown",
+        ),
+        # no [fabric] shape: learned, so the routers are named in [fabric.routers]
+        ("[paths]\nrouters = {'10.0.0.1' = 'spine0'}\n", r"c\.toml: paths\.routers: a learned"),
+        ("[fabric]\nplan = 'missing.json'\n", "cannot read fabric file"),
+        ("[fabric]\nrouters = {'10.0.0.1' = 'a b'}\n", r"fabric\.routers\.10\.0\.0\.1: must be a"),
+        ("[fabric]\nrelearn_s = -1\n", r"c\.toml: fabric\.relearn_s: must be 0\.\.3600"),
+        ("[fabric]\nleaves = 2\nplan = 'p.json'\n", r"c\.toml: fabric\.plan: unknown key"),
+        ("[timeseries]\nurl = 'http://127.0.0.1:8428'\n", r"timeseries: needs a declared"),
         ("[sync]\nmax_unc_ns = 0\n", r"c\.toml: sync\.max_unc_ns: must be a number of ns > 0"),
         ("[sync]\nmax_unc_ns = inf\n", r"c\.toml: sync\.max_unc_ns: must be"),
         ('[sync]\nmax_unc_ns = "1000"\n', r"c\.toml: sync\.max_unc_ns: must be"),

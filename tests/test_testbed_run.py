@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,40 @@ def test_run_localizes_flap_and_reports_sync(tmp_path: Path) -> None:
         assert found & {("contention", "leaf1->spine0"), ("contention", "spine0->leaf1")}, found
         d = doc["delays"]  # most delays judged: the clocks were trusted most of the run
         assert d["fine"] + d["coarse"] > 0.7 * (d["fine"] + d["coarse"] + d["withheld"]), d
+    finally:
+        _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
+        st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)
+        doc = json.loads(st.stdout)
+        assert not doc["namespaces"] and not doc["root_links"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("lldpd") is None and not Path("/usr/sbin/lldpd").exists(),
+                    reason="needs lldpd (.ci/setup installs it)")  # fmt: skip
+def test_run_discover_learns_the_plan_and_localizes(tmp_path: Path) -> None:
+    """Probers with no NIC or peer listed and a controller with no fabric: the learned fabric
+    equals the plan before the faults start, stays so through them (a fault is not a
+    recabling), and the random faults are localized as on the declared fabric."""
+    prefix = "d" + secrets.token_hex(2) + "-"
+    try:
+        out = _qpmesh("testbed", "run", "testbed/scenarios/netns_small.toml", "--discover",
+                      "--random-faults", "2", "--seed", "2", "--json", "--prefix", prefix,
+                      "--out", str(tmp_path), timeout=280)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        rep = json.loads(out.stdout)
+        topo = rep["topology"]
+        assert topo["matches_plan"] and topo["differences"] == [], topo
+        assert topo["changes_during_run"] == 0 and (topo["nics"], topo["links"]) == (6, 12)
+        est = rep["estimators"]["qpmesh"]
+        assert est["precision"] >= 0.95 and est["recall"] >= 0.95, (est, rep["localization"])
+        assert all(x["localized"] for x in rep["localization"]), rep["localization"]
+        # nothing of the fabric was written for them
+        cfg = (tmp_path / "prober-host0.toml").read_text()
+        assert "[[nics]]" not in cfg and "[[peers]]" not in cfg and "[discover]" in cfg
+        ctl = (tmp_path / "controller.toml").read_text()
+        assert "leaves" not in ctl and "plan = " in ctl
+        # the learned fabric's events name the plan's links (spines named by router id)
+        assert any(e["kind"] == "topology" for e in rep["events"])
     finally:
         _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
         st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)

@@ -34,21 +34,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from contract.documents import TracedPath
-from contract.neighbors import NeighborsDoc
+from contract.neighbors import NeighborsDoc, leaf_group, switch_id
 from mesh.fabric.model import Fabric, Link, Nic, Node, NodeKind
 
-_BAD = frozenset("/+# \t\n")
-
-
-def leaf_group(leaf: str) -> str:
-    """Return the ECMP group id of the NICs under ``leaf`` (one group per leaf)."""
-    return f"ecmp-{leaf}"
-
-
-def switch_id(name: str) -> str:
-    """Return ``name`` as a fabric id: characters ids may not hold (``/ + #`` and blanks)
-    become ``_``; an empty name stays empty."""
-    return "".join("_" if c in _BAD else c for c in name.strip())
+__all__ = ["LearnedFabric", "LinkDefaults", "leaf_group", "learn_fabric", "switch_id"]
 
 
 @dataclass(frozen=True, slots=True)

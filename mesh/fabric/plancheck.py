@@ -86,8 +86,12 @@ def _pair_tier(
     return rest, left
 
 
-def check_plan(learned: Fabric, plan: Fabric) -> PlanCheck:
-    """Return how ``learned`` differs from ``plan`` (see the module doc); never raises."""
+def check_plan(learned: Fabric, plan: Fabric, *, reference: str = "the plan") -> PlanCheck:
+    """Return how ``learned`` differs from ``plan`` (see the module doc); never raises.
+
+    ``reference`` names ``plan`` in the sentences (``"the last fabric"`` when comparing two
+    learned fabrics, as the controller does for each change it applies)."""
+    ref = reference
     diffs: list[str] = []
     mine = {n.address: n for n in learned.nics}
     theirs = {n.address: n for n in plan.nics}
@@ -98,23 +102,23 @@ def check_plan(learned: Fabric, plan: Fabric) -> PlanCheck:
                          "with an LLDP neighbour")  # fmt: skip
             continue
         if ln.host != pn.host:
-            diffs.append(f"{pn.id} ({addr}) is on host {ln.host}, the plan says {pn.host}")
+            diffs.append(f"{pn.id} ({addr}) is on host {ln.host}, {ref} says {pn.host}")
         if ln.leaf != pn.leaf:
-            diffs.append(f"{pn.id} ({addr}) is cabled to {ln.leaf}, the plan says {pn.leaf}")
+            diffs.append(f"{pn.id} ({addr}) is cabled to {ln.leaf}, {ref} says {pn.leaf}")
     for addr, ln in sorted(mine.items(), key=lambda kv: kv[1].index):
         if addr not in theirs:
-            diffs.append(f"{ln.id} ({addr}, {ln.host}, under {ln.leaf}) is not in the plan")
+            diffs.append(f"{ln.id} ({addr}, {ln.host}, under {ln.leaf}) is not in {ref}")
 
     paired: dict[str, str] = {}
     for kind in (NodeKind.LEAF, NodeKind.SPINE, NodeKind.SUPERSPINE):
         extra, missing = _pair_tier(learned, plan, kind, paired)
         what = _TIER_NAME[kind]
         if kind == NodeKind.LEAF:
-            diffs += [f"leaf {sw} is not in the plan" for sw in extra]
+            diffs += [f"leaf {sw} is not in {ref}" for sw in extra]
             diffs += [f"leaf {sw} was not seen: no NIC reports it as its LLDP neighbour"
                       for sw in missing]  # fmt: skip
         else:
-            diffs += [f"{what} {sw} (a router the traces crossed) is not in the plan"
+            diffs += [f"{what} {sw} (a router the traces crossed) is not in {ref}"
                       for sw in extra]  # fmt: skip
             diffs += [f"{what} {sw} was not seen: no traced path crossed it" for sw in missing]
 
@@ -131,9 +135,38 @@ def check_plan(learned: Fabric, plan: Fabric) -> PlanCheck:
         pair = (paired[lk.lower], paired[lk.upper])
         seen_links.add(pair)
         if pair not in plan_links:
-            diffs.append(f"link {shown(lk.lower)}-{shown(lk.upper)} is not in the plan")
+            diffs.append(f"link {shown(lk.lower)}-{shown(lk.upper)} is not in {ref}")
     matched = set(paired.values())
     for lower, upper in sorted(plan_links - seen_links):
         if lower in matched and upper in matched:
             diffs.append(f"link {lower}-{upper} was not seen: no traced path crossed it")
     return PlanCheck(not diffs, tuple(diffs), MappingProxyType(dict(paired)))
+
+
+def fabric_changes(old: Fabric, new: Fabric) -> tuple[str, ...]:
+    """Return what changed from ``old`` to ``new`` in sentences (empty: the same fabric).
+
+    `check_plan` of ``new`` against ``old`` (``"the last fabric"``), and where it finds
+    nothing but the two still differ (it lines NICs up by address and pairs switches by
+    wiring, so a renamed NIC or spine passes it), the ids that came and went."""
+    diffs = list(check_plan(new, old, reference="the last fabric").differences)
+    if diffs or _facts(old) == _facts(new):
+        return tuple(diffs)
+    gone, came = sorted(_ids(old) - _ids(new)), sorted(_ids(new) - _ids(old))
+    if gone or came:
+        return (f"renamed: {', '.join(gone) or 'nothing'} -> {', '.join(came) or 'nothing'}",)
+    return ("NIC groups or switch tiers changed",)
+
+
+def _ids(f: Fabric) -> frozenset[str]:
+    return frozenset([n.id for n in f.nodes] + [n.id for n in f.nics] + [lk.id for lk in f.links])
+
+
+def _facts(f: Fabric) -> frozenset[str]:
+    """Everything that places things in a fabric: node kinds, each NIC's host, leaf,
+    address and group, links by their ends."""
+    return frozenset(
+        [f"{n.id}:{n.kind}" for n in f.nodes]
+        + [f"{n.id}@{n.host}/{n.leaf}/{n.address}/{n.group}" for n in f.nics]
+        + [f"{lk.lower}-{lk.upper}" for lk in f.links]
+    )
