@@ -13,7 +13,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -21,11 +21,13 @@ import numpy.typing as npt
 from contract.documents import EventDoc
 from contract.records import ProbeBatch
 from controller.brain import Brain, BrainConfig
+from controller.brainlike import BrainLike
 from controller.clocksync import ClockState, ClockSync, ClockSyncConfig, Delays, compute_state
 from controller.coalesce import ProbeQueue
 from controller.control import Control
 from controller.ingest import Ingested, Ingestor, PathTable
 from controller.jobs import JobRegistry, screen_jobs
+from controller.measured import Measured
 from controller.observations import Observations
 from controller.throughput import NicRates
 from controller.windows import FlowStore
@@ -39,19 +41,6 @@ EARLY_NS = 10_000_000_000
 (no responder yet) and not judged. Start-up races are a second or less; a probe stamped further
 back is judged as before: stamps on another time base than the controller's clock (a
 free-running NIC clock) must not blind the controller to a host."""
-
-
-class BrainLike(Protocol):
-    """What the controller needs from detection/localization (`controller.brain.Brain`)."""
-
-    def observe(self, obs: Observations) -> None: ...
-    def presence(self, host: str, alive: bool, now_ns: int) -> None: ...
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None: ...
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None: ...
-    def tick(self, now_ns: int) -> list[EventDoc]: ...
-    def link_health(self) -> dict[str, Health]: ...
-    def nic_health(self) -> list[Health]: ...
-    def flap_counts(self) -> dict[str, int]: ...
 
 
 def brain_config(options: Mapping[str, Any] | None = None) -> BrainConfig:
@@ -115,7 +104,10 @@ class LiveController:
         # samples into a part per NIC downlink and one per leaf uplink (`sync.excess`)
         self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
         self.flows = FlowStore(n, self.config.baseline_bucket_ns)
-        self.brain = brain if brain is not None else default_brain(fabric)
+        # no measurement within stale_ns: unknown, whatever the brain's table says (issue 33)
+        self.brain: BrainLike = Measured(
+            brain if brain is not None else default_brain(fabric), fabric, self.config.stale_ns
+        )
         self.events: deque[EventDoc] = deque(maxlen=self.config.max_events)
         self.gpu_state: dict[str, GpuHealth] = {}
         self.rates = NicRates()  # NIC byte counters from health documents -> throughput

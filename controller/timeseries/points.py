@@ -290,7 +290,7 @@ class PointBuilder:
             if nic is not None and not nic_in[nic]:
                 continue
             fields = [
-                f"state={SEVERITY[st.link_health.get(lk.id, Health.UP)]}i",
+                f"state={SEVERITY[st.link_health.get(lk.id, Health.UNKNOWN)]}i",
                 f"flaps={int(st.flap_counts.get(lk.id, 0))}i",
             ]
             if s is not None and i < len(s.link_probes):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from contract.documents import EventDoc
-from controller.live import BrainLike
+from controller.brainlike import BrainLike
 from controller.observations import Observations
 from controller.timeseries.points import MeshState, PointBuilder, RemediationAction
 from controller.timeseries.stats import F64, IntervalStats, summarize
