@@ -30,6 +30,7 @@ from controller.api.views import Scope, snapshot_view
 from controller.control import Control
 from controller.jobs import Job, JobRegistry
 from controller.remediation.audit import ActionLog, ActionQuery
+from controller.tenancy import Grants
 from mesh.snapshot import PairPaths
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
@@ -91,7 +92,7 @@ class Served:
     """An `ApiRuntime` (its API process) on a free port, fed from the demo runner."""
 
     def __init__(self, runner: DemoRunner) -> None:
-        self.jobs = JobRegistry()
+        self.jobs = JobRegistry(grants=Grants.build({"acme": ["nic3"]}, runner.fabric))
         self.control = Control(False)
         self.asked: list[Any] = []
         self.actions = ActionLog()
@@ -153,9 +154,10 @@ async def test_api_process_serves_reads_and_applies_writes_here(runner: DemoRunn
             async with http.put(url + "control", json={"enabled": False},
                                 headers={"Authorization": f"Bearer {ACME}"}) as r:  # fmt: skip
                 assert r.status == 403
-            async with http.post(url + "alertmanager", json={"alerts": []}, headers=hdr) as r:
+            hook = {"version": "4", "groupKey": "g", "status": "firing", "alerts": []}
+            async with http.post(url + "alertmanager", json=hook, headers=hdr) as r:
                 assert r.status == 200 and (await r.json())["accepted"] == 1
-            assert s.asked == [{"alerts": []}]
+            assert s.asked == [hook]
             s.actions.add({"t_ns": 5, "id": "a1", "kind": "move_off_nic", "job": "train-1",
                            "disposition": "would_have"}, "acme")  # fmt: skip
             s.api.publish(None, ())

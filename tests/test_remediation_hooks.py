@@ -217,7 +217,20 @@ async def test_alertmanager_intake_route_deduplicates_by_fingerprint() -> None:
     async with TestClient(TestServer(app)) as c:
         op = {"Authorization": f"Bearer {TOK}"}
         r = await c.post(PREFIX + "/alertmanager", json=payload, headers=op)
-        assert r.status == 200 and await r.json() == {"accepted": 1, "duplicates": 0, "ignored": 0}
+        assert r.status == 200 and await r.json() == {"accepted": 1, "duplicates": 0,
+                                                       "ignored": 0, "unknown": 0}  # fmt: skip
+        # an alert about something that does not exist asks for nothing
+        ghost = _am([{"fingerprint": "g1", "labels": {"action": "move_off_nic", "nic": "nic999"}},
+                     {"fingerprint": "g2", "labels": {"action": "replace_link", "link": "x-y"}},
+                     {"fingerprint": "g3", "labels": {"action": "move_off_nic", "nic": "nic1",
+                                                      "job": "nope"}}])  # fmt: skip
+        r = await c.post(PREFIX + "/alertmanager", json=ghost, headers=op)
+        assert await r.json() == {"accepted": 0, "duplicates": 0, "ignored": 0, "unknown": 3}
+        for bad in ({"fingerprint": {}}, {"fingerprint": "x" * 65}, {"status": "pending"},
+                    {"annotations": {"a": 1}}, {"startsAt": 5}):  # fmt: skip
+            alert = {"labels": {"action": "move_off_nic", "nic": "nic0"}, **bad}
+            r = await c.post(PREFIX + "/alertmanager", json=_am([alert]), headers=op)
+            assert r.status == 400, bad
         msgs, docs = rt.tick(6 * SEC)
         r = await c.post(PREFIX + "/alertmanager", json=payload, headers=op)  # same fingerprint
         assert (await r.json())["duplicates"] == 1

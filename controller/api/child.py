@@ -124,7 +124,7 @@ async def serve(init: feed.Init, sock: socket.socket, inp: Any, out: int) -> Non
     remote = _Remote(out, mirror, init.can_ask)
     app = make_app(hub, init.config.tokens, jobs=mirror.jobs, control=mirror.control,
                    actions=mirror if init.has_actions else None, job_status=mirror.job_status,
-                   options=init.config.options, commands=remote)  # fmt: skip
+                   options=init.config.options, commands=remote, grants=init.grants)  # fmt: skip
     prime_snapshot(app, hub.snapshot())
     done = asyncio.Event()
 

@@ -29,6 +29,7 @@ from typing import Any
 from contract.documents import EventDoc
 from controller.api import feed
 from controller.api.config import ApiConfig
+from controller.tenancy import Grants
 from mesh.fabric import Fabric
 from mesh.snapshot import MeshSnapshot
 
@@ -101,15 +102,16 @@ class ApiProcess:
         can_ask: bool = True,
         has_actions: bool = True,
         log: Callable[[str], None] = lambda msg: None,
+        grants: Grants | None = None,
     ) -> None:
         """``state()`` returns the shared state now (called where ``submit`` runs calls and
         by `publish` callers); ``handle`` applies a call; ``submit(fn)`` runs ``fn`` where
-        the state lives (default: in the reader thread)."""
+        the state lives (default: in the reader thread); ``grants``: the tenants' NICs."""
         self.config, self.fabric = config, fabric
         self._state, self._handle, self._submit = state, handle, submit
         self._on_clients, self._log = on_clients, log
         self._init = feed.init_message(fabric, config, snapshot, state(), can_ask=can_ask,
-                                       has_actions=has_actions)  # fmt: skip
+                                       has_actions=has_actions, grants=grants)  # fmt: skip
         self._cv = threading.Condition()
         self._queue: deque[object] = deque()
         self._snap: MeshSnapshot | None = None

@@ -1,6 +1,7 @@
 """The API of a controller service, served by its own process (thin shell).
 
-`ApiRuntime(config, snapshot, jobs=..., control=..., actions=...)`: ``start()`` starts the
+`ApiRuntime(config, snapshot, jobs=..., control=..., actions=...)` (the tenants' NIC grants
+are the job registry's, `JobRegistry.grants`): ``start()`` starts the
 API process (`controller.api.process.ApiProcess`, `controller.api.child`) and returns the
 base URL once it serves; the service calls `publish(snapshot, events)` after every tick
 (nothing there waits for the API: the snapshot is pickled and written by a thread, requests
@@ -116,7 +117,7 @@ class ApiRuntime:
             self.config, self._snapshot.fabric, self._snapshot, lambda: self.state(full=True),
             handle=self._handle, submit=loop.call_soon_threadsafe,
             on_clients=self._on_clients, can_ask=self._ask is not None,
-            has_actions=self.actions is not None, log=self._log,
+            has_actions=self.actions is not None, log=self._log, grants=self.jobs.grants,
         )  # fmt: skip
         self._last = None
         port = proc.start()  # in the loop's thread: the API process dies with it

@@ -1,12 +1,14 @@
 """Serving the API app: on the running loop (`start_api`) or in its own thread (`ApiThread`).
 
-Thin shell: aiohttp's `AppRunner` and `TCPSite`. `parse_listen` (pure) reads ``HOST:PORT``.
+Thin shell: aiohttp's `AppRunner` and `TCPSite`, over TLS when given an ``ssl_context``
+(`controller.api.access.TlsFiles.context`). `parse_listen` (pure) reads ``HOST:PORT``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 
 from aiohttp import web
@@ -22,12 +24,15 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def start_api(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` on ``host:port`` in the running loop; return the runner (call its
-    ``cleanup()`` to stop) and the bound port. Raises OSError if the address is taken."""
+async def start_api(
+    app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host:port`` in the running loop (HTTPS with ``ssl_context``);
+    return the runner (call its ``cleanup()`` to stop) and the bound port. Raises OSError if
+    the address is taken."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     try:
         await site.start()
     except BaseException:
@@ -38,10 +43,13 @@ async def start_api(app: web.Application, host: str, port: int) -> tuple[web.App
 
 
 class ApiThread:
-    """The API served by an event loop in a daemon thread (for synchronous producers)."""
+    """The API served by an event loop in a daemon thread (for synchronous producers);
+    HTTPS with ``ssl_context``."""
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
-        self.app, self.host, self.port = app, host, port
+    def __init__(
+        self, app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        self.app, self.host, self.port, self.ssl_context = app, host, port, ssl_context
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="qpmesh-api",
                                         daemon=True)  # fmt: skip
@@ -50,8 +58,9 @@ class ApiThread:
     def start(self, timeout_s: float = 10.0) -> int:
         """Start serving; return the bound port. Raises OSError if the address is taken."""
         self._thread.start()
-        fut = asyncio.run_coroutine_threadsafe(start_api(self.app, self.host, self.port),
-                                               self._loop)  # fmt: skip
+        fut = asyncio.run_coroutine_threadsafe(
+            start_api(self.app, self.host, self.port, self.ssl_context), self._loop
+        )
         try:
             self._runner, self.port = fut.result(timeout_s)
         except BaseException:

@@ -13,8 +13,9 @@ events as JSON-ready values.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,8 @@ class DemoRunner:
         # the product's remediation policy (defaults: Control off, actions "would have");
         # the demo has no broker, so sent actions reach no job: the events say what went out
         self.remediation = RemediationRuntime(jobs=JobRegistry((demo_job(self.fabric),)))
+        # the API's thread hands Alertmanager webhooks to the remediation the steps tick
+        self._lock = threading.Lock()
         self.controller.attach_remediation(
             self.remediation.control, self.remediation.jobs, "demo operator"
         )
@@ -127,8 +130,9 @@ class DemoRunner:
             ctl.gpu(host, True, "", now)
         self._gpu_bad = st.gpu_faults
         new = ctl.tick(now)
-        self.remediation.observe(new)
-        _sent, docs = self.remediation.tick(now)
+        with self._lock:
+            self.remediation.observe(new)
+            _sent, docs = self.remediation.tick(now)
         acted = [action_event(d) for d in docs]
         ctl.events.extend(acted)
         new += acted
@@ -138,6 +142,12 @@ class DemoRunner:
         for hook in self.on_step:
             hook(new)
         return new
+
+    def ask(self, payload: object, now_ns: int) -> Mapping[str, object]:
+        """Hand an Alertmanager webhook to the demo's remediation (any thread; its actions
+        come with the next step). Raises `controller.remediation.alerts.WebhookError`."""
+        with self._lock:
+            return self.remediation.ask(payload, now_ns)
 
     def record_to(self, recorder: TimeseriesRecorder) -> None:
         """Write time series through ``recorder`` from now on (its intervals in sim time)."""
