@@ -105,7 +105,7 @@ def test_a_demo_fabric_that_is_probed_is_measured() -> None:
 def test_a_host_whose_prober_stops_goes_unknown_after_stale_s() -> None:
     runner = DemoRunner(demo_scenario(None, nics=16, seed=1))
     live = LiveController(runner.fabric, LiveConfig(stale_ns=3 * S))
-    for k in range(1, 5):  # probed: measured
+    for _ in range(4):  # probed: measured
         st = runner.sim.step(runner.t_s, 0.5)
         runner.t_s = st.t1_s
         live.ingest_batch(st.batch, runner.now_ns)
