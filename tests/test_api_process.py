@@ -263,3 +263,39 @@ async def test_a_killed_api_process_is_replaced_at_the_next_publish(runner: Demo
         ]
     finally:
         await s.api.stop()
+
+
+class Broken(JobRegistry):
+    """A registry with a bug: registering raises what no handler expects."""
+
+    def register(self, job: Job) -> None:
+        raise RuntimeError("boom in the registry")
+
+
+async def test_the_api_process_logs_its_tracebacks_as_json_lines_of_the_controller(
+    runner: DemoRunner, capfd: pytest.CaptureFixture[str]
+) -> None:
+    logged: list[str] = []
+    cfg = ApiConfig("127.0.0.1", 0, TOKENS, ApiOptions())
+    api = ApiRuntime(cfg, runner.controller.snapshot(), jobs=Broken(), log=logged.append)
+    url = await api.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            body = {"id": "j1", "ranks": [{"nics": ["nic0"]}]}
+            async with http.post(url + "jobs", json=body,
+                                 headers={"Authorization": f"Bearer {OP}"}) as r:  # fmt: skip
+                assert r.status == 500
+                assert (await r.json())["error"]["message"] == "internal error: RuntimeError"
+        for _ in range(200):
+            if any("Traceback" in m for m in logged):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await api.stop()
+    (line,) = [m for m in logged if "Traceback" in m]
+    assert line.startswith("ERROR controller.api.app: API POST /api/v1/jobs failed")
+    assert "boom in the registry" in line
+    err = capfd.readouterr().err
+    assert "Traceback" not in err  # nothing in plain text on the controller's stderr
+    for ln in err.splitlines():
+        json.loads(ln)

@@ -7,7 +7,8 @@ fabric, the ``[api]`` config, the tenants' grants, the first snapshot and the sh
 and/or the shared state), `Reply` (the answer to a `Call`, with the state after it) and
 `Stop`. API -> controller: `Ready`, `Call` (a write the API accepted: register or unregister
 a job, switch Control, an Alertmanager webhook; applied in the controller, which keeps the
-state) and `Clients` (websocket clients attached).
+state), `Clients` (websocket clients attached) and `Log` (a ``logging`` record of the API
+process, aiohttp's tracebacks included: the controller writes it into its JSON-lines log).
 
 `SharedState` is what the API reads of the controller besides snapshots and events: the job
 registry, Control with its recent audit, the action log (only when it changed: ``actions``
@@ -104,6 +105,15 @@ class Clients:
     """Websocket clients attached now."""
 
     n: int
+
+
+@dataclass(frozen=True)
+class Log:
+    """A log record of the API process: level, logger, message with its traceback."""
+
+    level: str
+    logger: str
+    text: str
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ a slot (pickling and the pipe write happen in the writer, and a snapshot the API
 not taken yet is replaced by the newer one, never queued), events and states are queued in
 order. A reader thread takes the API process's `Call` s and hands each to ``submit`` (the
 service runs them on its event loop, where the job registry and Control live), then replies
-with the state after the call. The API process dies with this one (parent-death signal, and
+with the state after the call; its `Log` records (aiohttp's tracebacks too) go to ``log`` as
+one string each, so the controller's log stays JSON lines. The API process dies with this one (parent-death signal, and
 it exits when its stdin closes); `stop` asks it to finish and waits, then kills it.
 """
 
@@ -219,6 +220,8 @@ class ApiProcess:
                     self._submit(functools.partial(self._on_clients, msg.n))
                 elif isinstance(msg, feed.Call):
                     self._submit(functools.partial(self._serve, msg))
+                elif isinstance(msg, feed.Log):
+                    self._log(f"{msg.level} {msg.logger}: {msg.text}")
         except (OSError, EOFError, pickle.UnpicklingError) as exc:
             self._log(f"API process channel: {type(exc).__name__}: {exc}")
         finally:
