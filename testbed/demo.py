@@ -2,13 +2,19 @@
 
 The simulator-to-controller loop is `testbed.sim.demo_runner.DemoRunner`; the screen is
 `tui.demo_app.DemoApp`, which drives it through the `tui.demo_app.DemoDriver` protocol.
+``--headless`` runs in real time when it serves the API or writes time series; SIGTERM or
+SIGINT end it early and it still prints its result (``"interrupted": true``, exit 130).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import replace
 
 from testbed.demo_serve import DemoApi, new_token
@@ -43,8 +49,13 @@ def run_demo(args: argparse.Namespace) -> int:
         runner = DemoRunner(sc, step_s=args.step)
         api = _serve(runner, listen, getattr(args, "token", None))
         writer = demo_timeseries(runner, url)
+        # real time when someone watches (the API) or the points are stamped on the wall
+        # clock (the time series: played faster, they would lie in the future)
+        realtime = api is not None or writer is not None
         try:
-            result = run_headless(runner, args.duration or sc.duration_s, realtime=api is not None)
+            with _stop_on_signals() as stop:
+                result = run_headless(runner, args.duration or sc.duration_s,
+                                      realtime=realtime, stop=stop)  # fmt: skip
         finally:
             if api is not None:
                 api.stop()
@@ -59,11 +70,11 @@ def run_demo(args: argparse.Namespace) -> int:
                 "last_error": st.last_error,
             }  # fmt: skip
         if args.json:
-            print(json.dumps(result))
+            print(json.dumps(result), flush=True)
         else:
             for e in result["events"]:
                 print(f"{e['t_s']:8.2f}s  {e['kind']:<12} {e['target']}  {e['detail']}")
-        return 0
+        return 130 if result["interrupted"] else 0
     from tui.demo_app import DemoApp
 
     # Interactive: start with no scripted faults, the operator injects them with keys.
@@ -89,3 +100,20 @@ def _serve(runner: DemoRunner, listen: str | None, token: str | None) -> DemoApi
     api.url = api.start()
     print(f"qpmesh demo: API on {api.url} (operator token: {tok})", file=sys.stderr, flush=True)
     return api
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """Turn SIGTERM and SIGINT into a set event while inside (the headless run then ends and
+    its result, ``"interrupted": true``, is still printed); restore the handlers after."""
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        stop.set()
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
