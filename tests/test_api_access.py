@@ -255,3 +255,26 @@ def test_bad_tls_files_fail_at_start(pki: dict[str, tuple[Path, Path]], tmp_path
         TlsFiles(tmp_path / "missing.crt", tmp_path / "missing.key").context()
     with pytest.raises(ssl.SSLError):
         TlsFiles(pki["server"][0], pki["client"][1]).context()  # a key of another certificate
+
+
+def test_the_tui_reads_an_https_api_with_its_ca_and_a_client_certificate(
+    pki: dict[str, tuple[Path, Path]],
+) -> None:
+    from tui.apiclient import ApiSource
+    from tui.cli import TuiError, client_tls
+
+    srv = _serve(TlsFiles(*pki["server"], client_ca=pki["ca"][0]))
+    try:
+        tls = client_tls(str(pki["ca"][0]), *map(str, pki["client"]))
+        src = ApiSource(f"https://127.0.0.1:{srv.port}", OP, ssl_context=tls)
+        src.start()
+        try:
+            assert len(src.snapshot().fabric.nics) == 8 and src.base.startswith("https://")
+        finally:
+            src.close()
+    finally:
+        srv.stop()
+    with pytest.raises(TuiError, match="go together"):
+        client_tls(None, str(pki["client"][0]), None)
+    with pytest.raises(TuiError, match="cannot read"):
+        client_tls("/nonexistent/ca.crt", None, None)
