@@ -8,6 +8,8 @@ import it and it imports none of them:
 - `contract.records`: the binary probe batch (``QPMB``) a prober publishes on ``probes/<host>``;
 - `contract.documents`: the JSON documents on the other topics (presence, health, discovered
   paths, events), frozen and validated, built on `contract.jsondoc`;
+- `contract.neighbors`: a prober's NICs and their LLDP neighbours (``neighbors/<host>``,
+  retained), what the controller learns the fabric from;
 - `contract.tomlcheck`: the one validator of qpmesh's TOML files (prober, controller, scenario).
 
 A new family of documents (remediation requests, job state, ...) gets a module of its own

@@ -1,17 +1,22 @@
-"""The live controller state: ingest -> clock sync -> detection, behind `SnapshotSource`.
+"""The live controller state: admission -> ingest -> clock sync -> detection, behind
+`SnapshotSource`.
 
-`LiveController(fabric, config)` owns an `Ingestor`, a `ClockSync`, a `FlowStore` (latest delay,
-spine and baseline per flow) and the detection brain. Feed it with `ingest_batch`, `presence`,
-`gpu`; call `tick(now_ns)` periodically (it solves clocks when due, runs detection, records
-per-NIC history, returns new events); read `snapshot()` / `history()`. Every time-dependent call
-takes ``now_ns`` (same epoch as the NIC clocks, UNIX ns in production); nothing reads a clock.
+`LiveController(fabric, config)` owns an `Admission` (which batches may enter), an `Ingestor`,
+a `ClockSync`, a `FlowStore` (latest delay, spine and baseline per flow) and the detection
+brain. Probe batches enter through one door, `admit` (a payload and its topic's host, or a
+decoded batch; a frozen `controller.admission.Verdict` out), and are ingested at once or
+queued to be ingested merged by `flush`; other inputs are `presence`, `gpu`, `nic_links`,
+`nic_counters` and `learn_paths`. Call `tick(now_ns)` periodically (it solves clocks when due,
+runs detection, records per-NIC history, returns new events); read `snapshot()` /
+`history()`. Every time-dependent call takes ``now_ns`` (same epoch as the NIC clocks, UNIX
+ns in production); nothing reads a clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,18 +25,20 @@ import numpy.typing as npt
 
 from contract.documents import EventDoc
 from contract.records import ProbeBatch
+from controller.admission import Admission, Outcome, Verdict
 from controller.brain import Brain, BrainConfig
 from controller.brainlike import BrainLike
 from controller.clocksync import ClockState, ClockSync, ClockSyncConfig, Delays, compute_state
 from controller.coalesce import ProbeQueue
 from controller.control import Control
-from controller.ingest import Ingested, Ingestor, PathTable
+from controller.ingest import Ingested, Ingestor, IngestStats, PathTable
 from controller.jobs import JobRegistry, screen_jobs
 from controller.measured import Measured
 from controller.observations import Observations
 from controller.throughput import NicRates
 from controller.windows import FlowStore
 from mesh.fabric import Fabric
+from mesh.fabric.ecmp import ROCEV2_PORT
 from mesh.fabric.model import SWITCH_TIER, NodeKind, hop_id
 from mesh.snapshot import ControlUnavailable, GpuHealth, Health, MeshSnapshot, PairPaths
 
@@ -85,8 +92,18 @@ class LiveConfig:
             raise ValueError("stale_ns, history_len and max_events must be positive")
 
 
+STAGES = ("merge", "ingest", "sync_add", "sync_solve", "delays", "detect")
+"""The stages of an ingest, in order, as `LiveController`'s ``on_stage`` names them: merging
+queued batches (`flush` only), mapping onto the fabric (with the admission check when it ran
+in the same call), adding to the clock windows, a clock solve (when due and inline), one-way
+delays and observations, detection."""
+
+
 class LiveController:
-    """In-process controller state; implements `mesh.snapshot.SnapshotSource`."""
+    """In-process controller state; implements `mesh.snapshot.SnapshotSource`.
+
+    ``on_stage``: called with the name of each stage of an ingest (`STAGES`) as it ends, for
+    profiling (`qpmesh sim ingest` times the stages with it); None in production."""
 
     def __init__(
         self,
@@ -95,11 +112,14 @@ class LiveController:
         *,
         brain: BrainLike | None = None,
         paths: PathTable | None = None,
+        on_stage: Callable[[str], object] | None = None,
     ) -> None:
         self.fabric = fabric
         self.config = config or LiveConfig()
         n = len(fabric.nics)
-        self.ingestor = Ingestor(fabric, paths)
+        self._admission = Admission(fabric)
+        self._ingestor = Ingestor(fabric, paths)
+        self._on_stage = on_stage
         # each NIC's leaf: the hardware-stamp solve splits the queueing left in the best
         # samples into a part per NIC downlink and one per leaf uplink (`sync.excess`)
         self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
@@ -113,7 +133,7 @@ class LiveController:
         self.rates = NicRates()  # NIC byte counters from health documents -> throughput
         self.alive: dict[str, bool] = {}
         # per host index: since when its prober has been alive (its last alive presence; 0:
-        # never said); probes to it sent earlier are no evidence (`ingest_admitted`)
+        # never said); probes to it sent earlier are no evidence (`_ingest`)
         self._alive_since = np.zeros(len(fabric.hosts), np.int64)
         self.now_ns = 0
         self.records = 0
@@ -138,12 +158,12 @@ class LiveController:
     def use_model_paths(self, enabled: bool) -> None:
         """Trust the fabric model's ECMP hash for flows without a learnt path (or not: their
         hops are unknown). Set before any ingest."""
-        self.ingestor.use_model_paths = enabled
+        self._ingestor.use_model_paths = enabled
 
     @property
     def max_hops(self) -> int:
         """Return the most hops a learnt path may have."""
-        return self.ingestor.max_hops
+        return self._ingestor.max_hops
 
     def learn_paths(
         self,
@@ -151,15 +171,31 @@ class LiveController:
         dst: npt.NDArray[np.int64],
         sport: npt.NDArray[np.int64],
         hops: npt.NDArray[np.int32],
+        reply_hops: npt.NDArray[np.int32] | None = None,
     ) -> None:
         """Learn the forward hop ids of flows (src, dst, sport) (rows of ``hops``, -1 padded to
-        `max_hops`); their replies take the reverse hops back."""
-        rev = np.full_like(hops, -1)
-        for i in range(len(hops)):
-            ids = hops[i][hops[i] >= 0]
-            rev[i, : len(ids)] = ids[::-1] ^ 1  # reverse_hop, vectorized
-        self.ingestor.paths.update(src, dst, sport, hops)
-        self.ingestor.reply_paths.update(src, dst, sport, rev)
+        `max_hops`) and those of their replies (``reply_hops``, same shape; None: the reverse
+        hops back, as a symmetric L4 hash routes them). Raises `controller.ingest.IngestError`
+        on rows of the wrong shape."""
+        if reply_hops is None:
+            reply_hops = np.full_like(hops, -1)
+            for i in range(len(hops)):
+                ids = hops[i][hops[i] >= 0]
+                reply_hops[i, : len(ids)] = ids[::-1] ^ 1  # reverse_hop, vectorized
+        self._ingestor.paths.update(src, dst, sport, hops)
+        self._ingestor.reply_paths.update(src, dst, sport, reply_hops)
+
+    def paths(
+        self,
+        src: npt.NDArray[np.int64],
+        dst: npt.NDArray[np.int64],
+        sport: npt.NDArray[np.int64],
+        dport: int = ROCEV2_PORT,
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.bool_]]:
+        """Return (forward hops, reply hops, known mask) that probes of flows (src, dst,
+        sport -> dport) would be given now: learnt, else the model's (`use_model_paths`),
+        else unknown (all -1). Read-only."""
+        return self._ingestor.lookup(src, dst, sport, dport)
 
     def start_solve(self, now_ns: int) -> Callable[[], ClockState | None] | None:
         """If a clock solve is due: mark it started and return the solve to run (pure, may run
@@ -177,33 +213,63 @@ class LiveController:
         return self.clock.install(state, None if cost_s is None else round(cost_s * 1e9))
 
     # ---- inputs --------------------------------------------------------------------------
-    def ingest_batch(self, batch: ProbeBatch, now_ns: int) -> int:
-        """Ingest one decoded batch; return the records taken (0 for a duplicate)."""
-        self.now_ns = max(self.now_ns, now_ns)
-        if not self.ingestor.admit(batch.origin, batch.batch_seq):
-            return 0
-        return self.ingest_admitted(batch, now_ns)
+    def admit(
+        self,
+        batch: ProbeBatch | bytes,
+        now_ns: int,
+        *,
+        host: str | None = None,
+        queue: ProbeQueue | None = None,
+    ) -> Verdict:
+        """The door every probe batch enters by: judge it (`controller.admission`: decoded
+        from a payload, checked against ``host``, the host of the topic it came on, when
+        given; replays and duplicates refused) and take it when accepted: ingested now, or
+        with ``queue`` queued to be ingested merged with others by `flush` (the checks stay
+        per batch, in arrival order, so merging drops exactly what one by one would).
+
+        ``now_ns``: when it arrived (the time of the ingest, or of its place in the queue).
+        Returns the frozen verdict, with the records ingested (with ``queue``: queued). Bad
+        input is a verdict, never an exception; an exception is a bug."""
+        verdict, taken = self._admission.judge(batch, host)
+        if taken is None:
+            return verdict
+        if queue is not None:
+            queue.add(taken, now_ns)
+            return verdict  # its records: the batch's, queued
+        return Verdict(Outcome.ACCEPTED, records=self._ingest(taken, now_ns))
 
     def flush(self, queue: ProbeQueue, now_ns: int) -> int:
-        """Ingest everything ``queue`` holds, merged (`controller.coalesce`); return the
-        records taken."""
-        return sum(self.ingest_admitted(m.batch, now_ns, m.parts) for m in queue.take())
+        """Ingest everything ``queue`` holds (admitted by `admit`), merged
+        (`controller.coalesce`); return the records taken."""
+        groups = queue.take()
+        if self._on_stage is not None:
+            self._on_stage("merge")
+        return sum(self._ingest(m.batch, now_ns, m.parts) for m in groups)
 
-    def ingest_admitted(
+    def _ingest(
         self, batch: ProbeBatch, now_ns: int, parts: Sequence[tuple[str, int]] | None = None
     ) -> int:
-        """Ingest a batch already admitted (`Ingestor.admit`), possibly merged from several
-        (``parts``: `Ingestor.ingest_admitted`); return the records taken."""
+        """Ingest an admitted batch, possibly merged from several (``parts``:
+        `Ingestor.ingest`); return the records taken."""
         self.now_ns = max(self.now_ns, now_ns)
-        ing = self.ingestor.ingest_admitted(batch, parts)
+        stage = self._on_stage
+        ing = self._ingestor.ingest(batch, parts)
+        if stage is not None:
+            stage("ingest")
         if not len(ing):
             return 0
         self.clock.add(ing)
+        if stage is not None:
+            stage("sync_add")
         if self.config.solve_inline:
             self.clock.maybe_solve(now_ns)
+            if stage is not None:
+                stage("sync_solve")
         d = self.clock.delays(ing)
         self.delay_trust += trust_counts(ing.lost, d)
         obs = self.observations(ing, d, now_ns)
+        if stage is not None:
+            stage("delays")
         # a probe sent to a host before its prober announced itself alive met no responder:
         # its loss is the start (or restart) of that prober, not evidence about the fabric
         if self._alive_since.any():
@@ -213,6 +279,8 @@ class LiveController:
                 obs = obs.select(~early)
         self.brain.observe(obs)
         self.records += len(ing)
+        if stage is not None:
+            stage("detect")
         return len(ing)
 
     def observations(self, ing: Ingested, d: Delays, now_ns: int) -> Observations:
@@ -243,7 +311,7 @@ class LiveController:
         one, and the first after a last will, starts the host's probes counting as evidence:
         those sent to it before ``since_ns`` (the presence's own time, when the prober
         published it; ``now_ns`` if None, 0 or later than ``now_ns``) are not judged
-        (`ingest_admitted`). Repeated alive presences (a retained one delivered again, a
+        (`admit`). Repeated alive presences (a retained one delivered again, a
         prober's reconnect) do not move it."""
         self.now_ns = max(self.now_ns, now_ns)
         i = self.fabric.host_index.get(host)
@@ -286,7 +354,26 @@ class LiveController:
         self._hist_count = min(self._hist_count + 1, self.config.history_len)
         return new
 
+    def record_events(self, events: Iterable[EventDoc]) -> None:
+        """Add findings made outside detection (e.g. remediation actions) to the events the
+        snapshot shows."""
+        self.events.extend(events)
+
     # ---- outputs -------------------------------------------------------------------------
+    @property
+    def solves(self) -> int:
+        """Return how many clock solves were installed."""
+        return self.clock.solves
+
+    def verdicts(self) -> dict[Outcome, int]:
+        """Return how many batches `admit` gave each outcome."""
+        return dict(self._admission.counts)
+
+    def ingest_stats(self) -> IngestStats:
+        """Return a copy of the ingest counters (batches, records, per origin, dropped)."""
+        st = self._ingestor.stats
+        return dataclasses.replace(st, origins=dict(st.origins))
+
     def _worst(self, now_ns: int) -> tuple[npt.NDArray[np.int64], F64, F64]:
         n = len(self.fabric.nics)
         live = self.flows.live(now_ns - self.config.stale_ns)

@@ -2,11 +2,13 @@
 
 The parts live beside it: `controller.config` (TOML -> `ServiceConfig`), `controller.dispatch`
 (one message onto the live state, event payloads, the JSON-lines log), `controller.pathmap`
-(discovered paths -> hops, pure). Here: `serve_once` is one connection's lifetime (subscribe,
-pump messages, tick, publish events as JSON on ``<prefix>/events/<kind>``, run clock solves in
-a worker thread: a solve that raises is logged and counted, never fatal); `run_service` runs it
-under the shared reconnect loop (`mqttlink.reconnect`), whose backoff starts over after every
-good connection. Every awaited broker request has a timeout.
+(discovered paths -> hops, pure). Here: `run_service(broker, config, ...)` wires the
+components from their config values once (the live state, time series and metrics, remediation,
+the API process, the probe queue) into a `Wiring`, and runs `serve_once(wiring)`, one
+connection's lifetime (subscribe, pump messages, tick, publish events as JSON on
+``<prefix>/events/<kind>``, run clock solves in a worker thread: a solve that raises is logged
+and counted, never fatal), under the shared reconnect loop (`mqttlink.reconnect`), whose
+backoff starts over after every good connection. Every awaited broker request has a timeout.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import aiomqtt
 
@@ -33,25 +36,59 @@ from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.timeseries.runtime import Observability
 from mqttlink.reconnect import Backoff, reconnect_loop
-from mqttlink.settings import CredentialError, MqttSecurity, client_kwargs
+from mqttlink.settings import CredentialError, client_kwargs
 
 REQUEST_TIMEOUT_S = 10.0
 
 
-async def _ticker(
-    client: aiomqtt.Client,
-    live: LiveController,
-    topics: Topics,
-    tick_s: float,
-    clock: Callable[[], int],
-    log: JsonLog,
-    api: ApiRuntime | None = None,
-    remediation: RemediationRuntime | None = None,
-    on_action: Callable[[dict[str, object]], None] = lambda doc: None,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class Broker:
+    """Where the service connects: the broker's address, the topic tree under its prefix, and
+    the shared-subscription group that splits probe batches across controllers (None: this
+    controller reads them all). TLS and credentials are the config's (``[mqtt]``)."""
+
+    host: str
+    port: int
+    topics: Topics = field(default_factory=Topics)
+    share: str | None = None
+
+
+def _ignore(_: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What one connection's lifetime works with, built once by `run_service` and kept
+    across reconnects: the broker, the config (``tick_s``, ``router_nodes``,
+    ``mqtt_security``), the live state, the clock and the log, the message ``counters``
+    (mutated), the components that are on (remediation, the API process, the probe queue)
+    and the observers: ``on_solve`` (a clock solve's wall time, s), ``on_action`` (an audit
+    record of the remediation policy), ``on_tick`` (the time of a tick whose events are out).
+    """
+
+    broker: Broker
+    config: ServiceConfig
+    live: LiveController
+    clock: Callable[[], int]
+    log: JsonLog
+    counters: dict[str, int] = field(default_factory=dict)
+    remediation: RemediationRuntime | None = None
+    api: ApiRuntime | None = None
+    queue: ProbeQueue | None = None
+    on_solve: Callable[[float], None] = _ignore
+    on_action: Callable[[dict[str, object]], None] = _ignore
+    on_tick: Callable[[int], None] = _ignore
+
+
+async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
+    """Every ``tick_s``: detection (`LiveController.tick`), the remediation policy, the
+    API's snapshot, then actions and events out; ``on_tick(now)`` once they are."""
+    live, topics, clock, log = w.live, w.broker.topics, w.clock, w.log
+    api, remediation, on_action = w.api, w.remediation, w.on_action
     last_hooks: dict[str, object] = {}
     while True:
-        await asyncio.sleep(tick_s)
+        await asyncio.sleep(w.config.tick_s)
         now = clock()
         new = list(live.tick(now))
         actions: list[tuple[str, bytes]] = []
@@ -79,16 +116,10 @@ async def _ticker(
                 client.publish(topics.events(ev.kind), ev.encode(), qos=1),
                 REQUEST_TIMEOUT_S,
             )
+        w.on_tick(now)
 
 
-async def _solver(
-    live: LiveController,
-    tick_s: float,
-    clock: Callable[[], int],
-    log: JsonLog,
-    counters: dict[str, int],
-    on_solve: Callable[[float], None] = lambda s: None,
-) -> None:
+async def _solver(w: Wiring) -> None:
     """Run due clock solves in a worker thread so ingest goes on meanwhile; ``on_solve``
     gets each solve's wall time in s. The cadence (`ClockSync.solve_period_ns`) is set by the
     solve's own CPU time (`timed_solve`): the budget is a share of a core, and wall time also
@@ -99,61 +130,45 @@ async def _solver(
     last good clock state and tries again at the next due solve.
     """
     while True:
-        await asyncio.sleep(tick_s)
-        now = clock()
-        job = live.start_solve(now)
+        await asyncio.sleep(w.config.tick_s)
+        now = w.clock()
+        job = w.live.start_solve(now)
         if job is None:
             continue
         t0 = time.perf_counter()
         try:
             state, cpu_s = await asyncio.to_thread(timed_solve, job)
-            on_solve(time.perf_counter() - t0)
+            w.on_solve(time.perf_counter() - t0)
         except Exception as exc:
-            counters["solve_failed"] = counters.get("solve_failed", 0) + 1
-            log(now, "clock solve failed", error=f"{type(exc).__name__}: {exc}")
+            w.counters["solve_failed"] = w.counters.get("solve_failed", 0) + 1
+            w.log(now, "clock solve failed", error=f"{type(exc).__name__}: {exc}")
             continue
-        live.install_clock(state, cpu_s)  # its CPU time sets the cadence (solve_budget)
+        w.live.install_clock(state, cpu_s)  # its CPU time sets the cadence (solve_budget)
 
 
-async def serve_once(
-    host: str,
-    port: int,
-    live: LiveController,
-    topics: Topics,
-    *,
-    share: str | None,
-    tick_s: float,
-    clock: Callable[[], int],
-    log: JsonLog,
-    counters: dict[str, int],
-    router_nodes: Mapping[str, str] | None = None,
-    connected: Callable[[], None] = lambda: None,
-    on_solve: Callable[[float], None] = lambda s: None,
-    api: ApiRuntime | None = None,
-    remediation: RemediationRuntime | None = None,
-    on_action: Callable[[dict[str, object]], None] = lambda doc: None,
-    security: MqttSecurity | None = None,
-    queue: ProbeQueue | None = None,
-) -> None:
+async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None) -> None:
     """One connection's lifetime: subscribe, pump messages, tick; raises `aiomqtt.MqttError`.
 
-    With ``queue`` probe batches are ingested merged (`controller.coalesce`): when the queue
-    is due (checked on every message and by a timer at its deadline) and, so that nothing
-    admitted is lost, when the connection ends.
+    With ``w.queue`` probe batches are ingested merged (`controller.coalesce`): when the
+    queue is due (checked on every message and by a timer at its deadline) and, so that
+    nothing admitted is lost, when the connection ends.
 
-    ``connected()`` is called once the subscriptions are in place (it resets the backoff).
-    With ``remediation`` the policy runs every tick (`controller.remediation.runtime`): its
-    actions go out on ``<prefix>/remediation/<target>``, its audit records to ``on_action``,
-    the log, the API's events and ``<prefix>/events/remediation``; acks and rank registrations
-    are read from their topics.
-    ``security``: TLS and credentials (`mqttlink.settings.client_kwargs`).
+    ``connected()`` is called once the subscriptions are in place (it resets the backoff);
+    the log says ``connected`` just before. With ``w.remediation`` the policy runs every tick
+    (`controller.remediation.runtime`): its actions go out on ``<prefix>/remediation/<target>``,
+    its audit records to ``w.on_action``, the log, the API's events and
+    ``<prefix>/events/remediation``; acks and rank registrations are read from their topics.
+    TLS and credentials: ``w.config.mqtt_security`` (`mqttlink.settings.client_kwargs`).
     """
+    live, topics, clock, log, counters = w.live, w.broker.topics, w.clock, w.log, w.counters
+    router_nodes, remediation, queue = w.config.router_nodes, w.remediation, w.queue
+    host, port = w.broker.host, w.broker.port
     async with aiomqtt.Client(
         host, port, protocol=aiomqtt.ProtocolVersion.V5, timeout=REQUEST_TIMEOUT_S,
-        **client_kwargs(security or MqttSecurity()),
+        **client_kwargs(w.config.mqtt_security),
     ) as client:  # fmt: skip
         for flt in (
-            topics.subscription("probes", share),
+            topics.subscription("probes", w.broker.share),
             topics.subscription("presence"),
             topics.subscription("health"),
             topics.subscription("paths"),
@@ -162,11 +177,7 @@ async def serve_once(
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
         log(clock(), "connected", broker=f"{host}:{port}")
         connected()
-        tick = asyncio.create_task(
-            _ticker(client, live, topics, tick_s, clock, log, api, remediation, on_action)
-        )
-        solver = asyncio.create_task(_solver(live, tick_s, clock, log, counters, on_solve))
-        tasks = [tick, solver]
+        tasks = [asyncio.create_task(_ticker(client, w)), asyncio.create_task(_solver(w))]
         if queue is not None:
             tasks.append(asyncio.create_task(_flusher(live, queue, clock, log, counters)))
         try:
@@ -181,7 +192,7 @@ async def serve_once(
                 if mine is not None:
                     out, ev = mine
                     if ev is not None:
-                        await _publish_event(client, topics, api, ev)
+                        await _publish_event(client, topics, w.api, ev)
                 else:
                     out = handle_message(
                         live, topics, str(msg.topic), payload, clock(), router_nodes, queue
@@ -251,57 +262,31 @@ def _topic_kind(topics: Topics, topic: str) -> str:
     return message_kind(topics, topic)  # knows the jobs and remediation-ack topics too
 
 
-async def run_service(
-    host: str,
-    port: int,
-    config: ServiceConfig,
-    topics: Topics,
-    *,
-    share: str | None = None,
-    log: JsonLog,
-    live: LiveController | None = None,
-    clock: Callable[[], int] = time.time_ns,
-    max_attempts: int | None = None,
-    observability: Observability | None = None,
-    remediation: RemediationRuntime | None = None,
-) -> LiveController:
-    """Run until cancelled, reconnecting with exponential backoff on broker errors.
-
-    The backoff starts again from its minimum after every connection that worked
-    (`mqttlink.reconnect`).
-
-    ``max_attempts`` bounds the connection attempts (tests); returns the live state then.
-    With ``config.timeseries`` every interval is written there (the brain is wrapped so the
-    recorder sees its input and events); with ``config.metrics_listen`` the controller's own
-    metrics are served for Prometheus (`controller.timeseries.runtime.Observability`; pass
-    ``observability`` to share it, e.g. with the API for its websocket gauge and health).
-    With ``config.api`` the HTTP API (`controller.api`) serves from the start (also while the
-    broker is away) from its own process (`controller.api.runtime`), fed after every tick;
-    raises OSError if its address is taken or that process does not start.
-    Remediation (``config.remediation``; pass ``remediation`` to share or inspect it) runs
-    every tick; its job registry and Control are the API's, so ``PUT /api/v1/control``
-    switches real remediation and jobs registered through the API feed the policy.
-    """
-    if live is None:
-        live = LiveController(
-            config.fabric,
-            dataclasses.replace(config.live, solve_inline=False),
-            brain=Brain(config.fabric, config.brain),
-        )
-        # before any ingest, so no flow has a model path yet
-        live.use_model_paths(config.model_paths)
-    counters: dict[str, int] = {}
-    obs = observability or Observability(
-        config.fabric, config.timeseries, config.metrics_listen, log
+def live_state(config: ServiceConfig) -> LiveController:
+    """Return the live state `run_service` builds for ``config``: its fabric, live settings
+    (clock solves left to the service's worker thread) and detection thresholds, with the
+    fabric model's paths trusted or not (``config.model_paths``)."""
+    live = LiveController(
+        config.fabric,
+        dataclasses.replace(config.live, solve_inline=False),
+        brain=Brain(config.fabric, config.brain),
     )
-    live.brain = obs.brain(live.brain)
+    live.use_model_paths(config.model_paths)  # before any ingest: no flow has a path yet
+    return live
+
+
+def _remediation(
+    config: ServiceConfig, prefix: str, log: JsonLog, clock: Callable[[], int]
+) -> RemediationRuntime:
+    """Return the remediation runtime of ``config`` (its actions signed with
+    ``config.action_keys`` if set), having logged what it restored and how it signs."""
 
     def control_changed(change: ControlChange) -> None:
         log(change.t_ns, "control", enabled=change.enabled, actor=change.actor)
 
     signer = ActionSigner(config.action_keys) if config.action_keys is not None else None
-    rem = remediation or RemediationRuntime(
-        config.remediation, topics.prefix, on_control=control_changed,
+    rem = RemediationRuntime(
+        config.remediation, prefix, on_control=control_changed,
         leaf_of={n.id: n.leaf for n in config.fabric.nics},
         sign=signer.sign if signer is not None else None,
     )  # fmt: skip
@@ -312,6 +297,68 @@ async def run_service(
     elif rem.remediator.sign is None:
         log(clock(), "warning: remediation actions are unsigned (no [auth] action_key_file); "
             "agents with a verify key will ignore them")  # fmt: skip
+    return rem
+
+
+async def _start_api(
+    config: ServiceConfig,
+    live: LiveController,
+    rem: RemediationRuntime,
+    obs: Observability,
+    log: JsonLog,
+    clock: Callable[[], int],
+) -> ApiRuntime | None:
+    """Start the API process of ``config.api`` (None: no API) on the remediation's jobs,
+    Control and action log; raises OSError if its address is taken or it does not start."""
+    if config.api is None:
+        return None
+    api = ApiRuntime(
+        config.api, live.snapshot(), jobs=rem.jobs, control=rem.control, actions=rem.log,
+        ask=rem.ask, job_status=rem.job_status, on_clients=obs.websocket_clients,
+        log=lambda msg: log(clock(), "api process", detail=msg),
+    )  # fmt: skip
+    log(clock(), "api serving", url=await api.start())
+    return api
+
+
+async def run_service(
+    broker: Broker,
+    config: ServiceConfig,
+    *,
+    log: JsonLog,
+    clock: Callable[[], int] = time.time_ns,
+    live: LiveController | None = None,
+    observability: Observability | None = None,
+    max_attempts: int | None = None,
+    on_tick: Callable[[int], None] = _ignore,
+) -> LiveController:
+    """Run until cancelled, reconnecting with exponential backoff on broker errors.
+
+    The backoff (``config.backoff_s``) starts again from its minimum after every connection
+    that worked (`mqttlink.reconnect`). The log says ``connected`` once the subscriptions of a
+    connection are in place.
+
+    ``live``: the live state to run (default `live_state(config)`); ``max_attempts`` bounds
+    the connection attempts (tests); returns the live state then. ``on_tick(now)`` is called
+    after every tick, once its events are out (tests wait on it instead of the wall clock).
+    With ``config.timeseries`` every interval is written there (the brain is wrapped so the
+    recorder sees its input and events); with ``config.metrics_listen`` the controller's own
+    metrics are served for Prometheus (`controller.timeseries.runtime.Observability`; pass
+    ``observability`` to share it, e.g. with the API for its websocket gauge and health).
+    With ``config.api`` the HTTP API (`controller.api`) serves from the start (also while the
+    broker is away) from its own process (`controller.api.runtime`), fed after every tick;
+    raises OSError if its address is taken or that process does not start.
+    Remediation (``config.remediation``) runs every tick; its job registry and Control are the
+    API's, so ``PUT /api/v1/control`` switches real remediation and jobs registered through
+    the API feed the policy.
+    """
+    if live is None:
+        live = live_state(config)
+    obs = observability or Observability(
+        config.fabric, config.timeseries, config.metrics_listen, log
+    )
+    live.brain = obs.brain(live.brain)
+    rem = _remediation(config, broker.topics.prefix, log, clock)
 
     def on_action(doc: dict[str, object]) -> None:
         try:  # the status as a tag value: sent, would_have, suppressed
@@ -319,33 +366,23 @@ async def run_service(
         except ValueError as exc:
             log(clock(), "action not recorded", error=str(exc))
 
-    api = None
-    if config.api is not None:
-        api = ApiRuntime(
-            config.api, live.snapshot(), jobs=rem.jobs, control=rem.control, actions=rem.log,
-            ask=rem.ask, job_status=rem.job_status, on_clients=obs.websocket_clients,
-            log=lambda msg: log(clock(), "api process", detail=msg),
-        )  # fmt: skip
-        log(clock(), "api serving", url=await api.start())
-
-    queue = ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None
+    api = await _start_api(config, live, rem, obs, log, clock)
+    w = Wiring(
+        broker, config, live, clock, log, remediation=rem, api=api,
+        queue=ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None,
+        on_solve=obs.solve, on_action=on_action, on_tick=on_tick,
+    )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:
-        await serve_once(
-            host, port, live, topics,
-            share=share, tick_s=config.tick_s, clock=clock, log=log, counters=counters,
-            router_nodes=config.router_nodes, connected=connected, on_solve=obs.solve, api=api,
-            remediation=rem, on_action=on_action,
-            security=config.mqtt_security, queue=queue,
-        )  # fmt: skip
+        await serve_once(w, connected=connected)
 
     def on_error(exc: BaseException, retry_in_s: float) -> None:
-        log(clock(), "broker error", error=str(exc), retry_in_s=retry_in_s, counters=counters)
+        log(clock(), "broker error", error=str(exc), retry_in_s=retry_in_s, counters=w.counters)
 
     async with obs:
         if (addr := obs.metrics_address) is not None:
             log(clock(), "metrics", listen=f"{addr[0]}:{addr[1]}")
-        side = asyncio.create_task(obs.run(live, counters, config.tick_s, clock))
+        side = asyncio.create_task(obs.run(live, w.counters, config.tick_s, clock))
         try:
             await reconnect_loop(
                 session, Backoff(*config.backoff_s), on_error=on_error,

@@ -14,9 +14,12 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prober.config import ProberConfig, load_config, load_probe_keys
+
+if TYPE_CHECKING:  # the transports are imported when a prober runs, not by every command
+    from prober.endpoint import EndpointFactory
 
 
 def register(subparsers: Any) -> None:
@@ -175,7 +178,7 @@ def run_prober(
     Raises `prober.rdma.discover.RdmaUnavailable` (an OSError) for ``transport = "rdma"``
     without a usable device.
     """
-    factory: Any = None
+    factory: EndpointFactory | None = None
     if cfg.transport == "rdma":
         from prober.rdma.discover import require_rdma
 
@@ -184,7 +187,7 @@ def run_prober(
 
         factory = rdma_endpoint_factory(cfg)
     elif clock is not None:
-        from prober.agent import udp_endpoint_factory
+        from prober.endpoint import udp_endpoint_factory
 
         factory = udp_endpoint_factory(cfg, clock)
     profile_to = os.environ.get(PROFILE_ENV)
@@ -206,7 +209,9 @@ PROFILE_ENV = "QPMESH_PROBER_PROFILE"
 (``python -m pstats FILE``): how the running agent spends its CPU (docs/benchmarks.md)."""
 
 
-async def _serve(cfg: ProberConfig, factory: Any, *, once: bool, as_json: bool) -> int:
+async def _serve(
+    cfg: ProberConfig, factory: EndpointFactory | None, *, once: bool, as_json: bool
+) -> int:
     from prober.agent import Agent
 
     agent = Agent(cfg, endpoint_factory=factory)

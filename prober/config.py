@@ -154,39 +154,8 @@ def parse_config(
                      lambda v: 0 <= v <= timeout_ms // 2,
                      f"0..{timeout_ms // 2} (half of timeout_ms: held t3s must arrive in time)")  # fmt: skip
     pr.finish()
-
-    sc = root.table("schedule")
-    sched_kw: dict[str, Any] = {
-        "rate_hz": sc.get("rate_hz", float, 10.0, lambda v: 0 < v <= 1e5, "a rate in (0, 1e5]"),
-        "paths": sc.get("paths", int, 16, lambda v: 1 <= v <= 4096, "an integer in 1..4096"),
-        "confidence": sc.get("confidence", float, 0.9, lambda v: 0 < v < 1, "in (0, 1)"),
-        "cross_peers": sc.get("cross_peers", int, 16, lambda v: 0 <= v <= 1024, "0..1024"),
-        "coded": sc.get("coded", bool, True),
-        "jitter": sc.get("jitter", float, 0.25, lambda v: 0 <= v < 0.5, "in [0, 0.5)"),
-        "seed": sc.get("seed", int, 0),
-    }
-    sc.finish()
-    try:
-        schedule = ScheduleConfig(**sched_kw)
-    except ValueError as exc:
-        raise ConfigError(f"{src}: schedule: {exc}") from None
-
-    mq = root.table("mqtt")
-    mqtt_kw: dict[str, Any] = {
-        "host": mq.get("host", str, "127.0.0.1", bool, "a host name or address"),
-        "port": mq.get("port", int, 1883, _port, "an integer in 1..65535"),
-        "prefix": mq.get("prefix", str, "qpmesh/v1"),
-        "keepalive_s": mq.get("keepalive_s", int, 10, lambda v: 1 <= v <= 3600, "1..3600"),
-        "timeout_s": mq.get("timeout_s", float, 5.0, lambda v: 0 < v <= 600, "in (0, 600]"),
-        "backoff_min_s": mq.get("backoff_min_s", float, 0.2, lambda v: 0 < v <= 60, "(0, 60]"),
-        "backoff_max_s": mq.get("backoff_max_s", float, 5.0, lambda v: 0 < v <= 600, "(0, 600]"),
-        "security": read_security(mq, base_dir),
-    }
-    mq.finish()
-    try:
-        mqtt = BrokerSettings(**mqtt_kw)
-    except ValueError as exc:
-        raise ConfigError(f"{src}: mqtt: {exc}") from None
+    schedule = read_schedule(root.table("schedule"))
+    mqtt = read_mqtt(root.table("mqtt"), base_dir)
 
     sp = root.table("spool")
     max_batches = sp.get("max_batches", int, 10_000, lambda v: v >= 1, "a positive integer")
@@ -210,46 +179,17 @@ def parse_config(
     key_file = au.get("key_file", str, "", bool, "a key file path (docs/security.md)")
     au.finish()
 
-    nics: list[NicConfig] = []
-    for s in root.tables("nics"):
-        nics.append(
-            NicConfig(
-                id=s.require("id", str, _ident, "a NIC id"),
-                address=s.require("address", str, _is_ip, "an IP address"),
-                group=s.get("group", str, "group0", _ident, "a group id"),
-                device=s.get("device", str, ""),
-                rdma_device=s.get("rdma_device", str, ""),
-                rdma_port=s.get("rdma_port", int, 1, lambda v: 1 <= v <= 255, "1..255"),
-                gid_index=s.get("gid_index", int, 3, lambda v: 0 <= v <= 255, "0..255"),
-            )
-        )
-        s.finish()
+    nics = tuple(_read_nic(t) for t in root.tables("nics"))
     if not nics:
         raise ConfigError(f"{src}: nics: at least one [[nics]] entry is required")
-    peers: list[PeerConfig] = []
-    for s in root.tables("peers"):
-        peers.append(
-            PeerConfig(
-                id=s.require("id", str, _ident, "a NIC id"),
-                address=s.require("address", str, _is_ip, "an IP address"),
-                group=s.get("group", str, "group0", _ident, "a group id"),
-                port=s.get("port", int, 0, lambda v: 0 <= v <= 0xFFFF, "0..65535"),
-            )
-        )
-        s.finish()
-    seen: set[str] = set()
-    ids = [("nics", i, n.id) for i, n in enumerate(nics)]
-    ids += [("peers", i, p.id) for i, p in enumerate(peers)]
-    for kind, i, nic_id in ids:
-        if nic_id in seen:
-            raise ConfigError(f"{src}: {kind}[{i}].id: duplicate NIC id {nic_id!r}")
-        seen.add(nic_id)
+    peers = tuple(_read_peer(t) for t in root.tables("peers"))
+    _check_unique_ids(nics, peers, src)
     root.finish()
 
     return ProberConfig(
         host=host,
-        nics=tuple(nics),
-        peers=tuple(peers),
+        nics=nics,
+        peers=peers,
         transport=transport,
         port=port,
         timestamps=stamps,
@@ -274,6 +214,85 @@ def parse_config(
         auth_key_file=key_file,
         source=src,
     )
+
+
+def read_schedule(tab: Table) -> ScheduleConfig:
+    """Return the probe schedule of ``[schedule]`` (``rate_hz``, ``paths``, ``confidence``,
+    ``cross_peers``, ``coded``, ``jitter``, ``seed``); raises the table's error."""
+    kw: dict[str, Any] = {
+        "rate_hz": tab.get("rate_hz", float, 10.0, lambda v: 0 < v <= 1e5, "a rate in (0, 1e5]"),
+        "paths": tab.get("paths", int, 16, lambda v: 1 <= v <= 4096, "an integer in 1..4096"),
+        "confidence": tab.get("confidence", float, 0.9, lambda v: 0 < v < 1, "in (0, 1)"),
+        "cross_peers": tab.get("cross_peers", int, 16, lambda v: 0 <= v <= 1024, "0..1024"),
+        "coded": tab.get("coded", bool, True),
+        "jitter": tab.get("jitter", float, 0.25, lambda v: 0 <= v < 0.5, "in [0, 0.5)"),
+        "seed": tab.get("seed", int, 0),
+    }
+    tab.finish()
+    try:
+        return ScheduleConfig(**kw)
+    except ValueError as exc:
+        raise tab.error(f"{tab.source}: schedule: {exc}") from None
+
+
+def read_mqtt(tab: Table, base_dir: Path | None) -> BrokerSettings:
+    """Return the broker settings of ``[mqtt]`` (``host``, ``port``, ``prefix``,
+    ``keepalive_s``, ``timeout_s``, ``backoff_min_s``, ``backoff_max_s`` and the TLS and
+    credential keys of `mqttlink.settings.read_security`, files relative to ``base_dir``);
+    raises the table's error."""
+    kw: dict[str, Any] = {
+        "host": tab.get("host", str, "127.0.0.1", bool, "a host name or address"),
+        "port": tab.get("port", int, 1883, _port, "an integer in 1..65535"),
+        "prefix": tab.get("prefix", str, "qpmesh/v1"),
+        "keepalive_s": tab.get("keepalive_s", int, 10, lambda v: 1 <= v <= 3600, "1..3600"),
+        "timeout_s": tab.get("timeout_s", float, 5.0, lambda v: 0 < v <= 600, "in (0, 600]"),
+        "backoff_min_s": tab.get("backoff_min_s", float, 0.2, lambda v: 0 < v <= 60, "(0, 60]"),
+        "backoff_max_s": tab.get("backoff_max_s", float, 5.0, lambda v: 0 < v <= 600, "(0, 600]"),
+        "security": read_security(tab, base_dir),
+    }
+    tab.finish()
+    try:
+        return BrokerSettings(**kw)
+    except ValueError as exc:
+        raise tab.error(f"{tab.source}: mqtt: {exc}") from None
+
+
+def _read_nic(tab: Table) -> NicConfig:
+    """Return one ``[[nics]]`` entry."""
+    nic = NicConfig(
+        id=tab.require("id", str, _ident, "a NIC id"),
+        address=tab.require("address", str, _is_ip, "an IP address"),
+        group=tab.get("group", str, "group0", _ident, "a group id"),
+        device=tab.get("device", str, ""),
+        rdma_device=tab.get("rdma_device", str, ""),
+        rdma_port=tab.get("rdma_port", int, 1, lambda v: 1 <= v <= 255, "1..255"),
+        gid_index=tab.get("gid_index", int, 3, lambda v: 0 <= v <= 255, "0..255"),
+    )
+    tab.finish()
+    return nic
+
+
+def _read_peer(tab: Table) -> PeerConfig:
+    """Return one ``[[peers]]`` entry."""
+    peer = PeerConfig(
+        id=tab.require("id", str, _ident, "a NIC id"),
+        address=tab.require("address", str, _is_ip, "an IP address"),
+        group=tab.get("group", str, "group0", _ident, "a group id"),
+        port=tab.get("port", int, 0, lambda v: 0 <= v <= 0xFFFF, "0..65535"),
+    )
+    tab.finish()
+    return peer
+
+
+def _check_unique_ids(nics: tuple[NicConfig, ...], peers: tuple[PeerConfig, ...], src: str) -> None:
+    """Raise `ConfigError` for the first NIC id given twice (local NICs, then peers)."""
+    seen: set[str] = set()
+    ids = [("nics", i, n.id) for i, n in enumerate(nics)]
+    ids += [("peers", i, p.id) for i, p in enumerate(peers)]
+    for kind, i, nic_id in ids:
+        if nic_id in seen:
+            raise ConfigError(f"{src}: {kind}[{i}].id: duplicate NIC id {nic_id!r}")
+        seen.add(nic_id)
 
 
 def load_config(path: Path | str) -> ProberConfig:

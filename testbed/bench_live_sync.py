@@ -45,8 +45,8 @@ def run_one(
     owd: list[F64] = []
     last = None
     for st in sim.run(seconds, 0.5):
-        b = ing.ingest(st.batch)
-        if b is None or not len(b):
+        b = ing.ingest(st.batch)  # the simulator's batches are new: nothing to admit
+        if not len(b):
             continue
         cs.add(b)
         cs.maybe_solve(int(b.t1.max()))

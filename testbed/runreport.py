@@ -60,6 +60,7 @@ class Monitor:
         # what the controller reads (probes, paths, health, presence) as it arrived
         self.raw: list[tuple[int, str, bytes]] = []
         self._seen: set[tuple[str, int]] = set()
+        self.polls = 0  # turns of the watch over the reader (one per 0.2 s): how long it idled
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True)
@@ -92,6 +93,7 @@ class Monitor:
                     reader = asyncio.create_task(self._read(c))
                     while not self._stop.is_set() and not reader.done():
                         await asyncio.sleep(0.2)
+                        self.polls += 1
                     if reader.done():
                         reader.result()  # re-raise the reader's broker error
                     reader.cancel()

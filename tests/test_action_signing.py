@@ -275,10 +275,9 @@ async def test_controller_logs_whether_its_actions_are_signed(tmp_path: Path) ->
     import io
     import socket
 
-    from contract.topics import Topics
     from controller.config import ServiceConfig
     from controller.dispatch import JsonLog
-    from controller.service import run_service
+    from controller.service import Broker, run_service
     from mesh.fabric import FabricShape, build_fabric
 
     with socket.socket() as s:  # nothing listening: the service gives up after one attempt
@@ -290,7 +289,7 @@ async def test_controller_logs_whether_its_actions_are_signed(tmp_path: Path) ->
         out = io.StringIO()
         conf = ServiceConfig(fabric=fab, backoff_s=(0.01, 0.01), action_keys=keys)
         await asyncio.wait_for(
-            run_service("127.0.0.1", port, conf, Topics(), log=JsonLog(out), max_attempts=1), 30
+            run_service(Broker("127.0.0.1", port), conf, log=JsonLog(out), max_attempts=1), 30
         )
         lines = [json.loads(x) for x in out.getvalue().splitlines()]
         assert any(x["msg"].startswith(want) for x in lines), lines

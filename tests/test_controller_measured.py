@@ -108,7 +108,7 @@ def test_a_host_whose_prober_stops_goes_unknown_after_stale_s() -> None:
     for _ in range(4):  # probed: measured
         st = runner.sim.step(runner.t_s, 0.5)
         runner.t_s = st.t1_s
-        live.ingest_batch(st.batch, runner.now_ns)
+        live.admit(st.batch, runner.now_ns)
         live.tick(runner.now_ns)
     assert live.snapshot().unknown_count == 0
     for k in range(1, 10):  # nothing arrives any more

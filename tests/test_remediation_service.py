@@ -28,7 +28,7 @@ from controller.remediation.audit import ActionLog, ActionQuery, ActionQueryErro
 from controller.remediation.audit import parse_action_query as paq
 from controller.remediation.policy import SEC
 from controller.remediation.runtime import RemediationRuntime
-from controller.service import run_service
+from controller.service import Broker, run_service
 from controller.timeseries.config import TimeseriesConfig
 from controller.timeseries.runtime import Observability
 from controller.timeseries.writer import TsdbWriter
@@ -182,10 +182,8 @@ async def _controller(
     log_file = log_path.open("w")
     svc = asyncio.create_task(
         run_service(
-            host,
-            port,
+            Broker(host, port, topics),
             config,
-            topics,
             log=JsonLog(log_file),
             live=live,
             observability=observability,

@@ -22,13 +22,13 @@ from controller.timeseries.writer import (
     COMPRESSED_BYTES_PER_INTERVAL_1024,
     DEFAULT_BUFFER_BYTES,
     DEFAULT_INTERVAL_S,
-    Backoff,
     LineBuffer,
     TsdbWriter,
 )
 from mesh.fabric import FabricShape, build_fabric
 from mesh.fabric.ecmp import routing_tables
 from mesh.snapshot import GpuHealth, Health
+from mqttlink.reconnect import Backoff
 
 
 def _fabric():  # type: ignore[no-untyped-def]
@@ -248,14 +248,6 @@ def test_buffer_drops_oldest_past_bound_and_counts() -> None:
     assert zlib.decompress(buf.take(1)[0].data) == chunks[1]  # one chunk at least
 
 
-def test_backoff_grows_to_cap_with_bounded_jitter() -> None:
-    b = Backoff(initial_s=0.5, max_s=4.0, factor=2.0, jitter=0.25)
-    assert [b.delay(i, lambda: 0.0) for i in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
-    assert b.delay(10, lambda: 1.0) == 3.0
-    with pytest.raises(ValueError):
-        Backoff(initial_s=0)
-
-
 def test_writer_retries_until_the_server_takes_everything() -> None:
     got: list[bytes] = []
     fails = {"n": 5}
@@ -279,6 +271,7 @@ def test_writer_retries_until_the_server_takes_everything() -> None:
     assert b"".join(got) == b"".join(sent)  # all of it, in order
     st = w.stats()
     assert st.failures == 5 and st.dropped_lines == 0 and st.written_lines == 200
+    assert w.backoff.attempt == 0  # the write that worked started the delays over
     assert st.fill == 0.0
 
 
@@ -328,13 +321,13 @@ def test_default_buffer_holds_five_minutes_at_1024_nics() -> None:
     the default bound holds 5 minutes of them compressed as the buffer keeps them."""
     from dataclasses import replace
 
-    from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+    from controller.timeseries.recorder import TimeseriesRecorder
     from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
     runner = DemoRunner(replace(demo_scenario(None, nics=1024, seed=1), faults=()), step_s=1.0)
     bodies: list[bytes] = []
     rec = TimeseriesRecorder(runner.fabric, bodies.append, interval_ns=10_000_000_000)
-    runner.controller.brain = TeeBrain(runner.controller.brain, rec)
+    runner.controller.brain = rec.tee(runner.controller.brain)
     while len(bodies) < 2:  # the second interval has queueing (a baseline exists)
         runner.step()
         rec.tick(runner.now_ns, runner.controller.snapshot, runner.controller.alive)

@@ -13,7 +13,8 @@ from contract.tomlcheck import Table
 from controller.timeseries.config import TimeseriesConfig, read_metrics, read_timeseries
 from controller.timeseries.metrics import ControllerMetrics
 from controller.timeseries.runtime import TRUST, MetricsRuntime, Observability, TimeseriesRuntime
-from controller.timeseries.writer import Backoff, TsdbWriter
+from controller.timeseries.writer import TsdbWriter
+from mqttlink.reconnect import Backoff
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
 

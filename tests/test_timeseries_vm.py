@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from controller.timeseries.recorder import TimeseriesRecorder
-from controller.timeseries.writer import Backoff, TsdbWriter
+from controller.timeseries.writer import TsdbWriter
+from mqttlink.reconnect import Backoff
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
 VM = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
@@ -235,7 +236,7 @@ def test_round_trip_through_influxdb_client_loses_nothing(vm: VictoriaMetrics) -
 
 @pytest.mark.slow
 def test_nothing_lost_across_a_30s_server_outage(vm: VictoriaMetrics) -> None:
-    w = TsdbWriter(vm.url, backoff=Backoff(initial_s=0.2, max_s=2.0), timeout_s=5.0)
+    w = TsdbWriter(vm.url, backoff=Backoff(0.2, 2.0), timeout_s=5.0)
     state: dict[str, float] = {}
 
     def outage(runner: DemoRunner, rec: TimeseriesRecorder) -> None:
@@ -381,7 +382,7 @@ async def test_controller_service_writes_a_flap_and_serves_metrics(
     from contract.topics import Topics
     from controller.config import load_config
     from controller.dispatch import JsonLog, nic_hosts
-    from controller.service import run_service
+    from controller.service import Broker, run_service
     from mesh.fabric import FabricShape, build_fabric
     from testbed.scenario import Fault, FaultKind
     from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
@@ -412,7 +413,7 @@ async def test_controller_service_writes_a_flap_and_serves_metrics(
     log_path = tmp_path / "log.jsonl"
     with log_path.open("w") as log_file:
         svc = asyncio.create_task(
-            run_service(host, port, config, topics, log=JsonLog(log_file), clock=clock)
+            run_service(Broker(host, port, topics), config, log=JsonLog(log_file), clock=clock)
         )
         try:
             for _ in range(400):

@@ -1,11 +1,11 @@
 """Glue between the live controller and the writer: intervals of points (time passed in).
 
 `TimeseriesRecorder(fabric, sink, interval_ns)` folds every batch of `Observations`
-(`observe`, or a `TeeBrain` that hands the brain's input to it as well) into
+(`observe`; `tee` wraps a brain so that it sees the brain's input, events and verdicts) into
 `IntervalStats`, collects events and remediation actions, keeps the worst state of every NIC
-and link over the interval's ticks (`WorstStates`, fed by the `TeeBrain` after each tick: a
-fault shorter than the interval still shows), and on `tick(now_ns, snapshot, alive)` closes
-the interval when ``interval_ns`` has passed: it renders the interval with `PointBuilder` and
+and link over the interval's ticks (`WorstStates`, fed by the tee after each tick: a fault
+shorter than the interval still shows), and on `tick(now_ns, snapshot, alive)` closes the
+interval when ``interval_ns`` has passed: it renders the interval with `PointBuilder` and
 hands the body to ``sink`` (`TsdbWriter.offer`). The sink must not block: the writer only
 appends to its bounded buffer.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from contract.documents import EventDoc
-from controller.brainlike import BrainLike
+from controller.brainlike import BrainLike, TeeBrain
 from controller.observations import Observations
 from controller.timeseries.points import I8, MeshState, PointBuilder, RemediationAction
 from controller.timeseries.stats import F64, IntervalStats, summarize
@@ -88,6 +88,17 @@ class TimeseriesRecorder:
         self._fold: tuple[int, F64] | None = None
         self.intervals = 0
         self.bytes_out = 0
+
+    def tee(self, brain: BrainLike) -> BrainLike:
+        """Return ``brain`` wrapped (`controller.brainlike.TeeBrain`) so that this recorder
+        also gets each batch of its observations, each tick's new events and, after each
+        tick, its NIC and link verdicts (`states`)."""
+
+        def after_tick(events: list[EventDoc]) -> None:
+            self.events(events)
+            self.states(brain.nic_health(), brain.link_health())
+
+        return TeeBrain(brain, self.observe, on_events=after_tick)
 
     def observe(self, obs: Observations) -> None:
         """Fold one batch of probe outcomes into the open interval."""
@@ -164,41 +175,3 @@ class TimeseriesRecorder:
         size = self.finish(job())
         self._apply_fold()
         return size
-
-
-class TeeBrain:
-    """A `BrainLike` that forwards everything to ``brain`` and also hands each batch of
-    observations, each tick's new events and each tick's verdicts to ``recorder`` (so the
-    time series sees what detection sees)."""
-
-    def __init__(self, brain: BrainLike, recorder: TimeseriesRecorder) -> None:
-        self.brain = brain
-        self.recorder = recorder
-
-    def observe(self, obs: Observations) -> None:
-        self.brain.observe(obs)
-        self.recorder.observe(obs)
-
-    def presence(self, host: str, alive: bool, now_ns: int) -> None:
-        self.brain.presence(host, alive, now_ns)
-
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
-        self.brain.gpu(host, ok, detail, now_ns)
-
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
-        self.brain.nic_links(host, up, now_ns)
-
-    def tick(self, now_ns: int) -> list[EventDoc]:
-        events = self.brain.tick(now_ns)
-        self.recorder.events(events)
-        self.recorder.states(self.brain.nic_health(), self.brain.link_health())
-        return events
-
-    def link_health(self) -> dict[str, Health]:
-        return self.brain.link_health()
-
-    def nic_health(self) -> list[Health]:
-        return self.brain.nic_health()
-
-    def flap_counts(self) -> dict[str, int]:
-        return self.brain.flap_counts()

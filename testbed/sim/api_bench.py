@@ -102,8 +102,7 @@ class _Feed:
         """Take one host batch; return the records ingested now (a due queue's)."""
         live, queue = self.live, self.queue
         wall = time.monotonic_ns()
-        if live.ingestor.admit(batch.origin, batch.batch_seq):
-            queue.add(batch, wall)
+        live.admit(batch, wall, queue=queue)  # queued on the wall clock, ingested on now_ns
         return live.flush(queue, now_ns) if queue.due(wall) else 0
 
 

@@ -27,7 +27,7 @@ from contract.documents import EventDoc
 from controller.jobs import Job, JobRegistry
 from controller.live import LiveController, default_brain
 from controller.remediation.runtime import RemediationRuntime, action_event
-from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+from controller.timeseries.recorder import TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter
 from mesh.fabric import Fabric, FabricShape
 from testbed.scenario import Fault, FaultKind, Scenario, load_scenario
@@ -121,7 +121,7 @@ class DemoRunner:
         self.t_s = st.t1_s
         now = self.now_ns
         ctl = self.controller
-        ctl.ingest_batch(st.batch, now)
+        ctl.admit(st.batch, now)
         for host in st.alive_hosts:
             ctl.presence(host, True, now)
         for host in self._alive - st.alive_hosts:  # a prober's last will
@@ -140,7 +140,7 @@ class DemoRunner:
             for d in docs:
                 self.timeseries.action({**d, "status": str(d["status"]).replace(" ", "_")})
         acted = [action_event(d) for d in docs]
-        ctl.events.extend(acted)
+        ctl.record_events(acted)
         new += acted
         self.events.extend(new)
         if self.timeseries is not None:
@@ -157,7 +157,7 @@ class DemoRunner:
 
     def record_to(self, recorder: TimeseriesRecorder) -> None:
         """Write time series through ``recorder`` from now on (its intervals in sim time)."""
-        self.controller.brain = TeeBrain(self.controller.brain, recorder)
+        self.controller.brain = recorder.tee(self.controller.brain)
         self.timeseries = recorder
 
     def fault_for(self, kind: str, duration_s: float = 30.0) -> Fault:

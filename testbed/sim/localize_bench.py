@@ -17,20 +17,19 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from contract.documents import EventDoc
 from controller.brain import Brain, BrainConfig
+from controller.brainlike import TeeBrain
 from controller.detect.paths import alias_groups
 from controller.live import LiveController
 from controller.observations import Observations
 from controller.voting import VotingBaseline
 from mesh.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
-from mesh.snapshot import Health
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
 from testbed.scoring import cause_ok, prf
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimStep, Simulator
@@ -64,45 +63,6 @@ def observations_from_step(sim: Simulator, st: SimStep) -> Observations:
         np.where(lost, nan, rev),
         np.where(lost, nan, rtt),
     )
-
-
-class _Tee:
-    """Feeds the live pipeline's observations to the brain and to the voting baseline."""
-
-    def __init__(self, brain: Brain, voter: VotingBaseline) -> None:
-        self.brain, self.voter = brain, voter
-        self.seen: list[Observations] = []  # since the last `take` (for the clock error)
-
-    def observe(self, obs: Observations) -> None:
-        self.brain.observe(obs)
-        self.voter.observe(obs)
-        self.seen.append(obs)
-
-    def take(self) -> list[Observations]:
-        """Return and forget the observations seen since the last call."""
-        out, self.seen = self.seen, []
-        return out
-
-    def presence(self, host: str, alive: bool, now_ns: int) -> None:
-        self.brain.presence(host, alive, now_ns)
-
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
-        self.brain.gpu(host, ok, detail, now_ns)
-
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
-        self.brain.nic_links(host, up, now_ns)
-
-    def tick(self, now_ns: int) -> list[EventDoc]:
-        return self.brain.tick(now_ns)
-
-    def link_health(self) -> dict[str, Health]:
-        return self.brain.link_health()
-
-    def nic_health(self) -> list[Health]:
-        return self.brain.nic_health()
-
-    def flap_counts(self) -> dict[str, int]:
-        return self.brain.flap_counts()
 
 
 def accepted_targets(fabric: Fabric, fault: Fault) -> set[str]:
@@ -234,15 +194,15 @@ def run_once(
     voter = VotingBaseline(fabric)
     live = None
     epoch = 0
-    tee = _Tee(brain, voter)
+    seen: list[Observations] = []  # what the live pipeline handed the brain in this step
     clock_err = ClockError()
     if pipeline == "ingest":
-        live = LiveController(fabric, brain=tee)
+        # the voting baseline sees what the brain sees
+        live = LiveController(fabric, brain=TeeBrain(brain, voter.observe, seen.append))
         epoch = EPOCH_NS
         # the paths the probers discovered (TTL probes), as a real controller holds them
         src, dst, sport, fwd, rev = sim.discovered_paths()
-        live.ingestor.paths.update(src, dst, sport, fwd)
-        live.ingestor.reply_paths.update(src, dst, sport, rev)
+        live.learn_paths(src, dst, sport, fwd, rev)
     hosts = {h.id for h in fabric.hosts}
     alive, gpu_bad = set(hosts), set[str]()
     ours, theirs = Score(), Score()
@@ -273,12 +233,12 @@ def run_once(
             voter.observe(obs)
             events = brain.tick(now)
         else:
-            live.ingest_batch(st.batch, now)
+            live.admit(st.batch, now)
             events = live.tick(now)
-            seen = tee.take()
             if len(seen) == 1 and len(seen[0]) == len(st.batch):  # rows in batch order
                 clock_err.add(st.t1_s, seen[0].owd_fwd_ns, st.true_fwd_ns)
                 clock_err.add(st.t1_s, seen[0].owd_rev_ns, st.true_rev_ns)
+            seen.clear()
         t_brain += time.perf_counter() - c0
         moved_onto = rerouted(st.t1_s)  # once per step, not per alert
         for ev in events:
