@@ -7,11 +7,12 @@ lets a tenant register ids in its namespace only; so no tenant can take, or lear
 another tenant holds. `JobRegistry` holds the running jobs: `register` (a new id; raises
 `JobError` on a duplicate or a bad job), `put` (add or replace, same tenant), `unregister`
 (raises `JobError` for an unknown id), `get`, `jobs`, `jobs_of(tenant)` and
-`tenant_nics(tenant)`; `screen_jobs` gives the mesh screen's view of them. With operator
-grants (`controller.tenancy.Grants`) a job may only use NICs granted to its tenant, however
-it arrives (the API, a recovery agent's rank on MQTT). The API scopes a tenant's view by
-the grants, never by its jobs. Methods take a lock, so the API's event loop and another
-thread may share one registry.
+`tenant_nics(tenant)`; `screen_jobs` gives the mesh screen's view of them. The operator's
+grants (`controller.tenancy.Grants`) bind every job, however it arrives (the API, a recovery
+agent's rank on MQTT): a tenant's job runs only on NICs granted to that tenant, the
+operator's jobs only on NICs granted to nobody (`Grants.may_use`). The API scopes a
+tenant's view by the grants, never by its jobs. Methods take a lock, so the API's event loop
+and another thread may share one registry.
 """
 
 from __future__ import annotations
@@ -60,23 +61,21 @@ class JobRegistry:
     """The running jobs, by id (thread-safe)."""
 
     def __init__(self, jobs: tuple[Job, ...] = (), *, grants: Grants | None = None) -> None:
-        """``grants``: the operator's NIC grants (None: any job may use any NIC)."""
+        """``grants``: the operator's NIC grants (None: none, any job may use any NIC)."""
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
-        self.grants = grants
+        self.grants = grants if grants is not None else Grants()
         for j in jobs:
             self.register(j)
 
     def _granted(self, job: Job) -> None:
-        if self.grants is None:
-            return
         for nic in sorted(job.nics):
-            if self.grants.owner(nic) != job.tenant:
+            if not self.grants.may_use(job.tenant, nic):
                 raise JobError(f"job {job.id}: {nic} is not granted to tenant {job.tenant}")
 
     def register(self, job: Job) -> None:
         """Add ``job``; raise `JobError` if its id is already registered or it uses a NIC
-        not granted to its tenant."""
+        its tenant may not (`Grants.may_use`)."""
         self._granted(job)
         with self._lock:
             if job.id in self._jobs:
@@ -86,7 +85,7 @@ class JobRegistry:
     def put(self, job: Job) -> Job | None:
         """Add ``job`` or replace the job of that id (its ranks changed); return the job it
         replaced, or None. Raises `JobError` if that id belongs to another tenant or the job
-        uses a NIC not granted to its tenant."""
+        uses a NIC its tenant may not (`Grants.may_use`)."""
         self._granted(job)
         with self._lock:
             old = self._jobs.get(job.id)

@@ -4,8 +4,11 @@ A tenant owns NICs because the operator says so (``[api.tenants]`` in the contro
 config: ``acme = ["host0", "nic9"]``, a host standing for all of its NICs), never because
 of what its jobs declare. `Grants.build(table, fabric)` checks the table against the fabric
 and returns the grants; `Grants.nics_of(tenant)` is what a tenant may see and run jobs on
-(`controller.api.views.tenant_scope`, `controller.jobs.JobRegistry`); `Grants.owner` answers
-for one NIC. A NIC granted to nobody belongs to the operator alone.
+(`controller.api.views.tenant_scope`); `Grants.owner` answers for one NIC. A NIC granted to
+nobody belongs to the operator alone: `Grants.may_use(tenant, nic)` (what
+`controller.jobs.JobRegistry` asks of every job) lets a tenant that holds grants use only
+its own NICs, and the operator's jobs (any other tenant name, ``default`` included) only the
+NICs granted to nobody. With no grants at all every job may use every NIC.
 
 Errors are `TenancyError` (a ValueError) with one line naming the tenant and the id.
 """
@@ -72,6 +75,13 @@ class Grants:
     def owner(self, nic: str) -> str | None:
         """Return the tenant ``nic`` is granted to, None if nobody's."""
         return self.owner_of.get(nic)
+
+    def may_use(self, tenant: str, nic: str) -> bool:
+        """Return True if a job of ``tenant`` may run on ``nic``: a NIC granted to a tenant
+        is that tenant's alone; a NIC granted to nobody is for the jobs of tenants holding no
+        grant (the operator's)."""
+        owner = self.owner_of.get(nic)
+        return owner == tenant if owner is not None else tenant not in self._by_tenant
 
     def nics_of(self, tenant: str) -> frozenset[str]:
         """Return the NIC ids granted to ``tenant`` (empty for a tenant with none)."""

@@ -318,3 +318,16 @@ def test_grants_are_checked_against_the_fabric() -> None:
                        ({"ac:me": ["nic1"]}, "bad tenant name")):  # fmt: skip
         with pytest.raises(TenancyError, match=match):
             Grants.build(bad, fab)
+
+
+def test_free_text_keeps_a_queue_pair_of_its_own_nics_and_hides_one_with_another_tenants(
+    world: World,
+) -> None:
+    from controller.api.views import tenant_scope
+
+    scope = tenant_scope(world.fab, world.grants.nics_of("acme"))
+    text = "ring crosses nic0-leaf0 on queue pairs nic0->nic1, nic0->nic8"
+    assert (
+        scope.redact(world.fab, text)
+        == "ring crosses nic0-leaf0 on queue pairs nic0->nic1, (hidden)"
+    )

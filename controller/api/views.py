@@ -68,8 +68,9 @@ class Scope:
         return self.links is None or link in self.links
 
     def target_visible(self, fabric: Fabric, target: str) -> bool:
-        """Return True if an event on ``target`` (NIC, host or link id, or a directed hop
-        ``leaf0->spine1`` as contention findings name it: visible with its link) is in scope."""
+        """Return True if an event on ``target`` (NIC, host or link id, a directed hop
+        ``leaf0->spine1`` as contention findings name it: visible with its link, or a queue
+        pair ``nic0->nic2``: visible with both NICs) is in scope."""
         if self.nics is None:
             return True
         i = fabric.nic_index.get(target)
@@ -77,6 +78,9 @@ class Scope:
             return i in self.nics
         if "->" in target:
             a, _, b = target.partition("->")
+            ia, ib = fabric.nic_index.get(a), fabric.nic_index.get(b)
+            if ia is not None and ib is not None:
+                return ia in self.nics and ib in self.nics
             return self.links is not None and bool({f"{a}-{b}", f"{b}-{a}"} & self.links)
         return (self.hosts is not None and target in self.hosts) or (
             self.links is not None and target in self.links
