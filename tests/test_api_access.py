@@ -278,3 +278,84 @@ def test_the_tui_reads_an_https_api_with_its_ca_and_a_client_certificate(
         client_tls(None, str(pki["client"][0]), None)
     with pytest.raises(TuiError, match="cannot read"):
         client_tls("/nonexistent/ca.crt", None, None)
+
+
+def _conf(d: Path, pki: dict[str, tuple[Path, Path]], api: str) -> Path:
+    """Write the PKI next to a config whose ``[api]`` table is ``api``; return the config."""
+    for name in ("ca", "server", "client"):
+        for src in pki[name]:
+            (d / src.name).write_bytes(src.read_bytes())
+    conf = d / "c.toml"
+    conf.write_text('[fabric]\nleaves = 2\nhosts_per_leaf = 4\n[api]\nlisten = "127.0.0.1:0"\n'
+                    f'operator_token = "{OP}"\n{api}\n')  # fmt: skip
+    return conf
+
+
+def test_the_api_table_feeds_tls_cors_tickets_and_tenants_at_load(
+    pki: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    from controller.config import ConfigError, load_config
+
+    conf = _conf(tmp_path, pki, 'tls_cert = "server.crt"\ntls_key = "server.key"\n'
+                 'tls_client_ca = "ca.crt"\ncors_origins = ["https://grafana.example.org"]\n'
+                 'ticket_ttl_s = 5\n[api.tenants]\nacme = ["host0", "nic5"]\nbeta = ["host2"]')  # fmt: skip
+    cfg = load_config(conf)
+    assert cfg.api is not None
+    access = cfg.api.access
+    assert access.tls == TlsFiles(tmp_path / "server.crt", tmp_path / "server.key",
+                                  tmp_path / "ca.crt")  # fmt: skip
+    assert access.scheme == "https" and access.ticket_ttl_s == 5.0
+    assert access.cors_origins == {"https://grafana.example.org"}
+    assert cfg.grants.nics_of("acme") == {"nic0", "nic5"} and cfg.grants.owner("nic2") == "beta"
+    # grants without an API still bind the jobs that arrive over MQTT
+    conf.write_text('[fabric]\nleaves = 2\nhosts_per_leaf = 4\n[api.tenants]\nacme = ["nic1"]\n')
+    cfg = load_config(conf)
+    assert cfg.api is None and cfg.grants.nics_of("acme") == {"nic1"}
+    assert load_config(None).grants.tenants() == frozenset()
+    (tmp_path / "other.key").write_bytes(pki["client"][1].read_bytes())
+    (tmp_path / "junk.crt").write_text("not a certificate\n")
+    for api, msg in [
+        ('tls_cert = "server.crt"', r"api\.tls_key: tls_cert and tls_key go together"),
+        ('tls_client_ca = "ca.crt"', r"api\.tls_client_ca: needs tls_cert and tls_key"),
+        ('tls_cert = "nope.crt"\ntls_key = "server.key"', r"api\.tls_cert: cannot read .*nope"),
+        ('tls_cert = "server.crt"\ntls_key = "other.key"', r"api\.tls_cert: .*not usable"),
+        ('tls_cert = "server.crt"\ntls_key = "server.key"\ntls_client_ca = "junk.crt"',
+         r"api\.tls_client_ca: .*junk\.crt"),
+        ('tls_cert = ""\ntls_key = "server.key"', r"api\.tls_cert: must be a file name"),
+        ('cors_origins = ["grafana.example.org"]', r"api\.cors_origins: a CORS origin"),
+        ("cors_origins = [1]", r"api\.cors_origins\[0\]"),
+        ("cors_origins = 'https://a.example'", r"api\.cors_origins: must be a list"),
+        ("ticket_ttl_s = 0", r"api\.ticket_ttl_s: must be a number of s in \(0, 300\]"),
+        ("ticket_ttl_s = 301", r"api\.ticket_ttl_s"),
+        ('[api.tenants]\nacme = ["nic99"]', r"api\.tenants: tenant acme: no NIC or host 'nic99'"),
+        ('[api.tenants]\nacme = ["nic1"]\nbeta = ["host1"]', r"api\.tenants: .*already granted"),
+        ('[api.tenants]\n"a:b" = ["nic1"]', r"api\.tenants: bad tenant name"),
+        ('[api.tenants]\nacme = "nic1"', r"api\.tenants\.acme: must be a list"),
+        ("[api.tenants]\nacme = [1]", r"api\.tenants\.acme\[0\]: must be a NIC or host id"),
+    ]:  # fmt: skip
+        _conf(tmp_path, pki, api)
+        with pytest.raises(ConfigError, match=msg) as err:
+            load_config(conf)
+        assert "\n" not in str(err.value)
+
+
+async def test_the_controllers_api_process_serves_https_from_its_config(
+    pki: dict[str, tuple[Path, Path]],
+) -> None:
+    from controller.api.config import ApiConfig
+    from controller.api.runtime import ApiRuntime
+
+    tls = TlsFiles(*pki["server"], client_ca=pki["ca"][0])
+    cfg = ApiConfig("127.0.0.1", 0, TOKENS, ApiOptions(), WebAccess(tls=tls))
+    api = ApiRuntime(cfg, LiveController(FAB).snapshot())
+    url = await api.start()
+    try:
+        assert url.startswith("https://127.0.0.1:")
+        assert await _get(url + "version", _client_ctx(pki, "client")) == 200
+        for who in (None, "rogue"):  # no client certificate, or one of another CA
+            with pytest.raises(aiohttp.ClientError):
+                await _get(url + "version", _client_ctx(pki, who))
+        with pytest.raises(aiohttp.ClientError):  # nothing in clear
+            await _get(url.replace("https:", "http:") + "version", False)
+    finally:
+        await api.stop()

@@ -145,11 +145,24 @@ async def serve(init: feed.Init, sock: socket.socket, inp: Any, out: int) -> Non
     hub = ApiHub(feed.unpack_snapshot(init.snapshot, fabric))
     mirror = feed.Mirror(init.state)
     remote = _Remote(out, mirror, init.can_ask)
-    relay_logging(lambda level, name, text: remote.send(feed.Log(level, name, text)))
     logging.raiseExceptions = False  # a record the pipe cannot take is dropped, not printed
-    app = make_app(hub, init.config.tokens, jobs=mirror.jobs, control=mirror.control,
+    with relay_logging(lambda level, name, text: remote.send(feed.Log(level, name, text))):
+        await _serve_app(init, hub, mirror, remote, sock, inp)
+
+
+async def _serve_app(
+    init: feed.Init, hub: ApiHub, mirror: feed.Mirror, remote: _Remote, sock: socket.socket,
+    inp: Any,
+) -> None:  # fmt: skip
+    """Serve the app (HTTPS when the config names TLS files) until the feed ends."""
+    loop = asyncio.get_running_loop()
+    fabric, config = init.fabric, init.config
+    app = make_app(hub, config.tokens, jobs=mirror.jobs, control=mirror.control,
                    actions=mirror if init.has_actions else None, job_status=mirror.job_status,
-                   options=init.config.options, commands=remote, grants=init.grants)  # fmt: skip
+                   options=config.options, commands=remote, grants=init.grants,
+                   access=config.access)  # fmt: skip
+    tls = config.access.tls  # checked at load: fails here only if the files changed since
+    ssl_context = tls.context() if tls is not None else None
     prime_snapshot(app, hub.snapshot())
     done = asyncio.Event()
 
@@ -182,7 +195,7 @@ async def serve(init: feed.Init, sock: socket.socket, inp: Any, out: int) -> Non
 
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
-    await web.SockSite(runner, sock).start()
+    await web.SockSite(runner, sock, ssl_context=ssl_context).start()
     threading.Thread(target=read, name="api-feed", daemon=True).start()
     remote.send(feed.Ready())
     clients = 0
