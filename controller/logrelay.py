@@ -4,16 +4,21 @@ Libraries (aiohttp, asyncio) report through ``logging``; left alone, their recor
 tracebacks reach stderr as plain text, in the middle of the controller's JSON lines.
 `RecordRelay` is a ``logging.Handler`` that hands every record to a sink as one value: the
 record's level, logger and message, with its traceback (if any) in the same string, so a
-JSON writer escapes it into one line. `relay_logging(sink)` installs it on the root logger
-(replacing the handlers there) and routes ``warnings`` through it too; it returns the handler.
+JSON writer escapes it into one line. ``with relay_logging(sink):`` installs it on the root
+logger (instead of the handlers there) and routes ``warnings`` through it too; on leaving,
+the root logger's handlers, level and the ``warnings`` route are as they were. The API process
+(`controller.api.child`) relays into its pipe, the controller (`controller.service`) into its
+JSON-lines log.
 
 ``sink(level, logger, text)`` must not block for long and must not log itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 
 Sink = Callable[[str, str, str], None]
 """(level name, logger name, message with its traceback) -> None."""
@@ -38,14 +43,25 @@ class RecordRelay(logging.Handler):
             self.handleError(record)
 
 
-def relay_logging(sink: Sink, level: int = logging.INFO) -> RecordRelay:
-    """Send every ``logging`` record (and ``warnings``) of this process to ``sink`` instead
-    of stderr; return the handler."""
+@contextlib.contextmanager
+def relay_logging(sink: Sink, level: int = logging.INFO) -> Iterator[RecordRelay]:
+    """While inside, send every ``logging`` record (and ``warnings``) of this process to
+    ``sink`` instead of the root logger's handlers (stderr); yield the handler."""
     root = logging.getLogger()
-    for h in list(root.handlers):
+    before, before_level = list(root.handlers), root.level
+    shown = warnings.showwarning
+    for h in before:
         root.removeHandler(h)
     handler = RecordRelay(sink, level)
     root.addHandler(handler)
     root.setLevel(level)
     logging.captureWarnings(True)
-    return handler
+    try:
+        yield handler
+    finally:
+        if warnings.showwarning is not shown:  # this call began the capture: end it
+            logging.captureWarnings(False)
+        root.removeHandler(handler)
+        for h in before:
+            root.addHandler(h)
+        root.setLevel(before_level)
