@@ -3,20 +3,18 @@
 The simulator-to-controller loop is `testbed.sim.demo_runner.DemoRunner`; the screen is
 `tui.demo_app.DemoApp`, which drives it through the `tui.demo_app.DemoDriver` protocol.
 ``--headless`` runs in real time when it serves the API or writes time series; SIGTERM or
-SIGINT end it early and it still prints its result (``"interrupted": true``, exit 130).
+SIGINT end it early and it still prints its result (``"interrupted": true``, exit 130:
+`contract.interrupt`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from dataclasses import replace
 
+from contract.interrupt import interruptible
 from testbed.demo_serve import DemoApi, new_token
 from testbed.sim.demo_runner import (
     DEMO_SCENARIO,
@@ -52,10 +50,10 @@ def run_demo(args: argparse.Namespace) -> int:
         # real time when someone watches (the API) or the points are stamped on the wall
         # clock (the time series: played faster, they would lie in the future)
         realtime = api is not None or writer is not None
-        try:
-            with _stop_on_signals() as stop:
+        try:  # a signal ends the run between two steps
+            with interruptible(cooperative=True) as stop:
                 result = run_headless(runner, args.duration or sc.duration_s,
-                                      realtime=realtime, stop=stop)  # fmt: skip
+                                      realtime=realtime, stop=stop.event)  # fmt: skip
         finally:
             if api is not None:
                 api.stop()
@@ -74,7 +72,7 @@ def run_demo(args: argparse.Namespace) -> int:
         else:
             for e in result["events"]:
                 print(f"{e['t_s']:8.2f}s  {e['kind']:<12} {e['target']}  {e['detail']}")
-        return 130 if result["interrupted"] else 0
+        return stop.exit_code()
     from tui.demo_app import DemoApp
 
     # Interactive: start with no scripted faults, the operator injects them with keys.
@@ -100,20 +98,3 @@ def _serve(runner: DemoRunner, listen: str | None, token: str | None) -> DemoApi
     api.url = api.start()
     print(f"qpmesh demo: API on {api.url} (operator token: {tok})", file=sys.stderr, flush=True)
     return api
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
-    """Turn SIGTERM and SIGINT into a set event while inside (the headless run then ends and
-    its result, ``"interrupted": true``, is still printed); restore the handlers after."""
-    stop = threading.Event()
-
-    def handler(signum: int, _frame: object) -> None:
-        stop.set()
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield stop
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
