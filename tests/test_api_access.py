@@ -3,8 +3,6 @@ websocket ticket that keeps long-lived tokens out of URLs (issue 33 item 3)."""
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,10 +12,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from controller.api.access import AccessError, Tickets, TlsFiles, WebAccess
 from controller.api.app import PREFIX, ApiOptions, make_app
@@ -27,6 +21,7 @@ from controller.api.server import ApiThread
 from controller.live import LiveController
 from controller.tenancy import Grants
 from mesh.fabric import FabricShape, build_fabric
+from tests.pki import make_pki
 
 OP, ACME = "operator-token-1", "acme-tenant-token"
 TOKENS = TokenTable({OP: Principal("operator", "ops"), ACME: Principal("tenant", "acme")})
@@ -153,54 +148,9 @@ def test_bad_access_settings_are_one_line_errors(kw: dict[str, Any]) -> None:
 # ---- TLS -----------------------------------------------------------------------------------------
 
 
-def _cert(name: str, issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None, *,
-          ca: bool = False, server: bool = False) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = dt.datetime.now(dt.UTC)
-    b = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer[0].subject if issuer else subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if ca:
-        b = b.add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), True
-        )
-    else:
-        eku = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-        b = b.add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
-    if server:
-        ip = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
-        b = b.add_extension(x509.SubjectAlternativeName([ip]), critical=False)
-    cert = b.sign(issuer[1] if issuer else key, hashes.SHA256())
-    return cert, key
-
-
-def _write(d: Path, name: str, pair: tuple[x509.Certificate, ec.EllipticCurvePrivateKey]) -> tuple[Path, Path]:  # fmt: skip
-    crt, key = d / f"{name}.crt", d / f"{name}.key"
-    crt.write_bytes(pair[0].public_bytes(serialization.Encoding.PEM))
-    key.write_bytes(pair[1].private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))  # fmt: skip
-    key.chmod(0o600)
-    return crt, key
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    d = tmp_path_factory.mktemp("pki")
-    ca = _cert("qpmesh-test-ca", None, ca=True)
-    rogue = _cert("rogue-ca", None, ca=True)
-    return {"ca": _write(d, "ca", ca),
-            "server": _write(d, "server", _cert("qpmesh-api", ca, server=True)),
-            "client": _write(d, "client", _cert("grafana", ca)),
-            "rogue": _write(d, "rogue", _cert("mallory", rogue))}  # fmt: skip
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def _serve(tls: TlsFiles) -> ApiThread:

@@ -11,8 +11,14 @@ that got ``101 Switching Protocols`` must not send its next request on that conn
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,17 +73,106 @@ def test_every_http_route_passes_every_check(
     live_api: tuple[str, ApiThread], token: str, tmp_path: Path
 ) -> None:
     base_url, srv = live_api
+    _schemathesis(base_url, token, tmp_path)
+    assert not api_stats(srv.app).server_errors
+
+
+def _schemathesis(base_url: str, token: str, cwd: Path, *extra: str) -> None:
+    """Run schemathesis with every check on the HTTP routes of ``base_url``; assert it
+    passed."""
     st = Path(sys.executable).with_name("st")
     cmd = [str(st), "--config-file", str(CONFIG), "run", str(OPENAPI), "--url", base_url,
            "-H", f"Authorization: Bearer {token}", "--checks", "all", "--max-examples", "10",
            "--seed", "33", "--generation-deterministic", "-w", "1", "--no-color",
-           "--exclude-path", "/api/v1/ws"]  # fmt: skip
+           "--exclude-path", "/api/v1/ws", *extra]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
-                         cwd=tmp_path)  # its .schemathesis/ cache lands there  # fmt: skip
+                         cwd=cwd)  # its .schemathesis/ cache lands there  # fmt: skip
     tail = "\n".join(out.stdout.splitlines()[-60:])
     assert out.returncode == 0, tail
     assert " passed" in tail and "Failures:" not in tail and "Errors:" not in tail, tail
-    assert not api_stats(srv.app).server_errors
+
+
+QP = [sys.executable, "-m", "qpmesh.cli"]
+
+
+def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGTERM ``proc``; return its stdout and stderr (killed if it does not end)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.mark.slow
+def test_every_check_passes_against_qpmesh_demo_serve(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [*QP, "demo", "--headless", "--json", "--duration", "100000", "--serve", "127.0.0.1:0",
+         "--token", TOKEN],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # "qpmesh demo: API on URL (operator token: T)"
+        m = re.search(r"API on (http://\S+)/api/v1/ ", line)
+        assert m, line
+        # the demo serves its operator token at the default 50 requests/s: stay under it
+        _schemathesis(m.group(1), TOKEN, tmp_path, "--rate-limit", "40/s")
+    finally:
+        out, err = _stop(proc)
+    assert proc.returncode == 130 and json.loads(out)["interrupted"] is True, err
+    assert "Traceback" not in err, err  # no server error, nothing in plain text
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_every_check_passes_against_a_controller_served_over_mutual_tls(
+    mosquitto: tuple[str, int], tmp_path: Path
+) -> None:
+    """``qpmesh controller`` with a fabric, two tenants granted NICs and the API over TLS with
+    client certificates (its own API process), as an operator and as a tenant."""
+    from tests.pki import make_pki
+
+    pki = make_pki(tmp_path)
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    (tmp_path / "tokens.txt").write_text(f"operator st {TOKEN}\ntenant t {TENANT}\n")
+    conf = tmp_path / "c.toml"
+    conf.write_text(
+        "[fabric]\nleaves = 2\nhosts_per_leaf = 4\n[controller]\ntick_s = 0.2\n"
+        f'[api]\nlisten = "127.0.0.1:{port}"\ntoken_file = "tokens.txt"\n'
+        "rate_per_s = 1000000\nburst = 1000000\n"
+        'tls_cert = "server.crt"\ntls_key = "server.key"\ntls_client_ca = "ca.crt"\n'
+        '[api.tenants]\nt = ["host0", "host1"]\nu = ["host4"]\n'
+    )
+    log = tmp_path / "controller.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [*QP, "controller", "--broker", f"mqtt://{mosquitto[0]}:{mosquitto[1]}", "--config",
+         str(conf), "--log", str(log), "--prefix", f"qpmesh/st{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while '"api serving"' not in (log.read_text() if log.exists() else ""):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the API did not start"
+            time.sleep(0.1)
+        (serving,) = [json.loads(x) for x in log.read_text().splitlines() if "api serving" in x]
+        assert serving["url"] == f"https://127.0.0.1:{port}/api/v1/"
+        tls = ("--tls-verify", str(pki["ca"][0]), "--request-cert", str(pki["client"][0]),
+               "--request-cert-key", str(pki["client"][1]))  # fmt: skip
+        for token in (TOKEN, TENANT):
+            _schemathesis(f"https://127.0.0.1:{port}", token, tmp_path, *tls)
+    finally:
+        _, err = _stop(proc)
+    lines = [json.loads(x) for x in log.read_text().splitlines()]  # JSON lines only
+    assert not [x for x in lines if "Traceback" in json.dumps(x)], lines
+    assert "Traceback" not in err, err
 
 
 WS = schemathesis.openapi.from_path(OPENAPI, config=schemathesis.Config.from_path(CONFIG))

@@ -72,3 +72,27 @@ def test_the_controller_process_writes_its_logging_records_as_json_lines(
     (failed,) = [x for x in relayed if x["logger"] == "asyncio"]
     assert "never retrieved" in failed["detail"] and "nobody awaited me" in failed["detail"]
     assert "Traceback" not in capfd.readouterr().err  # nothing in plain text
+
+
+def test_a_request_aiohttp_cannot_parse_is_one_warning_line_without_its_bytes() -> None:
+    import socket
+
+    from aiohttp import web
+
+    from controller.api.server import ApiThread
+
+    got: list[tuple[str, str, str]] = []
+    srv = ApiThread(web.Application(), "127.0.0.1", 0)
+    with relay_logging(lambda *rec: got.append(rec)):
+        port = srv.start()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sk:
+                sk.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Secret: hunter2-token\x00\r\n\r\n")
+                assert sk.recv(4096).split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
+        finally:
+            srv.stop()
+    (rec,) = [r for r in got if r[1] == "aiohttp.server"]
+    level, _, text = rec
+    assert level == "WARNING" and "\n" not in text and "Traceback" not in text
+    assert text.startswith("Error handling request from 127.0.0.1: 400 ")
+    assert "hunter2" not in text

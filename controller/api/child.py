@@ -42,6 +42,7 @@ from controller.api import feed
 from controller.api.app import make_app, prime_snapshot
 from controller.api.hub import ApiHub
 from controller.api.process import read_frame, write_frame
+from controller.api.server import quiet_bad_requests
 from controller.jobs import Job, JobError
 from controller.logrelay import relay_logging
 from controller.remediation.alerts import WebhookError
@@ -193,6 +194,7 @@ async def _serve_app(
             with contextlib.suppress(RuntimeError):  # the loop is already closed
                 loop.call_soon_threadsafe(done.set)
 
+    quiet_bad_requests()
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     await web.SockSite(runner, sock, ssl_context=ssl_context).start()

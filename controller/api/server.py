@@ -2,16 +2,24 @@
 
 Thin shell: aiohttp's `AppRunner` and `TCPSite`, over TLS when given an ``ssl_context``
 (`controller.api.access.TlsFiles.context`). `parse_listen` (pure) reads ``HOST:PORT``.
+`quiet_bad_requests` makes aiohttp's report of a request it could not parse (a client's
+fault, answered 400) one warning line instead of an error with a traceback; every server of
+the API (`start_api`, the controller's API process) installs it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
 import ssl
 import threading
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+SERVER_LOGGER = "aiohttp.server"
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -24,12 +32,37 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class BadRequests(logging.Filter):
+    """Turns aiohttp's "Error handling request" for a request it could not parse
+    (`HttpProcessingError`: a bad header, a bad request line) into one WARNING line
+    without a traceback, and without the request bytes aiohttp quotes after the first line
+    of its message (a bad header may hold a token); other records pass unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            first = str(exc.message).strip().split("\n", 1)[0]
+            detail = re.sub(r"\s+", " ", f"{exc.code} {first}").strip()
+            record.msg, record.args = f"{record.getMessage()}: {detail}", ()
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_bad_requests() -> None:
+    """Install `BadRequests` on aiohttp's server logger (once per process)."""
+    logger = logging.getLogger(SERVER_LOGGER)
+    if not any(isinstance(f, BadRequests) for f in logger.filters):
+        logger.addFilter(BadRequests())
+
+
 async def start_api(
     app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
 ) -> tuple[web.AppRunner, int]:
     """Serve ``app`` on ``host:port`` in the running loop (HTTPS with ``ssl_context``);
     return the runner (call its ``cleanup()`` to stop) and the bound port. Raises OSError if
     the address is taken."""
+    quiet_bad_requests()
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
