@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from contract.documents import EventDoc
@@ -133,6 +134,13 @@ class World:
         )  # fmt: skip
         self.hub.publish(None, self.planted)
         self.now = [0.0]
+        self.served: Served | None = None
+
+    def publish_planted(self) -> None:
+        """Publish the planted events again (a websocket then has them to send)."""
+        self.hub.publish(self.hub.snapshot(), self.planted)
+        if self.served is not None:
+            self.served.publish(self.hub.snapshot(), self.planted)
 
     def status(self, job: str) -> dict[str, object] | None:
         """Each job's perf, naming beta's NIC and a link acme does not see."""
@@ -171,15 +179,95 @@ def world() -> World:
     return World()
 
 
-@pytest.fixture
-async def client(world: World) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+class Served:
+    """The world served as ``qpmesh controller`` serves it: `ApiRuntime` (its own API
+    process, mirrors of the jobs, Control and action log) on a loop in a thread, where the
+    calls from the API process are applied."""
+
+    def __init__(self, world: World) -> None:
+        from controller.api.config import ApiConfig
+        from controller.api.runtime import ApiRuntime
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        cfg = ApiConfig("127.0.0.1", 0, TOKENS,
+                        ApiOptions(rate_per_s=100.0, burst=1000.0, ws_min_interval_s=0.01))  # fmt: skip
+        self.api = ApiRuntime(cfg, world.hub.snapshot(), jobs=world.jobs,
+                              control=world.rem.control, actions=world.rem.log,
+                              ask=world.rem.ask, job_status=world.status)  # fmt: skip
+        url = asyncio.run_coroutine_threadsafe(self.api.start(), self.loop).result(120)
+        self.base = url.removesuffix(PREFIX + "/")
+        self.publish(world.hub.snapshot(), tuple(e for _, e in world.hub.events()))
+
+    def publish(self, snap: Any, events: tuple[EventDoc, ...]) -> None:
+        """Hand the API process a snapshot and events (on the runtime's loop)."""
+        self.loop.call_soon_threadsafe(self.api.publish, snap, events)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.api.stop(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+class Remote:
+    """The client calls the probes make, sent to a served API at ``base``."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
+        self.session, self.base = session, base
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        return self.session.request(method, self.base + path, **kw)
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return self.request("POST", path, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Any:
+        return self.request("DELETE", path, **kw)
+
+    def ws_connect(self, path: str, **kw: Any) -> Any:
+        return self.session.ws_connect(self.base + path, **kw)
+
+
+@pytest.fixture(scope="module")
+def served(world: World) -> Iterator[Served]:
+    s = Served(world)
+    world.served = s
+    try:
+        yield s
+    finally:
+        world.served = None
+        s.close()
+
+
+@pytest.fixture(params=["app", "api-process"])
+async def client(world: World, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """The app in this process, or the controller's API process (as ``qpmesh controller``
+    serves it): every probe runs against both."""
     world.now[0] += 1000.0
-    app = make_app(world.hub, TOKENS, jobs=world.jobs, control=world.rem.control,
-                   actions=world.rem.log, ask=world.rem.ask, job_status=world.status,
-                   options=ApiOptions(rate_per_s=100.0, burst=1000.0, ws_min_interval_s=0.01),
-                   clock=lambda: world.now[0], grants=world.grants)  # fmt: skip
-    async with TestClient(TestServer(app)) as c:
-        yield c
+    if request.param == "app":
+        app = make_app(world.hub, TOKENS, jobs=world.jobs, control=world.rem.control,
+                       actions=world.rem.log, ask=world.rem.ask, job_status=world.status,
+                       options=ApiOptions(rate_per_s=100.0, burst=1000.0,
+                                          ws_min_interval_s=0.01),
+                       clock=lambda: world.now[0], grants=world.grants)  # fmt: skip
+        async with TestClient(TestServer(app)) as c:
+            yield c
+        return
+    served = request.getfixturevalue("served")
+    async with aiohttp.ClientSession() as session:
+        remote = Remote(session, served.base)
+        op = {"Authorization": f"Bearer {OP}"}
+        for _ in range(600):  # the planted events reached the API process
+            r = await remote.get(PREFIX + "/events?kind=prober_down", headers=op)
+            if (await r.json())["events"]:
+                break
+            await asyncio.sleep(0.05)
+        yield remote
 
 
 def _fill(value: Any, sub: dict[str, str]) -> Any:
@@ -200,7 +288,7 @@ async def _ws_messages(c: TestClient[Any, Any], world: World, url: str, headers:
                        ) -> list[Any]:  # fmt: skip
     ws = await c.ws_connect(url, headers=headers)
     got = [await ws.receive_json(timeout=30)]
-    world.hub.publish(world.hub.snapshot(), world.planted)
+    world.publish_planted()
     deadline = asyncio.get_running_loop().time() + 2.0
     while asyncio.get_running_loop().time() < deadline:
         try:
@@ -313,6 +401,10 @@ def test_grants_are_checked_against_the_fabric() -> None:
     g = Grants.build({"acme": ["host0", "nic3"]}, fab)
     assert g.nics_of("acme") == {"nic0", "nic3"} and g.owner("nic3") == "acme"
     assert g.owner("nic4") is None and g.nics_of("beta") == frozenset()
+    # a tenant's jobs on its NICs only; the operator's (a tenant holding none) on nobody's
+    assert g.may_use("acme", "nic3") and not g.may_use("acme", "nic4")
+    assert g.may_use("default", "nic4") and not g.may_use("default", "nic3")
+    assert all(Grants().may_use(t, "nic3") for t in ("acme", "default"))  # no grants: any
     for bad, match in (({"acme": ["nic99"]}, "no NIC or host"),
                        ({"acme": ["nic1"], "beta": ["host1"]}, "already granted"),
                        ({"ac:me": ["nic1"]}, "bad tenant name")):  # fmt: skip
