@@ -15,7 +15,7 @@ from pathlib import Path
 
 from contract.keys import KeySet
 from contract.tomlcheck import Table, parse_toml
-from controller.api.config import ApiConfig, read_api_table
+from controller.api.config import TENANTS, ApiConfig, read_api_table, read_tenants
 from controller.brain import BrainConfig
 from controller.clocksolve import ClockSyncConfig
 from controller.coalesce import CoalesceConfig
@@ -26,6 +26,7 @@ from controller.remediation.config import (
     read_action_key_file,
     read_remediation,
 )
+from controller.tenancy import Grants, TenancyError
 from controller.timeseries.config import TimeseriesConfig, read_metrics, read_timeseries
 from controller.topology import LearnConfig
 from mesh.fabric import Fabric, FabricError, FabricShape, build_fabric
@@ -52,6 +53,9 @@ class ServiceConfig:
     timeseries: TimeseriesConfig | None = None  # [timeseries]; None = not written
     metrics_listen: str | None = None  # [metrics] listen: Prometheus scrape address
     api: ApiConfig | None = None  # [api]: serve /api/v1/ (controller.api.config)
+    # [api.tenants]: the NICs each tenant may see and run jobs on, checked against the fabric
+    # (controller.tenancy); they bind jobs from MQTT too, so they hold without an API
+    grants: Grants = field(default_factory=Grants)
     # [remediation]: the policy, Control at start, webhooks (controller.remediation.config);
     # without the table the policy runs with its defaults and Control off ("would have")
     remediation: RemediationConfig = field(default_factory=RemediationConfig)
@@ -77,8 +81,9 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     (``tick_s``, ``stale_s``, ``max_events``: `read_controller`), ``[ingest]``
     (`read_ingest`), ``[thresholds]`` (the detection `BrainConfig`, nested tables for its
     parameter groups), ``[paths]`` (`read_paths`), ``[timeseries]`` and ``[metrics]``
-    (`controller.timeseries.config`, docs/timeseries.md), ``[api]`` (`controller.api.config`,
-    docs/api.md), ``[remediation]`` and ``[auth]`` (`controller.remediation.config`,
+    (`controller.timeseries.config`, docs/timeseries.md), ``[api]`` and ``[api.tenants]``
+    (`controller.api.config`, docs/api.md; the tenants' grants are built here, against the
+    fabric: `read_grants`), ``[remediation]`` and ``[auth]`` (`controller.remediation.config`,
     docs/recovery.md, docs/security.md), ``[mqtt]`` (TLS and credentials: ``tls``,
     ``ca_file``, ``cert_file``, ``key_file``, ``username``, ``password_file``;
     `mqttlink.settings.read_security`; the broker's address is the command's ``--broker``).
@@ -103,7 +108,9 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         raise ConfigError(f"{fab.source}: timeseries: needs a declared fabric ([fabric] shape "
                           "keys or file): the recorder does not follow a learned fabric yet")  # fmt: skip
     metrics_listen = read_metrics(root.table("metrics"))
-    api = read_api_table(root.table("api"), base_dir)
+    api_tab = root.table("api")
+    grants = read_grants(api_tab, fabric)
+    api = read_api_table(api_tab, base_dir)
     remediation = read_remediation(root.table("remediation"), base_dir)
     mqtt_security = _read_mqtt(root.table("mqtt"), base_dir)
     key_file = read_action_key_file(root.table("auth"), base_dir)
@@ -118,6 +125,7 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         timeseries=timeseries,
         metrics_listen=metrics_listen,
         api=api,
+        grants=grants,
         remediation=remediation,
         mqtt_security=mqtt_security,
         action_keys=load_action_keys(key_file, ConfigError),
@@ -305,6 +313,16 @@ def read_paths(tab: Table, fabric: Fabric | None) -> tuple[dict[str, str], bool]
             raise tab.error(f"{tab.source}: paths.routers.{addr}: unknown fabric node {node!r}")
     tab.finish()
     return routers, model_paths
+
+
+def read_grants(api: Table, fabric: Fabric) -> Grants:
+    """Return the grants of ``[api.tenants]`` in ``api`` (the ``[api]`` table), checked
+    against ``fabric`` (`controller.tenancy.Grants.build`); no table: no grants. Raises the
+    table's error, one line naming ``api.tenants``."""
+    try:
+        return Grants.build(read_tenants(api), fabric)
+    except TenancyError as exc:
+        raise api.err(TENANTS, str(exc)) from None
 
 
 def _read_mqtt(tab: Table, base_dir: Path | None) -> MqttSecurity:

@@ -19,7 +19,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,11 +28,13 @@ from contract.documents import EventDoc
 from contract.records import ProbeBatch
 from controller.admission import Admission, Outcome, Verdict
 from controller.brain import Brain, BrainConfig
+from controller.brainlike import BrainLike
 from controller.clocksync import ClockState, ClockSync, ClockSyncConfig, Delays, compute_state
 from controller.coalesce import ProbeQueue
 from controller.control import Control
 from controller.ingest import Ingested, Ingestor, IngestStats, PathTable
 from controller.jobs import JobRegistry, screen_jobs
+from controller.measured import Measured
 from controller.observations import Observations
 from controller.refabric import host_times, remap_columns, topology_event
 from controller.throughput import NicRates
@@ -49,65 +51,6 @@ EARLY_NS = 10_000_000_000
 (no responder yet) and not judged. Start-up races are a second or less; a probe stamped further
 back is judged as before: stamps on another time base than the controller's clock (a
 free-running NIC clock) must not blind the controller to a host."""
-
-
-class BrainLike(Protocol):
-    """What the controller needs from detection/localization (`controller.brain.Brain`)."""
-
-    def observe(self, obs: Observations) -> None: ...
-    def presence(self, host: str, alive: bool, now_ns: int) -> None: ...
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None: ...
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None: ...
-    def tick(self, now_ns: int) -> list[EventDoc]: ...
-    def link_health(self) -> dict[str, Health]: ...
-    def nic_health(self) -> list[Health]: ...
-    def flap_counts(self) -> dict[str, int]: ...
-
-
-class TeeBrain:
-    """A `BrainLike` that forwards everything to ``brain`` and hands the same input to taps:
-    each batch of observations to every one of ``observers`` (the time-series recorder's
-    ``observe``, a voting baseline's, a list's ``append``) and each tick's new events to
-    ``on_events`` (the recorder's ``events``), so they see exactly what detection sees."""
-
-    def __init__(
-        self,
-        brain: BrainLike,
-        *observers: Callable[[Observations], object],
-        on_events: Callable[[list[EventDoc]], object] | None = None,
-    ) -> None:
-        self.brain = brain
-        self.observers = observers
-        self.on_events = on_events
-
-    def observe(self, obs: Observations) -> None:
-        self.brain.observe(obs)
-        for observe in self.observers:
-            observe(obs)
-
-    def presence(self, host: str, alive: bool, now_ns: int) -> None:
-        self.brain.presence(host, alive, now_ns)
-
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
-        self.brain.gpu(host, ok, detail, now_ns)
-
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
-        self.brain.nic_links(host, up, now_ns)
-
-    def tick(self, now_ns: int) -> list[EventDoc]:
-        events = self.brain.tick(now_ns)
-        if self.on_events is not None:
-            self.on_events(events)
-        return events
-
-    def link_health(self) -> dict[str, Health]:
-        return self.brain.link_health()
-
-    def nic_health(self) -> list[Health]:
-        return self.brain.nic_health()
-
-    def flap_counts(self) -> dict[str, int]:
-        return self.brain.flap_counts()
 
 
 def brain_config(options: Mapping[str, Any] | None = None) -> BrainConfig:
@@ -187,7 +130,10 @@ class LiveController:
         # samples into a part per NIC downlink and one per leaf uplink (`sync.excess`)
         self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
         self.flows = FlowStore(n, self.config.baseline_bucket_ns)
-        self.brain = brain if brain is not None else default_brain(fabric)
+        # no measurement within stale_ns: unknown, whatever the brain's table says (issue 33)
+        self.brain: BrainLike = Measured(
+            brain if brain is not None else default_brain(fabric), fabric, self.config.stale_ns
+        )
         self.events: deque[EventDoc] = deque(maxlen=self.config.max_events)
         self.gpu_state: dict[str, GpuHealth] = {}
         self.rates = NicRates()  # NIC byte counters from health documents -> throughput

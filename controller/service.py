@@ -32,6 +32,7 @@ from controller.coalesce import ProbeQueue
 from controller.config import ServiceConfig
 from controller.control import ControlChange
 from controller.dispatch import JsonLog, handle_message, message_kind
+from controller.jobs import JobRegistry
 from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.timeseries.runtime import Observability
@@ -327,6 +328,7 @@ def _remediation(
     signer = ActionSigner(config.action_keys) if config.action_keys is not None else None
     rem = RemediationRuntime(
         config.remediation, prefix, on_control=control_changed,
+        jobs=JobRegistry(grants=config.grants),  # [api.tenants] binds every job, API or MQTT
         leaf_of={n.id: n.leaf for n in config.fabric.nics},
         sign=signer.sign if signer is not None else None,
     )  # fmt: skip
@@ -392,7 +394,8 @@ async def run_service(
     raises OSError if its address is taken or that process does not start.
     Remediation (``config.remediation``) runs every tick; its job registry and Control are the
     API's, so ``PUT /api/v1/control`` switches real remediation and jobs registered through
-    the API feed the policy.
+    the API feed the policy. The registry holds every job, from the API or MQTT, to
+    ``config.grants`` (the operator's ``[api.tenants]``).
     """
     topology = TopologyLearner(config.learn) if config.learn is not None else None
     if live is None:

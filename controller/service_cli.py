@@ -40,6 +40,7 @@ def parse_broker(url: str) -> tuple[str, int]:
 def _run(args: argparse.Namespace) -> int:
     from controller.config import load_config
     from controller.dispatch import JsonLog
+    from controller.logrelay import relay_logging
     from controller.service import Broker, run_service
 
     host, port = parse_broker(args.broker)
@@ -61,8 +62,12 @@ def _run(args: argparse.Namespace) -> int:
         except asyncio.CancelledError:
             log(time.time_ns(), "stopped")
 
+    def python_log(level: str, logger: str, text: str) -> None:
+        log(time.time_ns(), "python log", level=level, logger=logger, detail=text)
+
     try:
-        asyncio.run(main())
+        with relay_logging(python_log):  # aiomqtt's, aiohttp's, asyncio's records: JSON lines
+            asyncio.run(main())
     except KeyboardInterrupt:
         return 0
     finally:

@@ -41,7 +41,7 @@ from contract.documents import EventDoc
 from contract.jsondoc import DocumentError
 from contract.jsondoc import field as read
 from mesh.fabric import Fabric, FabricError, Link, Nic, Node, NodeKind
-from mesh.snapshot import GpuHealth, Health, MeshSnapshot
+from mesh.snapshot import GpuHealth, Health, MeshSnapshot, worst
 
 F64 = npt.NDArray[np.float64]
 T = TypeVar("T")
@@ -88,6 +88,13 @@ def nic_doc(snap: MeshSnapshot, i: int) -> dict[str, object]:
     }
 
 
+def _host_doc(snap: MeshSnapshot, host: str, nics: list[int]) -> dict[str, object]:
+    """A host's row: its id, the worst state of its (shown) NICs, their ids."""
+    fab = snap.fabric
+    state = worst(snap.nic_health[i] for i in nics)
+    return {"id": host, "state": str(state), "nics": [fab.nics[i].id for i in nics]}
+
+
 def link_rows(snap: MeshSnapshot, links: frozenset[str] | None = None) -> list[dict[str, object]]:
     """Return the links (those in ``links``; None: all) with their state (``unknown`` if not
     judged) and flap count."""
@@ -120,29 +127,36 @@ def snapshot_doc(
     jobs: int | None,
 ) -> dict[str, object]:
     """Return the mesh snapshot document of the NICs in ``nics`` and the links in ``links``
-    (None: all, ``scope`` ``fleet``; else ``tenant``): NICs, hosts, ECMP groups, links,
-    counts, throughput, Control and the number of running jobs (null when unavailable).
+    (None: all, ``scope`` ``fleet``; else ``tenant``): NICs, hosts (each with the worst
+    state of its NICs), ECMP groups, links, counts (healthy = up, unknown = nothing measured
+    them lately, unhealthy = the rest), throughput, Control and the number of running jobs
+    (null when unavailable).
     Control and the job count are the last two keys (the API splices them into a cached
     fleet document)."""
     fab = snap.fabric
     vis = _shown_nics(snap, nics)
     vset = set(vis)
-    hosts: dict[str, list[str]] = {}
+    hosts: dict[str, list[int]] = {}
     for i in vis:
-        hosts.setdefault(fab.nics[i].host, []).append(fab.nics[i].id)
+        hosts.setdefault(fab.nics[i].host, []).append(i)
     groups = [
         {"id": g, "nics": [fab.nics[i].id for i in members if i in vset]}
         for g, members in fab.groups.items()
         if any(i in vset for i in members)
     ]
     rows = [nic_doc(snap, i) for i in vis]
+    states = [snap.nic_health[i] for i in vis]
+    healthy = sum(1 for h in states if h == Health.UP)
+    unknown = sum(1 for h in states if h == Health.UNKNOWN)
     return {
         "t_ns": int(snap.t_ns),
         "scope": "fleet" if nics is None else "tenant",
         "nic_count": len(rows),
-        "healthy_nics": sum(1 for d in rows if d["state"] == "up"),
+        "healthy_nics": healthy,
+        "unknown_nics": unknown,
+        "unhealthy_nics": len(rows) - healthy - unknown,
         "nics": rows,
-        "hosts": [{"id": h, "nics": v} for h, v in hosts.items()],
+        "hosts": [_host_doc(snap, h, v) for h, v in hosts.items()],
         "groups": groups,
         "links": link_rows(snap, links),
         "throughput_bps": None if snap.throughput_bps is None else float(snap.throughput_bps),

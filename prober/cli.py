@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from contract.interrupt import finish, interruptible
 from prober.config import ProberConfig, load_config, load_probe_keys
 
 if TYPE_CHECKING:  # the transports are imported when a prober runs, not by every command
@@ -65,7 +66,7 @@ def register(subparsers: Any) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from prober.bench import run_bench  # type: ignore[import-not-found,unused-ignore]
+    from prober.bench import bench_figures, show_figures
 
     if args.seconds <= 0:
         raise ValueError("--seconds must be positive")
@@ -77,10 +78,12 @@ def _bench(args: argparse.Namespace) -> int:
         if not available():
             raise OSError(f"--path {args.path}: prober._fastpath is not built (pip install -e . "
                           "with a C compiler and the Python headers)")  # fmt: skip
-    result = run_bench(
-        args.seconds, args.json, path=args.path, repeats=args.repeats, profile=args.profile
-    )
-    return int(result) if isinstance(result, int) else 0
+    result: dict[str, object] | None = None
+    with interruptible() as stop:  # the figures come at the end: none if stopped before
+        result = bench_figures(
+            args.seconds, path=args.path, repeats=args.repeats, profile=args.profile
+        )
+    return finish(stop, result, as_json=args.json, show=show_figures)
 
 
 def _load(args: argparse.Namespace) -> ProberConfig:

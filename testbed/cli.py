@@ -8,10 +8,11 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from contract.interrupt import EXIT_INTERRUPTED, finish, interruptible
 from testbed import faults
 from testbed.netns.apply import check_environment
 from testbed.netns.lifecycle import plan_from_state, up
@@ -244,20 +245,23 @@ def _replay(a: argparse.Namespace) -> int:
     for name in (CAPTURE, "controller.toml"):
         if not (out / name).is_file():
             raise ValueError(f"{out / name}: not found (a 'testbed run' output directory has it)")
-    r = replay(out)
-    if a.json:
-        events = [e.to_json() for e in r.events]  # the one form of a finding
+    doc: dict[str, Any] | None = None
+    with interruptible() as stop:  # the replay's result comes at the end: none if stopped
+        r = replay(out)
         trust = dict(zip(("fine", "coarse", "withheld"), r.delay_trust, strict=True))
-        print(json.dumps({"events": events, "messages": r.outcomes, "clock_solves": r.solves,
-                          "delays": trust}))  # fmt: skip
-        return 0
-    t0 = r.events[0].t_ns if r.events else 0
-    for e in r.events:
-        print(f"{(e.t_ns - t0) / 1e9:8.2f} s  {e.kind:12s} {e.target:20s} {e.detail}")
-    fine, coarse, withheld = r.delay_trust
-    print(f"{len(r.events)} events; messages {r.outcomes}; {r.solves} clock solves; delays "
-          f"{fine} fine, {coarse} coarse, {withheld} withheld")  # fmt: skip
-    return 0
+        doc = {"events": [e.to_json() for e in r.events],  # the one form of a finding
+               "messages": r.outcomes, "clock_solves": r.solves, "delays": trust}  # fmt: skip
+    return finish(stop, doc, as_json=a.json, show=_show_replay)
+
+
+def _show_replay(doc: Mapping[str, Any]) -> None:
+    events = doc["events"]
+    t0 = events[0]["t_ns"] if events else 0
+    for e in events:
+        print(f"{(e['t_ns'] - t0) / 1e9:8.2f} s  {e['kind']:12s} {e['target']:20s} {e['detail']}")
+    d = doc["delays"]
+    print(f"{len(events)} events; messages {doc['messages']}; {doc['clock_solves']} clock "
+          f"solves; delays {d['fine']} fine, {d['coarse']} coarse, {d['withheld']} withheld")  # fmt: skip
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -312,7 +316,7 @@ def _run(a: argparse.Namespace) -> int:
                 "forged_probes_sent", "forged_probes_accepted", "forged_batches_sent",
                 "forged_batches_accepted", "replayed_batches_sent", "replayed_batches_accepted",
                 "forged_actions_sent", "forged_actions_accepted")))  # fmt: skip
-    return 130 if report.get("interrupted") else 0
+    return EXIT_INTERRUPTED if report["interrupted"] else 0
 
 
 _PROBER_DESCRIPTION = (
@@ -427,14 +431,17 @@ def _prober_cpu(a: argparse.Namespace) -> int:
     paths = {
         "both": DEFAULT_PATHS, "all": PATHS, "defer-ab": DEFER_AB_PATHS, "batch-ab": BATCH_AB_PATHS
     }.get(a.path, (a.path,))  # fmt: skip
-    report = run_prober_cpu(
-        nics=a.nics, peers_per_nic=a.peers, seconds=a.seconds, warmup_s=a.warmup,
-        repeats=a.repeats, paths=paths, prefix=a.prefix, progress=_progress,
-        profile=a.profile, perf=a.perf, auth=a.auth, peer_ticks=a.peer_ticks,
-    )  # fmt: skip
-    if a.json:
-        print(json.dumps(report))
-        return 0
+    report: dict[str, Any] | None = None
+    with interruptible() as stop:  # the figures come at the end: none if stopped before
+        report = run_prober_cpu(
+            nics=a.nics, peers_per_nic=a.peers, seconds=a.seconds, warmup_s=a.warmup,
+            repeats=a.repeats, paths=paths, prefix=a.prefix, progress=_progress,
+            profile=a.profile, perf=a.perf, auth=a.auth, peer_ticks=a.peer_ticks,
+        )  # fmt: skip
+    return finish(stop, report, as_json=a.json, show=_show_prober_cpu)
+
+
+def _show_prober_cpu(report: Mapping[str, Any]) -> None:
     for key in ("prober", "baseline"):
         if f"{key}_cpu_percent_of_one_core" in report:
             print(f"{key:8s} {report[f'{key}_cpu_percent_of_one_core']:6.2f} % of one core, "
@@ -452,7 +459,6 @@ def _prober_cpu(a: argparse.Namespace) -> int:
     if "pernic_cpu_percent_of_one_core" in report:
         print(f"pernic   {report['pernic_cpu_percent_of_one_core']:6.2f} % of one core "
               "(compiled, each NIC ticked from Python)")  # fmt: skip
-    return 0
 
 
 def _recovery_demo_args(p: argparse.ArgumentParser) -> None:
@@ -506,17 +512,19 @@ def _recovery_demo(a: argparse.Namespace) -> int:
     from testbed.recovery_demo import run_demo
 
     check_environment()
-    report = run_demo(
-        steps=a.steps, step_s=a.step_s, fault_step=a.fault_step,
-        down_s=parse_duration(a.down), short_flap_s=parse_duration(a.short_flap),
-        hold_s=parse_duration(a.hold), job_timeout_s=parse_duration(a.job_timeout),
-        collective_timeout_s=parse_duration(a.collective_timeout), trigger=a.trigger,
-        prefix=a.prefix,
-        progress=_progress, out_dir=Path(a.out) if a.out else None,
-    )  # fmt: skip
-    if a.json:
-        print(json.dumps(report))
-        return 0
+    report: dict[str, Any] | None = None
+    with interruptible() as stop:  # the report comes at the end: none if stopped before
+        report = run_demo(
+            steps=a.steps, step_s=a.step_s, fault_step=a.fault_step,
+            down_s=parse_duration(a.down), short_flap_s=parse_duration(a.short_flap),
+            hold_s=parse_duration(a.hold), job_timeout_s=parse_duration(a.job_timeout),
+            collective_timeout_s=parse_duration(a.collective_timeout), trigger=a.trigger,
+            prefix=a.prefix, progress=_progress, out_dir=Path(a.out) if a.out else None,
+        )  # fmt: skip
+    return finish(stop, report, as_json=a.json, show=_show_recovery_demo)
+
+
+def _show_recovery_demo(report: Mapping[str, Any]) -> None:
     for name, r in report["runs"].items():
         extra = r.get("outcome", "") or (
             f"recovered in {r['recovery_seconds']} s" if "recovery_seconds" in r else ""
@@ -524,7 +532,6 @@ def _recovery_demo(a: argparse.Namespace) -> int:
         print(f"{name:12s} completed={r['completed']!s:5s} {r['seconds']:7.2f} s "
               f"steps={r['steps_done']} checksum={r['param_checksum']} {extra}")  # fmt: skip
     print(f"same parameters as no_failure: {report['same_params_as_no_failure']}")
-    return 0
 
 
 Handler = Callable[[argparse.Namespace], int]

@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from contract.interrupt import interruptible
 from mesh.fabric import Fabric, NodeKind
 from testbed import faults
 from testbed.netns.apply import TestbedEnvError
@@ -205,111 +205,113 @@ def run_scenario(
     congest: dict[str, list[subprocess.Popen[bytes]]] = {}
     fabric, plan = up(sc.shape, prefix, progress=progress, router_ids=discover,
                       lldp=True if discover else None)  # fmt: skip
-    prev = signal.signal(signal.SIGTERM, _interrupt)
     d = state_dir(prefix)
     report: dict[str, Any] = {"scenario": sc.name, "prefix": prefix, "duration_s": sc.duration_s}
     monitor: Monitor | None = None
     sec: SecureRun | None = None
     t0_wall = 0
     clocks: dict[str, VirtualClock] = {}
-    try:
-        clocks = assign_clocks([h.id for h in fabric.hosts], seed=sc.seed, t0_ns=time.time_ns())
-        truth = write_truth(d / "clocks.json", clocks, {n.id: n.host for n in fabric.nics})
-        report["truth_file"] = str(truth)
-        broker = (plan.broker_addr, 1883)
-        conf = d / "mosquitto.conf"
-        conf.write_text(
-            f"listener {broker[1]} {broker[0]}\nallow_anonymous true\npersistence false\n"
-        )
-        if secure:
-            sec = SecureRun(d, fabric, plan)
-            broker = sec.broker
-            conf.write_text(sec.broker_conf())
-        procs.append(_spawn([MOSQUITTO, "-c", str(conf)], d / "mosquitto.log", prefix, "mosquitto"))
-        if not wait_port(*broker, timeout_s=5):
-            raise OSError(f"mosquitto did not listen on {broker[0]}:{broker[1]}")
-        progress(f"broker on {broker[0]}:{broker[1]}")
-        monitor = sec.monitor() if sec is not None else Monitor(*broker)
-        monitor.start()
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        qp = [sys.executable, "-m", "qpmesh.cli"]
-        ctl_log = d / "controller.jsonl"
-        ctl_conf = d / "controller.toml"
-        if discover:
-            (d / PLAN_FILE).write_text(json.dumps(fabric.to_dict()))
-            ctl_text = learned_controller_config(plan, PLAN_FILE)
-        else:
-            ctl_text = controller_config(fabric, plan)
-        ctl_conf.write_text(ctl_text + (sec.controller_extra() if sec is not None else ""))
-        procs.append(_spawn([*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
-                             "--config", str(ctl_conf), "--log", str(ctl_log)],
-                            d / "controller.out", prefix, "controller", env))  # fmt: skip
-        spines = sum(1 for n in fabric.switches if n.kind == NodeKind.SPINE)
-        for h in fabric.hosts:
-            cfg = d / f"prober-{h.id}.toml"
-            mqtt_extra = sec.prober_mqtt_lines(h.id) if sec is not None else ()
-            extra = sec.prober_extra() if sec is not None else ""
-            if discover:
-                sock = lldp_socket(lldp_dir(prefix), h.id)
-                cfg.write_text(
-                    discover_prober_config(h.id, broker, sock, spines, mqtt_extra, extra)
-                )
-            else:
-                cfg.write_text(prober_config(fabric, plan, h.id, broker, mqtt_extra, extra))
-            clk = d / f"clock-{h.id}.json"
-            write_clock(clocks[h.id], clk)
-            argv = ["ip", "netns", "exec", plan.node_ns[h.id], *qp, "testbed", "prober",
-                    "--config", str(cfg), "--clock", str(clk)]  # fmt: skip
-            procs.append(_spawn(argv, d / f"prober-{h.id}.log", prefix, f"prober:{h.id}", env))
-        # the scenario's clock starts once the mesh measures: on a busy machine the probers
-        # and the controller took seconds to start, and a fault at 5 s then fell before the
-        # controller's first trusted clocks (nothing can localize what nobody measured)
-        report["startup_s"] = _wait_mesh(monitor, [h.id for h in fabric.hosts], ctl_log)
-        if discover:  # the scenario starts on the fabric the controller learned
-            report["startup_s"] = round(report["startup_s"] + _wait_topology(ctl_log), 2)
-        progress(
-            f"{len(fabric.hosts)} probers and the controller up after {report['startup_s']:g}s: "
-            f"running {sc.duration_s:g}s, {len(sc.faults)} faults"
-        )
-        t0 = time.monotonic()
-        t0_wall = time.time_ns()
-        if sec is not None:
-            sec.start(monitor, t0, sc.duration_s, progress, env)
-        for act in timeline(sc.faults, _fabric_rate(plan)):
-            delay = act.t_s - (time.monotonic() - t0)
-            if delay > 0:
-                time.sleep(delay)
-            _apply(plan, act, congest, sc.duration_s)
-            applied.append(
-                {
-                    "t_s": round(time.monotonic() - t0, 3),
-                    "op": act.op,
-                    "target": act.target,
-                    "value": act.value,
-                }
+    # SIGTERM or SIGINT end the run early: its finally tears the testbed down (a second
+    # signal does not cut that short) and the report covers what ran (contract.interrupt)
+    with interruptible() as stop:
+        try:
+            clocks = assign_clocks([h.id for h in fabric.hosts], seed=sc.seed, t0_ns=time.time_ns())
+            truth = write_truth(d / "clocks.json", clocks, {n.id: n.host for n in fabric.nics})
+            report["truth_file"] = str(truth)
+            broker = (plan.broker_addr, 1883)
+            conf = d / "mosquitto.conf"
+            conf.write_text(
+                f"listener {broker[1]} {broker[0]}\nallow_anonymous true\npersistence false\n"
             )
-            progress(f"t={act.t_s:6.2f}s {act.op} {act.target}")
-        rest = sc.duration_s - (time.monotonic() - t0)
-        if rest > 0:
-            time.sleep(rest)
-    except KeyboardInterrupt:
-        report["interrupted"] = True
-    finally:
-        for ps in congest.values():
-            for p in ps:
-                p.kill()
-        if sec is not None:
-            sec.stop()
-        if monitor is not None:
-            monitor.stop()
-        stop_processes(procs)
-        out = out_dir or Path("/var/tmp/qpmesh") / prefix
-        with contextlib.suppress(OSError):
-            shutil.copytree(d, out, dirs_exist_ok=True)
-            if monitor is not None:  # what the controller read, for `qpmesh testbed replay`
-                write_capture(out / CAPTURE, monitor.raw)
-        tear_down(prefix, progress)
-        signal.signal(signal.SIGTERM, prev)
+            if secure:
+                sec = SecureRun(d, fabric, plan)
+                broker = sec.broker
+                conf.write_text(sec.broker_conf())
+            procs.append(
+                _spawn([MOSQUITTO, "-c", str(conf)], d / "mosquitto.log", prefix, "mosquitto")
+            )
+            if not wait_port(*broker, timeout_s=5):
+                raise OSError(f"mosquitto did not listen on {broker[0]}:{broker[1]}")
+            progress(f"broker on {broker[0]}:{broker[1]}")
+            monitor = sec.monitor() if sec is not None else Monitor(*broker)
+            monitor.start()
+            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+            qp = [sys.executable, "-m", "qpmesh.cli"]
+            ctl_log = d / "controller.jsonl"
+            ctl_conf = d / "controller.toml"
+            if discover:
+                (d / PLAN_FILE).write_text(json.dumps(fabric.to_dict()))
+                ctl_text = learned_controller_config(plan, PLAN_FILE)
+            else:
+                ctl_text = controller_config(fabric, plan)
+            ctl_conf.write_text(ctl_text + (sec.controller_extra() if sec is not None else ""))
+            procs.append(_spawn([*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
+                                 "--config", str(ctl_conf), "--log", str(ctl_log)],
+                                d / "controller.out", prefix, "controller", env))  # fmt: skip
+            spines = sum(1 for n in fabric.switches if n.kind == NodeKind.SPINE)
+            for h in fabric.hosts:
+                cfg = d / f"prober-{h.id}.toml"
+                mqtt_extra = sec.prober_mqtt_lines(h.id) if sec is not None else ()
+                extra = sec.prober_extra() if sec is not None else ""
+                if discover:
+                    sock = lldp_socket(lldp_dir(prefix), h.id)
+                    cfg.write_text(
+                        discover_prober_config(h.id, broker, sock, spines, mqtt_extra, extra)
+                    )
+                else:
+                    cfg.write_text(prober_config(fabric, plan, h.id, broker, mqtt_extra, extra))
+                clk = d / f"clock-{h.id}.json"
+                write_clock(clocks[h.id], clk)
+                argv = ["ip", "netns", "exec", plan.node_ns[h.id], *qp, "testbed", "prober",
+                        "--config", str(cfg), "--clock", str(clk)]  # fmt: skip
+                procs.append(_spawn(argv, d / f"prober-{h.id}.log", prefix, f"prober:{h.id}", env))
+            # the scenario's clock starts once the mesh measures: on a busy machine the probers
+            # and the controller took seconds to start, and a fault at 5 s then fell before the
+            # controller's first trusted clocks (nothing can localize what nobody measured)
+            report["startup_s"] = _wait_mesh(monitor, [h.id for h in fabric.hosts], ctl_log)
+            if discover:  # the scenario starts on the fabric the controller learned
+                report["startup_s"] = round(report["startup_s"] + _wait_topology(ctl_log), 2)
+            progress(
+                f"{len(fabric.hosts)} probers and the controller up after {report['startup_s']:g}s: "
+                f"running {sc.duration_s:g}s, {len(sc.faults)} faults"
+            )
+            t0 = time.monotonic()
+            t0_wall = time.time_ns()
+            if sec is not None:
+                sec.start(monitor, t0, sc.duration_s, progress, env)
+            for act in timeline(sc.faults, _fabric_rate(plan)):
+                delay = act.t_s - (time.monotonic() - t0)
+                if delay > 0:
+                    time.sleep(delay)
+                _apply(plan, act, congest, sc.duration_s)
+                applied.append(
+                    {
+                        "t_s": round(time.monotonic() - t0, 3),
+                        "op": act.op,
+                        "target": act.target,
+                        "value": act.value,
+                    }
+                )
+                progress(f"t={act.t_s:6.2f}s {act.op} {act.target}")
+            rest = sc.duration_s - (time.monotonic() - t0)
+            if rest > 0:
+                time.sleep(rest)
+        finally:
+            for ps in congest.values():
+                for p in ps:
+                    p.kill()
+            if sec is not None:
+                sec.stop()
+            if monitor is not None:
+                monitor.stop()
+            stop_processes(procs)
+            out = out_dir or Path("/var/tmp/qpmesh") / prefix
+            with contextlib.suppress(OSError):
+                shutil.copytree(d, out, dirs_exist_ok=True)
+                if monitor is not None:  # what the controller read, for `qpmesh testbed replay`
+                    write_capture(out / CAPTURE, monitor.raw)
+            tear_down(prefix, progress)
+    report["interrupted"] = stop.interrupted
     events = monitor.events if monitor is not None and monitor.events else []
     if not events:  # fall back on the controller's JSON-lines log
         events = _read_events(out / "controller.jsonl")
@@ -414,10 +416,6 @@ def _sync_windows(sc: Scenario, t0_wall: int) -> list[tuple[str, int, int]]:
                 ("congested", t0_wall + int((f.start_s + 1) * s), t0_wall + int(f.end_s * s))
             )
     return out
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _fabric_rate(plan: Plan) -> float:

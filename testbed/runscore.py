@@ -15,8 +15,9 @@ from typing import Any
 
 from contract.records import ProbeBatch
 from controller.brain import Brain, BrainConfig
+from controller.brainlike import TeeBrain
 from controller.dispatch import apply_paths
-from controller.live import LiveController, TeeBrain
+from controller.live import LiveController
 from controller.voting import VotingBaseline
 from mesh.fabric import Fabric
 from testbed.scenario import Fault

@@ -22,11 +22,12 @@ from contract.records import (
 from contract.topics import Topics
 from controller.admission import Outcome, Verdict
 from controller.brain import Brain
+from controller.brainlike import TeeBrain
 from controller.clocksync import ClockSyncConfig
 from controller.coalesce import CoalesceConfig, ProbeQueue, plan_groups
 from controller.config import ConfigError, load_config
 from controller.dispatch import handle_message
-from controller.live import LiveConfig, LiveController, TeeBrain
+from controller.live import LiveConfig, LiveController
 from controller.observations import Observations
 from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator

@@ -15,9 +15,10 @@ from contract.records import _HEADER, MAGIC, VERSION, ProbeBatch, encode_batch
 from contract.topics import Topics
 from controller.admission import REPLAY_SLACK, Admission, Outcome, Verdict, nic_hosts
 from controller.brain import Brain
+from controller.brainlike import TeeBrain
 from controller.coalesce import ProbeQueue
 from controller.dispatch import handle_message, outcome
-from controller.live import LiveController, TeeBrain
+from controller.live import LiveController
 from controller.observations import Observations
 from controller.pathmap import PathDocError, path_rows
 from mesh.fabric import FabricShape, build_fabric

@@ -165,7 +165,16 @@ def test_jobs_round_trip_as_the_screens_entries() -> None:
 
 
 WRONG = (None, "x", 3, 2.5, True, [], {}, [1, 2], {"a": 1}, -1)
-NOT_READ = ("scope", "nic_count", "healthy_nics", "hosts", "groups", "index")
+NOT_READ = (
+    "scope",
+    "nic_count",
+    "healthy_nics",
+    "unknown_nics",
+    "unhealthy_nics",
+    "hosts",
+    "groups",
+    "index",
+)
 """Keys of the snapshot document the decoders do not read (derived, or the server's own)."""
 
 

@@ -97,3 +97,40 @@ def test_run_discover_learns_the_plan_and_localizes(tmp_path: Path) -> None:
         st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)
         doc = json.loads(st.stdout)
         assert not doc["namespaces"] and not doc["root_links"]
+
+
+@pytest.mark.timeout(150)
+def test_a_run_stopped_by_sigterm_tears_down_and_still_reports(tmp_path: Path) -> None:
+    """SIGTERM mid-run (twice: an impatient supervisor): the testbed is torn down and the
+    JSON of what ran is printed with "interrupted": true, exit 130 (contract.interrupt)."""
+    import signal
+    import time
+
+    prefix = "t" + secrets.token_hex(2) + "-"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qpmesh.cli", "testbed", "run", "testbed/scenarios/netns_small.toml",
+         "--json", "--prefix", prefix, "--out", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # "... probers and the controller up after ...: running ..."
+            if "running" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # counted, the teardown goes on
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err[-2000:]
+        rep = json.loads(out)
+        assert rep["interrupted"] is True and rep["prefix"] == prefix
+        assert (tmp_path / "report.json").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)
+        doc = json.loads(st.stdout)
+        clean = not doc["namespaces"] and not doc["root_links"]
+        _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
+    assert clean, doc  # torn down by the run itself, not by this test's cleanup

@@ -388,3 +388,44 @@ def test_dashboard_is_provisionable_against_its_datasource() -> None:
         assert all(t["expr"] and t["refId"] for t in p["targets"]), p["title"]
     kinds = {p["type"] for p in dash["panels"]}
     assert {"heatmap", "timeseries", "state-timeline"} <= kinds
+
+
+def test_a_fault_shorter_than_the_interval_is_written_as_worst_state_and_blamed_loss() -> None:
+    """A NIC down at one tick of an interval that ends up shows in ``worst_state``; its
+    link's loss is ``blamed_loss_ratio``, the other links its probes crossed get 0 there."""
+    from controller.timeseries.recorder import TimeseriesRecorder
+
+    fab = _fabric()
+    bodies: list[bytes] = []
+    rec = TimeseriesRecorder(fab, bodies.append, interval_ns=1000)
+    alive = {h.id: True for h in fab.hosts}
+    up_links = {lk.id: Health.UP for lk in fab.links}
+    rec.tick(0, lambda: _snap(fab, 0), alive)  # opens the first interval
+    rec.observe(_obs(fab, [0, 1, 2], [3, 3, 3], [1e3, 1e3, 1e3], lost=[True, True, True]))
+    down = [Health.DOWN if i == 3 else Health.UP for i in range(len(fab.nics))]
+    nic3_link = next(lk.id for lk in fab.links if lk.lower == "nic3")
+    rec.states(down, {**up_links, nic3_link: Health.DOWN})  # one tick: down
+    rec.states([Health.UP] * len(fab.nics), up_links)  # the next: up again
+    assert rec.tick(1000, lambda: _snap(fab, 1000), alive) > 0
+    lines = bodies[-1].decode().splitlines()
+    nic3 = next(ln for ln in lines if ln.startswith("qpmesh_nic,nic=nic3,"))
+    assert "state=0i" in nic3 and "worst_state=5i" in nic3
+    links = {
+        ln.split("link=")[1].split(",")[0]: ln for ln in lines if ln.startswith("qpmesh_link,")
+    }
+    assert "blamed_loss_ratio=1 " in links[nic3_link]
+    crossed = [k for k, ln in links.items() if "lost=" in ln and ",lost=0i" not in ln]
+    assert len(crossed) > 1  # the lost probes crossed other links too ...
+    for k in crossed:
+        if k != nic3_link:  # ... which are not blamed
+            assert "blamed_loss_ratio=0," in links[k] or "blamed_loss_ratio=0 " in links[k]
+
+
+def _snap(fab, t):  # type: ignore[no-untyped-def]
+    from mesh.snapshot import MeshSnapshot
+
+    snap = MeshSnapshot.blank(fab, t)
+    return MeshSnapshot(t, fab, (Health.UP,) * len(fab.nics), snap.worst_in_ns,
+                        snap.worst_out_ns, snap.owd_src, snap.owd_dst, snap.owd_ns,
+                        snap.clock_offset_ns, snap.clock_uncertainty_ns,
+                        link_health={lk.id: Health.UP for lk in fab.links})  # fmt: skip

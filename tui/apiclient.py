@@ -26,6 +26,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -113,13 +114,17 @@ class ApiSource:
         heartbeat_s: float = 5.0,
         timeout_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """Raises ValueError for a bad URL or an empty token."""
+        """``ssl_context``: how to check an ``https`` controller (its CA, a client
+        certificate; None: the system's CAs). Raises ValueError for a bad URL or an empty
+        token."""
         self.base = api_base(url)
         if not token.strip():
             raise ValueError("--token: empty token")
         Backoff(*backoff_s)  # validates
         self._headers = {"Authorization": f"Bearer {token.strip()}"}
+        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self.backoff_s, self.refresh_s = backoff_s, refresh_s
         self.heartbeat_s, self.timeout_s, self.clock = heartbeat_s, timeout_s, clock
         self._lock = threading.Lock()
@@ -227,7 +232,9 @@ class ApiSource:
         self._wake = asyncio.Event()
         backoff = Backoff(*self.backoff_s)
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(headers=self._headers, timeout=timeout) as http:
+        connector = aiohttp.TCPConnector(ssl=self._ssl)
+        async with aiohttp.ClientSession(headers=self._headers, timeout=timeout,
+                                         connector=connector) as http:  # fmt: skip
             self._http = http
             while True:
                 try:

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry
 
-from controller.live import BrainLike
+from controller.brainlike import BrainLike
 from controller.timeseries.config import TimeseriesConfig
 from controller.timeseries.metrics import ControllerMetrics, serve_metrics
 from controller.timeseries.recorder import TimeseriesRecorder

@@ -22,21 +22,22 @@ error (records ingested batch by batch, in the truth's order) and the process's 
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
-import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from contract.interrupt import finish, interruptible
 from contract.records import ProbeBatch, decode_batch, merge_batches
+from controller.brainlike import TeeBrain
 from controller.coalesce import CoalesceConfig, ProbeQueue, plan_groups
 from controller.live import STAGES as LIVE_STAGES
-from controller.live import LiveConfig, LiveController, TeeBrain, default_brain
+from controller.live import LiveConfig, LiveController, default_brain
 from controller.observations import Observations
 from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.engine import EPOCH_NS, SimConfig
@@ -374,31 +375,32 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.baseline_steps < 0 or (args.replay and args.replay < args.step):
         raise ValueError("need --baseline-steps >= 0 and --replay 0 or >= --step")
     coalesce = CoalesceConfig(coalesce_ms=args.coalesce_ms, max_records=args.max_records)
-    res = run_bench(
-        args.nics,
-        args.seconds,
-        args.step,
-        args.repeats,
-        args.seed,
-        model_from_args(args),
-        args.batching,
-        coalesce,
-        args.baseline_steps,
-        args.replay,
-    )
-    if args.json:
-        json.dump(res, sys.stdout)
-        sys.stdout.write("\n")
-    else:
-        base = res.get("per_host_baseline")
-        vs = f"; per-host batches uncoalesced {base['records_per_second']:,}/s" if base else ""
-        print(
-            f"{res['records_per_second']:,} records/s (decode+ingest+sync+detection, one core)"
-            f"{vs}; decode only {res['decode_only_records_per_second']:,}/s; naive Python loop "
-            f"{res['naive_python_records_per_second']:,}/s ({res['speedup_vs_naive']}x); "
-            f"peak RSS {res['peak_rss_mb']} MB"
+    res: dict[str, Any] | None = None
+    with interruptible() as stop:  # the figures come at the end: none if stopped before
+        res = run_bench(
+            args.nics,
+            args.seconds,
+            args.step,
+            args.repeats,
+            args.seed,
+            model_from_args(args),
+            args.batching,
+            coalesce,
+            args.baseline_steps,
+            args.replay,
         )
-    return 0
+    return finish(stop, res, as_json=args.json, show=_show)
+
+
+def _show(res: Mapping[str, Any]) -> None:
+    base = res.get("per_host_baseline")
+    vs = f"; per-host batches uncoalesced {base['records_per_second']:,}/s" if base else ""
+    print(
+        f"{res['records_per_second']:,} records/s (decode+ingest+sync+detection, one core)"
+        f"{vs}; decode only {res['decode_only_records_per_second']:,}/s; naive Python loop "
+        f"{res['naive_python_records_per_second']:,}/s ({res['speedup_vs_naive']}x); "
+        f"peak RSS {res['peak_rss_mb']} MB"
+    )
 
 
 def register_ingest(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

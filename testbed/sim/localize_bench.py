@@ -13,19 +13,20 @@ an event naming a non-faulty target is a false alert.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from contract.interrupt import finish, interruptible
 from controller.brain import Brain, BrainConfig
+from controller.brainlike import TeeBrain
 from controller.detect.paths import alias_groups
-from controller.live import LiveController, TeeBrain
+from controller.live import LiveController
 from controller.observations import Observations
 from controller.voting import VotingBaseline
 from mesh.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
@@ -422,39 +423,42 @@ def _localize(args: argparse.Namespace) -> int:
         )
     wall = time.perf_counter()
     model = model_from_args(args)
-    for seed in seeds:
-        if args.scenario:
-            sc = load_scenario(args.scenario)
-            fabric, faults = sc.fabric(), sc.faults
-            duration = args.duration or sc.duration_s
-            load = sc.load if args.load is None else args.load
-        else:
-            fabric = _fabric(args)
-            duration = args.duration or 30.0
-            faults = random_faults(
+    with interruptible() as stop:  # a signal ends the seeds early: the report covers those done
+        for seed in seeds:
+            if args.scenario:
+                sc = load_scenario(args.scenario)
+                fabric, faults = sc.fabric(), sc.faults
+                duration = args.duration or sc.duration_s
+                load = sc.load if args.load is None else args.load
+            else:
+                fabric = _fabric(args)
+                duration = args.duration or 30.0
+                faults = random_faults(
+                    fabric,
+                    args.random_faults,
+                    seed=seed,
+                    duration_s=duration,
+                    kinds=kinds,
+                    congest_magnitude=args.queue_us,
+                    loss_percent=args.loss_percent,
+                    flap_down_s=args.flap_down_ms / 1e3,
+                )
+                load = 0.4 if args.load is None else args.load
+            r = run_once(
                 fabric,
-                args.random_faults,
-                seed=seed,
+                faults,
                 duration_s=duration,
-                kinds=kinds,
-                congest_magnitude=args.queue_us,
-                loss_percent=args.loss_percent,
-                flap_down_s=args.flap_down_ms / 1e3,
+                load=load,
+                seed=seed,
+                step_s=args.step,
+                timestamps=args.timestamps,
+                pipeline=args.pipeline,
+                model=model,
             )
-            load = 0.4 if args.load is None else args.load
-        r = run_once(
-            fabric,
-            faults,
-            duration_s=duration,
-            load=load,
-            seed=seed,
-            step_s=args.step,
-            timestamps=args.timestamps,
-            pipeline=args.pipeline,
-            model=model,
-        )
-        r["seed"] = seed
-        runs.append(r)
+            r["seed"] = seed
+            runs.append(r)
+    if not runs:
+        return finish(stop, None, as_json=args.json)
     out: dict[str, object] = {
         "fabric": {
             "nics": len(fabric.nics),
@@ -462,7 +466,7 @@ def _localize(args: argparse.Namespace) -> int:
             "links": len(fabric.links),
         },
         "pipeline": args.pipeline,
-        "seeds": seeds,
+        "seeds": [r["seed"] for r in runs],
         "step_s": args.step,
         "model": model.to_dict(),
         "magnitudes": {
@@ -512,18 +516,17 @@ def _localize(args: argparse.Namespace) -> int:
             for r in runs
         ]
     )
-    if args.json:
-        json.dump(out, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        for name, m in est.items():
-            print(
-                f"{name:16s} precision {m['precision']:.3f} recall {m['recall']:.3f} "
-                f"f1 {m['f1']:.3f} (medians over seeds) false alerts {m['false_alerts_total']:g} "
-                "(all seeds)"
-            )
-        print(f"median localization latency {out['median_latency_s']} s, wall {out['wall_s']} s")
-    return 0
+    return finish(stop, out, as_json=args.json, show=_show, indent=1)
+
+
+def _show(out: Mapping[str, Any]) -> None:
+    for name, m in out["estimators"].items():
+        print(
+            f"{name:16s} precision {m['precision']:.3f} recall {m['recall']:.3f} "
+            f"f1 {m['f1']:.3f} (medians over seeds) false alerts {m['false_alerts_total']:g} "
+            "(all seeds)"
+        )
+    print(f"median localization latency {out['median_latency_s']} s, wall {out['wall_s']} s")
 
 
 def _number(text: str) -> float:
