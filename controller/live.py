@@ -401,7 +401,9 @@ class LiveController:
         self._ingestor = ingestor
         self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
         self.flows = FlowStore(n, self.config.baseline_bucket_ns)
-        self.brain = brain if brain is not None else default_brain(fabric)
+        self.brain = Measured(  # the unknown rule holds on every fabric (issue 33)
+            brain if brain is not None else default_brain(fabric), fabric, self.config.stale_ns
+        )
         self._alive_since = host_times(fabric, self._alive_at)
         self._hist_v = remap_columns(old, fabric, self._hist_v)
         self._hop_spine = _hop_spine_table(fabric)

@@ -36,7 +36,8 @@ from typing import Any
 from contract.documents import EventDoc, TracedPath
 from contract.neighbors import NeighborsDoc
 from contract.origin import claimed_nics, neighbors_origin_error
-from controller.live import BrainLike, LiveController
+from controller.brainlike import BrainLike
+from controller.live import LiveController
 from controller.pathmap import path_rows
 from controller.refabric import shorten
 from mesh.fabric import Fabric
