@@ -201,7 +201,9 @@ class ClockSync:
         if b_lo == b_hi:
             improved += self._fold(cols, sw, b_lo, dp, score, first, second)
         else:
-            for bb in np.unique(b).tolist():
+            seen = np.bincount(b - b_lo) if b_hi - b_lo < 1 << 20 else None
+            keys = np.flatnonzero(seen) + b_lo if seen is not None else np.unique(b)
+            for bb in keys.tolist():
                 sel = np.flatnonzero(b == bb)
                 improved += self._fold(cols, sw, bb, dp[sel], score[sel], first[sel], second[sel])
         self._flush(self._latest_bin - 1)

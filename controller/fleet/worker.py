@@ -310,12 +310,14 @@ class FleetWorker:
             early = None
         k_lo, k_hi = int(k.min()), int(k.max())
         for kk in range(k_lo, k_hi + 1):
-            rows = keep & (k == kk) if k_lo != k_hi else keep
+            in_k = k == kk if k_lo != k_hi else np.ones(len(k), bool)
+            rows = keep & in_k
             n_rows = int(rows.sum())
+            if n_rows < int(in_k.sum()):
+                self._window(kk).add("covered", int(in_k.sum()) - n_rows)
             if not n_rows:
                 continue
             w = self._window(kk)
-            w.add("covered", int(((k == kk) & ~keep).sum()))
             sub_ing = ing if n_rows == len(ing) else _select_ing(ing, rows)
             sub_obs = obs if n_rows == len(ing) else obs.select(rows)
             sub_d_lost = sub_ing.lost
