@@ -222,11 +222,19 @@ def solve_window(
         )  # fmt: skip
         return ws, 0
     s = window_summary(w, t_ref, config.coded_tol_hw_ns)
-    ws = sync_summary(
+    return solve_summary(s, n_nics, config, leaf), s.n_points
+
+
+def solve_summary(
+    s: Summary, n_nics: int, config: ClockSyncConfig, leaf: I64 | None = None
+) -> WindowSync:
+    """The hardware-stamp estimator on a window's summary (`sync.summarysolve.sync_summary`
+    with the config's quantization and thresholds); ``leaf`` as in `solve_window`. A fleet
+    whose edge owners summarize their edges solves the summary they lay end to end here."""
+    return sync_summary(
         n_nics, s, quant_ns=config.quant_hw_ns, min_samples=config.min_samples,
         min_coded=config.min_coded, leaf=leaf,
     )  # fmt: skip
-    return ws, s.n_points
 
 
 def compute_state(
@@ -240,6 +248,23 @@ def compute_state(
     t_lo, t_hi = int(w.t1.min()), int(w.t1.max())
     t_ref = t_lo + (t_hi - t_lo) // 2
     ws, points = solve_window(w, n_nics, config, t_ref, leaf)
+    return state_of(ws, t_ref, now_ns, n_samples=len(w), span=(t_lo, t_hi), points=points)
+
+
+def state_of(
+    ws: WindowSync,
+    t_ref: int,
+    now_ns: int,
+    *,
+    n_samples: int,
+    span: tuple[int, int],
+    points: int = 0,
+) -> ClockState | None:
+    """The `ClockState` of a window's estimate ``ws`` at reference instant ``t_ref`` (its
+    samples: ``n_samples`` rows sent between ``span`` = (first, last) initiator stamps, a
+    summary of ``points``); None when no pair could be fitted."""
+    n_nics = len(ws.known)
+    t_lo, t_hi = span
     fits = ws.fits
     good = fits.ok & np.isfinite(fits.drift_std)
     if not ws.known.any() or not good.any():
@@ -259,7 +284,7 @@ def compute_state(
         center_ns=0.0,
         solved_at_ns=now_ns,
         n_pairs=int(fits.ok.sum()),
-        n_samples=len(w),
+        n_samples=n_samples,
         estimator=ws.estimator,
         span_ns=t_hi - t_lo,
         end_ns=t_hi,

@@ -332,14 +332,16 @@ class ClockSync:
             return False
         return self.install(compute_state(window, self.n_nics, self.config, now_ns, self.leaf))
 
-    def window(self) -> SampleWindow | None:
-        """Return the rows of the current window (None if there are none).
+    def window(self, since_ns: int | None = None) -> SampleWindow | None:
+        """Return the rows of the current window (None if there are none): those sent in the
+        last ``window_ns`` of the latest stamp, or from ``since_ns`` on (a fleet's edge
+        owners cut the window where their solver does).
 
         With `compute_state` and `install` this lets a caller run the heavy solve elsewhere
         (a worker thread) while ingest goes on."""
         if self._t_max is None:
             return None
-        horizon = self._t_max - self.config.window_ns
+        horizon = self._t_max - self.config.window_ns if since_ns is None else since_ns
         chunks = [c for t_hi, c in self._chunks if t_hi >= horizon]
         chunks += [ob.winners() for _, ob in sorted(self._open.items())]
         chunks = [c for c in chunks if len(c["src"])]
