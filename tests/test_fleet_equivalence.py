@@ -5,7 +5,10 @@ same clock offsets and the same events."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -158,3 +161,111 @@ def test_equivalence_on_a_larger_fabric_with_random_faults() -> None:
     events = list(one.events)
     assert len(events) >= 3
     _compare(one, fleet, events)
+
+
+class FleetLive:
+    """N workers and a solver behind the methods `controller.dispatch.handle_message` calls
+    on a live controller: a shell's routing in a few lines (probe batches to the worker of
+    their topic's host, path documents to every worker, host facts to the solver)."""
+
+    def __init__(self, cfg: Any, n: int) -> None:
+        self.fabric = cfg.fabric
+        fleet_cfg = FleetConfig(
+            grid=WindowGrid(cfg.live.window_ns), lateness_ns=cfg.brain.lateness_ns,
+            sync=cfg.live.sync, detection=cfg.brain, baseline_bucket_ns=cfg.live.baseline_bucket_ns,
+        )  # fmt: skip
+        self.fleet = Fleet(cfg.fabric, n, fleet_cfg)
+        self.fleet.solver = FleetSolver(cfg.fabric, fleet_cfg, brain=Brain(cfg.fabric, cfg.brain))
+
+    @property
+    def max_hops(self) -> int:
+        return self.fleet.workers[0].max_hops
+
+    def use_model_paths(self, enabled: bool) -> None:
+        for w in self.fleet.workers:
+            w.use_model_paths(enabled)
+
+    def admit(self, payload: bytes, now_ns: int, *, host: str | None = None, queue: object = None):  # type: ignore[no-untyped-def]
+        assert host is not None and queue is None
+        return self.fleet.workers[self.fleet.owner[host]].admit(host, payload, now_ns)
+
+    def learn_paths(self, *rows: Any) -> None:
+        for w in self.fleet.workers:
+            w.learn_paths(*rows)
+
+    def presence(self, host: str, alive: bool, now_ns: int, *, since_ns: int | None = None) -> None:
+        self.fleet.solver.presence(host, alive, now_ns, since_ns=since_ns)
+        blob = _encode_host_state(self.fleet.solver)
+        for w in self.fleet.workers:
+            w.install_clock(blob)
+
+    def gpu(self, host: str, ok: bool, detail: str, now_ns: int, *, present: bool = True) -> None:
+        self.fleet.solver.gpu(host, ok, detail, now_ns)
+
+    def nic_links(self, host: str, up: Any, now_ns: int) -> None:
+        self.fleet.solver.nic_links(host, up, now_ns)
+
+    def nic_counters(self, counters: Any, t_ns: int, now_ns: int) -> None:
+        pass
+
+
+def replay_both(out_dir: Path, n: int = 3) -> tuple[LiveController, FleetLive]:
+    """A testbed run's capture (`testbed.replay`: every message the controller read, with its
+    arrival time) through one controller and through ``n`` workers + a solver, each message
+    dispatched as the service dispatches it, a tick every ``tick_s`` of arrival time, clock
+    solves inline, batches ingested one by one (no coalescing: the delay thresholds are per
+    ingested batch)."""
+    from contract.topics import Topics
+    from controller.config import load_config
+    from controller.dispatch import handle_message
+    from testbed.replay import CAPTURE, read_capture
+
+    cfg = load_config(out_dir / "controller.toml", out_dir)
+    one = LiveController(cfg.fabric, cfg.live, brain=Brain(cfg.fabric, cfg.brain))
+    many = FleetLive(cfg, n)
+    for side in (one, many):
+        side.use_model_paths(cfg.model_paths)
+    topics = Topics()
+    tick_ns = round(cfg.tick_s * 1e9)
+    next_tick: int | None = None
+    for t_ns, topic, payload in sorted(read_capture(out_dir / CAPTURE), key=lambda r: r[0]):
+        if next_tick is None:
+            next_tick = t_ns + tick_ns
+        while t_ns >= next_tick:
+            one.tick(next_tick)
+            many.fleet.tick(next_tick)
+            next_tick += tick_ns
+        a = handle_message(one, topics, topic, payload, t_ns, cfg.router_nodes)
+        b = handle_message(many, topics, topic, payload, t_ns, cfg.router_nodes)  # type: ignore[arg-type]
+        assert a == b
+    return one, many
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/proc/self/ns/net").exists(),
+    reason="needs root and network namespaces",
+)
+def test_equivalence_on_a_testbed_capture(tmp_path: Path) -> None:
+    """A real run on the namespace fabric (real packets, kernel stamps, path discovery,
+    presence), its capture replayed through one controller and through three workers."""
+    import secrets
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "-m", "qpmesh.cli", "testbed", "run", "testbed/scenarios/netns_small.toml",
+         "--json", "--prefix", "f" + secrets.token_hex(2) + "-", "--out", str(tmp_path)],
+        cwd=root, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    one, many = replay_both(tmp_path)
+    events = list(one.events)
+    assert any(e.kind != "clear" for e in events)
+    off1, _ = one.clock.offsets(one.now_ns)
+    off3, _ = many.fleet.solver.clock.offsets(one.now_ns)
+    assert np.isfinite(off1).any() and np.array_equal(np.isfinite(off1), np.isfinite(off3))
+    assert np.nanmax(np.abs(off1 - off3)) <= 0.01
+    assert _as_keys(events) == _as_keys(many.fleet.events)

@@ -7,6 +7,7 @@ import numpy as np
 
 from contract.records import decode_batch
 from controller.admission import Outcome
+from controller.coalesce import ProbeQueue
 from controller.fleet.config import FleetConfig
 from controller.fleet.grid import WindowGrid
 from controller.fleet.partial import Partial
@@ -119,3 +120,25 @@ def test_the_worker_takes_the_solvers_clock_and_host_facts() -> None:
     assert w.needs_full
     w.install(solver.state(full=True))
     assert not w.needs_full
+
+
+def test_a_clock_jump_hands_out_the_windows_with_records_not_every_empty_one() -> None:
+    """A batch admitted on another time base (a monotonic clock's small numbers) and ingested
+    on UNIX time, then a long silence: a bounded number of partials, none lost; the solver
+    judges what it got without walking every empty window in between."""
+    cfg = FleetConfig(grid=WindowGrid(W), max_gap=50)
+    w = FleetWorker(FAB, cfg, name="w")
+    solver = FleetSolver(FAB, cfg)
+    queue = ProbeQueue()
+    (t1, batches), *_ = _steps(0.1)
+    for p in batches:
+        w.admit(None, p, 5_000_000_000, queue=queue)  # a monotonic clock: seconds since boot
+    assert w.flush(queue, t1) > 0
+    first = w.close(t1)
+    later = w.close(t1 + 10**6 * W)  # a day and more of silence
+    assert len(first) + len(later) < 60 and sum(p.records for p in first + later) == w.records
+    assert sum(n for p in first + later for _, n in p.counts.verdicts) == len(batches)
+    for p in first + later:
+        solver.add(p)
+    res = solver.solve(later[-1].window, t1 + 10**6 * W)
+    assert res.window == later[-1].window and solver.next_window == res.window + 1

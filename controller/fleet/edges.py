@@ -4,7 +4,7 @@ solver.
 An edge (i, j) is probed from both ends, and the two ends' batches go to different workers;
 its kept pairs meet where the edge is owned. At 100,000 NICs x 32 peers the work per pair
 (folding each window's kept pairs into the selection, and reducing a solve window's rows to
-hulls and lowest-RTT exchanges) is ~57 % of the clock work of a solve window and needs no
+hulls and lowest-RTT exchanges) is ~56 % of the clock work of a solve window and needs no
 other edge (docs/architecture.md, "The fleet seam"), so it can run on as many cores as there
 are owners, each owning the edges whose lower NIC lies in its range:
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -222,7 +222,11 @@ class FleetSolver:
         events = self.pending()
         solved = False
         last: tuple[list[Partial], int] = ([], window)
-        for k in range(start, window + 1):
+        ks: Iterable[int] = range(start, window + 1)
+        if window - start >= self.config.max_gap:  # a long silence: its windows with partials
+            near = range(window - self.config.max_gap + 1, window + 1)
+            ks = sorted({k for k in self._parts if start <= k <= window} | set(near))
+        for k in ks:
             parts = [p for _, p in sorted(self._parts.pop(k, {}).items())]
             self._fold_clock(parts)
             if self.solve_inline:

@@ -75,7 +75,6 @@ class _Open:
     worst_out: npt.NDArray[np.float32] | None = None
     worst_in: npt.NDArray[np.float32] | None = None
     counts: dict[str, int] = field(default_factory=dict)
-    verdicts: dict[str, int] = field(default_factory=dict)
 
     def add(self, key: str, n: int) -> None:
         if n:
@@ -122,6 +121,7 @@ class FleetWorker:
         self._state_window: int | None = None
         self._gap = False
         self._learned: list[LearnedPaths] = []  # learned since the last partial
+        self._verdicts: dict[str, int] = {}  # admission verdicts since the last partial
         self._pending: list[tuple[str, int, int]] = []  # queued: (origin, batch_seq, records)
         self.flows = FlowStore(n, self.config.baseline_bucket_ns)
         self._hop_spine = _hop_spine_table(fabric)
@@ -145,7 +145,9 @@ class FleetWorker:
         ingested merged by `flush`. ``now_ns``: its arrival. Returns the frozen verdict (its
         records: those taken). Bad input is a verdict, never an exception."""
         verdict, taken = self._admission.judge(payload, host)
-        self._count_verdict(verdict, now_ns)
+        self.now_ns = max(self.now_ns, now_ns)
+        v = verdict.outcome.value
+        self._verdicts[v] = self._verdicts.get(v, 0) + 1
         if taken is None:
             return verdict
         if queue is not None:
@@ -233,11 +235,6 @@ class FleetWorker:
         self._skip.setdefault(window, set()).update(covers.batches())
 
     # ---- ingest --------------------------------------------------------------------------
-    def _count_verdict(self, verdict: Verdict, now_ns: int) -> None:
-        self.now_ns = max(self.now_ns, now_ns)
-        v = self._window(self._window_at(now_ns)).verdicts
-        v[verdict.outcome.value] = v.get(verdict.outcome.value, 0) + 1
-
     def _window_at(self, t_ns: int) -> int:
         """The open window a record sent at ``t_ns`` (or an event then) goes into."""
         self._open_floor(t_ns)
@@ -377,12 +374,19 @@ class FleetWorker:
         if self._floor is None:
             self._floor = top
             return []
-        out = [self._partial(k) for k in range(self._floor, top)]
-        if out and self._learned:
-            out[0] = dataclasses.replace(
-                out[0], learned=LearnedPaths.join(self._learned, self.max_hops)
-            )
-            self._learned = []
+        if top - self._floor <= self.config.max_gap:
+            ks: Sequence[int] = range(self._floor, top)
+        else:  # a long silence (or a clock jump): its windows with records, then the last
+            ks = sorted({k for k in self._open if self._floor <= k < top} | {top - 1})
+        out = [self._partial(k) for k in ks]
+        for k in sorted(k for k in self._open if k < top):  # nothing left behind the floor
+            out.append(self._partial(k))
+        if out and (self._learned or self._verdicts):
+            p = out[0]
+            v = RecordCounts(verdicts=tuple(sorted(self._verdicts.items())))
+            learned = LearnedPaths.join([p.learned, *self._learned], self.max_hops)
+            out[0] = dataclasses.replace(p, learned=learned, counts=p.counts + v)
+            self._learned, self._verdicts = [], {}
         self._floor = max(self._floor, top)
         for k in [k for k in self._skip if k < self._floor]:
             del self._skip[k]
@@ -401,7 +405,7 @@ class FleetWorker:
             sel.src.astype(np.int32), sel.dst.astype(np.int32), sel.pair, sel.t1, sel.t2,
             sel.t3, sel.t4, sel.sw,
         )  # fmt: skip
-        counts = RecordCounts(batches=len(w.covers), verdicts=tuple(sorted(w.verdicts.items())))
+        counts = RecordCounts(batches=len(w.covers))
         counts = dataclasses.replace(counts, **w.counts)  # type: ignore[arg-type]
         return Partial(
             k, self.name, self.config.grid.width_ns, self._fabric_id, self._first_stamp,
