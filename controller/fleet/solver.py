@@ -269,10 +269,13 @@ class FleetSolver:
         sig = [p.detection.path_sig[np.isfinite(p.detection.wmin)] for p in parts]
         hop = [p.detection.path_hops[np.isfinite(p.detection.wmin)] for p in parts]
         if sig and sum(len(s) for s in sig):
-            all_sig = np.concatenate(sig)
-            all_hop = np.concatenate(hop)
-            u, first = np.unique(all_sig, return_index=True)
-            b_sig, b_hops, b_ns = u, all_hop[first], self.brain.path_baselines(u)
+            if len(sig) == 1:  # one part: its paths are distinct already
+                b_sig, b_hops = sig[0], hop[0]
+            else:
+                all_sig = np.concatenate(sig)
+                u, first = np.unique(all_sig, return_index=True)
+                b_sig, b_hops = u, np.concatenate(hop)[first]
+            b_ns = self.brain.path_baselines(b_sig)
         else:
             b_sig, b_hops, b_ns = (
                 np.zeros(0, np.int64),
