@@ -90,7 +90,8 @@ class Link:
 
 @asynccontextmanager
 async def connect(settings: NatsSettings, name: str) -> AsyncIterator[Link]:
-    """Connect to the first server of ``settings.servers`` that answers; yield a `Link`.
+    """Connect to a server of ``settings.servers`` (tried in random order, so clients spread
+    over the cluster) that answers; yield a `Link`.
 
     ``name`` labels the connection (server monitoring). Raises `NatsUnavailable` when no
     server answers (each tried within ``connect_timeout_s``), `NatsRefused` when a server
@@ -112,7 +113,7 @@ async def connect(settings: NatsSettings, name: str) -> AsyncIterator[Link]:
         async with asyncio.timeout(budget):
             nc = await nats.connect(
                 list(settings.servers), name=name, allow_reconnect=False,
-                max_reconnect_attempts=1, reconnect_time_wait=0, dont_randomize=True,
+                max_reconnect_attempts=1, reconnect_time_wait=0,
                 connect_timeout=settings.connect_timeout_s, error_cb=on_error,
                 disconnected_cb=on_lost, closed_cb=on_lost, **kw,
             )  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import nats.errors
 import nats.js.errors
@@ -279,12 +280,21 @@ async def restart_from_ack_floor(
     return start
 
 
-async def open_reader(link: Link, stream: str, subject: str, start_seq: int) -> Pull:
+async def open_reader(
+    link: Link, stream: str, subject: str, start_seq: int = 1, *, start_ns: int | None = None
+) -> Pull:
     """Bind an ephemeral pull consumer reading ``subject`` of ``stream`` from ``start_seq``
-    (1: from the first message kept) with no acks (a reader that keeps its own place)."""
-    cfg = ConsumerConfig(filter_subject=subject, ack_policy=AckPolicy.NONE,
-                         deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                         opt_start_seq=max(start_seq, 1), inactive_threshold=60.0)  # fmt: skip
+    (1: from the first message kept), or from the first message stored at or after
+    ``start_ns`` (UNIX ns) when given, with no acks (a reader that keeps its own place)."""
+    if start_ns is not None:
+        when = datetime.fromtimestamp(start_ns / 1e9, UTC)
+        cfg = ConsumerConfig(filter_subject=subject, ack_policy=AckPolicy.NONE,
+                             deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=when,
+                             inactive_threshold=60.0)  # fmt: skip
+    else:
+        cfg = ConsumerConfig(filter_subject=subject, ack_policy=AckPolicy.NONE,
+                             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                             opt_start_seq=max(start_seq, 1), inactive_threshold=60.0)  # fmt: skip
     with translate(f"reader {stream}"):
         sub = await link.js.pull_subscribe(subject, stream=stream, config=cfg)
     return Pull(sub, f"{stream}/reader")
