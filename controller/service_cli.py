@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(Path(args.config) if args.config else None)
     if any(getattr(args, k) for k in SECURITY_OPTIONS):  # the options replace [mqtt]
         config = dataclasses.replace(config, mqtt_security=security_from_args(args))
-    broker = Broker(host, port, Topics(args.prefix), args.share)
+    broker = Broker(host, port, Topics(args.prefix))
     log_stream = open(args.log, "a") if args.log else sys.stderr  # noqa: SIM115
     log = JsonLog(log_stream)
 
@@ -82,7 +82,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--broker", required=True, help="broker URL, mqtt://HOST:PORT")
     p.add_argument("--config", help="TOML config (fabric, sync, controller, thresholds)")
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic prefix (default %(default)s)")
-    p.add_argument("--share", help="shared-subscription group for probes (split load)")
     p.add_argument("--log", help="append JSON-lines log here (default stderr)")
     add_security_args(p)
     p.set_defaults(func=_run)
