@@ -29,8 +29,9 @@ def mapping(subjects: Subjects, partitions: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ServerSpec:
-    """One server of a cluster: its ``name``, client ``host``:``port``, ``cluster_port`` for
-    routes, JetStream ``store_dir``, optional ``monitor_port`` (0: none)."""
+    """One server of a cluster: its ``name``, ``host`` (the address its peers route to),
+    client ``port``, ``cluster_port`` for routes, JetStream ``store_dir``, optional
+    ``monitor_port`` (0: none) and ``listen`` (the address it binds; default ``host``)."""
 
     name: str
     host: str
@@ -38,6 +39,7 @@ class ServerSpec:
     cluster_port: int
     store_dir: str
     monitor_port: int = 0
+    listen: str = ""
 
 
 def server_conf(
@@ -52,12 +54,13 @@ def server_conf(
 ) -> str:
     """Return the configuration file of server ``me`` in a cluster with ``peers`` (the other
     servers; none: a single server without routes). Raises `SubjectError` like `mapping`."""
+    bind = me.listen or me.host
     lines = [
         f"server_name: {me.name}",
-        f"listen: {me.host}:{me.port}",
+        f"listen: {bind}:{me.port}",
     ]
     if me.monitor_port:
-        lines.append(f"http: {me.host}:{me.monitor_port}")
+        lines.append(f"http: {bind}:{me.monitor_port}")
     lines += [
         "jetstream {",
         f'  store_dir: "{me.store_dir}"',
@@ -71,11 +74,26 @@ def server_conf(
         lines += [
             "cluster {",
             f"  name: {cluster}",
-            f"  listen: {me.host}:{me.cluster_port}",
+            f"  listen: {bind}:{me.cluster_port}",
             f"  routes: [{routes}]",
             "}",
         ]
     return "\n".join(lines) + "\n" + mapping(subjects, partitions)
 
 
-__all__ = ["ServerSpec", "SubjectError", "mapping", "server_conf"]
+def packaged(partitions: int = 8) -> dict[str, str]:
+    """Return the files of ``packaging/nats/``: ``nats-server-N.conf`` for the three servers
+    ``nats-1``, ``nats-2``, ``nats-3`` (Debian's ``/etc/nats-server.conf``: clients on 4222,
+    routes on 6222, monitoring on 8222, JetStream in ``/var/lib/nats/jetstream``, up to 64 GiB
+    of it: the probe stream's ``[fleet] max_bytes`` must fit)."""
+    specs = [ServerSpec(f"nats-{i}", f"nats-{i}", 4222, 6222, "/var/lib/nats/jetstream", 8222,
+                        "0.0.0.0") for i in (1, 2, 3)]  # fmt: skip
+    head = ("# qpmesh's data plane (docs/scale.md): one of three servers; written by\n"
+            "# natslink.serverconf.packaged (tests/test_natslink_packaging.py keeps it equal).\n"
+            "# partition(8,1) must equal [fleet] partitions in the controllers' config.\n")  # fmt: skip
+    return {f"nats-server-{i + 1}.conf": head + server_conf(s, specs, subjects=Subjects(),
+                                                            partitions=partitions, max_file="64G")
+            for i, s in enumerate(specs)}  # fmt: skip
+
+
+__all__ = ["ServerSpec", "SubjectError", "mapping", "packaged", "server_conf"]
