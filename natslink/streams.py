@@ -161,7 +161,7 @@ class Bucket:
                 with translate(f"kv {self.name} watch {key}"):
                     try:
                         e = await watcher.updates(timeout=timeout_s)  # type: ignore[no-untyped-call]
-                    except nats.errors.TimeoutError:
+                    except TimeoutError:  # nats-py's or asyncio's: no update in time
                         e = None
                 if e is None:
                     yield None
@@ -230,7 +230,7 @@ class Pull:
         with translate(f"fetch {self.name}"):
             try:
                 msgs = await self._sub.fetch(batch, timeout=timeout_s)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py raises its own or asyncio's: nothing came in time
                 return []
         return [delivery(m) for m in msgs]
 

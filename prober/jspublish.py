@@ -40,6 +40,9 @@ class LinkLike(Protocol):
     @property
     def max_payload(self) -> int: ...
 
+    @property
+    def server(self) -> str: ...
+
     async def publish(self, subject: str, payload: bytes, *, msg_id: str = "") -> Ack: ...
 
 
@@ -72,6 +75,7 @@ class JetStreamBatches:
         self._sleep = sleep
         self._wake = asyncio.Event()
         self.connected = False
+        self.server = ""  # the URL of the server of the current (or last) connection
         self.connects = self.errors = self.published = self.duplicates = self.too_large = 0
         self.last_error = ""
 
@@ -99,6 +103,7 @@ class JetStreamBatches:
             async with self._factory(self.settings, f"qpmesh-prober-{self.host}") as link:
                 self.connected = True
                 self.connects += 1
+                self.server = link.server
                 connected()
                 try:
                     await self._serve(link, stop)

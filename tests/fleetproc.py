@@ -28,7 +28,11 @@ def main() -> None:
         log = JsonLog(stream)
         if role == "worker":
             loop: WorkerLoop | SolverLoop = WorkerLoop(
-                plane, settings, ident, lambda: StubWorker(plane.window_ns), log=log
+                plane,
+                settings,
+                ident,
+                lambda p: StubWorker(plane.window_ns, plane.grace_ns),
+                log=log,
             )
         else:
             solver = StubSolver()

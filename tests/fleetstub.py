@@ -19,17 +19,32 @@ def batch(origin: str, seq: int, t_ns: int) -> bytes:
 
 
 @dataclass(frozen=True)
+class StubCovers:
+    keys: frozenset[tuple[str, int]]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def batches(self) -> set[tuple[str, int]]:
+        return set(self.keys)
+
+
+@dataclass(frozen=True)
 class StubPartial:
     window: int
-    covers: frozenset[tuple[str, int]]
+    covers: StubCovers
 
     def encode(self) -> bytes:
-        return json.dumps({"window": self.window, "covers": sorted(self.covers)}).encode()
+        return json.dumps({"window": self.window, "covers": sorted(self.covers.keys)}).encode()
 
 
 @dataclass
 class StubWorker:
+    """Closes the windows whose end is ``grace_ns`` before ``close``'s time (like the core);
+    a batch of a closed window is dropped as late."""
+
     window_ns: int
+    grace_ns: int
     open: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
     seen: set[tuple[str, int]] = field(default_factory=set)
     closed_below: int = -(1 << 62)
@@ -53,9 +68,10 @@ class StubWorker:
         self.open.setdefault(w, set()).add(key)
         return Verdict(Outcome.ACCEPTED, records=1)
 
-    def close(self, upto_ns: int) -> Sequence[StubPartial]:
-        below = upto_ns // self.window_ns
-        out = [StubPartial(w, frozenset(self.open.pop(w))) for w in sorted(self.open) if w < below]
+    def close(self, now_ns: int) -> Sequence[StubPartial]:
+        below = (now_ns - self.grace_ns) // self.window_ns
+        out = [StubPartial(w, StubCovers(frozenset(self.open.pop(w))))
+               for w in sorted(self.open) if w < below]  # fmt: skip
         self.closed_below = max(self.closed_below, below)
         return out
 
@@ -76,16 +92,12 @@ class StubSolver:
     counts: Counter[tuple[str, int]] = field(default_factory=Counter)
     windows: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
     solved: list[int] = field(default_factory=list)
-    restored: bytes = b""
 
     def add(self, partial: bytes) -> None:
         doc = json.loads(partial)
         for origin, seq in doc["covers"]:
             self.counts[(origin, seq)] += 1
             self.windows.setdefault(doc["window"], set()).add((origin, seq))
-
-    def install_clock(self, models: bytes) -> None:
-        self.restored = models
 
     def solve(self, window: int, now_ns: int) -> StubResult:
         self.solved.append(window)

@@ -30,10 +30,16 @@ def binary() -> str | None:
     return NATS_SERVER if os.path.exists(NATS_SERVER) else shutil.which("nats-server")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """Return ``n`` distinct free loopback ports (held open together while chosen)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 class Cluster:
@@ -44,10 +50,11 @@ class Cluster:
         if exe is None:
             pytest.skip("nats-server not installed")
         self.exe, self.root, self.partitions = exe, root, partitions
-        tag = f"t{os.getpid()}x{_free_port()}"
+        ports = _free_ports(3 * n)
+        tag = f"t{os.getpid()}x{ports[0]}"
         self.specs = [
-            ServerSpec(f"{tag}n{i}", "127.0.0.1", _free_port(), _free_port(),
-                       str(root / f"n{i}" / "js"), _free_port())
+            ServerSpec(f"{tag}n{i}", "127.0.0.1", ports[3 * i], ports[3 * i + 1],
+                       str(root / f"n{i}" / "js"), ports[3 * i + 2])
             for i in range(n)
         ]  # fmt: skip
         self.subjects = Subjects(prefix)

@@ -79,7 +79,9 @@ async def test_solver_in_the_service_publishes_windows_on_mqtt(
     solver = StubSolver()
     svc = asyncio.create_task(run_service(Broker(host, port, topics), config, log=log,
                                           fleet_core=lambda: solver))  # fmt: skip
-    worker = WorkerLoop(plane, settings, "w1", lambda: StubWorker(plane.window_ns), log=log)
+    worker = WorkerLoop(
+        plane, settings, "w1", lambda p: StubWorker(plane.window_ns, plane.grace_ns), log=log
+    )
     wtask = asyncio.create_task(worker.run())
     try:
         async with connect(settings, "t") as link:
@@ -91,8 +93,10 @@ async def test_solver_in_the_service_publishes_windows_on_mqtt(
                     await asyncio.sleep(0.2)
             async with aiomqtt.Client(host, port) as client:
                 await client.subscribe(topics.subscription("events"), qos=1)
-                for _ in range(100):  # the service's MQTT side is up
-                    if '"connected", "broker"' in log_path.read_text():
+                for _ in range(300):  # MQTT connected, the solver active, partitions owned
+                    text = log_path.read_text()
+                    if ('"connected", "broker"' in text and "solver active" in text
+                            and text.count("partition consuming") >= plane.partitions):  # fmt: skip
                         break
                     await asyncio.sleep(0.1)
                 await client.publish(topics.probes("h1"), b"ignored in fleet mode", qos=1)

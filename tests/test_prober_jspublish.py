@@ -46,6 +46,7 @@ class FakeStream:
             def __init__(self) -> None:
                 self.lost = asyncio.Event()
                 self.max_payload = stream.max_payload
+                self.server = "nats://fake:4222"
 
             async def publish(self, subject: str, payload: bytes, *, msg_id: str = "") -> Ack:
                 assert subject == f"qpmesh.v1.probes.{HOST}"
@@ -187,7 +188,8 @@ def test_cluster_server_killed_every_batch_stored_once(
             sender.wake()
             if seq == 15:
                 await _until(lambda: len(spool) == 0)
-                nats_cluster.kill(0)  # the server the sender is connected to (first in the list)
+                port = int(sender.server.rsplit(":", 1)[1])  # the server the sender is on
+                nats_cluster.kill([s.port for s in nats_cluster.specs].index(port))
             await asyncio.sleep(0.02)
         await _until(lambda: len(spool) == 0, 30)
         stop.set()

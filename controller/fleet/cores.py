@@ -5,11 +5,19 @@ runs with the real core unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from contract.documents import EventDoc
 from controller.admission import Verdict
+
+
+class CoversLike(Protocol):
+    """The batches a partial holds."""
+
+    def __len__(self) -> int: ...
+
+    def batches(self) -> set[tuple[str, int]]: ...
 
 
 class PartialLike(Protocol):
@@ -19,13 +27,14 @@ class PartialLike(Protocol):
     def window(self) -> int: ...
 
     @property
-    def covers(self) -> Collection[tuple[str, int]]: ...
+    def covers(self) -> CoversLike: ...
 
     def encode(self) -> bytes: ...
 
 
 class WorkerCore(Protocol):
-    """An ingest worker's core: admits batches, closes windows into partials."""
+    """An ingest worker's core: admits batches, closes windows into partials: ``close(now)``
+    closes every window whose end is at least the plane's grace before ``now``."""
 
     def admit(self, host: str, payload: bytes, now_ns: int) -> Verdict: ...
 
@@ -45,11 +54,8 @@ class SolveResultLike(Protocol):
 
 
 class SolverCore(Protocol):
-    """The solver's core: merges partials (encoded), solves a window; ``install_clock``
-    takes back the models a previous solver put in the clock bucket."""
+    """The solver's core: merges partials (encoded), solves a window."""
 
     def add(self, partial: bytes) -> None: ...
-
-    def install_clock(self, models: bytes) -> None: ...
 
     def solve(self, window: int, now_ns: int) -> SolveResultLike: ...

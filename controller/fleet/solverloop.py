@@ -4,9 +4,8 @@
 
 1. as standby, try the ``solver`` lease every lease tick (`natslink.lease`); the holder is
    the active solver, renews it, and stops solving the moment it may no longer use it;
-2. on becoming active, read the clock bucket: ``solved`` (the last window solved by any
-   solver) and ``models`` (its clock models, handed to a fresh core with `SolverCore`'s
-   ``install_clock``); then read the partial stream from the time the
+2. on becoming active, read ``solved`` (the last window solved by any solver) from the
+   clock bucket, make a fresh core, and read the partial stream from the time the
    first unsolved window's partials can appear (an ephemeral reader, no acks: the solver's
    place is ``solved``), reassemble commits (`controller.fleet.partials.Assembler`), merge
    them (``core.add``) and note them in a `WindowBook`;
@@ -113,9 +112,6 @@ class SolverLoop:
         core = self.make_core()
         solved_entry = await clocks.get(SOLVED_KEY)
         solved = int(solved_entry.value) if solved_entry is not None else None
-        models = await clocks.get(MODELS_KEY)
-        if models is not None and models.value:
-            core.install_clock(models.value)
         book = self.book = WindowBook(self.plane, solved)
         first = solved + 1 if solved is not None else self.plane.closable(self.clock_ns()) - 1
         # partials of window w are sent from its end + grace on: read from one window before

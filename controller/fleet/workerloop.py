@@ -100,7 +100,8 @@ class WorkerStats:
 
 class WorkerLoop:
     """The worker ``worker_id``: owns partitions of ``plane`` on the servers of ``settings``;
-    ``make_core()`` makes a fresh core for a partition. ``clock_ns``: UNIX ns (windows);
+    ``make_core(p)`` makes a fresh core for partition ``p`` (its partials name ``p``, not
+    the worker: a partition's partial of a window is the same whoever builds it). ``clock_ns``: UNIX ns (windows);
     ``mono``: monotonic s (leases)."""
 
     def __init__(
@@ -108,7 +109,7 @@ class WorkerLoop:
         plane: Plane,
         settings: NatsSettings,
         worker_id: str,
-        make_core: Callable[[], WorkerCore],
+        make_core: Callable[[int], WorkerCore],
         *,
         log: Log,
         clock_ns: Callable[[], int] = time.time_ns,
@@ -227,7 +228,7 @@ class WorkerLoop:
         ack_wait = (self.plane.window_ns + 2 * self.plane.grace_ns) / 1e9 + 30.0
         start = await restart_from_ack_floor(link, stream, durable, subject, ack_wait_s=ack_wait)
         pull = await open_pull(link, stream, durable, subject, ack_wait_s=ack_wait)
-        st = PartitionState(self.make_core(), self.plane.closable(self.clock_ns()))
+        st = PartitionState(self.make_core(p), self.plane.closable(self.clock_ns()))
         self.parts[p] = st
         self.log(self.clock_ns(), "partition consuming", partition=p, from_seq=start)
         try:
@@ -267,13 +268,13 @@ class WorkerLoop:
     async def _close(self, link: Link, p: int, st: PartitionState) -> None:
         now = self.clock_ns()
         first_open = self.plane.closable(now)
-        partials = await asyncio.to_thread(st.core.close, first_open * self.plane.window_ns)
+        partials = await asyncio.to_thread(st.core.close, now)  # windows below first_open
         by_window: dict[int, PartialLike] = {pt.window: pt for pt in partials}
         for w in sorted(set(by_window) | set(range(st.next_window, first_open))):
             self._check_lease(p)  # never publish for a partition no longer ours
             pt = by_window.get(w)
             await self._commit(link, p, w, pt)
-            for key in pt.covers if pt is not None else ():
+            for key in pt.covers.batches() if pt is not None else ():
                 for d, _ in st.held.pop(key, []):
                     await d.ack()
                     self.stats.acked += 1
