@@ -278,14 +278,15 @@ def read_sync(tab: Table) -> ClockSyncConfig:
 
 
 def read_controller(tab: Table, sync: ClockSyncConfig) -> tuple[LiveConfig, float]:
-    """Return the live state's settings (``stale_s``, ``max_events``, with ``sync``) and the
-    tick in s (``tick_s``) of ``[controller]``. Raises the table's error."""
-    live = LiveConfig(
-        sync=sync,
-        stale_ns=_ns(tab, "stale_s", 10_000_000_000, lambda v: v > 0, _POS),
-        max_events=tab.get("max_events", int, 200, lambda v: v > 0, "an integer > 0"),
-    )
+    """Return the live state's settings (``stale_s``, ``max_events``, with ``sync``; the
+    detection windows of the fleet grid are one tick long) and the tick in s (``tick_s``) of
+    ``[controller]``. Raises the table's error."""
+    stale_ns = _ns(tab, "stale_s", 10_000_000_000, lambda v: v > 0, _POS)
+    max_events = tab.get("max_events", int, 200, lambda v: v > 0, "an integer > 0")
     tick_s = tab.get("tick_s", float, 1.0, lambda v: v > 0, _POS)
+    live = LiveConfig(
+        sync=sync, stale_ns=stale_ns, max_events=max_events, window_ns=max(1, round(tick_s * 1e9))
+    )
     tab.finish()
     return live, tick_s
 
