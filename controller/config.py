@@ -62,11 +62,11 @@ class ServiceConfig:
     # [ingest]: probe batches arriving within coalesce_ms are ingested merged (controller.coalesce)
     ingest: CoalesceConfig = field(default_factory=CoalesceConfig)
     nats: NatsSettings | None = None  # [nats]: the servers of the fleet's data plane
-    fleet: FleetConfig | None = None  # [fleet]: workers + solver on NATS (docs/scale.md)
+    fleet: FleetShellConfig | None = None  # [fleet]: workers + solver on NATS (docs/scale.md)
 
 
 @dataclass(frozen=True)
-class FleetConfig:
+class FleetShellConfig:
     """``[fleet]``: the data plane (`controller.fleet.plane.Plane`) and this process's
     ``member`` id in it (a worker's or solver's lease owner; "" = the command picks
     ``<hostname>-<pid>``)."""
@@ -110,7 +110,7 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     mqtt_security = _read_mqtt(root.table("mqtt"), base_dir)
     nats = read_nats(na := root.table("nats"), base_dir)
     na.finish()
-    fleet = read_fleet(fl := root.table("fleet"), sync)
+    fleet = read_fleet(fl := root.table("fleet"), live.window_ns)
     if fleet is not None and nats is None:
         raise ConfigError(f"{fl.source}: fleet: needs a [nats] table (its servers)")
     key_file = read_action_key_file(root.table("auth"), base_dir)
@@ -134,9 +134,10 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     )
 
 
-def read_fleet(tab: Table, sync: ClockSyncConfig) -> FleetConfig | None:
-    """Return ``[fleet]`` (None when absent): ``partitions`` (equal to the servers'
-    ``partition(n,1)`` mapping), ``window_s`` (default: ``[sync] window_s``), ``grace_s``,
+def read_fleet(tab: Table, window_ns: int) -> FleetShellConfig | None:
+    """Return ``[fleet]`` (None when absent) on the windows of ``window_ns`` (the
+    controller's tick, ``[controller] tick_s``: the fleet grid): ``partitions`` (equal to the
+    servers' ``partition(n,1)`` mapping), ``grace_s`` (the workers' lateness),
     ``solver_wait_s``, ``lease_ttl_s``, ``replicas``, ``max_age_s``, ``max_bytes``,
     ``duplicate_window_s``, ``chunk_bytes``, ``fetch_batch``, ``id`` (`controller.fleet.plane.
     Plane`, docs/scale.md). Raises the table's error."""
@@ -145,7 +146,7 @@ def read_fleet(tab: Table, sync: ClockSyncConfig) -> FleetConfig | None:
     d = Plane()
     kw: dict[str, Any] = {
         "partitions": tab.get("partitions", int, d.partitions, lambda v: 1 <= v <= 1024, "1..1024"),
-        "window_ns": _ns(tab, "window_s", sync.window_ns, lambda v: v > 0, _POS),
+        "window_ns": window_ns,
         "grace_ns": _ns(tab, "grace_s", d.grace_ns, lambda v: v >= 0, "a number of s >= 0"),
         "solver_wait_ns": _ns(
             tab, "solver_wait_s", d.solver_wait_ns, lambda v: v >= 0, "a number of s >= 0"
@@ -175,7 +176,7 @@ def read_fleet(tab: Table, sync: ClockSyncConfig) -> FleetConfig | None:
     try:
         if member:
             check_token(member, "fleet id")
-        return FleetConfig(Plane(**kw), member)
+        return FleetShellConfig(Plane(**kw), member)
     except (ValueError, SubjectError) as exc:
         raise tab.error(f"{tab.source}: fleet: {exc}") from None
 

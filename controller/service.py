@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
+import socket
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -301,12 +303,17 @@ def _topic_kind(topics: Topics, topic: str) -> str:
 
 def live_state(config: ServiceConfig) -> LiveController:
     """Return the live state `run_service` builds for ``config``: its fabric, live settings
-    (clock solves left to the service's worker thread) and detection thresholds, with the
-    fabric model's paths trusted or not (``config.model_paths``)."""
+    (clock solves left to the service's worker thread; with ``[fleet]`` solved with each
+    window, by the fleet's solver loop) and detection thresholds (with ``[fleet]`` its
+    lateness is the workers' grace), with the fabric model's paths trusted or not
+    (``config.model_paths``)."""
+    brain_cfg = config.brain
+    if config.fleet is not None:
+        brain_cfg = dataclasses.replace(brain_cfg, lateness_ns=config.fleet.plane.grace_ns)
     live = LiveController(
         config.fabric,
-        dataclasses.replace(config.live, solve_inline=False),
-        brain=Brain(config.fabric, config.brain),
+        dataclasses.replace(config.live, solve_inline=config.fleet is not None),
+        brain=Brain(config.fabric, brain_cfg),
     )
     live.use_model_paths(config.model_paths)  # before any ingest: no flow has a path yet
     return live
@@ -368,7 +375,7 @@ async def run_service(
     observability: Observability | None = None,
     max_attempts: int | None = None,
     on_tick: Callable[[int], None] = _ignore,
-    fleet_core: Callable[[], SolverCore] | None = None,
+    fleet_core: Callable[[LiveController], SolverCore] | None = None,
 ) -> LiveController:
     """Run until cancelled, reconnecting with exponential backoff on broker errors.
 
@@ -392,8 +399,9 @@ async def run_service(
 
     With ``config.fleet`` this is the fleet's solver (docs/scale.md): probe batches are not
     read from MQTT; `controller.fleet.solverloop.SolverLoop` (on ``config.nats``, lease id
-    ``config.fleet.member``, a core from ``fleet_core()`` each time it becomes active) solves
-    the windows, and their events go out through the same ticker, remediation, API and log.
+    ``config.fleet.member``) solves the windows with the core ``fleet_core(live)`` (the live
+    state's own `FleetSolver`, so host facts, the snapshot and the time series are the live
+    state's), and their events go out through the same ticker, remediation, API and log.
     Raises ValueError if ``config.fleet`` is set without ``fleet_core`` or ``config.nats``.
     """
     if live is None:
@@ -418,8 +426,10 @@ async def run_service(
         if fleet_core is None or config.nats is None:
             raise ValueError("[fleet] needs [nats] and a solver core")
         feed = FleetFeed()
-        solver = SolverLoop(config.fleet.plane, config.nats, config.fleet.member, fleet_core,
-                            feed.add, log=log, clock_ns=clock)  # fmt: skip
+        core = fleet_core(live)
+        member = config.fleet.member or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+        solver = SolverLoop(config.fleet.plane, config.nats, member, lambda: core,
+                            feed.add, log=log, clock_ns=clock, solve_in_thread=False)  # fmt: skip
         sides.append(solver.run)
     api = await _start_api(config, live, rem, obs, log, clock)
     w = Wiring(

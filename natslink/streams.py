@@ -190,13 +190,15 @@ async def ensure_bucket(link: Link, spec: BucketSpec) -> Bucket:
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One message from a pull consumer: ``subject``, ``data``, ``headers``, its
-    ``stream_seq``, how many more wait (``pending``), whether it was delivered before
-    (``redelivered``). `ack` once its content is safe; `term` to never see it again."""
+    ``stream_seq``, when the stream stored it (``stored_ns``, UNIX ns: the same for every
+    consumer and every delivery), how many more wait (``pending``), whether it was delivered
+    before (``redelivered``). `ack` once its content is safe; `term` to never see it again."""
 
     subject: str
     data: bytes
     headers: Mapping[str, str]
     stream_seq: int
+    stored_ns: int
     pending: int
     redelivered: bool
     msg: Msg = field(repr=False, compare=False)
@@ -215,8 +217,11 @@ class Delivery:
 def delivery(msg: Msg) -> Delivery:
     """Return ``msg`` (from a JetStream consumer) as a `Delivery`."""
     md = msg.metadata
+    ts = md.timestamp
+    stored = int(ts.timestamp()) * 1_000_000_000 + ts.microsecond * 1000 if ts else 0
     return Delivery(msg.subject, msg.data, dict(msg.headers or {}), int(md.sequence.stream),
-                    int(md.num_pending or 0), int(md.num_delivered or 1) > 1, msg)  # fmt: skip
+                    stored, int(md.num_pending or 0), int(md.num_delivered or 1) > 1,
+                    msg)  # fmt: skip
 
 
 class Pull:

@@ -14,7 +14,7 @@ import aiomqtt
 import pytest
 
 from contract.topics import Topics
-from controller.config import ConfigError, FleetConfig, ServiceConfig, load_config
+from controller.config import ConfigError, FleetShellConfig, ServiceConfig, load_config
 from controller.dispatch import JsonLog
 from controller.fleet.plane import Plane
 from controller.fleet.workerloop import WorkerLoop
@@ -32,7 +32,7 @@ __all__ = ["nats_cluster"]
 
 def test_fleet_tables(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
-    f.write_text('[sync]\nwindow_s = 5\n[nats]\nservers = ["nats://n1:4222"]\n'
+    f.write_text('[controller]\ntick_s = 5\n[nats]\nservers = ["nats://n1:4222"]\n'
                  '[fleet]\npartitions = 16\nid = "solver-a"\n')  # fmt: skip
     cfg = load_config(f)
     assert cfg.fleet is not None and cfg.fleet.member == "solver-a"
@@ -41,7 +41,7 @@ def test_fleet_tables(tmp_path: Path) -> None:
     for text, msg in [
         ("[fleet]\npartitions = 4\n", "fleet: needs a [nats] table"),
         ('[nats]\nservers = ["nats://a:1"]\n[fleet]\npartitions = 0\n', "fleet.partitions"),
-        ('[nats]\nservers = ["nats://a:1"]\n[fleet]\ngrace_s = 20\n', "grace_s must be shorter"),
+        ('[nats]\nservers = ["nats://a:1"]\n[fleet]\ngrace_s = -1\n', "fleet.grace_s"),
         ('[nats]\nservers = ["nats://a:1"]\n[fleet]\nid = "a.b"\n', "fleet: invalid fleet id"),
     ]:
         f.write_text(text)
@@ -72,13 +72,13 @@ async def test_solver_in_the_service_publishes_windows_on_mqtt(
                             backoff_min_s=0.1, backoff_max_s=0.5)  # fmt: skip
     fab = build_fabric(FabricShape.for_nics(16))
     config = ServiceConfig(fabric=fab, tick_s=0.1, nats=settings,
-                           fleet=FleetConfig(plane, "solver-1"))  # fmt: skip
+                           fleet=FleetShellConfig(plane, "solver-1"))  # fmt: skip
     log_path = tmp_path / "log.jsonl"
     log_file = log_path.open("w")
     log = JsonLog(log_file)
     solver = StubSolver()
     svc = asyncio.create_task(run_service(Broker(host, port, topics), config, log=log,
-                                          fleet_core=lambda: solver))  # fmt: skip
+                                          fleet_core=lambda live: solver))  # fmt: skip
     worker = WorkerLoop(
         plane, settings, "w1", lambda p: StubWorker(plane.window_ns, plane.grace_ns), log=log
     )

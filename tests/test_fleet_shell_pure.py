@@ -22,7 +22,7 @@ def test_plane_grid_and_validation() -> None:
     assert p.window_of(25) == 2 and p.window_end(2) == 30
     assert p.closable(32) == 2 and p.closable(33) == 3  # window 2 closes 3 ns after its end
     assert p.deadline(2) == 35
-    for bad in ({"partitions": 0}, {"grace_ns": 10}, {"chunk_bytes": 10},
+    for bad in ({"partitions": 0}, {"grace_ns": -1}, {"chunk_bytes": 10},
                 {"duplicate_window_s": 1e-8}):  # fmt: skip
         with pytest.raises(ValueError):
             Plane(**{"window_ns": 10, "grace_ns": 3, "duplicate_window_s": 1, **bad})

@@ -20,9 +20,10 @@ from natslink.subjects import Subjects
 class Plane:
     """The data plane's settings; ValueError if inconsistent.
 
-    ``partitions``: probe partitions (the servers' mapping); ``window_ns``: the window grid;
-    ``grace_ns``: how long after a window's end a worker waits for its batches before closing
-    it (a batch later than that is late: its worker drops and counts it);
+    ``partitions``: probe partitions (the servers' mapping); ``window_ns``: the window grid
+    (the controller's tick: `controller.fleet.grid.WindowGrid`); ``grace_ns``: how long after
+    a window's end a worker waits for its batches before closing it (the core's
+    ``lateness_ns``: records that come later go into the oldest window still open);
     ``solver_wait_ns``: how long after ``window end + grace`` the solver waits for missing
     partitions before it solves without them (their partials are then late, counted and
     dropped); ``lease_ttl_s``: partition and solver leases; ``replicas``: of every stream and
@@ -33,7 +34,7 @@ class Plane:
     """
 
     partitions: int = 8
-    window_ns: int = 10_000_000_000
+    window_ns: int = 1_000_000_000
     grace_ns: int = 2_000_000_000
     solver_wait_ns: int = 3_000_000_000
     lease_ttl_s: float = 3.0
@@ -53,8 +54,6 @@ class Plane:
             raise ValueError(f"partitions must be in 1..1024, got {self.partitions}")
         if self.window_ns <= 0 or self.grace_ns < 0 or self.solver_wait_ns < 0:
             raise ValueError("window_s must be > 0, grace_s and solver_wait_s >= 0")
-        if self.grace_ns >= self.window_ns:
-            raise ValueError("grace_s must be shorter than the window")
         if self.duplicate_window_s * 1e9 < 2 * (self.window_ns + self.grace_ns):
             raise ValueError("duplicate_window_s must cover two windows and their grace")
         if not 1 << 10 <= self.chunk_bytes <= 8 << 20 or self.fetch_batch < 1:

@@ -42,9 +42,10 @@ READ_WAIT_S = 0.25
 
 
 class SolverLoop:
-    """The solver ``solver_id``; ``make_core()`` makes a fresh core each time it becomes
+    """The solver ``solver_id``; ``make_core()`` gives the core each time it becomes
     active; ``on_result(window, result)`` gets every solve (on the loop). ``clock_ns``: UNIX
-    ns (windows, deadlines); ``mono``: monotonic s (the lease)."""
+    ns (windows, deadlines); ``mono``: monotonic s (the lease); ``solve_in_thread``: solve in
+    a worker thread (False: on the loop, for a core the loop's other tasks touch too)."""
 
     def __init__(
         self,
@@ -57,8 +58,10 @@ class SolverLoop:
         log: Log,
         clock_ns: Callable[[], int] = time.time_ns,
         mono: Callable[[], float] = time.monotonic,
+        solve_in_thread: bool = True,
     ) -> None:
         self.plane, self.settings, self.solver_id = plane, settings, solver_id
+        self.solve_in_thread = solve_in_thread
         self.make_core, self.on_result, self.log = make_core, on_result, log
         self.clock_ns, self.mono = clock_ns, mono
         self.lease = Leases(solver_id, LeaseClock(plane.lease_ttl_s), now=mono)
@@ -151,7 +154,10 @@ class SolverLoop:
     async def _solve(self, core: SolverCore, clocks: Bucket, book: WindowBook, w: int) -> None:
         missing = self.plane.partitions - len(book.pending.get(w, ()))
         now = self.clock_ns()
-        result = await asyncio.to_thread(core.solve, w, now)
+        if self.solve_in_thread:
+            result = await asyncio.to_thread(core.solve, w, now)
+        else:  # the core is shared with the loop's other users (the service's host facts)
+            result = core.solve(w, now)
         book.mark_solved(w)
         self.solves += 1
         if result.clock:

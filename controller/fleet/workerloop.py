@@ -13,19 +13,26 @@ One connection's lifetime (`WorkerLoop.run` reconnects through the project's one
 3. per owned partition a task: the durable pull consumer ``part-<p>`` restarted at its ack
    floor (`natslink.streams.restart_from_ack_floor`: what a previous owner held unacked
    comes at once), a fresh core (`WorkerCore`, with the newest clock models), fetch ->
-   ``core.admit`` (refused batches are acked at once); when the consumer is caught up,
-   ``core.close(now - grace)`` (in a thread: ingest of other partitions goes on) and each
-   closed window's partial is sent (`controller.fleet.partials`: chunks, then the commit
-   ``partial:<p>:<window>``); the batches a partial covers are acked only after its commit's
-   ack. A window with no batches gets an empty commit, so the solver knows it is complete;
+   ``core.admit(host, payload, stored_ns)``: a batch's arrival is when the stream stored it,
+   the same for every owner, so a new owner replaying a batch puts its records in the windows
+   its predecessor did (refused batches are acked at once). Windows are closed on stream
+   time too: before a message is admitted, ``core.close(its stored time)`` (in a thread:
+   ingest of other partitions goes on); when nothing comes, by the wall clock (less
+   `IDLE_SKEW_NS`). Each closed window's partial is sent (`controller.fleet.partials`: chunks, then
+   the commit ``partial:<p>:<window>``). A window with no partial gets an empty commit, so the
+   solver knows it is complete. A batch is acked once every window that can hold its records
+   (those up to its arrival's) is committed;
 4. clock models: the clock bucket's ``models`` key is watched and installed in every core.
 
-Exactly once: each partition's window is committed once (the commit's message id); a new
-owner replays from the ack floor, rebuilds what its predecessor had not acked, and a rebuilt
-window that was committed already gets a duplicate ack (its batches are then acked, nothing
-is counted twice); one that was not is committed now (no batch lost). Giving a partition
-back, losing it and crashing are the same transition. A batch that reaches a worker after
-its window was closed is late: the core drops and counts it; the shell acks it.
+Exactly once: each partition's window is committed once (the commit's message id). A new
+owner replays from the ack floor; a window it rebuilds that its predecessor had committed gets
+a duplicate ack (dropped whole: nothing counted twice), one that was not is committed now
+(no batch lost). The rebuilt windows are the predecessor's: arrivals are stream times and the
+closes happen at the same points of the stream (a fresh core's first close, before the first
+replayed message, puts its floor where the predecessor's was then), so every record lands in
+the window it landed in before. (Idle closes by the wall clock are the exception to watch:
+a server clock more than `IDLE_SKEW_NS` behind this host's can make the two differ.) Giving a
+partition back, losing it and crashing are the same transition.
 """
 
 from __future__ import annotations
@@ -59,27 +66,24 @@ from natslink.subjects import fnv1a32
 
 Log = Callable[..., None]
 FETCH_WAIT_S = 0.5
+IDLE_SKEW_NS = 500_000_000
+"""How far behind the wall clock an idle partition closes windows: the servers stamp what they
+store with their own clocks, which may lag this host's by up to this."""
 
 
 def _host_of(subject: str) -> str:
     return subject.rsplit(".", 1)[-1]
 
 
-def _batch_key(d: Delivery) -> tuple[str, int] | None:
-    """Return (origin, batch_seq) from the message id ``host:seq`` the prober set."""
-    host, _, seq = d.headers.get("Nats-Msg-Id", "").rpartition(":")
-    return (host, int(seq)) if host and seq.isdigit() else None
-
-
 @dataclass
 class PartitionState:
-    """One owned partition: its core, the deliveries held per batch until a commit covers
-    them, the first window whose (possibly empty) commit is still to be sent."""
+    """One owned partition: its core, the deliveries held until every window that can hold
+    their records is committed (per arrival window), the first window whose (possibly
+    empty) commit is still to be sent."""
 
     core: WorkerCore
-    next_window: int
-    held: dict[tuple[str, int], list[tuple[Delivery, int]]] = field(default_factory=dict)
-    caught_up: bool = False
+    next_window: int | None = None  # None: the core was never closed (its floor not set)
+    held: dict[int, list[Delivery]] = field(default_factory=dict)
     models: bytes | None = None  # the clock models installed in ``core``
 
 
@@ -92,7 +96,6 @@ class WorkerStats:
     commits: int = 0
     duplicate_commits: int = 0
     acked: int = 0
-    expired: int = 0  # held past any window's reach: acked without a covering partial
     claimed: int = 0
     lost: int = 0
     released: int = 0
@@ -228,7 +231,7 @@ class WorkerLoop:
         ack_wait = (self.plane.window_ns + 2 * self.plane.grace_ns) / 1e9 + 30.0
         start = await restart_from_ack_floor(link, stream, durable, subject, ack_wait_s=ack_wait)
         pull = await open_pull(link, stream, durable, subject, ack_wait_s=ack_wait)
-        st = PartitionState(self.make_core(p), self.plane.closable(self.clock_ns()))
+        st = PartitionState(self.make_core(p))
         self.parts[p] = st
         self.log(self.clock_ns(), "partition consuming", partition=p, from_seq=start)
         try:
@@ -238,12 +241,11 @@ class WorkerLoop:
                     st.core.install_clock(self.models)  # never while close runs in its thread
                     st.models = self.models
                 got = await pull.fetch(self.plane.fetch_batch, FETCH_WAIT_S)
-                now = self.clock_ns()
                 for d in got:
-                    await self._admit(st, d, now)
-                st.caught_up = not got or got[-1].pending == 0
-                if st.caught_up:
-                    await self._close(link, p, st)
+                    await self._advance(link, p, st, d.stored_ns or self.clock_ns())
+                    await self._admit(st, d)
+                if not got:  # idle: nothing stored since; close by the wall clock
+                    await self._advance(link, p, st, self.clock_ns() - IDLE_SKEW_NS)
         finally:
             with contextlib.suppress(*LINK_ERRORS):
                 await pull.close()
@@ -252,38 +254,35 @@ class WorkerLoop:
         if not self.leases.valid(partition_key(p)):
             raise _LeaseGone(p)
 
-    async def _admit(self, st: PartitionState, d: Delivery, now: int) -> None:
-        verdict = st.core.admit(_host_of(d.subject), d.data, now)
-        key = _batch_key(d)
-        if verdict.accepted and key is not None:
-            st.held.setdefault(key, []).append((d, now))
-            self.stats.admitted += 1
-            return
-        if verdict.outcome is Outcome.DUPLICATE and key in st.held:
-            st.held[key].append((d, now))  # the same batch again: acked with the first
+    async def _admit(self, st: PartitionState, d: Delivery) -> None:
+        arrival = d.stored_ns or self.clock_ns()
+        verdict = st.core.admit(_host_of(d.subject), d.data, arrival)
+        if verdict.accepted or verdict.outcome is Outcome.DUPLICATE:
+            # a duplicate is acked with the windows of its first copy, never before them
+            st.held.setdefault(self.plane.window_of(arrival), []).append(d)
+            self.stats.admitted += verdict.accepted
             return
         self.stats.refused += 1
         await d.ack()
 
-    async def _close(self, link: Link, p: int, st: PartitionState) -> None:
-        now = self.clock_ns()
-        first_open = self.plane.closable(now)
-        partials = await asyncio.to_thread(st.core.close, now)  # windows below first_open
+    async def _advance(self, link: Link, p: int, st: PartitionState, upto: int) -> None:
+        """Close (and commit) the windows that end ``grace`` before ``upto`` (the stream time
+        of the next message, or the wall clock when idle), once per window boundary."""
+        first_open = self.plane.closable(upto)
+        if st.next_window is not None and first_open <= st.next_window:
+            return
+        partials = await asyncio.to_thread(st.core.close, upto)  # windows below first_open
+        if st.next_window is None:  # the core's first close: its floor, nothing to send
+            st.next_window = first_open
         by_window: dict[int, PartialLike] = {pt.window: pt for pt in partials}
         for w in sorted(set(by_window) | set(range(st.next_window, first_open))):
             self._check_lease(p)  # never publish for a partition no longer ours
-            pt = by_window.get(w)
-            await self._commit(link, p, w, pt)
-            for key in pt.covers.batches() if pt is not None else ():
-                for d, _ in st.held.pop(key, []):
-                    await d.ack()
-                    self.stats.acked += 1
+            await self._commit(link, p, w, by_window.get(w))
         st.next_window = max(st.next_window, first_open)
-        too_old = now - 2 * (self.plane.window_ns + self.plane.grace_ns)
-        for key in [k for k, v in st.held.items() if v[0][1] < too_old]:
-            for d, _ in st.held.pop(key):  # admitted, but no partial ever covered it
+        for w in [w for w in st.held if w < first_open]:  # every window it can be in: out
+            for d in st.held.pop(w):
                 await d.ack()
-                self.stats.expired += 1
+                self.stats.acked += 1
 
     async def _commit(self, link: Link, p: int, w: int, pt: PartialLike | None) -> None:
         body = pt.encode() if pt is not None else b""
