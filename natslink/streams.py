@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -98,8 +99,8 @@ class Entry:
 class Bucket:
     """A KV bucket with errors translated; ``ttl_s`` is the bucket's (read at open)."""
 
-    def __init__(self, kv: KeyValue, name: str, ttl_s: float) -> None:
-        self._kv, self.name, self.ttl_s = kv, name, ttl_s
+    def __init__(self, kv: KeyValue, js: JetStreamContext, name: str, ttl_s: float) -> None:
+        self._kv, self._js, self.name, self.ttl_s = kv, js, name, ttl_s
 
     async def create(self, key: str, value: bytes) -> int | None:
         """Store ``key`` only if it is absent (or deleted, or expired); return its revision,
@@ -142,14 +143,14 @@ class Bucket:
                 return None
         return Entry(e.key, e.value or b"", int(e.revision or 0))
 
-    async def keys(self, prefix: str = "") -> list[str]:
-        """Return the live keys (starting with ``prefix``)."""
-        with translate(f"kv {self.name} keys"):
-            try:
-                keys = await self._kv.keys()
-            except nats.js.errors.NoKeysError:
-                return []
-        return sorted(k for k in keys if k.startswith(prefix))
+    async def count(self, prefix: str) -> int:
+        """Return how many live keys start with ``prefix`` (a whole token, e.g. ``worker.``):
+        one stream-info request, no consumer (a deleted key's marker counts until it
+        expires)."""
+        subject = f"$KV.{self.name}.{prefix}>"
+        with translate(f"kv {self.name} count {prefix}"):
+            info = await self._js.stream_info(f"KV_{self.name}", subjects_filter=subject)
+        return len(info.state.subjects or {})
 
     async def watch(self, key: str, timeout_s: float) -> AsyncIterator[Entry | None]:
         """Yield ``key``'s current entry, then each update, and None after every
@@ -184,7 +185,7 @@ async def ensure_bucket(link: Link, spec: BucketSpec) -> Bucket:
                 max_value_size=spec.max_value_bytes, storage=StorageType.FILE,
             ))  # fmt: skip
         status = await kv.status()
-    return Bucket(kv, spec.name, float(status.ttl or 0.0))
+    return Bucket(kv, link.js, spec.name, float(status.ttl or 0.0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,13 @@ class Subjects:
             raise SubjectError(f"partition must be >= 0, got {partition}")
         return f"{self.prefix}.probes.{partition}.*"
 
+    def probes_tick(self, partition: int) -> str:
+        """Return the subject of partition ``partition``'s tick: a message its owner stores
+        when no batch comes, so windows close on stream time (``~tick`` is no host id)."""
+        if partition < 0:
+            raise SubjectError(f"partition must be >= 0, got {partition}")
+        return f"{self.prefix}.probes.{partition}.~tick"
+
     def partials(self, partition: int) -> str:
         """Return the subject the partials of ``partition`` go to."""
         if partition < 0:

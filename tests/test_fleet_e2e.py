@@ -20,9 +20,11 @@ import pytest
 from contract.origin import split_by_host
 from contract.records import ProbeBatch, encode_batch
 from contract.topics import Topics
-from controller.config import load_config
+from controller.config import ServiceConfig, load_config
 from controller.dispatch import JsonLog, nic_hosts
 from controller.fleet.compose import SolverCore
+from controller.fleet.partial import Partial
+from controller.fleet.partials import Assembler
 from controller.fleet.plane import partition_key
 from controller.fleet.solver import SolveResult
 from controller.live import LiveController
@@ -30,7 +32,7 @@ from controller.service import Broker, run_service
 from mesh.fabric import FabricShape, build_fabric
 from natslink.errors import NatsUnavailable
 from natslink.link import Link, connect
-from natslink.streams import ensure_bucket
+from natslink.streams import ensure_bucket, open_reader
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from tests.natscluster import Cluster, nats_cluster
 
@@ -55,11 +57,37 @@ async def _publish(link: Link, subject: str, payload: bytes, msg_id: str) -> Non
     raise AssertionError("the stream never answered")
 
 
+class Committed:
+    """Reads the partial stream as it grows: the records of every committed partial."""
+
+    def __init__(self) -> None:
+        self.asm, self.records, self.reader = Assembler(keep_windows=10_000), 0, None
+
+    async def read(self, link: Link, config: ServiceConfig) -> int:
+        assert config.fleet is not None and config.nats is not None
+        if self.reader is None:
+            self.reader = await open_reader(link, config.fleet.plane.partial_stream,
+                                            config.nats.subjects.partials_all(), 1)  # fmt: skip
+        while got := await self.reader.fetch(500, 0.5):  # up to what is stored now
+            for d in got:
+                c = self.asm.feed(d.headers, d.data)
+                if c is not None and c.body:
+                    self.records += Partial.decode(c.body).counts.records
+            if got[-1].pending == 0:
+                break
+        return self.records
+
+
 @pytest.mark.slow
 @pytest.mark.broker
+@pytest.mark.parametrize("kill", [False, True], ids=["steady", "worker-killed"])
 async def test_workers_and_solver_take_every_record_once(
-    nats_cluster: Cluster, mosquitto: tuple[str, int], tmp_path: Path
+    nats_cluster: Cluster, mosquitto: tuple[str, int], tmp_path: Path, kill: bool
 ) -> None:
+    """Every record once; with ``kill``, one worker is killed (SIGKILL) mid-run: counted
+    over the committed partials (the solver may have judged a window without the killed
+    worker's partition: its partial is then late), every batch once, give or take a few
+    records at window boundaries (see the assertion)."""
     host, port = mosquitto
     fab = build_fabric(FabricShape.for_nics(16))
     (tmp_path / "fabric.json").write_text(json.dumps(fab.to_dict()))
@@ -121,12 +149,25 @@ async def test_workers_and_solver_take_every_record_once(
             sim = Simulator(fab, SimConfig(peers=4, seed=7))
             sent = 0
             shift = time.time_ns() - EPOCH_NS - 500_000_000  # the simulator's time: now
-            for step in sim.run(4.0, 0.5):
+            for i, step in enumerate(sim.run(4.0, 0.5)):
                 for h, b in split_by_host(_shifted(step.batch, shift), nic_hosts(fab)).items():
                     await _publish(link, config.nats.subjects.probes(h), encode_batch(b),
                                    f"{h}:{b.batch_seq}")  # fmt: skip
                     sent += len(b)
+                if kill and i == 3:
+                    workers[0].kill()  # SIGKILL mid-run: w2 takes its partitions over
+                    await asyncio.to_thread(workers[0].wait, 10)
                 await asyncio.sleep(0.5)
+            if kill:
+                committed, t_end = Committed(), time.monotonic() + 60
+                while await committed.read(link, config) < sent and time.monotonic() < t_end:
+                    await asyncio.sleep(0.5)
+                # Known gap (docs/scale.md "Not done yet"): the core puts a record in the
+                # window of its clock-corrected time, corrected with the models installed
+                # when it came; a new owner that replays it with other models can move a
+                # record near a window boundary: a few records, never a batch (150 here).
+                assert abs(committed.records - sent) <= 10, (committed.records, sent)
+                return
         for _ in range(300):
             if sum(records) >= sent:
                 break
@@ -140,7 +181,8 @@ async def test_workers_and_solver_take_every_record_once(
         svc.cancel()
         await asyncio.gather(svc, return_exceptions=True)
         for p in workers:
-            p.terminate()
+            if p.poll() is None:
+                p.terminate()
         for p in workers:
             try:
                 p.wait(timeout=10)

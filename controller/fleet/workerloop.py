@@ -16,9 +16,10 @@ One connection's lifetime (`WorkerLoop.run` reconnects through the project's one
    ``core.admit(host, payload, stored_ns)``: a batch's arrival is when the stream stored it,
    the same for every owner, so a new owner replaying a batch puts its records in the windows
    its predecessor did (refused batches are acked at once). Windows are closed on stream
-   time too: before a message is admitted, ``core.close(its stored time)`` (in a thread:
-   ingest of other partitions goes on); when nothing comes, by the wall clock (less
-   `IDLE_SKEW_NS`). Each closed window's partial is sent (`controller.fleet.partials`: chunks, then
+   time only: before a message is admitted, ``core.close(its stored time)`` (in a thread:
+   ingest of other partitions goes on); when nothing comes for `FETCH_WAIT_S`, the owner
+   stores a tick in the partition (``<prefix>.probes.<p>.~tick``), whose stored time closes
+   the windows when it is read back. Each closed window's partial is sent (`controller.fleet.partials`: chunks, then
    the commit ``partial:<p>:<window>``). A window with no partial gets an empty commit, so the
    solver knows it is complete. A batch is acked once every window that can hold its records
    (those up to its arrival's) is committed;
@@ -28,11 +29,10 @@ Exactly once: each partition's window is committed once (the commit's message id
 owner replays from the ack floor; a window it rebuilds that its predecessor had committed gets
 a duplicate ack (dropped whole: nothing counted twice), one that was not is committed now
 (no batch lost). The rebuilt windows are the predecessor's: arrivals are stream times and the
-closes happen at the same points of the stream (a fresh core's first close, before the first
-replayed message, puts its floor where the predecessor's was then), so every record lands in
-the window it landed in before. (Idle closes by the wall clock are the exception to watch:
-a server clock more than `IDLE_SKEW_NS` behind this host's can make the two differ.) Giving a
-partition back, losing it and crashing are the same transition.
+closes happen at the same points of the stream, ticks included (a fresh core's first close,
+before the first replayed message, puts its floor where the predecessor's was then), so every
+record lands in the window it landed in before. Giving a partition back, losing it and
+crashing are the same transition.
 """
 
 from __future__ import annotations
@@ -66,9 +66,6 @@ from natslink.subjects import fnv1a32
 
 Log = Callable[..., None]
 FETCH_WAIT_S = 0.5
-IDLE_SKEW_NS = 500_000_000
-"""How far behind the wall clock an idle partition closes windows: the servers stamp what they
-store with their own clocks, which may lag this host's by up to this."""
 
 
 def _host_of(subject: str) -> str:
@@ -181,7 +178,7 @@ class WorkerLoop:
                     if exc is not None and not isinstance(exc, _LeaseGone):
                         raise exc
             await bucket.put(f"worker.{self.worker_id}", b"1")
-            workers = max(1, len(await bucket.keys("worker.")))
+            workers = max(1, await bucket.count("worker."))
             share = math.ceil(self.plane.partitions / workers)
             held = sorted(int(k.split(".")[1]) for k in self.leases.held)
             for p in held[share:]:  # above the fair share: give back (a clean crash)
@@ -219,15 +216,23 @@ class WorkerLoop:
     # ---- clock models --------------------------------------------------------------------
 
     async def _watch_models(self, clocks: Bucket) -> None:
-        async for entry in clocks.watch(MODELS_KEY, timeout_s=self.settings.timeout_s):
-            if entry is not None and entry.value:
-                self.models = entry.value  # each partition installs it between its steps
+        """Keep ``models`` current; a watch that fails (a cluster electing leaders) is set up
+        again after a pause instead of ending the connection: ingest goes on meanwhile."""
+        while True:
+            try:
+                async for entry in clocks.watch(MODELS_KEY, timeout_s=self.settings.timeout_s):
+                    if entry is not None and entry.value:
+                        self.models = entry.value  # each partition installs it between steps
+            except NatsUnavailable as exc:
+                self.log(self.clock_ns(), "models watch failed", error=str(exc))
+                await asyncio.sleep(self.leases.clock.renew_s)
 
     # ---- one partition -------------------------------------------------------------------
 
     async def _partition(self, link: Link, p: int) -> None:
         stream, durable = self.plane.probe_stream, f"part-{p}"
         subject = self.subjects.probes_partition(p)
+        tick = self.subjects.probes_tick(p)
         ack_wait = (self.plane.window_ns + 2 * self.plane.grace_ns) / 1e9 + 30.0
         start = await restart_from_ack_floor(link, stream, durable, subject, ack_wait_s=ack_wait)
         pull = await open_pull(link, stream, durable, subject, ack_wait_s=ack_wait)
@@ -242,10 +247,13 @@ class WorkerLoop:
                     st.models = self.models
                 got = await pull.fetch(self.plane.fetch_batch, FETCH_WAIT_S)
                 for d in got:
-                    await self._advance(link, p, st, d.stored_ns or self.clock_ns())
-                    await self._admit(st, d)
-                if not got:  # idle: nothing stored since; close by the wall clock
-                    await self._advance(link, p, st, self.clock_ns() - IDLE_SKEW_NS)
+                    await self._advance(link, p, st, d.stored_ns)
+                    if d.subject == tick:
+                        await d.ack()
+                    else:
+                        await self._admit(st, d)
+                if not got:  # idle: store a tick, whose stored time closes windows
+                    await link.publish(tick, b"")
         finally:
             with contextlib.suppress(*LINK_ERRORS):
                 await pull.close()
@@ -255,7 +263,7 @@ class WorkerLoop:
             raise _LeaseGone(p)
 
     async def _admit(self, st: PartitionState, d: Delivery) -> None:
-        arrival = d.stored_ns or self.clock_ns()
+        arrival = d.stored_ns
         verdict = st.core.admit(_host_of(d.subject), d.data, arrival)
         if verdict.accepted or verdict.outcome is Outcome.DUPLICATE:
             # a duplicate is acked with the windows of its first copy, never before them
@@ -267,7 +275,7 @@ class WorkerLoop:
 
     async def _advance(self, link: Link, p: int, st: PartitionState, upto: int) -> None:
         """Close (and commit) the windows that end ``grace`` before ``upto`` (the stream time
-        of the next message, or the wall clock when idle), once per window boundary."""
+        of the next message, a batch or a tick), once per window boundary."""
         first_open = self.plane.closable(upto)
         if st.next_window is not None and first_open <= st.next_window:
             return
