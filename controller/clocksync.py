@@ -48,6 +48,7 @@ __all__ = [
     "ClockSyncConfig",
     "ClockTrust",
     "Delays",
+    "PairSlots",
     "SampleWindow",
     "bin_keys",
     "coded_partners",
@@ -92,14 +93,15 @@ class ClockSync:
         *,
         leaf: NDArray[np.integer[Any]] | None = None,
         first_stamp: int | None = None,
-        dpairs: KeyIndex | None = None,
+        slots: PairSlots | None = None,
     ) -> None:
         """``leaf``: per NIC index its leaf switch's index (the fabric's ECMP group), which
         lets the solve split the queueing left in the best samples by leaf uplink and NIC
         downlink (`sync.excess.split_excess`); None: receive side only. ``first_stamp``:
         where the warm-up bins are (`bin_keys`; None: at the first stamp added), e.g. a
-        fleet worker's window selection binning as its solver does; ``dpairs``: a directed
-        pair numbering to share (a worker's one selection per window). Raises ValueError
+        fleet worker's window selection binning as its solver does; ``slots``: a directed
+        pair numbering to share (`PairSlots`: a worker's one selection per window). Raises
+        ValueError
         when ``leaf`` does not have ``n_nics`` entries."""
         if leaf is not None and len(leaf) != n_nics:
             raise ValueError(f"leaf has {len(leaf)} entries for {n_nics} NICs")
@@ -110,8 +112,7 @@ class ClockSync:
         self._rows = 0
         self._t_max: int | None = None
         self._t0: int | None = first_stamp  # first stamp seen (where the warm-up bins are)
-        self._dpairs = dpairs or KeyIndex()  # directed (src, dst) -> dense slot
-        self._flow_dpair = np.zeros(0, np.int64)  # ingestor flow slot -> directed pair slot
+        self._slots = slots or PairSlots(n_nics)  # directed (src, dst) -> dense slot
         self._open: dict[int, _OpenBin] = {}  # bin index -> best pair per directed pair
         self._latest_bin = -1
         self._scratch = np.zeros(0, np.int64)
@@ -146,7 +147,7 @@ class ClockSync:
                 self._push(_rows_of(cols, sw, rows))
         if not len(first):
             return 0
-        return self._fold_pairs(cols, sw, first, second, self._dpair_of(ing, first))
+        return self._fold_pairs(cols, sw, first, second, self._slots.of_rows(ing, first))
 
     def add_pairs(self, cols: Mapping[str, NDArray[Any]]) -> int:
         """Fold kept coded pairs into the per (directed pair, bin) lowest-RTT summary, as
@@ -170,7 +171,7 @@ class ClockSync:
             return 0
         first = np.arange(0, n, 2, dtype=np.int64)
         key = np.asarray(cols["src"][first], np.int64) * self.n_nics + cols["dst"][first]
-        dp, _ = self._dpairs.insert(key)
+        dp, _ = self._slots.index.insert(key)
         return self._fold_pairs(cols, cols["sw"], first, first + 1, dp)
 
     def _fold_pairs(
@@ -201,7 +202,9 @@ class ClockSync:
         if b_lo == b_hi:
             improved += self._fold(cols, sw, b_lo, dp, score, first, second)
         else:
-            for bb in np.unique(b).tolist():
+            seen = np.bincount(b - b_lo) if b_hi - b_lo < 1 << 20 else None
+            keys = np.flatnonzero(seen) + b_lo if seen is not None else np.unique(b)
+            for bb in keys.tolist():
                 sel = np.flatnonzero(b == bb)
                 improved += self._fold(cols, sw, bb, dp[sel], score[sel], first[sel], second[sel])
         self._flush(self._latest_bin - 1)
@@ -229,7 +232,7 @@ class ClockSync:
             return len(first)
         self._latest_bin = max(self._latest_bin, bb)
         ob = self._open.get(bb)
-        size = self._dpairs.size
+        size = self._slots.index.size
         if ob is None or len(ob.score) < size:
             ob = _OpenBin.grown(ob, max(size, 1024))
             self._open[bb] = ob
@@ -266,24 +269,6 @@ class ClockSync:
         self._t_max = t_hi if self._t_max is None else max(self._t_max, t_hi)
         self._chunks.append((t_hi, chunk))
         self._rows += len(chunk["src"])
-
-    def _dpair_of(self, ing: Ingested, rows: I64) -> I64:
-        """Dense directed-pair slot of each row (via the ingestor's flow slot, cached)."""
-        flow = np.take(ing.flow, rows)
-        need = int(flow.max()) + 1
-        if need > len(self._flow_dpair):
-            grown = np.full(max(need, 2 * len(self._flow_dpair), 1024), -1, np.int64)
-            grown[: len(self._flow_dpair)] = self._flow_dpair
-            self._flow_dpair = grown
-        dp = np.take(self._flow_dpair, flow)
-        miss = dp < 0
-        if miss.any():
-            r = rows[miss]
-            key = np.take(ing.src, r).astype(np.int64) * self.n_nics + np.take(ing.dst, r)
-            slots, _ = self._dpairs.insert(key)
-            self._flow_dpair[flow[miss]] = slots
-            dp[miss] = slots
-        return dp
 
     def _expire(self) -> None:
         """Drop chunks older than the window, and the oldest beyond ``capacity`` rows."""
@@ -347,14 +332,16 @@ class ClockSync:
             return False
         return self.install(compute_state(window, self.n_nics, self.config, now_ns, self.leaf))
 
-    def window(self) -> SampleWindow | None:
-        """Return the rows of the current window (None if there are none).
+    def window(self, since_ns: int | None = None) -> SampleWindow | None:
+        """Return the rows of the current window (None if there are none): those sent in the
+        last ``window_ns`` of the latest stamp, or from ``since_ns`` on (a fleet's edge
+        owners cut the window where their solver does).
 
         With `compute_state` and `install` this lets a caller run the heavy solve elsewhere
         (a worker thread) while ingest goes on."""
         if self._t_max is None:
             return None
-        horizon = self._t_max - self.config.window_ns
+        horizon = self._t_max - self.config.window_ns if since_ns is None else since_ns
         chunks = [c for t_hi, c in self._chunks if t_hi >= horizon]
         chunks += [ob.winners() for _, ob in sorted(self._open.items())]
         chunks = [c for c in chunks if len(c["src"])]
@@ -471,6 +458,34 @@ class ClockSync:
         t_ns = np.where(np.isfinite(r1), np.rint(np.nan_to_num(r1)).astype(np.int64) +
                         st.models.t_ref_ns, ing.t1)  # fmt: skip
         return Delays(t_ns, owd_f, owd_r, rtt, ~bad & ~fine)
+
+
+class PairSlots:
+    """Directed NIC pairs (src, dst) -> dense slots, cached by the ingestor's flow slot: one
+    numbering that several selections can share (a fleet worker's, one per window)."""
+
+    def __init__(self, n_nics: int) -> None:
+        self.n_nics = n_nics
+        self.index = KeyIndex()
+        self._by_flow = np.zeros(0, np.int64)  # ingestor flow slot -> directed pair slot
+
+    def of_rows(self, ing: Ingested, rows: I64) -> I64:
+        """Return the slot of each row's directed pair (via its flow slot, cached)."""
+        flow = np.take(ing.flow, rows)
+        need = int(flow.max()) + 1
+        if need > len(self._by_flow):
+            grown = np.full(max(need, 2 * len(self._by_flow), 1024), -1, np.int64)
+            grown[: len(self._by_flow)] = self._by_flow
+            self._by_flow = grown
+        dp = np.take(self._by_flow, flow)
+        miss = dp < 0
+        if miss.any():
+            r = rows[miss]
+            key = np.take(ing.src, r).astype(np.int64) * self.n_nics + np.take(ing.dst, r)
+            slots, _ = self.index.insert(key)
+            self._by_flow[flow[miss]] = slots
+            dp[miss] = slots
+        return dp
 
 
 @dataclass(frozen=True, eq=False)

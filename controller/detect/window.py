@@ -134,8 +134,11 @@ class DetectionWindow:
         used)."""
         pair_ids, seen, pf, pr = self.loss.pairs_seen()
         judged, coarse, wmin = self.delay.per_path()
-        used = np.flatnonzero((judged > 0) | (coarse > 0) | np.isfinite(wmin))
-        ids = np.unique(np.concatenate([used, pf, pr]))
+        mark = np.zeros(paths.size, bool)  # a mask, not np.unique: O(paths), no sort
+        mark[: len(judged)] = (judged > 0) | (coarse > 0) | np.isfinite(wmin)
+        mark[pf] = True
+        mark[pr] = True
+        ids = np.flatnonzero(mark)
         del pair_ids
         local = np.searchsorted(ids, np.concatenate([pf, pr])).astype(np.int32)
         q = len(pf)

@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from contract.records import ProbeBatch
 from controller.admission import Admission, Outcome, Verdict
-from controller.clocksync import ClockSync, ClockTrust, Delays, coded_partners
+from controller.clocksync import ClockSync, ClockTrust, Delays, PairSlots, coded_partners
 from controller.coalesce import ProbeQueue
 from controller.detect.causes import excluded_nics
 from controller.detect.paths import PathIndex
@@ -50,7 +50,7 @@ from controller.fleet.partial import (
 from controller.fleet.state import FleetState, decode_state
 from controller.ingest import Ingested, Ingestor, IngestStats, PathTable
 from controller.observations import Observations
-from controller.windows import FlowStore, KeyIndex
+from controller.windows import FlowStore
 from mesh.fabric import Fabric
 from mesh.fabric.ecmp import ROCEV2_PORT, routing_tables
 from mesh.fabric.model import SWITCH_TIER, NodeKind, hop_id
@@ -115,7 +115,7 @@ class FleetWorker:
         self._excluded = np.zeros(n, bool)
         self._alive_since = np.zeros(len(fabric.hosts), np.int64)
         self._first_stamp: int | None = None
-        self._dpairs = KeyIndex()  # directed pairs, numbered once for every window's selection
+        self._slots = PairSlots(n)  # directed pairs, numbered once for every window's selection
         self._floor: int | None = None  # oldest window still open (None: nothing yet)
         self._open: dict[int, _Open] = {}
         self._skip: dict[int, set[tuple[str, int]]] = {}
@@ -258,7 +258,7 @@ class FleetWorker:
                     len(f.nics),
                     self.config.sync,
                     first_stamp=self._first_stamp,
-                    dpairs=self._dpairs,
+                    slots=self._slots,
                 ),
             )
             self._open[k] = w
@@ -310,12 +310,14 @@ class FleetWorker:
             early = None
         k_lo, k_hi = int(k.min()), int(k.max())
         for kk in range(k_lo, k_hi + 1):
-            rows = keep & (k == kk) if k_lo != k_hi else keep
+            in_k = k == kk if k_lo != k_hi else np.ones(len(k), bool)
+            rows = keep & in_k
             n_rows = int(rows.sum())
+            if n_rows < int(in_k.sum()):
+                self._window(kk).add("covered", int(in_k.sum()) - n_rows)
             if not n_rows:
                 continue
             w = self._window(kk)
-            w.add("covered", int(((k == kk) & ~keep).sum()))
             sub_ing = ing if n_rows == len(ing) else _select_ing(ing, rows)
             sub_obs = obs if n_rows == len(ing) else obs.select(rows)
             sub_d_lost = sub_ing.lost
@@ -333,8 +335,11 @@ class FleetWorker:
             w.detect.fold(sub_obs, self._paths, self._excluded, self.config.detection.delay)
             _worst(w, sub_obs, len(self.fabric.nics))
             w.add("records", len(sub_obs))
-            for i in np.unique(batch_of[rows]).tolist():
-                w.covers.add((parts[i][0], parts[i][1]))
+            if len(parts) == 1:
+                w.covers.add((parts[0][0], parts[0][1]))
+            else:  # which parts put rows here (a count, not np.unique: no sort, no hash)
+                for i in np.flatnonzero(np.bincount(batch_of[rows], minlength=len(parts))):
+                    w.covers.add((parts[int(i)][0], parts[int(i)][1]))
         if self.observers:
             seen = keep if early is None else keep & ~early
             shown = obs if seen.all() else obs.select(seen)
