@@ -11,9 +11,10 @@ demo: setup
 test: setup lint
 	$(BIN)/pytest -q
 
-# the edit loop: lint, types and the fast tests (no namespaces, VMs or slow runs), < 3 min here
+# the edit loop: lint, types and the fast tests (no namespaces, VMs or slow runs) on every
+# core (pytest-xdist), < 3 min here
 check: setup lint
-	$(BIN)/pytest -q -m "not netns and not rxe and not slow" -p no:cacheprovider
+	$(BIN)/pytest -q -n auto -m "not netns and not rxe and not slow" -p no:cacheprovider
 
 lint: setup
 	$(BIN)/ruff check .
