@@ -242,15 +242,10 @@ def run_headless(
         "duration_s": round(runner.t_s, 3),
         "wall_s": round(time.perf_counter() - t_wall, 3),
         "faults": [f.to_dict() for f in runner.sim.faults],
+        # each event in its one encoding (`EventDoc.to_json`), plus ``t_s``: simulated
+        # seconds from the demo's start
         "events": [
-            {
-                "kind": e.kind,
-                "target": e.target,
-                "t_s": round((e.t_ns - EPOCH_NS) / 1e9, 3),
-                "severity": e.severity,
-                "detail": e.detail,
-            }
-            for e in runner.events
+            {**e.to_json(), "t_s": round((e.t_ns - EPOCH_NS) / 1e9, 3)} for e in runner.events
         ],
         "healthy_nics": snap.healthy_count,
         "unknown_nics": snap.unknown_count,
