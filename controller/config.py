@@ -122,9 +122,6 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     routers, model_paths = read_paths(root.table("paths"), None if learn else fabric)
     brain = root.table("thresholds").dataclass(BrainConfig())
     timeseries = read_timeseries(root.table("timeseries"), base_dir)
-    if learn is not None and timeseries is not None:
-        raise ConfigError(f"{fab.source}: timeseries: needs a declared fabric ([fabric] shape "
-                          "keys or file): the recorder does not follow a learned fabric yet")  # fmt: skip
     metrics_listen = read_metrics(root.table("metrics"))
     api_tab = root.table("api")
     grants = read_grants(api_tab, fabric)

@@ -30,6 +30,7 @@ from contract.documents import EventDoc
 from contract.topics import Topics
 from controller.api.runtime import ApiRuntime
 from controller.brain import Brain
+from controller.brainlike import BrainLike
 from controller.clocksolve import timed_solve
 from controller.coalesce import ProbeQueue
 from controller.config import ServiceConfig
@@ -42,6 +43,7 @@ from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.timeseries.runtime import Observability
 from controller.topology import TopologyLearner, relearn_live
+from mesh.fabric import Fabric
 from mqttlink.reconnect import Backoff, reconnect_loop
 from mqttlink.settings import CredentialError, client_kwargs
 
@@ -92,6 +94,14 @@ def _ignore(_: object) -> None:
     return None
 
 
+def _ignore_fabric(_: Fabric, __: int) -> None:
+    return None
+
+
+def _same(brain: BrainLike) -> BrainLike:
+    return brain
+
+
 @dataclass(frozen=True)
 class Wiring:
     """What one connection's lifetime works with, built once by `run_service` and kept
@@ -100,7 +110,9 @@ class Wiring:
     (mutated), the components that are on (remediation, the API process, the probe queue)
     and the observers: ``on_solve`` (a clock solve's wall time, s), ``on_action`` (an audit
     record of the remediation policy), ``on_tick`` (the time of a tick whose events are out);
-    ``topology``: the learner of a learned fabric (None: the fabric is declared);
+    ``topology``: the learner of a learned fabric (None: the fabric is declared), with
+    ``on_fabric(fabric, now)`` called before a learned change is applied and ``tee`` wrapping
+    the new brain after it (the time series: `Observability.refabric` and `.brain`);
     ``events``: where each tick's findings come from (None: ``live``'s detection; the fleet
     solver's `FleetFeed` with ``[fleet]``, probe batches then come from NATS, not MQTT).
     """
@@ -118,21 +130,26 @@ class Wiring:
     on_action: Callable[[dict[str, object]], None] = _ignore
     on_tick: Callable[[int], None] = _ignore
     topology: TopologyLearner | None = None
+    on_fabric: Callable[[Fabric, int], None] = _ignore_fabric
+    tee: Callable[[BrainLike], BrainLike] = _same
     events: EventSource | None = None
 
 
 def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
     """With a learned fabric: learn it again when due and apply a change to the live state
     (`controller.topology.relearn_live`, with a fresh brain of the configured thresholds) and
-    to the remediation's leaf map, log a ``topology`` line (NICs, links, what changed, how it
+    to the remediation's leaf map and the time series (``on_fabric`` before, ``tee`` after),
+    log a ``topology`` line (NICs, links, what changed, how it
     compares with the plan, what could not be placed: `LOGGED` of each, and their counts);
     return the ``topology`` event (empty:
     no change)."""
     if w.topology is None:
         return []
-    done = relearn_live(w.live, w.topology, now_ns, lambda f: Brain(f, w.config.brain))
+    done = relearn_live(w.live, w.topology, now_ns, lambda f: Brain(f, w.config.brain),
+                        before=lambda f: w.on_fabric(f, now_ns))  # fmt: skip
     if done is None:
         return []
+    w.live.brain = w.tee(w.live.brain)
     change, event = done
     fab = change.learned.fabric
     if w.remediation is not None:
@@ -482,7 +499,7 @@ async def run_service(
         broker, config, live, clock, log, remediation=rem, api=api,
         queue=ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None,
         on_solve=obs.solve, on_action=on_action, on_tick=on_tick, topology=topology,
-        events=feed,
+        on_fabric=lambda f, t: obs.refabric(f, live, t), tee=obs.brain, events=feed,
     )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:

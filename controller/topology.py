@@ -193,15 +193,19 @@ def relearn_live(
     learner: TopologyLearner,
     now_ns: int,
     brain: Callable[[Fabric], BrainLike] | None = None,
+    before: Callable[[Fabric], object] | None = None,
 ) -> tuple[FabricChange, EventDoc] | None:
     """Learn the fabric again when due (`TopologyLearner.relearn`) and, when it changed,
-    replace ``live``'s by it (`LiveController.replace_fabric`, with ``brain(fabric)`` as its
-    detection, None: the default) and refill its path tables from the learner's paths.
-    Return the change and the ``topology`` event, or None."""
+    call ``before(fabric)`` (what must see ``live`` on the old fabric a last time: the time
+    series' open interval), replace ``live``'s by it (`LiveController.replace_fabric`, with
+    ``brain(fabric)`` as its detection, None: the default) and refill its path tables from
+    the learner's paths. Return the change and the ``topology`` event, or None."""
     change = learner.relearn(now_ns, live.fabric)
     if change is None:
         return None
     fab = change.learned.fabric
+    if before is not None:
+        before(fab)
     event = live.replace_fabric(
         fab, now_ns, brain=brain(fab) if brain is not None else None, note=change.note()
     )

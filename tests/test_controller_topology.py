@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import json
 import time
 from pathlib import Path
@@ -25,7 +26,10 @@ from controller.config import EMPTY_FABRIC, load_config
 from controller.dispatch import JsonLog, handle_message
 from controller.live import LiveController
 from controller.refabric import TOPOLOGY
-from controller.service import Broker, ServiceConfig, run_service
+from controller.service import Broker, ServiceConfig, Wiring, relearn, run_service
+from controller.timeseries.config import TimeseriesConfig
+from controller.timeseries.runtime import Observability
+from controller.timeseries.writer import WriterStats
 from controller.topology import LearnConfig, TopologyLearner, relearn_live
 from mesh.fabric import FabricShape, build_fabric
 from mesh.fabric.model import hop_direction, hop_link
@@ -185,6 +189,55 @@ def test_a_host_added_live_is_one_topology_event_and_detection_goes_on() -> None
     assert not {e for e in found if e[0] == "prober_down"}
 
 
+async def test_the_services_relearn_hands_the_time_series_the_new_fabric() -> None:
+    """`controller.service.relearn` with time series on: the interval open at a learned
+    change is written on the old fabric, the recorder follows the new one and the new brain
+    is tapped, so its probes are counted on the new fabric's links (host5 added at 6 s)."""
+    t = learner()
+    for host, d in DOCS.items():
+        if host != "host5":
+            t.neighbors(host, d)
+    config = ServiceConfig(fabric=EMPTY_FABRIC, learn=t.config,
+                           timeseries=TimeseriesConfig("http://127.0.0.1:1", interval_s=5.0))  # fmt: skip
+    bodies: list[tuple[int, bytes]] = []
+    now = EPOCH_NS
+
+    class Writer:
+        @staticmethod
+        def offer(body: bytes) -> None:
+            bodies.append((now, body))
+
+    obs = Observability(EMPTY_FABRIC, config.timeseries, None, writer=Writer())  # type: ignore[arg-type]
+    live = LiveController(EMPTY_FABRIC, owners=t.owners)
+    live.use_model_paths(False)
+    live.brain = obs.brain(live.brain)
+    w = Wiring(Broker("127.0.0.1", 1, Topics()), config, live, lambda: now, JsonLog(io.StringIO()),
+               topology=t, on_fabric=lambda f, at: obs.refabric(f, live, at), tee=obs.brain)  # fmt: skip
+    sim = Simulator(PLAN, SimConfig(model=ModelKnobs.ideal_model(), seed=4, peers=8))
+    seen: set[tuple[str, str, int]] = set()
+    for st in sim.run(12.0, 0.5):
+        now = EPOCH_NS + int(st.t1_s * 1e9)
+        for host, paths in _traced(st, seen).items():
+            t.paths(host, paths, now)
+        if st.t1_s == 6.0:
+            assert t.neighbors("host5", DOCS["host5"]) is None
+        relearn(w, now)
+        live.admit(st.batch, now)
+        live.tick(now)
+        assert obs.timeseries is not None
+        await obs.timeseries.step(live, now)
+
+    def links(body: bytes, probed: bool = False) -> set[str]:
+        return {ln.split("link=")[1].split(",")[0] for ln in body.decode().splitlines()
+                if ln.startswith("qpmesh_link,") and not (probed and ",probes=0i" in ln)}  # fmt: skip
+
+    at_s = [round((at - EPOCH_NS) / 1e9, 1) for at, _ in bodies]
+    # opened at the first step (0.5 s), due 5 s later; the old fabric's last one at the
+    # change (6.0 s, forced), then the new recorder's first 5 s after it
+    assert at_s[:3] == [5.5, 6.0, 11.0]
+    assert {"leaf2-spine0", "leaf2-spine1"} <= links(bodies[-1][1], probed=True)  # new brain
+
+
 def test_a_recabled_nic_is_one_topology_event_and_detection_goes_on() -> None:
     moved = NeighborsDoc("host4", 0, (NicNeighbors("nic4", "nic4", "10.0.2.1",
                                                    (LldpNeighbor("leaf1"),)),))  # fmt: skip
@@ -288,8 +341,9 @@ async def test_the_service_learns_through_the_broker(
     mosquitto: tuple[str, int], tmp_path: Path
 ) -> None:
     """Retained neighbours documents, traced paths and probe batches in; a ``topology`` event
-    that matches the plan out on ``events/topology``, the log's ``topology`` line, and no
-    batch refused (their origins are judged by what each host claimed)."""
+    that matches the plan out on ``events/topology``, the log's ``topology`` line, no
+    batch refused (their origins are judged by what each host claimed), and time series
+    that follow the learned fabric (its NICs in the intervals after the change)."""
     host, port = mosquitto
     topics = Topics("qpmesh/test")
     import aiomqtt
@@ -305,9 +359,23 @@ async def test_the_service_learns_through_the_broker(
     log_path = tmp_path / "log.jsonl"
     log_file = log_path.open("w")
     config = ServiceConfig(fabric=EMPTY_FABRIC, tick_s=0.1,
-                           learn=LearnConfig(plan=PLAN, names=SPINES, relearn_ns=0))  # fmt: skip
+                           learn=LearnConfig(plan=PLAN, names=SPINES, relearn_ns=0),
+                           timeseries=TimeseriesConfig("http://127.0.0.1:1", interval_s=0.2))  # fmt: skip
+    bodies: list[bytes] = []
+
+    class Writer:  # keeps what the recorder writes (a real server: tests/test_timeseries_vm.py)
+        offer = staticmethod(bodies.append)
+
+        def stats(self) -> WriterStats:
+            return WriterStats(0, 0, 1, 0, 0, 0, 0, 0, "")
+
+        def close(self, timeout_s: float) -> None:
+            pass
+
+    obs = Observability(EMPTY_FABRIC, config.timeseries, None, writer=Writer())  # type: ignore[arg-type]
     svc = asyncio.create_task(run_service(Broker(host, port, topics), config,
-                                          log=JsonLog(log_file), clock=clock))  # fmt: skip
+                                          log=JsonLog(log_file), clock=clock,
+                                          observability=obs))  # fmt: skip
     sim = Simulator(PLAN, SimConfig(model=ModelKnobs.ideal_model(), seed=2, peers=4))
     try:
         async with aiomqtt.Client(host, port) as client:
@@ -334,6 +402,18 @@ async def test_the_service_learns_through_the_broker(
 
             ev = await asyncio.wait_for(topology(), 20)
             assert ev.target == "fabric"
+
+            def link_series() -> set[str]:  # NIC points need presence, which is not sent here
+                return {ln.split("link=")[1].split(",")[0] for b in bodies
+                        for ln in b.decode().splitlines() if ln.startswith("qpmesh_link,")}  # fmt: skip
+
+            for _ in range(200):  # an interval after the change
+                if link_series():
+                    break
+                await asyncio.sleep(0.05)
+            spine_links = {lk.id for lk in PLAN.links if lk.upper.startswith("spine")}
+            assert len(spine_links) == 6
+            assert spine_links <= link_series() <= {lk.id for lk in PLAN.links}  # none before
     finally:
         svc.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -429,3 +429,46 @@ def _snap(fab, t):  # type: ignore[no-untyped-def]
                         snap.worst_out_ns, snap.owd_src, snap.owd_dst, snap.owd_ns,
                         snap.clock_offset_ns, snap.clock_uncertainty_ns,
                         link_health={lk.id: Health.UP for lk in fab.links})  # fmt: skip
+
+
+async def test_the_time_series_follow_a_learned_fabric_that_changes() -> None:
+    """A learned fabric that changes under a running controller (a host added): the open
+    interval is written as it was, on the old fabric, and the next ones name the new
+    fabric's NICs and go on observing (issue 30: time series with a learned fabric)."""
+    from controller.live import LiveController
+    from controller.timeseries.config import TimeseriesConfig
+    from controller.timeseries.runtime import TimeseriesRuntime
+
+    old = _fabric()  # 4 NICs
+    new = build_fabric(FabricShape(leaves=2, hosts_per_leaf=3, nics_per_host=1, spines=2))
+    bodies: list[bytes] = []
+
+    class Writer:  # what the runtime needs of its TsdbWriter here
+        offer = staticmethod(bodies.append)
+
+    cfg = TimeseriesConfig(url="http://127.0.0.1:1", interval_s=10.0)
+    rt = TimeseriesRuntime(old, cfg, writer=Writer())  # type: ignore[arg-type]
+    live = LiveController(old)
+    live.brain = rt.brain(live.brain)
+    for h in new.hosts:  # the probers of every host, the one added too (NIC points need them)
+        live.presence(h.id, True, 0)
+    s = 1_000_000_000
+    assert await rt.step(live, 0) == 0  # opens the first interval
+    live.brain.tap(_obs(old, [0, 1], [2, 3], [1e3, 1e3]))
+    rt.refabric(new, live, 3 * s)  # 3 s into the interval: written now, on the old fabric
+    assert len(bodies) == 1
+    first = {ln.split("nic=")[1].split(",")[0] for ln in bodies[0].decode().splitlines()
+             if ln.startswith("qpmesh_nic,")}  # fmt: skip
+    assert first == {n.id for n in old.nics}
+    live.replace_fabric(new, 3 * s)
+    live.brain = rt.brain(live.brain)
+    live.brain.tap(_obs(new, [0, 4], [5, 1], [1e3, 1e3]))  # the new brain's tap feeds it
+    assert await rt.step(live, 12 * s) == 0  # the new interval started at the change
+    assert await rt.step(live, 13 * s) > 0
+    lines = bodies[1].decode().splitlines()
+    nics = {ln.split("nic=")[1].split(",")[0] for ln in lines if ln.startswith("qpmesh_nic,")}
+    assert nics == {n.id for n in new.nics} and len(nics) == 6
+    probed = [ln for ln in lines if ln.startswith("qpmesh_link,") and ",probes=" in ln
+              and ",probes=0i" not in ln]  # fmt: skip
+    assert probed  # what the new brain observed is in the new fabric's interval
+    assert rt.recorder.intervals == 2

@@ -73,6 +73,10 @@ class TimeseriesRecorder:
     ) -> None:
         if interval_ns <= 0:
             raise ValueError("interval must be > 0")
+        self._settings: dict[str, Any] = dict(
+            interval_ns=interval_ns, gone_after_ns=gone_after_ns, max_samples=max_samples,
+            pairs=pairs, path_detail=path_detail, shift_ns=shift_ns,
+        )  # fmt: skip
         self.fabric = fabric
         self.sink = sink
         self.interval_ns = interval_ns
@@ -88,6 +92,17 @@ class TimeseriesRecorder:
         self._fold: tuple[int, F64] | None = None
         self.intervals = 0
         self.bytes_out = 0
+
+    def successor(self, fabric: Fabric, now_ns: int) -> TimeseriesRecorder:
+        """Return a recorder of ``fabric`` (a fabric replaced under a running controller) with
+        this one's sink, settings and counters, its first interval starting at ``now_ns``.
+        Close this one's open interval first (`begin` with ``force``): its points are of the
+        old fabric."""
+        new = TimeseriesRecorder(fabric, self.sink, **self._settings)
+        new.intervals, new.bytes_out = self.intervals, self.bytes_out
+        new._last = now_ns
+        new.stats.cut(now_ns)
+        return new
 
     def tee(self, brain: BrainLike) -> BrainLike:
         """Return ``brain`` wrapped (`controller.brainlike.TeeBrain`) so that this recorder
@@ -123,9 +138,15 @@ class TimeseriesRecorder:
         return self._last is not None and now_ns - self._last >= self.interval_ns
 
     def begin(
-        self, now_ns: int, snapshot: Callable[[], MeshSnapshot], alive: Mapping[str, bool]
+        self,
+        now_ns: int,
+        snapshot: Callable[[], MeshSnapshot],
+        alive: Mapping[str, bool],
+        *,
+        force: bool = False,
     ) -> Callable[[], bytes] | None:
-        """Close the interval if due and return a job that renders it (None when not due).
+        """Close the interval if due (or ``force``: now, however short) and return a job that
+        renders it (None when not due).
 
         The cut and the snapshot happen here (cheap, on the caller's thread); the job does the
         sorting and formatting and may run in a worker thread while ingest goes on. Run jobs
@@ -137,7 +158,7 @@ class TimeseriesRecorder:
             self.stats.cut(now_ns)
             self.worst.take()
             return None
-        if now_ns - self._last < self.interval_ns:
+        if now_ns - self._last < self.interval_ns and not (force and now_ns > self._last):
             return None
         self._last = now_ns
         raw = self.stats.cut(now_ns)

@@ -11,7 +11,8 @@ loop and rendered, compressed and queued in a worker thread, so ingest never wai
 
 `Observability(fabric, timeseries, metrics_listen, log)` is what the service shell wires in:
 ``async with`` it (starts the metrics server), wrap the brain with `brain`, run
-`run(live, counters, tick_s, clock)` as a task and time clock solves with `solve`.
+`run(live, counters, tick_s, clock)` as a task and time clock solves with `solve`; before a
+learned fabric changes under the controller, `refabric`, then wrap the new brain again.
 """
 
 from __future__ import annotations
@@ -83,6 +84,18 @@ class TimeseriesRuntime:
             return 0
         rec = self.recorder
         return await asyncio.to_thread(lambda: rec.finish(job()))
+
+    def refabric(self, fabric: Fabric, live: LiveLike, now_ns: int) -> int:
+        """Before ``live`` changes to ``fabric`` (a learned fabric that changed): write its
+        open interval now, of the old fabric, and go on with a recorder of ``fabric``; return
+        the bytes queued. The new brain is then wrapped with `brain` (the old tee feeds the
+        old recorder)."""
+        rec, size = self.recorder, 0
+        job = rec.begin(now_ns, live.snapshot, live.alive, force=True)
+        if job is not None:
+            size = rec.finish(job())
+        self.recorder = rec.successor(fabric, now_ns)
+        return size
 
     async def run(self, live: LiveLike, tick_s: float, clock: Callable[[], int]) -> None:
         """Step every ``tick_s`` until cancelled."""
@@ -187,6 +200,12 @@ class Observability:
     def brain(self, brain: BrainLike) -> BrainLike:
         """Return ``brain``, wrapped for the time series when they are on."""
         return self.timeseries.brain(brain) if self.timeseries else brain
+
+    def refabric(self, fabric: Fabric, live: LiveLike, now_ns: int) -> None:
+        """Before ``live`` changes to ``fabric``: the time series (when on) close the old
+        fabric's interval and follow the new one (`TimeseriesRuntime.refabric`)."""
+        if self.timeseries is not None:
+            self.timeseries.refabric(fabric, live, now_ns)
 
     async def __aenter__(self) -> Observability:
         if self.metrics_listen:
