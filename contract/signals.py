@@ -275,7 +275,7 @@ CATALOGUE: tuple[Signal, ...] = (
         "procfs",
         "CPU share in user mode",
         bad="none",
-        scale=0.02,
+        scale=0.05,
         log=False,
     ),
     _c(
@@ -285,7 +285,7 @@ CATALOGUE: tuple[Signal, ...] = (
         "procfs",
         "CPU share in the kernel",
         bad="none",
-        scale=0.02,
+        scale=0.05,
         log=False,
     ),
     _c(
@@ -294,17 +294,17 @@ CATALOGUE: tuple[Signal, ...] = (
         "fraction",
         "procfs",
         "CPU share idle waiting for I/O",
-        scale=0.02,
+        scale=0.05,
         log=False,
     ),
-    _c("cpu_irq", H, "fraction", "procfs", "CPU share in hard interrupts", scale=0.02, log=False),
+    _c("cpu_irq", H, "fraction", "procfs", "CPU share in hard interrupts", scale=0.05, log=False),
     _c(
         "cpu_softirq",
         H,
         "fraction",
         "procfs",
         "CPU share in soft interrupts",
-        scale=0.02,
+        scale=0.05,
         log=False,
     ),
     _c(
@@ -313,7 +313,7 @@ CATALOGUE: tuple[Signal, ...] = (
         "fraction",
         "procfs",
         "CPU share stolen by the hypervisor",
-        scale=0.02,
+        scale=0.05,
         log=False,
     ),
     _g(
@@ -322,7 +322,7 @@ CATALOGUE: tuple[Signal, ...] = (
         "tasks/CPU",
         "procfs",
         "runnable tasks per CPU (procs_running)",
-        scale=0.25,
+        scale=0.5,
     ),
     _g("procs_blocked", H, "tasks", "procfs", "tasks blocked on I/O", scale=2.0),
     _g("load1", H, "tasks", "procfs", "1-minute load average", bad="none", scale=1.0),
@@ -333,7 +333,7 @@ CATALOGUE: tuple[Signal, ...] = (
         "fraction",
         "procfs",
         "time some task waited for a CPU",
-        scale=0.02,
+        scale=0.05,
         log=False,
     ),
     _c(
@@ -342,7 +342,7 @@ CATALOGUE: tuple[Signal, ...] = (
         "fraction",
         "procfs",
         "time some task stalled on memory",
-        scale=0.02,
+        scale=0.05,
         log=False,
     ),
     _c(
@@ -351,7 +351,7 @@ CATALOGUE: tuple[Signal, ...] = (
         "fraction",
         "procfs",
         "time all tasks stalled on memory",
-        scale=0.02,
+        scale=0.05,
         log=False,
     ),
     _c(
@@ -360,7 +360,7 @@ CATALOGUE: tuple[Signal, ...] = (
         "fraction",
         "procfs",
         "time some task stalled on I/O",
-        scale=0.02,
+        scale=0.05,
         log=False,
     ),
     _c(
@@ -369,11 +369,11 @@ CATALOGUE: tuple[Signal, ...] = (
         "fraction",
         "procfs",
         "time all tasks stalled on I/O",
-        scale=0.02,
+        scale=0.05,
         log=False,
     ),
     _c("softnet_dropped", H, "packets/s", "procfs", "packets dropped: backlog full"),
-    _c("softnet_squeezed", H, "events/s", "procfs", "NET_RX ran out of budget or time", scale=10.0),
+    _c("softnet_squeezed", H, "events/s", "procfs", "NET_RX ran out of budget or time", scale=50.0),
     _g("mem_available", H, "fraction", "procfs", "MemAvailable / MemTotal", bad="down", scale=0.05),
 )
 
