@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
+from contract.signals import CATALOGUE
+
 ROLES = ("root", "victim_pfc", "congestion_rx", "congestion_tx", "loss", "symptom")
 
 # root classes, strongest explanation first
@@ -100,3 +102,9 @@ def root_class(signals: Iterable[str]) -> str | None:
 def roles(signals: Iterable[str]) -> set[str]:
     """Return the roles present among ``signals``."""
     return {role_of(s)[0] for s in signals}
+
+
+# scored catalogue signals the table forgot (a test keeps this empty)
+UNMAPPED: tuple[str, ...] = tuple(
+    s.name for s in CATALOGUE if s.bad != "none" and s.name not in SIGNAL_ROLE
+)

@@ -28,7 +28,7 @@ slows and by how much.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -413,17 +413,19 @@ def background_findings(w_: World, w: int) -> list[EventDoc]:
     return [EventDoc(w_.t_ns(w), "contention", f"{lk.lower}->{lk.upper}")]
 
 
-def draw_causes(w_: World, n: int, start: int, windows: int) -> list[Cause]:
-    """Return ``n`` causes, kinds in turn from `KINDS` (a random order), starting after
+def draw_causes(
+    w_: World, n: int, start: int, windows: int, kinds: Sequence[str] = KINDS
+) -> list[Cause]:
+    """Return ``n`` causes, kinds in turn from ``kinds`` (a random order), starting after
     window ``start``. A cause on a busy host strikes a job that has run for at least 10
     minutes and runs past the cause's end; no two causes overlap in time on hosts of one job
     (each slowed job has one true cause at a time)."""
     rng = w_.rng
-    kinds = [KINDS[i % len(KINDS)] for i in rng.permutation(max(n, len(KINDS)))][:n]
+    order = [kinds[i % len(kinds)] for i in rng.permutation(max(n, len(kinds)))][:n]
     out: list[Cause] = []
     busy: list[tuple[int, int, set[int]]] = []
     dt = w_.window_s
-    for kind in kinds:
+    for kind in order:
         for _ in range(100):
             dur = int(rng.uniform(600, 1800) / dt)
             params: dict[str, float] = {}
