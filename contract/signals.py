@@ -7,7 +7,8 @@ one spelling, unit and meaning. A `Signal` says:
 - ``name`` (the wire name), ``entity`` (``host``, ``nic`` or ``gpu``: what it describes),
   ``kind`` (``counter``: cumulative, published as a per-second rate over the window;
   ``gauge``: a level, published as read), ``unit`` (of the published value), ``source``
-  (where a prober reads it: ``netdev``, ``ethtool``, ``rdma``, ``aer``, ``nvml``, ``procfs``);
+  (where a prober reads it: ``netdev``, ``ethtool``, ``qdisc``, ``rdma``, ``aer``, ``nvml``,
+  ``procfs``);
 - ``width`` (bits of a counter as the device keeps it: 32-bit counters wrap, or saturate when
   ``saturates``: the InfiniBand PMA counters stop at their maximum);
 - what the detector does with it: ``bad`` (the direction that means trouble: ``up``, ``down``,
@@ -92,7 +93,7 @@ def _c(name: str, ent: Entity, unit: str, source: str, help: str, **kw: Any) -> 
 
 
 def _g(name: str, ent: Entity, unit: str, source: str, help: str, **kw: Any) -> Signal:
-    return Signal(name, ent, Kind.GAUGE, unit, source, help, log=False, **kw)
+    return Signal(name, ent, Kind.GAUGE, unit, source, help, **{"log": False, **kw})
 
 
 H, N, G = Entity.HOST, Entity.NIC, Entity.GPU
@@ -110,6 +111,10 @@ CATALOGUE: tuple[Signal, ...] = (
     _c("tx_errors", N, "packets/s", "netdev", "transmit errors (all kinds)"),
     _g("mtu", N, "bytes", "netdev", "interface MTU", bad="both", config=True),
     _g("link_up", N, "0/1", "ethtool", "link detected (ETHTOOL_GLINK)", bad="down", scale=0.5),
+    # ---- NIC: the root qdisc (rtnetlink): the kernel's egress queue (not RDMA's) ------------
+    _c("tx_qdisc_drops", N, "packets/s", "qdisc", "packets the egress qdisc dropped"),
+    _c("tx_qdisc_overlimits", N, "events/s", "qdisc", "egress over its rate", bad="none"),
+    _g("tx_qdisc_backlog", N, "bytes", "qdisc", "bytes queued for egress", scale=1e5, log=True),
     # ---- NIC: Ethernet counters by name (ETHTOOL_GSTRINGS / GSTATS; names vary by driver) ---
     _c("pause_rx", N, "frames/s", "ethtool", "link-level pause frames received", scale=100.0),
     _c("pause_tx", N, "frames/s", "ethtool", "link-level pause frames sent", scale=100.0),

@@ -94,8 +94,12 @@ CASES = [
     ("an MTU unlike its peers'", [an("nic4", ("mtu", 1500)), an("nic5", ("mtu", 1500))], [], [],
      "mtu_config", "host2"),
     ("the whole job's NICs see pauses, the source is a neighbour",
-     [an("nic3", ("pfc_tx_p3", 1e5))], [], [Contributor("pfc_rx_p3", 8.0, 3e4, 40.0, None)],
+     [an("nic3", ("pfc_tx_p3", 1e5))], [], {"": [Contributor("pfc_rx_p3", 8.0, 3e4, 40.0, None)]},
      "pfc_storm", "nic3"),
+    ("the job's NICs under leaf1 see marks, its others do not",
+     [], [], {"leaf1": [Contributor("ecn_marked", 8.0, 3e5, 300.0, None)]}, "cnp_storm", "leaf1"),
+    ("all the job's NICs, under two leaves, see marks: which leaf is not known",
+     [], [], {"": [Contributor("ecn_marked", 8.0, 3e5, 300.0, None)]}, "unknown", ""),
     ("throughput alone is a symptom", [an("nic0", ("rdma_tx_bytes", 1e8)),
                                        an("host0.gpu0", ("gpu_util", 30))], [], [], "unknown", ""),
     ("a weak anomaly is not enough", [an("host0", ("psi_io_some", 0.2), score=4.0)], [], [],
@@ -109,11 +113,12 @@ def test_the_walk_names_the_cause(
     name: str,
     anomalies: list[Anomaly],
     findings: list[EventDoc],
-    moved: list[Contributor],
+    moved: dict[str, list[Contributor]] | list[Contributor],
     cause: str,
     target: str,
 ) -> None:
-    rc = explain(GRAPH, 2.4, {a.entity: a for a in anomalies}, findings, NOW, job=JOB, moved=moved)
+    moves = moved if isinstance(moved, dict) else None  # [] in the table: no moves
+    rc = explain(GRAPH, 2.4, {a.entity: a for a in anomalies}, findings, NOW, job=JOB, moved=moves)
     assert (rc.cause, rc.target) == (cause, target), rc.text
     assert rc.text.startswith("step time 2.4x; ")
     assert rc.event(NOW).kind == "root_cause"

@@ -6,15 +6,18 @@ entity is put on its comparison scale: y = log2(1 + value / scale) for signals t
 decades (``log``), value / scale for the others. One unit of y is the catalogue's
 resolution, so 1 is also the smallest spread a comparison divides by.
 
-1. **Own normal.** Per entity and signal an exponentially weighted, winsorized mean (the
-   normal ``b``) and mean absolute deviation (``s``) of y: each window moves ``b`` by
-   ``alpha`` (from ``half_life`` windows) of the difference, clipped to ``clip`` spreads, so
-   a burst cannot drag the normal; windows in which the entity scores as anomalous, and
-   signals its whole group moved (step 4), do not update it, so a lasting fault is not
-   learned as normal. The default half-life, 360 windows, is an hour of 10 s windows. ``d = y - b`` is the change from
-   the entity's own normal; ``z_self = d / max(1.25 s, 1)`` (1.25 s ~ one standard deviation
-   for normal noise). The normal counts after ``warmup`` windows; it restarts when the
-   entity changes peer group (a new job is a new normal).
+1. **Own normal.** Per entity and signal an exponentially weighted, winsorized mean of y
+   (the normal ``b``) and the weighted mean deviations above and below it (``s+``, ``s-``):
+   each window moves ``b`` by ``alpha`` (from ``half_life`` windows) of the difference,
+   clipped to ``clip`` spreads, so a burst cannot drag the normal; windows in which the
+   entity scores as anomalous, and signals its whole group moved (step 4), do not update
+   it, so a lasting fault is not learned as normal. The default half-life, 360 windows, is
+   an hour of 10 s windows. ``d = y - b`` is the change from the entity's own normal;
+   ``z_self = d / max(2.5 s+, 1)`` for a rise and ``d / max(2.5 s-, 1)`` for a fall (2.5 s+
+   ~ one standard deviation for symmetric noise): a signal that often *drops* (pauses in a
+   job's evaluation phase) keeps a tight bound on how far it *rises*. The normal counts
+   after ``warmup`` windows; it restarts when the entity changes peer group (a new job is a
+   new normal).
 2. **Peers.** Entities of one peer group (the hosts of one job, else of one leaf: they do the
    same work) should change together: ``z_peer = (d - median(d)) / max(1.4826 MAD(d), 1)``
    over the group's entities with a normal (at least ``min_peers``). A job's phase change
@@ -212,7 +215,8 @@ class AnomalyDetector:
         self._row: dict[str, int] = {}
         n_s = len(sigs)
         self._base = np.zeros((0, n_s))
-        self._dev = np.zeros((0, n_s))
+        self._up = np.zeros((0, n_s))  # semi-deviations: above and below the normal
+        self._dn = np.zeros((0, n_s))
         self._n = np.zeros((0, n_s), np.int64)
         self._group: list[str] = []
         self._streak = np.zeros(0, np.int64)
@@ -241,7 +245,8 @@ class AnomalyDetector:
                 self._row[e] = len(self._row)
                 self._group.append("\0")
             self._base = np.vstack([self._base, np.zeros((k, n_s))])
-            self._dev = np.vstack([self._dev, np.zeros((k, n_s))])
+            self._up = np.vstack([self._up, np.zeros((k, n_s))])
+            self._dn = np.vstack([self._dn, np.zeros((k, n_s))])
             self._n = np.vstack([self._n, np.zeros((k, n_s), np.int64)])
             self._streak = np.concatenate([self._streak, np.zeros(k, np.int64)])
             self._quiet = np.concatenate([self._quiet, np.zeros(k, np.int64)])
@@ -260,11 +265,14 @@ class AnomalyDetector:
         groups: Sequence[str],
         t_ns: int,
         shifted: Collection[str] = (),
+        sites: Sequence[str] | None = None,
     ) -> WindowResult:
         """Score one window: ``frame`` of this detector's kind with the catalogue's signals as
         columns, ``groups[i]`` the peer group of ``frame.entities[i]`` ("" = none).
         ``shifted``: groups another kind saw change as a whole this window (a job's phase):
         their members without enough peers are not scored against their own normal alone.
+        ``sites[i]`` (optional): where entity ``i`` sits (its leaf); whole-group moves are
+        then also reported per group and site, as ``"<group>@<site>"``.
 
         Raises ValueError when the frame's kind, columns or group count do not match."""
         if frame.kind != self.kind or frame.signals != self.signals:
@@ -281,10 +289,12 @@ class AnomalyDetector:
         code = {g: k for k, g in enumerate(names)}
         labels = np.array([code.get(g, -1) for g in groups], np.int64)
         y = self.transform(frame.values)
-        base, dev, n = self._base[rows], self._dev[rows], self._n[rows]
+        base, n = self._base[rows], self._n[rows]
+        dev_up, dev_dn = self._up[rows], self._dn[rows]
         warm = n >= cfg.warmup
         d = np.where(warm, y - base, np.nan)
-        z_self = d / np.maximum(1.25 * dev, 1.0)
+        # a rise is judged by how far the entity usually rises, a fall by how far it falls
+        z_self = d / np.maximum(2.5 * np.where(d >= 0, dev_up, dev_dn), 1.0)
         z_pd, med_d = _peer_z(d, labels, cfg.min_peers)
         z_py, med_y = _peer_z(y, labels, cfg.min_peers)
         scored = self._dir != 0
@@ -298,7 +308,14 @@ class AnomalyDetector:
             return np.nan_to_num(np.maximum(up, 0.0), nan=0.0)
 
         s_self, s_pd, s_py = directed(z_self), directed(z_pd), directed(z_py)
-        moves = self._group_moves(frame, labels, names, s_self, base, warm)
+        subsets = [(g, labels == k) for k, g in enumerate(names)]
+        if sites is not None:
+            if len(sites) != len(groups):
+                raise ValueError("one site per entity")
+            pairs = sorted({(g, st) for g, st in zip(groups, sites, strict=True) if g and st})
+            subsets += [(f"{g}@{st}", np.array([a == g and b == st for a, b in zip(groups, sites, strict=True)]))
+                        for g, st in pairs]  # fmt: skip
+        moves = self._group_moves(frame, subsets, s_self, base, warm)
         solo = np.where(solo_ok, s_self, 0.0)
         warm_score = np.where(np.isnan(z_pd), solo, np.minimum(s_self, s_pd))
         score = np.where(self._config, s_py, np.where(warm, warm_score, 0.0))
@@ -316,20 +333,17 @@ class AnomalyDetector:
         # the own normal learns from windows that were not anomalous
         learn = ~(over | self._active[rows])[:, None] & ~np.isnan(y)
         col = {n: j for j, n in enumerate(self.signals)}
+        member = dict(subsets)
         for g, tops in moves.items():  # what a whole group moved is not learned either
-            learn[np.ix_(labels == code[g], [col[c.signal] for c in tops])] = False
+            learn[np.ix_(member[g], [col[c.signal] for c in tops])] = False
         a = cfg.alpha
         first = learn & (n == 0)
-        spread = np.maximum(1.25 * dev, 1.0)
-        lim = cfg.clip * spread
-        r_ = np.nan_to_num(y - base)
-        step = np.clip(r_, -lim, lim)
-        new_base = np.where(first, y, np.where(learn, base + a * step, base))
-        new_dev = np.where(
-            first, 0.0, np.where(learn, dev + a * (np.minimum(np.abs(r_), lim) - dev), dev)
-        )
-        self._base[rows] = new_base
-        self._dev[rows] = new_dev
+        lim = cfg.clip * np.maximum(1.25 * (dev_up + dev_dn), 1.0)
+        r_ = np.clip(np.nan_to_num(y - base), -lim, lim)
+        self._base[rows] = np.where(first, y, np.where(learn, base + a * r_, base))
+        for arr, part in ((self._up, np.maximum(r_, 0.0)), (self._dn, np.maximum(-r_, 0.0))):
+            old = arr[rows]
+            arr[rows] = np.where(first, 0.0, np.where(learn, old + a * (part - old), old))
         self._n[rows] = n + learn
         out_active, new = [], []
         for k in np.flatnonzero(self._active[rows]).tolist():
@@ -343,8 +357,7 @@ class AnomalyDetector:
     def _group_moves(
         self,
         frame: SignalFrame,
-        labels: npt.NDArray[np.int64],
-        names: Sequence[str],
+        subsets: Sequence[tuple[str, npt.NDArray[np.bool_]]],
         s_self: Array,
         base: Array,
         warm: npt.NDArray[np.bool_],
@@ -355,8 +368,8 @@ class AnomalyDetector:
         cfg = self.cfg
         out: dict[str, tuple[Contributor, ...]] = {}
         scored = np.flatnonzero((self._dir != 0) & ~self._config)
-        for g, name in enumerate(names):
-            idx = np.flatnonzero(labels == g)
+        for name, mask in subsets:
+            idx = np.flatnonzero(mask)
             w = warm[idx][:, scored]
             if len(idx) < cfg.min_peers:
                 continue

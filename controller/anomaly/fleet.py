@@ -41,10 +41,11 @@ class FleetDetector:
         frames: Mapping[Entity, SignalFrame],
         groups: Mapping[Entity, Sequence[str]],
         t_ns: int,
+        sites: Mapping[Entity, Sequence[str]] | None = None,
     ) -> FleetResult:
         """Score one window of every kind present in ``frames`` (``groups[kind][i]``: the
-        peer group of ``frames[kind].entities[i]``). Raises ValueError like
-        `AnomalyDetector.step`."""
+        peer group of ``frames[kind].entities[i]``; ``sites``: where each sits, its leaf, for
+        moves per group and leaf). Raises ValueError like `AnomalyDetector.step`."""
         shifted: set[str] = set()
         new: list[Anomaly] = []
         active: dict[str, Anomaly] = {}
@@ -53,7 +54,8 @@ class FleetDetector:
             frame = frames.get(kind)
             if frame is None:
                 continue
-            res = self.detectors[kind].step(frame, groups[kind], t_ns, shifted)
+            where = None if sites is None else sites[kind]
+            res = self.detectors[kind].step(frame, groups[kind], t_ns, shifted, where)
             shifted |= {g for g, s in res.shifts.items() if s >= self.cfg.threshold / 2}
             new += res.new
             active.update({a.entity: a for a in res.active})

@@ -146,11 +146,12 @@ def explain(
     now_ns: int,
     cfg: ChainConfig | None = None,
     job: Job | None = None,
-    moved: Sequence[Contributor] = (),
+    moved: Mapping[str, Sequence[Contributor]] | None = None,
 ) -> RootCause:
     """Return the most likely cause of ``graph``'s job running ``slowdown`` times its
     baseline, from the entities in an anomaly episode (by entity id), the signals the job's
-    entities moved together (``moved``: the detector's group moves of the job) and the
+    entities moved together (``moved``: the detector's moves of the job's group, under the
+    key "" for all its entities and under a leaf's id for those under that leaf) and the
     mesh's findings (see the module docstring). ``job`` (the registry's) lets the walk tell
     the ring's queue pairs from the job's others."""
     cfg = cfg or ChainConfig()
@@ -177,7 +178,8 @@ def explain(
         _pause_source(w, ent, a, contended)
     for leaf, nics in congested.items():
         _congestion(w, leaf, nics, contended)
-    _group(w, moved, contended)
+    for where, cs in (moved or {}).items():
+        _group(w, where, cs, contended)
     for (cls, tgt), h in list(w.hyps.items()):  # FEC rising, then the flap: one cause
         if cls == "link_degraded" and ("link_flap", tgt) in w.hyps:
             w.add("link_flap", tgt, h.score, "before it: " + "; ".join(h.evidence[:1]))
@@ -314,11 +316,14 @@ def _congested_at(w: _Walk, leaves: Sequence[str], told: str, weight: float, key
               key=key)  # fmt: skip
 
 
-def _group(w: _Walk, moved: Sequence[Contributor], contended: Mapping[str, str]) -> None:
-    """The signals every NIC of the job moved together (peers cancel them): pauses point at
-    the job's leaves' pause sources, ECN marks at its leaves' congestion."""
+def _group(
+    w: _Walk, where: str, moved: Sequence[Contributor], contended: Mapping[str, str]
+) -> None:
+    """The signals the job's NICs (``where`` "": all of them; a leaf: those under it) moved
+    together (peers cancel them): pauses point at that leaf's pause sources, ECN marks at
+    its congestion."""
     g = w.g
-    leaves = sorted({g.nic_leaf[n] for n in g.rank_of_nic})
+    leaves = [where] if where else sorted({g.nic_leaf[n] for n in g.rank_of_nic})
     thr = w.cfg.threshold
     for role, fn in (("victim_pfc", _pause_from), ("congestion_rx", _congested_at)):
         cs = [c for c in moved if role_of(c.signal)[0] == role]
@@ -326,7 +331,7 @@ def _group(w: _Walk, moved: Sequence[Contributor], contended: Mapping[str, str])
             continue
         weight = min(max(c.score for c in cs) / (thr / 2), 3.0)  # moves count from thr / 2
         what = ", ".join(c.text() for c in cs[:2])
-        told = f"all the job's NICs (under {', '.join(leaves)}) moved together: {what}"
+        told = f"the job's NICs under {', '.join(leaves)} moved together: {what}"
         if fn is _pause_from:
             _pause_from(w, leaves, told, weight / 0.8, f"group:{role}", contended)
         else:

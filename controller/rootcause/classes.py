@@ -72,7 +72,8 @@ def _table() -> dict[str, tuple[str, str]]:
         "implied_nak_seq_err", "duplicate_request", "rdma_retry_exceeded", "rnr_nak_retry",
         "rdma_xmit_discards")  # fmt: skip
     put("", "symptom", "rx_bytes", "tx_bytes", "rdma_rx_bytes", "rdma_tx_bytes", "rx_dropped",
-        "tx_dropped", "tx_errors", "tx_discards_phy", "gpu_util")  # fmt: skip
+        "tx_dropped", "tx_errors", "tx_discards_phy", "gpu_util", "tx_qdisc_drops",
+        "tx_qdisc_backlog")  # fmt: skip
     put("gpu_throttle", "root", "temperature_c", "throttle_thermal", "throttle_hw",
         "sm_clock_mhz", "mem_clock_mhz", "throttle_power", "power_w")  # fmt: skip
     put("gpu_config", "root", "power_limit_w")

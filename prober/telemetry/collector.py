@@ -5,10 +5,12 @@
   "host": {...}}``. A signal a source could not read is absent.
 - `window(prev, cur, host)` (pure): the `contract.signals.SignalsDoc` of the window between
   two readings: counters as per-second rates (`prober.telemetry.rates`: wraps, saturation,
-  resets), gauges as read at ``cur``, both to 5 significant digits. A signal no entity of a kind has is left out of that
-  kind's names (not available, as null is); an entity that lacks one its peers have gets null.
+  resets), gauges as read at ``cur``, both to 5 significant digits. A signal no entity
+  of a kind has is left out of that kind's names (not available, as null is); an entity
+  that lacks one its peers have gets null.
 - `Collector` (I/O): reads the sources of one host per `CollectorConfig`: ``/proc/net/dev``
-  (this thread's namespace), the ethtool ioctls, RDMA sysfs, PCIe AER, procfs and NVML. A
+  and the root qdiscs (rtnetlink), both of the calling thread's namespace, the ethtool ioctls
+  (of the namespace the collector was made in), RDMA sysfs, PCIe AER, procfs and NVML. A
   source that fails leaves its signals out of that reading; nothing is zero-filled.
 """
 
@@ -27,6 +29,7 @@ from prober.telemetry.gpuperf import NvmlPerf, gpu_perf_values
 from prober.telemetry.host import host_values, read_host_texts
 from prober.telemetry.netdev import THREAD_NET_DEV, read_proc_net_dev
 from prober.telemetry.pcie import aer_values, read_aer
+from prober.telemetry.qdisc import qdisc_values, read_qdiscs
 from prober.telemetry.rates import counter_rate
 from prober.telemetry.rdma import SYSFS_IB, rdma_values, read_rdma_port
 
@@ -161,9 +164,16 @@ class Collector:
         except OSError as exc:
             netdev = {}
             self.errors["netdev"] = str(exc)
+        try:
+            qdiscs = read_qdiscs()
+        except OSError as exc:
+            qdiscs = {}
+            self.errors["qdisc"] = str(exc)
         out: dict[str, dict[str, float]] = {}
         for src in cfg.nics:
             vals: dict[str, float] = {k: float(v) for k, v in netdev.get(src.netdev, {}).items()}
+            if src.netdev in qdiscs:
+                vals.update(qdisc_values(qdiscs[src.netdev]))
             try:
                 vals.update(ethtool_values(self.ethtool.stats(src.netdev)))
                 up = self.ethtool.link(src.netdev)

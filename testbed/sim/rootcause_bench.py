@@ -39,7 +39,7 @@ import numpy as np
 from contract.documents import EventDoc
 from contract.remediation import PerfDoc
 from contract.signals import Entity
-from controller.anomaly.detector import Anomaly, DetectorConfig
+from controller.anomaly.detector import Anomaly, Contributor, DetectorConfig
 from controller.anomaly.fleet import FleetDetector
 from controller.anomaly.frame import SignalFrame
 from controller.attribution import AttributionConfig, JobPerf, attribute
@@ -115,6 +115,15 @@ def _mesh_answer(graph: CrossLayerGraph, a: Any) -> str:
     return f"link_contention|{link}"
 
 
+def _job_moves(
+    moves: Mapping[str, tuple[Contributor, ...]], job: str
+) -> dict[str, tuple[Contributor, ...]]:
+    """Return the detector's moves of ``job``'s group: "" for all, a leaf for its part."""
+    head = f"job:{job}"
+    return {key.partition("@")[2]: cs for key, cs in moves.items()
+            if key == head or key.startswith(head + "@")}  # fmt: skip
+
+
 def run_once(
     cfg: RunConfig, seed: int, faulty: bool, trace: dict[tuple[int, int], float] | None = None
 ) -> RunResult:
@@ -180,7 +189,8 @@ def run_once(
             new, st = static[kind].step(frames[kind], now)
             flags["static_thresholds"] += [(e, w) for e in new]
             active["static_thresholds"].update(st)
-        res = fleet_det.step(frames, {k: list(groups_h[host_of[k]]) for k in Entity}, now)
+        res = fleet_det.step(frames, {k: list(groups_h[host_of[k]]) for k in Entity}, now,
+                             {k: list(leaf_ids[fleet.host_leaf][host_of[k]]) for k in Entity})  # fmt: skip
         flags["qpmesh"] += [(a.entity, w) for a in res.new]
         active["qpmesh"].update(res.active)
         moves = res.moves
@@ -206,7 +216,7 @@ def run_once(
             cls, tgt = naive_root_cause(graph, active["static_thresholds"])
             answers["static_thresholds"][(k, w)] = f"{cls}|{tgt}"
             for est, flagged in (("qpmesh", "qpmesh"), ("static_chain", "static_thresholds")):
-                moved = moves.get(f"job:{j.id}", ()) if est == "qpmesh" else ()
+                moved = _job_moves(moves, j.id) if est == "qpmesh" else None
                 rc = explain(
                     graph, step / base, active[flagged], recent, now, chain_cfg, job, moved
                 )
