@@ -175,3 +175,4 @@ def test_rootcause_command_end_to_end(capsys: pytest.CaptureFixture[str]) -> Non
     assert out["fabric"]["nics"] == 64 and out["seeds"] == [7]
     assert set(out["per_kind"]) == set(KINDS)
     assert main(["sim", "rootcause", "--nics", "8"]) == 2  # one line, exit 2
+    assert main(["sim", "rootcause", "--set", "no_such=1"]) == 2

@@ -81,6 +81,7 @@ class RunConfig:
     causes: int = 16
     warm_s: float = 1200.0
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    normal: Mapping[str, float] = field(default_factory=lambda: dict(NORMAL))
 
 
 @dataclass
@@ -130,15 +131,17 @@ def run_once(
     """Run one simulation (see the module docstring) and return what scoring needs;
     ``trace`` (optional) receives each measured (job, window)'s step-time ratio."""
     rng = np.random.default_rng(seed)
-    fleet = build_fleet(cfg.nics, rng)
+    fleet = build_fleet(cfg.nics, rng, params=cfg.normal)
     windows = int(cfg.duration_s / cfg.window_s)
     dt = cfg.window_s
     jobs = schedule_jobs(fleet, windows, dt, rng)
-    model = NormalModel(fleet, jobs, dt, rng)
+    model = NormalModel(fleet, jobs, dt, rng, cfg.normal)
     world = World(fleet, jobs, model, dt, rng)
     causes = draw_causes(world, cfg.causes, int(cfg.warm_s / dt), windows) if faulty else []
     masks = missing_masks(fleet, rng)
-    layers = {k: CounterLayer(k, masks[k], rng, NORMAL["reset_per_window"] if k == Entity.NIC else 0.0)
+    layers = {k: CounterLayer(k, masks[k], rng,
+                              cfg.normal["reset_per_window"] if k == Entity.NIC else 0.0,
+                              cfg.normal["read_fail"])
               for k in Entity}  # fmt: skip
     ents = {Entity.NIC: fleet.nics, Entity.GPU: fleet.gpus, Entity.HOST: fleet.hosts}
     host_of = {Entity.NIC: fleet.nic_host, Entity.GPU: fleet.nic_host,
@@ -353,7 +356,8 @@ def run_bench(cfg: RunConfig, seeds: list[int]) -> dict[str, Any]:
         "estimators": est_out,
         "per_kind": per_kind,
         "detector": {k: getattr(det, k) for k in det.__dataclass_fields__},
-        "model": dict(NORMAL),
+        "model": dict(cfg.normal),
+        "model_changed": {k: v for k, v in cfg.normal.items() if NORMAL[k] != v},
         "runs": runs,
         "examples": examples[:8],
         "wall_s": round(time.perf_counter() - wall, 1),
@@ -363,8 +367,19 @@ def run_bench(cfg: RunConfig, seeds: list[int]) -> dict[str, Any]:
 def _rootcause(args: argparse.Namespace) -> int:
     if args.nics < 16 or args.duration <= 0 or args.window <= 0 or args.seeds < 1:
         raise ValueError("--nics >= 16, --duration, --window and --seeds must be positive")
+    normal = dict(NORMAL)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or key not in NORMAL:
+            raise ValueError(
+                f"--set {item!r}: expected KEY=NUMBER with KEY one of {', '.join(NORMAL)}"
+            )
+        try:
+            normal[key] = float(value)
+        except ValueError:
+            raise ValueError(f"--set {item!r}: {value!r} is not a number") from None
     cfg = RunConfig(nics=args.nics, duration_s=args.duration, window_s=args.window,
-                    causes=args.causes, warm_s=min(1200.0, args.duration / 4))  # fmt: skip
+                    causes=args.causes, warm_s=min(1200.0, args.duration / 4), normal=normal)  # fmt: skip
     out = run_bench(cfg, [args.seed + i for i in range(args.seeds)])
     if args.json:
         json.dump(out, sys.stdout, indent=1)
@@ -397,6 +412,9 @@ def register_rootcause(ssub: Any) -> None:
                    help="simulated seconds per run (default 10800)")  # fmt: skip
     p.add_argument("--window", type=float, default=10.0, help="window, s (default 10)")
     p.add_argument("--causes", type=int, default=16, help="causes per faulty run (default 16)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=NUMBER",
+                   help="change a normal-model parameter (testbed.sim.signals_model.NORMAL), "
+                   "e.g. burst_start=0.004: how the scores move with an assumption")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_rootcause)
 

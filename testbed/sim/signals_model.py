@@ -98,7 +98,12 @@ class Fleet:
         return out
 
 
-def build_fleet(nics: int, rng: np.random.Generator, nics_per_host: int = 8) -> Fleet:
+def build_fleet(
+    nics: int,
+    rng: np.random.Generator,
+    nics_per_host: int = 8,
+    params: Mapping[str, float] = NORMAL,
+) -> Fleet:
     """Return a fleet of at least ``nics`` NICs: hosts of ``nics_per_host`` NICs, 4 hosts
     per leaf, a spine per 4 leaves (at least 2)."""
     hosts = max(2, -(-nics // nics_per_host))
@@ -119,9 +124,9 @@ def build_fleet(nics: int, rng: np.random.Generator, nics_per_host: int = 8) -> 
         nic_host=np.array([hidx[n.host] for n in fabric.nics], np.int64),
         nic_leaf=np.array([lidx[n.leaf] for n in fabric.nics], np.int64),
         leaves=leaf_ids,
-        mlx5=rng.random(n_h) < NORMAL["mlx5_share"],
-        aer=rng.random(n_h) < NORMAL["aer_share"],
-        vm=rng.random(n_h) < NORMAL["vm_share"],
+        mlx5=rng.random(n_h) < params["mlx5_share"],
+        aer=rng.random(n_h) < params["aer_share"],
+        vm=rng.random(n_h) < params["vm_share"],
     )
 
 
@@ -212,16 +217,17 @@ class NormalModel:
     jobs: list[SimJob]
     window_s: float
     rng: np.random.Generator
+    p: Mapping[str, float] = field(default_factory=lambda: NORMAL)
     _burst: dict[str, npt.NDArray[np.int64]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         f, rng = self.fleet, self.rng
         n_n, n_h = len(f.nics), len(f.hosts)
         self.off_bw = lognormal(rng, 0.1, n_n)
-        self.off_cong = lognormal(rng, NORMAL["offset_cong"], n_n)
-        ber = 10 ** rng.normal(NORMAL["fec_ber_log10_mean"], NORMAL["fec_ber_log10_sd"], n_n)
-        self.fec_bits = ber * NORMAL["line_rate_bps"]
-        self.gpu_temp_off = rng.normal(0, NORMAL["gpu_temp_rack_sd"], n_h)[f.nic_host] + rng.normal(
+        self.off_cong = lognormal(rng, self.p["offset_cong"], n_n)
+        ber = 10 ** rng.normal(self.p["fec_ber_log10_mean"], self.p["fec_ber_log10_sd"], n_n)
+        self.fec_bits = ber * self.p["line_rate_bps"]
+        self.gpu_temp_off = rng.normal(0, self.p["gpu_temp_rack_sd"], n_h)[f.nic_host] + rng.normal(
             0, 2, n_n
         )
         self.gpu_clock_off = rng.normal(0, 15, n_n)
@@ -235,11 +241,11 @@ class NormalModel:
         """Return this window's burst factors of one channel (1 where none)."""
         left = self._burst.setdefault(name, np.zeros(n, np.int64))
         rng = self.rng
-        start = (left == 0) & (rng.random(n) < NORMAL["burst_start"])
-        length = rng.geometric(1.0 / NORMAL["burst_mean_windows"], n)
+        start = (left == 0) & (rng.random(n) < self.p["burst_start"])
+        length = rng.geometric(1.0 / self.p["burst_mean_windows"], n)
         left[:] = np.where(start, length, np.maximum(left - 1, 0))
-        fac = NORMAL["burst_factor_median"] * np.exp(
-            NORMAL["burst_factor_sigma"] * rng.standard_normal(n)
+        fac = self.p["burst_factor_median"] * np.exp(
+            self.p["burst_factor_sigma"] * rng.standard_normal(n)
         )
         return np.where(left > 0, fac, 1.0)
 
@@ -272,11 +278,11 @@ class NormalModel:
         gpu_ph = np.choose(host_phase, [1.0, 0.5, 0.05])
         nh = f.nic_host
         t = w * self.window_s
-        leaf_load = 1 + NORMAL["diurnal_amp"] * np.sin(2 * np.pi * t / 86400 + self.leaf_phase)
+        leaf_load = 1 + self.p["diurnal_amp"] * np.sin(2 * np.pi * t / 86400 + self.leaf_phase)
         nic = np.zeros((n_n, len(COL[Entity.NIC])))
         c = COL[Entity.NIC]
         bw = (par["bw"] * net_ph)[nh] * self.off_bw * lognormal(
-            rng, NORMAL["noise_bytes"], n_n
+            rng, self.p["noise_bytes"], n_n
         ) + 1e6
         nic[:, c["rdma_tx_bytes"]] = bw
         nic[:, c["rdma_rx_bytes"]] = bw * lognormal(rng, 0.03, n_n)
@@ -293,7 +299,7 @@ class NormalModel:
         cong = (
             leaf_load[f.nic_leaf]
             * self.off_cong
-            * lognormal(rng, NORMAL["noise_cong"], n_n)
+            * lognormal(rng, self.p["noise_cong"], n_n)
             * burst
         )
         pfc = (par["pfc"] * net_ph)[nh] * cong
@@ -332,7 +338,7 @@ class NormalModel:
         util = np.clip((par["util"] * gpu_ph)[nh] + rng.normal(0, 2, n_n), 0, 100)
         gpu[:, g["gpu_util"]] = util
         gpu[:, g["mem_util"]] = 0.45 * util
-        cap = (rng.random(n_n) < NORMAL["power_cap_flicker"]) & (util > 80)
+        cap = (rng.random(n_n) < self.p["power_cap_flicker"]) & (util > 80)
         gpu[:, g["throttle_power"]] = cap
         gpu[:, g["sm_clock_mhz"]] = (
             1980 - self.gpu_clock_off.clip(0) - cap * rng.uniform(60, 180, n_n)
@@ -376,8 +382,14 @@ class CounterLayer:
     fail for a window; `read` returns the window's published values through the prober's
     own rate rule."""
 
-    def __init__(self, kind: Entity, missing: npt.NDArray[np.bool_], rng: np.random.Generator,
-                 reset_p: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kind: Entity,
+        missing: npt.NDArray[np.bool_],
+        rng: np.random.Generator,
+        reset_p: float = 0.0,
+        read_fail: float = NORMAL["read_fail"],
+    ) -> None:
         sigs = [BY_NAME[n] for n in names_of(kind)]
         self.kind = kind
         self.counter = np.array([s.kind == Kind.COUNTER for s in sigs])
@@ -387,6 +399,7 @@ class CounterLayer:
         self.missing = missing
         self.rng = rng
         self.reset_p = reset_p
+        self.read_fail = read_fail
         n = missing.shape[0]
         top = np.where(self.widths < 64, 2.0**31, 2.0**40)
         self.cum = np.floor(rng.random((n, len(sigs))) * top)
@@ -409,7 +422,7 @@ class CounterLayer:
             cum[reset] = inc[reset]
         self.cum = cum
         raw = np.where(self.missing, np.nan, np.where(self.counter, cum, values))
-        fail = rng.random(raw.shape[0]) < NORMAL["read_fail"]
+        fail = rng.random(raw.shape[0]) < self.read_fail
         raw[fail] = np.nan
         out = np.where(self.counter, counter_rates(self.prev, raw, dt, self.widths, self.sat), raw)
         self.prev = raw
