@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -529,10 +529,3 @@ class SignalsDoc:
             groups=groups,
         )
 
-
-def group(
-    kind: Entity | str, names: Sequence[str], values: Mapping[str, Sequence[float | None]]
-) -> SignalGroup:
-    """Return a `SignalGroup` of ``kind`` (a convenience for writers; validated by the doc)."""
-    Entity(kind)
-    return SignalGroup(tuple(names), {e: tuple(v) for e, v in values.items()})
