@@ -528,4 +528,3 @@ class SignalsDoc:
             interval_s=read(doc, "interval_s", float, w),
             groups=groups,
         )
-
