@@ -155,7 +155,7 @@ def test_missing_masks_follow_the_drivers() -> None:
     fleet = build_fleet(256, np.random.default_rng(2))
     m = missing_masks(fleet, np.random.default_rng(2))[Entity.NIC]
     bnxt = ~fleet.mlx5[fleet.nic_host]
-    cnp = COL[Entity.NIC]["cnp_handled"]
+    cnp = COL[Entity.NIC]["cnp_ignored"]
     assert (m[bnxt, cnp]).all() and not (m[~bnxt, cnp]).any()
     assert (m[~bnxt, COL[Entity.NIC]["fec_corrected_blocks"]]).all()
 

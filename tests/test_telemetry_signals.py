@@ -202,6 +202,10 @@ def test_rdma_counters_of_mlx5_and_rxe(tmp_path: Path) -> None:
                     "local_ack_timeout": 5.0}  # fmt: skip
     with pytest.raises(FileNotFoundError):
         read_rdma_port("mlx5_9", 1, tmp_path)
+    _sysfs(tmp_path, "bnxt_re0", {"hw_counters": {"tx_cnp_pkts": "7\n", "rx_cnp_pkts": "8\n",
+                                                  "rx_ecn_marked_pkts": "9\n"}})  # fmt: skip
+    assert rdma_values(*read_rdma_port("bnxt_re0", 1, tmp_path)) == {
+        "cnp_sent": 7.0, "cnp_handled": 8.0, "ecn_marked": 9.0}  # fmt: skip
 
 
 def test_aer_correctable_errors() -> None:

@@ -7,7 +7,7 @@ counter, a decimal number each.
 
 - `rdma_values(counters, hw_counters)` (pure): the catalogue signals from the two name ->
   value maps, through `PORT_MAP` and `HW_MAP` (names from the kernel's ``sysfs.c`` for the
-  PMA, mlx5 ``counters.c`` and rxe ``rxe_hw_counters.c``; a name known to neither is ignored,
+  PMA, mlx5 ``counters.c``, bnxt_re ``hw_counters.c`` and rxe ``rxe_hw_counters.c``; a name known to neither is ignored,
   a signal the device does not count is not available). ``port_rcv_data`` and
   ``port_xmit_data`` count 4-byte words: the signals are bytes.
 - `read_rdma_port(dev, port, root)` (I/O): the two directories' files as name -> integer.
@@ -49,6 +49,18 @@ HW_MAP: Mapping[str, str] = {
     "implied_nak_seq_err": "implied_nak_seq_err",
     "duplicate_request": "duplicate_request",
     "out_of_buffer": "rdma_out_of_buffer",
+    # bnxt_re (Broadcom; its hw_counters.c): CNPs received, not split into handled/ignored
+    "tx_cnp_pkts": "cnp_sent",
+    "rx_cnp_pkts": "cnp_handled",
+    "rx_ecn_marked_pkts": "ecn_marked",
+    "to_retransmits": "local_ack_timeout",
+    "seq_err_naks_rcvd": "packet_seq_err",
+    "max_retry_exceeded": "rdma_retry_exceeded",
+    "dup_reqs": "duplicate_request",
+    "rx_roce_only_bytes": "rdma_rx_bytes",
+    "tx_roce_only_bytes": "rdma_tx_bytes",
+    "rx_roce_only_pkts": "rdma_rx_packets",
+    "tx_roce_only_pkts": "rdma_tx_packets",
     # rxe (Soft-RoCE)
     "sent_pkts": "rdma_tx_packets",
     "rcvd_pkts": "rdma_rx_packets",

@@ -55,20 +55,19 @@ NORMAL: Mapping[str, float] = {
     "power_cap_flicker": 0.15,  # windows a loaded H100 reads a power-cap throttle
     "reset_per_window": 2e-5,  # a NIC's driver reloads: its counters restart at 0
     "read_fail": 0.001,  # a source's read fails for one window
-    "mlx5_share": 0.7,  # hosts with mlx5 NICs; the others bnxt_en (no RDMA hw names mapped)
+    "mlx5_share": 0.7,  # hosts with mlx5 NICs; the others bnxt_en / bnxt_re
     "aer_share": 0.7,  # hosts whose BIOS leaves AER reporting on
     "vm_share": 0.2,  # hosts that are VMs (CPU steal exists)
 }
 
-# Signals a bnxt_en host does not give the collector (names not in the maps, or no PMA).
+# Signals a bnxt_en / bnxt_re host does not give the collector (names not in the maps, no PMA
+# counters; bnxt_re counts CNPs received, not ignored, and no out-of-sequence packets).
 BNXT_MISSING = frozenset({
     "pause_storm_warnings", "pause_storm_errors", "rx_discards_phy", "tx_discards_phy",
     "rx_out_of_buffer", "symbol_errors", "crc_errors_phy", "link_down_events", "pcie_si_rx",
-    "pcie_si_tx", "rdma_rx_bytes", "rdma_tx_bytes", "rdma_rx_packets", "rdma_tx_packets",
-    "rdma_xmit_discards", "rdma_rcv_errors", "rdma_symbol_errors", "rdma_link_downed",
-    "rdma_link_recovery", "rdma_xmit_wait", "cnp_sent", "cnp_handled", "cnp_ignored",
-    "ecn_marked", "out_of_sequence", "packet_seq_err", "local_ack_timeout", "rnr_nak_retry",
-    "implied_nak_seq_err", "duplicate_request", "rdma_retry_exceeded", "rdma_out_of_buffer",
+    "pcie_si_tx", "rdma_xmit_discards", "rdma_rcv_errors", "rdma_symbol_errors",
+    "rdma_link_downed", "rdma_link_recovery", "rdma_xmit_wait", "cnp_ignored",
+    "out_of_sequence", "rnr_nak_retry", "implied_nak_seq_err", "rdma_out_of_buffer",
 })  # fmt: skip
 MLX5_MISSING = frozenset({"fec_corrected_blocks", "fec_uncorrectable_blocks"})
 AER_SIGNALS = frozenset({"pcie_replay_rollover", "pcie_replay_timeout", "pcie_bad_tlp",
