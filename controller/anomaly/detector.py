@@ -73,7 +73,8 @@ class DetectorConfig:
     half_life: float = 360.0
     clip: float = 4.0
     min_peers: int = 4
-    top: int = 6
+    top: int = 12
+    contrib: float = 2.0
 
     def __post_init__(self) -> None:
         if not (self.threshold > 0 and self.half_life > 0 and self.clip > 0):
@@ -128,7 +129,7 @@ class Anomaly:
 
     def detail(self) -> str:
         """Return the one-line detail of this anomaly's event."""
-        what = "; ".join(c.text() for c in self.top) or "no single signal"
+        what = "; ".join(c.text() for c in self.top[:4]) or "no single signal"
         return f"{self.kind} {self.entity} differs from its normal and its peers: {what}"
 
     def event(self) -> EventDoc:
@@ -403,7 +404,7 @@ class AnomalyDetector:
     ) -> Anomaly:
         cfg = self.cfg
         row = score[i]
-        order = [j for j in np.argsort(-row) if row[j] >= cfg.threshold / 2][: cfg.top]
+        order = [j for j in np.argsort(-row) if row[j] >= cfg.contrib][: cfg.top]
         normal = self.untransform(base[i][None, :])[0]
         peers = self.untransform(med_y[i][None, :])[0]
         tops = tuple(

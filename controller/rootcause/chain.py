@@ -5,8 +5,9 @@ target)`` with evidence from both layers and returns a `RootCause`:
 
 1. **Signals of the job's own entities** (its NICs, hosts, GPUs in an anomaly episode,
    `controller.anomaly.detector.Anomaly`): a *root* signal names its entity (with the class
-   `controller.rootcause.classes.root_class` gives its signals), weighted by the anomaly's
-   score over the detector's threshold (at most 3).
+   `controller.rootcause.classes.root_class` gives its contributing signals), weighted by its
+   strongest root signal's score over the detector's threshold (at most 3); a victim's and a
+   congested NIC's weight is their strongest pause / ECN signal's.
 2. **Pause victims to their source.** A job NIC that receives pauses points at its leaf: a
    NIC under that leaf (the job's or a neighbour's) whose anomaly is a pause source (sends
    pauses, PCIe replays, ignores CNPs) gets the victim's weight too. With no such NIC, a
@@ -108,8 +109,11 @@ class _Walk:
         if text and text not in h.evidence:
             h.evidence.append(text)
 
-    def weight(self, a: Anomaly) -> float:
-        return min(a.score / self.cfg.threshold, 3.0)
+    def weight(self, a: Anomaly, role: str = "") -> float:
+        """Return the evidence weight of ``a``: its strongest contributor of ``role`` (any
+        contributor when "") over the detector's threshold, at most 3."""
+        scores = [c.score for c in a.top if not role or role_of(c.signal)[0] == role]
+        return min(max(scores, default=0.0) / self.cfg.threshold, 3.0)
 
     def where(self, ent: str) -> str:
         g = self.g
@@ -166,7 +170,7 @@ def explain(
             continue
         cls = root_class(a.signals)
         if cls is not None:
-            w.add(cls, w.target(cls, ent), w.weight(a), f"{w.where(ent)}: {w.says(a, ('root',))}",
+            w.add(cls, w.target(cls, ent), w.weight(a, "root"), f"{w.where(ent)}: {w.says(a, ('root',))}",
                   key=ent)  # fmt: skip
         rl = _roles(a)
         if "victim_pfc" in rl and ent in g.nic_leaf:
@@ -249,7 +253,7 @@ def _mesh(
 def _pause_source(w: _Walk, victim: str, a: Anomaly, contended: Mapping[str, str]) -> None:
     leaf = w.g.nic_leaf[victim]
     told = f"{w.where(victim)} receives pauses from {leaf} ({w.says(a, ('victim_pfc',))})"
-    _pause_from(w, [leaf], told, w.weight(a), victim, contended)
+    _pause_from(w, [leaf], told, w.weight(a, "victim_pfc"), victim, contended)
 
 
 def _pause_from(w: _Walk, leaves: Sequence[str], told: str, weight: float, key: str,
@@ -268,7 +272,7 @@ def _pause_from(w: _Walk, leaves: Sequence[str], told: str, weight: float, key: 
                 continue
             found = True
             tgt = w.target(cls, nic)
-            w.add(cls, tgt, w.weight(s), f"{w.where(nic)} under {leaf}: {w.says(s, ('root',))}",
+            w.add(cls, tgt, w.weight(s, "root"), f"{w.where(nic)} under {leaf}: {w.says(s, ('root',))}",
                   key=nic)  # fmt: skip
             w.add(cls, tgt, 0.8 * weight, told, key=key)
     if found:
@@ -288,7 +292,7 @@ def _congestion(
 ) -> None:
     names = ", ".join(n for n, _ in nics[:4])
     told = f"{len(nics)} of the job's NICs under {leaf} see ECN marks / send CNPs ({names})"
-    _congested_at(w, [leaf], told, sum(w.weight(a) for _, a in nics), f"cong:{leaf}",
+    _congested_at(w, [leaf], told, sum(w.weight(a, "congestion_rx") for _, a in nics), f"cong:{leaf}",
                   contended, len(nics) >= 2)  # fmt: skip
 
 
@@ -302,7 +306,7 @@ def _congested_at(w: _Walk, leaves: Sequence[str], told: str, weight: float, key
             s = w.an.get(nic)
             if s is not None and root_class(s.signals) == "ecn_config":
                 host = g.nic_host[nic]
-                w.add("ecn_config", host, w.weight(s), f"{w.where(nic)}: {w.says(s, ('root',))}",
+                w.add("ecn_config", host, w.weight(s, "root"), f"{w.where(nic)}: {w.says(s, ('root',))}",
                       key=nic)  # fmt: skip
                 w.add("ecn_config", host, 0.7 * weight, told, key=key)
                 return
