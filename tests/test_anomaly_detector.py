@@ -226,3 +226,42 @@ def test_a_whole_group_move_is_not_learned_as_normal() -> None:
     fast = DetectorConfig(warmup=10, half_life=10)  # a normal that would follow in ~30 windows
     res = run(AnomalyDetector(Entity.NIC, fast), ws)
     assert res[79].moves["job:a"][0].signal == "ecn_marked"
+
+
+def test_the_nics_of_one_host_are_not_one_anothers_peers() -> None:
+    """Only host a's four NICs report cnp_ignored (the other hosts' driver does not): when it
+    jumps on all four, the peers that report it are all one host's, so it is judged
+    against its own normal; without the hosts it would cancel."""
+    rng = np.random.default_rng(11)
+    ws = [nic_window(rng, 8) for _ in range(30)]
+    for w, v in enumerate(ws):
+        v[:4, COL["cnp_ignored"]] = 3000.0 if w >= 20 else 0.0
+    hosts = ["a"] * 4 + ["b"] * 4
+    flagged: dict[bool, list[str]] = {}
+    for with_hosts in (True, False):
+        det = AnomalyDetector(Entity.NIC, CFG)
+        got = []
+        for w, v in enumerate(ws):
+            frame = SignalFrame(Entity.NIC, ids(8), NIC, v)
+            r = det.step(frame, ["job:a"] * 8, w * 10**10, hosts=hosts if with_hosts else None)
+            got += [a.entity for a in r.new]
+        flagged[with_hosts] = got
+    assert sorted(flagged[True]) == ["nic0", "nic1", "nic2", "nic3"]
+    assert flagged[False] == []
+
+
+def test_configuration_is_compared_across_the_leaf() -> None:
+    """A job of one host whose four NICs all run MTU 1500: unlike the other NICs of its leaf
+    (other jobs), so flagged, though its job's peers all agree."""
+    rng = np.random.default_rng(12)
+    v = nic_window(rng, 12)
+    v[:4, COL["mtu"]] = 1500.0
+    groups = ["job:solo"] * 4 + ["job:b"] * 8
+    hosts = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
+    det = AnomalyDetector(Entity.NIC, CFG)
+    new = []
+    for w in range(3):
+        frame = SignalFrame(Entity.NIC, ids(12), NIC, v)
+        new += det.step(frame, groups, w * 10**10, sites=["leaf0"] * 12, hosts=hosts).new
+    assert sorted(a.entity for a in new) == ["nic0", "nic1", "nic2", "nic3"]
+    assert new[0].signals == ("mtu",)

@@ -179,9 +179,26 @@ def nan_median(xs: Array) -> tuple[Array, npt.NDArray[np.int64]]:
     return np.where(cnt > 0, med, np.nan), cnt
 
 
-def _peer_z(x: Array, labels: npt.NDArray[np.int64], min_peers: int) -> tuple[Array, Array]:
+def _distinct(codes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Return per column the number of distinct codes >= 0 (-1: no value)."""
+    srt = np.sort(codes, axis=0)
+    if not len(srt):
+        return np.zeros(codes.shape[1], np.int64)
+    first = (srt[0] >= 0).astype(np.int64)  # then each value unlike the one before it
+    changes = np.sum((np.diff(srt, axis=0) != 0) & (srt[1:] >= 0), axis=0)
+    return np.asarray(first + changes, np.int64)
+
+
+def _peer_z(
+    x: Array,
+    labels: npt.NDArray[np.int64],
+    min_peers: int,
+    owners: npt.NDArray[np.int64] | None = None,
+) -> tuple[Array, Array]:
     """Return (robust z of each row against its group, the group median per row); NaN
-    where the group has fewer than ``min_peers`` values of that column."""
+    where the group has fewer than ``min_peers`` values of that column, or (with
+    ``owners``, each row's host) values from fewer than two hosts: the NICs of one host
+    share its configuration and its faults, they are not one another's peers."""
     z = np.full_like(x, np.nan)
     med_out = np.full_like(x, np.nan)
     for g in np.unique(labels[labels >= 0]):
@@ -194,6 +211,9 @@ def _peer_z(x: Array, labels: npt.NDArray[np.int64], min_peers: int) -> tuple[Ar
         with np.errstate(invalid="ignore"):
             zz = (xs - med) / np.maximum(1.4826 * mad, 1.0)
         few = cnt < min_peers
+        if owners is not None:
+            codes = np.where(np.isnan(xs), -1, owners[idx][:, None])
+            few |= _distinct(codes) < 2
         zz[:, few] = np.nan
         z[idx] = zz
         med_out[idx] = np.where(few, np.nan, med)
@@ -267,13 +287,16 @@ class AnomalyDetector:
         t_ns: int,
         shifted: Collection[str] = (),
         sites: Sequence[str] | None = None,
+        hosts: Sequence[str] | None = None,
     ) -> WindowResult:
         """Score one window: ``frame`` of this detector's kind with the catalogue's signals as
         columns, ``groups[i]`` the peer group of ``frame.entities[i]`` ("" = none).
         ``shifted``: groups another kind saw change as a whole this window (a job's phase):
         their members without enough peers are not scored against their own normal alone.
         ``sites[i]`` (optional): where entity ``i`` sits (its leaf); whole-group moves are
-        then also reported per group and site, as ``"<group>@<site>"``.
+        then also reported per group and site, as ``"<group>@<site>"``, and configuration
+        signals are compared across the site. ``hosts[i]`` (optional): entity ``i``'s host;
+        peers must then come from at least two hosts.
 
         Raises ValueError when the frame's kind, columns or group count do not match."""
         if frame.kind != self.kind or frame.signals != self.signals:
@@ -296,8 +319,19 @@ class AnomalyDetector:
         d = np.where(warm, y - base, np.nan)
         # a rise is judged by how far the entity usually rises, a fall by how far it falls
         z_self = d / np.maximum(2.5 * np.where(d >= 0, dev_up, dev_dn), 1.0)
-        z_pd, med_d = _peer_z(d, labels, cfg.min_peers)
-        z_py, med_y = _peer_z(y, labels, cfg.min_peers)
+        own = None
+        if hosts is not None:
+            if len(hosts) != len(groups):
+                raise ValueError("one host per entity")
+            hcode = {h: k for k, h in enumerate(sorted(set(hosts)))}
+            own = np.array([hcode[h] for h in hosts], np.int64)
+        z_pd, med_d = _peer_z(d, labels, cfg.min_peers, own)
+        z_py, med_y = _peer_z(y, labels, cfg.min_peers, own)
+        if sites is not None:  # configuration should be the same for every NIC of a leaf
+            scode = {st: k for k, st in enumerate(sorted(set(sites)))}
+            slabels = np.array([scode[st] if st else -1 for st in sites], np.int64)
+            z_cfg, _ = _peer_z(y, slabels, cfg.min_peers, own)
+            z_py = np.where(self._config, z_cfg, z_py)
         scored = self._dir != 0
         moved = np.nan_to_num(np.abs(med_d[:, scored]), nan=0.0)
         row_shift = moved.max(axis=1) if moved.size else np.zeros(len(rows))

@@ -42,10 +42,12 @@ class FleetDetector:
         groups: Mapping[Entity, Sequence[str]],
         t_ns: int,
         sites: Mapping[Entity, Sequence[str]] | None = None,
+        hosts: Mapping[Entity, Sequence[str]] | None = None,
     ) -> FleetResult:
         """Score one window of every kind present in ``frames`` (``groups[kind][i]``: the
         peer group of ``frames[kind].entities[i]``; ``sites``: where each sits, its leaf, for
-        moves per group and leaf). Raises ValueError like `AnomalyDetector.step`."""
+        moves per group and leaf; ``hosts``: each one's host, so peers come from two hosts
+        at least). Raises ValueError like `AnomalyDetector.step`."""
         shifted: set[str] = set()
         new: list[Anomaly] = []
         active: dict[str, Anomaly] = {}
@@ -55,7 +57,8 @@ class FleetDetector:
             if frame is None:
                 continue
             where = None if sites is None else sites[kind]
-            res = self.detectors[kind].step(frame, groups[kind], t_ns, shifted, where)
+            owner = None if hosts is None else hosts[kind]
+            res = self.detectors[kind].step(frame, groups[kind], t_ns, shifted, where, owner)
             shifted |= {g for g, s in res.shifts.items() if s >= self.cfg.threshold / 2}
             new += res.new
             active.update({a.entity: a for a in res.active})

@@ -193,7 +193,8 @@ def run_once(
             flags["static_thresholds"] += [(e, w) for e in new]
             active["static_thresholds"].update(st)
         res = fleet_det.step(frames, {k: list(groups_h[host_of[k]]) for k in Entity}, now,
-                             {k: list(leaf_ids[fleet.host_leaf][host_of[k]]) for k in Entity})  # fmt: skip
+                             {k: list(leaf_ids[fleet.host_leaf][host_of[k]]) for k in Entity},
+                             {k: [fleet.hosts[h] for h in host_of[k]] for k in Entity})  # fmt: skip
         flags["qpmesh"] += [(a.entity, w) for a in res.new]
         active["qpmesh"].update(res.active)
         moves = res.moves
