@@ -11,6 +11,7 @@ import pytest
 
 from contract.signals import Entity, SignalGroup, SignalsDoc, names_of
 from controller.anomaly.detector import (
+    Anomaly,
     AnomalyDetector,
     DetectorConfig,
     WindowResult,
@@ -259,7 +260,7 @@ def test_configuration_is_compared_across_the_leaf() -> None:
     groups = ["job:solo"] * 4 + ["job:b"] * 8
     hosts = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
     det = AnomalyDetector(Entity.NIC, CFG)
-    new = []
+    new: list[Anomaly] = []
     for w in range(3):
         frame = SignalFrame(Entity.NIC, ids(12), NIC, v)
         new += det.step(frame, groups, w * 10**10, sites=["leaf0"] * 12, hosts=hosts).new
