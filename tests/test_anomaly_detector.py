@@ -230,13 +230,13 @@ def test_a_whole_group_move_is_not_learned_as_normal() -> None:
 
 
 def test_the_nics_of_one_host_are_not_one_anothers_peers() -> None:
-    """Only host a's four NICs report cnp_ignored (the other hosts' driver does not): when it
-    jumps on all four, the peers that report it are all one host's, so it is judged
-    against its own normal; without the hosts it would cancel."""
+    """Only host a's four NICs report cnp_ignored (host b's driver does not): when it jumps
+    on all four, the peers that report it are all one host's, so it is judged against its
+    own normal; without the hosts it would cancel."""
     rng = np.random.default_rng(11)
     ws = [nic_window(rng, 8) for _ in range(30)]
     for w, v in enumerate(ws):
-        v[:4, COL["cnp_ignored"]] = 3000.0 if w >= 20 else 0.0
+        v[:4, COL["cnp_ignored"]] = 3000.0 if w >= 20 else 0.0  # b's stay NaN
     hosts = ["a"] * 4 + ["b"] * 4
     flagged: dict[bool, list[str]] = {}
     for with_hosts in (True, False):

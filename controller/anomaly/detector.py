@@ -197,8 +197,10 @@ def _peer_z(
 ) -> tuple[Array, Array]:
     """Return (robust z of each row against its group, the group median per row); NaN
     where the group has fewer than ``min_peers`` values of that column, or (with
-    ``owners``, each row's host) values from fewer than two hosts: the NICs of one host
-    share its configuration and its faults, they are not one another's peers."""
+    ``owners``, each row's host) when a group of several hosts has values of that column
+    from one host only (the others' drivers do not count it): the NICs of one host share its
+    configuration and its faults, they are not one another's peers. A group that is one
+    host (a job on one host) keeps its NICs as peers: their job's phases cancel there."""
     z = np.full_like(x, np.nan)
     med_out = np.full_like(x, np.nan)
     for g in np.unique(labels[labels >= 0]):
@@ -211,7 +213,7 @@ def _peer_z(
         with np.errstate(invalid="ignore"):
             zz = (xs - med) / np.maximum(1.4826 * mad, 1.0)
         few = cnt < min_peers
-        if owners is not None:
+        if owners is not None and len(np.unique(owners[idx])) > 1:
             codes = np.where(np.isnan(xs), -1, owners[idx][:, None])
             few |= _distinct(codes) < 2
         zz[:, few] = np.nan
@@ -296,7 +298,7 @@ class AnomalyDetector:
         ``sites[i]`` (optional): where entity ``i`` sits (its leaf); whole-group moves are
         then also reported per group and site, as ``"<group>@<site>"``, and configuration
         signals are compared across the site. ``hosts[i]`` (optional): entity ``i``'s host;
-        peers must then come from at least two hosts.
+        in a group of several hosts, a signal only one host reports has no peers.
 
         Raises ValueError when the frame's kind, columns or group count do not match."""
         if frame.kind != self.kind or frame.signals != self.signals:
