@@ -20,8 +20,10 @@ resolution, so 1 is also the smallest spread a comparison divides by.
    new normal).
 2. **Peers.** Entities of one peer group (the hosts of one job, else of one leaf: they do the
    same work) should change together: ``z_peer = (d - median(d)) / max(1.4826 MAD(d), 1)``
-   over the group's entities with a normal (at least ``min_peers``). A job's phase change
-   (evaluation, checkpoint) moves every member's ``d`` and cancels here.
+   over the group's entities with a normal (at least ``min_peers``); when the group spans
+   several hosts, an entity's peers are the *other* hosts' entities (one host's NICs share
+   its configuration and its faults). A job's phase change (evaluation, checkpoint) moves
+   every member's ``d`` and cancels here.
 3. **Score.** Only the direction that means trouble counts (``bad``: up, down, both). A
    signal's score is ``min(z_self, z_peer)``: it changed from its own normal *and* unlike its
    peers; with fewer than ``min_peers`` peers, ``z_self`` alone, except in a window where
@@ -179,16 +181,6 @@ def nan_median(xs: Array) -> tuple[Array, npt.NDArray[np.int64]]:
     return np.where(cnt > 0, med, np.nan), cnt
 
 
-def _distinct(codes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Return per column the number of distinct codes >= 0 (-1: no value)."""
-    srt = np.sort(codes, axis=0)
-    if not len(srt):
-        return np.zeros(codes.shape[1], np.int64)
-    first = (srt[0] >= 0).astype(np.int64)  # then each value unlike the one before it
-    changes = np.sum((np.diff(srt, axis=0) != 0) & (srt[1:] >= 0), axis=0)
-    return np.asarray(first + changes, np.int64)
-
-
 def _peer_z(
     x: Array,
     labels: npt.NDArray[np.int64],
@@ -196,29 +188,31 @@ def _peer_z(
     owners: npt.NDArray[np.int64] | None = None,
 ) -> tuple[Array, Array]:
     """Return (robust z of each row against its group, the group median per row); NaN
-    where the group has fewer than ``min_peers`` values of that column, or (with
-    ``owners``, each row's host) when a group of several hosts has values of that column
-    from one host only (the others' drivers do not count it): the NICs of one host share its
-    configuration and its faults, they are not one another's peers. A group that is one
-    host (a job on one host) keeps its NICs as peers: their job's phases cancel there."""
+    where the peers have fewer than ``min_peers`` values of that column. With ``owners``
+    (each row's host), a row's peers in a group of several hosts are the rows of the
+    *other* hosts: the NICs of one host share its configuration and its faults, they are
+    not one another's peers (a host-wide fault on half a job's hosts would otherwise sit on
+    the median). A group that is one host keeps its rows as peers (its job's phases cancel
+    there)."""
     z = np.full_like(x, np.nan)
     med_out = np.full_like(x, np.nan)
     for g in np.unique(labels[labels >= 0]):
         idx = np.flatnonzero(labels == g)
         if len(idx) < min_peers:
             continue
-        xs = x[idx]
-        med, cnt = nan_median(xs)
-        mad, _ = nan_median(np.abs(xs - med))
-        with np.errstate(invalid="ignore"):
-            zz = (xs - med) / np.maximum(1.4826 * mad, 1.0)
-        few = cnt < min_peers
-        if owners is not None and len(np.unique(owners[idx])) > 1:
-            codes = np.where(np.isnan(xs), -1, owners[idx][:, None])
-            few |= _distinct(codes) < 2
-        zz[:, few] = np.nan
-        z[idx] = zz
-        med_out[idx] = np.where(few, np.nan, med)
+        hosts = np.unique(owners[idx]) if owners is not None else np.zeros(1, np.int64)
+        parts = [(idx, idx)] if len(hosts) < 2 or owners is None else [
+            (idx[owners[idx] == h], idx[owners[idx] != h]) for h in hosts
+        ]  # fmt: skip
+        for rows, peers in parts:
+            med, cnt = nan_median(x[peers])
+            mad, _ = nan_median(np.abs(x[peers] - med))
+            with np.errstate(invalid="ignore"):
+                zz = (x[rows] - med) / np.maximum(1.4826 * mad, 1.0)
+            few = cnt < min_peers
+            zz[:, few] = np.nan
+            z[rows] = zz
+            med_out[rows] = np.where(few, np.nan, med)
     return z, med_out
 
 
@@ -298,7 +292,7 @@ class AnomalyDetector:
         ``sites[i]`` (optional): where entity ``i`` sits (its leaf); whole-group moves are
         then also reported per group and site, as ``"<group>@<site>"``, and configuration
         signals are compared across the site. ``hosts[i]`` (optional): entity ``i``'s host;
-        in a group of several hosts, a signal only one host reports has no peers.
+        in a group of several hosts, an entity's peers are the other hosts' entities.
 
         Raises ValueError when the frame's kind, columns or group count do not match."""
         if frame.kind != self.kind or frame.signals != self.signals:
