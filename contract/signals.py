@@ -258,11 +258,11 @@ CATALOGUE: tuple[Signal, ...] = (
     _c("rdma_retry_exceeded", N, "events/s", "rdma", "transport retries exhausted"),
     _c("rdma_out_of_buffer", N, "packets/s", "rdma", "drops: no receive WQE (out_of_buffer)"),
     # ---- GPU: NVML performance signals --------------------------------------------------------
-    _g("gpu_util", G, "%", "nvml", "GPU busy time share", bad="both", scale=5.0),
+    _g("gpu_util", G, "%", "nvml", "GPU busy time share", bad="none", scale=5.0),
     _g("mem_util", G, "%", "nvml", "memory controller busy share", bad="none", scale=5.0),
     _g("sm_clock_mhz", G, "MHz", "nvml", "SM clock", bad="down", scale=30.0),
     _g("mem_clock_mhz", G, "MHz", "nvml", "memory clock", bad="down", scale=30.0),
-    _g("power_w", G, "W", "nvml", "board power draw", bad="both", scale=20.0),
+    _g("power_w", G, "W", "nvml", "board power draw", bad="none", scale=20.0),
     _g("power_limit_w", G, "W", "nvml", "enforced power limit", bad="both", scale=5.0, config=True),
     _g("temperature_c", G, "degC", "nvml", "GPU core temperature", scale=2.0),
     _g("throttle_thermal", G, "0/1", "nvml", "SW or HW thermal slowdown active", scale=0.2),

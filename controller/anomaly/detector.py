@@ -328,8 +328,9 @@ class AnomalyDetector:
             slabels = np.array([scode[st] if st else -1 for st in sites], np.int64)
             z_cfg, _ = _peer_z(y, slabels, cfg.min_peers, own)
             z_py = np.where(self._config, z_cfg, z_py)
-        scored = self._dir != 0
-        moved = np.nan_to_num(np.abs(med_d[:, scored]), nan=0.0)
+        # how far each group moved together, in any signal (context ones too: a job's GPUs
+        # going idle is the clearest sign of its phase)
+        moved = np.nan_to_num(np.abs(med_d), nan=0.0)
         row_shift = moved.max(axis=1) if moved.size else np.zeros(len(rows))
         shifts = {g: float(row_shift[i]) for i, g in enumerate(groups) if g}
         solo_ok = np.array([g not in shifted for g in groups], bool)[:, None]
