@@ -16,6 +16,14 @@ message and counts it with its other bad messages).
   and every NIC it reports on is one of ``host``'s;
 - a signals document: its ``host`` is ``host`` (a fabric host), every NIC entity is one of
   ``host``'s, every GPU entity is ``<host>.gpu<k>`` and the host entity, if any, is ``host``.
+- a neighbours document (`contract.neighbors.NeighborsDoc`): its ``host`` field is ``host``
+  (or empty: a cleared retained document) and none of its NICs is another host's. A NIC
+  nobody claimed yet is accepted: this is the document that makes a NIC known.
+
+With a fabric learned from the neighbours documents (`mesh.fabric.learn`), ``nic_host`` is
+`claimed_nics` of them: every NIC a host reported, placed in the fabric or not yet (its
+LLDP neighbour missing), so a prober's batches are judged by what it claims and the
+controller's ingest drops the records of NICs it cannot place.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from contract.documents import HealthDoc, PresenceDoc
+from contract.neighbors import NeighborsDoc
 from contract.records import ProbeBatch
 from contract.signals import Entity, SignalsDoc
 
@@ -83,6 +92,29 @@ def signals_origin_error(doc: SignalsDoc, host: str, nic_host: Mapping[str, str]
 def _own_gpu(entity: str, host: str) -> bool:
     head, _, k = entity.rpartition(".gpu")
     return head == host and k.isdigit()
+
+
+def neighbors_origin_error(doc: NeighborsDoc, host: str, nic_host: Mapping[str, str]) -> str | None:
+    """Return why neighbours ``doc`` cannot come from ``host``, or None (NICs no host
+    claimed yet are accepted)."""
+    if doc.host and doc.host != host:
+        return f"{UNTRUSTED}: neighbours of {doc.host!r} published on the topic of {host!r}"
+    for n in doc.nics:
+        owner = nic_host.get(n.nic, host)
+        if owner != host:
+            return f"{UNTRUSTED}: NIC {n.nic!r} is a NIC of {owner!r}, not of {host!r}"
+    return None
+
+
+def claimed_nics(docs: Mapping[str, NeighborsDoc]) -> dict[str, str]:
+    """Return NIC id -> host of every NIC in ``docs`` (host -> its latest neighbours document;
+    each document passed `neighbors_origin_error` when it came). A NIC two hosts claim (one
+    moved it before the other's document was cleared) goes to the first host in name order."""
+    out: dict[str, str] = {}
+    for host in sorted(docs):
+        for n in docs[host].nics:
+            out.setdefault(n.nic, host)
+    return out
 
 
 def split_by_host(batch: ProbeBatch, nic_host: Mapping[str, str]) -> dict[str, ProbeBatch]:

@@ -13,6 +13,8 @@ Under a configurable prefix (default ``qpmesh/v1``):
   (TTL trace of the probe's own 5-tuple; unshared: every controller needs every path);
 - ``<prefix>/signals/<host>``: one window of the host's hardware signals (JSON
   `contract.signals.SignalsDoc`: NIC, GPU and host counters as rates, gauges as read).
+- ``<prefix>/neighbors/<host>``: the prober's NICs and their LLDP neighbours, retained JSON
+  (`contract.neighbors.NeighborsDoc`; unshared, like presence).
 
 Subscriptions for probes may be shared (``$share/<group>/<prefix>/probes/#``) so several
 controllers split the load; presence stays unshared (retained messages are not delivered on
@@ -24,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "qpmesh/v1"
-KINDS = ("probes", "presence", "health", "events", "paths", "signals")
+KINDS = ("probes", "presence", "health", "events", "paths", "neighbors", "signals")
 _BAD = frozenset("+#\x00")
 
 
@@ -69,6 +71,10 @@ class Topics:
     def signals(self, host: str) -> str:
         """Return the topic a prober on ``host`` publishes its signal windows to (JSON)."""
         return f"{self.prefix}/signals/{_check_level(host, 'host')}"
+
+    def neighbors(self, host: str) -> str:
+        """Return the retained topic of ``host``'s NICs and their LLDP neighbours (JSON)."""
+        return f"{self.prefix}/neighbors/{_check_level(host, 'host')}"
 
     def events(self, kind: str) -> str:
         """Return the topic the controller publishes ``kind`` events to."""

@@ -38,7 +38,7 @@ from typing import Any
 
 from contract.documents import EventDoc
 from controller.anomaly.detector import Anomaly, Contributor
-from controller.attribution import FindingView, ring_pairs
+from controller.attribution import ring_pairs
 from controller.jobs import Job
 from controller.rootcause.classes import PRECEDENCE, WALK_CLASSES, role_of, root_class
 from controller.rootcause.graph import CrossLayerGraph
@@ -146,7 +146,7 @@ def explain(
     graph: CrossLayerGraph,
     slowdown: float,
     anomalies: Mapping[str, Anomaly],
-    findings: Iterable[FindingView],
+    findings: Iterable[EventDoc],
     now_ns: int,
     cfg: ChainConfig | None = None,
     job: Job | None = None,
@@ -201,9 +201,7 @@ def explain(
     return RootCause(g.job, cls, tgt, best.score, slowdown, text, tuple(best.evidence))
 
 
-def _mesh(
-    w: _Walk, findings: Iterable[FindingView], now_ns: int, job: Job | None
-) -> dict[str, str]:
+def _mesh(w: _Walk, findings: Iterable[EventDoc], now_ns: int, job: Job | None) -> dict[str, str]:
     """Add the mesh's evidence; return the contended links of the job's leaves (link ->
     the finding's target as written)."""
     g, cfg = w.g, w.cfg
