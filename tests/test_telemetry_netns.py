@@ -17,6 +17,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +109,50 @@ def test_ethtool_statistics_of_a_veth_by_name(bed: tuple[Fabric, Plan]) -> None:
         finally:
             r.close()
     assert stats["peer_ifindex"] == peer  # the veth driver's own counter, read by name
+
+
+def _forwarded(ns: str, col: Collector, seconds: float) -> tuple[float, float]:
+    """Return (packets/s leaf0 received from host0, packets/s it sent up to spine0)."""
+    a = _read(ns, col)
+    time.sleep(seconds)
+    doc = window(a, _read(ns, col), "leaf0")
+    rx = doc.get("nic", "down", "rx_packets")
+    tx = doc.get("nic", "up", "tx_packets")
+    assert rx is not None and tx is not None
+    return rx, tx
+
+
+def test_a_lossy_uplink_shows_in_the_collectors_counters(bed: tuple[Fabric, Plan]) -> None:
+    """nftables drops 40 % of what leaf0 forwards to spine0 (the testbed's loss fault): in
+    leaf0's namespace the collector sees its uplink send ~60 % of the packets its port
+    towards host0 receives, where the clean link sends them all."""
+    _, plan = bed
+    src, dst = plan.link("nic0-leaf0").lower, plan.link("nic1-leaf1").lower
+    lp = plan.link("leaf0-spine0")
+    down = plan.link("nic0-leaf0").upper
+    ns = lp.lower.ns
+    cfg = CollectorConfig("leaf0", (NicSource("up", lp.lower.ifname), NicSource("down", down.ifname)),
+                          gpus=False, host_signals=False)  # fmt: skip
+    with netns(ns):
+        col = Collector(cfg)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    argv = faults.blast_argv(src, dst, rate_mbit=20, seconds=60)  # under the 100 Mbit/s shaping
+    gen = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                           start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:  # the generator running, not a fixed time
+            rx, tx = _forwarded(ns, col, 1.0)
+            if rx > 500:
+                break
+        rx, tx = _forwarded(ns, col, 3.0)
+        assert rx > 500 and 0.9 * rx < tx < 1.1 * rx, (rx, tx)  # clean: all forwarded
+        faults.set_loss(plan, "leaf0-spine0", 40)
+        try:
+            rx, tx = _forwarded(ns, col, 3.0)
+        finally:
+            faults.set_loss(plan, "leaf0-spine0", 0)
+    finally:
+        stop_processes([gen])
+        col.close()
+    assert rx > 500 and 0.45 * rx < tx < 0.75 * rx, (rx, tx)  # 40 % dropped before the uplink
