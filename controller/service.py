@@ -31,6 +31,7 @@ from controller.clocksolve import timed_solve
 from controller.coalesce import ProbeQueue
 from controller.config import ServiceConfig
 from controller.control import ControlChange
+from controller.crosslayer import CrossLayer, slowdowns, with_root_cause
 from controller.dispatch import JsonLog, handle_message, message_kind
 from controller.jobs import JobRegistry
 from controller.live import LiveController
@@ -69,7 +70,8 @@ class Wiring:
     (mutated), the components that are on (remediation, the API process, the probe queue)
     and the observers: ``on_solve`` (a clock solve's wall time, s), ``on_action`` (an audit
     record of the remediation policy), ``on_tick`` (the time of a tick whose events are out);
-    ``topology``: the learner of a learned fabric (None: the fabric is declared).
+    ``topology``: the learner of a learned fabric (None: the fabric is declared);
+    ``crosslayer``: hardware signals -> anomalies -> slow jobs' causes (`controller.crosslayer`).
     """
 
     broker: Broker
@@ -85,6 +87,7 @@ class Wiring:
     on_action: Callable[[dict[str, object]], None] = _ignore
     on_tick: Callable[[int], None] = _ignore
     topology: TopologyLearner | None = None
+    crosslayer: CrossLayer | None = None
 
 
 def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
@@ -134,6 +137,15 @@ async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
                 on_action(doc)
             new += [action_event(doc) for doc in docs]
             new += remediation.job_events(now)  # slowdowns attributed to the fabric
+            if w.crosslayer is not None:  # anomalies, and slow jobs' causes from both layers
+                xl = w.crosslayer
+                xl.follow(live.fabric)
+                if xl.due(now):
+                    jobs = remediation.jobs.jobs()
+                    found = xl.step(now, jobs, slowdowns(jobs, remediation.job_status),
+                                    live.snapshot().events)  # fmt: skip
+                    live.record_events(found)
+                    new += found
             hooks = remediation.sender.stats.to_dict()
             if hooks != last_hooks:  # webhook/Alertmanager deliveries, retries, failures
                 log(now, "remediation hooks", **hooks, pending=remediation.sender.pending)
@@ -210,6 +222,7 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
             topics.subscription("presence"),
             topics.subscription("health"),
             topics.subscription("paths"),
+            *((topics.subscription("signals"),) if w.crosslayer is not None else ()),
             *(remediation.subscriptions if remediation is not None else ()),
         ):
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
@@ -227,7 +240,14 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
                     _flush(live, queue, clock, log, counters)
                 payload = msg.payload if isinstance(msg.payload, bytes) else b""
                 mine = None if remediation is None else remediation.handle(str(msg.topic), payload)
-                if mine is not None:
+                xl = (
+                    None
+                    if w.crosslayer is None
+                    else w.crosslayer.handle(topics, str(msg.topic), payload, clock())
+                )
+                if xl is not None:
+                    out = xl
+                elif mine is not None:
                     out, ev = mine
                     if ev is not None:
                         await _publish_event(client, topics, w.api, ev)
@@ -349,6 +369,7 @@ async def _start_api(
     obs: Observability,
     log: JsonLog,
     clock: Callable[[], int],
+    xl: CrossLayer,
 ) -> ApiRuntime | None:
     """Start the API process of ``config.api`` (None: no API) on the remediation's jobs,
     Control and action log; raises OSError if its address is taken or it does not start."""
@@ -356,7 +377,8 @@ async def _start_api(
         return None
     api = ApiRuntime(
         config.api, live.snapshot(), jobs=rem.jobs, control=rem.control, actions=rem.log,
-        ask=rem.ask, job_status=rem.job_status, on_clients=obs.websocket_clients,
+        ask=rem.ask, job_status=lambda j: with_root_cause(rem.job_status(j), xl.cause(j)),
+        on_clients=obs.websocket_clients,
         log=lambda msg: log(clock(), "api process", detail=msg),
     )  # fmt: skip
     log(clock(), "api serving", url=await api.start())
@@ -412,11 +434,13 @@ async def run_service(
         except ValueError as exc:
             log(clock(), "action not recorded", error=str(exc))
 
-    api = await _start_api(config, live, rem, obs, log, clock)
+    xl = CrossLayer(live.fabric)  # signals/<host> in, anomaly and root_cause events out
+    api = await _start_api(config, live, rem, obs, log, clock, xl)
     w = Wiring(
         broker, config, live, clock, log, remediation=rem, api=api,
         queue=ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None,
         on_solve=obs.solve, on_action=on_action, on_tick=on_tick, topology=topology,
+        crosslayer=xl,
     )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:

@@ -65,3 +65,13 @@ class FleetDetector:
             for g, tops in res.moves.items():
                 moves[g] = moves.get(g, ()) + tops
         return FleetResult(tuple(new), active, moves)
+
+
+def job_moves(
+    moves: Mapping[str, tuple[Contributor, ...]], job: str
+) -> dict[str, tuple[Contributor, ...]]:
+    """Return the moves (`FleetResult.moves`) of ``job``'s peer group ``job:<job>``: under
+    "" those of all its entities, under a leaf's id those of its entities under that leaf."""
+    head = f"job:{job}"
+    return {key.partition("@")[2]: cs for key, cs in moves.items()
+            if key == head or key.startswith(head + "@")}  # fmt: skip

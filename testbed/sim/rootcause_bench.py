@@ -39,8 +39,8 @@ import numpy as np
 from contract.documents import EventDoc
 from contract.remediation import PerfDoc
 from contract.signals import Entity
-from controller.anomaly.detector import Anomaly, Contributor, DetectorConfig
-from controller.anomaly.fleet import FleetDetector
+from controller.anomaly.detector import Anomaly, DetectorConfig
+from controller.anomaly.fleet import FleetDetector, job_moves
 from controller.anomaly.frame import SignalFrame
 from controller.attribution import AttributionConfig, JobPerf, attribute
 from controller.jobs import Job
@@ -114,15 +114,6 @@ def _mesh_answer(graph: CrossLayerGraph, a: Any) -> str:
     if "flapping" in a.text:
         return f"link_flap|{link}"
     return f"link_contention|{link}"
-
-
-def _job_moves(
-    moves: Mapping[str, tuple[Contributor, ...]], job: str
-) -> dict[str, tuple[Contributor, ...]]:
-    """Return the detector's moves of ``job``'s group: "" for all, a leaf for its part."""
-    head = f"job:{job}"
-    return {key.partition("@")[2]: cs for key, cs in moves.items()
-            if key == head or key.startswith(head + "@")}  # fmt: skip
 
 
 def run_once(
@@ -220,7 +211,7 @@ def run_once(
             cls, tgt = naive_root_cause(graph, active["static_thresholds"])
             answers["static_thresholds"][(k, w)] = f"{cls}|{tgt}"
             for est, flagged in (("qpmesh", "qpmesh"), ("static_chain", "static_thresholds")):
-                moved = _job_moves(moves, j.id) if est == "qpmesh" else None
+                moved = job_moves(moves, j.id) if est == "qpmesh" else None
                 rc = explain(
                     graph, step / base, active[flagged], recent, now, chain_cfg, job, moved
                 )
