@@ -395,6 +395,7 @@ async def run_service(
     observability: Observability | None = None,
     max_attempts: int | None = None,
     on_tick: Callable[[int], None] = _ignore,
+    crosslayer: CrossLayer | None = None,
 ) -> LiveController:
     """Run until cancelled, reconnecting with exponential backoff on broker errors.
 
@@ -417,7 +418,10 @@ async def run_service(
     Remediation (``config.remediation``) runs every tick; its job registry and Control are the
     API's, so ``PUT /api/v1/control`` switches real remediation and jobs registered through
     the API feed the policy. The registry holds every job, from the API or MQTT, to
-    ``config.grants`` (the operator's ``[api.tenants]``).
+    ``config.grants`` (the operator's ``[api.tenants]``). The probers' signals documents go to
+    ``crosslayer`` (default: a `controller.crosslayer.CrossLayer` on the live fabric), whose
+    ``anomaly`` and ``root_cause`` events join the tick's and whose causes ``/api/v1/jobs``
+    shows.
     """
     topology = TopologyLearner(config.learn) if config.learn is not None else None
     if live is None:
@@ -434,7 +438,7 @@ async def run_service(
         except ValueError as exc:
             log(clock(), "action not recorded", error=str(exc))
 
-    xl = CrossLayer(live.fabric)  # signals/<host> in, anomaly and root_cause events out
+    xl = crosslayer or CrossLayer(live.fabric)  # signals in; anomaly, root_cause events out
     api = await _start_api(config, live, rem, obs, log, clock, xl)
     w = Wiring(
         broker, config, live, clock, log, remediation=rem, api=api,
