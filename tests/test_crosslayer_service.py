@@ -56,8 +56,8 @@ async def test_signals_through_the_broker_become_anomaly_and_root_cause_events(
                     break
                 await asyncio.sleep(0.05)
             for k, nics in enumerate(the_job.ranks):
-                doc = RankDoc(the_job.id, k, nics)
-                await client.publish(rank_topic(topics.prefix, the_job.id, k), doc.encode(),
+                rank = RankDoc(the_job.id, k, nics)
+                await client.publish(rank_topic(topics.prefix, the_job.id, k), rank.encode(),
                                      qos=1, retain=True)  # fmt: skip
             for w in range(30):
                 t = T0 + (w + 1) * 10 * S
