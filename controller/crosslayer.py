@@ -20,7 +20,9 @@ contract decoder, then `contract.origin.signals_origin_error` against the fabric
 
 The service calls `offer` for ``signals/<host>`` messages and `step` from its ticker, and
 records the events through its usual door (the API, ``events/<kind>``, the JSON-lines log);
-the API shows `cause` beside a job's attribution (``perf.root_cause``).
+the API shows `cause` beside a job's attribution (``perf.root_cause``); `take_points` gives
+the windows' time-series points (the Grafana dashboard's ``qpmesh_signal``,
+``qpmesh_anomaly``, ``qpmesh_rootcause``) to the time-series writer.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ from contract.topics import TopicError, Topics
 from controller.anomaly.detector import DetectorConfig
 from controller.anomaly.fleet import FleetDetector, job_moves
 from controller.anomaly.frame import SignalFrame, frame_from_docs
+from controller.anomaly.points import anomaly_points, rootcause_point, signal_points
 from controller.jobs import Job
 from controller.rootcause.chain import ChainConfig, RootCause, explain
 from controller.rootcause.graph import build_graph
+from controller.timeseries.lineproto import Point
 from mesh.fabric import Fabric, FabricError
 
 
@@ -65,6 +69,7 @@ class CrossLayer:
     def __init__(self, fabric: Fabric, config: CrossLayerConfig | None = None) -> None:
         self.cfg = config or CrossLayerConfig()
         self.windows = 0
+        self.points: list[Point] = []
         self._next_ns: int | None = None
         self._reset(fabric)
 
@@ -145,6 +150,8 @@ class CrossLayer:
             sites[kind] = [self._host_leaf[h] for h in owners]
             groups[kind] = [group_of.get(h, f"leaf:{self._host_leaf[h]}") for h in owners]
         res = self.fleet.step(frames, groups, now_ns, sites, hosts)
+        self.points += [p for d in fresh for p in signal_points(d)]
+        self.points += anomaly_points(res.active.values())
         out = [a.event() for a in res.new]
         findings = list(findings)
         live = {j.id for j in jobs}
@@ -164,10 +171,18 @@ class CrossLayer:
             rc = explain(graph, slow, res.active, findings, now_ns, self.cfg.chain, job, moved)
             old = self.causes.get(job.id)
             self.causes[job.id] = rc
+            self.points.append(rootcause_point(rc, now_ns))
             if rc.cause != "unknown" and (
                 old is None or (old.cause, old.target) != (rc.cause, rc.target)
             ):
                 out.append(rc.event(now_ns))
+        return out
+
+    def take_points(self) -> list[Point]:
+        """Return the time-series points of the windows since the last call and forget them:
+        ``qpmesh_signal`` per entity, ``qpmesh_anomaly`` per entity in an episode,
+        ``qpmesh_rootcause`` per slow job walked (`controller.anomaly.points`)."""
+        out, self.points = self.points, []
         return out
 
     # ---- out ------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from controller.dispatch import JsonLog, handle_message, message_kind
 from controller.jobs import JobRegistry
 from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime, action_event
+from controller.timeseries.lineproto import Point
 from controller.timeseries.runtime import Observability
 from controller.topology import TopologyLearner, relearn_live
 from mqttlink.reconnect import Backoff, reconnect_loop
@@ -69,7 +70,8 @@ class Wiring:
     ``mqtt_security``), the live state, the clock and the log, the message ``counters``
     (mutated), the components that are on (remediation, the API process, the probe queue)
     and the observers: ``on_solve`` (a clock solve's wall time, s), ``on_action`` (an audit
-    record of the remediation policy), ``on_tick`` (the time of a tick whose events are out);
+    record of the remediation policy), ``on_tick`` (the time of a tick whose events are out),
+    ``on_points`` (the cross-layer room's time-series points);
     ``topology``: the learner of a learned fabric (None: the fabric is declared);
     ``crosslayer``: hardware signals -> anomalies -> slow jobs' causes (`controller.crosslayer`).
     """
@@ -86,6 +88,7 @@ class Wiring:
     on_solve: Callable[[float], None] = _ignore
     on_action: Callable[[dict[str, object]], None] = _ignore
     on_tick: Callable[[int], None] = _ignore
+    on_points: Callable[[list[Point]], object] = _ignore
     topology: TopologyLearner | None = None
     crosslayer: CrossLayer | None = None
 
@@ -146,6 +149,7 @@ async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
                                     live.snapshot().events)  # fmt: skip
                     live.record_events(found)
                     new += found
+                    w.on_points(xl.take_points())  # the cross-layer dashboard's series
             hooks = remediation.sender.stats.to_dict()
             if hooks != last_hooks:  # webhook/Alertmanager deliveries, retries, failures
                 log(now, "remediation hooks", **hooks, pending=remediation.sender.pending)
@@ -444,7 +448,7 @@ async def run_service(
         broker, config, live, clock, log, remediation=rem, api=api,
         queue=ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None,
         on_solve=obs.solve, on_action=on_action, on_tick=on_tick, topology=topology,
-        crosslayer=xl,
+        crosslayer=xl, on_points=obs.points,
     )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:

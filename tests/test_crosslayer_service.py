@@ -25,6 +25,9 @@ from controller.crosslayer import CrossLayer
 from controller.dispatch import JsonLog
 from controller.live import LiveController
 from controller.service import Broker, run_service
+from controller.timeseries.config import TimeseriesConfig
+from controller.timeseries.runtime import Observability
+from controller.timeseries.writer import TsdbWriter
 from tests.test_crosslayer_live import CFG, FABRIC, S, host_doc, hosts, job
 
 T0 = 1_800_000_000 * S
@@ -40,9 +43,13 @@ async def test_signals_through_the_broker_become_anomaly_and_root_cause_events(
     live = LiveController(FABRIC)
     log_path = tmp_path / "log.jsonl"
     log_file = log_path.open("w")
+    bodies: list[bytes] = []  # the time series, as the writer would POST them
+    obs = Observability(FABRIC, TimeseriesConfig("http://unused", interval_s=60), None,
+                        writer=TsdbWriter("http://unused", post=bodies.append))  # fmt: skip
     svc = asyncio.create_task(
         run_service(Broker(host, port, topics), ServiceConfig(fabric=FABRIC, tick_s=0.02),
-                    log=JsonLog(log_file), live=live, clock=lambda: now[0], crosslayer=xl)
+                    log=JsonLog(log_file), live=live, clock=lambda: now[0], crosslayer=xl,
+                    observability=obs)
     )  # fmt: skip
     the_job = job()
     bad = the_job.ranks[2][0]
@@ -106,3 +113,10 @@ async def test_signals_through_the_broker_become_anomaly_and_root_cause_events(
     assert {("anomaly", bad), ("root_cause", bad)} <= kinds  # recorded through the live door
     lines = [json.loads(x) for x in log_path.read_text().splitlines()]
     assert any(x["msg"] == "event" and x["kind"] == "root_cause" for x in lines)
+    # the dashboard's series went to the time-series writer (docs/grafana/qpmesh-crosslayer.json)
+    assert obs.timeseries is not None and obs.timeseries.writer.flush(10)
+    body = b"".join(bodies)
+    assert f"qpmesh_anomaly,entity={bad},kind=nic,signal=pcie_replay_timeout".encode() in body
+    causes = [ln for ln in body.decode().splitlines() if ln.startswith("qpmesh_rootcause,")]
+    assert any(f"target={bad}" in ln and "cause=pcie" in ln and "job=train" in ln for ln in causes)
+    assert b"qpmesh_signal,entity=nic0,host=host0,kind=nic rdma_tx_bytes=" in body
