@@ -14,6 +14,8 @@ message and counts it with its other bad messages).
   of ``host``'s (a forged queue pair would send other probers' probes elsewhere);
 - a health document: ``host`` is a fabric host, its ``host`` field (when set) is ``host``,
   and every NIC it reports on is one of ``host``'s;
+- a signals document: its ``host`` is ``host`` (a fabric host), every NIC entity is one of
+  ``host``'s, every GPU entity is ``<host>.gpu<k>`` and the host entity, if any, is ``host``.
 - a neighbours document (`contract.neighbors.NeighborsDoc`): its ``host`` field is ``host``
   (or empty: a cleared retained document) and none of its NICs is another host's. A NIC
   nobody claimed yet is accepted: this is the document that makes a NIC known.
@@ -34,6 +36,7 @@ import numpy as np
 from contract.documents import HealthDoc, PresenceDoc
 from contract.neighbors import NeighborsDoc
 from contract.records import ProbeBatch
+from contract.signals import Entity, SignalsDoc
 
 UNTRUSTED = "untrusted"
 
@@ -71,6 +74,24 @@ def health_origin_error(doc: HealthDoc, host: str, nic_host: Mapping[str, str]) 
     if doc.host and doc.host != host:
         return f"{UNTRUSTED}: health of {doc.host!r} published on the topic of {host!r}"
     return _known_host(host, nic_host) or _foreign(doc.nics, host, nic_host)
+
+
+def signals_origin_error(doc: SignalsDoc, host: str, nic_host: Mapping[str, str]) -> str | None:
+    """Return why signals ``doc`` cannot come from ``host``, or None."""
+    if doc.host != host:
+        return f"{UNTRUSTED}: signals of {doc.host!r} published on the topic of {host!r}"
+    gpus = [g for g in doc.entities(Entity.GPU) if not _own_gpu(g, host)]
+    if gpus:
+        return f"{UNTRUSTED}: GPU {gpus[0]!r} is not one of {host!r}'s"
+    others = [h for h in doc.entities(Entity.HOST) if h != host]
+    if others:
+        return f"{UNTRUSTED}: host entity {others[0]!r} in the signals of {host!r}"
+    return _known_host(host, nic_host) or _foreign(doc.entities(Entity.NIC), host, nic_host)
+
+
+def _own_gpu(entity: str, host: str) -> bool:
+    head, _, k = entity.rpartition(".gpu")
+    return head == host and k.isdigit()
 
 
 def neighbors_origin_error(doc: NeighborsDoc, host: str, nic_host: Mapping[str, str]) -> str | None:

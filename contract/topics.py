@@ -11,6 +11,8 @@ Under a configurable prefix (default ``qpmesh/v1``):
 - ``<prefix>/paths/<host>``: the prober's discovered paths, JSON list of
   ``{"src": nic, "dst": nic, "sport": int, "hops": [router address, ...], "reached": bool}``
   (TTL trace of the probe's own 5-tuple; unshared: every controller needs every path);
+- ``<prefix>/signals/<host>``: one window of the host's hardware signals (JSON
+  `contract.signals.SignalsDoc`: NIC, GPU and host counters as rates, gauges as read).
 - ``<prefix>/neighbors/<host>``: the prober's NICs and their LLDP neighbours, retained JSON
   (`contract.neighbors.NeighborsDoc`; unshared, like presence).
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "qpmesh/v1"
-KINDS = ("probes", "presence", "health", "events", "paths", "neighbors")
+KINDS = ("probes", "presence", "health", "events", "paths", "neighbors", "signals")
 _BAD = frozenset("+#\x00")
 
 
@@ -65,6 +67,10 @@ class Topics:
     def paths(self, host: str) -> str:
         """Return the topic a prober on ``host`` publishes its discovered paths to (JSON)."""
         return f"{self.prefix}/paths/{_check_level(host, 'host')}"
+
+    def signals(self, host: str) -> str:
+        """Return the topic a prober on ``host`` publishes its signal windows to (JSON)."""
+        return f"{self.prefix}/signals/{_check_level(host, 'host')}"
 
     def neighbors(self, host: str) -> str:
         """Return the retained topic of ``host``'s NICs and their LLDP neighbours (JSON)."""

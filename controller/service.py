@@ -35,12 +35,14 @@ from controller.clocksolve import timed_solve
 from controller.coalesce import ProbeQueue
 from controller.config import ServiceConfig
 from controller.control import ControlChange
+from controller.crosslayer import CrossLayer, slowdowns, with_root_cause
 from controller.dispatch import JsonLog, handle_message, message_kind
 from controller.fleet.cores import SolverCore, SolveResultLike
 from controller.fleet.solverloop import SolverLoop
 from controller.jobs import JobRegistry
 from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime, action_event
+from controller.timeseries.lineproto import Point
 from controller.timeseries.runtime import Observability
 from controller.topology import TopologyLearner, relearn_live
 from mesh.fabric import Fabric
@@ -109,12 +111,14 @@ class Wiring:
     ``mqtt_security``), the live state, the clock and the log, the message ``counters``
     (mutated), the components that are on (remediation, the API process, the probe queue)
     and the observers: ``on_solve`` (a clock solve's wall time, s), ``on_action`` (an audit
-    record of the remediation policy), ``on_tick`` (the time of a tick whose events are out);
+    record of the remediation policy), ``on_tick`` (the time of a tick whose events are out),
+    ``on_points`` (the cross-layer room's time-series points);
     ``topology``: the learner of a learned fabric (None: the fabric is declared), with
     ``on_fabric(fabric, now)`` called before a learned change is applied and ``tee`` wrapping
     the new brain after it (the time series: `Observability.refabric` and `.brain`);
     ``events``: where each tick's findings come from (None: ``live``'s detection; the fleet
-    solver's `FleetFeed` with ``[fleet]``, probe batches then come from NATS, not MQTT).
+    solver's `FleetFeed` with ``[fleet]``, probe batches then come from NATS, not MQTT);
+    ``crosslayer``: hardware signals -> anomalies -> slow jobs' causes (`controller.crosslayer`).
     """
 
     broker: Broker
@@ -129,9 +133,11 @@ class Wiring:
     on_solve: Callable[[float], None] = _ignore
     on_action: Callable[[dict[str, object]], None] = _ignore
     on_tick: Callable[[int], None] = _ignore
+    on_points: Callable[[list[Point]], object] = _ignore
     topology: TopologyLearner | None = None
     on_fabric: Callable[[Fabric, int], None] = _ignore_fabric
     tee: Callable[[BrainLike], BrainLike] = _same
+    crosslayer: CrossLayer | None = None
     events: EventSource | None = None
 
 
@@ -187,6 +193,16 @@ async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
                 on_action(doc)
             new += [action_event(doc) for doc in docs]
             new += remediation.job_events(now)  # slowdowns attributed to the fabric
+            if w.crosslayer is not None:  # anomalies, and slow jobs' causes from both layers
+                xl = w.crosslayer
+                xl.follow(live.fabric)
+                if xl.due(now):
+                    jobs = remediation.jobs.jobs()
+                    found = xl.step(now, jobs, slowdowns(jobs, remediation.job_status),
+                                    live.snapshot().events)  # fmt: skip
+                    live.record_events(found)
+                    new += found
+                    w.on_points(xl.take_points())  # the cross-layer dashboard's series
             hooks = remediation.sender.stats.to_dict()
             if hooks != last_hooks:  # webhook/Alertmanager deliveries, retries, failures
                 log(now, "remediation hooks", **hooks, pending=remediation.sender.pending)
@@ -264,6 +280,7 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
             topics.subscription("presence"),
             topics.subscription("health"),
             topics.subscription("paths"),
+            *((topics.subscription("signals"),) if w.crosslayer is not None else ()),
             *(remediation.subscriptions if remediation is not None else ()),
         ):
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
@@ -283,7 +300,14 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
                     _flush(live, queue, clock, log, counters)
                 payload = msg.payload if isinstance(msg.payload, bytes) else b""
                 mine = None if remediation is None else remediation.handle(str(msg.topic), payload)
-                if mine is not None:
+                sig = (
+                    None
+                    if w.crosslayer is None
+                    else w.crosslayer.handle(topics, str(msg.topic), payload, clock())
+                )
+                if sig is not None:
+                    out = sig
+                elif mine is not None:
                     out, ev = mine
                     if ev is not None:
                         await _publish_event(client, topics, w.api, ev)
@@ -410,6 +434,7 @@ async def _start_api(
     obs: Observability,
     log: JsonLog,
     clock: Callable[[], int],
+    xl: CrossLayer,
 ) -> ApiRuntime | None:
     """Start the API process of ``config.api`` (None: no API) on the remediation's jobs,
     Control and action log; raises OSError if its address is taken or it does not start."""
@@ -417,7 +442,8 @@ async def _start_api(
         return None
     api = ApiRuntime(
         config.api, live.snapshot(), jobs=rem.jobs, control=rem.control, actions=rem.log,
-        ask=rem.ask, job_status=rem.job_status, on_clients=obs.websocket_clients,
+        ask=rem.ask, job_status=lambda j: with_root_cause(rem.job_status(j), xl.cause(j)),
+        on_clients=obs.websocket_clients,
         log=lambda msg: log(clock(), "api process", detail=msg),
     )  # fmt: skip
     log(clock(), "api serving", url=await api.start())
@@ -435,6 +461,7 @@ async def run_service(
     max_attempts: int | None = None,
     on_tick: Callable[[int], None] = _ignore,
     fleet_core: Callable[[LiveController], SolverCore] | None = None,
+    crosslayer: CrossLayer | None = None,
 ) -> LiveController:
     """Run until cancelled, reconnecting with exponential backoff on broker errors.
 
@@ -457,7 +484,10 @@ async def run_service(
     Remediation (``config.remediation``) runs every tick; its job registry and Control are the
     API's, so ``PUT /api/v1/control`` switches real remediation and jobs registered through
     the API feed the policy. The registry holds every job, from the API or MQTT, to
-    ``config.grants`` (the operator's ``[api.tenants]``).
+    ``config.grants`` (the operator's ``[api.tenants]``). The probers' signals documents go to
+    ``crosslayer`` (default: a `controller.crosslayer.CrossLayer` on the live fabric), whose
+    ``anomaly`` and ``root_cause`` events join the tick's and whose causes ``/api/v1/jobs``
+    shows.
 
     With ``config.fleet`` this is the fleet's solver (docs/scale.md): probe batches are not
     read from MQTT; `controller.fleet.solverloop.SolverLoop` (on ``config.nats``, lease id
@@ -494,12 +524,14 @@ async def run_service(
         solver = SolverLoop(config.fleet.plane, config.nats, member, lambda: core,
                             feed.add, log=log, clock_ns=clock, solve_in_thread=False)  # fmt: skip
         sides.append(solver.run)
-    api = await _start_api(config, live, rem, obs, log, clock)
+    xl = crosslayer or CrossLayer(live.fabric)  # signals in; anomaly, root_cause events out
+    api = await _start_api(config, live, rem, obs, log, clock, xl)
     w = Wiring(
         broker, config, live, clock, log, remediation=rem, api=api,
         queue=ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None,
         on_solve=obs.solve, on_action=on_action, on_tick=on_tick, topology=topology,
         on_fabric=lambda f, t: obs.refabric(f, live, t), tee=obs.brain, events=feed,
+        crosslayer=xl, on_points=obs.points,
     )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:

@@ -355,7 +355,8 @@ def event_from_doc(doc: object, what: str = "event") -> tuple[int, EventDoc]:
 
 def jobs_from_doc(doc: object) -> tuple[Mapping[str, object], ...]:
     """Return the ``/jobs`` document (``{"jobs": [job_doc, ...]}``) as the snapshot's job
-    entries: ``{"name": id, "tenant", "nics": NIC ids in rank order}``; raise
+    entries: ``{"name": id, "tenant", "nics": NIC ids in rank order}``, plus ``"cause"``: the
+    text of its cross-layer root cause (``perf.root_cause.text``) while it has one; raise
     `DocumentError`."""
     out: list[Mapping[str, object]] = []
     for k, j in enumerate(_objs(_obj(doc, "jobs"), "jobs", "jobs")):
@@ -363,8 +364,14 @@ def jobs_from_doc(doc: object) -> tuple[Mapping[str, object], ...]:
         ranks = _objs(j, "ranks", w)
         order = sorted(range(len(ranks)), key=lambda r: read(ranks[r], "rank", int, w))
         nics = [_strs(ranks[r], "nics", f"{w}: ranks[{r}]") for r in order]
-        out.append({"name": read(j, "id", str, w), "tenant": read(j, "tenant", str, w, ""),
-                    "nics": [n for r in nics for n in r]})  # fmt: skip
+        entry: dict[str, object] = {"name": read(j, "id", str, w),
+                                    "tenant": read(j, "tenant", str, w, ""),
+                                    "nics": [n for r in nics for n in r]}  # fmt: skip
+        perf = j.get("perf")
+        rc = perf.get("root_cause") if isinstance(perf, Mapping) else None
+        if isinstance(rc, Mapping):
+            entry["cause"] = read(rc, "text", str, f"{w}: perf.root_cause")
+        out.append(entry)
     return tuple(out)
 
 

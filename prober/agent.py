@@ -15,6 +15,9 @@ One agent per host drives every local NIC:
   encoded and handed to the `Publisher` (which spools it until the broker has it);
 - every ``telemetry.interval_s`` a health document (GPU, NIC counters, prober counters),
   and one at once when a NIC's link state changes (checked every `LINK_CHECK_S`);
+- every ``signals.interval_s`` (10 s; 0 = off) a window of the host's hardware signals
+  (`prober.telemetry.collector`: netdev, qdiscs, ethtool, RDMA counters, AER, NVML, procfs)
+  as a `contract.signals.SignalsDoc` on ``<prefix>/signals/<host>`` (`prober.telemetry.feed`);
 - path discovery (``[paths]``, UDP only): TTL traces of the probe flows themselves, a few per
   second per NIC (`prober.pathsweep`), published as JSON on ``<prefix>/paths/<host>``;
 - with discovery (``[discover]``, `prober.discover.resolve.LocalNics`): the neighbours document
@@ -61,6 +64,8 @@ from prober.publish import Publisher
 from prober.schedule import ProbePlan, ScheduledProbe, choose_peers
 from prober.session import Session
 from prober.spool import Spool
+from prober.telemetry.collector import Collector, CollectorConfig
+from prober.telemetry.feed import SignalsFeed, signals_config
 from prober.telemetry.gpu import GpuReading, gpu_health, read_gpus
 from prober.telemetry.nic import NicTelemetryError, read_link_up, read_nic
 from prober.wire import codec_for
@@ -161,6 +166,9 @@ class Agent:
         lldp_reader: Callable[[str], Lldp] = read_lldp_or_none,
     ) -> None:
         self.cfg = cfg
+        # the hardware-signal collector's opener (`_signals_loop`); a test may replace it
+        self._collector_open: Callable[[CollectorConfig], Collector] = Collector.open
+        self.signals: SignalsFeed | None = None
         self.local = local
         self._lldp_reader = lldp_reader
         self._explicit_peers = cfg.peers
@@ -530,6 +538,8 @@ class Agent:
             else:
                 tasks.append(asyncio.create_task(self._trace_loop()))
             tasks.append(asyncio.create_task(self._paths_publisher()))
+        if self.cfg.signals_interval_s > 0 and not once:
+            tasks.append(asyncio.create_task(self._signals_loop()))
         pub_stop = asyncio.Event()
         pub_task = asyncio.create_task(self.publisher.run(pub_stop))
         try:
@@ -732,6 +742,22 @@ class Agent:
                 self.poll_paths()
                 if self._retrace:
                     self._retrace_one()
+
+    async def _signals_loop(self) -> None:
+        """Every ``signals.interval_s``: read this host's hardware signals and hand the
+        window since the last reading to the publisher (``<prefix>/signals/<host>``). The
+        collector is opened here and closed when the task ends."""
+        cfg = self.cfg
+        collector = self._collector_open(signals_config(cfg.host, cfg.nics, cfg.telemetry_gpu))
+        self.signals = feed = SignalsFeed(cfg.host)
+        try:
+            while True:
+                doc = feed.offer(collector.read(self._now_ns()))
+                if doc is not None:
+                    self.publisher.set_signals(doc.encode())
+                await asyncio.sleep(cfg.signals_interval_s)
+        finally:
+            collector.close()
 
     async def _paths_publisher(self) -> None:
         """Hand queued paths to the publisher once a second (``<prefix>/paths/<host>``, sent

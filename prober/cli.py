@@ -63,6 +63,9 @@ def register(subparsers: Any) -> None:
                         "and print CPU microseconds per stage")  # fmt: skip
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=_bench)
+    from prober.telemetry.signals_cli import register_signals
+
+    register_signals(sub)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ Layout (see docs/prober.md for the full reference)::
                                   # [mqtt]: probe batches go to JetStream (docs/scale.md)
     [spool]                       # max_batches, max_bytes, dir
     [telemetry]                   # interval_s, gpu
+    [signals]                     # interval_s: hardware-signal windows (0 = off; default 10)
     [paths]                       # enabled, traces_per_s, max_ttl, refresh_s (path discovery)
     [auth]                        # key_file: probe HMAC keys (contract.keys; docs/security.md)
     [discover]                    # nics, exclude (globs), nic_id, lldp_socket, lldp_interval_s,
@@ -125,6 +126,7 @@ class ProberConfig:
     spool_dir: str = ""
     telemetry_interval_s: float = 5.0
     telemetry_gpu: bool = True
+    signals_interval_s: float = 10.0  # [signals]: a SignalsDoc window this often (0: none)
     paths_enabled: bool = True
     paths_traces_per_s: float = 5.0
     paths_max_ttl: int = 8
@@ -215,6 +217,11 @@ def parse_config(
     tel_gpu = te.get("gpu", bool, True)
     te.finish()
 
+    si = root.table("signals")
+    sig_interval = si.get("interval_s", float, 10.0, lambda v: v == 0 or 1 <= v <= 3600,
+                          "0 (off) or 1..3600")  # fmt: skip
+    si.finish()
+
     pa = root.table("paths")
     paths_enabled = pa.get("enabled", bool, True)
     traces = pa.get("traces_per_s", float, 5.0, lambda v: 0 < v <= 1000, "in (0, 1000]")
@@ -256,6 +263,7 @@ def parse_config(
         spool_dir=spool_dir,
         telemetry_interval_s=tel_interval,
         telemetry_gpu=tel_gpu,
+        signals_interval_s=sig_interval,
         paths_enabled=paths_enabled,
         paths_traces_per_s=traces,
         paths_max_ttl=max_ttl,

@@ -25,6 +25,9 @@ Discovered paths (`submit_paths`) go out on ``<prefix>/paths/<host>`` over the s
 a bounded queue (oldest dropped and counted at its bound), each document removed only after its
 PUBACK, like the batches.
 
+Hardware signals (`set_signals`): one window at a time on ``<prefix>/signals/<host>``
+(`contract.signals.SignalsDoc`, not retained), only the latest kept while offline.
+
 Probe batches over JetStream (a prober config with ``[nats]``): the batches go to a
 `BatchSender` (`prober.jspublish.JetStreamBatches`) that this publisher runs beside its own
 connection and wakes on `submit`; the MQTT connection then carries presence, health and
@@ -165,6 +168,7 @@ class Publisher:
         self.topics.probes(host)  # validates the host id as a topic level
         self._wake = asyncio.Event()
         self._health: bytes | None = None
+        self._signals: bytes | None = None
         self._rdma: dict[str, dict[str, Any]] | None = None
         self._presence_dirty = False
         self._neighbors: bytes | None = None
@@ -204,6 +208,12 @@ class Publisher:
     def set_health(self, doc: dict[str, Any]) -> None:
         """Queue ``doc`` as the next health message (only the latest one is kept)."""
         self._health = json.dumps(doc, separators=(",", ":"), default=str).encode()
+        self._wake.set()
+
+    def set_signals(self, payload: bytes) -> None:
+        """Queue one ``signals/<host>`` window (a `contract.signals.SignalsDoc`'s bytes); only
+        the latest is kept (a window missed while offline is not worth sending late)."""
+        self._signals = payload
         self._wake.set()
 
     def set_presence_rdma(self, rdma: Mapping[str, Mapping[str, Any]] | None) -> None:
@@ -342,6 +352,9 @@ class Publisher:
             if self._health is not None:
                 doc, self._health = self._health, None
                 await self._publish(client, health, doc)
+            if self._signals is not None and not stop.is_set():
+                win, self._signals = self._signals, None
+                await self._publish(client, self.topics.signals(self.host), win)
             if self._neighbors_dirty and self._neighbors is not None and not stop.is_set():
                 self._neighbors_dirty = False
                 neighbors = self.topics.neighbors(self.host)

@@ -9,6 +9,7 @@ here) the module's fixture starts it itself.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,5 +26,5 @@ def start_scenario(out: Path) -> VmRun:
     """Start the VM running ``testbed.rxevm.scenario`` with its result in ``out``. Raises
     `testbed.rxevm.vm.VmError` when no VM can run here."""
     py = REPO / ".venv" / "bin" / "python"
-    python = py if py.exists() else Path("python3")
+    python = py if py.exists() else Path(sys.executable)  # a worktree runs another's venv
     return start_in_vm(f"cd {REPO} && {python} -m testbed.rxevm.scenario --out {out}", out)

@@ -143,12 +143,19 @@ class World:
             self.served.publish(self.hub.snapshot(), self.planted)
 
     def status(self, job: str) -> dict[str, object] | None:
-        """Each job's perf, naming beta's NIC and a link acme does not see."""
+        """Each job's perf, naming beta's NIC and a link acme does not see, and a
+        cross-layer cause at beta's NIC."""
         return {"step_s": 3.0, "baseline_s": 1.0, "slowdown": 3.0, "timeouts": 0,
                 "cause": "fabric", "links": ["leaf1-spine0", "nic0-leaf0"],
                 "text": f"job {job}: its ring crosses contended link leaf1-spine0 on nic0->nic8",
                 "flows": [{"src": "nic0", "dst": "nic8", "sport": 1},
-                          {"src": "nic0", "dst": "nic1", "sport": 2}]}  # fmt: skip
+                          {"src": "nic0", "dst": "nic1", "sport": 2}],
+                "root_cause": {"job": job, "cause": "pfc_storm", "target": "nic8", "score": 3.0,
+                               "slowdown": 3.0,
+                               "text": "step time 3.0x; pfc storm at nic8: nic8 (host8) sends "
+                                       "pauses; rank 0's nic0 receives them",
+                               "evidence": ["nic8 (host8) under leaf1: pause_tx 120 k/s",
+                                            "rank 1's nic1 receives pauses"]}}  # fmt: skip
 
     def forbidden(self) -> frozenset[str]:
         """Every id acme must never read: beta's NICs, hosts, NIC links and jobs, and the
@@ -357,6 +364,20 @@ async def test_the_operator_sees_what_acme_does_not(client: TestClient[Any, Any]
     assert {"nic8", "nic8-leaf1"} <= leaks(await r.json(), frozenset({"nic8", "nic8-leaf1"}))
     r = await client.get(PREFIX + "/actions", headers={"Authorization": f"Bearer {OP}"})
     assert "beta:train" in leaks(await r.json(), frozenset({"beta:train"}))
+    r = await client.get(PREFIX + "/jobs", headers={"Authorization": f"Bearer {OP}"})
+    causes = [j["perf"]["root_cause"] for j in (await r.json())["jobs"]]
+    assert {c["target"] for c in causes} == {"nic8"} and all("host8" in c["text"] for c in causes)
+
+
+async def test_a_tenant_sees_its_jobs_cause_with_anothers_things_hidden(
+    client: TestClient[Any, Any],
+) -> None:
+    r = await client.get(PREFIX + "/jobs", headers={"Authorization": f"Bearer {ACME}"})
+    (job,) = (await r.json())["jobs"]
+    rc = job["perf"]["root_cause"]
+    assert rc["cause"] == "pfc_storm" and rc["target"] == ""  # beta's NIC: not named
+    assert "nic0" in rc["text"] and "nic8" not in rc["text"] and "host8" not in rc["text"]
+    assert "nic1" in rc["evidence"][1] and "nic8" not in rc["evidence"][0]
 
 
 async def test_a_tenant_registers_on_its_own_nics_only(

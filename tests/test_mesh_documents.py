@@ -162,6 +162,24 @@ def test_jobs_round_trip_as_the_screens_entries() -> None:
     assert jobs_from_doc(doc) == screen_jobs(jobs)
     doc["jobs"][0]["ranks"].reverse()  # ranks are read in rank order
     assert jobs_from_doc(doc) == screen_jobs(jobs)
+    rc = {
+        "job": "train",
+        "cause": "pcie",
+        "target": "nic1",
+        "score": 2.0,
+        "slowdown": 1.6,
+        "text": "step time 1.6x; pcie at nic1: pcie_replay_timeout 900/s",
+        "evidence": [],
+    }
+    doc["jobs"][0]["perf"] = {"slowdown": 1.6, "root_cause": rc}  # qpmesh controller's
+    doc["jobs"][1]["perf"] = {"slowdown": 1.0, "root_cause": None}
+    got = jobs_from_doc(doc)
+    assert (
+        got[0] == {**screen_jobs(jobs)[0], "cause": rc["text"]} and got[1] == screen_jobs(jobs)[1]
+    )
+    doc["jobs"][0]["perf"]["root_cause"] = {"text": 3}
+    with pytest.raises(DocumentError, match=r"^jobs\[0\]: perf.root_cause: text"):
+        jobs_from_doc(doc)
 
 
 WRONG = (None, "x", 3, 2.5, True, [], {}, [1, 2], {"a": 1}, -1)

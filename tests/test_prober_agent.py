@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from contract.records import MISSING, decode_batch
+from contract.signals import Entity, SignalsDoc
 from prober.agent import Agent, batch_seq_start, health_doc, plan_peers, plan_round
 from prober.config import parse_config
 from prober.schedule import ProbePlan
@@ -62,7 +63,8 @@ def config(broker: tuple[str, int] = ("127.0.0.1", 1883), **prober: Any) -> Any:
                        "batch_interval_ms": 200, **prober},
             "schedule": {"rate_hz": 20.0, "paths": 4, "cross_peers": 2, "seed": SEED},
             "mqtt": {"host": broker[0], "port": broker[1], "timeout_s": 3.0},
-            "telemetry": {"interval_s": 0.5},
+            "telemetry": {"interval_s": 0.5, "gpu": False},
+            "signals": {"interval_s": 1.0},
             "nics": [{"id": "nic0", "address": "127.0.0.1", "device": "lo"},
                      {"id": "nic1", "address": "127.0.0.2"}],
             "peers": [{"id": "nic9", "address": "10.9.9.9", "group": "leafX"}],
@@ -100,6 +102,7 @@ async def test_agent_probes_and_publishes(mosquitto: tuple[str, int]) -> None:
     agent = Agent(cfg)
     batches = []
     health: list[dict[str, Any]] = []
+    signals: list[SignalsDoc] = []
     host, port = mosquitto
     async with aiomqtt.Client(host, port, identifier="agent-sub") as sub:
         await sub.subscribe("qpmesh/v1/#", qos=1, timeout=3)
@@ -113,7 +116,9 @@ async def test_agent_probes_and_publishes(mosquitto: tuple[str, int]) -> None:
                     batches.append(decode_batch(bytes(msg.payload)))  # type: ignore[arg-type]
                 elif kind == "health":
                     health.append(json.loads(msg.payload))  # type: ignore[arg-type]
-                if len(batches) >= 6 and health:
+                elif kind == "signals":
+                    signals.append(SignalsDoc.decode(bytes(msg.payload)))  # type: ignore[arg-type]
+                if len(batches) >= 6 and health and signals:
                     return
 
         try:
@@ -155,6 +160,12 @@ async def test_agent_probes_and_publishes(mosquitto: tuple[str, int]) -> None:
     assert any(len(b) and (np.asarray(b.dst) == 2).all() for b in lost)
     assert health[0]["host"] == "hostA" and health[0]["gpu_present"] is False
     assert health[0]["nics"]["nic0"]["device"] == "lo"
+    # [signals] interval_s: a window of the host's hardware signals on signals/<host>, its
+    # NICs with a device by their fabric id (lo's counters: this test's own probes)
+    sig = signals[0]
+    assert sig.host == "hostA" and sig.entities(Entity.NIC) == ("nic0",)
+    assert 0.5 < sig.interval_s < 5 and (sig.get("nic", "nic0", "rx_packets") or 0) > 0
+    assert sig.get("nic", "nic0", "mtu") == 65536  # lo's MTU, a gauge as read
 
 
 async def test_agent_once_without_broker_keeps_batch_in_spool() -> None:

@@ -94,6 +94,28 @@ def test_probes_cross_rxe_through_the_broker_with_four_host_stamps(run: dict[str
     )
 
 
+def test_the_rdma_collector_sees_the_fault_in_rxe_counters(run: dict[str, Any]) -> None:
+    """The prober's RDMA collector (`prober.telemetry.rdma`, catalogue names) reads rxe's own
+    hw_counters: in the clean phase rxe1 receives what rxe0 sends; while netem drops one of
+    a0's source ports on the wire, rxe1 receives fewer than rxe0 sent."""
+    sig = run["signals"]
+
+    def delta(phase: str, dev: str, name: str) -> float:
+        return float(sig[f"{phase}_end"][dev][name] - sig[f"{phase}_start"][dev][name])
+
+    sent, rcvd = (
+        delta("clean", "rxe0", "rdma_tx_packets"),
+        delta("clean", "rxe1", "rdma_rx_packets"),
+    )
+    assert sent >= 20 and abs(rcvd - sent) <= 0.02 * sent + 2, (sent, rcvd)
+    sent, rcvd = (
+        delta("fault", "rxe0", "rdma_tx_packets"),
+        delta("fault", "rxe1", "rdma_rx_packets"),
+    )
+    assert sent >= 20 and sent - rcvd >= 2, (sent, rcvd)  # the dropped source port's packets
+    assert "packet_seq_err" in sig["fault_end"]["rxe0"]  # rxe's names map to the catalogue's
+
+
 def test_records_carry_the_source_ports_seen_on_the_wire(run: dict[str, Any]) -> None:
     """a0 sweeps several QPs; each record's sport is a port its probes really left from."""
     wire_a = {int(p) for p in run["wire"]["10.9.0.1"]}

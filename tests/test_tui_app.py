@@ -83,6 +83,12 @@ async def test_mode_is_unavailable_without_jobs_and_workload_with_jobs() -> None
         assert sorted(app.query_one(MeshGrid).layout_.pos) == [1, 9, 20]
         await pilot.press("m")
         assert app.view.mode == Mode.FLEET
+    cause = "step time 1.6x; pcie at nic9: pcie_replay_timeout 900/s"
+    app = MeshApp(FakeSource(jobs=({**jobs[0], "cause": cause},)), live=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("m")
+        await pilot.pause()
+        assert f"cause {cause}" in _text(app, "#status")  # the slow job's root cause
 
 
 async def test_alerts_toggle_recolours_by_direction() -> None:

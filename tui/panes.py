@@ -104,7 +104,11 @@ def status_text(
     t = Text()
     t.append("[m] Mode ", DIM)
     if view.mode == Mode.WORKLOAD and snap.jobs:
-        t.append(f"Workload: {job_name(snap.jobs[view.job], view.job)}", BOLD)
+        job = snap.jobs[view.job]
+        t.append(f"Workload: {job_name(job, view.job)}", BOLD)
+        if job.get("cause"):  # the cross-layer root cause of a slow job (docs/crosslayer.md)
+            t.append("  cause ", DIM)
+            t.append(str(job["cause"]), Style(color="yellow", bold=True))
     else:
         t.append("Fleet", BOLD)
         if snap.jobs is None:

@@ -252,7 +252,8 @@ def actions_view(doc: Mapping[str, Any], fabric: Fabric, scope: Scope) -> dict[s
 
 def perf_view(perf: Mapping[str, Any], fabric: Fabric, scope: Scope) -> dict[str, Any]:
     """Return a job's ``perf`` as ``scope`` sees it: links and queue pairs out of scope left
-    out, the text redacted."""
+    out, the text redacted; its ``root_cause`` (if any) with a target out of scope blanked and
+    its text and evidence redacted."""
     out = dict(perf)
     if scope.is_fleet:
         return out
@@ -262,6 +263,16 @@ def perf_view(perf: Mapping[str, Any], fabric: Fabric, scope: Scope) -> dict[str
         out["links"] = [lk for lk in out["links"] if scope.target_visible(fabric, str(lk))]
     if isinstance(out.get("flows"), list):
         out["flows"] = [f for f in out["flows"] if _flows_visible(fabric, scope, [_pair(f)])]
+    rc = out.get("root_cause")
+    if isinstance(rc, Mapping):  # the cross-layer cause: its target and text like the rest
+        rc = dict(rc)
+        if rc.get("target") and not scope.target_visible(fabric, str(rc["target"])):
+            rc["target"] = ""
+        if isinstance(rc.get("text"), str):
+            rc["text"] = scope.redact(fabric, rc["text"])
+        if isinstance(rc.get("evidence"), list):
+            rc["evidence"] = [scope.redact(fabric, str(e)) for e in rc["evidence"]]
+        out["root_cause"] = rc
     return out
 
 

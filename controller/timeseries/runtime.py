@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.brainlike import BrainLike
 from controller.timeseries.config import TimeseriesConfig
+from controller.timeseries.lineproto import Point, to_line_protocol
 from controller.timeseries.metrics import ControllerMetrics, serve_metrics
 from controller.timeseries.recorder import TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter, WriterStats
@@ -241,6 +242,13 @@ class Observability:
         Raises ValueError if it is malformed."""
         if self.timeseries is not None:
             self.timeseries.recorder.action(doc)
+
+    def points(self, points: Sequence[Point]) -> int:
+        """Queue ``points`` (e.g. the cross-layer room's) for the time series, if on; return
+        the lines dropped to keep the writer's bound."""
+        if self.timeseries is None or not points:
+            return 0
+        return self.timeseries.writer.offer(to_line_protocol(points))
 
     async def step(self, live: LiveLike, counters: Mapping[str, int], now_ns: int) -> None:
         """Write an interval if due; copy counters into the metrics; log the writer's

@@ -17,7 +17,8 @@
 
 Everything observed goes to ``DIR/result.json`` (records as rows, phase times in the guest's
 clock, which is also the clock of the "sw" stamps, presence history, wire ports, exit codes,
-rxe and link counters at the end,
+rxe and link counters at the end, both rxe devices' counters as the prober's RDMA collector
+reads them at the start and end of the clean and fault phases (``signals``),
 log tails); the tests (tests/test_rxe.py) judge it. Processes started here are stopped by PID.
 """
 
@@ -43,6 +44,7 @@ import aiomqtt
 
 from contract.records import decode_batch
 from prober.rdma.flowlabel import rxe_sport_of_qpn
+from prober.telemetry.rdma import rdma_values, read_rdma_port
 from testbed.rxevm.guest import RxePair, setup_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,10 +212,20 @@ async def wait_for(cond: Any, timeout_s: float, what: str) -> float:
     return time.monotonic() - began
 
 
+def rdma_signals(pair: RxePair) -> dict[str, dict[str, float]]:
+    """Return both rxe devices' counters as the prober's collector reads them (catalogue
+    names, `prober.telemetry.rdma`); a device that cannot be read is left out."""
+    out = {}
+    for dev in (pair.rxe_a, pair.rxe_b):
+        with contextlib.suppress(OSError):
+            out[dev] = rdma_values(*read_rdma_port(dev, 1))
+    return out
+
+
 async def run(out: Path, phase_s: float) -> dict[str, Any]:
     """Run the three phases; return the observations (see the module docstring)."""
     pair = RxePair()
-    res: dict[str, Any] = {"phases": {}, "waits": {}}
+    res: dict[str, Any] = {"phases": {}, "waits": {}, "signals": {}}
     sh(setup_script(pair))
     res["rdma_link"] = subprocess.run(["rdma", "link", "show"], check=False, capture_output=True,
                                       text=True).stdout  # fmt: skip
@@ -236,8 +248,10 @@ async def run(out: Path, phase_s: float) -> dict[str, Any]:
             lambda: obs.results("a0", "b0") and obs.results("b0", "a0"), 420, "first results"
         )
         t = time.time_ns()
+        res["signals"]["clean_start"] = rdma_signals(pair)
         await asyncio.sleep(phase_s)
         res["phases"]["clean"] = [t, time.time_ns()]
+        res["signals"]["clean_end"] = rdma_signals(pair)
 
         qpn_a = obs.qpn("ha")
         assert qpn_a is not None
@@ -252,8 +266,10 @@ async def run(out: Path, phase_s: float) -> dict[str, Any]:
            f"tc filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff "
            f"match ip sport {fault} 0xffff flowid 1:1")  # fmt: skip
         t = time.time_ns()
+        res["signals"]["fault_start"] = rdma_signals(pair)
         await asyncio.sleep(phase_s)
         t_end = time.time_ns()
+        res["signals"]["fault_end"] = rdma_signals(pair)
         sh(f"tc qdisc del dev {dev} root")
         # [add begun, add done, delete begun, delete done]: surely faulty between the middle two
         res["phases"]["fault"] = [t_add, t, t_end, time.time_ns()]

@@ -1,4 +1,5 @@
-"""``qpmesh sim ...``: the vectorized simulator's commands (topology, sync, localize, ingest, run)."""
+"""``qpmesh sim ...``: the vectorized simulator's commands (topology, sync, localize, ingest, run,
+rootcause)."""
 
 from __future__ import annotations
 
@@ -107,3 +108,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from testbed.sim.run_cmd import register_run
 
     register_run(ssub)
+
+    from testbed.sim.rootcause_bench import register_rootcause
+
+    register_rootcause(ssub)
