@@ -14,6 +14,7 @@ file or the network.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -22,10 +23,12 @@ import numpy.typing as npt
 
 from contract.documents import EventDoc
 from controller.detect.causes import excluded_nics, host_quiet, silent_hosts
+from controller.detect.congestion import CongestionParams, link_queue_ns, own_loss_rates
 from controller.detect.delay import DelayParams, DelayWindow
 from controller.detect.loss import LossParams, LossWindow
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
 from controller.detect.paths import PathIndex, alias_groups
+from controller.detect.queues import QueueEstimate, QueueParams, estimate_queues, hop_classes
 from controller.health import EntityState, Finding, HealthParams, Signal, step
 from controller.observations import Observations
 from mesh.fabric import Fabric
@@ -42,10 +45,14 @@ class BrainConfig:
     this much past its end, so late reports (lost probes, delayed batches) land in the window
     they were sent in; 0 = judge at the next tick (callers that deliver each step complete).
     ``horizon``: loss over the last few windows, for losses too small or short for one
-    (`controller.detect.loss_horizon`)."""
+    (`controller.detect.loss_horizon`). ``queues``: the per-hop queue estimate
+    (`controller.detect.queues`); ``congestion``: which losses are overflow on a congested link
+    (`controller.detect.congestion`)."""
 
     loss: LossParams = field(default_factory=LossParams)
     delay: DelayParams = field(default_factory=DelayParams)
+    queues: QueueParams = field(default_factory=QueueParams)
+    congestion: CongestionParams = field(default_factory=CongestionParams)
     health: HealthParams = field(default_factory=HealthParams)
     horizon: HorizonParams = field(default_factory=HorizonParams)
     silent_ns: int = 2_000_000_000
@@ -80,6 +87,7 @@ class Brain:
         self._pairs = PathIndex(2 * width)
         self._alias_at = -1  # path count `_alias_of` was computed at (-1: never)
         self._alias_of: dict[int, tuple[str, ...]] = {}
+        self._hop_aliases: list[tuple[int, ...]] = []  # directed hops no delay tells apart
         self._open: list[_Window] = [self._new_window()]
         self._states = [EntityState() for _ in range(n_links)]
         self._raised: dict[int, str] = {}
@@ -103,6 +111,13 @@ class Brain:
             dtype=np.int64,
         ).reshape(-1, 2)
         self._switch_link = np.array([lk.lower not in fabric.nic_index for lk in fabric.links])
+        self._hop_class = hop_classes(fabric)
+        self._queues: QueueEstimate | None = None  # the last window's per-hop queue estimate
+        self._fine: deque[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = deque()
+        # per-link queue (both directions) of the windows in the loss horizon: (end, values)
+        self._link_q: deque[tuple[int, npt.NDArray[np.float64]]] = deque()
+        self._overflow: dict[int, float] = {}  # link -> own loss read as overflow, this window
+        self._measured = False  # a queue was measured (a window had judged delays)
         self.last_blamed: frozenset[str] = frozenset()
 
     # ---- inputs --------------------------------------------------------------------------
@@ -231,6 +246,9 @@ class Brain:
         reported[list(self._reported_down)] = True
         nic_quiet &= ~reported  # its host says the link is down: that is evidence, not quiet
 
+        est = self._estimate_queues(win)
+        standing = self._standing(est, now_ns)
+        self._overflow = {}
         loss = win.loss.verdict(cfg.loss)
         leak = cfg.horizon.sibling_leak
         leaks = mispath_leaks(loss.cover, self._link_nodes, self._switch_link, leak)
@@ -245,15 +263,29 @@ class Brain:
                 two_way.add(lk)
             if lk not in slow_hop or nbad > slow_cover.bad[slow_hop[lk]]:
                 slow_hop[lk] = int(hop)
-        for lk, rate in loss.blamed.items():
+        queued = est.contended()
+        margin = est.queue_ns - est.threshold_ns
+        for hop in queued[np.argsort(-margin[queued], kind="stable")]:  # the larger first
+            lk = hop_link(int(hop))
+            signals[lk] = Signal.SLOW
+            if lk in slow_hop and slow_hop[lk] != int(hop):
+                two_way.add(lk)
+            slow_hop.setdefault(lk, int(hop))
+        new_hops = np.array([h for h in queued if int(h) not in slow_flows], dtype=np.int64)
+        cut = np.nan_to_num(est.threshold_ns, nan=np.inf)
+        slow_flows.update(win.delay.flows_over(self._paths, cut, new_hops, cfg.delay.max_flows))
+        blamed_loss = self._not_congestion(
+            loss.blamed, loss.cover.total, win.loss.lost_sets(), cfg.loss.min_rate, standing
+        )
+        for lk, rate in blamed_loss.items():
             if lk not in leaks:
                 signals[lk] = Signal.DEAD if rate >= cfg.loss.dead_rate else Signal.LOSSY
         for down_nic in self._reported_down:
             signals[int(f.nic_link[down_nic])] = Signal.DEAD
         rates = self._horizon_signals(
-            signals, loss.cover.total, win.loss.lost_sets(), now_ns, round(dt_s * 1e9)
+            signals, loss.cover.total, win.loss.lost_sets(), now_ns, round(dt_s * 1e9), standing
         )
-        rates.update(loss.blamed)
+        rates.update(blamed_loss)
         blamed = set()
         for lk in signals:
             nic = self._nic_of_link.get(lk)
@@ -291,9 +323,11 @@ class Brain:
         lost_sets: npt.NDArray[np.int32],
         now_ns: int,
         dt_ns: int,
+        standing: npt.NDArray[np.float64],
     ) -> dict[int, float]:
         """Fold the window into the loss horizon; mark LOSSY in ``signals`` the links the
-        horizon blames that the window did not, except leaks and links dead within the
+        horizon blames that the window did not, except leaks, links whose own loss is under
+        the horizon's floor or is overflow (`_not_congestion`) and links dead within the
         horizon or in the window before it (a partly dead window: that down, already
         reported); return the horizon's loss rates of the links it blamed."""
         dead = [lk for lk, s in signals.items() if s == Signal.DEAD]
@@ -305,10 +339,83 @@ class Brain:
         hp = self.config.horizon
         leaks = mispath_leaks(hz, self._link_nodes, self._switch_link, hp.sibling_leak)
         held = now_ns - hp.span_ns - dt_ns  # dead after this: in or next to the horizon
-        out = resid_rate(hz)
+        out = self._not_congestion(
+            resid_rate(hz), self._horizon.totals, self._horizon.lost_sets(), hp.min_rate, standing
+        )
         for lk in out:
             if lk not in signals and lk not in leaks and self._last_dead[lk] < held:
                 signals[lk] = Signal.LOSSY
+        return out
+
+    def _estimate_queues(self, win: _Window) -> QueueEstimate:
+        """Return the per-hop queue estimate (`controller.detect.queues`) over this window's
+        fine delays and those of the ``QueueParams.windows - 1`` windows before it, started
+        from the last window's estimate."""
+        self._fine.append(win.delay.fine())
+        while len(self._fine) > self.config.queues.windows:
+            self._fine.popleft()
+        paths = np.concatenate([p for p, _ in self._fine])
+        excess = np.concatenate([e for _, e in self._fine])
+        warm = None if self._queues is None else self._queues.queue_ns
+        self._refresh_aliases()
+        est = estimate_queues(
+            self._paths.hops[paths],
+            excess,
+            self._hop_class,
+            self.config.queues,
+            warm,
+            self._hop_aliases,
+        )
+        self._queues = est
+        return est
+
+    def _standing(self, est: QueueEstimate, now_ns: int) -> npt.NDArray[np.float64]:
+        """Return per link its queue (both directions' typical waits added) averaged over the
+        windows of the loss horizon that measured it, this one included (NaN: none did)."""
+        span = self.config.horizon.span_ns
+        self._link_q.append((now_ns, link_queue_ns(est.queue_ns)))
+        while self._link_q[0][0] <= now_ns - span:
+            self._link_q.popleft()
+        held = np.array([q for _, q in self._link_q])
+        seen = np.isfinite(held).any(axis=0)
+        self._measured = self._measured or bool(seen.any())
+        mean = np.nansum(held, axis=0) / np.maximum(np.isfinite(held).sum(axis=0), 1)
+        return np.asarray(np.where(seen, mean, np.nan), dtype=np.float64)
+
+    def _not_congestion(
+        self,
+        blamed: Mapping[int, float],
+        totals: npt.NDArray[np.int64],
+        lost_sets: npt.NDArray[np.int32],
+        floor: float,
+        standing: npt.NDArray[np.float64],
+    ) -> dict[int, float]:
+        """Return the links of ``blamed`` (link -> loss rate) whose loss is a finding: dead
+        ones, and those whose own loss (`own_loss_rates`) is over ``floor`` and is not
+        overflow on a congested link (own loss not significantly over
+        ``CongestionParams.max_loss``, 3 binomial standard deviations, with a standing queue:
+        remembered in ``_overflow`` for the link's contention finding; before the first queue
+        is measured anywhere, the controller's first seconds, such a loss is held)."""
+        if not blamed:
+            return {}
+        cp, dead = self.config.congestion, self.config.loss.dead_rate
+        own = own_loss_rates(totals, lost_sets, cp.iterations)
+
+        def within(rate: float, n: int) -> bool:  # not significantly over max_loss (3 sd)
+            return bool(rate * n <= n * cp.max_loss + 3.0 * np.sqrt(n * cp.max_loss))
+
+        out = {}
+        for lk, rate in blamed.items():
+            if rate >= dead:
+                out[lk] = rate
+            elif own[lk] < floor:
+                continue  # the loss of its probes elsewhere
+            elif (standing[lk] >= cp.standing_ns or not self._measured) and within(
+                own[lk], int(totals[lk])
+            ):  # a standing queue, or no queue measured anywhere yet (held until one is)
+                self._overflow[lk] = max(self._overflow.get(lk, 0.0), float(own[lk]))
+            else:
+                out[lk] = rate
         return out
 
     def _host_silence(self, now_ns: int) -> list[EventDoc]:
@@ -369,11 +476,14 @@ class Brain:
             both = f" and {f.hop_name(reverse_hop(hop))}" if two_way else ""
             moved = self._down_sibling(lk)
             why = "" if moved is None else f" (flows re-hashed here from {moved}, which is down)"
+            wait = self._wait_text(hop)
+            over = self._overflow.get(lk)
+            lost = "" if over is None else f"; {over:.1%} of its probes lost to overflow"
             ev = EventDoc(
                 now_ns,
                 "contention",
                 f.hop_name(hop),
-                f"queueing delay on {f.hop_name(hop)}{both}{why}",
+                f"queueing delay on {f.hop_name(hop)}{both}{wait}{why}{lost}",
                 flows=flows,
                 related=moved or "",
             )
@@ -385,19 +495,30 @@ class Brain:
         self._raised[lk] = ev.target
         return ev
 
+    def _wait_text(self, hop: int) -> str:
+        """Return " (typical wait X µs)" from the last queue estimate of ``hop``, or ""."""
+        q = None if self._queues is None else float(self._queues.queue_ns[hop])
+        return "" if q is None or not np.isfinite(q) else f" (typical wait {q / 1e3:.1f} µs)"
+
     def _aliases(self, lk: int) -> tuple[str, ...]:
         """Return the ids of the links no known path tells apart from link ``lk``
-        (`alias_groups` over every path seen so far, recomputed once the known paths have grown
-        by 1 %: new paths only split groups, so between two computations a group may name a
-        link that the newest paths already tell apart)."""
-        n = self._paths.size
-        if self._alias_at < 0 or n > 1.01 * self._alias_at:  # 2 s at 2.5 M paths: not per event
-            self._alias_at = n
-            self._alias_of = {}
-            for g in alias_groups(len(self.fabric.links), self._paths.hops):
-                for li in g:
-                    self._alias_of[li] = tuple(self.fabric.links[o].id for o in g if o != li)
+        (`alias_groups` over every path seen so far, `_refresh_aliases`)."""
+        self._refresh_aliases()
         return self._alias_of.get(lk, ())
+
+    def _refresh_aliases(self) -> None:
+        """Recompute the alias groups of links and of directed hops once the known paths have
+        grown by 1 % (new paths only split groups, so between two computations a group may
+        name a link that the newest paths already tell apart)."""
+        n = self._paths.size
+        if self._alias_at >= 0 and n <= 1.01 * self._alias_at:  # 2 s at 2.5 M paths
+            return
+        self._alias_at = n
+        self._alias_of = {}
+        for g in alias_groups(len(self.fabric.links), self._paths.hops):
+            for li in g:
+                self._alias_of[li] = tuple(self.fabric.links[o].id for o in g if o != li)
+        self._hop_aliases = alias_groups(self.fabric.n_hops, self._paths.hops, directed=True)
 
     def _down_sibling(self, lk: int) -> str | None:
         """Return the id of a sibling of link ``lk`` (`Fabric.sibling_links`) that is down or

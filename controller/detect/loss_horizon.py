@@ -115,6 +115,11 @@ class LossHorizon:
             self._total -= old
 
     @property
+    def totals(self) -> npt.NDArray[np.int64]:
+        """Probes across each link over the horizon."""
+        return self._total.copy()
+
+    @property
     def start_ns(self) -> int | None:
         """End of the oldest window held (None when empty)."""
         return self._wins[0][0] if self._wins else None

@@ -50,6 +50,7 @@ from mesh.fabric.model import hop_links
 from testbed.scenario import Fault, FaultKind, validate_targets
 from testbed.sim.asymmetry import hop_base_ns, nic_txrx_ns, pair_asymmetry_ns
 from testbed.sim.clock_model import ClockWander
+from testbed.sim.congestion_truth import QueueTruth
 from testbed.sim.ecmp_model import true_and_seen_paths
 from testbed.sim.load_model import UtilisationModel, redistribution
 from testbed.sim.loss_model import LossModel
@@ -120,6 +121,7 @@ class SimStep:
     active_faults: tuple[Fault, ...] = field(default=())
     seen_fwd: I32 | None = None  # the controller's view of each probe's path (None: = hops)
     seen_rev: I32 | None = None
+    hop_queue_ns: F64 | None = None  # per directed hop: median queueing (congestion truth)
 
 
 def _probe_pairs(fabric: Fabric, cfg: SimConfig, rng: np.random.Generator) -> tuple[I64, I64]:
@@ -196,6 +198,11 @@ class Simulator:
         self._loss = LossModel(len(fabric.links), knobs, cfg.seed)
         self.nic_tx_ns, self.nic_rx_ns = (
             nic_txrx_ns(n, knobs, cfg.seed) if self.real else (np.zeros(n), np.zeros(n))
+        )
+        egress = np.zeros(fabric.n_hops, dtype=bool)
+        egress[[hop_id(int(li), False) for li in fabric.nic_link]] = True
+        self._queue_truth = QueueTruth(
+            knobs, cfg.seed, egress, self.real and cfg.timestamps == "hw" and knobs.hw_stamp_at_wire
         )
         for f in faults:
             self.add_fault(f)
@@ -471,6 +478,9 @@ class Simulator:
             rho = np.minimum(cfg.load + util_extra, 0.98)
             incast = None
         del t_s
+        hop_q = self._queue_truth.hop_queue_ns(
+            rho, self._service_ns, queue_extra_us * 1000.0, incast
+        )
         owd_f, nic_wait_f = self._delays(hops_f, rho, queue_extra_us, incast)
         owd_r, nic_wait_r = self._delays(hops_r, rho, queue_extra_us, incast)
         if self.real:
@@ -542,6 +552,7 @@ class Simulator:
             tuple(active),
             seen_f[keep] if seen_f is not None else None,
             seen_r[keep] if seen_r is not None else None,
+            hop_q,
         )
 
     def run(
