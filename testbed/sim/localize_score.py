@@ -1,0 +1,288 @@
+"""Scoring of ``qpmesh sim localize``: alerts against the injected faults and against the
+simulator's own congestion (pure).
+
+Two kinds of truth, scored apart:
+
+- **faults** (`testbed.scenario.Fault`): found when an alert names an accepted target
+  (`accepted_targets`) while the fault is active (+ ``GRACE_S``) with a cause the fault can
+  show as (`testbed.scoring.CAUSES`);
+- **congestion**: a directed hop whose median queueing is over the contention threshold
+  (`testbed.sim.congestion_truth.CONTENTION_NS`) for a run of steps is a congestion
+  *episode* (`CongestionTruth`). A ``contention`` alert on that hop, in that direction, while
+  the episode lasts (+ ``GRACE_S``) is a hit; an episode of at least ``CONGESTION_MIN_S`` is
+  missed when none names it. A contention alert on a hop with a standing queue under the
+  threshold (`STANDING_NS`) is counted apart (``near_congestion_alerts``: neither a hit nor
+  false); one on the reverse direction of a queued hop is false (``wrong_direction_alerts``).
+
+Every alert is counted each time it is raised: precision is hits over alerts raised, per
+class. An alert that is not a hit belongs to the congestion class when it says
+``contention`` and to the fault class otherwise; voting alerts name links only, with no
+kind and no direction: a voting alert on a link with a contended hop (either direction) is a
+congestion hit, and a voting alert that is no hit counts against its fault precision.
+Allowances, neither hits nor false: an alert of kind loss / flap / down (or voting's) on a
+link during one of the model's loss bursts (``burst_alerts``); a contention alert on a
+sibling a down link's flows were re-hashed onto that names it as what it follows from, or a
+voting alert there (``reroute_alerts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from contract.documents import EventDoc
+from mesh.fabric import Fabric
+from testbed.scenario import Fault, FaultKind
+from testbed.scoring import cause_ok, prf
+from testbed.sim.congestion_truth import CONTENTION_NS, STANDING_NS
+
+GRACE_S = 1.0
+CONGESTION_MIN_S = 0.5
+F64 = npt.NDArray[np.float64]
+Span = tuple[int, float, float]  # (directed hop, start s, end s)
+
+
+def accepted_targets(fabric: Fabric, fault: Fault) -> set[str]:
+    """Targets that count as localizing ``fault`` (normalized link / NIC / host ids)."""
+    if fault.kind == FaultKind.NIC_DOWN:
+        return {fault.target, fabric.links[int(fabric.nic_link[fabric.nic_index[fault.target]])].id}
+    return {fault.target}
+
+
+def normalize(fabric: Fabric, target: str) -> str:
+    """Map a directed hop name ``a->b`` to its link id; other targets unchanged."""
+    if "->" in target:
+        a, b = target.split("->", 1)
+        lk = fabric.link_between.get((a, b), fabric.link_between.get((b, a)))
+        if lk is not None:
+            return fabric.links[lk].id
+    return target
+
+
+def hop_of(fabric: Fabric, target: str) -> int | None:
+    """Return the directed hop id a ``a->b`` name means, or None (not a hop name)."""
+    if "->" not in target:
+        return None
+    a, b = target.split("->", 1)
+    if (a, b) in fabric.link_between:
+        return 2 * fabric.link_between[(a, b)]
+    if (b, a) in fabric.link_between:
+        return 2 * fabric.link_between[(b, a)] + 1
+    return None
+
+
+class CongestionTruth:
+    """Runs of steps per directed hop with the median queue over the contention threshold
+    (episodes) and over the standing-queue level, from the simulator's steps."""
+
+    def __init__(self, n_hops: int) -> None:
+        self.n_hops = n_hops
+        self._on = {k: np.full(n_hops, np.nan) for k in ("contended", "standing")}
+        self.spans: dict[str, list[Span]] = {"contended": [], "standing": []}
+        self._end = 0.0
+        self._by_hop: dict[str, dict[int, list[Span]]] | None = None
+
+    def add(self, t0_s: float, t1_s: float, hop_queue_ns: F64 | None) -> None:
+        """Fold one step [t0_s, t1_s) with its per-hop median queueing (None: none)."""
+        q = np.zeros(self.n_hops) if hop_queue_ns is None else hop_queue_ns
+        for key, cut in (("contended", CONTENTION_NS), ("standing", STANDING_NS)):
+            on, start = q >= cut, self._on[key]
+            ended = np.flatnonzero(~on & np.isfinite(start))
+            self.spans[key] += [(int(h), float(start[h]), t0_s) for h in ended]
+            start[ended] = np.nan
+            start[on & np.isnan(start)] = t0_s
+        self._end = t1_s
+
+    def close(self) -> None:
+        """End the runs still open at the last step's end."""
+        for key, start in self._on.items():
+            open_ = np.flatnonzero(np.isfinite(start))
+            self.spans[key] += [(int(h), float(start[h]), self._end) for h in open_]
+            start[open_] = np.nan
+        self._by_hop = None
+
+    def episodes(self) -> list[Span]:
+        """Return the contended runs (hop, start, end) in order of start."""
+        return sorted(self.spans["contended"], key=lambda s: (s[1], s[0]))
+
+    def covering(self, key: str, hops: Sequence[int], t_s: float) -> list[Span]:
+        """Return the runs of ``spans[key]`` on ``hops`` covering ``t_s`` (from their start
+        to ``GRACE_S`` after their end)."""
+        if self._by_hop is None:
+            self._by_hop = {k: {} for k in self.spans}
+            for k, spans in self.spans.items():
+                for sp in spans:
+                    self._by_hop[k].setdefault(sp[0], []).append(sp)
+        by = self._by_hop[key]
+        return [sp for h in hops for sp in by.get(h, ()) if sp[1] <= t_s <= sp[2] + GRACE_S]
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alert: time s, its raw target (a directed hop name for qpmesh's contention), kind
+    (None: voting), what it says it follows from (``EventDoc.related``) and, for a link
+    queued both ways, the other direction it names (``also``)."""
+
+    t_s: float
+    target: str
+    kind: str | None = None
+    related: str = ""
+    also: str = ""
+
+    @classmethod
+    def of_event(cls, t_s: float, ev: EventDoc) -> Alert:
+        """Return the alert an event raises at ``t_s``: a contention's detail "queueing delay
+        on A and B ..." (`controller.brain`: one event for a link queued both ways) names B
+        too."""
+        also = ""
+        head = f"queueing delay on {ev.target} and "
+        if ev.kind == "contention" and ev.detail.startswith(head):
+            also = ev.detail[len(head) :].split(" ", 1)[0].rstrip(";,")
+        return cls(t_s, ev.target, ev.kind, ev.related, also)
+
+
+@dataclass
+class Scorer:
+    """Scores the alerts of one estimator over a run (see the module docstring)."""
+
+    fabric: Fabric
+    faults: Sequence[Fault]
+    truth: CongestionTruth
+    bursts: list[tuple[int, float, float]] = field(default_factory=list)
+    moved_onto: Callable[[float], dict[str, tuple[str, ...]]] = lambda _t: {}
+
+    def evaluate(self, alerts: Sequence[Alert]) -> dict[str, object]:
+        """Return the scores (P / R / F1 per class and over both, alert counts, per fault the
+        first hit time under ``_first`` and whether found under ``_found``)."""
+        f, faults = self.fabric, self.faults
+        episodes = self.truth.episodes()
+        ep_index = {s: i for i, s in enumerate(episodes)}
+        found = [False] * len(faults)
+        first: list[float | None] = [None] * len(faults)
+        ep_found = [False] * len(episodes)
+        hits: dict[str, list[Alert]] = {"fault": [], "congestion": []}
+        false: dict[str, list[Alert]] = {"fault": [], "congestion": []}
+        counts = dict.fromkeys(
+            ("burst", "reroute", "near_congestion", "wrong_direction", "wrong_cause",
+             "congestion_loss"), 0,
+        )  # fmt: skip
+        for a in alerts:
+            link = normalize(f, a.target)
+            fault_hit, wrong_cause = False, False
+            for i, ft in enumerate(faults):
+                if link in accepted_targets(f, ft) and ft.start_s <= a.t_s <= ft.end_s + GRACE_S:
+                    if cause_ok(ft.kind, a.kind):
+                        fault_hit, found[i] = True, True
+                        first[i] = a.t_s if first[i] is None else min(first[i] or a.t_s, a.t_s)
+                    else:
+                        wrong_cause = True
+            if fault_hit:
+                hits["fault"].append(a)
+                continue
+            hop = hop_of(f, a.target) if a.kind == "contention" else None
+            li = f.link_index.get(link)
+            hops = [hop] if hop is not None else [] if li is None else [2 * li, 2 * li + 1]
+            other = hop_of(f, a.also) if hop is not None and a.also else None
+            hops += [other] if other is not None else []
+            if a.kind in ("contention", None) and hops:
+                on = self.truth.covering("contended", hops, a.t_s)
+                if on:
+                    hits["congestion"].append(a)
+                    for ep in on:
+                        ep_found[ep_index[ep]] = True
+                    continue
+                if self.truth.covering("standing", hops, a.t_s):
+                    counts["near_congestion"] += 1
+                    continue
+            if self._burst(a, li):
+                counts["burst"] += 1
+                continue
+            moved = self.moved_onto(a.t_s).get(link, ())
+            if moved and (a.kind is None or (a.kind == "contention" and a.related in moved)):
+                counts["reroute"] += 1
+                continue
+            counts["wrong_cause"] += wrong_cause
+            if hop is not None and self.truth.covering("standing", [hop ^ 1], a.t_s):
+                counts["wrong_direction"] += 1
+            if a.kind not in ("contention", None) and li is not None:
+                queued = self.truth.covering("standing", [2 * li, 2 * li + 1], a.t_s)
+                counts["congestion_loss"] += bool(queued)
+            false["congestion" if a.kind == "contention" else "fault"].append(a)
+        required = [i for i, (_, a, b) in enumerate(episodes) if b - a >= CONGESTION_MIN_S - 1e-9]
+        cong_hits = [ep_found[i] for i in required]
+        out: dict[str, object] = {
+            **prf(found, hits["fault"], false["fault"]),
+            **{
+                f"congestion_{k}": v
+                for k, v in prf(cong_hits, hits["congestion"], false["congestion"]).items()
+            },
+        }
+        both = prf(
+            found + cong_hits,
+            hits["fault"] + hits["congestion"],
+            false["fault"] + false["congestion"],
+        )
+        out.update({f"overall_{k}": v for k, v in both.items()})
+        out.update(
+            {
+                "false_alerts": len(false["fault"]) + len(false["congestion"]),
+                "false_fault_alerts": len(false["fault"]),
+                "false_congestion_alerts": len(false["congestion"]),
+                "wrong_cause_alerts": counts["wrong_cause"],
+                "wrong_direction_alerts": counts["wrong_direction"],
+                "congestion_loss_alerts": counts["congestion_loss"],
+                "near_congestion_alerts": counts["near_congestion"],
+                "burst_alerts": counts["burst"],
+                "reroute_alerts": counts["reroute"],
+                "alerts": len(alerts),
+                "congestion_episodes": len(required),
+                "congestion_found": sum(cong_hits),
+                "_found": found,
+                "_first": first,
+            }
+        )
+        return out
+
+    def _burst(self, a: Alert, li: int | None) -> bool:
+        """A loss / flap / down alert (or a voting one) on a link during one of its loss
+        bursts (to ``GRACE_S`` after its end): a real, if short, loss."""
+        return (
+            li is not None
+            and a.kind in (None, "loss", "link_flap", "link_down")
+            and any(lb == li and b0 <= a.t_s <= b1 + GRACE_S for lb, b0, b1 in self.bursts)
+        )
+
+
+def reroute_targets(
+    fabric: Fabric, faults: Sequence[Fault], redistributes: bool
+) -> Callable[[float], dict[str, tuple[str, ...]]]:
+    """Return a function of time s: per link id, the faulted links whose flows ECMP re-hashed
+    onto it then (the siblings, `Fabric.sibling_links`, of a flapping or down link, from its
+    fault's start to ``GRACE_S`` after its end); empty if the model does not move load.
+
+    The realistic model moves a down link's utilisation onto its siblings, so their queues
+    are real. A contention alert there that names the down link as what it follows from
+    (`EventDoc.related`) reports that, and is neither a hit nor false unless the sibling's
+    queue crossed the contention threshold (then it is a congestion hit); so is a voting alert
+    on such a sibling, which names no cause (the same allowance for both)."""
+    spans = [
+        (f.start_s, f.end_s + GRACE_S, fabric.link_index[f.target])
+        for f in faults
+        if redistributes
+        and f.kind in (FaultKind.FLAP, FaultKind.LINK_DOWN)
+        and f.target in fabric.link_index
+    ]
+
+    def at(t_s: float) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        for a, b, li in spans:
+            if a <= t_s <= b:
+                for s in fabric.sibling_links[li]:
+                    sid = fabric.links[s].id
+                    out[sid] = (*out.get(sid, ()), fabric.links[li].id)
+        return out
+
+    return at
