@@ -117,7 +117,9 @@ class Brain:
         # per-link queue (both directions) of the windows in the loss horizon: (end, values)
         self._link_q: deque[tuple[int, npt.NDArray[np.float64]]] = deque()
         self._overflow: dict[int, float] = {}  # link -> own loss read as overflow, this window
-        self._measured = False  # a queue was measured (a window had judged delays)
+        # a queue has been measured for a loss horizon (judged delays since then)
+        self._measured = False
+        self._measured_at: int | None = None
         self.last_blamed: frozenset[str] = frozenset()
 
     # ---- inputs --------------------------------------------------------------------------
@@ -378,7 +380,9 @@ class Brain:
             self._link_q.popleft()
         held = np.array([q for _, q in self._link_q])
         seen = np.isfinite(held).any(axis=0)
-        self._measured = self._measured or bool(seen.any())
+        if self._measured_at is None and seen.any():
+            self._measured_at = now_ns
+        self._measured = self._measured_at is not None and now_ns - self._measured_at >= span
         mean = np.nansum(held, axis=0) / np.maximum(np.isfinite(held).sum(axis=0), 1)
         return np.asarray(np.where(seen, mean, np.nan), dtype=np.float64)
 
@@ -394,8 +398,9 @@ class Brain:
         ones, and those whose own loss (`own_loss_rates`) is over ``floor`` and is not
         overflow on a congested link (own loss not significantly over
         ``CongestionParams.max_loss``, 3 binomial standard deviations, with a standing queue:
-        remembered in ``_overflow`` for the link's contention finding; before the first queue
-        is measured anywhere, the controller's first seconds, such a loss is held)."""
+        remembered in ``_overflow`` for the link's contention finding; until queues have
+        been measured for a loss horizon, the controller's first seconds, such a loss is
+        held)."""
         if not blamed:
             return {}
         cp, dead = self.config.congestion, self.config.loss.dead_rate

@@ -13,15 +13,18 @@ estimates the *typical* wait of every directed hop instead, ``q[h]``, the value 
   each class at most once, so the hops of one class share no measurement and are solved
   together exactly: for each hop of the class, ``q[h] = max(0, median over its measurements
   of (excess[m] - sum of the other hops' q))``;
-- per-hop medians from a histogram of those residuals (``bin_ns`` wide, one ``np.bincount``
-  per class: no sort), interpolated inside the median's bin;
+- per-hop medians from a histogram of those residuals (``bin_ns`` wide up to 10 µs, 5 %
+  wider each beyond; one ``np.bincount`` per class: no sort), interpolated inside the
+  median's bin;
 - ``sweeps`` passes over the classes, started from the previous window's estimate.
 
 A median, not a mean: incast bursts and rare long waits hit a minority of a hop's probes and
-do not move it; a standing queue does. A hop is *contended* when its estimate is over
-``max(contention_ns, class median + noise_k x MAD)`` of its class (robust to what every hop of
-a class carries alike: software-stamp jitter on the NIC hops, a clock error common to all)
-with at least ``min_samples`` measurements.
+do not move it; a standing queue does. A hop is *contended* when its estimate, less ``z`` standard errors of its median (from the
+spread of its residuals and its count: a hop of a small fabric has tens of measurements a
+window), is over ``class median + max(contention_ns, noise_k x MAD)`` of its class (robust to what every hop of
+a class carries alike: software-stamp jitter on the NIC hops, a clock error common to all;
+the MAD of the hops at or under the class median, since contention only adds) with at least
+``min_samples`` measurements.
 
 What one-way delays cannot place: every path crosses one hop of class ``2t`` (up from tier
 t) exactly when it crosses one of class ``2t + 1`` (down to tier t), so adding a constant to
@@ -50,22 +53,35 @@ _TIER = {NodeKind.LEAF: 1, NodeKind.SPINE: 2, NodeKind.SUPERSPINE: 3}
 
 @dataclass(frozen=True, slots=True)
 class QueueParams:
-    """See the module docstring. ``windows``: detection windows whose delays one estimate
-    reads (the brain's: the window judged and the one before it; two halve the sampling
-    noise of a hop's median at the price of 100 ms more to see a queue end)."""
+    """See the module docstring. Residuals are binned ``bin_ns`` wide from ``lo_ns`` to
+    ``fine_ns``, then in bins 5 % wider each up to ``hi_ns`` (values outside fall in the end
+    bins). ``z``: standard errors of a hop's median by which it must clear the threshold.
+    ``windows``: detection windows whose delays one estimate reads (the brain's: the window
+    judged and the one before it; two halve the sampling noise of a hop's median at the price
+    of 100 ms more to see a queue end)."""
 
     contention_ns: float = 1500.0
     noise_k: float = 4.0
+    z: float = 2.0
     min_samples: int = 8
     sweeps: int = 2
     bin_ns: float = 50.0
     lo_ns: float = -2000.0
-    hi_ns: float = 20000.0
+    fine_ns: float = 10_000.0
+    hi_ns: float = 1_000_000.0
     windows: int = 2
 
     def __post_init__(self) -> None:
-        if self.bin_ns <= 0 or self.hi_ns <= self.lo_ns or self.sweeps < 1 or self.windows < 1:
-            raise ValueError("bin_ns must be > 0, hi_ns > lo_ns, sweeps and windows >= 1")
+        if self.bin_ns <= 0 or not self.lo_ns < self.fine_ns < self.hi_ns:
+            raise ValueError("bin_ns must be > 0 and lo_ns < fine_ns < hi_ns")
+        if self.sweeps < 1 or self.windows < 1 or self.z < 0:
+            raise ValueError("sweeps and windows must be >= 1, z >= 0")
+
+    def edges(self) -> F64:
+        """Return the histogram's bin edges (ns)."""
+        fine = np.arange(self.lo_ns, self.fine_ns, self.bin_ns)
+        n = int(np.ceil(np.log(self.hi_ns / self.fine_ns) / np.log(1.05)))
+        return np.concatenate([fine, self.fine_ns * 1.05 ** np.arange(n + 1)])
 
 
 def hop_classes(fabric: Fabric) -> npt.NDArray[np.int8]:
@@ -83,33 +99,41 @@ def hop_classes(fabric: Fabric) -> npt.NDArray[np.int8]:
 @dataclass(frozen=True, eq=False)
 class QueueEstimate:
     """Per directed hop: typical queueing ``queue_ns`` (NaN where fewer than ``min_samples``
-    measurements crossed it), ``samples`` and the contention ``threshold_ns`` of its class."""
+    measurements crossed it), ``samples``, the standard error of that median ``stderr_ns``
+    and the contention ``threshold_ns`` of its class; ``z`` (`QueueParams.z`)."""
 
     queue_ns: F64
     samples: I64
+    stderr_ns: F64
     threshold_ns: F64
+    z: float = 2.0
 
     def contended(self) -> I64:
-        """Return the hops whose estimate is over their class's threshold."""
+        """Return the hops whose estimate is over their class's threshold by ``z`` standard
+        errors."""
         with np.errstate(invalid="ignore"):
-            return np.flatnonzero(self.queue_ns > self.threshold_ns).astype(np.int64)
+            over = self.queue_ns - self.z * self.stderr_ns > self.threshold_ns
+        return np.flatnonzero(over).astype(np.int64)
 
 
-def _group_median(g: I64, r: F64, n_groups: int, p: QueueParams) -> F64:
-    """Return per group (0..n_groups-1) the median of ``r`` read from a histogram (NaN: empty)."""
-    nb = int(np.ceil((p.hi_ns - p.lo_ns) / p.bin_ns))
-    b = np.clip(((r - p.lo_ns) / p.bin_ns).astype(np.int64), 0, nb - 1)
+def _group_quantiles(g: I64, r: F64, n_groups: int, edges: F64, qs: tuple[float, ...]) -> F64:
+    """Return per group (0..n_groups-1) the quantiles ``qs`` of ``r`` read from a histogram
+    over ``edges`` (linear inside a bin), shape (n_groups, len(qs)); NaN rows: empty."""
+    nb = len(edges) - 1
+    b = np.clip(np.searchsorted(edges, r, side="right") - 1, 0, nb - 1)
     counts = np.bincount(g * nb + b, minlength=n_groups * nb).reshape(n_groups, nb)
     cum = np.cumsum(counts, axis=1)
     n = cum[:, -1]
-    half = n / 2.0
-    k = np.argmax(cum >= half[:, None], axis=1)
     rows = np.arange(n_groups)
-    below = np.where(k > 0, cum[rows, np.maximum(k - 1, 0)], 0)
-    inside = np.maximum(counts[rows, k], 1)
-    frac = np.clip((half - below) / inside, 0.0, 1.0)
-    med = p.lo_ns + (k + frac) * p.bin_ns
-    return np.asarray(np.where(n > 0, med, np.nan), dtype=np.float64)
+    out = np.full((n_groups, len(qs)), np.nan)
+    for j, q in enumerate(qs):
+        want = n * q
+        k = np.argmax(cum >= want[:, None], axis=1)
+        below = np.where(k > 0, cum[rows, np.maximum(k - 1, 0)], 0)
+        frac = np.clip((want - below) / np.maximum(counts[rows, k], 1), 0.0, 1.0)
+        val = edges[k] + frac * (edges[k + 1] - edges[k])
+        out[:, j] = np.where(n > 0, val, np.nan)
+    return out
 
 
 def estimate_queues(
@@ -128,14 +152,16 @@ def estimate_queues(
     each group's total is put on its first hop, as the slow tier's cover picks the lowest
     index among equals."""
     n_hops = len(hop_class)
+    edges = params.edges()
     valid = hops >= 0
     h = np.where(valid, hops, 0)
     samples = np.bincount(hops[valid], minlength=n_hops).astype(np.int64)
     q = np.zeros(n_hops) if warm is None else np.nan_to_num(np.maximum(warm, 0.0), nan=0.0)
     q = q.copy()
+    iqr = np.full(n_hops, np.nan)
     thr = np.full(n_hops, params.contention_ns)
     if not len(excess):
-        return QueueEstimate(np.full(n_hops, np.nan), samples, thr)
+        return QueueEstimate(np.full(n_hops, np.nan), samples, iqr, thr, params.z)
     cls = np.where(valid, hop_class[h], -1)
     # per class: the measurements crossing it, the hop of that class each crossed (a path
     # crosses a class at most once) and the class's hops as dense group numbers
@@ -149,25 +175,33 @@ def estimate_queues(
         members, g = np.unique(hc[on], return_inverse=True)
         plan.append((on, hc[on], g.astype(np.int64), members))
     s = np.where(valid, q[h], 0.0).sum(axis=1)
-    for _ in range(params.sweeps):
+    for sweep in range(params.sweeps):
+        last = sweep == params.sweeps - 1
         for on, hop, g, members in plan:
             r = excess[on] - s[on] + q[hop]
-            med = _group_median(g, r, len(members), params)
-            new = np.maximum(np.nan_to_num(med, nan=0.0), 0.0)
+            qs = _group_quantiles(g, r, len(members), edges, (0.5, 0.25, 0.75) if last else (0.5,))
+            new = np.maximum(np.nan_to_num(qs[:, 0], nan=0.0), 0.0)
             s[on] += new[g] - q[hop]
             q[members] = new
+            if last:
+                iqr[members] = qs[:, 2] - qs[:, 1]
     for grp in aliases:
         g = list(grp)
         q[g[0]] = q[g].sum()
         q[g[1:]] = 0.0
     est = np.where(samples >= params.min_samples, q, np.nan)
+    # standard error of a median: 1.2533 sigma / sqrt(n), sigma from the residuals' IQR
+    stderr = 1.2533 * (iqr / 1.349) / np.sqrt(np.maximum(samples, 1))
     med: dict[int, float] = {}
     mad: dict[int, float] = {}
     for c in (int(x) for x in np.unique(hop_class)):
         v = est[(hop_class == c) & np.isfinite(est)]
         if len(v) >= 4:
             med[c] = float(np.median(v))
-            mad[c] = 1.4826 * float(np.median(np.abs(v - med[c])))
+            # the spread of the hops at or under the median: contention only adds, so the
+            # contended hops of a small fabric (3 of a leaf's 4 uplinks while the 4th is
+            # down) do not widen it
+            mad[c] = 1.4826 * float(np.median(med[c] - v[v <= med[c]]))
     for c, m in med.items():
         # a queue common to a class and its reverse (c ^ 1) is placed half on each: one-way
         # delays cannot split it (the module docstring)
@@ -176,4 +210,4 @@ def estimate_queues(
             params.contention_ns - level, params.noise_k * mad[c], params.contention_ns / 2
         )
         thr[hop_class == c] = m + margin
-    return QueueEstimate(est, samples, thr)
+    return QueueEstimate(est, samples, stderr, thr, params.z)

@@ -8,14 +8,16 @@ clock error alone cannot reach it). It has a *standing queue* from `STANDING_NS`
 clock-trust bound) on: queueing that is real but under the threshold, where a finding of
 contention is neither required nor false.
 
-The wait of a probe at a hop is what `testbed.sim.engine` draws: with utilisation ``rho``
-it waits with probability ``rho`` an exponential time of mean ``S / (1 - rho)`` (``S`` one MTU
-at link rate), plus an exponential queue of the hop's `congest` fault, plus, on a hop with
-an incast burst in the step, an exponential wait for the share ``incast_hit`` of its probes.
-Without a fault or an incast the median has a closed form (0 for ``rho <= 0.5``, else
-``S / (1 - rho) * ln(2 rho)``); with them it is read from a fixed sample of the sum
-(common random numbers, so the truth does not move from step to step by sampling alone). The
-rare Pareto bursts (2e-4 of traversals) do not move a median and are left out.
+The wait of a probe at a hop is what `testbed.sim.engine` draws from the traffic: with
+utilisation ``rho`` (a `congest` fault's extra utilisation and the load a down link's flows
+moved onto its siblings included) it waits with probability ``rho`` an exponential time of
+mean ``S / (1 - rho)`` (``S`` one MTU at link rate), plus, on a hop with an incast burst in
+the step, an exponential wait for the share ``incast_hit`` of its probes. Without an incast
+the median has a closed form (0 for ``rho <= 0.5``, else ``S / (1 - rho) * ln(2 rho)``);
+with one it is read from a fixed sample of the sum (common random numbers, so the truth does
+not move from step to step by sampling alone). The rare Pareto bursts (2e-4 of traversals)
+do not move a median and are left out. The queue a `congest` fault adds in µs is the
+fault's own truth (scored as that fault), not the traffic's.
 
 A NIC's own transmit queue (the ``nic -> leaf`` hop's wait) is before its hardware send
 stamp when stamps are taken at the wire (`ModelKnobs.hw_stamp_at_wire`): no measurement sees
@@ -54,27 +56,21 @@ class QueueTruth:
         rng = np.random.default_rng([seed, 1101])
         self._u_wait = rng.random(_SAMPLES)
         self._e_wait = rng.exponential(1.0, _SAMPLES)
-        self._e_fault = rng.exponential(1.0, _SAMPLES)
         self._u_hit = rng.random(_SAMPLES)
         self._e_hit = rng.exponential(1.0, _SAMPLES)
         self._hidden = nic_egress if hw_at_wire else np.zeros_like(nic_egress)
 
-    def hop_queue_ns(self, rho: F64, svc_ns: F64, extra_ns: F64, incast: B | None) -> F64:
-        """Return per directed hop the median queueing (ns) a probe meets there in a step:
-        ``rho`` utilisation, ``svc_ns`` one MTU's time, ``extra_ns`` the mean of a fault's
-        added queue (0: none), ``incast`` the hops with an incast burst (None: none)."""
+    def hop_queue_ns(self, rho: F64, svc_ns: F64, incast: B | None) -> F64:
+        """Return per directed hop the median queueing (ns) the traffic makes a probe meet
+        there in a step: ``rho`` utilisation, ``svc_ns`` one MTU's time, ``incast`` the hops
+        with an incast burst (None: none)."""
         med = mm1_median_ns(rho, svc_ns)
-        mixed = extra_ns > 0
-        if incast is not None:
-            mixed = mixed | incast
-        idx = np.flatnonzero(mixed)
+        idx = np.flatnonzero(incast) if incast is not None else np.zeros(0, np.int64)
         if len(idx):
             r = np.clip(rho[idx], 0.0, 0.999)[:, None]
             w = (self._u_wait < r) * self._e_wait * (svc_ns[idx, None] / (1.0 - r))
-            w = w + self._e_fault * extra_ns[idx, None]
-            if incast is not None:
-                hit = incast[idx, None] & (self._u_hit < self.knobs.incast_hit)
-                w = w + hit * self._e_hit * (self.knobs.incast_queue_us * 1000.0)
+            hit = self._u_hit < self.knobs.incast_hit
+            w = w + hit * self._e_hit * (self.knobs.incast_queue_us * 1000.0)
             med[idx] = np.median(w, axis=1)
         med[self._hidden] = 0.0
         return med

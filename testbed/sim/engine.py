@@ -478,9 +478,7 @@ class Simulator:
             rho = np.minimum(cfg.load + util_extra, 0.98)
             incast = None
         del t_s
-        hop_q = self._queue_truth.hop_queue_ns(
-            rho, self._service_ns, queue_extra_us * 1000.0, incast
-        )
+        hop_q = self._queue_truth.hop_queue_ns(rho, self._service_ns, incast)
         owd_f, nic_wait_f = self._delays(hops_f, rho, queue_extra_us, incast)
         owd_r, nic_wait_r = self._delays(hops_r, rho, queue_extra_us, incast)
         if self.real:

@@ -13,6 +13,7 @@ an event naming a non-faulty target is a false alert.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -200,6 +201,7 @@ def run_once(
     ours: list[Alert] = []
     theirs: list[Alert] = []
     truth = CongestionTruth(fabric.n_hops)
+    raised: dict[str, int] = {}  # target -> index in ``ours`` of its standing alert
     blamed_first: dict[str, float] = {}
     n_probes = 0
     t_brain = 0.0
@@ -235,7 +237,11 @@ def run_once(
         truth.add(st.t0_s, st.t1_s, st.hop_queue_ns)
         for ev in events:
             if ev.kind != "clear":
+                raised[ev.target] = len(ours)
                 ours.append(Alert.of_event(st.t1_s, ev))
+            elif ev.target in raised:
+                i = raised.pop(ev.target)
+                ours[i] = dataclasses.replace(ours[i], until_s=st.t1_s)
         theirs += [Alert(st.t1_s, lk) for lk in voter.tick(now)]
         for ev in events:  # host findings come from presence / NVML: give them to both
             if ev.kind in ("prober_down", "gpu_fault"):
@@ -268,15 +274,24 @@ def run_once(
                 "found_by_voting": bool(theirs_s["_found"][i]),  # type: ignore[index]
             }
         )
+    missed, false = ours_s["_missed"], ours_s["_false"]
     for s in (ours_s, theirs_s):
-        s.pop("_found")
-        s.pop("_first")
+        for k in ("_found", "_first", "_missed", "_false"):
+            s.pop(k)
     aliases = alias_groups(len(fabric.links), sim.probed_paths())
     return {
         "estimators": {"qpmesh": ours_s, "voting_baseline": theirs_s},
         "faults": fault_rows,
         "unidentifiable": [[fabric.links[i].id for i in g] for g in aliases],
         "false_alerts": ours_s["false_alerts"],
+        "false": [
+            {"t_s": round(a.t_s, 3), "target": a.target, "kind": a.kind}
+            for a in false[:20]  # type: ignore[attr-defined]
+        ],
+        "congestion_missed": [
+            {"hop": fabric.hop_name(h), "start_s": round(a, 2), "end_s": round(b, 2)}
+            for h, a, b in missed[:20]  # type: ignore[attr-defined]
+        ],
         "clock": clock_err.to_dict() if live is not None else None,
         "probes": n_probes,
         "pipeline_probes_per_s": round(n_probes / t_brain) if t_brain else None,
@@ -449,6 +464,8 @@ def _localize(args: argparse.Namespace) -> int:
                 "estimators": r["estimators"],
                 "clock": r["clock"],
                 "alerts": r["alerts"][:10],  # type: ignore[index]
+                "congestion_missed": r["congestion_missed"][:10],  # type: ignore[index]
+                "false": r["false"][:10],  # type: ignore[index]
             }
             for r in runs
         ]

@@ -5,12 +5,15 @@ Two kinds of truth, scored apart:
 
 - **faults** (`testbed.scenario.Fault`): found when an alert names an accepted target
   (`accepted_targets`) while the fault is active (+ ``GRACE_S``) with a cause the fault can
-  show as (`testbed.scoring.CAUSES`);
+  show as (`testbed.scoring.CAUSES`), or when such an alert raised before the fault still
+  stands (not cleared) as it starts (a queue fault on a link already reported contended:
+  latency 0);
 - **congestion**: a directed hop whose median queueing is over the contention threshold
   (`testbed.sim.congestion_truth.CONTENTION_NS`) for a run of steps is a congestion
-  *episode* (`CongestionTruth`). A ``contention`` alert on that hop, in that direction, while
-  the episode lasts (+ ``GRACE_S``) is a hit; an episode of at least ``CONGESTION_MIN_S`` is
-  missed when none names it. A contention alert on a hop with a standing queue under the
+  *episode* (`CongestionTruth`). A ``contention`` alert raised on that hop, in that
+  direction, while the episode lasts (+ ``GRACE_S``) is a hit; an episode of at least
+  ``CONGESTION_MIN_S`` is found when an alert naming its hop stands (raised, not yet
+  cleared) at some time during it, and missed otherwise. A contention alert on a hop with a standing queue under the
   threshold (`STANDING_NS`) is counted apart (``near_congestion_alerts``: neither a hit nor
   false); one on the reverse direction of a queued hop is false (``wrong_direction_alerts``).
 
@@ -131,6 +134,7 @@ class Alert:
     kind: str | None = None
     related: str = ""
     also: str = ""
+    until_s: float = float("inf")  # its clear (the finding stood until then)
 
     @classmethod
     def of_event(cls, t_s: float, ev: EventDoc) -> Alert:
@@ -142,6 +146,11 @@ class Alert:
         if ev.kind == "contention" and ev.detail.startswith(head):
             also = ev.detail[len(head) :].split(" ", 1)[0].rstrip(";,")
         return cls(t_s, ev.target, ev.kind, ev.related, also)
+
+    def hops(self, fabric: Fabric) -> list[int]:
+        """Return the directed hops a contention alert names (its target, and ``also``)."""
+        out = [hop_of(fabric, self.target), hop_of(fabric, self.also) if self.also else None]
+        return [h for h in out if h is not None]
 
 
 @dataclass
@@ -159,7 +168,6 @@ class Scorer:
         first hit time under ``_first`` and whether found under ``_found``)."""
         f, faults = self.fabric, self.faults
         episodes = self.truth.episodes()
-        ep_index = {s: i for i, s in enumerate(episodes)}
         found = [False] * len(faults)
         first: list[float | None] = [None] * len(faults)
         ep_found = [False] * len(episodes)
@@ -184,15 +192,11 @@ class Scorer:
                 continue
             hop = hop_of(f, a.target) if a.kind == "contention" else None
             li = f.link_index.get(link)
-            hops = [hop] if hop is not None else [] if li is None else [2 * li, 2 * li + 1]
-            other = hop_of(f, a.also) if hop is not None and a.also else None
-            hops += [other] if other is not None else []
+            hops = a.hops(f) if hop is not None else [] if li is None else [2 * li, 2 * li + 1]
             if a.kind in ("contention", None) and hops:
                 on = self.truth.covering("contended", hops, a.t_s)
                 if on:
                     hits["congestion"].append(a)
-                    for ep in on:
-                        ep_found[ep_index[ep]] = True
                     continue
                 if self.truth.covering("standing", hops, a.t_s):
                     counts["near_congestion"] += 1
@@ -211,6 +215,21 @@ class Scorer:
                 queued = self.truth.covering("standing", [2 * li, 2 * li + 1], a.t_s)
                 counts["congestion_loss"] += bool(queued)
             false["congestion" if a.kind == "contention" else "fault"].append(a)
+        for i, ft in enumerate(faults):  # a finding raised before the fault, still standing
+            if found[i]:
+                continue
+            for a in alerts:
+                on = a.t_s < ft.start_s <= a.until_s
+                if (
+                    on
+                    and normalize(f, a.target) in accepted_targets(f, ft)
+                    and cause_ok(ft.kind, a.kind)
+                ):
+                    found[i], first[i] = True, ft.start_s
+                    break
+        standing = self._standing_alerts(alerts)
+        for i, (h, a0, a1) in enumerate(episodes):
+            ep_found[i] = any(t0 <= a1 + GRACE_S and t1 >= a0 for t0, t1 in standing.get(h, ()))
         required = [i for i, (_, a, b) in enumerate(episodes) if b - a >= CONGESTION_MIN_S - 1e-9]
         cong_hits = [ep_found[i] for i in required]
         out: dict[str, object] = {
@@ -240,10 +259,29 @@ class Scorer:
                 "alerts": len(alerts),
                 "congestion_episodes": len(required),
                 "congestion_found": sum(cong_hits),
+                "_missed": [episodes[i] for i in required if not ep_found[i]],
+                "_false": false["fault"] + false["congestion"],
                 "_found": found,
                 "_first": first,
             }
         )
+        return out
+
+    def _standing_alerts(self, alerts: Sequence[Alert]) -> dict[int, list[tuple[float, float]]]:
+        """Return per directed hop the (raised, cleared) times of the alerts naming it: a
+        contention names its hops; a voting alert (no kind, no direction) both hops of its
+        link. An episode is found when one of them stands at any time during it."""
+        out: dict[int, list[tuple[float, float]]] = {}
+        for a in alerts:
+            if a.kind == "contention":
+                hops = a.hops(self.fabric)
+            elif a.kind is None and a.target in self.fabric.link_index:
+                li = self.fabric.link_index[a.target]
+                hops = [2 * li, 2 * li + 1]
+            else:
+                continue
+            for h in hops:
+                out.setdefault(h, []).append((a.t_s, a.until_s))
         return out
 
     def _burst(self, a: Alert, li: int | None) -> bool:
