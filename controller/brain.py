@@ -117,9 +117,8 @@ class Brain:
         # per-link queue (both directions) of the windows in the loss horizon: (end, values)
         self._link_q: deque[tuple[int, npt.NDArray[np.float64]]] = deque()
         self._overflow: dict[int, float] = {}  # link -> own loss read as overflow, this window
-        # a queue has been measured for a loss horizon (judged delays since then)
-        self._measured = False
-        self._measured_at: int | None = None
+        self._measured_at: int | None = None  # the first window with a queue measured
+        self._held: dict[int, int] = {}  # link -> since when its small loss is held (ns)
         self.last_blamed: frozenset[str] = frozenset()
 
     # ---- inputs --------------------------------------------------------------------------
@@ -277,8 +276,9 @@ class Brain:
         cut = np.nan_to_num(est.threshold_ns, nan=np.inf)
         slow_flows.update(win.delay.flows_over(self._paths, cut, new_hops, cfg.delay.max_flows))
         blamed_loss = self._not_congestion(
-            loss.blamed, loss.cover.total, win.loss.lost_sets(), cfg.loss.min_rate, standing
-        )
+            loss.blamed, loss.cover.total, win.loss.lost_sets(), cfg.loss.min_rate, standing,
+            now_ns,
+        )  # fmt: skip
         for lk, rate in blamed_loss.items():
             if lk not in leaks:
                 signals[lk] = Signal.DEAD if rate >= cfg.loss.dead_rate else Signal.LOSSY
@@ -341,9 +341,13 @@ class Brain:
         hp = self.config.horizon
         leaks = mispath_leaks(hz, self._link_nodes, self._switch_link, hp.sibling_leak)
         held = now_ns - hp.span_ns - dt_ns  # dead after this: in or next to the horizon
+        picked = resid_rate(hz)
+        for lk in [k for k in self._held if k not in picked and k not in signals]:
+            del self._held[lk]  # no longer blamed: a later loss is held afresh
         out = self._not_congestion(
-            resid_rate(hz), self._horizon.totals, self._horizon.lost_sets(), hp.min_rate, standing
-        )
+            picked, self._horizon.totals, self._horizon.lost_sets(), hp.min_rate, standing,
+            now_ns,
+        )  # fmt: skip
         for lk in out:
             if lk not in signals and lk not in leaks and self._last_dead[lk] < held:
                 signals[lk] = Signal.LOSSY
@@ -382,7 +386,8 @@ class Brain:
         seen = np.isfinite(held).any(axis=0)
         if self._measured_at is None and seen.any():
             self._measured_at = now_ns
-        self._measured = self._measured_at is not None and now_ns - self._measured_at >= span
+        if self._measured_at is None or now_ns - self._measured_at < span:
+            return np.full(len(seen), np.nan)  # the first horizon of queues: not yet known
         mean = np.nansum(held, axis=0) / np.maximum(np.isfinite(held).sum(axis=0), 1)
         return np.asarray(np.where(seen, mean, np.nan), dtype=np.float64)
 
@@ -393,32 +398,34 @@ class Brain:
         lost_sets: npt.NDArray[np.int32],
         floor: float,
         standing: npt.NDArray[np.float64],
+        now_ns: int,
     ) -> dict[int, float]:
         """Return the links of ``blamed`` (link -> loss rate) whose loss is a finding: dead
         ones, and those whose own loss (`own_loss_rates`) is over ``floor`` and is not
-        overflow on a congested link (own loss not significantly over
-        ``CongestionParams.max_loss``, 3 binomial standard deviations, with a standing queue:
-        remembered in ``_overflow`` for the link's contention finding; until queues have
-        been measured for a loss horizon, the controller's first seconds, such a loss is
-        held)."""
+        overflow on a congested link: own loss not significantly over
+        ``CongestionParams.max_loss`` (3 binomial standard deviations) with a standing queue
+        (remembered in ``_overflow`` for the link's contention finding). Such a small loss on
+        a link whose queue is not known (`_standing` NaN: no judged delay crossed it, as in
+        the controller's first seconds or while its NICs' clocks are not trusted) is held
+        for up to ``CongestionParams.hold_ns``, then reported."""
         if not blamed:
             return {}
         cp, dead = self.config.congestion, self.config.loss.dead_rate
         own = own_loss_rates(totals, lost_sets, cp.iterations)
-
-        def within(rate: float, n: int) -> bool:  # not significantly over max_loss (3 sd)
-            return bool(rate * n <= n * cp.max_loss + 3.0 * np.sqrt(n * cp.max_loss))
-
         out = {}
         for lk, rate in blamed.items():
+            n = int(totals[lk])
+            small = own[lk] * n <= n * cp.max_loss + 3.0 * np.sqrt(n * cp.max_loss)
             if rate >= dead:
                 out[lk] = rate
             elif own[lk] < floor:
                 continue  # the loss of its probes elsewhere
-            elif (standing[lk] >= cp.standing_ns or not self._measured) and within(
-                own[lk], int(totals[lk])
-            ):  # a standing queue, or no queue measured anywhere yet (held until one is)
+            elif small and standing[lk] >= cp.standing_ns:
                 self._overflow[lk] = max(self._overflow.get(lk, 0.0), float(own[lk]))
+            elif small and np.isnan(standing[lk]):
+                since = self._held.setdefault(lk, now_ns)
+                if now_ns - since >= cp.hold_ns:
+                    out[lk] = rate
             else:
                 out[lk] = rate
         return out

@@ -22,8 +22,9 @@ Two observations the loss tomography alone cannot make:
 
 What this cannot tell: a small loss (under ``max_loss``) from a failing optic on a link with a
 standing queue reads as overflow; it is found once the queue goes or the loss grows. A small
-loss in the controller's first seconds, before any judged delay shows a queue (its clocks
-are not trusted yet), is held until they do.
+loss on a link whose queue no judged delay shows (the controller's first seconds, before its
+clocks are trusted; a leaf whose every path is queued, whose NICs' clocks are then not
+trusted) is held for up to ``hold_ns`` (5 s), then reported.
 """
 
 from __future__ import annotations
@@ -40,15 +41,19 @@ F64 = npt.NDArray[np.float64]
 class CongestionParams:
     """``max_loss``: the most a congested link's own loss rate may be and still be read as
     overflow; ``standing_ns``: a link whose two directions' typical waits add up to this has
-    a standing queue; ``iterations`` of `own_loss_rates`."""
+    a standing queue; ``hold_ns``: how long a small loss on a link whose queue no judged delay
+    shows is held before it is reported; ``iterations`` of `own_loss_rates`."""
 
     max_loss: float = 0.03
     standing_ns: float = 300.0
+    hold_ns: int = 5_000_000_000
     iterations: int = 30
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_loss <= 1 or self.standing_ns < 0 or self.iterations < 1:
             raise ValueError("max_loss must be in [0, 1], standing_ns >= 0, iterations >= 1")
+        if self.hold_ns < 0:
+            raise ValueError("hold_ns must be >= 0")
 
 
 def own_loss_rates(

@@ -61,7 +61,7 @@ class QueueParams:
     of 100 ms more to see a queue end)."""
 
     contention_ns: float = 1500.0
-    noise_k: float = 4.0
+    noise_k: float = 2.0
     z: float = 2.0
     min_samples: int = 8
     sweeps: int = 2
