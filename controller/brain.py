@@ -47,7 +47,11 @@ class BrainConfig:
     ``horizon``: loss over the last few windows, for losses too small or short for one
     (`controller.detect.loss_horizon`). ``queues``: the per-hop queue estimate
     (`controller.detect.queues`); ``congestion``: which losses are overflow on a congested link
-    (`controller.detect.congestion`)."""
+    (`controller.detect.congestion`). ``moved_ns``, ``heavy_loss``: a link that lost at least
+    ``heavy_loss`` of its probes in a window (or was dead) within ``moved_ns`` is not blamed
+    for queueing: ECMP re-hashed its flows onto its siblings, so the delays of the paths the
+    controller believes cross it are those of the links the flows moved to, until path
+    discovery re-learns them (a sweep of the probers' traces takes tens of seconds)."""
 
     loss: LossParams = field(default_factory=LossParams)
     delay: DelayParams = field(default_factory=DelayParams)
@@ -57,12 +61,16 @@ class BrainConfig:
     horizon: HorizonParams = field(default_factory=HorizonParams)
     silent_ns: int = 2_000_000_000
     lateness_ns: int = 0
+    moved_ns: int = 30_000_000_000
+    heavy_loss: float = 0.3
 
     def __post_init__(self) -> None:
         if self.silent_ns < 0:
             raise ValueError("silent_ns must be >= 0")
         if self.lateness_ns < 0:
             raise ValueError("lateness_ns must be >= 0")
+        if self.moved_ns < 0 or not 0 < self.heavy_loss <= 1:
+            raise ValueError("moved_ns must be >= 0 and heavy_loss in (0, 1]")
 
 
 @dataclass(eq=False)
@@ -102,6 +110,7 @@ class Brain:
         self._last_tick: int | None = None
         self._horizon = LossHorizon(n_links, self.config.horizon)
         self._last_dead = np.full(n_links, np.iinfo(np.int64).min // 2, dtype=np.int64)  # ns
+        self._last_heavy = self._last_dead.copy()  # last window it lost >= heavy_loss (ns)
         nodes: dict[str, int] = {}
         self._link_nodes = np.array(
             [
@@ -279,6 +288,11 @@ class Brain:
             loss.blamed, loss.cover.total, win.loss.lost_sets(), cfg.loss.min_rate, standing,
             now_ns,
         )  # fmt: skip
+        heavy = [lk for lk, r in loss.blamed.items() if r >= cfg.heavy_loss and lk not in leaks]
+        self._last_heavy[heavy] = now_ns
+        for lk in [k for k, sig in signals.items() if sig == Signal.SLOW]:
+            if now_ns - self._last_heavy[lk] < cfg.moved_ns:  # its flows moved: stale paths
+                del signals[lk]
         for lk, rate in blamed_loss.items():
             if lk not in leaks:
                 signals[lk] = Signal.DEAD if rate >= cfg.loss.dead_rate else Signal.LOSSY
@@ -486,8 +500,8 @@ class Brain:
             names = f.nics
             flows = tuple((names[a].id, names[b].id, c) for a, b, c in slow_flows.get(hop, []))
             both = f" and {f.hop_name(reverse_hop(hop))}" if two_way else ""
-            moved = self._down_sibling(lk)
-            why = "" if moved is None else f" (flows re-hashed here from {moved}, which is down)"
+            moved = self._down_sibling(lk, now_ns)
+            why = "" if moved is None else f" (flows re-hashed here from {moved}, which went down)"
             wait = self._wait_text(hop)
             over = self._overflow.get(lk)
             lost = "" if over is None else f"; {over:.1%} of its probes lost to overflow"
@@ -532,12 +546,15 @@ class Brain:
                 self._alias_of[li] = tuple(self.fabric.links[o].id for o in g if o != li)
         self._hop_aliases = alias_groups(self.fabric.n_hops, self._paths.hops, directed=True)
 
-    def _down_sibling(self, lk: int) -> str | None:
+    def _down_sibling(self, lk: int, now_ns: int) -> str | None:
         """Return the id of a sibling of link ``lk`` (`Fabric.sibling_links`) that is down or
-        flapping now, the first by index, or None: ECMP moved that link's flows onto ``lk``'s
-        group, so queueing on ``lk`` may follow from it."""
+        flapping now, or lost at least ``heavy_loss`` of its probes within ``moved_ns`` (a
+        switch link that goes down loses its probes only until ECMP re-hashes its flows),
+        the first by index, or None: ECMP moved that link's flows onto ``lk``'s group, so
+        queueing on ``lk`` may follow from it."""
         for s in self.fabric.sibling_links[lk]:
-            if self._states[s].state in (Health.DOWN, Health.FLAPPING):
+            recent = now_ns - self._last_heavy[s] < self.config.moved_ns
+            if recent or self._states[s].state in (Health.DOWN, Health.FLAPPING):
                 return self.fabric.links[s].id
         return None
 

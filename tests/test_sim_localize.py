@@ -154,11 +154,14 @@ def test_three_tiers_a_flapping_spine_to_super_spine_link_is_found(
     r = run_once(fab, faults, duration_s=8.0, load=0.4, seed=3, step_s=0.1)
     q = r["estimators"]["qpmesh"]  # type: ignore[index]
     assert q["recall"] == 1.0 and q["precision"] == 1.0 and r["false_alerts"] == 0
-    # spine1 has two uplinks in its plane: while one is down the other carries both loads and
-    # really queues (over the contention threshold both ways); the controller says so, on
-    # both directions (related: the down link): congestion found, not false
+    # ECMP re-hashes the down link's flows (after 10 ms at spine1, 300 ms elsewhere): each
+    # down loses probes only while routing converges, and shows as a loss; spine1's other
+    # uplink in its plane carries both loads and really queues (over the contention
+    # threshold both ways): found as congestion, on both directions, not false
+    kinds = [(a["target"], a["kind"]) for a in r["alerts"]]  # type: ignore[attr-defined]
+    assert kinds[0] == ("spine1-super3", "loss") and kinds.count(kinds[0]) == 2
+    assert ("super2->spine1", "contention") in kinds
     assert q["congestion_recall"] == 1.0 and q["congestion_precision"] == 1.0
-    assert {"t_s": 2.3, "target": "spine1->super2", "kind": "contention"} in r["alerts"]  # type: ignore[operator]
     # without the load moving, the same alert would be counted false
     assert reroute_targets(fab, faults, False)(3.0) == {}
     assert reroute_targets(fab, faults, True)(3.0) == {"spine1-super2": ("spine1-super3",)}
@@ -191,10 +194,10 @@ def test_an_event_on_a_link_no_path_tells_apart_names_its_alias(
     monkeypatch.setattr(Brain, "tick", spy)
     faults = (Fault(FaultKind.FLAP, "spine1-super3", 2.0, 5.0, down_s=1.0, up_s=2.0),)
     run_once(fab, faults, duration_s=8.0, load=0.4, seed=3, step_s=0.1)
-    down = [d for d in details if d.startswith("link_down spine1-super3")]
+    down = [d for d in details if d.startswith("loss spine1-super3")]
     assert down and "or spine5-super3: every known path" in down[0], details
     moved = [d for d in details if d.startswith("contention")]
-    assert moved and "re-hashed here from spine1-super3" in moved[0], details
+    assert moved and "re-hashed here from spine1-super3, which went down" in moved[0], details
 
 
 def test_the_report_gives_false_alerts_summed_over_seeds_beside_their_median(

@@ -55,6 +55,7 @@ from testbed.sim.ecmp_model import true_and_seen_paths
 from testbed.sim.load_model import UtilisationModel, redistribution
 from testbed.sim.loss_model import LossModel
 from testbed.sim.model import ModelKnobs
+from testbed.sim.moving_paths import MovingPaths
 from testbed.sim.stamp_model import StampModel
 
 F64 = npt.NDArray[np.float64]
@@ -122,6 +123,8 @@ class SimStep:
     seen_fwd: I32 | None = None  # the controller's view of each probe's path (None: = hops)
     seen_rev: I32 | None = None
     hop_queue_ns: F64 | None = None  # per directed hop: median queueing (congestion truth)
+    # what path discovery found in this step: (src, dst, sport, forward hops, reply hops)
+    discovered: tuple[I64, I64, I64, I32, I32] | None = None
 
 
 def _probe_pairs(fabric: Fabric, cfg: SimConfig, rng: np.random.Generator) -> tuple[I64, I64]:
@@ -206,6 +209,7 @@ class Simulator:
         )
         for f in faults:
             self.add_fault(f)
+        self._paths_moved = MovingPaths(self)
         self._seq = 0
         self._pair_id = 0
         self._batch_seq = 0
@@ -413,22 +417,22 @@ class Simulator:
         hops_f = fwd_paths[pidx2, slot]
         hops_r = rev_paths[pidx2, slot]
         seen_f = seen_r = None
-        if self.real and self.config.model.ecmp_mismatch > 0:
-            _, _, sf, sr = self._all_paths
-            seen_f, seen_r = sf[pidx2, slot], sr[pidx2, slot]
+        found = self._paths_moved.discover(t0_s, t1_s) if self.real else None
+        if self.real:  # the controller's view: discovered at the start or traced since
+            seen_f, seen_r = self._paths_moved.known(pidx2, slot)
+        # faults active in this step; flows of a down switch link re-hash (reroute_model)
+        active = [ft for ft in self.faults if ft.start_s < t1_s and ft.end_s > t0_s]
+        t_s = t_ns / 1e9
+        hops_f, hops_r, lost = self._paths_moved.route(active, t_s, pidx2, slot, hops_f, hops_r)
         del slot
 
-        # faults active in this step
-        active = [ft for ft in self.faults if ft.start_s < t1_s and ft.end_s > t0_s]
         n = len(t_ns)
         util_extra = np.zeros(f.n_hops)
         queue_extra_us = np.zeros(f.n_hops)
-        lost = np.zeros(n, dtype=bool)
         host_of = f.nic_host_index
         hosts = f.hosts
         dead_hosts: set[str] = set()
         gpu_bad: set[str] = set()
-        t_s = t_ns / 1e9
         down_links: list[int] = []
         for ft in active:
             on = _active_mask(ft, t_s)
@@ -445,7 +449,8 @@ class Simulator:
             hop_ids = (hop_id(li, False), hop_id(li, True))
             crosses = np.isin(hops_f, hop_ids).any(axis=1) | np.isin(hops_r, hop_ids).any(axis=1)
             if ft.kind in (FaultKind.FLAP, FaultKind.LINK_DOWN, FaultKind.NIC_DOWN):
-                lost |= crosses & on
+                if not self._paths_moved.reroutes(li):  # else handled by `route` above
+                    lost |= crosses & on
                 if on.mean() >= 0.5:
                     down_links.append(li)
             elif ft.kind == FaultKind.LOSS:
@@ -551,6 +556,7 @@ class Simulator:
             seen_f[keep] if seen_f is not None else None,
             seen_r[keep] if seen_r is not None else None,
             hop_q,
+            found,
         )
 
     def run(

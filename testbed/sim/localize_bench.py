@@ -227,6 +227,8 @@ def run_once(
             voter.observe(obs)
             events = brain.tick(now)
         else:
+            if st.discovered is not None:  # the probers' traces of this step (path discovery)
+                _learn(live, *st.discovered)
             live.ingest_batch(st.batch, now)
             events = live.tick(now)
             seen = tee.take()
@@ -297,6 +299,20 @@ def run_once(
         "pipeline_probes_per_s": round(n_probes / t_brain) if t_brain else None,
         "alerts": [{"t_s": round(a.t_s, 3), "target": a.target, "kind": a.kind} for a in ours[:50]],
     }
+
+
+def _learn(
+    live: LiveController,
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+    sport: npt.NDArray[np.int64],
+    fwd: npt.NDArray[np.int32],
+    rev: npt.NDArray[np.int32],
+) -> None:
+    """Give the controller the paths the probers traced (forward and reply hops), as the
+    start's discovered paths are given (`run_once`)."""
+    live.ingestor.paths.update(src, dst, sport, fwd)
+    live.ingestor.reply_paths.update(src, dst, sport, rev)
 
 
 def _track_blamed(
