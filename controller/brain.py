@@ -25,15 +25,17 @@ from contract.documents import EventDoc
 from controller.detect.causes import excluded_nics, host_quiet, silent_hosts
 from controller.detect.congestion import CongestionParams, link_queue_ns, own_loss_rates
 from controller.detect.delay import DelayParams, DelayWindow
+from controller.detect.flowloss import FlowLoss, FlowLossParams, Spread, poisson_tail
 from controller.detect.loss import LossParams, LossWindow
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
 from controller.detect.paths import PathIndex, alias_groups
 from controller.detect.queues import QueueEstimate, QueueParams, estimate_queues, hop_classes
 from controller.health import EntityState, Finding, HealthParams, Signal, step
+from controller.localize import Cover
 from controller.observations import Observations
 from mesh.fabric import Fabric
 from mesh.fabric.ecmp import routing_tables
-from mesh.fabric.model import hop_id, hop_link, reverse_hop
+from mesh.fabric.model import hop_id, hop_link, hop_links, reverse_hop
 from mesh.snapshot import Health
 
 
@@ -47,7 +49,9 @@ class BrainConfig:
     ``horizon``: loss over the last few windows, for losses too small or short for one
     (`controller.detect.loss_horizon`). ``queues``: the per-hop queue estimate
     (`controller.detect.queues`); ``congestion``: which losses are overflow on a congested link
-    (`controller.detect.congestion`). ``moved_ns``, ``heavy_loss``: a link that lost at least
+    (`controller.detect.congestion`); ``flow_loss``: a link's loss spread over its flows or
+    concentrated on a few (`controller.detect.flowloss`: gray failures, wrong paths).
+    ``moved_ns``, ``heavy_loss``: a link that lost at least
     ``heavy_loss`` of its probes in a window (or was dead) within ``moved_ns`` is not blamed
     for queueing: ECMP re-hashed its flows onto its siblings, so the delays of the paths the
     controller believes cross it are those of the links the flows moved to, until path
@@ -57,6 +61,7 @@ class BrainConfig:
     delay: DelayParams = field(default_factory=DelayParams)
     queues: QueueParams = field(default_factory=QueueParams)
     congestion: CongestionParams = field(default_factory=CongestionParams)
+    flow_loss: FlowLossParams = field(default_factory=FlowLossParams)
     health: HealthParams = field(default_factory=HealthParams)
     horizon: HorizonParams = field(default_factory=HorizonParams)
     silent_ns: int = 2_000_000_000
@@ -111,6 +116,11 @@ class Brain:
         self._horizon = LossHorizon(n_links, self.config.horizon)
         self._last_dead = np.full(n_links, np.iinfo(np.int64).min // 2, dtype=np.int64)  # ns
         self._last_heavy = self._last_dead.copy()  # last window it lost >= heavy_loss (ns)
+        self._flows = FlowLoss(n_nics, self.config.flow_loss)
+        self._links_of: npt.NDArray[np.int32] | None = None  # `_path_links`
+        self._loss_since: dict[int, int] = {}  # link -> since when a cover blames it (ns)
+        # this window's `FlowLoss.spread` by (link, links whose flows are left out)
+        self._spread: dict[tuple[int, tuple[int, ...]], Spread | None] = {}
         nodes: dict[str, int] = {}
         self._link_nodes = np.array(
             [
@@ -169,6 +179,7 @@ class Brain:
                 obs = obs.select(keep)
         pf, pr = self._paths.paths(obs.hops_fwd), self._paths.paths(obs.hops_rev)
         win.loss.add(pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
+        self._flows.add(obs.src, obs.dst, obs.sport, pf, pr, obs.lost)
         p = self.config.delay
         win.delay.add(
             self._paths, pf, obs.hops_fwd, obs.owd_fwd_ns, (obs.src, obs.dst, obs.sport), p,
@@ -259,9 +270,15 @@ class Brain:
         est = self._estimate_queues(win)
         standing = self._standing(est, now_ns)
         self._overflow = {}
+        self._flows.decay(dt_s)
+        self._spread = {}
         loss = win.loss.verdict(cfg.loss)
+        self._horizon.push(now_ns, loss.cover.total, win.loss.lost_sets())
+        hz = self._horizon.verdict()
         leak = cfg.horizon.sibling_leak
-        leaks = mispath_leaks(loss.cover, self._link_nodes, self._switch_link, leak)
+        leaks = mispath_leaks(
+            loss.cover, self._link_nodes, self._switch_link, leak, self._concentrated
+        )
         slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay)
         signals: dict[int, Signal] = {}
         slow_hop: dict[int, int] = {}
@@ -294,14 +311,16 @@ class Brain:
             if now_ns - self._last_heavy[lk] < cfg.moved_ns:  # its flows moved: stale paths
                 del signals[lk]
         for lk, rate in blamed_loss.items():
-            if lk not in leaks:
-                signals[lk] = Signal.DEAD if rate >= cfg.loss.dead_rate else Signal.LOSSY
+            if rate >= cfg.loss.dead_rate:
+                signals[lk] = Signal.DEAD
+            elif lk not in leaks and not self._undecided_leak(lk, hz, now_ns):
+                signals[lk] = Signal.LOSSY
         for down_nic in self._reported_down:
             signals[int(f.nic_link[down_nic])] = Signal.DEAD
-        rates = self._horizon_signals(
-            signals, loss.cover.total, win.loss.lost_sets(), now_ns, round(dt_s * 1e9), standing
-        )
+        rates = self._horizon_signals(signals, hz, now_ns, round(dt_s * 1e9), standing)
         rates.update(blamed_loss)
+        lossy = set(loss.blamed) | set(rates)
+        self._loss_since = {lk: self._loss_since.get(lk, now_ns) for lk in lossy}
         blamed = set()
         for lk in signals:
             nic = self._nic_of_link.get(lk)
@@ -335,25 +354,24 @@ class Brain:
     def _horizon_signals(
         self,
         signals: dict[int, Signal],
-        totals: npt.NDArray[np.int64],
-        lost_sets: npt.NDArray[np.int32],
+        hz: Cover,
         now_ns: int,
         dt_ns: int,
         standing: npt.NDArray[np.float64],
     ) -> dict[int, float]:
-        """Fold the window into the loss horizon; mark LOSSY in ``signals`` the links the
-        horizon blames that the window did not, except leaks, links whose own loss is under
+        """Mark LOSSY in ``signals`` the links the loss horizon's cover ``hz`` (this window
+        folded in) blames that the window did not, except leaks, links whose own loss is under
         the horizon's floor or is overflow (`_not_congestion`) and links dead within the
         horizon or in the window before it (a partly dead window: that down, already
         reported); return the horizon's loss rates of the links it blamed."""
         dead = [lk for lk, s in signals.items() if s == Signal.DEAD]
         self._last_dead[dead] = now_ns
-        self._horizon.push(now_ns, totals, lost_sets)
-        hz = self._horizon.verdict()
         if not len(hz.picked):
             return {}
         hp = self.config.horizon
-        leaks = mispath_leaks(hz, self._link_nodes, self._switch_link, hp.sibling_leak)
+        leaks = mispath_leaks(
+            hz, self._link_nodes, self._switch_link, hp.sibling_leak, self._concentrated
+        )
         held = now_ns - hp.span_ns - dt_ns  # dead after this: in or next to the horizon
         picked = resid_rate(hz)
         for lk in [k for k in self._held if k not in picked and k not in signals]:
@@ -363,9 +381,73 @@ class Brain:
             now_ns,
         )  # fmt: skip
         for lk in out:
-            if lk not in signals and lk not in leaks and self._last_dead[lk] < held:
-                signals[lk] = Signal.LOSSY
+            if lk in signals or lk in leaks or self._last_dead[lk] >= held:
+                continue
+            if self._undecided_leak(lk, hz, now_ns):
+                continue
+            signals[lk] = Signal.LOSSY
         return out
+
+    def _undecided_leak(self, m: int, hz: Cover, now_ns: int) -> bool:
+        """Return True while link ``m``'s loss could still be the leak of a larger loss on a
+        switch link L it can be an ECMP alternative of (`mispath_leaks`): over the loss
+        horizon ``hz`` its unexplained rate is at most ``HorizonParams.leak_hold`` of L's (a
+        leak is the share of its flows whose real path is L's: with 25 % wrong paths over
+        3 alternatives, ~8 %), and the flows it would take are too few, for the probes they
+        have had since L began losing, for the per-flow test (`controller.detect.flowloss`)
+        to have shown them. Held so for up to ``CongestionParams.hold_ns`` (`_held`), then
+        reported."""
+        rate, resid = hz.rate, resid_rate(hz)
+        if m not in resid or self._states[m].state == Health.DEGRADED:
+            return False  # nothing to hold, or already reported
+        bound = self.config.horizon.leak_hold
+        alts = [
+            int(lk)
+            for lk in hz.picked
+            if self._switch_link[int(lk)]
+            and int(lk) != m
+            and self._link_nodes[int(lk), 1] != self._link_nodes[m, 1]
+            and resid[m] <= bound * rate[int(lk)]
+        ]
+        if not alts:
+            return False
+        src = max(alts, key=lambda lk: float(rate[lk]))
+        sp = self._flow_spread(m, tuple(int(e) for e in hz.picked if int(e) != m))
+        if sp is not None:
+            # were m's loss src's leak, this many of m's flows would lose at src's rate
+            n_leak = sp.rate / max(float(rate[src]), 1e-9) * sp.flows
+            dt = (now_ns - self._loss_since.get(src, now_ns)) / 1e9
+            grown = 1.0 - np.exp(-max(dt, 0.1) / self.config.flow_loss.span_s)
+            mu = float(rate[src]) * self._flows.typical_probes(m, self._path_links()) * grown
+            seen = n_leak * float(poisson_tail(np.array([mu]), sp.k)[0])
+            if seen >= sp.expected + self.config.flow_loss.z * np.sqrt(sp.expected) + 1:
+                return False  # the test could tell, and found the loss spread: not a leak
+        since = self._held.setdefault(m, now_ns)
+        return now_ns - since < self.config.congestion.hold_ns
+
+    def _flow_spread(self, lk: int, explained: tuple[int, ...] = ()) -> Spread | None:
+        """Return how the loss of link ``lk``'s flows that cross none of the ``explained``
+        links, nor a link dead within the loss horizon, lies over them (`FlowLoss.spread`),
+        once a window."""
+        recent = self._last_tick or 0
+        dead = np.flatnonzero(self._last_dead > recent - self.config.horizon.span_ns)
+        explained = tuple(sorted({*explained, *(int(d) for d in dead if int(d) != lk)}))
+        key = (lk, explained)
+        if key not in self._spread:
+            self._spread[key] = self._flows.spread(lk, self._path_links(), explained)
+        return self._spread[key]
+
+    def _path_links(self) -> npt.NDArray[np.int32]:
+        """Return each known path's links (-1 padded), computed once a window."""
+        if self._links_of is None or len(self._links_of) != self._paths.size:
+            self._links_of = hop_links(self._paths.hops).astype(np.int32)
+        return self._links_of
+
+    def _concentrated(self, lk: int, explained: tuple[int, ...] = ()) -> bool:
+        """Return True if link ``lk``'s loss (on its flows that cross none of the
+        ``explained`` links) is concentrated on a few of its flows."""
+        sp = self._flow_spread(lk, explained)
+        return sp is not None and sp.concentrated
 
     def _estimate_queues(self, win: _Window) -> QueueEstimate:
         """Return the per-hop queue estimate (`controller.detect.queues`) over this window's
@@ -436,7 +518,7 @@ class Brain:
                 continue  # the loss of its probes elsewhere
             elif small and standing[lk] >= cp.standing_ns:
                 self._overflow[lk] = max(self._overflow.get(lk, 0.0), float(own[lk]))
-            elif small and np.isnan(standing[lk]):
+            elif small and np.isnan(standing[lk]) and self._states[lk].state != Health.DEGRADED:
                 since = self._held.setdefault(lk, now_ns)
                 if now_ns - since >= cp.hold_ns:
                     out[lk] = rate
@@ -494,7 +576,15 @@ class Brain:
             detail = f"link flapped {n} times in {win:g} s (first down {(now_ns - first) / 1e9:.1f} s ago)"
             ev = EventDoc(now_ns, "link_flap", link, detail, "critical")
         elif finding == Finding.LOSS:
-            ev = EventDoc(now_ns, "loss", link, f"{rate or 0:.1%} of probes across it lost")
+            detail = f"{rate or 0:.1%} of probes across it lost"
+            if self._concentrated(lk):
+                sp = self._flow_spread(lk)
+                assert sp is not None
+                detail += (
+                    f", concentrated on {sp.heavy} of its {sp.flows} flows, which lose "
+                    f"{sp.heavy_rate:.0%}: a gray failure of some 5-tuples"
+                )
+            ev = EventDoc(now_ns, "loss", link, detail)
         else:
             hop = slow_hop.get(lk, hop_id(lk, down=False))
             names = f.nics

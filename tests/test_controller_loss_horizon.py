@@ -153,12 +153,15 @@ def test_mispathed_probes_of_a_down_link_do_not_blame_the_sibling_uplink() -> No
 
 
 def test_real_loss_on_the_sibling_is_not_a_leak() -> None:
+    """A 30 % loss beside a dead link whose ECMP alternative it may be: held while its flows
+    are too new for the per-flow test to tell it from that link's leak (a leak is a few flows
+    losing everything), then reported once they are not (`Brain._undecided_leak`)."""
     down, sib = FAB.link_index["leaf1-spine0"], FAB.link_index["leaf3-spine2"]
     brain = Brain(FAB, CFG)
     drive(brain, 0, 10, 9)
     rng = np.random.default_rng(10)
     events = []
-    for k in range(10, 30):
+    for k in range(10, 60):
         a = window(k, rng, dead_link=down)
         b = window(k, rng, lossy=(sib, 0.3))
         brain.observe(
@@ -177,6 +180,8 @@ def test_real_loss_on_the_sibling_is_not_a_leak() -> None:
         )
         events += brain.tick((k + 1) * WIN)
     assert set(kinds(events)) == {("link_down", "leaf1-spine0"), ("loss", "leaf3-spine2")}
+    found = next(e.t_ns for e in events if e.target == "leaf3-spine2")
+    assert found <= 40 * WIN  # within 3 s of its start
 
 
 def test_mispath_leaks_rule() -> None:
