@@ -19,7 +19,8 @@ Model:
   µs-scale kernel jitter (exponential delays after the event, larger on receive);
 - faults (`testbed.scenario.Fault`): flap / link_down / nic_down drop every probe crossing the
   down link while it is down; loss drops with a probability per traversal; congest adds
-  utilisation (magnitude <= 1) or a persistent queue of ``magnitude`` µs mean; prober_down drops
+  utilisation (magnitude <= 1) or a persistent queue of ``magnitude`` µs mean; gray drops a
+  share of the link's 5-tuples and optic loses in bursts (`fault_model`); prober_down drops
   the host's own probes and every probe to it; gpu_fault only shows in `SimStep.gpu_faults`.
 
 That is the *ideal* model (``SimConfig(model=ModelKnobs.ideal_model())``, ``--ideal`` on the
@@ -52,6 +53,7 @@ from testbed.sim.asymmetry import hop_base_ns, nic_txrx_ns, pair_asymmetry_ns
 from testbed.sim.clock_model import ClockWander
 from testbed.sim.congestion_truth import QueueTruth
 from testbed.sim.ecmp_model import true_and_seen_paths
+from testbed.sim.fault_model import gray_drops, optic_drops
 from testbed.sim.load_model import UtilisationModel, redistribution
 from testbed.sim.loss_model import LossModel
 from testbed.sim.model import ModelKnobs
@@ -458,6 +460,14 @@ class Simulator:
                 nf = np.isin(hops_f, hop_ids).sum(axis=1) + np.isin(hops_r, hop_ids).sum(axis=1)
                 drop = rng.random(n) < 1 - (1 - p) ** nf
                 lost |= drop & on
+            elif ft.kind == FaultKind.GRAY:
+                lost |= gray_drops(f, ft, src, dst, sport, hops_f, hops_r) & on
+            elif ft.kind == FaultKind.OPTIC:
+                m = cfg.model
+                burst = optic_drops(
+                    ft, li, t_s, hops_f, hops_r, m.optic_duty, m.optic_burst_ms, self._fx
+                )
+                lost |= burst & on
             elif ft.kind == FaultKind.CONGEST:
                 # applied below per probe only while on; most steps are fully inside a fault
                 if ft.magnitude <= 1:

@@ -415,6 +415,8 @@ def _localize(args: argparse.Namespace) -> int:
                 congest_magnitude=args.queue_us,
                 loss_percent=args.loss_percent,
                 flap_down_s=args.flap_down_ms / 1e3,
+                gray_percent=args.gray_percent,
+                optic_percent=args.optic_percent,
             )
             load = 0.4 if args.load is None else args.load
         r = run_once(
@@ -444,6 +446,8 @@ def _localize(args: argparse.Namespace) -> int:
             "loss_percent": args.loss_percent,
             "queue_us": args.queue_us,
             "flap_down_ms": args.flap_down_ms,
+            "gray_percent": args.gray_percent,
+            "optic_percent": args.optic_percent,
         },
     }
     est: dict[str, dict[str, float]] = {}
@@ -596,6 +600,18 @@ def register_localize(ssub: argparse._SubParsersAction[argparse.ArgumentParser])
         type=_positive,
         default=1000.0,
         help="random flaps go down this long, ms, every 2 s up (default %(default)s)",
+    )
+    p.add_argument(
+        "--gray-percent",
+        type=_percent,
+        default=5.0,
+        help="random gray faults drop this percent of the link's 5-tuples (default %(default)s)",
+    )
+    p.add_argument(
+        "--optic-percent",
+        type=_percent,
+        default=0.5,
+        help="random optic faults lose this percent on average, in bursts (default %(default)s)",
     )
     add_model_options(p)
     p.set_defaults(func=_localize)

@@ -65,6 +65,9 @@ class ModelKnobs:
     reroute_local_ms: float = 10.0  # the switch below the link drops it from its ECMP group
     reroute_remote_ms: float = 300.0  # every switch has routed around it
     traces_per_s: float = 5.0  # path discovery per host (prober paths.traces_per_s); 0: none
+    # optic faults (fault_model): Gilbert-Elliott bursts
+    optic_duty: float = 0.05  # share of the time a marginal optic is in a bad period
+    optic_burst_ms: float = 2.0  # mean bad period
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -82,6 +85,7 @@ class ModelKnobs:
             "burst_loss",
             "ecmp_mismatch",
             "discovered",
+            "optic_duty",
         ):
             if getattr(self, name) > 1:
                 raise ModelError(f"model knob {name} must be in [0, 1], got {getattr(self, name)}")
@@ -89,6 +93,8 @@ class ModelKnobs:
             raise ModelError(f"overflow_rho must be in (0, 1), got {self.overflow_rho}")
         if self.hotspot_period_s <= 0:
             raise ModelError("hotspot_period_s must be > 0")
+        if not 0 < self.optic_duty <= 1 or self.optic_burst_ms <= 0:
+            raise ModelError("optic_duty must be in (0, 1] and optic_burst_ms > 0")
         if self.reroute_local_ms > self.reroute_remote_ms:
             raise ModelError("reroute_local_ms must be <= reroute_remote_ms")
         for name in ("cable_m", "sw_outlier_us"):
