@@ -125,12 +125,14 @@ class FlowLoss:
         ``explained`` links, and how many times each crosses ``link`` (forward and reply)."""
         n = self._index.size
         on = (path_links == link).any(axis=1).astype(np.int64)
-        bad = np.isin(path_links, explained).any(axis=1) if explained else None
+        bad: npt.NDArray[np.bool_] | None = None
+        if explained:
+            bad = np.asarray(np.isin(path_links, explained).any(axis=1), dtype=bool)
         fwd, rev = self.fwd[:n], self.rev[:n]
         ok = (fwd >= 0) & (rev >= 0) & (self.probes[:n] > 0.5)
         c = np.zeros(n, np.int64)
         c[ok] = on[fwd[ok]] + on[rev[ok]]
-        sel = ok & (c > 0)
+        sel: npt.NDArray[np.bool_] = ok & (c > 0)
         if bad is not None:
             sel[sel] = ~(bad[fwd[sel]] | bad[rev[sel]])
         return sel, c

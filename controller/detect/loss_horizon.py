@@ -94,8 +94,9 @@ def mispath_leaks(
     out = set()
     for m in (int(e) for e in cover.picked):
         alts = [lk for lk in sources if lk != m and link_nodes[lk, 1] != link_nodes[m, 1]]
+        others = tuple(int(e) for e in cover.picked if int(e) != m)
         if any(resid[m] <= leak * rate[lk] for lk in alts) or (
-            alts and concentrated is not None and concentrated(m)
+            alts and concentrated is not None and concentrated(m, others)
         ):
             out.add(m)
     return out

@@ -186,9 +186,8 @@ def estimate_queues(
             if last:
                 iqr[members] = qs[:, 2] - qs[:, 1]
     for grp in aliases:
-        g = list(grp)
-        q[g[0]] = q[g].sum()
-        q[g[1:]] = 0.0
+        q[grp[0]] = q[list(grp)].sum()
+        q[list(grp[1:])] = 0.0
     est = np.where(samples >= params.min_samples, q, np.nan)
     # standard error of a median: 1.2533 sigma / sqrt(n), sigma from the residuals' IQR
     stderr = 1.2533 * (iqr / 1.349) / np.sqrt(np.maximum(samples, 1))

@@ -38,7 +38,7 @@ B = npt.NDArray[np.bool_]
 
 
 def _crosses(hops: I32, link: int) -> B:
-    return np.asarray(((hops >> 1) == link) & (hops >= 0)).any(axis=1)
+    return np.asarray((((hops >> 1) == link) & (hops >= 0)).any(axis=1), dtype=bool)
 
 
 def gray_drops(

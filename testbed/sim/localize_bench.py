@@ -288,11 +288,11 @@ def run_once(
         "false_alerts": ours_s["false_alerts"],
         "false": [
             {"t_s": round(a.t_s, 3), "target": a.target, "kind": a.kind}
-            for a in false[:20]  # type: ignore[attr-defined]
+            for a in false[:20]  # type: ignore[index]
         ],
         "congestion_missed": [
             {"hop": fabric.hop_name(h), "start_s": round(a, 2), "end_s": round(b, 2)}
-            for h, a, b in missed[:20]  # type: ignore[attr-defined]
+            for h, a, b in missed[:20]  # type: ignore[index]
         ],
         "clock": clock_err.to_dict() if live is not None else None,
         "probes": n_probes,

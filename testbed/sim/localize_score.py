@@ -219,9 +219,9 @@ class Scorer:
             if found[i]:
                 continue
             for a in alerts:
-                on = a.t_s < ft.start_s <= a.until_s
+                stands = a.t_s < ft.start_s <= a.until_s
                 if (
-                    on
+                    stands
                     and normalize(f, a.target) in accepted_targets(f, ft)
                     and cause_ok(ft.kind, a.kind)
                 ):

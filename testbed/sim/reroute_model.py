@@ -99,7 +99,7 @@ class Router:
                     good[s] |= good[t.up_next[s, k]]
         up_ok = valid & ~dead[np.maximum(t.up_link, 0)] & ~withdrawn[np.maximum(t.up_link, 0)]
         nxt = np.maximum(t.up_next, 0)
-        return up_ok[:, None, :] & np.transpose(good[nxt], (0, 2, 1))
+        return np.asarray(up_ok[:, None, :] & np.transpose(good[nxt], (0, 2, 1)), dtype=bool)
 
     def route(
         self, src: I64, dst: I64, sport: I64, dport: I64, dead: B, withdrawn: B
