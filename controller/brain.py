@@ -15,7 +15,7 @@ file or the network.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -29,7 +29,13 @@ from controller.detect.flowloss import FlowLoss, FlowLossParams, Spread, poisson
 from controller.detect.loss import LossParams, LossWindow
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
 from controller.detect.paths import PathIndex, alias_groups
-from controller.detect.queues import QueueEstimate, QueueParams, estimate_queues, hop_classes
+from controller.detect.queues import (
+    QueueEstimate,
+    QueueParams,
+    class_table,
+    estimate_queues,
+    hop_classes,
+)
 from controller.health import EntityState, Finding, HealthParams, Signal, step
 from controller.localize import Cover
 from controller.observations import Observations
@@ -133,6 +139,7 @@ class Brain:
         self._hop_class = hop_classes(fabric)
         self._queues: QueueEstimate | None = None  # the last window's per-hop queue estimate
         self._fine: deque[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = deque()
+        self._class_of = np.zeros((0, 0), np.int32)  # per known path: its hop per class
         # per-link queue (both directions) of the windows in the loss horizon: (end, values)
         self._link_q: deque[tuple[int, npt.NDArray[np.float64]]] = deque()
         self._overflow: dict[int, float] = {}  # link -> own loss read as overflow, this window
@@ -275,10 +282,6 @@ class Brain:
         loss = win.loss.verdict(cfg.loss)
         self._horizon.push(now_ns, loss.cover.total, win.loss.lost_sets())
         hz = self._horizon.verdict()
-        leak = cfg.horizon.sibling_leak
-        leaks = mispath_leaks(
-            loss.cover, self._link_nodes, self._switch_link, leak, self._concentrated
-        )
         slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay)
         signals: dict[int, Signal] = {}
         slow_hop: dict[int, int] = {}
@@ -298,12 +301,21 @@ class Brain:
             if lk in slow_hop and slow_hop[lk] != int(hop):
                 two_way.add(lk)
             slow_hop.setdefault(lk, int(hop))
-        new_hops = np.array([h for h in queued if int(h) not in slow_flows], dtype=np.int64)
         cut = np.nan_to_num(est.threshold_ns, nan=np.inf)
-        slow_flows.update(win.delay.flows_over(self._paths, cut, new_hops, cfg.delay.max_flows))
+
+        def flows_of(hop: int) -> list[tuple[int, int, int]]:  # only for an event raised
+            if hop not in slow_flows:
+                hops = np.array([hop], dtype=np.int64)
+                slow_flows.update(win.delay.flows_over(self._paths, cut, hops, cfg.delay.max_flows))
+            return slow_flows[hop]
+
         blamed_loss = self._not_congestion(
             loss.blamed, loss.cover.total, win.loss.lost_sets(), cfg.loss.min_rate, standing,
             now_ns,
+        )  # fmt: skip
+        leaks = mispath_leaks(
+            loss.cover, self._link_nodes, self._switch_link, cfg.horizon.sibling_leak,
+            lambda m, others: m in blamed_loss and self._concentrated(m, others),
         )  # fmt: skip
         heavy = [lk for lk, r in loss.blamed.items() if r >= cfg.heavy_loss and lk not in leaks]
         self._last_heavy[heavy] = now_ns
@@ -343,7 +355,7 @@ class Brain:
             self._states[lk] = new
             if finding is not None:
                 ev = self._event(
-                    lk, finding, new, now_ns, rates.get(lk), slow_hop, slow_flows, lk in two_way
+                    lk, finding, new, now_ns, rates.get(lk), slow_hop, flows_of, lk in two_way
                 )
                 if ev is not None:
                     events.append(ev)
@@ -369,9 +381,6 @@ class Brain:
         if not len(hz.picked):
             return {}
         hp = self.config.horizon
-        leaks = mispath_leaks(
-            hz, self._link_nodes, self._switch_link, hp.sibling_leak, self._concentrated
-        )
         held = now_ns - hp.span_ns - dt_ns  # dead after this: in or next to the horizon
         picked = resid_rate(hz)
         for lk in [k for k in self._held if k not in picked and k not in signals]:
@@ -379,6 +388,10 @@ class Brain:
         out = self._not_congestion(
             picked, self._horizon.totals, self._horizon.lost_sets(), hp.min_rate, standing,
             now_ns,
+        )  # fmt: skip
+        leaks = mispath_leaks(
+            hz, self._link_nodes, self._switch_link, hp.sibling_leak,
+            lambda m, others: m in out and self._concentrated(m, others),
         )  # fmt: skip
         for lk in out:
             if lk in signals or lk in leaks or self._last_dead[lk] >= held:
@@ -451,22 +464,25 @@ class Brain:
 
     def _estimate_queues(self, win: _Window) -> QueueEstimate:
         """Return the per-hop queue estimate (`controller.detect.queues`) over this window's
-        fine delays and those of the ``QueueParams.windows - 1`` windows before it, started
-        from the last window's estimate."""
+        fine delays and those of the windows before it (`QueueParams.windows`, ``enough``),
+        started from the last window's estimate."""
+        p = self.config.queues
         self._fine.append(win.delay.fine())
-        while len(self._fine) > self.config.queues.windows:
+        while len(self._fine) > p.windows or (
+            len(self._fine) > 1 and sum(len(e) for _, e in list(self._fine)[1:]) >= p.enough
+        ):
             self._fine.popleft()
-        paths = np.concatenate([p for p, _ in self._fine])
+        paths = np.concatenate([x for x, _ in self._fine])
         excess = np.concatenate([e for _, e in self._fine])
         warm = None if self._queues is None else self._queues.queue_ns
         self._refresh_aliases()
+        if len(self._class_of) < self._paths.size:  # new paths: their hop per class
+            fresh = class_table(self._paths.hops[len(self._class_of) :], self._hop_class)
+            self._class_of = (
+                np.concatenate([self._class_of, fresh]) if len(self._class_of) else fresh
+            )
         est = estimate_queues(
-            self._paths.hops[paths],
-            excess,
-            self._hop_class,
-            self.config.queues,
-            warm,
-            self._hop_aliases,
+            paths, excess, self._class_of, self._hop_class, p, warm, self._hop_aliases
         )
         self._queues = est
         return est
@@ -551,7 +567,7 @@ class Brain:
         now_ns: int,
         rate: float | None,
         slow_hop: dict[int, int],
-        slow_flows: dict[int, list[tuple[int, int, int]]],
+        flows_of: Callable[[int], list[tuple[int, int, int]]],
         two_way: bool = False,
     ) -> EventDoc | None:
         f = self.fabric
@@ -588,7 +604,7 @@ class Brain:
         else:
             hop = slow_hop.get(lk, hop_id(lk, down=False))
             names = f.nics
-            flows = tuple((names[a].id, names[b].id, c) for a, b, c in slow_flows.get(hop, []))
+            flows = tuple((names[a].id, names[b].id, c) for a, b, c in flows_of(hop))
             both = f" and {f.hop_name(reverse_hop(hop))}" if two_way else ""
             moved = self._down_sibling(lk, now_ns)
             why = "" if moved is None else f" (flows re-hashed here from {moved}, which went down)"

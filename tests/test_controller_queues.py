@@ -8,7 +8,17 @@ import pytest
 
 from controller.detect.congestion import CongestionParams, link_queue_ns, own_loss_rates
 from controller.detect.flowloss import FlowLoss, FlowLossParams, poisson_tail
-from controller.detect.queues import QueueParams, estimate_queues, hop_classes
+from controller.detect.queues import QueueEstimate, QueueParams, class_table, hop_classes
+from controller.detect.queues import estimate_queues as _estimate
+
+
+def estimate_queues(
+    hops: np.ndarray, excess: np.ndarray, cls: np.ndarray, p: QueueParams
+) -> QueueEstimate:  # type: ignore[type-arg]
+    """One measurement per row of ``hops``: each row its own path."""
+    return _estimate(np.arange(len(hops)), excess, class_table(hops, cls), cls, p)
+
+
 from tests.fullmesh import FAB, FWD, REV
 
 
@@ -101,8 +111,6 @@ def test_a_loss_concentrated_on_a_few_flows_is_told_from_a_spread_one() -> None:
     conc = run(gray).spread(link, path_links)
     assert conc is not None and conc.concentrated and conc.heavy == 20
     assert run(np.zeros(n_flows)).spread(link, path_links) is None  # nothing lost
-
-
 
 
 def test_poisson_tail() -> None:

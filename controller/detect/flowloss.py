@@ -25,6 +25,7 @@ losing little do not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,6 +90,7 @@ class FlowLoss:
         self.lost = np.zeros(0, np.float32)
         self.fwd = np.zeros(0, np.int64)  # per flow: its latest forward path number
         self.rev = np.zeros(0, np.int64)  # and reply path number
+        self._by_link: tuple[int, I64, I64] | None = None  # `_link_paths`
 
     def add(
         self, src: I32, dst: I32, sport: I32, fwd: I64, rev: I64, lost: npt.NDArray[np.bool_]
@@ -105,9 +107,9 @@ class FlowLoss:
             self.lost = np.concatenate([self.lost, np.zeros(grow, np.float32)])
             self.fwd = np.concatenate([self.fwd, np.full(grow, -1, np.int64)])
             self.rev = np.concatenate([self.rev, np.full(grow, -1, np.int64)])
-        np.add.at(self.probes, fid, 1.0)
+        self.probes[:n] += np.bincount(fid, minlength=n).astype(np.float32)
         if lost.any():
-            np.add.at(self.lost, fid[lost], 1.0)
+            self.lost[:n] += np.bincount(fid[lost], minlength=n).astype(np.float32)
         self.fwd[fid] = fwd
         self.rev[fid] = rev
 
@@ -124,10 +126,14 @@ class FlowLoss:
         """Return the flows (mask over flow slots) last seen crossing ``link`` and none of the
         ``explained`` links, and how many times each crosses ``link`` (forward and reply)."""
         n = self._index.size
-        on = (path_links == link).any(axis=1).astype(np.int64)
+        by_link = self._link_paths(path_links)
+        on = np.zeros(len(path_links), np.int64)
+        on[by_link(link)] = 1
         bad: npt.NDArray[np.bool_] | None = None
         if explained:
-            bad = np.asarray(np.isin(path_links, explained).any(axis=1), dtype=bool)
+            bad = np.zeros(len(path_links), dtype=bool)
+            for e in explained:
+                bad[by_link(e)] = True
         fwd, rev = self.fwd[:n], self.rev[:n]
         ok = (fwd >= 0) & (rev >= 0) & (self.probes[:n] > 0.5)
         c = np.zeros(n, np.int64)
@@ -136,6 +142,23 @@ class FlowLoss:
         if bad is not None:
             sel[sel] = ~(bad[fwd[sel]] | bad[rev[sel]])
         return sel, c
+
+    def _link_paths(self, path_links: I32) -> Callable[[int], I64]:
+        """Return a function: a link -> the paths (rows of ``path_links``) that cross it;
+        the index is rebuilt when the paths grow."""
+        if self._by_link is None or self._by_link[0] != len(path_links):
+            rows, cols = np.nonzero(path_links >= 0)
+            links = path_links[rows, cols].astype(np.int64)
+            order = np.argsort(links, kind="stable")
+            links, rows = links[order], rows[order]
+            self._by_link = (len(path_links), links, rows.astype(np.int64))
+        _, links, rows = self._by_link
+
+        def paths(link: int) -> I64:
+            a, b = np.searchsorted(links, [link, link + 1])
+            return rows[a:b]
+
+        return paths
 
     def typical_probes(self, link: int, path_links: I32) -> float:
         """Return the median (decayed) probe count of the flows last seen crossing ``link``."""

@@ -56,20 +56,22 @@ class QueueParams:
     """See the module docstring. Residuals are binned ``bin_ns`` wide from ``lo_ns`` to
     ``fine_ns``, then in bins 5 % wider each up to ``hi_ns`` (values outside fall in the end
     bins). ``z``: standard errors of a hop's median by which it must clear the threshold.
-    ``windows``: detection windows whose delays one estimate reads (the brain's: the window
-    judged and the one before it; two halve the sampling noise of a hop's median at the price
-    of 100 ms more to see a queue end)."""
+    ``windows``: detection windows whose delays one estimate reads at most (the brain's: the
+    window judged, and the one before it while it holds fewer than ``enough`` delays: a
+    small fabric's hops get tens of delays a window, and two windows halve the sampling
+    noise of their medians at the price of 100 ms more to see a queue end)."""
 
     contention_ns: float = 1500.0
     noise_k: float = 2.0
     z: float = 2.0
     min_samples: int = 8
     sweeps: int = 2
-    bin_ns: float = 50.0
-    lo_ns: float = -2000.0
+    bin_ns: float = 100.0
+    lo_ns: float = -1000.0
     fine_ns: float = 10_000.0
     hi_ns: float = 1_000_000.0
     windows: int = 2
+    enough: int = 150_000
 
     def __post_init__(self) -> None:
         if self.bin_ns <= 0 or not self.lo_ns < self.fine_ns < self.hi_ns:
@@ -78,10 +80,24 @@ class QueueParams:
             raise ValueError("sweeps and windows must be >= 1, z >= 0")
 
     def edges(self) -> F64:
-        """Return the histogram's bin edges (ns)."""
-        fine = np.arange(self.lo_ns, self.fine_ns, self.bin_ns)
+        """Return the histogram's bin edges (ns): ``bin_ns`` wide up to ``fine_ns``, then 5 %
+        wider each (`bin_of` numbers them)."""
+        n_fine = int(np.ceil((self.fine_ns - self.lo_ns) / self.bin_ns))
+        fine = self.lo_ns + self.bin_ns * np.arange(n_fine)
         n = int(np.ceil(np.log(self.hi_ns / self.fine_ns) / np.log(1.05)))
         return np.concatenate([fine, self.fine_ns * 1.05 ** np.arange(n + 1)])
+
+    def bin_of(self, r: F64) -> I64:
+        """Return the bin of each value in `edges` (by arithmetic, not a search; values
+        outside fall in the end bins)."""
+        n_fine = int(np.ceil((self.fine_ns - self.lo_ns) / self.bin_ns))
+        n_geo = int(np.ceil(np.log(self.hi_ns / self.fine_ns) / np.log(1.05)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            geo = n_fine + np.floor(
+                np.log(np.maximum(r, self.fine_ns) / self.fine_ns) / np.log(1.05)
+            )
+        b = np.where(r < self.fine_ns, np.floor((r - self.lo_ns) / self.bin_ns), geo)
+        return np.clip(b, 0, n_fine + n_geo - 1).astype(np.int64)
 
 
 def hop_classes(fabric: Fabric) -> npt.NDArray[np.int8]:
@@ -116,11 +132,14 @@ class QueueEstimate:
         return np.flatnonzero(over).astype(np.int64)
 
 
-def _group_quantiles(g: I64, r: F64, n_groups: int, edges: F64, qs: tuple[float, ...]) -> F64:
+def _group_quantiles(
+    g: I64, r: F64, n_groups: int, p: QueueParams, edges: F64, qs: tuple[float, ...]
+) -> F64:
     """Return per group (0..n_groups-1) the quantiles ``qs`` of ``r`` read from a histogram
-    over ``edges`` (linear inside a bin), shape (n_groups, len(qs)); NaN rows: empty."""
+    over ``edges`` (`QueueParams.edges`; linear inside a bin), shape (n_groups, len(qs)); NaN
+    rows: empty."""
     nb = len(edges) - 1
-    b = np.clip(np.searchsorted(edges, r, side="right") - 1, 0, nb - 1)
+    b = p.bin_of(r)
     counts = np.bincount(g * nb + b, minlength=n_groups * nb).reshape(n_groups, nb)
     cum = np.cumsum(counts, axis=1)
     n = cum[:, -1]
@@ -136,51 +155,67 @@ def _group_quantiles(g: I64, r: F64, n_groups: int, edges: F64, qs: tuple[float,
     return out
 
 
+def class_table(hops: I32, hop_class: npt.NDArray[np.int8]) -> I32:
+    """Return per path (rows of ``hops``: directed hop ids, -1 padded) its hop of each class,
+    shape (paths, classes), -1 where it crosses none (a path crosses a class at most once)."""
+    n_cls = int(hop_class.max()) + 1 if len(hop_class) else 0
+    out = np.full((len(hops), n_cls), -1, np.int32)
+    valid = hops >= 0
+    rows, cols = np.nonzero(valid)
+    hop = hops[rows, cols]
+    out[rows, hop_class[hop]] = hop
+    return out
+
+
 def estimate_queues(
-    hops: I32,
+    path: I64,
     excess: F64,
+    classes: I32,
     hop_class: npt.NDArray[np.int8],
     params: QueueParams,
     warm: F64 | None = None,
     aliases: Sequence[tuple[int, ...]] = (),
 ) -> QueueEstimate:
     """Return the per-hop queueing that explains ``excess`` (one-way delay over the path's
-    baseline, ns, finite) of measurements crossing ``hops`` ((m, H) directed hop ids, -1
-    padded); ``hop_class`` per hop (`hop_classes`); ``warm``: a previous estimate to start
-    from (NaN = 0); ``aliases``: groups of hops every path crosses together
-    (`controller.detect.paths.alias_groups` with ``directed``), whose queues no delay splits:
-    each group's total is put on its first hop, as the slow tier's cover picks the lowest
-    index among equals."""
+    baseline, ns, finite) of measurements on paths ``path`` (numbers into ``classes``, each
+    path's hop per class: `class_table`); ``hop_class`` per hop (`hop_classes`); ``warm``: a
+    previous estimate to start from (NaN = 0); ``aliases``: groups of hops every path crosses
+    together (`controller.detect.paths.alias_groups` with ``directed``), whose queues no
+    delay splits: each group's total is put on its first hop, as the slow tier's cover picks
+    the lowest index among equals."""
     n_hops = len(hop_class)
     edges = params.edges()
-    valid = hops >= 0
-    h = np.where(valid, hops, 0)
-    samples = np.bincount(hops[valid], minlength=n_hops).astype(np.int64)
     q = np.zeros(n_hops) if warm is None else np.nan_to_num(np.maximum(warm, 0.0), nan=0.0)
     q = q.copy()
     iqr = np.full(n_hops, np.nan)
     thr = np.full(n_hops, params.contention_ns)
+    samples = np.zeros(n_hops, np.int64)
     if not len(excess):
         return QueueEstimate(np.full(n_hops, np.nan), samples, iqr, thr, params.z)
-    cls = np.where(valid, hop_class[h], -1)
-    # per class: the measurements crossing it, the hop of that class each crossed (a path
-    # crosses a class at most once) and the class's hops as dense group numbers
+    # per class: the measurements crossing it, the hop of that class each crossed and its
+    # number among the class's hops (the class's histogram row)
     plan = []
-    for c in (int(x) for x in np.unique(cls) if x >= 0):
-        hc = np.full(len(excess), -1, np.int64)
-        for col in np.flatnonzero((cls == c).any(axis=0)):
-            sel = cls[:, col] == c
-            hc[sel] = h[sel, col]
-        on = np.flatnonzero(hc >= 0)
-        members, g = np.unique(hc[on], return_inverse=True)
-        plan.append((on, hc[on], g.astype(np.int64), members))
-    s = np.where(valid, q[h], 0.0).sum(axis=1)
+    s = np.zeros(len(excess))
+    for c in range(classes.shape[1]):
+        hop_all = classes[:, c][path]
+        on = np.flatnonzero(hop_all >= 0)
+        if not len(on):
+            continue
+        hop = hop_all[on].astype(np.int64)
+        members = np.flatnonzero(hop_class == c)
+        rank = np.zeros(n_hops, np.int64)
+        rank[members] = np.arange(len(members))
+        samples += np.bincount(hop, minlength=n_hops)
+        s[on] += q[hop]
+        plan.append((on, hop, rank[hop], members))
     for sweep in range(params.sweeps):
         last = sweep == params.sweeps - 1
         for on, hop, g, members in plan:
             r = excess[on] - s[on] + q[hop]
-            qs = _group_quantiles(g, r, len(members), edges, (0.5, 0.25, 0.75) if last else (0.5,))
-            new = np.maximum(np.nan_to_num(qs[:, 0], nan=0.0), 0.0)
+            want = (0.5, 0.25, 0.75) if last else (0.5,)
+            qs = _group_quantiles(g, r, len(members), params, edges, want)
+            seen = np.isfinite(qs[:, 0])  # a class member no measurement crossed keeps its q
+            new = np.where(seen, np.maximum(np.nan_to_num(qs[:, 0], nan=0.0), 0.0), q[members])
             s[on] += new[g] - q[hop]
             q[members] = new
             if last:
