@@ -325,7 +325,9 @@ class Brain:
         for lk, rate in blamed_loss.items():
             if rate >= cfg.loss.dead_rate:
                 signals[lk] = Signal.DEAD
-            elif lk not in leaks and not self._undecided_leak(lk, hz, now_ns):
+            elif lk not in leaks and not self._undecided_leak(
+                lk, hz if lk in hz.picked else loss.cover, now_ns
+            ):
                 signals[lk] = Signal.LOSSY
         for down_nic in self._reported_down:
             signals[int(f.nic_link[down_nic])] = Signal.DEAD
