@@ -293,7 +293,7 @@ class Brain:
                 two_way.add(lk)
             if lk not in slow_hop or nbad > slow_cover.bad[slow_hop[lk]]:
                 slow_hop[lk] = int(hop)
-        queued = est.contended()
+        queued = est.contended() if not self._warming(now_ns) else np.zeros(0, np.int64)
         margin = est.queue_ns - est.threshold_ns
         for hop in queued[np.argsort(-margin[queued], kind="stable")]:  # the larger first
             lk = hop_link(int(hop))
@@ -500,10 +500,17 @@ class Brain:
         seen = np.isfinite(held).any(axis=0)
         if self._measured_at is None and seen.any():
             self._measured_at = now_ns
-        if self._measured_at is None or now_ns - self._measured_at < span:
-            return np.full(len(seen), np.nan)  # the first horizon of queues: not yet known
+        if self._warming(now_ns):
+            return np.full(len(seen), np.nan)  # the first seconds of queues: not yet known
         mean = np.nansum(held, axis=0) / np.maximum(np.isfinite(held).sum(axis=0), 1)
         return np.asarray(np.where(seen, mean, np.nan), dtype=np.float64)
+
+    def _warming(self, now_ns: int) -> bool:
+        """Return True until queues have been measured for ``QueueParams.warmup_ns``: the
+        paths' baselines (the least delay seen) are then learnt from a few samples each, on
+        a busy fabric a few hundred ns over the floor, and the estimate reads queues low."""
+        start = self._measured_at
+        return start is None or now_ns - start < self.config.queues.warmup_ns
 
     def _not_congestion(
         self,

@@ -9,12 +9,15 @@ import pytest
 from contract.documents import EventDoc
 from controller.brain import Brain, BrainConfig
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks
+from controller.detect.queues import QueueParams
 from controller.localize import greedy_cover
 from controller.observations import Observations
 from mesh.fabric.model import hop_id
 from tests.fullmesh import DST, FAB, FWD, REV, SPORT, SRC, WIN
 
-CFG = BrainConfig(lateness_ns=0)
+# these tests measure queues from the first window: no warm-up (the first 3 s of a
+# controller, `QueueParams.warmup_ns`, are tested in test_controller_delay_tiers.py)
+CFG = BrainConfig(lateness_ns=0, queues=QueueParams(warmup_ns=0))
 I32 = npt.NDArray[np.int32]
 
 
@@ -102,7 +105,14 @@ def test_small_loss_is_found_over_the_horizon_not_in_one_window() -> None:
     assert kinds(ev) == [("loss", "leaf1-spine2")]
     assert "%" in ev[0].detail
     # one window alone never blames it
-    one = Brain(FAB, BrainConfig(lateness_ns=0, horizon=HorizonParams(span_ns=WIN, min_rate=0.05)))
+    one = Brain(
+        FAB,
+        BrainConfig(
+            lateness_ns=0,
+            horizon=HorizonParams(span_ns=WIN, min_rate=0.05),
+            queues=QueueParams(warmup_ns=0),
+        ),
+    )
     assert drive(one, 0, 40, 2, lossy=(lk, 0.02)) == []
 
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from contract.documents import EventDoc
-from controller.brain import Brain
+from controller.brain import Brain, BrainConfig
+from controller.detect.queues import QueueParams
 from mesh.fabric import FabricShape, build_fabric
 from qpmesh.cli import main
 from testbed.scenario import Fault, FaultKind
@@ -22,6 +23,8 @@ from testbed.sim.localize_bench import (
 from testbed.sim.model import ModelKnobs
 
 FAB = build_fabric(FabricShape())
+# faults from 2 s on: the queue estimate's warm-up (3 s of judged delays) off
+NO_WARMUP = BrainConfig(lateness_ns=0, queues=QueueParams(warmup_ns=0))
 
 
 def test_flap_and_nic_down_found_without_false_alerts() -> None:
@@ -151,7 +154,7 @@ def test_three_tiers_a_flapping_spine_to_super_spine_link_is_found(
     assert (shape.pods, shape.superspines, shape.n_nics) == (2, 8, 32)
     fab = build_fabric(shape)
     faults = (Fault(FaultKind.FLAP, "spine1-super3", 2.0, 5.0, down_s=1.0, up_s=2.0),)
-    r = run_once(fab, faults, duration_s=8.0, load=0.4, seed=3, step_s=0.1)
+    r = run_once(fab, faults, duration_s=8.0, load=0.4, seed=3, step_s=0.1, brain_config=NO_WARMUP)
     q = r["estimators"]["qpmesh"]  # type: ignore[index]
     assert q["recall"] == 1.0 and q["precision"] == 1.0 and r["false_alerts"] == 0
     # ECMP re-hashes the down link's flows (after 10 ms at spine1, 300 ms elsewhere): each
@@ -193,7 +196,7 @@ def test_an_event_on_a_link_no_path_tells_apart_names_its_alias(
 
     monkeypatch.setattr(Brain, "tick", spy)
     faults = (Fault(FaultKind.FLAP, "spine1-super3", 2.0, 5.0, down_s=1.0, up_s=2.0),)
-    run_once(fab, faults, duration_s=8.0, load=0.4, seed=3, step_s=0.1)
+    run_once(fab, faults, duration_s=8.0, load=0.4, seed=3, step_s=0.1, brain_config=NO_WARMUP)
     down = [d for d in details if d.startswith("loss spine1-super3")]
     assert down and "or spine5-super3: every known path" in down[0], details
     moved = [d for d in details if d.startswith("contention")]

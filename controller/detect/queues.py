@@ -19,12 +19,12 @@ estimates the *typical* wait of every directed hop instead, ``q[h]``, the value 
 - ``sweeps`` passes over the classes, started from the previous window's estimate.
 
 A median, not a mean: incast bursts and rare long waits hit a minority of a hop's probes and
-do not move it; a standing queue does. A hop is *contended* when its estimate, less ``z`` standard errors of its median (from the
-spread of its residuals and its count: a hop of a small fabric has tens of measurements a
-window), is over ``class median + max(contention_ns, noise_k x MAD)`` of its class (robust to what every hop of
-a class carries alike: software-stamp jitter on the NIC hops, a clock error common to all;
-the MAD of the hops at or under the class median, since contention only adds) with at least
-``min_samples`` measurements.
+do not move it; a standing queue does. A hop with at least ``min_samples`` measurements is
+*contended* when its estimate, less ``z`` standard errors of its median (from the spread of
+its residuals and its count: a hop of a small fabric has tens of measurements a window), is
+over its class's threshold (below), which is robust to what every hop of a class carries
+alike (software-stamp jitter on the NIC hops, a clock error common to all): it uses the
+class median and the MAD of the hops at or under it (contention only adds).
 
 What one-way delays cannot place: every path crosses one hop of class ``2t`` (up from tier
 t) exactly when it crosses one of class ``2t + 1`` (down to tier t), so adding a constant to
@@ -59,7 +59,9 @@ class QueueParams:
     ``windows``: detection windows whose delays one estimate reads at most (the brain's: the
     window judged, and the one before it while it holds fewer than ``enough`` delays: a
     small fabric's hops get tens of delays a window, and two windows halve the sampling
-    noise of their medians at the price of 100 ms more to see a queue end)."""
+    noise of their medians at the price of 100 ms more to see a queue end). ``warmup_ns``:
+    for this long after the first judged delays the brain reports no contention from the
+    estimate and treats every link's queue as unknown (`controller.brain.Brain._warming`)."""
 
     contention_ns: float = 1500.0
     noise_k: float = 2.0
@@ -72,6 +74,7 @@ class QueueParams:
     hi_ns: float = 1_000_000.0
     windows: int = 2
     enough: int = 150_000
+    warmup_ns: int = 3_000_000_000
 
     def __post_init__(self) -> None:
         if self.bin_ns <= 0 or not self.lo_ns < self.fine_ns < self.hi_ns:

@@ -172,18 +172,21 @@ def run_once(
     timestamps: str = "hw",
     pipeline: str = "truth-clocks",
     model: ModelKnobs | None = None,
+    brain_config: BrainConfig | None = None,
 ) -> dict[str, object]:
     """Simulate ``duration_s`` with ``faults``; return the scores of both estimators.
 
     ``pipeline``: "ingest" runs the controller's real ingest + clock sync
     (`controller.live.LiveController`, holding the paths the probers discovered:
     `Simulator.discovered_paths`) and feeds its observations to both estimators;
-    "truth-clocks" removes the simulator's true clock offsets instead.
+    "truth-clocks" removes the simulator's true clock offsets instead. ``brain_config``:
+    the brain's thresholds (default `BrainConfig` with ``lateness_ns`` 0: each step is
+    delivered complete).
     """
     knobs = ModelKnobs() if model is None else model
     cfg = SimConfig(load=load, seed=seed, timestamps=timestamps, model=knobs)
     sim = Simulator(fabric, cfg, faults)
-    brain = Brain(fabric, BrainConfig(lateness_ns=0))  # each step is delivered complete
+    brain = Brain(fabric, brain_config or BrainConfig(lateness_ns=0))
     voter = VotingBaseline(fabric)
     live = None
     epoch = 0
