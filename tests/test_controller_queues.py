@@ -10,16 +10,17 @@ from controller.detect.congestion import CongestionParams, link_queue_ns, own_lo
 from controller.detect.flowloss import FlowLoss, FlowLossParams, poisson_tail
 from controller.detect.queues import QueueEstimate, QueueParams, class_table, hop_classes
 from controller.detect.queues import estimate_queues as _estimate
+from tests.fullmesh import FAB, FWD, REV
 
 
 def estimate_queues(
-    hops: np.ndarray, excess: np.ndarray, cls: np.ndarray, p: QueueParams
-) -> QueueEstimate:  # type: ignore[type-arg]
+    hops: np.ndarray,  # type: ignore[type-arg]
+    excess: np.ndarray,  # type: ignore[type-arg]
+    cls: np.ndarray,  # type: ignore[type-arg]
+    p: QueueParams,
+) -> QueueEstimate:
     """One measurement per row of ``hops``: each row its own path."""
     return _estimate(np.arange(len(hops)), excess, class_table(hops, cls), cls, p)
-
-
-from tests.fullmesh import FAB, FWD, REV
 
 
 def _excess(hops: np.ndarray, waits: dict[int, float], rng: np.random.Generator) -> np.ndarray:
