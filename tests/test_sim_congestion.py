@@ -163,6 +163,10 @@ def test_scoring_congestion_episodes_direction_and_repeated_false_alerts() -> No
     assert s["wrong_direction_alerts"] == 1 and s["near_congestion_alerts"] == 1
     assert s["false_fault_alerts"] == 2 and s["false_alerts"] == 4
     assert s["precision"] == 0.0  # faults: two false raises, no hit
+    # the blind start is spared: an episode counts from ``warmup_s`` on, if 0.5 s are left
+    late = Scorer(FAB, (), truth, warmup_s=2.7).evaluate([])
+    assert late["congestion_episodes"] == 0 and late["congestion_recall_from_start"] == 0.0
+    assert Scorer(FAB, (), truth, warmup_s=2.5).evaluate([])["congestion_episodes"] == 1
     # a contention finding still standing when the episode starts finds it
     early = [Alert(0.5, name, "contention", until_s=2.0)]
     assert Scorer(FAB, (), truth).evaluate(early)["congestion_recall"] == 1.0

@@ -259,6 +259,7 @@ def run_once(
         truth,
         sim.loss_bursts(0.0, duration_s),
         reroute_targets(fabric, faults, sim.real and knobs.redistribute),
+        warmup_s=min(5.0, duration_s * 0.2),  # random faults start no earlier either
     )
     ours_s, theirs_s = scorer.evaluate(ours), scorer.evaluate(theirs)
     fault_rows = []
@@ -372,6 +373,7 @@ _ALERT_COUNTS = (
     "congestion_episodes",
     "congestion_found",
 )
+_RATES = ("congestion_recall_from_start",)
 _SCORES = tuple(
     f"{p}{m}" for p in ("", "congestion_", "overall_") for m in ("precision", "recall", "f1")
 )
@@ -457,13 +459,13 @@ def _localize(args: argparse.Namespace) -> int:
     for name in ("qpmesh", "voting_baseline"):
         per = {
             m: [float(r["estimators"][name][m]) for r in runs]  # type: ignore[index]
-            for m in (*_SCORES, *_ALERT_COUNTS)
+            for m in (*_SCORES, *_RATES, *_ALERT_COUNTS)
         }
         # medians over seeds under the plain names (the shape `testbed run` shares); means of
         # the scores and sums of the alert counts beside them, named so
         est[name] = {m: _median(v) for m, v in per.items()}
         est[name].update(
-            {f"{m}_mean": round(statistics.fmean(per[m]), 4) for m in _SCORES if per[m]}
+            {f"{m}_mean": round(statistics.fmean(per[m]), 4) for m in (*_SCORES, *_RATES) if per[m]}
         )
         est[name].update({f"{m}_total": sum(per[m]) for m in _ALERT_COUNTS})
     out["estimators"] = est

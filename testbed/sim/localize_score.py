@@ -12,8 +12,13 @@ Two kinds of truth, scored apart:
   (`testbed.sim.congestion_truth.CONTENTION_NS`) for a run of steps is a congestion
   *episode* (`CongestionTruth`). A ``contention`` alert raised on that hop, in that
   direction, while the episode lasts (+ ``GRACE_S``) is a hit; an episode of at least
-  ``CONGESTION_MIN_S`` is found when an alert naming its hop stands (raised, not yet
-  cleared) at some time during it, and missed otherwise. A contention alert on a hop with a standing queue under the
+  ``CONGESTION_MIN_S`` after ``warmup_s`` is found when an alert naming its hop stands
+  (raised, not yet cleared) at some time during that part of it, and missed otherwise.
+  ``warmup_s`` is when the run's random faults may start (`testbed.scenario.random_faults`:
+  5 s, or a fifth of a shorter run): the controller's blind start (clocks trusted after
+  ~1.5 s, then the queue estimate's 3 s warm-up) is spared the congestion as it is spared
+  the faults. ``congestion_recall_from_start`` is the recall over every episode, that start
+  included. A contention alert on a hop with a standing queue under the
   threshold (`STANDING_NS`) is counted apart (``near_congestion_alerts``: neither a hit nor
   false); one on the reverse direction of a queued hop is false (``wrong_direction_alerts``).
 
@@ -162,6 +167,7 @@ class Scorer:
     truth: CongestionTruth
     bursts: list[tuple[int, float, float]] = field(default_factory=list)
     moved_onto: Callable[[float], dict[str, tuple[str, ...]]] = lambda _t: {}
+    warmup_s: float = 0.0
 
     def evaluate(self, alerts: Sequence[Alert]) -> dict[str, object]:
         """Return the scores (P / R / F1 per class and over both, alert counts, per fault the
@@ -228,10 +234,24 @@ class Scorer:
                     found[i], first[i] = True, ft.start_s
                     break
         standing = self._standing_alerts(alerts)
-        for i, (h, a0, a1) in enumerate(episodes):
+        w = self.warmup_s
+        seen_from = [max(a0, w) for _, a0, _ in episodes]  # the part after the blind start
+        for i, (h, _, a1) in enumerate(episodes):
+            a0 = seen_from[i]
             ep_found[i] = any(t0 <= a1 + GRACE_S and t1 >= a0 for t0, t1 in standing.get(h, ()))
-        required = [i for i, (_, a, b) in enumerate(episodes) if b - a >= CONGESTION_MIN_S - 1e-9]
+        required = [
+            i for i, (_, _, b) in enumerate(episodes) if b - seen_from[i] >= CONGESTION_MIN_S - 1e-9
+        ]
         cong_hits = [ep_found[i] for i in required]
+        # the same over every episode, its blind start included (a queue there from t = 0)
+        every = [i for i, (_, a, b) in enumerate(episodes) if b - a >= CONGESTION_MIN_S - 1e-9]
+        ep_all = [
+            any(
+                t0 <= episodes[i][2] + GRACE_S and t1 >= episodes[i][1]
+                for t0, t1 in standing.get(episodes[i][0], ())
+            )
+            for i in every
+        ]
         out: dict[str, object] = {
             **prf(found, hits["fault"], false["fault"]),
             **{
@@ -259,6 +279,9 @@ class Scorer:
                 "alerts": len(alerts),
                 "congestion_episodes": len(required),
                 "congestion_found": sum(cong_hits),
+                "congestion_recall_from_start": round(sum(ep_all) / len(ep_all), 4)
+                if ep_all
+                else 1.0,
                 "_missed": [episodes[i] for i in required if not ep_found[i]],
                 "_false": false["fault"] + false["congestion"],
                 "_found": found,
