@@ -13,13 +13,14 @@ seeds. Uses only the public API, so the same command measures any version of the
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from contract.interrupt import finish, interruptible
 from controller.clocksync import ClockSync, ClockSyncConfig
 from controller.ingest import Ingestor
 from mesh.fabric import FabricShape, build_fabric
@@ -45,8 +46,8 @@ def run_one(
     owd: list[F64] = []
     last = None
     for st in sim.run(seconds, 0.5):
-        b = ing.ingest(st.batch)
-        if b is None or not len(b):
+        b = ing.ingest(st.batch)  # the simulator's batches are new: nothing to admit
+        if not len(b):
             continue
         cs.add(b)
         cs.maybe_solve(int(b.t1.max()))
@@ -121,15 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bad options: need --nics >= 4, --seconds > {WARMUP_S}, --bins >= 1, loads in "
               "(0, 1)", file=sys.stderr)  # fmt: skip
         return 2
-    rep = run_bench(a.nics, a.loads, a.seeds, a.seconds, a.bins, a.leaf_split)
-    if a.json:
-        print(json.dumps(rep))
-    else:
-        for k, v in rep.items():
-            if k.startswith("load_"):
-                print(f"{k}: offset p99 (median over solves) {v['median_solve_offset_p99_ns']} ns,"
-                      f" owd error p50 {v['owd_error_p50_ns']} p99 {v['owd_error_p99_ns']} ns")  # fmt: skip
-    return 0
+    rep: dict[str, Any] | None = None
+    with interruptible() as stop:  # the report comes at the end: none if stopped before
+        rep = run_bench(a.nics, a.loads, a.seeds, a.seconds, a.bins, a.leaf_split)
+    return finish(stop, rep, as_json=a.json, show=_show)
+
+
+def _show(rep: Mapping[str, Any]) -> None:
+    for k, v in rep.items():
+        if k.startswith("load_"):
+            print(f"{k}: offset p99 (median over solves) {v['median_solve_offset_p99_ns']} ns,"
+                  f" owd error p50 {v['owd_error_p50_ns']} p99 {v['owd_error_p99_ns']} ns")  # fmt: skip
 
 
 if __name__ == "__main__":

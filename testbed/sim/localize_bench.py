@@ -14,24 +14,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from contract.documents import EventDoc
+from contract.interrupt import finish, interruptible
 from controller.brain import Brain, BrainConfig
+from controller.brainlike import TeeBrain
 from controller.detect.paths import alias_groups
 from controller.live import LiveController
 from controller.observations import Observations
 from controller.voting import VotingBaseline
 from mesh.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
-from mesh.snapshot import Health
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimStep, Simulator
 from testbed.sim.localize_score import (
@@ -73,45 +72,6 @@ def observations_from_step(sim: Simulator, st: SimStep) -> Observations:
         np.where(lost, nan, rev),
         np.where(lost, nan, rtt),
     )
-
-
-class _Tee:
-    """Feeds the live pipeline's observations to the brain and to the voting baseline."""
-
-    def __init__(self, brain: Brain, voter: VotingBaseline) -> None:
-        self.brain, self.voter = brain, voter
-        self.seen: list[Observations] = []  # since the last `take` (for the clock error)
-
-    def observe(self, obs: Observations) -> None:
-        self.brain.observe(obs)
-        self.voter.observe(obs)
-        self.seen.append(obs)
-
-    def take(self) -> list[Observations]:
-        """Return and forget the observations seen since the last call."""
-        out, self.seen = self.seen, []
-        return out
-
-    def presence(self, host: str, alive: bool, now_ns: int) -> None:
-        self.brain.presence(host, alive, now_ns)
-
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
-        self.brain.gpu(host, ok, detail, now_ns)
-
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
-        self.brain.nic_links(host, up, now_ns)
-
-    def tick(self, now_ns: int) -> list[EventDoc]:
-        return self.brain.tick(now_ns)
-
-    def link_health(self) -> dict[str, Health]:
-        return self.brain.link_health()
-
-    def nic_health(self) -> list[Health]:
-        return self.brain.nic_health()
-
-    def flap_counts(self) -> dict[str, int]:
-        return self.brain.flap_counts()
 
 
 _ERR_EDGES = np.concatenate([[0.0], np.logspace(0, 6, 241)])  # ns, 40 bins per decade
@@ -190,15 +150,15 @@ def run_once(
     voter = VotingBaseline(fabric)
     live = None
     epoch = 0
-    tee = _Tee(brain, voter)
+    seen: list[Observations] = []  # what the live pipeline handed the brain in this step
     clock_err = ClockError()
     if pipeline == "ingest":
-        live = LiveController(fabric, brain=tee)
+        # the voting baseline sees what the brain sees
+        live = LiveController(fabric, brain=TeeBrain(brain, voter.observe, seen.append))
         epoch = EPOCH_NS
         # the paths the probers discovered (TTL probes), as a real controller holds them
         src, dst, sport, fwd, rev = sim.discovered_paths()
-        live.ingestor.paths.update(src, dst, sport, fwd)
-        live.ingestor.reply_paths.update(src, dst, sport, rev)
+        live.learn_paths(src, dst, sport, fwd, rev)
     hosts = {h.id for h in fabric.hosts}
     alive, gpu_bad = set(hosts), set[str]()
     ours: list[Alert] = []
@@ -231,13 +191,13 @@ def run_once(
             events = brain.tick(now)
         else:
             if st.discovered is not None:  # the probers' traces of this step (path discovery)
-                _learn(live, *st.discovered)
-            live.ingest_batch(st.batch, now)
+                live.learn_paths(*st.discovered)
+            live.admit(st.batch, now)
             events = live.tick(now)
-            seen = tee.take()
             if len(seen) == 1 and len(seen[0]) == len(st.batch):  # rows in batch order
                 clock_err.add(st.t1_s, seen[0].owd_fwd_ns, st.true_fwd_ns)
                 clock_err.add(st.t1_s, seen[0].owd_rev_ns, st.true_rev_ns)
+            seen.clear()
         t_brain += time.perf_counter() - c0
         truth.add(st.t0_s, st.t1_s, st.hop_queue_ns)
         for ev in events:
@@ -303,20 +263,6 @@ def run_once(
         "pipeline_probes_per_s": round(n_probes / t_brain) if t_brain else None,
         "alerts": [{"t_s": round(a.t_s, 3), "target": a.target, "kind": a.kind} for a in ours[:50]],
     }
-
-
-def _learn(
-    live: LiveController,
-    src: npt.NDArray[np.int64],
-    dst: npt.NDArray[np.int64],
-    sport: npt.NDArray[np.int64],
-    fwd: npt.NDArray[np.int32],
-    rev: npt.NDArray[np.int32],
-) -> None:
-    """Give the controller the paths the probers traced (forward and reply hops), as the
-    start's discovered paths are given (`run_once`)."""
-    live.ingestor.paths.update(src, dst, sport, fwd)
-    live.ingestor.reply_paths.update(src, dst, sport, rev)
 
 
 def _track_blamed(
@@ -402,41 +348,44 @@ def _localize(args: argparse.Namespace) -> int:
         )
     wall = time.perf_counter()
     model = model_from_args(args)
-    for seed in seeds:
-        if args.scenario:
-            sc = load_scenario(args.scenario)
-            fabric, faults = sc.fabric(), sc.faults
-            duration = args.duration or sc.duration_s
-            load = sc.load if args.load is None else args.load
-        else:
-            fabric = _fabric(args)
-            duration = args.duration or 30.0
-            faults = random_faults(
+    with interruptible() as stop:  # a signal ends the seeds early: the report covers those done
+        for seed in seeds:
+            if args.scenario:
+                sc = load_scenario(args.scenario)
+                fabric, faults = sc.fabric(), sc.faults
+                duration = args.duration or sc.duration_s
+                load = sc.load if args.load is None else args.load
+            else:
+                fabric = _fabric(args)
+                duration = args.duration or 30.0
+                faults = random_faults(
+                    fabric,
+                    args.random_faults,
+                    seed=seed,
+                    duration_s=duration,
+                    kinds=kinds,
+                    congest_magnitude=args.queue_us,
+                    loss_percent=args.loss_percent,
+                    flap_down_s=args.flap_down_ms / 1e3,
+                    gray_percent=args.gray_percent,
+                    optic_percent=args.optic_percent,
+                )
+                load = 0.4 if args.load is None else args.load
+            r = run_once(
                 fabric,
-                args.random_faults,
-                seed=seed,
+                faults,
                 duration_s=duration,
-                kinds=kinds,
-                congest_magnitude=args.queue_us,
-                loss_percent=args.loss_percent,
-                flap_down_s=args.flap_down_ms / 1e3,
-                gray_percent=args.gray_percent,
-                optic_percent=args.optic_percent,
+                load=load,
+                seed=seed,
+                step_s=args.step,
+                timestamps=args.timestamps,
+                pipeline=args.pipeline,
+                model=model,
             )
-            load = 0.4 if args.load is None else args.load
-        r = run_once(
-            fabric,
-            faults,
-            duration_s=duration,
-            load=load,
-            seed=seed,
-            step_s=args.step,
-            timestamps=args.timestamps,
-            pipeline=args.pipeline,
-            model=model,
-        )
-        r["seed"] = seed
-        runs.append(r)
+            r["seed"] = seed
+            runs.append(r)
+    if not runs:
+        return finish(stop, None, as_json=args.json)
     out: dict[str, object] = {
         "fabric": {
             "nics": len(fabric.nics),
@@ -444,7 +393,7 @@ def _localize(args: argparse.Namespace) -> int:
             "links": len(fabric.links),
         },
         "pipeline": args.pipeline,
-        "seeds": seeds,
+        "seeds": [r["seed"] for r in runs],
         "step_s": args.step,
         "model": model.to_dict(),
         "magnitudes": {
@@ -495,23 +444,22 @@ def _localize(args: argparse.Namespace) -> int:
             for r in runs
         ]
     )
-    if args.json:
-        json.dump(out, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        for name, m in est.items():
-            print(
-                f"{name:16s} faults P {m['precision']:.3f} R {m['recall']:.3f} "
-                f"(means {m['precision_mean']:.3f} / {m['recall_mean']:.3f}); congestion P "
-                f"{m['congestion_precision']:.3f} R {m['congestion_recall']:.3f} (means "
-                f"{m['congestion_precision_mean']:.3f} / {m['congestion_recall_mean']:.3f}); "
-                f"false alerts {m['false_alerts_total']:g} (all seeds)"
-            )
+    return finish(stop, out, as_json=args.json, show=_show, indent=1)
+
+
+def _show(out: Mapping[str, Any]) -> None:
+    for name, m in out["estimators"].items():
         print(
-            f"localization latency median {out['median_latency_s']} s, mean "
-            f"{out['mean_latency_s']} s, wall {out['wall_s']} s"
+            f"{name:16s} faults P {m['precision']:.3f} R {m['recall']:.3f} "
+            f"(means {m['precision_mean']:.3f} / {m['recall_mean']:.3f}); congestion P "
+            f"{m['congestion_precision']:.3f} R {m['congestion_recall']:.3f} (means "
+            f"{m['congestion_precision_mean']:.3f} / {m['congestion_recall_mean']:.3f}); "
+            f"false alerts {m['false_alerts_total']:g} (all seeds)"
         )
-    return 0
+    print(
+        f"localization latency median {out['median_latency_s']} s, mean "
+        f"{out['mean_latency_s']} s, wall {out['wall_s']} s"
+    )
 
 
 def _number(text: str) -> float:
