@@ -15,7 +15,7 @@ file or the network.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -24,9 +24,9 @@ import numpy.typing as npt
 from contract.documents import EventDoc
 from controller.detect.causes import excluded_nics, host_quiet, silent_hosts
 from controller.detect.congestion import CongestionParams, link_queue_ns, own_loss_rates
-from controller.detect.delay import DelayParams, DelayWindow
+from controller.detect.delay import DelayParams
 from controller.detect.flowloss import FlowLoss, FlowLossParams, Spread, poisson_tail
-from controller.detect.loss import LossParams, LossWindow
+from controller.detect.loss import LossParams, LossVerdict
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
 from controller.detect.paths import PathIndex, alias_groups
 from controller.detect.queues import (
@@ -36,6 +36,7 @@ from controller.detect.queues import (
     estimate_queues,
     hop_classes,
 )
+from controller.detect.window import DetectionWindow, WindowPart
 from controller.health import EntityState, Finding, HealthParams, Signal, step
 from controller.localize import Cover
 from controller.observations import Observations
@@ -84,16 +85,6 @@ class BrainConfig:
             raise ValueError("moved_ns must be >= 0 and heavy_loss in (0, 1]")
 
 
-@dataclass(eq=False)
-class _Window:
-    """Accumulators of one open detection window (probes sent up to ``end_ns``)."""
-
-    end_ns: int | None  # None: the current window (no tick yet)
-    loss: LossWindow
-    delay: DelayWindow
-    src_count: npt.NDArray[np.int64]
-
-
 class Brain:
     """Detection and localization state for one fabric. Not thread-safe; one owner."""
 
@@ -107,7 +98,7 @@ class Brain:
         self._alias_at = -1  # path count `_alias_of` was computed at (-1: never)
         self._alias_of: dict[int, tuple[str, ...]] = {}
         self._hop_aliases: list[tuple[int, ...]] = []  # directed hops no delay tells apart
-        self._open: list[_Window] = [self._new_window()]
+        self._open: list[DetectionWindow] = [self._new_window()]
         self._states = [EntityState() for _ in range(n_links)]
         self._raised: dict[int, str] = {}
         self._nic_of_link = {int(lk): i for i, lk in enumerate(fabric.nic_link)}
@@ -169,33 +160,18 @@ class Brain:
         for w in np.unique(widx):
             self._fold(self._open[int(w)], obs.select(widx == w))
 
-    def _new_window(self) -> _Window:
+    def _new_window(self) -> DetectionWindow:
         f = self.fabric
-        return _Window(
-            None,
-            LossWindow(len(f.links), self._paths.width, self._pairs),
-            DelayWindow(f.n_hops),
-            np.zeros(len(f.nics), dtype=np.int64),
-        )
+        return DetectionWindow.empty(len(f.links), f.n_hops, len(f.nics), self._pairs)
 
-    def _fold(self, win: _Window, obs: Observations) -> None:
-        win.src_count += np.bincount(obs.src, minlength=len(win.src_count))
-        if self._excluded.any():
-            keep = ~(self._excluded[obs.src] | self._excluded[obs.dst])
-            if not keep.all():
-                obs = obs.select(keep)
-        pf, pr = self._paths.paths(obs.hops_fwd), self._paths.paths(obs.hops_rev)
-        win.loss.add(pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
-        self._flows.add(obs.src, obs.dst, obs.sport, pf, pr, obs.lost)
-        p = self.config.delay
-        win.delay.add(
-            self._paths, pf, obs.hops_fwd, obs.owd_fwd_ns, (obs.src, obs.dst, obs.sport), p,
-            obs.coarse,
-        )  # fmt: skip
-        win.delay.add(
-            self._paths, pr, obs.hops_rev, obs.owd_rev_ns, (obs.dst, obs.src, obs.sport), p,
-            obs.coarse,
-        )  # fmt: skip
+    def _fold(self, win: DetectionWindow, obs: Observations) -> None:
+        win.fold(obs, self._paths, self._excluded, self.config.delay)
+
+    def tap(self, obs: Observations) -> None:
+        """Nothing: a brain's windows are filled by `observe` or, in the fleet, by `judge`;
+        what listens beside detection to the observations a worker made is a tap around the
+        brain (`controller.brainlike.TeeBrain`)."""
+        del obs
 
     def presence(self, host: str, alive: bool, now_ns: int) -> None:
         """Record the prober presence of ``host`` (MQTT last-will / hello)."""
@@ -262,12 +238,30 @@ class Brain:
             events += self._close(self._open.pop(0), end)
         return events
 
-    def _close(self, win: _Window, now_ns: int) -> list[EventDoc]:
+    def judge(self, end_ns: int, parts: Sequence[WindowPart]) -> list[EventDoc]:
+        """Judge one window of the fleet grid that ended at ``end_ns``, made of ``parts``
+        (every worker's evidence of it, `controller.detect.window.WindowPart`, merged here
+        exactly): the silence of hosts at ``end_ns``, then the window as `tick` closes one;
+        return its findings stamped ``end_ns``. Windows are judged in order, one call each
+        (an empty one too: no evidence is a state). The brain's own windows (`observe`,
+        `tick`) are not touched: an owner uses one way or the other."""
+        win = self._new_window()
+        for part in parts:
+            win.absorb(part, self._paths)
+        np.maximum(self._last_src, win.last_src, out=self._last_src)
+        return self._host_silence(end_ns) + self._close(win, end_ns)
+
+    def take_pending(self) -> list[EventDoc]:
+        """Return (and forget) the findings of host facts given since the last call or tick:
+        prober presence lost or back (`presence`), GPU faults (`gpu`)."""
+        events, self._pending = self._pending, []
+        return events
+
+    def _close(self, win: DetectionWindow, now_ns: int) -> list[EventDoc]:
         """Judge one window ending at ``now_ns``; return its findings."""
         f, cfg = self.fabric, self.config
         dt_s = 0.0 if self._last_tick is None else (now_ns - self._last_tick) / 1e9
         self._last_tick = now_ns
-        events: list[EventDoc] = []
         quiet_hosts = host_quiet(f, win.src_count)
         nic_quiet = quiet_hosts[f.nic_host_index] | self._excluded
         reported = np.zeros(len(f.nics), dtype=bool)
@@ -277,11 +271,54 @@ class Brain:
         est = self._estimate_queues(win)
         standing = self._standing(est, now_ns)
         self._overflow = {}
+        self._flows.add_counts(win.flows.counts())
         self._flows.decay(dt_s)
         self._spread = {}
         loss = win.loss.verdict(cfg.loss)
         self._horizon.push(now_ns, loss.cover.total, win.loss.lost_sets())
-        hz = self._horizon.verdict()
+        signals, slow_hop, two_way, flows_of = self._delay_signals(win, est, now_ns)
+        rates = self._loss_signals(win, loss, signals, standing, now_ns, round(dt_s * 1e9))
+        blamed = set()
+        for lk in signals:
+            nic = self._nic_of_link.get(lk)
+            if nic is not None and nic_quiet[nic]:
+                signals[lk] = Signal.NODATA
+            else:
+                blamed.add(f.links[lk].id)
+        self.last_blamed = frozenset(blamed)
+
+        events: list[EventDoc] = []
+        enough = loss.cover.total >= cfg.loss.min_probes
+        for lk, st in enumerate(self._states):
+            sig = signals.get(lk)
+            if sig is None:
+                if st.state == Health.UP and st.streak == 0:
+                    continue
+                nic = self._nic_of_link.get(lk)
+                quiet = nic is not None and nic_quiet[nic]
+                sig = Signal.CLEAN if enough[lk] and not quiet else Signal.NODATA
+            new, finding = step(st, sig, now_ns, cfg.health)
+            self._states[lk] = new
+            if finding is not None:
+                ev = self._event(
+                    lk, finding, new, now_ns, rates.get(lk), slow_hop, flows_of, lk in two_way
+                )
+                if ev is not None:
+                    events.append(ev)
+
+        win.delay.fold_baselines(self._paths, dt_s, cfg.delay)
+        return events
+
+    def _delay_signals(
+        self, win: DetectionWindow, est: QueueEstimate, now_ns: int
+    ) -> tuple[
+        dict[int, Signal], dict[int, int], set[int], Callable[[int], list[tuple[int, int, int]]]
+    ]:
+        """Return the window's SLOW links (the slow tier's cover, then the hops the queue
+        estimate finds contended, past its warm-up), per link the hop blamed, the links blamed
+        in both directions, and a function: a blamed hop -> its affected flows (computed only
+        for an event raised)."""
+        cfg = self.config
         slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay)
         signals: dict[int, Signal] = {}
         slow_hop: dict[int, int] = {}
@@ -309,6 +346,23 @@ class Brain:
                 slow_flows.update(win.delay.flows_over(self._paths, cut, hops, cfg.delay.max_flows))
             return slow_flows[hop]
 
+        return signals, slow_hop, two_way, flows_of
+
+    def _loss_signals(
+        self,
+        win: DetectionWindow,
+        loss: LossVerdict,
+        signals: dict[int, Signal],
+        standing: npt.NDArray[np.float64],
+        now_ns: int,
+        dt_ns: int,
+    ) -> dict[int, float]:
+        """Mark in ``signals`` the links the window's loss (``loss``) and the loss horizon
+        blame (DEAD, LOSSY), less overflow on congested links, leaks of wrong paths and
+        losses held undecided; drop the SLOW of links that lost heavily within ``moved_ns``
+        (their flows moved); return the loss rate of every link blamed for loss."""
+        cfg = self.config
+        hz = self._horizon.verdict()
         blamed_loss = self._not_congestion(
             loss.blamed, loss.cover.total, win.loss.lost_sets(), cfg.loss.min_rate, standing,
             now_ns,
@@ -330,40 +384,12 @@ class Brain:
             ):
                 signals[lk] = Signal.LOSSY
         for down_nic in self._reported_down:
-            signals[int(f.nic_link[down_nic])] = Signal.DEAD
-        rates = self._horizon_signals(signals, hz, now_ns, round(dt_s * 1e9), standing)
+            signals[int(self.fabric.nic_link[down_nic])] = Signal.DEAD
+        rates = self._horizon_signals(signals, hz, now_ns, dt_ns, standing)
         rates.update(blamed_loss)
         lossy = set(loss.blamed) | set(rates)
         self._loss_since = {lk: self._loss_since.get(lk, now_ns) for lk in lossy}
-        blamed = set()
-        for lk in signals:
-            nic = self._nic_of_link.get(lk)
-            if nic is not None and nic_quiet[nic]:
-                signals[lk] = Signal.NODATA
-            else:
-                blamed.add(f.links[lk].id)
-        self.last_blamed = frozenset(blamed)
-
-        enough = loss.cover.total >= cfg.loss.min_probes
-        for lk, st in enumerate(self._states):
-            sig = signals.get(lk)
-            if sig is None:
-                if st.state == Health.UP and st.streak == 0:
-                    continue
-                nic = self._nic_of_link.get(lk)
-                quiet = nic is not None and nic_quiet[nic]
-                sig = Signal.CLEAN if enough[lk] and not quiet else Signal.NODATA
-            new, finding = step(st, sig, now_ns, cfg.health)
-            self._states[lk] = new
-            if finding is not None:
-                ev = self._event(
-                    lk, finding, new, now_ns, rates.get(lk), slow_hop, flows_of, lk in two_way
-                )
-                if ev is not None:
-                    events.append(ev)
-
-        win.delay.fold_baselines(self._paths, dt_s, cfg.delay)
-        return events
+        return rates
 
     def _horizon_signals(
         self,
@@ -464,7 +490,7 @@ class Brain:
         sp = self._flow_spread(lk, explained)
         return sp is not None and sp.concentrated
 
-    def _estimate_queues(self, win: _Window) -> QueueEstimate:
+    def _estimate_queues(self, win: DetectionWindow) -> QueueEstimate:
         """Return the per-hop queue estimate (`controller.detect.queues`) over this window's
         fine delays and those of the windows before it (`QueueParams.windows`, ``enough``),
         started from the last window's estimate."""
@@ -694,6 +720,25 @@ class Brain:
             for i, st in enumerate(self._states)
             if st.downs and (c := st.flap_count(now, w))  # most links never went down
         }
+
+    def path_baselines(self, sig: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """Return the propagation baseline of each path signature
+        (`controller.detect.paths.path_signature`), NaN if unseen or never measured."""
+        idx = self._paths.lookup(np.asarray(sig, np.int64))
+        out = np.where(idx >= 0, self._paths.base[np.maximum(idx, 0)], np.nan)
+        return np.where(np.isfinite(out), out, np.nan)
+
+    def baselines(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.float64]]:
+        """Return every path with a propagation baseline: (signatures, hop rows, baselines)."""
+        p = self._paths
+        has = np.flatnonzero(np.isfinite(p.base))
+        return p.sigs[has], p.hops[has], p.base[has]
+
+    def path_width(self) -> int:
+        """Return the width of the hop rows paths are keyed by (the fabric's longest path)."""
+        return self._paths.width
 
     def baseline_ns(self, hops: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
         """Return the propagation baseline of each path (rows of directed hops), NaN if unseen."""

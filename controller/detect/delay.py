@@ -159,6 +159,61 @@ class DelayWindow:
             out[h] = [(int(a), int(b), int(c)) for a, b, c in f]
         return out
 
+    # ---- merge (fleet partials: `controller.detect.window`) ----------------------------------
+    def per_path(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Return per path number (as `add` was given them) the fine and coarse delays judged
+        and the window minimum (inf: none); paths past the end had nothing."""
+        return self.judged_paths, self.coarse_paths, self.wmin
+
+    def sets(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        """Return the slow tier's hop sets, (n, H) -1 padded, and their flows, (n, 3) of
+        (src, dst, sport)."""
+        flows = np.concatenate(self._slow_flows) if self._slow_flows else np.zeros((0, 3), np.int64)
+        return _pad_concat(self._slow_hops), flows
+
+    def fine_sets(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int32]]:
+        """Return every judged fine delay's path number, queueing delay (ns) and flow (n, 3:
+        src, dst, sport), in the order `add` was given them."""
+        paths, excess = self.fine()
+        flows = np.concatenate(self._fine_flows) if self._fine_flows else np.zeros((0, 3), np.int32)
+        return paths, excess, flows
+
+    def add_counts(
+        self,
+        size: int,
+        path: npt.NDArray[np.int64],
+        judged: npt.NDArray[np.int64],
+        coarse: npt.NDArray[np.int64],
+        wmin: npt.NDArray[np.float64],
+    ) -> None:
+        """Add judged and coarse counts and fold window minima per path number (``size``:
+        the numbering's size now)."""
+        self._grow(size)
+        np.add.at(self.judged_paths, path, judged)
+        np.add.at(self.coarse_paths, path, coarse)
+        np.minimum.at(self.wmin, path, wmin)
+
+    def add_sets(self, slow_hops: npt.NDArray[np.int32], slow_flows: npt.NDArray[np.int64]) -> None:
+        """Add slow hop sets with their flows (as `add` keeps them)."""
+        if len(slow_hops):
+            self._slow_hops.append(np.asarray(slow_hops, np.int32))
+            self._slow_flows.append(np.asarray(slow_flows, np.int64))
+
+    def add_fine(
+        self, paths: npt.NDArray[np.int64], excess: npt.NDArray[np.float64],
+        flows: npt.NDArray[np.int32],
+    ) -> None:  # fmt: skip
+        """Add judged fine delays: path numbers, queueing delays and flows (as `add` keeps
+        them)."""
+        if len(paths):
+            self._fine_paths.append(np.asarray(paths, np.int64))
+            self._fine_excess.append(np.asarray(excess, np.float64))
+            self._fine_flows.append(np.asarray(flows, np.int32))
+
     def slow_sets(self) -> npt.NDArray[np.int32]:
         """Return the hop sets of this window's slow measurements, (m, H), -1 padded."""
         return _pad_concat(self._slow_hops)

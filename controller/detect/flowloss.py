@@ -80,6 +80,72 @@ def poisson_tail(mu: F64, k: int) -> F64:
     return np.asarray(np.clip(1.0 - below, 0.0, 1.0), dtype=np.float64)
 
 
+@dataclass(frozen=True, eq=False)
+class FlowCounts:
+    """One window's probes per flow: ``flow`` (n, 3: src, dst, sport), ``probes`` and
+    ``lost`` per flow, and the forward and reply path numbers it was last seen on."""
+
+    flow: I64
+    probes: I64
+    lost: I64
+    fwd: I64
+    rev: I64
+
+    @classmethod
+    def empty(cls) -> FlowCounts:
+        """Return counts of no flow."""
+        i64 = np.zeros(0, np.int64)
+        return cls(np.zeros((0, 3), np.int64), i64, i64, i64, i64)
+
+
+class FlowWindow:
+    """The per-flow probe and loss counts of one detection window, as records come (`add`)
+    or as another process counted them (`add_counts`); `counts` sums them per flow. Merging
+    is exact: counts add; a flow's paths are those of its last record (a flow's records all
+    come from its source NIC's owner, in order)."""
+
+    def __init__(self, n_nics: int) -> None:
+        self.n_nics = n_nics
+        self._parts: list[FlowCounts] = []
+
+    def add(
+        self, src: I32, dst: I32, sport: I32, fwd: I64, rev: I64, lost: npt.NDArray[np.bool_]
+    ) -> None:
+        """Count one batch: per record its flow, forward and reply path numbers and whether
+        it was lost."""
+        if len(src):
+            flow = np.column_stack([src, dst, sport]).astype(np.int64)
+            ones = np.ones(len(src), np.int64)
+            self._parts.append(FlowCounts(flow, ones, lost.astype(np.int64), fwd, rev))
+
+    def add_counts(self, counts: FlowCounts) -> None:
+        """Add counts made elsewhere (paths already in this window's numbering)."""
+        if len(counts.flow):
+            self._parts.append(counts)
+
+    def counts(self) -> FlowCounts:
+        """Return the window's counts, one row per flow (flows in key order)."""
+        if not self._parts:
+            return FlowCounts.empty()
+        flow = np.concatenate([p.flow for p in self._parts])
+        key = flow_key(flow[:, 0], flow[:, 1], flow[:, 2], self.n_nics)
+        # the last record of each flow: np.unique gives the first of the reversed order
+        uniq, first_rev, inv = np.unique(key[::-1], return_index=True, return_inverse=True)
+        last = len(key) - 1 - first_rev
+        inv = inv[::-1]
+        probes = np.concatenate([p.probes for p in self._parts])
+        lost = np.concatenate([p.lost for p in self._parts])
+        fwd = np.concatenate([p.fwd for p in self._parts])
+        rev = np.concatenate([p.rev for p in self._parts])
+        return FlowCounts(
+            flow[last],
+            np.bincount(inv, probes, minlength=len(uniq)).astype(np.int64),
+            np.bincount(inv, lost, minlength=len(uniq)).astype(np.int64),
+            fwd[last].astype(np.int64),
+            rev[last].astype(np.int64),
+        )
+
+
 class FlowLoss:
     """Decaying per-flow probe and loss counts with each flow's latest link set (one owner)."""
 
@@ -101,17 +167,27 @@ class FlowLoss:
             return
         fid, _ = self._index.insert(flow_key(src, dst, sport, self.n_nics))
         n = self._index.size
-        if n > len(self.probes):
-            grow = max(n, 2 * len(self.probes)) - len(self.probes)
-            self.probes = np.concatenate([self.probes, np.zeros(grow, np.float32)])
-            self.lost = np.concatenate([self.lost, np.zeros(grow, np.float32)])
-            self.fwd = np.concatenate([self.fwd, np.full(grow, -1, np.int64)])
-            self.rev = np.concatenate([self.rev, np.full(grow, -1, np.int64)])
+        self._grow(n)
         self.probes[:n] += np.bincount(fid, minlength=n).astype(np.float32)
         if lost.any():
             self.lost[:n] += np.bincount(fid[lost], minlength=n).astype(np.float32)
         self.fwd[fid] = fwd
         self.rev[fid] = rev
+
+    def add_counts(self, counts: FlowCounts) -> None:
+        """Count one window's per-flow counts (`FlowWindow.counts`), paths numbered as the
+        owner's `controller.detect.paths.PathIndex` numbers them."""
+        if not len(counts.flow):
+            return
+        f = counts.flow
+        fid, _ = self._index.insert(flow_key(f[:, 0], f[:, 1], f[:, 2], self.n_nics))
+        self._grow(self._index.size)
+        n = self._index.size
+        self.probes[:n] += np.bincount(fid, counts.probes, minlength=n).astype(np.float32)
+        if counts.lost.any():
+            self.lost[:n] += np.bincount(fid, counts.lost, minlength=n).astype(np.float32)
+        self.fwd[fid] = counts.fwd
+        self.rev[fid] = counts.rev
 
     def decay(self, dt_s: float) -> None:
         """Age the counts by ``dt_s`` (a window)."""
@@ -119,6 +195,14 @@ class FlowLoss:
             k = np.float32(np.exp(-dt_s / self.params.span_s))
             self.probes *= k
             self.lost *= k
+
+    def _grow(self, n: int) -> None:
+        if n > len(self.probes):
+            grow = max(n, 2 * len(self.probes)) - len(self.probes)
+            self.probes = np.concatenate([self.probes, np.zeros(grow, np.float32)])
+            self.lost = np.concatenate([self.lost, np.zeros(grow, np.float32)])
+            self.fwd = np.concatenate([self.fwd, np.full(grow, -1, np.int64)])
+            self.rev = np.concatenate([self.rev, np.full(grow, -1, np.int64)])
 
     def _crossings(
         self, link: int, path_links: I32, explained: tuple[int, ...]
