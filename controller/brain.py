@@ -14,7 +14,8 @@ file or the network.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -22,16 +23,26 @@ import numpy.typing as npt
 
 from contract.documents import EventDoc
 from controller.detect.causes import excluded_nics, host_quiet, silent_hosts
+from controller.detect.congestion import CongestionParams, link_queue_ns, own_loss_rates
 from controller.detect.delay import DelayParams
-from controller.detect.loss import LossParams
+from controller.detect.flowloss import FlowLoss, FlowLossParams, Spread, poisson_tail
+from controller.detect.loss import LossParams, LossVerdict
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
 from controller.detect.paths import PathIndex, alias_groups
+from controller.detect.queues import (
+    QueueEstimate,
+    QueueParams,
+    class_table,
+    estimate_queues,
+    hop_classes,
+)
 from controller.detect.window import DetectionWindow, WindowPart
 from controller.health import EntityState, Finding, HealthParams, Signal, step
+from controller.localize import Cover
 from controller.observations import Observations
 from mesh.fabric import Fabric
 from mesh.fabric.ecmp import routing_tables
-from mesh.fabric.model import hop_id, hop_link, reverse_hop
+from mesh.fabric.model import hop_id, hop_link, hop_links, reverse_hop
 from mesh.snapshot import Health
 
 
@@ -43,20 +54,35 @@ class BrainConfig:
     this much past its end, so late reports (lost probes, delayed batches) land in the window
     they were sent in; 0 = judge at the next tick (callers that deliver each step complete).
     ``horizon``: loss over the last few windows, for losses too small or short for one
-    (`controller.detect.loss_horizon`)."""
+    (`controller.detect.loss_horizon`). ``queues``: the per-hop queue estimate
+    (`controller.detect.queues`); ``congestion``: which losses are overflow on a congested link
+    (`controller.detect.congestion`); ``flow_loss``: a link's loss spread over its flows or
+    concentrated on a few (`controller.detect.flowloss`: gray failures, wrong paths).
+    ``moved_ns``, ``heavy_loss``: a link that lost at least
+    ``heavy_loss`` of its probes in a window (or was dead) within ``moved_ns`` is not blamed
+    for queueing: ECMP re-hashed its flows onto its siblings, so the delays of the paths the
+    controller believes cross it are those of the links the flows moved to, until path
+    discovery re-learns them (a sweep of the probers' traces takes tens of seconds)."""
 
     loss: LossParams = field(default_factory=LossParams)
     delay: DelayParams = field(default_factory=DelayParams)
+    queues: QueueParams = field(default_factory=QueueParams)
+    congestion: CongestionParams = field(default_factory=CongestionParams)
+    flow_loss: FlowLossParams = field(default_factory=FlowLossParams)
     health: HealthParams = field(default_factory=HealthParams)
     horizon: HorizonParams = field(default_factory=HorizonParams)
     silent_ns: int = 2_000_000_000
     lateness_ns: int = 0
+    moved_ns: int = 30_000_000_000
+    heavy_loss: float = 0.3
 
     def __post_init__(self) -> None:
         if self.silent_ns < 0:
             raise ValueError("silent_ns must be >= 0")
         if self.lateness_ns < 0:
             raise ValueError("lateness_ns must be >= 0")
+        if self.moved_ns < 0 or not 0 < self.heavy_loss <= 1:
+            raise ValueError("moved_ns must be >= 0 and heavy_loss in (0, 1]")
 
 
 class Brain:
@@ -71,6 +97,7 @@ class Brain:
         self._pairs = PathIndex(2 * width)
         self._alias_at = -1  # path count `_alias_of` was computed at (-1: never)
         self._alias_of: dict[int, tuple[str, ...]] = {}
+        self._hop_aliases: list[tuple[int, ...]] = []  # directed hops no delay tells apart
         self._open: list[DetectionWindow] = [self._new_window()]
         self._states = [EntityState() for _ in range(n_links)]
         self._raised: dict[int, str] = {}
@@ -85,6 +112,12 @@ class Brain:
         self._last_tick: int | None = None
         self._horizon = LossHorizon(n_links, self.config.horizon)
         self._last_dead = np.full(n_links, np.iinfo(np.int64).min // 2, dtype=np.int64)  # ns
+        self._last_heavy = self._last_dead.copy()  # last window it lost >= heavy_loss (ns)
+        self._flows = FlowLoss(n_nics, self.config.flow_loss)
+        self._links_of: npt.NDArray[np.int32] | None = None  # `_path_links`
+        self._loss_since: dict[int, int] = {}  # link -> since when a cover blames it (ns)
+        # this window's `FlowLoss.spread` by (link, links whose flows are left out)
+        self._spread: dict[tuple[int, tuple[int, ...]], Spread | None] = {}
         nodes: dict[str, int] = {}
         self._link_nodes = np.array(
             [
@@ -94,6 +127,15 @@ class Brain:
             dtype=np.int64,
         ).reshape(-1, 2)
         self._switch_link = np.array([lk.lower not in fabric.nic_index for lk in fabric.links])
+        self._hop_class = hop_classes(fabric)
+        self._queues: QueueEstimate | None = None  # the last window's per-hop queue estimate
+        self._fine: deque[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = deque()
+        self._class_of = np.zeros((0, 0), np.int32)  # per known path: its hop per class
+        # per-link queue (both directions) of the windows in the loss horizon: (end, values)
+        self._link_q: deque[tuple[int, npt.NDArray[np.float64]]] = deque()
+        self._overflow: dict[int, float] = {}  # link -> own loss read as overflow, this window
+        self._measured_at: int | None = None  # the first window with a queue measured
+        self._held: dict[int, int] = {}  # link -> since when its small loss is held (ns)
         self.last_blamed: frozenset[str] = frozenset()
 
     # ---- inputs --------------------------------------------------------------------------
@@ -220,36 +262,22 @@ class Brain:
         f, cfg = self.fabric, self.config
         dt_s = 0.0 if self._last_tick is None else (now_ns - self._last_tick) / 1e9
         self._last_tick = now_ns
-        events: list[EventDoc] = []
         quiet_hosts = host_quiet(f, win.src_count)
         nic_quiet = quiet_hosts[f.nic_host_index] | self._excluded
         reported = np.zeros(len(f.nics), dtype=bool)
         reported[list(self._reported_down)] = True
         nic_quiet &= ~reported  # its host says the link is down: that is evidence, not quiet
 
+        est = self._estimate_queues(win)
+        standing = self._standing(est, now_ns)
+        self._overflow = {}
+        self._flows.add_counts(win.flows.counts())
+        self._flows.decay(dt_s)
+        self._spread = {}
         loss = win.loss.verdict(cfg.loss)
-        leak = cfg.horizon.sibling_leak
-        leaks = mispath_leaks(loss.cover, self._link_nodes, self._switch_link, leak)
-        slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay)
-        signals: dict[int, Signal] = {}
-        slow_hop: dict[int, int] = {}
-        two_way: set[int] = set()  # links blamed in both directions
-        for hop, nbad in zip(slow_cover.picked, slow_cover.picked_bad, strict=True):
-            lk = hop_link(int(hop))
-            signals[lk] = Signal.SLOW
-            if lk in slow_hop and slow_hop[lk] != int(hop):
-                two_way.add(lk)
-            if lk not in slow_hop or nbad > slow_cover.bad[slow_hop[lk]]:
-                slow_hop[lk] = int(hop)
-        for lk, rate in loss.blamed.items():
-            if lk not in leaks:
-                signals[lk] = Signal.DEAD if rate >= cfg.loss.dead_rate else Signal.LOSSY
-        for down_nic in self._reported_down:
-            signals[int(f.nic_link[down_nic])] = Signal.DEAD
-        rates = self._horizon_signals(
-            signals, loss.cover.total, win.loss.lost_sets(), now_ns, round(dt_s * 1e9)
-        )
-        rates.update(loss.blamed)
+        self._horizon.push(now_ns, loss.cover.total, win.loss.lost_sets())
+        signals, slow_hop, two_way, flows_of = self._delay_signals(win, est, now_ns)
+        rates = self._loss_signals(win, loss, signals, standing, now_ns, round(dt_s * 1e9))
         blamed = set()
         for lk in signals:
             nic = self._nic_of_link.get(lk)
@@ -259,6 +287,7 @@ class Brain:
                 blamed.add(f.links[lk].id)
         self.last_blamed = frozenset(blamed)
 
+        events: list[EventDoc] = []
         enough = loss.cover.total >= cfg.loss.min_probes
         for lk, st in enumerate(self._states):
             sig = signals.get(lk)
@@ -272,7 +301,7 @@ class Brain:
             self._states[lk] = new
             if finding is not None:
                 ev = self._event(
-                    lk, finding, new, now_ns, rates.get(lk), slow_hop, slow_flows, lk in two_way
+                    lk, finding, new, now_ns, rates.get(lk), slow_hop, flows_of, lk in two_way
                 )
                 if ev is not None:
                     events.append(ev)
@@ -280,31 +309,272 @@ class Brain:
         win.delay.fold_baselines(self._paths, dt_s, cfg.delay)
         return events
 
-    def _horizon_signals(
+    def _delay_signals(
+        self, win: DetectionWindow, est: QueueEstimate, now_ns: int
+    ) -> tuple[
+        dict[int, Signal], dict[int, int], set[int], Callable[[int], list[tuple[int, int, int]]]
+    ]:
+        """Return the window's SLOW links (the slow tier's cover, then the hops the queue
+        estimate finds contended, past its warm-up), per link the hop blamed, the links blamed
+        in both directions, and a function: a blamed hop -> its affected flows (computed only
+        for an event raised)."""
+        cfg = self.config
+        slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay)
+        signals: dict[int, Signal] = {}
+        slow_hop: dict[int, int] = {}
+        two_way: set[int] = set()  # links blamed in both directions
+        for hop, nbad in zip(slow_cover.picked, slow_cover.picked_bad, strict=True):
+            lk = hop_link(int(hop))
+            signals[lk] = Signal.SLOW
+            if lk in slow_hop and slow_hop[lk] != int(hop):
+                two_way.add(lk)
+            if lk not in slow_hop or nbad > slow_cover.bad[slow_hop[lk]]:
+                slow_hop[lk] = int(hop)
+        queued = est.contended() if not self._warming(now_ns) else np.zeros(0, np.int64)
+        margin = est.queue_ns - est.threshold_ns
+        for hop in queued[np.argsort(-margin[queued], kind="stable")]:  # the larger first
+            lk = hop_link(int(hop))
+            signals[lk] = Signal.SLOW
+            if lk in slow_hop and slow_hop[lk] != int(hop):
+                two_way.add(lk)
+            slow_hop.setdefault(lk, int(hop))
+        cut = np.nan_to_num(est.threshold_ns, nan=np.inf)
+
+        def flows_of(hop: int) -> list[tuple[int, int, int]]:  # only for an event raised
+            if hop not in slow_flows:
+                hops = np.array([hop], dtype=np.int64)
+                slow_flows.update(win.delay.flows_over(self._paths, cut, hops, cfg.delay.max_flows))
+            return slow_flows[hop]
+
+        return signals, slow_hop, two_way, flows_of
+
+    def _loss_signals(
         self,
+        win: DetectionWindow,
+        loss: LossVerdict,
         signals: dict[int, Signal],
-        totals: npt.NDArray[np.int64],
-        lost_sets: npt.NDArray[np.int32],
+        standing: npt.NDArray[np.float64],
         now_ns: int,
         dt_ns: int,
     ) -> dict[int, float]:
-        """Fold the window into the loss horizon; mark LOSSY in ``signals`` the links the
-        horizon blames that the window did not, except leaks and links dead within the
+        """Mark in ``signals`` the links the window's loss (``loss``) and the loss horizon
+        blame (DEAD, LOSSY), less overflow on congested links, leaks of wrong paths and
+        losses held undecided; drop the SLOW of links that lost heavily within ``moved_ns``
+        (their flows moved); return the loss rate of every link blamed for loss."""
+        cfg = self.config
+        hz = self._horizon.verdict()
+        blamed_loss = self._not_congestion(
+            loss.blamed, loss.cover.total, win.loss.lost_sets(), cfg.loss.min_rate, standing,
+            now_ns,
+        )  # fmt: skip
+        leaks = mispath_leaks(
+            loss.cover, self._link_nodes, self._switch_link, cfg.horizon.sibling_leak,
+            lambda m, others: m in blamed_loss and self._concentrated(m, others),
+        )  # fmt: skip
+        heavy = [lk for lk, r in loss.blamed.items() if r >= cfg.heavy_loss and lk not in leaks]
+        self._last_heavy[heavy] = now_ns
+        for lk in [k for k, sig in signals.items() if sig == Signal.SLOW]:
+            if now_ns - self._last_heavy[lk] < cfg.moved_ns:  # its flows moved: stale paths
+                del signals[lk]
+        for lk, rate in blamed_loss.items():
+            if rate >= cfg.loss.dead_rate:
+                signals[lk] = Signal.DEAD
+            elif lk not in leaks and not self._undecided_leak(
+                lk, hz if lk in hz.picked else loss.cover, now_ns
+            ):
+                signals[lk] = Signal.LOSSY
+        for down_nic in self._reported_down:
+            signals[int(self.fabric.nic_link[down_nic])] = Signal.DEAD
+        rates = self._horizon_signals(signals, hz, now_ns, dt_ns, standing)
+        rates.update(blamed_loss)
+        lossy = set(loss.blamed) | set(rates)
+        self._loss_since = {lk: self._loss_since.get(lk, now_ns) for lk in lossy}
+        return rates
+
+    def _horizon_signals(
+        self,
+        signals: dict[int, Signal],
+        hz: Cover,
+        now_ns: int,
+        dt_ns: int,
+        standing: npt.NDArray[np.float64],
+    ) -> dict[int, float]:
+        """Mark LOSSY in ``signals`` the links the loss horizon's cover ``hz`` (this window
+        folded in) blames that the window did not, except leaks, links whose own loss is under
+        the horizon's floor or is overflow (`_not_congestion`) and links dead within the
         horizon or in the window before it (a partly dead window: that down, already
         reported); return the horizon's loss rates of the links it blamed."""
         dead = [lk for lk, s in signals.items() if s == Signal.DEAD]
         self._last_dead[dead] = now_ns
-        self._horizon.push(now_ns, totals, lost_sets)
-        hz = self._horizon.verdict()
         if not len(hz.picked):
             return {}
         hp = self.config.horizon
-        leaks = mispath_leaks(hz, self._link_nodes, self._switch_link, hp.sibling_leak)
         held = now_ns - hp.span_ns - dt_ns  # dead after this: in or next to the horizon
-        out = resid_rate(hz)
+        picked = resid_rate(hz)
+        for lk in [k for k in self._held if k not in picked and k not in signals]:
+            del self._held[lk]  # no longer blamed: a later loss is held afresh
+        out = self._not_congestion(
+            picked, self._horizon.totals, self._horizon.lost_sets(), hp.min_rate, standing,
+            now_ns,
+        )  # fmt: skip
+        leaks = mispath_leaks(
+            hz, self._link_nodes, self._switch_link, hp.sibling_leak,
+            lambda m, others: m in out and self._concentrated(m, others),
+        )  # fmt: skip
         for lk in out:
-            if lk not in signals and lk not in leaks and self._last_dead[lk] < held:
-                signals[lk] = Signal.LOSSY
+            if lk in signals or lk in leaks or self._last_dead[lk] >= held:
+                continue
+            if self._undecided_leak(lk, hz, now_ns):
+                continue
+            signals[lk] = Signal.LOSSY
+        return out
+
+    def _undecided_leak(self, m: int, hz: Cover, now_ns: int) -> bool:
+        """Return True while link ``m``'s loss could still be the leak of a larger loss on a
+        switch link L it can be an ECMP alternative of (`mispath_leaks`): over the loss
+        horizon ``hz`` its unexplained rate is at most ``HorizonParams.leak_hold`` of L's (a
+        leak is the share of its flows whose real path is L's: with 25 % wrong paths over
+        3 alternatives, ~8 %), and the flows it would take are too few, for the probes they
+        have had since L began losing, for the per-flow test (`controller.detect.flowloss`)
+        to have shown them. Held so for up to ``CongestionParams.hold_ns`` (`_held`), then
+        reported."""
+        rate, resid = hz.rate, resid_rate(hz)
+        if m not in resid or self._states[m].state == Health.DEGRADED:
+            return False  # nothing to hold, or already reported
+        bound = self.config.horizon.leak_hold
+        alts = [
+            int(lk)
+            for lk in hz.picked
+            if self._switch_link[int(lk)]
+            and int(lk) != m
+            and self._link_nodes[int(lk), 1] != self._link_nodes[m, 1]
+            and resid[m] <= bound * rate[int(lk)]
+        ]
+        if not alts:
+            return False
+        src = max(alts, key=lambda lk: float(rate[lk]))
+        sp = self._flow_spread(m, tuple(int(e) for e in hz.picked if int(e) != m))
+        if sp is not None:
+            # were m's loss src's leak, this many of m's flows would lose at src's rate
+            n_leak = sp.rate / max(float(rate[src]), 1e-9) * sp.flows
+            dt = (now_ns - self._loss_since.get(src, now_ns)) / 1e9
+            grown = 1.0 - np.exp(-max(dt, 0.1) / self.config.flow_loss.span_s)
+            mu = float(rate[src]) * self._flows.typical_probes(m, self._path_links()) * grown
+            seen = n_leak * float(poisson_tail(np.array([mu]), sp.k)[0])
+            if seen >= sp.expected + self.config.flow_loss.z * np.sqrt(sp.expected) + 1:
+                return False  # the test could tell, and found the loss spread: not a leak
+        since = self._held.setdefault(m, now_ns)
+        return now_ns - since < self.config.congestion.hold_ns
+
+    def _flow_spread(self, lk: int, explained: tuple[int, ...] = ()) -> Spread | None:
+        """Return how the loss of link ``lk``'s flows that cross none of the ``explained``
+        links, nor a link dead within the loss horizon, lies over them (`FlowLoss.spread`),
+        once a window."""
+        recent = self._last_tick or 0
+        dead = np.flatnonzero(self._last_dead > recent - self.config.horizon.span_ns)
+        explained = tuple(sorted({*explained, *(int(d) for d in dead if int(d) != lk)}))
+        key = (lk, explained)
+        if key not in self._spread:
+            self._spread[key] = self._flows.spread(lk, self._path_links(), explained)
+        return self._spread[key]
+
+    def _path_links(self) -> npt.NDArray[np.int32]:
+        """Return each known path's links (-1 padded), computed once a window."""
+        if self._links_of is None or len(self._links_of) != self._paths.size:
+            self._links_of = hop_links(self._paths.hops).astype(np.int32)
+        return self._links_of
+
+    def _concentrated(self, lk: int, explained: tuple[int, ...] = ()) -> bool:
+        """Return True if link ``lk``'s loss (on its flows that cross none of the
+        ``explained`` links) is concentrated on a few of its flows."""
+        sp = self._flow_spread(lk, explained)
+        return sp is not None and sp.concentrated
+
+    def _estimate_queues(self, win: DetectionWindow) -> QueueEstimate:
+        """Return the per-hop queue estimate (`controller.detect.queues`) over this window's
+        fine delays and those of the windows before it (`QueueParams.windows`, ``enough``),
+        started from the last window's estimate."""
+        p = self.config.queues
+        self._fine.append(win.delay.fine())
+        while len(self._fine) > p.windows or (
+            len(self._fine) > 1 and sum(len(e) for _, e in list(self._fine)[1:]) >= p.enough
+        ):
+            self._fine.popleft()
+        paths = np.concatenate([x for x, _ in self._fine])
+        excess = np.concatenate([e for _, e in self._fine])
+        warm = None if self._queues is None else self._queues.queue_ns
+        self._refresh_aliases()
+        if len(self._class_of) < self._paths.size:  # new paths: their hop per class
+            fresh = class_table(self._paths.hops[len(self._class_of) :], self._hop_class)
+            self._class_of = (
+                np.concatenate([self._class_of, fresh]) if len(self._class_of) else fresh
+            )
+        est = estimate_queues(
+            paths, excess, self._class_of, self._hop_class, p, warm, self._hop_aliases
+        )
+        self._queues = est
+        return est
+
+    def _standing(self, est: QueueEstimate, now_ns: int) -> npt.NDArray[np.float64]:
+        """Return per link its queue (both directions' typical waits added) averaged over the
+        windows of the loss horizon that measured it, this one included (NaN: none did)."""
+        span = self.config.horizon.span_ns
+        self._link_q.append((now_ns, link_queue_ns(est.queue_ns)))
+        while self._link_q[0][0] <= now_ns - span:
+            self._link_q.popleft()
+        held = np.array([q for _, q in self._link_q])
+        seen = np.isfinite(held).any(axis=0)
+        if self._measured_at is None and seen.any():
+            self._measured_at = now_ns
+        if self._warming(now_ns):
+            return np.full(len(seen), np.nan)  # the first seconds of queues: not yet known
+        mean = np.nansum(held, axis=0) / np.maximum(np.isfinite(held).sum(axis=0), 1)
+        return np.asarray(np.where(seen, mean, np.nan), dtype=np.float64)
+
+    def _warming(self, now_ns: int) -> bool:
+        """Return True until queues have been measured for ``QueueParams.warmup_ns``: the
+        paths' baselines (the least delay seen) are then learnt from a few samples each, on
+        a busy fabric a few hundred ns over the floor, and the estimate reads queues low."""
+        start = self._measured_at
+        return start is None or now_ns - start < self.config.queues.warmup_ns
+
+    def _not_congestion(
+        self,
+        blamed: Mapping[int, float],
+        totals: npt.NDArray[np.int64],
+        lost_sets: npt.NDArray[np.int32],
+        floor: float,
+        standing: npt.NDArray[np.float64],
+        now_ns: int,
+    ) -> dict[int, float]:
+        """Return the links of ``blamed`` (link -> loss rate) whose loss is a finding: dead
+        ones, and those whose own loss (`own_loss_rates`) is over ``floor`` and is not
+        overflow on a congested link: own loss not significantly over
+        ``CongestionParams.max_loss`` (3 binomial standard deviations) with a standing queue
+        (remembered in ``_overflow`` for the link's contention finding). Such a small loss on
+        a link whose queue is not known (`_standing` NaN: no judged delay crossed it, as in
+        the controller's first seconds or while its NICs' clocks are not trusted) is held
+        for up to ``CongestionParams.hold_ns``, then reported."""
+        if not blamed:
+            return {}
+        cp, dead = self.config.congestion, self.config.loss.dead_rate
+        own = own_loss_rates(totals, lost_sets, cp.iterations)
+        out = {}
+        for lk, rate in blamed.items():
+            n = int(totals[lk])
+            small = own[lk] * n <= n * cp.max_loss + 3.0 * np.sqrt(n * cp.max_loss)
+            if rate >= dead:
+                out[lk] = rate
+            elif own[lk] < floor:
+                continue  # the loss of its probes elsewhere
+            elif small and standing[lk] >= cp.standing_ns:
+                self._overflow[lk] = max(self._overflow.get(lk, 0.0), float(own[lk]))
+            elif small and np.isnan(standing[lk]) and self._states[lk].state != Health.DEGRADED:
+                since = self._held.setdefault(lk, now_ns)
+                if now_ns - since >= cp.hold_ns:
+                    out[lk] = rate
+            else:
+                out[lk] = rate
         return out
 
     def _host_silence(self, now_ns: int) -> list[EventDoc]:
@@ -332,7 +602,7 @@ class Brain:
         now_ns: int,
         rate: float | None,
         slow_hop: dict[int, int],
-        slow_flows: dict[int, list[tuple[int, int, int]]],
+        flows_of: Callable[[int], list[tuple[int, int, int]]],
         two_way: bool = False,
     ) -> EventDoc | None:
         f = self.fabric
@@ -357,19 +627,30 @@ class Brain:
             detail = f"link flapped {n} times in {win:g} s (first down {(now_ns - first) / 1e9:.1f} s ago)"
             ev = EventDoc(now_ns, "link_flap", link, detail, "critical")
         elif finding == Finding.LOSS:
-            ev = EventDoc(now_ns, "loss", link, f"{rate or 0:.1%} of probes across it lost")
+            detail = f"{rate or 0:.1%} of probes across it lost"
+            if self._concentrated(lk):
+                sp = self._flow_spread(lk)
+                assert sp is not None
+                detail += (
+                    f", concentrated on {sp.heavy} of its {sp.flows} flows, which lose "
+                    f"{sp.heavy_rate:.0%}: a gray failure of some 5-tuples"
+                )
+            ev = EventDoc(now_ns, "loss", link, detail)
         else:
             hop = slow_hop.get(lk, hop_id(lk, down=False))
             names = f.nics
-            flows = tuple((names[a].id, names[b].id, c) for a, b, c in slow_flows.get(hop, []))
+            flows = tuple((names[a].id, names[b].id, c) for a, b, c in flows_of(hop))
             both = f" and {f.hop_name(reverse_hop(hop))}" if two_way else ""
-            moved = self._down_sibling(lk)
-            why = "" if moved is None else f" (flows re-hashed here from {moved}, which is down)"
+            moved = self._down_sibling(lk, now_ns)
+            why = "" if moved is None else f" (flows re-hashed here from {moved}, which went down)"
+            wait = self._wait_text(hop)
+            over = self._overflow.get(lk)
+            lost = "" if over is None else f"; {over:.1%} of its probes lost to overflow"
             ev = EventDoc(
                 now_ns,
                 "contention",
                 f.hop_name(hop),
-                f"queueing delay on {f.hop_name(hop)}{both}{why}",
+                f"queueing delay on {f.hop_name(hop)}{both}{wait}{why}{lost}",
                 flows=flows,
                 related=moved or "",
             )
@@ -381,26 +662,40 @@ class Brain:
         self._raised[lk] = ev.target
         return ev
 
+    def _wait_text(self, hop: int) -> str:
+        """Return " (typical wait X µs)" from the last queue estimate of ``hop``, or ""."""
+        q = None if self._queues is None else float(self._queues.queue_ns[hop])
+        return "" if q is None or not np.isfinite(q) else f" (typical wait {q / 1e3:.1f} µs)"
+
     def _aliases(self, lk: int) -> tuple[str, ...]:
         """Return the ids of the links no known path tells apart from link ``lk``
-        (`alias_groups` over every path seen so far, recomputed once the known paths have grown
-        by 1 %: new paths only split groups, so between two computations a group may name a
-        link that the newest paths already tell apart)."""
-        n = self._paths.size
-        if self._alias_at < 0 or n > 1.01 * self._alias_at:  # 2 s at 2.5 M paths: not per event
-            self._alias_at = n
-            self._alias_of = {}
-            for g in alias_groups(len(self.fabric.links), self._paths.hops):
-                for li in g:
-                    self._alias_of[li] = tuple(self.fabric.links[o].id for o in g if o != li)
+        (`alias_groups` over every path seen so far, `_refresh_aliases`)."""
+        self._refresh_aliases()
         return self._alias_of.get(lk, ())
 
-    def _down_sibling(self, lk: int) -> str | None:
+    def _refresh_aliases(self) -> None:
+        """Recompute the alias groups of links and of directed hops once the known paths have
+        grown by 1 % (new paths only split groups, so between two computations a group may
+        name a link that the newest paths already tell apart)."""
+        n = self._paths.size
+        if self._alias_at >= 0 and n <= 1.01 * self._alias_at:  # 2 s at 2.5 M paths
+            return
+        self._alias_at = n
+        self._alias_of = {}
+        for g in alias_groups(len(self.fabric.links), self._paths.hops):
+            for li in g:
+                self._alias_of[li] = tuple(self.fabric.links[o].id for o in g if o != li)
+        self._hop_aliases = alias_groups(self.fabric.n_hops, self._paths.hops, directed=True)
+
+    def _down_sibling(self, lk: int, now_ns: int) -> str | None:
         """Return the id of a sibling of link ``lk`` (`Fabric.sibling_links`) that is down or
-        flapping now, the first by index, or None: ECMP moved that link's flows onto ``lk``'s
-        group, so queueing on ``lk`` may follow from it."""
+        flapping now, or lost at least ``heavy_loss`` of its probes within ``moved_ns`` (a
+        switch link that goes down loses its probes only until ECMP re-hashes its flows),
+        the first by index, or None: ECMP moved that link's flows onto ``lk``'s group, so
+        queueing on ``lk`` may follow from it."""
         for s in self.fabric.sibling_links[lk]:
-            if self._states[s].state in (Health.DOWN, Health.FLAPPING):
+            recent = now_ns - self._last_heavy[s] < self.config.moved_ns
+            if recent or self._states[s].state in (Health.DOWN, Health.FLAPPING):
                 return self.fabric.links[s].id
         return None
 

@@ -13,13 +13,14 @@ Example (see docs/scenarios.md)::
     spines = 4
 
     [[faults]]
-    kind = "flap"         # flap | link_down | congest | loss | nic_down | prober_down | gpu_fault
+    kind = "flap"         # flap | link_down | congest | loss | gray | optic | nic_down | prober_down | gpu_fault
     target = "leaf1-spine2"
     start_s = 5
     duration_s = 10       # how long the fault lasts (flap: the whole flapping episode)
     down_s = 1.0          # flap only: each down period
     up_s = 2.0            # flap only: each up period
-    magnitude = 0.0       # congest: extra utilisation (0..1) or extra delay in µs if > 1; loss: percent
+    magnitude = 0.0       # congest: extra utilisation (0..1) or extra delay in µs if > 1; loss: percent;
+                          # gray: percent of the link's 5-tuples dropped; optic: mean loss percent, bursty
 
 Targets: links for flap / link_down / congest / loss, NIC ids for nic_down, host ids for
 prober_down and gpu_fault. `load_scenario` validates everything against the fabric and raises
@@ -54,9 +55,20 @@ class FaultKind(enum.StrEnum):
     NIC_DOWN = "nic_down"
     PROBER_DOWN = "prober_down"
     GPU_FAULT = "gpu_fault"
+    GRAY = "gray"
+    OPTIC = "optic"
 
 
-LINK_FAULTS = frozenset({FaultKind.FLAP, FaultKind.LINK_DOWN, FaultKind.CONGEST, FaultKind.LOSS})
+LINK_FAULTS = frozenset(
+    {
+        FaultKind.FLAP,
+        FaultKind.LINK_DOWN,
+        FaultKind.CONGEST,
+        FaultKind.LOSS,
+        FaultKind.GRAY,
+        FaultKind.OPTIC,
+    }
+)
 HOST_FAULTS = frozenset({FaultKind.PROBER_DOWN, FaultKind.GPU_FAULT})
 
 
@@ -82,8 +94,10 @@ class Fault:
             )
         if self.kind == FaultKind.FLAP and (self.down_s <= 0 or self.up_s <= 0):
             raise ScenarioError(f"flap on {self.target}: down_s and up_s must be > 0")
-        if self.kind == FaultKind.LOSS and not 0 < self.magnitude <= 100:
-            raise ScenarioError(f"loss on {self.target}: magnitude is a percent in (0, 100]")
+        if self.kind in (FaultKind.LOSS, FaultKind.GRAY, FaultKind.OPTIC) and not (
+            0 < self.magnitude <= 100
+        ):
+            raise ScenarioError(f"{self.kind} on {self.target}: magnitude is a percent in (0, 100]")
         if self.kind == FaultKind.CONGEST and self.magnitude <= 0:
             raise ScenarioError(f"congest on {self.target}: magnitude must be > 0")
 
@@ -235,6 +249,8 @@ def random_faults(
     congest_magnitude: float = 20.0,
     loss_percent: float = 20.0,
     flap_down_s: float = 1.0,
+    gray_percent: float = 5.0,
+    optic_percent: float = 0.5,
 ) -> tuple[Fault, ...]:
     """Draw ``k`` faults of mixed kinds on distinct targets, inside ``duration_s``.
 
@@ -246,7 +262,9 @@ def random_faults(
     utilisation of the shaped link (0.6: a generator at 1.6x the link rate, a standing queue)
     and one > 1 as a generator rate in Mbit/s (see `testbed.schedule.timeline`), so the
     testbed passes its own (`TESTBED_CONGEST`). ``loss_percent``: loss faults drop that share.
-    ``flap_down_s``: each down period of a flap (up periods are 2 s).
+    ``flap_down_s``: each down period of a flap (up periods are 2 s). ``gray_percent``: gray
+    faults drop that share of the link's 5-tuples; ``optic_percent``: optic faults lose that
+    share on average, in bursts (`testbed.sim.fault_model`).
     Raises `ScenarioError` if ``k`` < 0 or the fabric has too few targets of the drawn kinds.
     """
     if k < 0:
@@ -283,6 +301,9 @@ def random_faults(
             out.append(Fault(kind, target, start, dur, magnitude=congest_magnitude))
         elif kind == FaultKind.LOSS:
             out.append(Fault(kind, target, start, dur, magnitude=loss_percent))
+        elif kind in (FaultKind.GRAY, FaultKind.OPTIC):
+            pct = gray_percent if kind == FaultKind.GRAY else optic_percent
+            out.append(Fault(kind, target, start, dur, magnitude=pct))
         else:
             out.append(Fault(kind, target, start, dur))
     return tuple(out)

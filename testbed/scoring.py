@@ -17,6 +17,8 @@ CAUSES: dict[FaultKind, frozenset[str]] = {
     FaultKind.FLAP: frozenset(("link_flap", "link_down", "loss")),
     FaultKind.LINK_DOWN: frozenset(("link_down", "link_flap", "loss")),
     FaultKind.LOSS: frozenset(("loss", "link_flap")),
+    FaultKind.GRAY: frozenset(("loss",)),
+    FaultKind.OPTIC: frozenset(("loss",)),
     FaultKind.CONGEST: frozenset(("contention",)),
     FaultKind.NIC_DOWN: frozenset(("nic_down", "link_down")),
     FaultKind.PROBER_DOWN: frozenset(("prober_down",)),

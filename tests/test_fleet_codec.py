@@ -13,7 +13,7 @@ from contract.records import encode_batch
 from controller.fleet.codec import CodecError, pack, unpack
 from controller.fleet.config import FleetConfig
 from controller.fleet.grid import WindowGrid
-from controller.fleet.partial import Covers, Partial, PartialError
+from controller.fleet.partial import VERSION, Covers, Partial, PartialError
 from controller.fleet.solver import FleetSolver
 from controller.fleet.state import StateError, decode_state, encode_state
 from controller.fleet.worker import FleetWorker
@@ -119,13 +119,13 @@ def test_every_malformed_partial_raises_partial_error() -> None:
             Partial.decode(data)
     # an index past what the partial holds
     p = next(p for p in parts if len(p.detection.pair_fwd))
-    bad = pack(b"QPFP", 1, *_head_and_cols(p, pair_fwd=len(p.detection.path_sig)))
+    bad = pack(b"QPFP", VERSION, *_head_and_cols(p, pair_fwd=len(p.detection.path_sig)))
     with pytest.raises(PartialError, match="pair_fwd"):
         Partial.decode(bad)
 
 
 def _head_and_cols(p: Partial, *, pair_fwd: int) -> tuple[dict[str, object], dict[str, np.ndarray]]:
-    _, head, cols = unpack(p.encode(), b"QPFP", frozenset({1}))
+    _, head, cols = unpack(p.encode(), b"QPFP", frozenset({VERSION}))
     cols = {k: np.array(v) for k, v in cols.items()}
     cols["det.pair_fwd"][0] = pair_fwd
     return head, cols

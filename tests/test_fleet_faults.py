@@ -194,15 +194,9 @@ def test_worker_server_and_solver_killed_nothing_lost_nothing_twice(
                 return any(r["solver"] == standby and int(r["window"]) == last + 1  # type: ignore[call-overload]
                            for r in procs.results())  # fmt: skip
 
-            # the lease expires, then the standby solves the next window by its deadline (the
-            # slack is what a busy 2-core machine keeps: the claim is "the next window", not a
-            # takeover time, which docs/scale.md measures)
-            limit = PLANE.lease_ttl_s + max(0, PLANE.deadline(last + 1) - killed_at) / 1e9 + 15
-            try:
-                await _wait(standby_solved_next, limit, "the standby's next window")
-            except AssertionError:
-                solved = sorted((r["solver"], r["window"]) for r in procs.results())
-                raise AssertionError(f"after window {last}: {solved[-8:]}") from None
+            # the lease expires, then the standby solves the next window by its deadline
+            limit = PLANE.lease_ttl_s + max(0, PLANE.deadline(last + 1) - killed_at) / 1e9 + 2
+            await _wait(standby_solved_next, limit, "the standby's next window")
 
         stop.set()
         await pub

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from contract.documents import EventDoc
-from controller.brain import Brain
+from controller.brain import Brain, BrainConfig
+from controller.detect.queues import QueueParams
 from mesh.fabric import FabricShape, build_fabric
 from qpmesh.cli import main
 from testbed.scenario import Fault, FaultKind
@@ -22,6 +23,8 @@ from testbed.sim.localize_bench import (
 from testbed.sim.model import ModelKnobs
 
 FAB = build_fabric(FabricShape())
+# faults from 2 s on: the queue estimate's warm-up (3 s of judged delays) off
+NO_WARMUP = BrainConfig(lateness_ns=0, queues=QueueParams(warmup_ns=0))
 
 
 def test_flap_and_nic_down_found_without_false_alerts() -> None:
@@ -106,16 +109,17 @@ def test_localize_fault_sizes_refuse_bad_values_in_one_line(
 
 
 def test_an_alert_on_a_real_loss_burst_is_not_a_false_alert() -> None:
-    from testbed.sim.localize_bench import _split_burst_alerts
+    from testbed.sim.localize_score import Alert, CongestionTruth, Scorer
 
     li = FAB.link("leaf2-spine1").index
     alerts = [
-        (5.1, "leaf2-spine1", "loss"),
-        (5.1, "leaf0-spine0", "loss"),
-        (9.0, "leaf2-spine1", "loss"),
+        Alert(5.1, "leaf2-spine1", "loss"),
+        Alert(5.1, "leaf0-spine0", "loss"),
+        Alert(9.0, "leaf2-spine1", "loss"),
     ]
-    kept, n = _split_burst_alerts(FAB, alerts, [(li, 5.0, 5.05)])
-    assert n == 1 and kept == alerts[1:]
+    truth = CongestionTruth(FAB.n_hops)
+    s = Scorer(FAB, (), truth, [(li, 5.0, 5.05)]).evaluate(alerts)
+    assert s["burst_alerts"] == 1 and s["false_alerts"] == 2
 
 
 def test_clock_error_summary_counts_judged_delays_and_their_error() -> None:
@@ -150,19 +154,17 @@ def test_three_tiers_a_flapping_spine_to_super_spine_link_is_found(
     assert (shape.pods, shape.superspines, shape.n_nics) == (2, 8, 32)
     fab = build_fabric(shape)
     faults = (Fault(FaultKind.FLAP, "spine1-super3", 2.0, 5.0, down_s=1.0, up_s=2.0),)
-    r = run_once(fab, faults, duration_s=8.0, load=0.4, seed=3, step_s=0.1)
+    r = run_once(fab, faults, duration_s=8.0, load=0.4, seed=3, step_s=0.1, brain_config=NO_WARMUP)
     q = r["estimators"]["qpmesh"]  # type: ignore[index]
     assert q["recall"] == 1.0 and q["precision"] == 1.0 and r["false_alerts"] == 0
-    # spine1 has two uplinks in its plane: while one is down the other carries both loads and
-    # really queues; the controller says so (related: the down link), which is not false
-    assert q["reroute_alerts"] >= 1
-    assert (
-        any(
-            a["kind"] == "contention" and a["target"] == "spine1-super2"
-            for a in r["alerts"]  # type: ignore[attr-defined]
-        )
-        is False
-    )  # not among the scored alerts
+    # ECMP re-hashes the down link's flows (after 10 ms at spine1, 300 ms elsewhere): each
+    # down loses probes only while routing converges, and shows as a loss; spine1's other
+    # uplink in its plane carries both loads and really queues (over the contention
+    # threshold both ways): found as congestion, on both directions, not false
+    kinds = [(a["target"], a["kind"]) for a in r["alerts"]]  # type: ignore[attr-defined]
+    assert kinds[0] == ("spine1-super3", "loss") and kinds.count(kinds[0]) == 2
+    assert ("super2->spine1", "contention") in kinds
+    assert q["congestion_recall"] == 1.0 and q["congestion_precision"] == 1.0
     # without the load moving, the same alert would be counted false
     assert reroute_targets(fab, faults, False)(3.0) == {}
     assert reroute_targets(fab, faults, True)(3.0) == {"spine1-super2": ("spine1-super3",)}
@@ -194,11 +196,11 @@ def test_an_event_on_a_link_no_path_tells_apart_names_its_alias(
 
     monkeypatch.setattr(Brain, "tick", spy)
     faults = (Fault(FaultKind.FLAP, "spine1-super3", 2.0, 5.0, down_s=1.0, up_s=2.0),)
-    run_once(fab, faults, duration_s=8.0, load=0.4, seed=3, step_s=0.1)
-    down = [d for d in details if d.startswith("link_down spine1-super3")]
+    run_once(fab, faults, duration_s=8.0, load=0.4, seed=3, step_s=0.1, brain_config=NO_WARMUP)
+    down = [d for d in details if d.startswith("loss spine1-super3")]
     assert down and "or spine5-super3: every known path" in down[0], details
     moved = [d for d in details if d.startswith("contention")]
-    assert moved and "re-hashed here from spine1-super3" in moved[0], details
+    assert moved and "re-hashed here from spine1-super3, which went down" in moved[0], details
 
 
 def test_the_report_gives_false_alerts_summed_over_seeds_beside_their_median(

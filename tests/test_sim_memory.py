@@ -101,6 +101,10 @@ def _assert_same_steps(a: list[SimStep], b: list[SimStep]) -> None:
             elif isinstance(u, np.ndarray):
                 assert u.dtype == v.dtype, f.name
                 np.testing.assert_array_equal(u, v, err_msg=f.name)
+            elif isinstance(u, tuple) and u and isinstance(u[0], np.ndarray):
+                assert len(u) == len(v), f.name
+                for p, q in zip(u, v, strict=True):
+                    np.testing.assert_array_equal(p, q, err_msg=f.name)
             else:
                 assert u == v, f.name
 

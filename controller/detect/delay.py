@@ -3,21 +3,19 @@
 Every one-way delay is measured on a path (`controller.detect.paths.PathIndex` numbers paths
 and keeps their propagation baselines). The queueing delay of a measurement is its delay minus
 its path's baseline; it is *slow* when that excess is above ``max(min_excess_ns, median +
-noise_k * MAD)`` (over the batch: robust to the few contended paths), *moderately slow* when
-it is above ``max(low_excess_ns, median + low_k * MAD)``. `DelayWindow` counts
+noise_k * MAD)`` (over the batch: robust to the few contended paths). `DelayWindow` counts
 judged measurements per path (expanded to directed hops once per window), keeps each path's
-window minimum for the baseline, and keeps the hop sets and flows of the slow and the moderately
-slow measurements for the tomography (`controller.localize.greedy_cover`). A *coarse* delay
-(clocks certain to `ClockSyncConfig.coarse_unc_ns` only) is judged by the slow tier alone and
-counted in that tier's judged measurements, never in the moderate tier's, and sets no
-baseline: its clock error may reach the moderate floor, not the slow one.
+window minimum for the baseline, the hop sets and flows of the slow measurements for the
+tomography (`controller.localize.greedy_cover`: the *slow tier*), and every fine delay's path,
+queueing delay and flow for the per-hop queue estimate (`controller.detect.queues`, which
+finds the hops whose *typical* probe waits: the brain's second tier). A *coarse* delay (clocks
+certain to `ClockSyncConfig.coarse_unc_ns` only) is judged by the slow tier alone and counted
+in its judged measurements, never given to the queue estimate, and sets no baseline: its
+clock error may reach the queue estimate's 1.5 µs floor, not the slow tier's 4 µs.
 
 Two tiers because a queue is a distribution, not a constant: an added queue of mean m puts a
 share exp(-x / m) of its probes above x. Over the 4 µs floor, half of a hop's probes are slow
-only from m ~ 6 µs on; a 3 µs queue has 26 % there but 61 % above 1.5 µs. The moderate tier
-blames a hop whose *typical* (median) probe waits over ``low_excess_ns``, which the healthy
-fabric's queues (< 1 µs at the median even on a hot hop), incast bursts (a minority of a hop's
-probes) and the clock error (< 1 µs, docs/controller.md "Clock trust") do not reach.
+only from m ~ 6 µs on; a 3 µs queue has 26 % there, but its median is 2.1 µs.
 """
 
 from __future__ import annotations
@@ -39,8 +37,6 @@ class DelayParams:
     min_excess_ns: float = 4000.0
     noise_k: float = 8.0
     min_rate: float = 0.5
-    low_excess_ns: float = 1500.0
-    low_k: float = 4.0
     min_slow: int = 3
     drift_ns_per_s: float = 50.0
     max_faults: int = 8
@@ -61,13 +57,14 @@ class DelayWindow:
     """Mutable per-window accumulator of judged delays (owned by one brain or baseline)."""
 
     n_hops: int
-    judged_paths: npt.NDArray[np.int64] = field(init=False)  # fine delays (both tiers)
+    judged_paths: npt.NDArray[np.int64] = field(init=False)  # fine delays
     coarse_paths: npt.NDArray[np.int64] = field(init=False)  # coarse ones (slow tier only)
     wmin: npt.NDArray[np.float64] = field(init=False)
     _slow_hops: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
     _slow_flows: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
-    _mod_hops: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
-    _mod_flows: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
+    _fine_paths: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
+    _fine_excess: list[npt.NDArray[np.float64]] = field(init=False, default_factory=list)
+    _fine_flows: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.judged_paths = np.zeros(0, dtype=np.int64)
@@ -97,7 +94,7 @@ class DelayWindow:
         (src, dst, sport) of each measurement, for the affected-flow list. ``coarse`` marks
         delays whose clocks are certain only to the coarse bound (`ClockSyncConfig
         .coarse_unc_ns`): they are judged by the slow tier only (their clock error stays under
-        its floor, not under the moderate one) and never set a baseline.
+        its floor, not under the queue estimate's) and never set a baseline.
         """
         if not len(owd):
             return
@@ -111,28 +108,56 @@ class DelayWindow:
             return
         known_fine = known & fine
         # the batch's typical excess from fine delays when there are any (coarse clock error
-        # would widen the spread the thresholds scale with)
+        # would widen the spread the threshold scales with)
         ex_stats = excess[known_fine] if known_fine.any() else excess[known]
         sample = ex_stats[:: max(1, len(ex_stats) // 20_000)]
         med = float(np.median(sample))
         mad = float(np.median(np.abs(sample - med))) * 1.4826
         thr = max(params.min_excess_ns, med + params.noise_k * mad)
-        low = min(thr, max(params.low_excess_ns, med + params.low_k * mad))
         # add.at, not bincount: a bincount allocates and adds an array of every known path
         # per call, which at 10,000 NICs costs more than the batch itself
         np.add.at(self.judged_paths, path[known_fine], 1)
         if not known_fine.all():
             np.add.at(self.coarse_paths, path[known & ~known_fine], 1)
-        for cut, sel, hop_sets, flow_sets in (
-            (thr, known, self._slow_hops, self._slow_flows),
-            (low, known_fine, self._mod_hops, self._mod_flows),
-        ):
-            slow = np.zeros(len(owd), dtype=bool)
-            slow[sel] = excess[sel] > cut
-            if slow.any():
-                idx = np.flatnonzero(slow)
-                hop_sets.append(hops[idx])
-                flow_sets.append(np.column_stack([f[idx] for f in flows]).astype(np.int64))
+        idx = np.flatnonzero(known_fine)
+        self._fine_paths.append(path[idx])
+        self._fine_excess.append(excess[idx])
+        self._fine_flows.append(np.column_stack([f[idx] for f in flows]).astype(np.int32))
+        slow = np.zeros(len(owd), dtype=bool)
+        slow[known] = excess[known] > thr
+        if slow.any():
+            idx = np.flatnonzero(slow)
+            self._slow_hops.append(hops[idx])
+            self._slow_flows.append(np.column_stack([f[idx] for f in flows]).astype(np.int64))
+
+    def fine(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Return the path numbers and queueing delays (delay over the path's baseline, ns) of
+        this window's judged fine delays (for `controller.detect.queues`)."""
+        if not self._fine_paths:
+            return np.zeros(0, np.int64), np.zeros(0, np.float64)
+        return np.concatenate(self._fine_paths), np.concatenate(self._fine_excess)
+
+    def flows_over(
+        self, index: PathIndex, cut_ns: npt.NDArray[np.float64], hops: npt.NDArray[np.int64],
+        max_flows: int,
+    ) -> dict[int, list[tuple[int, int, int]]]:  # fmt: skip
+        """Return per hop of ``hops`` up to ``max_flows`` (src, dst, sport) of this window's
+        fine delays across it whose queueing delay is over ``cut_ns[hop]``."""
+        out: dict[int, list[tuple[int, int, int]]] = {int(h): [] for h in hops}
+        if not self._fine_paths or not len(hops):
+            return out
+        paths, excess = self.fine()
+        low = float(np.min(cut_ns[hops]))
+        sel = np.flatnonzero(excess > low)
+        if not len(sel):
+            return out
+        rows = index.hops[paths[sel]]
+        flows = np.concatenate(self._fine_flows)[sel]
+        for h in out:
+            on = (rows == h).any(axis=1) & (excess[sel] > cut_ns[h])
+            f = np.unique(flows[on], axis=0)[:max_flows]
+            out[h] = [(int(a), int(b), int(c)) for a, b, c in f]
+        return out
 
     # ---- merge (fleet partials: `controller.detect.window`) ----------------------------------
     def per_path(
@@ -142,18 +167,20 @@ class DelayWindow:
         and the window minimum (inf: none); paths past the end had nothing."""
         return self.judged_paths, self.coarse_paths, self.wmin
 
-    def sets(
+    def sets(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        """Return the slow tier's hop sets, (n, H) -1 padded, and their flows, (n, 3) of
+        (src, dst, sport)."""
+        flows = np.concatenate(self._slow_flows) if self._slow_flows else np.zeros((0, 3), np.int64)
+        return _pad_concat(self._slow_hops), flows
+
+    def fine_sets(
         self,
-    ) -> tuple[
-        npt.NDArray[np.int32], npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int64]
-    ]:
-        """Return the slow tier's hop sets and flows, then the moderate tier's: hop sets
-        (n, H) -1 padded, flows (n, 3) of (src, dst, sport)."""
-        out: list[npt.NDArray[np.int32] | npt.NDArray[np.int64]] = []
-        for hops, flows in ((self._slow_hops, self._slow_flows), (self._mod_hops, self._mod_flows)):
-            out.append(_pad_concat(hops))
-            out.append(np.concatenate(flows) if flows else np.zeros((0, 3), np.int64))
-        return out[0], out[1], out[2], out[3]  # type: ignore[return-value]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int32]]:
+        """Return every judged fine delay's path number, queueing delay (ns) and flow (n, 3:
+        src, dst, sport), in the order `add` was given them."""
+        paths, excess = self.fine()
+        flows = np.concatenate(self._fine_flows) if self._fine_flows else np.zeros((0, 3), np.int32)
+        return paths, excess, flows
 
     def add_counts(
         self,
@@ -170,75 +197,52 @@ class DelayWindow:
         np.add.at(self.coarse_paths, path, coarse)
         np.minimum.at(self.wmin, path, wmin)
 
-    def add_sets(
-        self,
-        slow_hops: npt.NDArray[np.int32],
-        slow_flows: npt.NDArray[np.int64],
-        mod_hops: npt.NDArray[np.int32],
-        mod_flows: npt.NDArray[np.int64],
-    ) -> None:
-        """Add slow and moderately slow hop sets with their flows (as `add` keeps them)."""
+    def add_sets(self, slow_hops: npt.NDArray[np.int32], slow_flows: npt.NDArray[np.int64]) -> None:
+        """Add slow hop sets with their flows (as `add` keeps them)."""
         if len(slow_hops):
             self._slow_hops.append(np.asarray(slow_hops, np.int32))
             self._slow_flows.append(np.asarray(slow_flows, np.int64))
-        if len(mod_hops):
-            self._mod_hops.append(np.asarray(mod_hops, np.int32))
-            self._mod_flows.append(np.asarray(mod_flows, np.int64))
+
+    def add_fine(
+        self, paths: npt.NDArray[np.int64], excess: npt.NDArray[np.float64],
+        flows: npt.NDArray[np.int32],
+    ) -> None:  # fmt: skip
+        """Add judged fine delays: path numbers, queueing delays and flows (as `add` keeps
+        them)."""
+        if len(paths):
+            self._fine_paths.append(np.asarray(paths, np.int64))
+            self._fine_excess.append(np.asarray(excess, np.float64))
+            self._fine_flows.append(np.asarray(flows, np.int32))
 
     def slow_sets(self) -> npt.NDArray[np.int32]:
         """Return the hop sets of this window's slow measurements, (m, H), -1 padded."""
         return _pad_concat(self._slow_hops)
 
-    def judged(self, index: PathIndex, *, coarse: bool = False) -> npt.NDArray[np.int64]:
-        """Return judged measurements per directed hop in this window: fine ones (the
-        moderate tier's), or with ``coarse`` fine and coarse ones (the slow tier's)."""
-        per_path = self.judged_paths + self.coarse_paths if coarse else self.judged_paths
-        return expand(per_path, index.hops, self.n_hops)
+    def judged(self, index: PathIndex) -> npt.NDArray[np.int64]:
+        """Return the slow tier's judged measurements (fine and coarse) per directed hop."""
+        return expand(self.judged_paths + self.coarse_paths, index.hops, self.n_hops)
 
     def verdict(
         self, index: PathIndex, params: DelayParams
     ) -> tuple[Cover, dict[int, list[tuple[int, int, int]]]]:
-        """Localize this window's slow measurements to directed hops: the slow tier's cover,
-        then the moderate tier's, which goes on from the slow tier's picks (its measurements
-        across them count as explained) and adds hops only for what they leave unexplained.
+        """Localize this window's slow measurements to directed hops (the slow tier's cover).
 
-        Returns the cover (picks of both tiers, in that order; ``total``/``bad`` of the slow
-        tier) and, per blamed hop, up to ``max_flows`` affected (src, dst, sport).
+        Returns the cover and, per blamed hop, up to ``max_flows`` affected (src, dst, sport).
         """
-        out: dict[int, list[tuple[int, int, int]]] = {}
-        covers: list[Cover] = []
-        for judged, hop_sets, flow_sets in (
-            (self.judged(index, coarse=True), self._slow_hops, self._slow_flows),
-            (self.judged(index), self._mod_hops, self._mod_flows),
-        ):
-            sets = _pad_concat(hop_sets)
-            flows = np.concatenate(flow_sets) if flow_sets else np.zeros((0, 3), np.int64)
-            # the moderate tier goes on from the slow tier's picks: what they explain is
-            # explained, so it blames only what the slow tier left (else its own greedy may
-            # pick a healthy hop the slow tier's fault's paths share, a second explanation)
-            left = ~np.isin(sets, covers[0].picked).any(axis=1) if covers else slice(None)
-            cover = greedy_cover(
-                judged,
-                sets[left],
-                min_rate=params.min_rate,
-                min_bad=params.min_slow,
-                max_picks=params.max_faults,
-            )
-            covers.append(cover)
-            for hop in cover.picked:
-                if int(hop) in out:
-                    continue
-                f = np.unique(flows[(sets == hop).any(axis=1)], axis=0)[: params.max_flows]
-                out[int(hop)] = [(int(a), int(b), int(c)) for a, b, c in f]
-        slow, mod = covers
-        new = ~np.isin(mod.picked, slow.picked)
-        both = Cover(
-            np.concatenate([slow.picked, mod.picked[new]]),
-            np.concatenate([slow.picked_bad, mod.picked_bad[new]]),
-            slow.total,
-            slow.bad,
+        sets = _pad_concat(self._slow_hops)
+        flows = np.concatenate(self._slow_flows) if self._slow_flows else np.zeros((0, 3), np.int64)
+        cover = greedy_cover(
+            self.judged(index),
+            sets,
+            min_rate=params.min_rate,
+            min_bad=params.min_slow,
+            max_picks=params.max_faults,
         )
-        return both, out
+        out: dict[int, list[tuple[int, int, int]]] = {}
+        for hop in cover.picked:
+            f = np.unique(flows[(sets == hop).any(axis=1)], axis=0)[: params.max_flows]
+            out[int(hop)] = [(int(a), int(b), int(c)) for a, b, c in f]
+        return cover, out
 
     def fold_baselines(self, index: PathIndex, dt_s: float, params: DelayParams) -> None:
         """Update the path baselines in ``index`` with this window's minima."""
@@ -251,5 +255,6 @@ class DelayWindow:
         self.wmin[:] = np.inf
         self._slow_hops.clear()
         self._slow_flows.clear()
-        self._mod_hops.clear()
-        self._mod_flows.clear()
+        self._fine_paths.clear()
+        self._fine_excess.clear()
+        self._fine_flows.clear()

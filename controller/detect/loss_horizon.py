@@ -29,6 +29,7 @@ one's evidence leaves the horizon (docs/benchmarks.md measures it).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,19 +42,22 @@ from controller.localize import Cover, greedy_cover
 class HorizonParams:
     """``span_ns``: closed windows that ended this recently are summed; a link is blamed
     over the horizon when its unexplained lost probes are >= ``min_lost`` and >= ``min_rate``
-    of its probes; ``sibling_leak``: see `mispath_leaks` (0 disables it)."""
+    of its probes; ``sibling_leak``: see `mispath_leaks` (0 disables it); ``leak_hold``: a
+    loss up to this share of an alternative link's is held while the per-flow test cannot yet
+    tell it from that link's leak (`controller.brain.Brain._undecided_leak`)."""
 
     span_ns: int = 1_000_000_000
     min_rate: float = 0.005
     min_lost: int = 10
     sibling_leak: float = 0.1
+    leak_hold: float = 0.25
     max_faults: int = 8
 
     def __post_init__(self) -> None:
         if self.span_ns <= 0 or self.min_lost < 1:
             raise ValueError("span_ns must be > 0 and min_lost >= 1")
-        if not 0 <= self.min_rate <= 1 or not 0 <= self.sibling_leak < 1:
-            raise ValueError("min_rate must be in [0, 1] and sibling_leak in [0, 1)")
+        if not 0 <= self.min_rate <= 1 or not 0 <= self.sibling_leak <= self.leak_hold < 1:
+            raise ValueError("min_rate must be in [0, 1] and 0 <= sibling_leak <= leak_hold < 1")
 
 
 def resid_rate(cover: Cover) -> dict[int, float]:
@@ -65,7 +69,11 @@ def resid_rate(cover: Cover) -> dict[int, float]:
 
 
 def mispath_leaks(
-    cover: Cover, link_nodes: npt.NDArray[np.int64], switch_link: npt.NDArray[np.bool_], leak: float
+    cover: Cover,
+    link_nodes: npt.NDArray[np.int64],
+    switch_link: npt.NDArray[np.bool_],
+    leak: float,
+    concentrated: Callable[[int, tuple[int, ...]], bool] | None = None,
 ) -> set[int]:
     """Return the picked links of ``cover`` that are leaks of another picked link's loss.
 
@@ -73,7 +81,10 @@ def mispath_leaks(
     links between two switches, the only ones whose losses a path error moves. A picked link
     M is a leak when a picked switch link L != M has another upper end (M can be on an ECMP
     alternative of a path through L) and M's unexplained loss rate is <= ``leak`` x L's loss
-    rate (over all its probes).
+    rate (over all its probes), or M's loss the other picks leave unexplained is
+    ``concentrated(M, other picks)`` on a few of its flows (`controller.detect.flowloss`: the
+    flows whose real path is L's lose at L's rate, the rest nothing; how large a share of M's
+    probes that is grows with the share of wrong paths).
     """
     if leak <= 0 or len(cover.picked) < 2:
         return set()
@@ -82,11 +93,12 @@ def mispath_leaks(
     sources = [int(e) for e in cover.picked if switch_link[int(e)]]
     out = set()
     for m in (int(e) for e in cover.picked):
-        for lk in sources:
-            alt = lk != m and link_nodes[lk, 1] != link_nodes[m, 1]
-            if alt and resid[m] <= leak * rate[lk]:
-                out.add(m)
-                break
+        alts = [lk for lk in sources if lk != m and link_nodes[lk, 1] != link_nodes[m, 1]]
+        others = tuple(int(e) for e in cover.picked if int(e) != m)
+        if any(resid[m] <= leak * rate[lk] for lk in alts) or (
+            alts and concentrated is not None and concentrated(m, others)
+        ):
+            out.add(m)
     return out
 
 
@@ -113,6 +125,11 @@ class LossHorizon:
         while self._wins[0][0] <= end_ns - self.params.span_ns:
             _, old, _ = self._wins.popleft()
             self._total -= old
+
+    @property
+    def totals(self) -> npt.NDArray[np.int64]:
+        """Probes across each link over the horizon."""
+        return self._total.copy()
 
     @property
     def start_ns(self) -> int | None:

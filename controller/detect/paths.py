@@ -138,7 +138,9 @@ class PathIndex:
         self.base[:m] = np.where(seen, np.minimum(grown, w), old)
 
 
-def alias_groups(n_links: int, hops: npt.NDArray[np.int32]) -> list[tuple[int, ...]]:
+def alias_groups(
+    n_links: int, hops: npt.NDArray[np.int32], *, directed: bool = False
+) -> list[tuple[int, ...]]:
     """Return the groups (two or more link indices, ascending; groups in order of their first
     link) of links that the paths ``hops`` (rows of directed hop ids, -1 padding) cannot tell
     apart: every row that crosses one link of a group crosses all of them, in either
@@ -150,13 +152,15 @@ def alias_groups(n_links: int, hops: npt.NDArray[np.int32]) -> list[tuple[int, .
     random weights (fixed seed) and each link the two sums of its rows' weights, added in row
     order: links crossed by the same rows get bit-identical sums, others differ but for a
     chance of ~2^-100. A row is taken to cross a link at most once (a path never turns back
-    on a link). Raises ValueError on a hop id of a link >= n_links.
+    on a link). With ``directed`` the elements are the directed hops themselves (``n_links``
+    is then the number of hop ids): hops that every path crossing one crosses too, whose
+    queues no one-way delay tells apart. Raises ValueError on an element >= n_links.
     """
     h = np.asarray(hops)
     if h.ndim != 2:
         raise ValueError("hops must be a (paths, hops) array")
     rows, cols = np.nonzero(h >= 0)
-    links = hop_links(h[rows, cols]).astype(np.int64)
+    links = (h[rows, cols] if directed else hop_links(h[rows, cols])).astype(np.int64)
     if len(links) and int(links.max()) >= n_links:
         raise ValueError(f"a hop names link {int(links.max())} of {n_links}")
     rng = np.random.default_rng(0x5EED)

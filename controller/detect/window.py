@@ -2,13 +2,16 @@
 
 `DetectionWindow` holds what the brain counts over one window (`LossWindow`: probes per
 (forward, reply) path pair and the link sets of the lost ones; `DelayWindow`: judged delays
-per path, each path's window minimum, the hop sets and flows of the slow ones; probes each NIC
-initiated and when it last did). `fold` adds observations (what `controller.brain.Brain`
+per path, each path's window minimum, the hop sets and flows of the slow ones, and every
+fine delay's path, queueing delay and flow for the queue estimate; `FlowWindow`: probes and
+losses per flow with its paths, for the per-flow loss test; probes each NIC initiated and
+when it last did). `fold` adds observations (what `controller.brain.Brain`
 does for its own windows and a fleet worker for its windows); `export` turns the window into
 a `WindowPart`: the same evidence keyed by fleet-wide ids (a path by its signature and hop
 row, a link or NIC by its fabric index), never by a process's own numbering; `absorb` adds a
 part into a window of another process's numbering. Merging is exact: counts add, minima take
-the minimum, lost and slow sets concatenate (the tomography does not depend on their order),
+the minimum, lost and slow sets and fine delays concatenate (the tomography, the queue
+estimate's histograms and the per-flow sums do not depend on their order),
 so the parts of a window from any split of the hosts absorb into the window one process
 holding every host would have made. Pure: arrays in, arrays out.
 """
@@ -21,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from controller.detect.delay import DelayParams, DelayWindow
+from controller.detect.flowloss import FlowCounts, FlowWindow
 from controller.detect.loss import LossWindow
 from controller.detect.paths import PathIndex
 from controller.observations import Observations
@@ -39,9 +43,11 @@ class WindowPart:
     judged on it (``judged``, ``coarse``) and its window minimum (``wmin``, inf: none).
     Path pairs (``Q``): rows of ``pair_fwd``/``pair_rev`` index the paths, ``pair_seen``
     probes sent on that (forward, reply) pair. ``lost``: link sets of lost probes (L, K).
-    Slow (``slow_*``) and moderately slow (``mod_*``) delays: hop sets (n, H) and their flows
-    (n, 3: src, dst, sport). Per NIC that initiated probes: ``nic``, ``src_count`` and
-    ``last_src`` (its latest send time, ns)."""
+    Slow delays (``slow_*``): hop sets (n, H) and their flows (n, 3: src, dst, sport). Fine
+    delays (``fine_*``): each one's path (an index into the paths), queueing delay (ns) and
+    flow. Flows (``flow_*``): (n, 3) src, dst, sport, probes and lost probes, the last
+    forward and reply path (indices into the paths). Per NIC that initiated probes: ``nic``,
+    ``src_count`` and ``last_src`` (its latest send time, ns)."""
 
     path_sig: I64
     path_hops: I32
@@ -54,8 +60,14 @@ class WindowPart:
     lost: I32
     slow_hops: I32
     slow_flows: I64
-    mod_hops: I32
-    mod_flows: I64
+    fine_path: I32
+    fine_excess: F64
+    fine_flows: I32
+    flow: I64
+    flow_probes: I64
+    flow_lost: I64
+    flow_fwd: I32
+    flow_rev: I32
     nic: I32
     src_count: I64
     last_src: I64
@@ -71,9 +83,10 @@ class WindowPart:
         i32, i64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
         hops = np.zeros((0, width), np.int32)
         flows = np.zeros((0, 3), np.int64)
+        f64 = np.zeros(0, np.float64)
         return cls(
-            i64, hops, i64, i64, np.zeros(0, np.float64), i32, i32, i64,
-            np.zeros((0, 1), np.int32), hops, flows, hops, flows, i32, i64, i64,
+            i64, hops, i64, i64, f64, i32, i32, i64, np.zeros((0, 1), np.int32), hops, flows,
+            i32, f64, np.zeros((0, 3), np.int32), flows, i64, i64, i32, i32, i32, i64, i64,
         )  # fmt: skip
 
 
@@ -87,6 +100,7 @@ class DetectionWindow:
     delay: DelayWindow
     src_count: I64
     last_src: I64
+    flows: FlowWindow
 
     @classmethod
     def empty(cls, n_links: int, n_hops: int, n_nics: int, pairs: PathIndex) -> DetectionWindow:
@@ -98,6 +112,7 @@ class DetectionWindow:
             DelayWindow(n_hops),
             np.zeros(n_nics, np.int64),
             np.full(n_nics, -1, np.int64),
+            FlowWindow(n_nics),
         )
 
     def fold(
@@ -120,6 +135,7 @@ class DetectionWindow:
                 obs = obs.select(keep)
         pf, pr = paths.paths(obs.hops_fwd), paths.paths(obs.hops_rev)
         self.loss.add(pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
+        self.flows.add(obs.src, obs.dst, obs.sport, pf, pr, obs.lost)
         self.delay.add(
             paths, pf, obs.hops_fwd, obs.owd_fwd_ns, (obs.src, obs.dst, obs.sport), params,
             obs.coarse,
@@ -138,10 +154,16 @@ class DetectionWindow:
         mark[: len(judged)] = (judged > 0) | (coarse > 0) | np.isfinite(wmin)
         mark[pf] = True
         mark[pr] = True
+        fine_p, fine_x, fine_f = self.delay.fine_sets()
+        fc = self.flows.counts()
+        for more in (fine_p, fc.fwd, fc.rev):
+            mark[more] = True
         ids = np.flatnonzero(mark)
         del pair_ids
-        local = np.searchsorted(ids, np.concatenate([pf, pr])).astype(np.int32)
-        q = len(pf)
+        used = np.concatenate([pf, pr, fine_p, fc.fwd, fc.rev])
+        local: I32 = np.searchsorted(ids, used).astype(np.int32)
+        q, nf, nc = len(pf), len(fine_p), len(fc.fwd)
+        at_fine, at_flow = 2 * q, 2 * q + nf
 
         def at(col: NDArray[np.generic], fill: float) -> NDArray[np.generic]:
             out = np.full(len(ids), fill, col.dtype)
@@ -149,7 +171,7 @@ class DetectionWindow:
             out[inside] = col[ids[inside]]
             return out
 
-        slow_h, slow_f, mod_h, mod_f = self.delay.sets()
+        slow_h, slow_f = self.delay.sets()
         nic = np.flatnonzero(self.src_count > 0).astype(np.int32)
         return WindowPart(
             paths.sigs[ids],
@@ -158,13 +180,19 @@ class DetectionWindow:
             at(coarse, 0).astype(np.int64),
             at(wmin, np.inf).astype(np.float64),
             local[:q],
-            local[q:],
+            local[q:at_fine],
             seen,
             self.loss.lost_sets(),
             slow_h,
             slow_f,
-            mod_h,
-            mod_f,
+            local[at_fine:at_flow],
+            fine_x,
+            fine_f,
+            fc.flow,
+            fc.probes,
+            fc.lost,
+            local[at_flow : at_flow + nc],
+            local[at_flow + nc :],
             nic,
             self.src_count[nic],
             self.last_src[nic],
@@ -176,7 +204,13 @@ class DetectionWindow:
         hops = part.path_hops
         pid = paths.ids(part.path_sig, lambda sel: hops[sel])
         self.delay.add_counts(paths.size, pid, part.judged, part.coarse, part.wmin)
-        self.delay.add_sets(part.slow_hops, part.slow_flows, part.mod_hops, part.mod_flows)
+        self.delay.add_sets(part.slow_hops, part.slow_flows)
+        self.delay.add_fine(pid[part.fine_path], part.fine_excess, part.fine_flows)
+        if len(part.flow):
+            self.flows.add_counts(
+                FlowCounts(part.flow, part.flow_probes, part.flow_lost,
+                           pid[part.flow_fwd], pid[part.flow_rev])
+            )  # fmt: skip
         if len(part.pair_seen):
             f, r = part.pair_fwd, part.pair_rev
             self.loss.add_pairs(pid[f], pid[r], hops[f], hops[r], part.pair_seen)

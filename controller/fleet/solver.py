@@ -373,7 +373,8 @@ def _check_fits(p: Partial, fabric: Fabric) -> None:
         ("clock src", p.clock.src, n_nics), ("clock dst", p.clock.dst, n_nics),
         ("NIC", p.detection.nic, n_nics), ("lost link", p.detection.lost, n_links),
         ("path hop", p.detection.path_hops, n_hops), ("slow hop", p.detection.slow_hops, n_hops),
-        ("moderate hop", p.detection.mod_hops, n_hops), ("NIC delay", p.nic_owd.nic, n_nics),
+        ("fine delay NIC", p.detection.fine_flows[:, :2], n_nics),
+        ("flow NIC", p.detection.flow[:, :2], n_nics), ("NIC delay", p.nic_owd.nic, n_nics),
         ("learned hop", p.learned.hops, n_hops), ("learned reply hop", p.learned.reply, n_hops),
     ]  # fmt: skip
     for what, a, top in checks:
@@ -383,6 +384,8 @@ def _check_fits(p: Partial, fabric: Fabric) -> None:
         ("clock src", p.clock.src),
         ("clock dst", p.clock.dst),
         ("NIC", p.detection.nic),
+        ("fine delay NIC", p.detection.fine_flows[:, :2]),
+        ("flow NIC", p.detection.flow[:, :2]),
     ):
         if a.size and int(a.min()) < 0:
             raise PartialError(f"{what} index outside the fabric")

@@ -21,6 +21,14 @@ I64 = npt.NDArray[np.int64]
 SALT = 0x5A5A
 
 
+def mismatched(n: int, knobs: ModelKnobs, seed: int) -> npt.NDArray[np.bool_]:
+    """Return which of ``n`` flows the switches hash otherwise than the controller's model
+    (the draw `true_and_seen_paths` makes)."""
+    if knobs.ecmp_mismatch <= 0:
+        return np.zeros(n, dtype=bool)
+    return np.asarray(np.random.default_rng([seed, 601]).random(n) < knobs.ecmp_mismatch)
+
+
 def true_and_seen_paths(
     fabric: Fabric, src: I64, dst: I64, sport: I64, knobs: ModelKnobs, seed: int
 ) -> tuple[I32, I32, I32, I32]:

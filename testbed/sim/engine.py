@@ -19,7 +19,8 @@ Model:
   µs-scale kernel jitter (exponential delays after the event, larger on receive);
 - faults (`testbed.scenario.Fault`): flap / link_down / nic_down drop every probe crossing the
   down link while it is down; loss drops with a probability per traversal; congest adds
-  utilisation (magnitude <= 1) or a persistent queue of ``magnitude`` µs mean; prober_down drops
+  utilisation (magnitude <= 1) or a persistent queue of ``magnitude`` µs mean; gray drops a
+  share of the link's 5-tuples and optic loses in bursts (`fault_model`); prober_down drops
   the host's own probes and every probe to it; gpu_fault only shows in `SimStep.gpu_faults`.
 
 That is the *ideal* model (``SimConfig(model=ModelKnobs.ideal_model())``, ``--ideal`` on the
@@ -50,10 +51,13 @@ from mesh.fabric.model import hop_links
 from testbed.scenario import Fault, FaultKind, validate_targets
 from testbed.sim.asymmetry import hop_base_ns, nic_txrx_ns, pair_asymmetry_ns
 from testbed.sim.clock_model import ClockWander
+from testbed.sim.congestion_truth import QueueTruth
 from testbed.sim.ecmp_model import true_and_seen_paths
+from testbed.sim.fault_model import gray_drops, optic_drops
 from testbed.sim.load_model import UtilisationModel, redistribution
 from testbed.sim.loss_model import LossModel
 from testbed.sim.model import ModelKnobs
+from testbed.sim.moving_paths import MovingPaths
 from testbed.sim.stamp_model import StampModel
 
 F64 = npt.NDArray[np.float64]
@@ -120,6 +124,9 @@ class SimStep:
     active_faults: tuple[Fault, ...] = field(default=())
     seen_fwd: I32 | None = None  # the controller's view of each probe's path (None: = hops)
     seen_rev: I32 | None = None
+    hop_queue_ns: F64 | None = None  # per directed hop: median queueing (congestion truth)
+    # what path discovery found in this step: (src, dst, sport, forward hops, reply hops)
+    discovered: tuple[I64, I64, I64, I32, I32] | None = None
 
 
 def _probe_pairs(fabric: Fabric, cfg: SimConfig, rng: np.random.Generator) -> tuple[I64, I64]:
@@ -197,8 +204,14 @@ class Simulator:
         self.nic_tx_ns, self.nic_rx_ns = (
             nic_txrx_ns(n, knobs, cfg.seed) if self.real else (np.zeros(n), np.zeros(n))
         )
+        egress = np.zeros(fabric.n_hops, dtype=bool)
+        egress[[hop_id(int(li), False) for li in fabric.nic_link]] = True
+        self._queue_truth = QueueTruth(
+            knobs, cfg.seed, egress, self.real and cfg.timestamps == "hw" and knobs.hw_stamp_at_wire
+        )
         for f in faults:
             self.add_fault(f)
+        self._paths_moved = MovingPaths(self)
         self._seq = 0
         self._pair_id = 0
         self._batch_seq = 0
@@ -406,22 +419,22 @@ class Simulator:
         hops_f = fwd_paths[pidx2, slot]
         hops_r = rev_paths[pidx2, slot]
         seen_f = seen_r = None
-        if self.real and self.config.model.ecmp_mismatch > 0:
-            _, _, sf, sr = self._all_paths
-            seen_f, seen_r = sf[pidx2, slot], sr[pidx2, slot]
+        found = self._paths_moved.discover(t0_s, t1_s) if self.real else None
+        if self.real:  # the controller's view: discovered at the start or traced since
+            seen_f, seen_r = self._paths_moved.known(pidx2, slot)
+        # faults active in this step; flows of a down switch link re-hash (reroute_model)
+        active = [ft for ft in self.faults if ft.start_s < t1_s and ft.end_s > t0_s]
+        t_s = t_ns / 1e9
+        hops_f, hops_r, lost = self._paths_moved.route(active, t_s, pidx2, slot, hops_f, hops_r)
         del slot
 
-        # faults active in this step
-        active = [ft for ft in self.faults if ft.start_s < t1_s and ft.end_s > t0_s]
         n = len(t_ns)
         util_extra = np.zeros(f.n_hops)
         queue_extra_us = np.zeros(f.n_hops)
-        lost = np.zeros(n, dtype=bool)
         host_of = f.nic_host_index
         hosts = f.hosts
         dead_hosts: set[str] = set()
         gpu_bad: set[str] = set()
-        t_s = t_ns / 1e9
         down_links: list[int] = []
         for ft in active:
             on = _active_mask(ft, t_s)
@@ -438,7 +451,8 @@ class Simulator:
             hop_ids = (hop_id(li, False), hop_id(li, True))
             crosses = np.isin(hops_f, hop_ids).any(axis=1) | np.isin(hops_r, hop_ids).any(axis=1)
             if ft.kind in (FaultKind.FLAP, FaultKind.LINK_DOWN, FaultKind.NIC_DOWN):
-                lost |= crosses & on
+                if not self._paths_moved.reroutes(li):  # else handled by `route` above
+                    lost |= crosses & on
                 if on.mean() >= 0.5:
                     down_links.append(li)
             elif ft.kind == FaultKind.LOSS:
@@ -446,6 +460,14 @@ class Simulator:
                 nf = np.isin(hops_f, hop_ids).sum(axis=1) + np.isin(hops_r, hop_ids).sum(axis=1)
                 drop = rng.random(n) < 1 - (1 - p) ** nf
                 lost |= drop & on
+            elif ft.kind == FaultKind.GRAY:
+                lost |= gray_drops(f, ft, src, dst, sport, hops_f, hops_r) & on
+            elif ft.kind == FaultKind.OPTIC:
+                m = cfg.model
+                burst = optic_drops(
+                    ft, li, t_s, hops_f, hops_r, m.optic_duty, m.optic_burst_ms, self._fx
+                )
+                lost |= burst & on
             elif ft.kind == FaultKind.CONGEST:
                 # applied below per probe only while on; most steps are fully inside a fault
                 if ft.magnitude <= 1:
@@ -471,6 +493,7 @@ class Simulator:
             rho = np.minimum(cfg.load + util_extra, 0.98)
             incast = None
         del t_s
+        hop_q = self._queue_truth.hop_queue_ns(rho, self._service_ns, incast)
         owd_f, nic_wait_f = self._delays(hops_f, rho, queue_extra_us, incast)
         owd_r, nic_wait_r = self._delays(hops_r, rho, queue_extra_us, incast)
         if self.real:
@@ -542,6 +565,8 @@ class Simulator:
             tuple(active),
             seen_f[keep] if seen_f is not None else None,
             seen_r[keep] if seen_r is not None else None,
+            hop_q,
+            found,
         )
 
     def run(

@@ -28,10 +28,13 @@ class UtilisationModel:
         self.base: F64 = np.clip(load + rng.uniform(-s, s, fabric.n_hops), 0.0, RHO_MAX)
         kinds = {n.id: n.kind for n in fabric.nodes}
         down = np.zeros(fabric.n_hops, dtype=bool)
+        up = np.zeros(fabric.n_hops, dtype=bool)
         for lk in fabric.links:
             if kinds.get(lk.lower) == NodeKind.HOST or lk.lower not in kinds:
                 down[hop_id(lk.index, True)] = True  # leaf -> host (or NIC)
+                up[hop_id(lk.index, False)] = True  # the NIC's own transmit queue
         self.leaf_to_host: B = down
+        self.nic_egress: B = up
 
     def hot(self, t_s: float) -> B:
         """Return the mask of directed hops hot at ``t_s`` (redrawn every hotspot period)."""
@@ -56,10 +59,12 @@ class UtilisationModel:
         return self.leaf_to_host & (rng.random(len(self.base)) < k.incast_prob)
 
     def overflow_loss(self, rho: F64) -> F64:
-        """Return the per-traversal buffer-overflow loss of each hop at utilisation ``rho``."""
+        """Return the per-traversal buffer-overflow loss of each hop at utilisation ``rho``:
+        switch egress buffers only. A NIC's transmit queue is in its host: a full one stops
+        the sender (socket or queue-pair back-pressure), it does not drop on the wire."""
         k = self.knobs
         x = np.clip((rho - k.overflow_rho) / (1.0 - k.overflow_rho), 0.0, 1.0)
-        return np.asarray(k.overflow_loss * x * x, dtype=np.float64)
+        return np.asarray(np.where(self.nic_egress, 0.0, k.overflow_loss * x * x), np.float64)
 
 
 def redistribution(fabric: Fabric, down_links: list[int], rho: F64) -> F64:

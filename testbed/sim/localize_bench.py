@@ -13,9 +13,10 @@ an event naming a non-faulty target is a false alert.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,12 +32,20 @@ from controller.observations import Observations
 from controller.voting import VotingBaseline
 from mesh.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
-from testbed.scoring import cause_ok, prf
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimStep, Simulator
+from testbed.sim.localize_score import (
+    GRACE_S,
+    Alert,
+    CongestionTruth,
+    Scorer,
+    accepted_targets,
+    normalize,
+    reroute_targets,
+)
 from testbed.sim.model import ModelKnobs
 from testbed.sim.options import add_model_options, model_from_args
 
-GRACE_S = 1.0
+__all__ = ["normalize", "register_localize", "reroute_targets", "run_once", "three_tier_shape"]
 
 
 def observations_from_step(sim: Simulator, st: SimStep) -> Observations:
@@ -63,23 +72,6 @@ def observations_from_step(sim: Simulator, st: SimStep) -> Observations:
         np.where(lost, nan, rev),
         np.where(lost, nan, rtt),
     )
-
-
-def accepted_targets(fabric: Fabric, fault: Fault) -> set[str]:
-    """Targets that count as localizing ``fault`` (normalized link / NIC / host ids)."""
-    if fault.kind == FaultKind.NIC_DOWN:
-        return {fault.target, fabric.links[int(fabric.nic_link[fabric.nic_index[fault.target]])].id}
-    return {fault.target}
-
-
-def normalize(fabric: Fabric, target: str) -> str:
-    """Map a directed hop name ``a->b`` to its link id; other targets unchanged."""
-    if "->" in target:
-        a, b = target.split("->", 1)
-        lk = fabric.link_between.get((a, b), fabric.link_between.get((b, a)))
-        if lk is not None:
-            return fabric.links[lk].id
-    return target
 
 
 _ERR_EDGES = np.concatenate([[0.0], np.logspace(0, 6, 241)])  # ns, 40 bins per decade
@@ -129,45 +121,6 @@ class ClockError:
         }
 
 
-@dataclass
-class Score:
-    """Alerts of one estimator: (time s, normalized target, kind or None) triples.
-
-    A qpmesh alert on a faulty target with a cause that fault cannot show as
-    (`testbed.scoring.CAUSES`) is a false alert; voting alerts carry no kind.
-    """
-
-    alerts: list[tuple[float, str, str | None]] = field(default_factory=list)
-
-    def evaluate(self, fabric: Fabric, faults: Sequence[Fault]) -> dict[str, object]:
-        found = [False] * len(faults)
-        first: list[float | None] = [None] * len(faults)
-        tp_targets, fp_targets, false_alerts, wrong_cause = set(), set(), 0, 0
-        for t, tgt, kind in self.alerts:
-            hit = False
-            for i, f in enumerate(faults):
-                if tgt in accepted_targets(fabric, f) and f.start_s <= t <= f.end_s + GRACE_S:
-                    if not cause_ok(f.kind, kind):
-                        wrong_cause += 1
-                        continue
-                    hit = True
-                    found[i] = True
-                    first[i] = t if first[i] is None else min(first[i] or t, t)
-            if hit:
-                tp_targets.add((tgt, kind))
-            else:
-                fp_targets.add((tgt, kind))
-                false_alerts += 1
-        return {
-            **prf(found, tp_targets, fp_targets),
-            "false_alerts": false_alerts,
-            "wrong_cause_alerts": wrong_cause,
-            "alerts": len(self.alerts),
-            "_found": found,
-            "_first": first,
-        }
-
-
 def run_once(
     fabric: Fabric,
     faults: Sequence[Fault],
@@ -179,18 +132,21 @@ def run_once(
     timestamps: str = "hw",
     pipeline: str = "truth-clocks",
     model: ModelKnobs | None = None,
+    brain_config: BrainConfig | None = None,
 ) -> dict[str, object]:
     """Simulate ``duration_s`` with ``faults``; return the scores of both estimators.
 
     ``pipeline``: "ingest" runs the controller's real ingest + clock sync
     (`controller.live.LiveController`, holding the paths the probers discovered:
     `Simulator.discovered_paths`) and feeds its observations to both estimators;
-    "truth-clocks" removes the simulator's true clock offsets instead.
+    "truth-clocks" removes the simulator's true clock offsets instead. ``brain_config``:
+    the brain's thresholds (default `BrainConfig` with ``lateness_ns`` 0: each step is
+    delivered complete).
     """
     knobs = ModelKnobs() if model is None else model
     cfg = SimConfig(load=load, seed=seed, timestamps=timestamps, model=knobs)
     sim = Simulator(fabric, cfg, faults)
-    brain = Brain(fabric, BrainConfig(lateness_ns=0))  # each step is delivered complete
+    brain = Brain(fabric, brain_config or BrainConfig(lateness_ns=0))
     voter = VotingBaseline(fabric)
     live = None
     epoch = 0
@@ -209,9 +165,10 @@ def run_once(
         live.learn_paths(src, dst, sport, fwd, rev)
     hosts = {h.id for h in fabric.hosts}
     alive, gpu_bad = set(hosts), set[str]()
-    ours, theirs = Score(), Score()
-    reroute = [0, 0]  # alerts on links that faulted links' flows were re-hashed onto: ours, voting
-    rerouted = reroute_targets(fabric, faults, sim.real and knobs.redistribute)
+    ours: list[Alert] = []
+    theirs: list[Alert] = []
+    truth = CongestionTruth(fabric.n_hops)
+    raised: dict[str, int] = {}  # target -> index in ``ours`` of its standing alert
     blamed_first: dict[str, float] = {}
     n_probes = 0
     t_brain = 0.0
@@ -237,6 +194,8 @@ def run_once(
             voter.observe(obs)
             events = brain.tick(now)
         else:
+            if st.discovered is not None:  # the probers' traces of this step (path discovery)
+                live.learn_paths(*st.discovered)
             live.admit(st.batch, now)
             events = live.tick(now)
             if len(seen) == 1 and len(seen[0]) == len(st.batch):  # rows in batch order
@@ -244,30 +203,29 @@ def run_once(
                 clock_err.add(st.t1_s, seen[0].owd_rev_ns, st.true_rev_ns)
             seen.clear()
         t_brain += time.perf_counter() - c0
-        moved_onto = rerouted(st.t1_s)  # once per step, not per alert
+        truth.add(st.t0_s, st.t1_s, st.hop_queue_ns)
         for ev in events:
-            if ev.kind == "clear":
-                continue
-            tgt = normalize(fabric, ev.target)
-            if ev.kind == "contention" and ev.related in moved_onto.get(tgt, ()):
-                reroute[0] += 1
-            else:
-                ours.alerts.append((st.t1_s, tgt, ev.kind))
-        for lk in voter.tick(now):
-            if moved_onto.get(lk):
-                reroute[1] += 1
-            else:
-                theirs.alerts.append((st.t1_s, lk, None))
+            if ev.kind != "clear":
+                raised[ev.target] = len(ours)
+                ours.append(Alert.of_event(st.t1_s, ev))
+            elif ev.target in raised:
+                i = raised.pop(ev.target)
+                ours[i] = dataclasses.replace(ours[i], until_s=st.t1_s)
+        theirs += [Alert(st.t1_s, lk) for lk in voter.tick(now)]
         for ev in events:  # host findings come from presence / NVML: give them to both
             if ev.kind in ("prober_down", "gpu_fault"):
-                theirs.alerts.append((st.t1_s, ev.target, ev.kind))
+                theirs.append(Alert(st.t1_s, ev.target, ev.kind))
         _track_blamed(brain, fabric, faults, st.t1_s, blamed_first)
-    bursts = sim.loss_bursts(0.0, duration_s)
-    ours.alerts, ours_burst = _split_burst_alerts(fabric, ours.alerts, bursts)
-    theirs.alerts, theirs_burst = _split_burst_alerts(fabric, theirs.alerts, bursts)
-    ours_s, theirs_s = ours.evaluate(fabric, faults), theirs.evaluate(fabric, faults)
-    ours_s["burst_alerts"], theirs_s["burst_alerts"] = ours_burst, theirs_burst
-    ours_s["reroute_alerts"], theirs_s["reroute_alerts"] = reroute
+    truth.close()
+    scorer = Scorer(
+        fabric,
+        faults,
+        truth,
+        sim.loss_bursts(0.0, duration_s),
+        reroute_targets(fabric, faults, sim.real and knobs.redistribute),
+        warmup_s=min(5.0, duration_s * 0.2),  # random faults start no earlier either
+    )
+    ours_s, theirs_s = scorer.evaluate(ours), scorer.evaluate(theirs)
     fault_rows = []
     for i, f in enumerate(faults):
         first = ours_s["_first"][i]  # type: ignore[index]
@@ -286,78 +244,29 @@ def run_once(
                 "found_by_voting": bool(theirs_s["_found"][i]),  # type: ignore[index]
             }
         )
+    missed, false = ours_s["_missed"], ours_s["_false"]
     for s in (ours_s, theirs_s):
-        s.pop("_found")
-        s.pop("_first")
+        for k in ("_found", "_first", "_missed", "_false"):
+            s.pop(k)
     aliases = alias_groups(len(fabric.links), sim.probed_paths())
     return {
         "estimators": {"qpmesh": ours_s, "voting_baseline": theirs_s},
         "faults": fault_rows,
         "unidentifiable": [[fabric.links[i].id for i in g] for g in aliases],
         "false_alerts": ours_s["false_alerts"],
+        "false": [
+            {"t_s": round(a.t_s, 3), "target": a.target, "kind": a.kind}
+            for a in false[:20]  # type: ignore[index]
+        ],
+        "congestion_missed": [
+            {"hop": fabric.hop_name(h), "start_s": round(a, 2), "end_s": round(b, 2)}
+            for h, a, b in missed[:20]  # type: ignore[index]
+        ],
         "clock": clock_err.to_dict() if live is not None else None,
         "probes": n_probes,
         "pipeline_probes_per_s": round(n_probes / t_brain) if t_brain else None,
-        "alerts": [
-            {"t_s": round(t, 3), "target": tgt, "kind": kind} for t, tgt, kind in ours.alerts[:50]
-        ],
+        "alerts": [{"t_s": round(a.t_s, 3), "target": a.target, "kind": a.kind} for a in ours[:50]],
     }
-
-
-def reroute_targets(
-    fabric: Fabric, faults: Sequence[Fault], redistributes: bool
-) -> Callable[[float], dict[str, tuple[str, ...]]]:
-    """Return a function of time s: per link id, the faulted links whose flows ECMP re-hashed
-    onto it then (the siblings, `Fabric.sibling_links`, of a flapping or down link, from its
-    fault's start to ``GRACE_S`` after its end); empty if the model does not move load.
-
-    The realistic model moves a down link's utilisation onto its siblings, so their queues
-    are real. A contention alert there that names the down link as what it follows from
-    (`EventDoc.related`) reports that, and is neither a hit nor false; so is a voting alert
-    on such a sibling, which names no cause (the same allowance for both)."""
-    spans = [
-        (f.start_s, f.end_s + GRACE_S, fabric.link_index[f.target])
-        for f in faults
-        if redistributes
-        and f.kind in (FaultKind.FLAP, FaultKind.LINK_DOWN)
-        and f.target in fabric.link_index
-    ]
-
-    def at(t_s: float) -> dict[str, tuple[str, ...]]:
-        out: dict[str, tuple[str, ...]] = {}
-        for a, b, li in spans:
-            if a <= t_s <= b:
-                for s in fabric.sibling_links[li]:
-                    sid = fabric.links[s].id
-                    out[sid] = (*out.get(sid, ()), fabric.links[li].id)
-        return out
-
-    return at
-
-
-def _split_burst_alerts(
-    fabric: Fabric,
-    alerts: list[tuple[float, str, str | None]],
-    bursts: list[tuple[int, float, float]],
-) -> tuple[list[tuple[float, str, str | None]], int]:
-    """Return (alerts that are not about a background loss burst, count of those that are).
-
-    A loss burst of the realistic model (`testbed.sim.loss_model`) is a real, if short, loss on
-    its link: an alert of kind loss / flap / down (or, for voting, any) naming that link from
-    the burst's start to ``GRACE_S`` after its end reports it and is neither a hit nor false.
-    """
-    if not bursts:
-        return alerts, 0
-    kept, n = [], 0
-    for a in alerts:
-        t, tgt, kind = a
-        if kind in (None, "loss", "link_flap", "link_down") and any(
-            fabric.links[li].id == tgt and b0 <= t <= b1 + GRACE_S for li, b0, b1 in bursts
-        ):
-            n += 1
-        else:
-            kept.append(a)
-    return kept, n
 
 
 def _track_blamed(
@@ -401,7 +310,23 @@ def three_tier_shape(nics: int, pods: int, superspines: int) -> FabricShape:
     )  # fmt: skip
 
 
-_ALERT_COUNTS = ("false_alerts", "wrong_cause_alerts", "burst_alerts", "reroute_alerts")
+_ALERT_COUNTS = (
+    "false_alerts",
+    "false_fault_alerts",
+    "false_congestion_alerts",
+    "wrong_cause_alerts",
+    "wrong_direction_alerts",
+    "congestion_loss_alerts",
+    "near_congestion_alerts",
+    "burst_alerts",
+    "reroute_alerts",
+    "congestion_episodes",
+    "congestion_found",
+)
+_RATES = ("congestion_recall_from_start",)
+_SCORES = tuple(
+    f"{p}{m}" for p in ("", "congestion_", "overall_") for m in ("precision", "recall", "f1")
+)
 
 
 def _median(xs: list[float]) -> float:
@@ -446,6 +371,8 @@ def _localize(args: argparse.Namespace) -> int:
                     congest_magnitude=args.queue_us,
                     loss_percent=args.loss_percent,
                     flap_down_s=args.flap_down_ms / 1e3,
+                    gray_percent=args.gray_percent,
+                    optic_percent=args.optic_percent,
                 )
                 load = 0.4 if args.load is None else args.load
             r = run_once(
@@ -477,23 +404,21 @@ def _localize(args: argparse.Namespace) -> int:
             "loss_percent": args.loss_percent,
             "queue_us": args.queue_us,
             "flap_down_ms": args.flap_down_ms,
+            "gray_percent": args.gray_percent,
+            "optic_percent": args.optic_percent,
         },
     }
     est: dict[str, dict[str, float]] = {}
     for name in ("qpmesh", "voting_baseline"):
         per = {
             m: [float(r["estimators"][name][m]) for r in runs]  # type: ignore[index]
-            for m in ("precision", "recall", "f1", *_ALERT_COUNTS)
+            for m in (*_SCORES, *_RATES, *_ALERT_COUNTS)
         }
         # medians over seeds under the plain names (the shape `testbed run` shares); means of
         # the scores and sums of the alert counts beside them, named so
         est[name] = {m: _median(v) for m, v in per.items()}
         est[name].update(
-            {
-                f"{m}_mean": round(statistics.fmean(per[m]), 4)
-                for m in ("precision", "recall", "f1")
-                if per[m]
-            }
+            {f"{m}_mean": round(statistics.fmean(per[m]), 4) for m in (*_SCORES, *_RATES) if per[m]}
         )
         est[name].update({f"{m}_total": sum(per[m]) for m in _ALERT_COUNTS})
     out["estimators"] = est
@@ -503,6 +428,7 @@ def _localize(args: argparse.Namespace) -> int:
     out["false_alerts"] = sum(int(r["false_alerts"]) for r in runs)  # type: ignore[call-overload]
     lat = [f["latency_s"] for f in out["faults"] if f["latency_s"] is not None]  # type: ignore[attr-defined, index]
     out["median_latency_s"] = _median(lat)
+    out["mean_latency_s"] = round(statistics.fmean(lat), 4) if lat else None
     out["pipeline_probes_per_s_median"] = _median(
         [float(r["pipeline_probes_per_s"] or 0) for r in runs]  # type: ignore[arg-type]
     )
@@ -516,6 +442,8 @@ def _localize(args: argparse.Namespace) -> int:
                 "estimators": r["estimators"],
                 "clock": r["clock"],
                 "alerts": r["alerts"][:10],  # type: ignore[index]
+                "congestion_missed": r["congestion_missed"][:10],  # type: ignore[index]
+                "false": r["false"][:10],  # type: ignore[index]
             }
             for r in runs
         ]
@@ -526,11 +454,16 @@ def _localize(args: argparse.Namespace) -> int:
 def _show(out: Mapping[str, Any]) -> None:
     for name, m in out["estimators"].items():
         print(
-            f"{name:16s} precision {m['precision']:.3f} recall {m['recall']:.3f} "
-            f"f1 {m['f1']:.3f} (medians over seeds) false alerts {m['false_alerts_total']:g} "
-            "(all seeds)"
+            f"{name:16s} faults P {m['precision']:.3f} R {m['recall']:.3f} "
+            f"(means {m['precision_mean']:.3f} / {m['recall_mean']:.3f}); congestion P "
+            f"{m['congestion_precision']:.3f} R {m['congestion_recall']:.3f} (means "
+            f"{m['congestion_precision_mean']:.3f} / {m['congestion_recall_mean']:.3f}); "
+            f"false alerts {m['false_alerts_total']:g} (all seeds)"
         )
-    print(f"median localization latency {out['median_latency_s']} s, wall {out['wall_s']} s")
+    print(
+        f"localization latency median {out['median_latency_s']} s, mean "
+        f"{out['mean_latency_s']} s, wall {out['wall_s']} s"
+    )
 
 
 def _number(text: str) -> float:
@@ -624,6 +557,18 @@ def register_localize(ssub: argparse._SubParsersAction[argparse.ArgumentParser])
         type=_positive,
         default=1000.0,
         help="random flaps go down this long, ms, every 2 s up (default %(default)s)",
+    )
+    p.add_argument(
+        "--gray-percent",
+        type=_percent,
+        default=5.0,
+        help="random gray faults drop this percent of the link's 5-tuples (default %(default)s)",
+    )
+    p.add_argument(
+        "--optic-percent",
+        type=_percent,
+        default=0.5,
+        help="random optic faults lose this percent on average, in bursts (default %(default)s)",
     )
     add_model_options(p)
     p.set_defaults(func=_localize)

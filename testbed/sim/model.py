@@ -6,7 +6,7 @@
 lines, identical kernel-stamp delays on every host, independent queues for the two probes of a
 coded pair, no loss, the controller knowing the switches' ECMP hash). Pure data: the effect
 generators live in `testbed.sim.load_model`, `asymmetry`, `clock_model`, `stamp_model`,
-`loss_model` and `ecmp_model`.
+`loss_model`, `ecmp_model` and `reroute_model`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,15 @@ class ModelKnobs:
     burst_loss: float = 0.3  # per-traversal loss inside a burst
     # ECMP the controller does not know (ecmp_model)
     ecmp_mismatch: float = 0.25  # flows whose real hash differs from the controller's model
-    discovered: float = 0.8  # of those, fraction whose path the controller discovered
+    discovered: float = 0.8  # of those, fraction whose path the controller knows at the start
+    # paths that move (reroute_model)
+    rehash: bool = True  # flows of a down switch link re-hash onto its siblings
+    reroute_local_ms: float = 10.0  # the switch below the link drops it from its ECMP group
+    reroute_remote_ms: float = 300.0  # every switch has routed around it
+    traces_per_s: float = 5.0  # path discovery per host (prober paths.traces_per_s); 0: none
+    # optic faults (fault_model): Gilbert-Elliott bursts
+    optic_duty: float = 0.05  # share of the time a marginal optic is in a bad period
+    optic_burst_ms: float = 2.0  # mean bad period
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -77,6 +85,7 @@ class ModelKnobs:
             "burst_loss",
             "ecmp_mismatch",
             "discovered",
+            "optic_duty",
         ):
             if getattr(self, name) > 1:
                 raise ModelError(f"model knob {name} must be in [0, 1], got {getattr(self, name)}")
@@ -84,6 +93,10 @@ class ModelKnobs:
             raise ModelError(f"overflow_rho must be in (0, 1), got {self.overflow_rho}")
         if self.hotspot_period_s <= 0:
             raise ModelError("hotspot_period_s must be > 0")
+        if not 0 < self.optic_duty <= 1 or self.optic_burst_ms <= 0:
+            raise ModelError("optic_duty must be in (0, 1] and optic_burst_ms > 0")
+        if self.reroute_local_ms > self.reroute_remote_ms:
+            raise ModelError("reroute_local_ms must be <= reroute_remote_ms")
         for name in ("cable_m", "sw_outlier_us"):
             lo, hi = getattr(self, name)
             if lo > hi:
@@ -110,6 +123,8 @@ class ModelKnobs:
             background_loss=0.0,
             burst_per_link_h=0.0,
             ecmp_mismatch=0.0,
+            rehash=False,
+            traces_per_s=0.0,
         )
 
     def with_overrides(self, pairs: list[str]) -> ModelKnobs:

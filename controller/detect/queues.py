@@ -1,0 +1,250 @@
+"""Per-hop queueing from one-way delays: additive tomography on medians.
+
+Queueing adds along a path: a probe's queueing delay (its one-way delay over its path's
+propagation baseline, `controller.detect.delay`) is the sum of the waits at the hops it
+crossed. On a busy fabric every hop queues a little, so a path's delay is over any fixed
+threshold although no hop is contended, and a threshold relative to the batch (median + k
+MAD, the slow tier's) rises with the load until a hot hop's queue hides under it. This module
+estimates the *typical* wait of every directed hop instead, ``q[h]``, the value that makes
+``excess[m] ~ sum(q[h] for h in path(m))`` in the least-absolute-deviation sense:
+
+- block coordinate descent over *hop classes* (the tier of the hop's lower end and its
+  direction: NIC up, leaf down to a NIC, leaf up, spine down to a leaf, ...). A path crosses
+  each class at most once, so the hops of one class share no measurement and are solved
+  together exactly: for each hop of the class, ``q[h] = max(0, median over its measurements
+  of (excess[m] - sum of the other hops' q))``;
+- per-hop medians from a histogram of those residuals (``bin_ns`` wide up to 10 µs, 5 %
+  wider each beyond; one ``np.bincount`` per class: no sort), interpolated inside the
+  median's bin;
+- ``sweeps`` passes over the classes, started from the previous window's estimate.
+
+A median, not a mean: incast bursts and rare long waits hit a minority of a hop's probes and
+do not move it; a standing queue does. A hop with at least ``min_samples`` measurements is
+*contended* when its estimate, less ``z`` standard errors of its median (from the spread of
+its residuals and its count: a hop of a small fabric has tens of measurements a window), is
+over its class's threshold (below), which is robust to what every hop of a class carries
+alike (software-stamp jitter on the NIC hops, a clock error common to all): it uses the
+class median and the MAD of the hops at or under it (contention only adds).
+
+What one-way delays cannot place: every path crosses one hop of class ``2t`` (up from tier
+t) exactly when it crosses one of class ``2t + 1`` (down to tier t), so adding a constant to
+every hop of one and taking it from every hop of the other explains the same delays. A queue
+common to a whole tier is therefore read as shared half and half between the two directions
+(the threshold is placed on that gauge: ``class median + max(contention_ns - level, noise_k x
+MAD, contention_ns / 2)``, ``level`` the mean of the two classes' medians); a link's two
+directions together are gauge-free and measured (`controller.detect.congestion`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from mesh.fabric import Fabric, NodeKind
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+_TIER = {NodeKind.LEAF: 1, NodeKind.SPINE: 2, NodeKind.SUPERSPINE: 3}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueParams:
+    """See the module docstring. Residuals are binned ``bin_ns`` wide from ``lo_ns`` to
+    ``fine_ns``, then in bins 5 % wider each up to ``hi_ns`` (values outside fall in the end
+    bins). ``z``: standard errors of a hop's median by which it must clear the threshold.
+    ``windows``: detection windows whose delays one estimate reads at most (the brain's: the
+    window judged, and the one before it while it holds fewer than ``enough`` delays: a
+    small fabric's hops get tens of delays a window, and two windows halve the sampling
+    noise of their medians at the price of 100 ms more to see a queue end). ``warmup_ns``:
+    for this long after the first judged delays the brain reports no contention from the
+    estimate and treats every link's queue as unknown (`controller.brain.Brain._warming`)."""
+
+    contention_ns: float = 1500.0
+    noise_k: float = 2.0
+    z: float = 2.0
+    min_samples: int = 8
+    sweeps: int = 2
+    bin_ns: float = 100.0
+    lo_ns: float = -1000.0
+    fine_ns: float = 10_000.0
+    hi_ns: float = 1_000_000.0
+    windows: int = 2
+    enough: int = 150_000
+    warmup_ns: int = 3_000_000_000
+
+    def __post_init__(self) -> None:
+        if self.bin_ns <= 0 or not self.lo_ns < self.fine_ns < self.hi_ns:
+            raise ValueError("bin_ns must be > 0 and lo_ns < fine_ns < hi_ns")
+        if self.sweeps < 1 or self.windows < 1 or self.z < 0:
+            raise ValueError("sweeps and windows must be >= 1, z >= 0")
+
+    def edges(self) -> F64:
+        """Return the histogram's bin edges (ns): ``bin_ns`` wide up to ``fine_ns``, then 5 %
+        wider each (`bin_of` numbers them)."""
+        n_fine = int(np.ceil((self.fine_ns - self.lo_ns) / self.bin_ns))
+        fine = self.lo_ns + self.bin_ns * np.arange(n_fine)
+        n = int(np.ceil(np.log(self.hi_ns / self.fine_ns) / np.log(1.05)))
+        return np.concatenate([fine, self.fine_ns * 1.05 ** np.arange(n + 1)])
+
+    def bin_of(self, r: F64) -> I64:
+        """Return the bin of each value in `edges` (by arithmetic, not a search; values
+        outside fall in the end bins)."""
+        n_fine = int(np.ceil((self.fine_ns - self.lo_ns) / self.bin_ns))
+        n_geo = int(np.ceil(np.log(self.hi_ns / self.fine_ns) / np.log(1.05)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            geo = n_fine + np.floor(
+                np.log(np.maximum(r, self.fine_ns) / self.fine_ns) / np.log(1.05)
+            )
+        b = np.where(r < self.fine_ns, np.floor((r - self.lo_ns) / self.bin_ns), geo)
+        return np.clip(b, 0, n_fine + n_geo - 1).astype(np.int64)
+
+
+def hop_classes(fabric: Fabric) -> npt.NDArray[np.int8]:
+    """Return per directed hop its class: 2 x the tier of the link's lower end (NIC 0, leaf
+    1, spine 2, super-spine 3) + 1 if the hop goes down. A path crosses a class at most once."""
+    kind = {n.id: n.kind for n in fabric.nodes}
+    out = np.zeros(fabric.n_hops, dtype=np.int8)
+    for lk in fabric.links:
+        tier = _TIER.get(kind.get(lk.lower, NodeKind.HOST), 0)
+        out[2 * lk.index] = 2 * tier
+        out[2 * lk.index + 1] = 2 * tier + 1
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class QueueEstimate:
+    """Per directed hop: typical queueing ``queue_ns`` (NaN where fewer than ``min_samples``
+    measurements crossed it), ``samples``, the standard error of that median ``stderr_ns``
+    and the contention ``threshold_ns`` of its class; ``z`` (`QueueParams.z`)."""
+
+    queue_ns: F64
+    samples: I64
+    stderr_ns: F64
+    threshold_ns: F64
+    z: float = 2.0
+
+    def contended(self) -> I64:
+        """Return the hops whose estimate is over their class's threshold by ``z`` standard
+        errors."""
+        with np.errstate(invalid="ignore"):
+            over = self.queue_ns - self.z * self.stderr_ns > self.threshold_ns
+        return np.flatnonzero(over).astype(np.int64)
+
+
+def _group_quantiles(
+    g: I64, r: F64, n_groups: int, p: QueueParams, edges: F64, qs: tuple[float, ...]
+) -> F64:
+    """Return per group (0..n_groups-1) the quantiles ``qs`` of ``r`` read from a histogram
+    over ``edges`` (`QueueParams.edges`; linear inside a bin), shape (n_groups, len(qs)); NaN
+    rows: empty."""
+    nb = len(edges) - 1
+    b = p.bin_of(r)
+    counts = np.bincount(g * nb + b, minlength=n_groups * nb).reshape(n_groups, nb)
+    cum = np.cumsum(counts, axis=1)
+    n = cum[:, -1]
+    rows = np.arange(n_groups)
+    out = np.full((n_groups, len(qs)), np.nan)
+    for j, q in enumerate(qs):
+        want = n * q
+        k = np.argmax(cum >= want[:, None], axis=1)
+        below = np.where(k > 0, cum[rows, np.maximum(k - 1, 0)], 0)
+        frac = np.clip((want - below) / np.maximum(counts[rows, k], 1), 0.0, 1.0)
+        val = edges[k] + frac * (edges[k + 1] - edges[k])
+        out[:, j] = np.where(n > 0, val, np.nan)
+    return out
+
+
+def class_table(hops: I32, hop_class: npt.NDArray[np.int8]) -> I32:
+    """Return per path (rows of ``hops``: directed hop ids, -1 padded) its hop of each class,
+    shape (paths, classes), -1 where it crosses none (a path crosses a class at most once)."""
+    n_cls = int(hop_class.max()) + 1 if len(hop_class) else 0
+    out = np.full((len(hops), n_cls), -1, np.int32)
+    valid = hops >= 0
+    rows, cols = np.nonzero(valid)
+    hop = hops[rows, cols]
+    out[rows, hop_class[hop]] = hop
+    return out
+
+
+def estimate_queues(
+    path: I64,
+    excess: F64,
+    classes: I32,
+    hop_class: npt.NDArray[np.int8],
+    params: QueueParams,
+    warm: F64 | None = None,
+    aliases: Sequence[tuple[int, ...]] = (),
+) -> QueueEstimate:
+    """Return the per-hop queueing that explains ``excess`` (one-way delay over the path's
+    baseline, ns, finite) of measurements on paths ``path`` (numbers into ``classes``, each
+    path's hop per class: `class_table`); ``hop_class`` per hop (`hop_classes`); ``warm``: a
+    previous estimate to start from (NaN = 0); ``aliases``: groups of hops every path crosses
+    together (`controller.detect.paths.alias_groups` with ``directed``), whose queues no
+    delay splits: each group's total is put on its first hop, as the slow tier's cover picks
+    the lowest index among equals."""
+    n_hops = len(hop_class)
+    edges = params.edges()
+    q = np.zeros(n_hops) if warm is None else np.nan_to_num(np.maximum(warm, 0.0), nan=0.0)
+    q = q.copy()
+    iqr = np.full(n_hops, np.nan)
+    thr = np.full(n_hops, params.contention_ns)
+    samples = np.zeros(n_hops, np.int64)
+    if not len(excess):
+        return QueueEstimate(np.full(n_hops, np.nan), samples, iqr, thr, params.z)
+    # per class: the measurements crossing it, the hop of that class each crossed and its
+    # number among the class's hops (the class's histogram row)
+    plan = []
+    s = np.zeros(len(excess))
+    for c in range(classes.shape[1]):
+        hop_all = classes[:, c][path]
+        on = np.flatnonzero(hop_all >= 0)
+        if not len(on):
+            continue
+        hop = hop_all[on].astype(np.int64)
+        members = np.flatnonzero(hop_class == c)
+        rank = np.zeros(n_hops, np.int64)
+        rank[members] = np.arange(len(members))
+        samples += np.bincount(hop, minlength=n_hops)
+        s[on] += q[hop]
+        plan.append((on, hop, rank[hop], members))
+    for sweep in range(params.sweeps):
+        last = sweep == params.sweeps - 1
+        for on, hop, g, members in plan:
+            r = excess[on] - s[on] + q[hop]
+            want = (0.5, 0.25, 0.75) if last else (0.5,)
+            qs = _group_quantiles(g, r, len(members), params, edges, want)
+            seen = np.isfinite(qs[:, 0])  # a class member no measurement crossed keeps its q
+            new = np.where(seen, np.maximum(np.nan_to_num(qs[:, 0], nan=0.0), 0.0), q[members])
+            s[on] += new[g] - q[hop]
+            q[members] = new
+            if last:
+                iqr[members] = qs[:, 2] - qs[:, 1]
+    for grp in aliases:
+        q[grp[0]] = q[list(grp)].sum()
+        q[list(grp[1:])] = 0.0
+    est = np.where(samples >= params.min_samples, q, np.nan)
+    # standard error of a median: 1.2533 sigma / sqrt(n), sigma from the residuals' IQR
+    stderr = 1.2533 * (iqr / 1.349) / np.sqrt(np.maximum(samples, 1))
+    med: dict[int, float] = {}
+    mad: dict[int, float] = {}
+    for c in (int(x) for x in np.unique(hop_class)):
+        v = est[(hop_class == c) & np.isfinite(est)]
+        if len(v) >= 4:
+            med[c] = float(np.median(v))
+            # the spread of the hops at or under the median: contention only adds, so the
+            # contended hops of a small fabric (3 of a leaf's 4 uplinks while the 4th is
+            # down) do not widen it
+            mad[c] = 1.4826 * float(np.median(med[c] - v[v <= med[c]]))
+    for c, m in med.items():
+        # a queue common to a class and its reverse (c ^ 1) is placed half on each: one-way
+        # delays cannot split it (the module docstring)
+        level = (m + med[c ^ 1]) / 2 if c ^ 1 in med else m
+        margin = max(
+            params.contention_ns - level, params.noise_k * mad[c], params.contention_ns / 2
+        )
+        thr[hop_class == c] = m + margin
+    return QueueEstimate(est, samples, stderr, thr, params.z)

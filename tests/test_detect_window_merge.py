@@ -1,0 +1,85 @@
+"""The evidence the queue estimate and the per-flow loss test read crosses the fleet seam
+exactly: a window's fine delays (path, queueing delay, flow) and per-flow counts, split over
+workers by host, exported (`DetectionWindow.export`) and absorbed into a window of another
+path numbering (`DetectionWindow.absorb`), equal those of one window holding every probe."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.detect.delay import DelayParams
+from controller.detect.paths import PathIndex
+from controller.detect.window import DetectionWindow
+from controller.observations import Observations
+from mesh.fabric import FabricShape, build_fabric
+from mesh.fabric.ecmp import routing_tables
+from testbed.sim.engine import SimConfig, Simulator
+from testbed.sim.localize_bench import observations_from_step
+
+FAB = build_fabric(FabricShape.for_nics(32, nics_per_leaf=8, spines=2))
+WIDTH = routing_tables(FAB).max_hops
+P = DelayParams()
+
+
+def _window(paths: PathIndex) -> DetectionWindow:
+    return DetectionWindow.empty(len(FAB.links), FAB.n_hops, len(FAB.nics), PathIndex(2 * WIDTH))
+
+
+def _fold(win: DetectionWindow, paths: PathIndex, obs: Observations) -> None:
+    win.fold(obs, paths, np.zeros(len(FAB.nics), bool), P)
+
+
+def _fine_rows(win: DetectionWindow, paths: PathIndex) -> list[tuple[int, float, int, int, int]]:
+    """Every fine delay as (path signature, queueing delay, src, dst, sport), sorted."""
+    pid, excess, flows = win.delay.fine_sets()
+    sig = paths.sigs[pid]
+    return sorted(
+        (int(s), float(e), *(int(x) for x in f)) for s, e, f in zip(sig, excess, flows, strict=True)
+    )
+
+
+def _flow_rows(
+    win: DetectionWindow, paths: PathIndex
+) -> list[tuple[int, int, int, int, int, int, int]]:
+    """Per flow (src, dst, sport, probes, lost, forward path signature, reply one)."""
+    c = win.flows.counts()
+    return [
+        (int(f[0]), int(f[1]), int(f[2]), int(n), int(k), int(paths.sigs[a]), int(paths.sigs[b]))
+        for f, n, k, a, b in zip(c.flow, c.probes, c.lost, c.fwd, c.rev, strict=True)
+    ]
+
+
+def _installed(base: PathIndex, order: npt.NDArray[np.int64]) -> PathIndex:
+    """A path numbering holding ``base``'s baselines, its paths numbered in ``order``."""
+    out = PathIndex(WIDTH)
+    out.install(base.sigs[order], base.hops[order], base.base[order])
+    return out
+
+
+def test_fine_delays_and_flow_counts_merge_exactly_across_workers() -> None:
+    sim = Simulator(FAB, SimConfig(seed=3, load=0.7))
+    steps = [observations_from_step(sim, st) for st in sim.run(0.6, 0.1)]
+    learn = PathIndex(WIDTH)  # the baselines the workers were handed by their solver
+    for obs in steps[:-1]:
+        w = _window(learn)
+        _fold(w, learn, obs)
+        w.delay.fold_baselines(learn, 0.1, P)
+    obs = steps[-1]
+    one_paths = _installed(learn, np.arange(learn.size))
+    one = _window(one_paths)
+    _fold(one, one_paths, obs)
+    host = FAB.nic_host_index[obs.src]
+    merged_paths = _installed(learn, np.arange(learn.size)[::-1])  # another numbering
+    merged = _window(merged_paths)
+    for k, order in enumerate((np.arange(learn.size)[::-1], np.roll(np.arange(learn.size), 7))):
+        worker_paths = _installed(learn, order)
+        w = _window(worker_paths)
+        _fold(w, worker_paths, obs.select(host % 2 == k))
+        merged.absorb(w.export(worker_paths), merged_paths)
+    fine = _fine_rows(one, one_paths)
+    flows = _flow_rows(one, one_paths)
+    assert len(fine) > 1000 and len(flows) > 500
+    assert sum(r[4] for r in flows) > 0  # some flows lost probes
+    assert _fine_rows(merged, merged_paths) == fine
+    assert _flow_rows(merged, merged_paths) == flows
