@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sync.batchfit import fit_pairs
-from sync.excess import direction_excess, node_midmean, split_excess
+from sync.excess import direction_excess, node_midmean, split_sides
 from sync.network import solve_network
 from sync.refine import refit_fixed_slope
 from sync.summary import Summary, fit_hulls
@@ -49,8 +49,9 @@ def sync_summary(
     fractions: they need every sample). ``rx_correction``: subtract from every NIC's offset
     half the queueing its best incoming samples still carry (`receive_excess`); with ``leaf``
     (per node its leaf switch's index, the fabric's ECMP group) the excesses are split into a
-    receive part per NIC and a send part per leaf and the NIC's offset loses half of their
-    difference instead (`split_excess`; estimator name ``...+rx+uplink``). Raises
+    receive part per NIC and a send part per NIC, its leaf's plus the share of its own that the
+    data show (CQE send stamps: the NIC's egress queue), and the NIC's offset loses half of
+    their difference instead (`split_sides`; estimator name ``...+rx+uplink``). Raises
     ValueError when a fraction needs more exchanges than ``cap`` kept (a cap from a too small
     ``max_exchanges``)."""
     m = len(s.edges)
@@ -110,8 +111,8 @@ def sync_summary(
     if leaf is None:
         rx, name = node_midmean(n_nodes, dst, val), "+rx"
     else:
-        recv, send = split_excess(n_nodes, src, dst, val, np.asarray(leaf, np.int64))
-        rx, name = recv - send[leaf], "+rx+uplink"
+        recv, send, _ = split_sides(n_nodes, src, dst, val, np.asarray(leaf, np.int64))
+        rx, name = recv - send, "+rx+uplink"
     off = np.where(out.known, out.offset_ns - 0.5 * np.nan_to_num(rx), np.nan)
     off -= np.nanmean(off) if out.known.any() else 0.0
     return dataclasses.replace(out, offset_ns=off, estimator=out.estimator + name)

@@ -328,3 +328,31 @@ def test_direction_excess_feeds_receive_excess_and_the_leaf_split_corrects_offse
     np.testing.assert_allclose(
         (up.offset_ns - rx.offset_ns)[k], (moved - moved[k].mean())[k], atol=1e-6
     )
+
+
+def test_split_sides_finds_the_senders_own_queue_only_where_the_data_show_one() -> None:
+    """With CQE send stamps each sender's own egress queue is in every delay out of it: the
+    per-NIC send part is signal (shrink near 1) and the correction ``recv - send`` follows the
+    truth; with send stamps at the wire it is noise around the leaf's (shrink below
+    ``SEND_SHRINK_MIN``) and the split is the leaf split's."""
+    rng = np.random.default_rng(5)
+    n, per_leaf, m = 64, 16, 4000
+    leaf = np.arange(n) // per_leaf
+    recv_true = rng.uniform(20.0, 200.0, n)
+    leaf_send = np.array([0.0, 80.0, 10.0, 150.0])
+    own = rng.uniform(0.0, 300.0, n)  # each NIC's own egress queue (CQE stamps)
+    src = rng.integers(0, n, m)
+    dst = (src + rng.integers(1, n, m)) % n
+    inter = leaf[src] != leaf[dst]
+    noise = rng.normal(0, 20.0, m)
+    wire = recv_true[dst] + np.where(inter, leaf_send[leaf[src]], 0.0) + noise
+    cqe = wire + own[src]
+    recv, send, shrink = excess.split_sides(n, src, dst, cqe, leaf)
+    assert shrink > 0.8
+    truth = recv_true - own - leaf_send[leaf]
+    corr = recv - send
+    assert np.std(corr - truth) < 0.1 * np.std(truth)
+    r_w, s_w, k_w = excess.split_sides(n, src, dst, wire, leaf)
+    r_l, s_l = split_excess(n, src, dst, wire, leaf)
+    assert k_w < excess.SEND_SHRINK_MIN
+    np.testing.assert_allclose(r_w - s_w, r_l - s_l[leaf])

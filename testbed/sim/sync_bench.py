@@ -47,7 +47,7 @@ from sync import anchor_tree, ntp_offsets, solve_network
 from sync.excess import queueing_bound, receive_luck
 from sync.summarysolve import sync_summary
 from sync.window import EdgeSamples, orient_samples, sync_window
-from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, SimStep, Simulator
+from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, STAMPS, SimConfig, SimStep, Simulator
 from testbed.sim.heap import release_free_heap
 from testbed.sim.model import ModelKnobs
 from testbed.sim.options import add_model_options, model_from_args
@@ -196,8 +196,8 @@ def run_sync_bench(
     simulated R - 1 more times with other per-probe luck (`Simulator.redraw_luck`) and the
     breakdown adds ``expected_split_p99_ns`` (`testbed.sim.sync_truth.breakdown`). Raises
     ValueError."""
-    if truth_breakdown and timestamps != "hw":
-        raise ValueError("--truth-breakdown needs --timestamps hw")
+    if truth_breakdown and timestamps == "sw":
+        raise ValueError("--truth-breakdown needs NIC stamps (--timestamps hw or cqe)")
     if windows < 1:
         raise ValueError("--windows must be >= 1")
     if luck_draws and (luck_draws < 2 or not truth_breakdown):
@@ -346,8 +346,8 @@ def _score_window(
             sim, window_s, 0.1, start_s=start_s, progress=progress, observe=observe
         )  # fmt: skip
 
-    quant = HW_TICK_NS if timestamps == "hw" else 0.0
-    if timestamps == "hw":  # streamed: the window is reduced step by step, never held
+    quant = HW_TICK_NS if timestamps != "sw" else 0.0
+    if timestamps != "sw":  # streamed: the window is reduced step by step, never held
         edges, per = window_edges(sim.pairs_src, sim.pairs_dst, n_nodes)
         if truth_breakdown:
             best = BestQueueing(edges, n_nodes)
@@ -462,7 +462,7 @@ def _score_window(
         "window_start_s": start_s,
         "rate_hz": rate_hz,
         "probes": n_probes,
-        "streamed": timestamps == "hw",
+        "streamed": timestamps != "sw",
         "summary_points": summary_points,
         "edges": n_edges,
         "edges_fitted": int(ok.sum()),
@@ -572,7 +572,12 @@ def register_sync(ssub: Any) -> None:
         help="background link utilisation 0..0.9 (default %(default)s)",
     )
     p.add_argument(
-        "--timestamps", choices=("hw", "sw"), default="hw", help="NIC (hw) or kernel (sw) stamps"
+        "--timestamps",
+        choices=STAMPS,
+        default="hw",
+        help="NIC stamps at the wire (hw: UDP, or RDMA with port timestamps), NIC stamps with "
+        "sends stamped at the TX completion (cqe: qpmesh's RDMA path, docs/simulator.md) or "
+        "kernel stamps (sw)",
     )
     p.add_argument("--seed", type=int, default=1, help="random seed (default %(default)s)")
     p.add_argument(
