@@ -104,7 +104,7 @@ def direction_ends(edges: I64, grp: NDArray[np.integer[Any]]) -> tuple[I64, I64]
 
 
 def direction_excess(
-    s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20
+    s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20, lost: I64 | None = None
 ) -> tuple[I64, I64, F64]:
     """Per edge direction with at least 3 usable samples: (sender, receiver, excess ns), the
     excess being how far the direction's best sample sits above its delay floor, read from the
@@ -120,12 +120,17 @@ def direction_excess(
     (it is aggregated per NIC, `receive_excess`, or per NIC and leaf, `split_excess`). The
     hull points are read in runs of whole groups of about ``block`` points (they are sorted
     by group), so the temporaries stay bounded; the result does not depend on ``block``.
-    Raises ValueError if ``k`` is below 3 or exceeds the stored layers."""
-    src, dst, val, _ = _readings(s, slope, k, block)
+    ``lost`` (per direction group): how many of its stored lowest values were left out as bad
+    stamps (`sync.badstamps.without_bad`); the stored layers then hold only its ``k - lost``
+    lowest genuine values for sure, and it reads no more. Raises ValueError if ``k`` is below
+    3 or exceeds the stored layers."""
+    src, dst, val, _ = _readings(s, slope, k, block, lost)
     return src, dst, val
 
 
-def _readings(s: Summary, slope: F64, k: int, block: int) -> tuple[I64, I64, F64, float]:
+def _readings(
+    s: Summary, slope: F64, k: int, block: int, lost: I64 | None = None
+) -> tuple[I64, I64, F64, float]:
     """`direction_excess` and the pooled ``beta`` it used (1 when no direction has ``k``
     samples). Raises ValueError as `direction_excess`."""
     if not 3 <= k <= RX_K:
@@ -146,6 +151,8 @@ def _readings(s: Summary, slope: F64, k: int, block: int) -> tuple[I64, I64, F64
         grp = g[first]
         near = np.maximum(s.n_all[grp] // RX_SAMPLES_PER_K, 3)  # the floor's neighbourhood
         kd = np.minimum(np.minimum(np.diff(np.r_[first, len(g)]), k), near)
+        if lost is not None:
+            kd = np.minimum(kd, k - lost[grp])
         ok = kd >= 3
         f, kd, grp = first[ok], kd[ok], grp[ok].astype(np.int64)
         parts.append((grp, kd, v[f + 1] - v[f], v[f + kd - 1] - v[f]))

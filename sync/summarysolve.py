@@ -7,15 +7,18 @@ samples from `sync.excess`). Pure: a summary in, a `WindowSync` out.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
+from sync.badstamps import without_bad
 from sync.batchfit import fit_pairs
 from sync.excess import direction_excess, node_midmean, split_sides
 from sync.network import solve_network
+from sync.pairfit import PairFits
 from sync.refine import refit_fixed_slope
-from sync.summary import Summary, fit_hulls
+from sync.summary import G32, Summary, fit_hulls
 from sync.window import (
     RTT_FRACTIONS,
     WindowSync,
@@ -29,6 +32,7 @@ from sync.window import (
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 LINE_FRACTION = 0.1  # lowest-RTT exchanges per edge the drift lines go through
+BAD_ROUNDS = 3  # rounds of leaving out bad stamps (each with the slopes the last one gave)
 
 
 def sync_summary(
@@ -43,6 +47,7 @@ def sync_summary(
     bias_bound: bool = True,
     rx_correction: bool = True,
     leaf: I64 | None = None,
+    drop_bad: bool = True,
 ) -> WindowSync:
     """`sync.window.sync_window` on a summary: pair fits on the hulls, two network solves,
     second stage with the envelope and the lowest-RTT candidates (no per-direction lowest
@@ -51,25 +56,32 @@ def sync_summary(
     (per node its leaf switch's index, the fabric's ECMP group) the excesses are split into a
     receive part per NIC and a send part per NIC, its leaf's plus the share of its own that the
     data show (CQE send stamps: the NIC's egress queue), and the NIC's offset loses half of
-    their difference instead (`split_sides`; estimator name ``...+rx+uplink``). Raises
+    their difference instead (`split_sides`; estimator name ``...+rx+uplink``). ``drop_bad``:
+    once the first stage has the pair slopes, leave out the samples and exchanges that gross
+    bad stamps put below their floor (`sync.badstamps.without_bad`) and start again on what is
+    left (nothing changes when there are none). Raises
     ValueError when a fraction needs more exchanges than ``cap`` kept (a cap from a too small
     ``max_exchanges``)."""
     m = len(s.edges)
-    g, t, d, cnt = fit_hulls(s, min_coded)
+    st = _first(n_nodes, s, quant_ns, min_samples, min_coded, ref)
+    if isinstance(st, WindowSync):
+        return st
+    lost, lost_x = np.zeros(2 * m, np.int64), np.zeros(m, np.int64)
+    e0, e1 = s.edges[:, 0], s.edges[:, 1]
+    for _ in range(BAD_ROUNDS if drop_bad else 0):
+        # samples bad stamps put below their floor, found with the slopes so far
+        s2, lost2, lost_x2 = without_bad(s, st.first.drift[e1] - st.first.drift[e0])
+        if s2 is s:
+            break
+        s, lost, lost_x = s2, lost + lost2, lost_x + lost_x2
+        st = _first(n_nodes, s, quant_ns, min_samples, min_coded, ref)
+        if isinstance(st, WindowSync):
+            return st
+    g, t, d, fits, first, r, drift_from = st
     fwd, rev = g % 2 == 0, g % 2 == 1
     ge = g // 2
-    fits = fit_pairs(
-        m, ge[fwd], t[fwd], d[fwd], ge[rev], t[rev], d[rev],
-        min_samples=min_samples, quant_ns=quant_ns, counts=(cnt[0::2], cnt[1::2]),
-    )  # fmt: skip
-    if not fits.ok.any():
-        return empty_window(n_nodes, s.edges, fits)
-    first, r = first_stage(n_nodes, s.edges, fits, ref)
-    drift, drift_from = _node_drift(n_nodes, s, first, r)
-    if drift_from != "envelope":
-        first = dataclasses.replace(first, drift=drift)
     i, j = s.edges[:, 0], s.edges[:, 1]
-    slope = drift[j] - drift[i]
+    slope = first.drift[j] - first.drift[i]
     shift = first.offset_ns[i]
     usable = fits.ok & np.isfinite(slope) & np.isfinite(shift)
     if not usable.any():
@@ -82,7 +94,8 @@ def sync_summary(
     if rtt_fractions:
         n_x = np.bincount(s.x_edge, minlength=m)
         ks = [np.clip(np.rint(q * s.n_all[0::2]), 1, None).astype(np.int64) for q in rtt_fractions]
-        short = (n_x < s.n_all[0::2]) & (np.max(ks, axis=0) > n_x)
+        short = (n_x < s.n_all[0::2]) & (np.max(ks, axis=0) > n_x + lost_x)
+        ks = [np.where(lost_x > 0, np.clip(k, 1, np.maximum(n_x, 1)), k) for k in ks]
         if short.any():
             raise ValueError("cap too small for the lowest-RTT fractions on some edges")
         start = np.concatenate([[0], np.cumsum(n_x)[:-1]])
@@ -107,7 +120,7 @@ def sync_summary(
     out = dataclasses.replace(out, drift_from=drift_from)
     if not rx_correction:
         return out
-    src, dst, val = direction_excess(s, slope)
+    src, dst, val = direction_excess(s, slope, lost=lost)
     if leaf is None:
         rx, name = node_midmean(n_nodes, dst, val), "+rx"
     else:
@@ -116,6 +129,38 @@ def sync_summary(
     off = np.where(out.known, out.offset_ns - 0.5 * np.nan_to_num(rx), np.nan)
     off -= np.nanmean(off) if out.known.any() else 0.0
     return dataclasses.replace(out, offset_ns=off, estimator=out.estimator + name)
+
+
+class _FirstStage(NamedTuple):
+    g: G32
+    t: F64
+    d: F64
+    fits: PairFits
+    first: WindowSync
+    ref: int
+    drift_from: str
+
+
+def _first(
+    n_nodes: int, s: Summary, quant_ns: float, min_samples: int, min_coded: int, ref: int
+) -> _FirstStage | WindowSync:
+    """Pair fits on the hulls, the first network solves and the node drifts (the window
+    with every node unknown when no pair could be fitted)."""
+    m = len(s.edges)
+    g, t, d, cnt = fit_hulls(s, min_coded)
+    fwd, rev = g % 2 == 0, g % 2 == 1
+    ge = g // 2
+    fits = fit_pairs(
+        m, ge[fwd], t[fwd], d[fwd], ge[rev], t[rev], d[rev],
+        min_samples=min_samples, quant_ns=quant_ns, counts=(cnt[0::2], cnt[1::2]),
+    )  # fmt: skip
+    if not fits.ok.any():
+        return empty_window(n_nodes, s.edges, fits)
+    first, r = first_stage(n_nodes, s.edges, fits, ref)
+    drift, drift_from = _node_drift(n_nodes, s, first, r)
+    if drift_from != "envelope":
+        first = dataclasses.replace(first, drift=drift)
+    return _FirstStage(g, t, d, fits, first, r, drift_from)
 
 
 def lowrtt_lines(s: Summary, fraction: float = LINE_FRACTION) -> tuple[F64, F64]:
