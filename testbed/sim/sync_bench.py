@@ -25,7 +25,9 @@ the luck of its incoming directions' best samples, which no reading of the windo
 (`sync.excess.receive_luck`; docs/sync.md, "The limit of the reading").
 
 Errors are absolute offset errors in ns at the window's middle after removing the common
-offset (no sync can observe it): ``|est_k - mean(est) - (true_k - mean(true))|`` over NICs.
+offset (no sync can observe it), over the NICs the estimator reports known, centred on their
+median: ``|est_k - true_k - median(est - true)|`` (`testbed.clockerr`); ``unknown`` counts the
+NICs left out.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from sync import anchor_tree, ntp_offsets, solve_network
 from sync.excess import queueing_bound, receive_luck
 from sync.summarysolve import sync_summary
 from sync.window import EdgeSamples, orient_samples, sync_window
+from testbed.clockerr import error_figures
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, STAMPS, SimConfig, SimStep, Simulator
 from testbed.sim.heap import release_free_heap
 from testbed.sim.model import ModelKnobs
@@ -58,16 +61,9 @@ F64 = npt.NDArray[np.float64]
 
 
 def _errors(est: F64, known: npt.NDArray[np.bool_], truth: F64) -> dict[str, float]:
-    k = known & np.isfinite(est)
-    if not k.any():
-        return {"p50_ns": float("nan"), "p99_ns": float("nan"), "max_ns": float("nan"), "known": 0}
-    e = np.abs((est[k] - est[k].mean()) - (truth[k] - truth[k].mean()))
-    return {
-        "p50_ns": round(float(np.percentile(e, 50)), 2),
-        "p99_ns": round(float(np.percentile(e, 99)), 2),
-        "max_ns": round(float(e.max()), 2),
-        "known": int(k.sum()),
-    }
+    """Error figures of the NICs reported known, centred on their median; the unknown ones
+    counted apart (`testbed.clockerr.error_figures`)."""
+    return error_figures(est, truth, known)
 
 
 def _spread_of(v: F64) -> dict[str, float]:

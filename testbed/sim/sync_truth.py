@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from sync import solve_network
 from sync.excess import direction_ends, split_sides
+from testbed.clockerr import node_errors
 from testbed.sim.engine import SimStep, Simulator
 
 F64 = npt.NDArray[np.float64]
@@ -113,13 +114,6 @@ def _p99(x: F64) -> float:
     return round(float(np.percentile(x, 99)), 2) if x.size else float("nan")
 
 
-def _node_errors(est: F64, truth: F64) -> F64:
-    k = np.isfinite(est)
-    out = np.full(len(est), np.nan)
-    out[k] = np.abs((est[k] - est[k].mean()) - (truth[k] - truth[k].mean()))
-    return out
-
-
 def breakdown(
     n_nodes: int,
     edges: I64,
@@ -154,7 +148,7 @@ def breakdown(
     loop_scale = float(1.4826 * np.median(np.abs(res))) if res.size else float("nan")
 
     def corrected_p99(excess: F64) -> float:  # the raw offsets less half of a true excess
-        return _p99(_node_errors(raw_offset_ns - 0.5 * np.nan_to_num(excess), truth))
+        return _p99(node_errors(raw_offset_ns - 0.5 * np.nan_to_num(excess), truth))
 
     extra: dict[str, Any] = {}
     if split_true is not None:
@@ -166,7 +160,7 @@ def breakdown(
         "node_like_p99_ns": _p99(b),
         "loop_scale_ns": round(loop_scale, 2),
         "loop_p99_ns": _p99(np.abs(res)),
-        "uncorrected_p99_ns": _p99(_node_errors(raw_offset_ns, truth)),
+        "uncorrected_p99_ns": _p99(node_errors(raw_offset_ns, truth)),
         "rx_true_p99_ns": _p99(rx_true),
         "perfect_rx_p99_ns": corrected_p99(rx_true),
         **extra,
