@@ -18,6 +18,7 @@ from sync.excess import direction_excess, node_midmean, split_sides
 from sync.network import solve_network
 from sync.pairfit import PairFits
 from sync.refine import refit_fixed_slope
+from sync.steps import exchange_residuals, find_steps, without_nodes
 from sync.summary import G32, Summary, fit_hulls
 from sync.window import (
     RTT_FRACTIONS,
@@ -48,6 +49,7 @@ def sync_summary(
     rx_correction: bool = True,
     leaf: I64 | None = None,
     drop_bad: bool = True,
+    clock_steps: bool = True,
 ) -> WindowSync:
     """`sync.window.sync_window` on a summary: pair fits on the hulls, two network solves,
     second stage with the envelope and the lowest-RTT candidates (no per-direction lowest
@@ -59,7 +61,9 @@ def sync_summary(
     their difference instead (`split_sides`; estimator name ``...+rx+uplink``). ``drop_bad``:
     once the first stage has the pair slopes, leave out the samples and exchanges that gross
     bad stamps put below their floor (`sync.badstamps.without_bad`) and start again on what is
-    left (nothing changes when there are none). Raises
+    left (nothing changes when there are none). ``clock_steps``: a NIC whose clock stepped
+    inside the window (`sync.steps.find_steps`) is left out with its edges and reported
+    unknown (``stepped``, ``step_at_ns``); the others are solved again without it. Raises
     ValueError when a fraction needs more exchanges than ``cap`` kept (a cap from a too small
     ``max_exchanges``)."""
     m = len(s.edges)
@@ -118,6 +122,17 @@ def sync_summary(
         n_nodes, first, r, usable, slope * shift, cands, excess, names, env_floor, bias_bound
     )
     out = dataclasses.replace(out, drift_from=drift_from)
+    if clock_steps:  # a NIC whose clock stepped in the window fits no line: unknown
+        res = exchange_residuals(s.edges, s.x_edge, s.x_mid, s.x_off, out.offset_ns, out.drift)
+        jumps = find_steps(n_nodes, s.edges, s.x_edge, s.x_mid, res)
+        if len(jumps):
+            again = sync_summary(
+                n_nodes, without_nodes(s, jumps.nodes), quant_ns=quant_ns,
+                min_samples=min_samples, min_coded=min_coded, ref=ref,
+                rtt_fractions=rtt_fractions, bias_bound=bias_bound,
+                rx_correction=rx_correction, leaf=leaf, drop_bad=False, clock_steps=False,
+            )  # fmt: skip
+            return dataclasses.replace(again, stepped=jumps.nodes, step_at_ns=jumps.at_ns)
     if not rx_correction:
         return out
     src, dst, val = direction_excess(s, slope, lost=lost)
