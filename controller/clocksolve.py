@@ -23,11 +23,12 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
 
+from controller.clockfloors import edge_raises, node_bounds, split_raise
 from sync import ClockModels
 from sync.summary import Summary, reduce_chunk, rtt_cap
 from sync.summarysolve import sync_summary
@@ -82,6 +83,7 @@ class ClockSyncConfig:
     # judged against the slow tier's 4 us floor only: docs/controller.md "Clock trust")
     coarse_unc_ns: float = 2000.0
     min_span_ns: int = 1_000_000_000  # a solve over less data cannot see drift: not trusted
+    floor_epochs: int = 6  # windows a directed pair's round-trip floor is remembered over
 
     def __post_init__(self) -> None:
         if self.window_ns <= 0 or self.solve_every_ns <= 0 or self.capacity < 16:
@@ -96,6 +98,8 @@ class ClockSyncConfig:
             raise ValueError("max_unc_ns must be > 0 and min_span_ns >= 0")
         if not self.coarse_unc_ns >= self.max_unc_ns:
             raise ValueError("coarse_unc_ns must be >= max_unc_ns")
+        if self.floor_epochs < 1:
+            raise ValueError("floor_epochs must be >= 1")
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,6 +115,14 @@ class ClockState:
     span_ns: int = 0  # time covered by the solved samples (initiator clocks)
     end_ns: int = 0  # latest send stamp of the solved samples (initiator clocks)
     summary_points: int = 0  # size of the hw summary the solve read (0: sw driver)
+    # NICs whose clocks stepped inside the window (unknown) and when (initiator clocks, ns)
+    stepped: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    step_at_ns: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    # per NIC: the bound on its offset error from its paths' raised floors (in offset_std)
+    # and its share of the raised floors (NaN: no remembered floor)
+    bound_ns: F64 | None = None
+    queued_ns: F64 | None = None
+    moved_since: I64 | None = None  # the window's (`SampleWindow.moved_since`)
 
     @property
     def t_ref_ns(self) -> int:
@@ -131,6 +143,10 @@ class SampleWindow:
     t3: I64
     t4: I64
     sw: NDArray[np.bool_]
+    floor: F64 | None = None  # per row its directed pair's remembered round-trip floor
+    # per NIC since when its clock moved (-1: it did not), as the window left out its rows
+    # from before then (`controller.clocksync.ClockSync.window`)
+    moved_since: I64 | None = None
 
     def __len__(self) -> int:
         return len(self.src)
@@ -225,8 +241,11 @@ def compute_state(
     w: SampleWindow, n_nics: int, config: ClockSyncConfig, now_ns: int, leaf: I64 | None = None
 ) -> ClockState | None:
     """Pure solve of one window (`solve_window`, ``leaf`` as there) -> per-NIC `ClockModels`
-    at the middle of the window. Returns None when no pair could be fitted. Safe to run in a
-    worker thread."""
+    at the middle of the window. With the rows' remembered floors (``w.floor``) each NIC's
+    offset uncertainty includes the bound its paths' raised floors put on it
+    (`controller.clockfloors.node_bounds`): a NIC whose every path queues is no longer
+    certain. NICs whose clocks stepped inside the window come back unknown (``stepped``).
+    Returns None when no pair could be fitted. Safe to run in a worker thread."""
     if len(w) < 2:
         return None
     t_lo, t_hi = int(w.t1.min()), int(w.t1.max())
@@ -239,11 +258,22 @@ def compute_state(
     drift_std = drift_std_per_node(ws, n_nics)
     known = ws.known & np.isfinite(ws.offset_ns) & np.isfinite(ws.drift)
     nan = np.full(n_nics, np.nan)
+    bound = queued = None
+    std = np.maximum(ws.offset_std_ns, 0.0)
+    if w.floor is not None:  # the queueing the paths carry now, against their floors
+        rtt = ((w.t4 - w.t1) - (w.t3 - w.t2)).astype(np.float64)
+        e, raised = edge_raises(
+            n_nics, w.src.astype(np.int64), w.dst.astype(np.int64), rtt, w.floor, w.t1
+        )
+        if len(e):
+            bound = node_bounds(n_nics, e, 0.5 * raised)
+            queued = split_raise(n_nics, e, raised)
+            std = np.hypot(std, np.nan_to_num(bound, nan=0.0))
     models = ClockModels.build(
         t_ref,
         np.where(known, ws.offset_ns, nan),
         np.where(known, ws.drift, nan),
-        np.where(known, np.maximum(ws.offset_std_ns, 0.0), nan),
+        np.where(known, std, nan),
         np.where(known, drift_std, nan),
     )
     return ClockState(
@@ -256,6 +286,11 @@ def compute_state(
         span_ns=t_hi - t_lo,
         end_ns=t_hi,
         summary_points=points,
+        stepped=ws.stepped,
+        step_at_ns=np.rint(ws.step_at_ns).astype(np.int64) + t_ref,
+        bound_ns=bound,
+        queued_ns=queued,
+        moved_since=w.moved_since,
     )
 
 

@@ -33,7 +33,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from controller.clockfloors import FloorMemory
 from controller.clocksolve import ClockState, ClockSyncConfig, SampleWindow, compute_state
+from controller.clocksteps import clock_errors, moved
 from controller.ingest import Ingested
 from controller.windows import KeyIndex
 from sync import ClockModels
@@ -116,6 +118,16 @@ class ClockSync:
         self.drift_err = np.full(n_nics, np.inf)
         self.trust_ns = np.full(n_nics, -1.0)
         self.coarse_trust_ns = np.full(n_nics, -1.0)  # the same for coarse_unc
+        # memory across windows: each directed pair's round-trip floor
+        self.floors = FloorMemory(self.config.window_ns, self.config.floor_epochs)
+        # per NIC since when its clock is not to be trusted (NIC clock ns; -1: trusted): it
+        # moved against its model (`controller.clocksteps`) or stepped inside a solve's
+        # window; cleared by a solve of data after that instant only
+        self.stepped_at = np.full(n_nics, _NO_STEP, np.int64)
+        self.moves_seen = 0  # NICs found moved between solves
+        self._last_err = np.full(n_nics, np.nan)  # per NIC its error in the last batch
+        self._suspect = np.zeros(n_nics, bool)  # its error jumped in the last batch
+        self._suspect_since = np.full(n_nics, _NO_STEP, np.int64)
 
     # ---- samples -------------------------------------------------------------------------
     def add(self, ing: Ingested) -> int:
@@ -138,6 +150,18 @@ class ClockSync:
         dp = self._dpair_of(ing, first)
         t1f = np.take(ing.t1, first)
         t_hi = int(t1f.max())
+        # a pair with a round trip well under its directed pair's floor had a bad stamp: it
+        # would win its bin (the lowest round trip) and lose the bin's genuine best
+        floor = self.floors.floor(dp, settled=True)
+        with np.errstate(invalid="ignore"):
+            sane = ~(np.minimum(rtt[first], rtt[second]) < floor - BAD_RTT_NS)
+        self.floors.observe(
+            np.concatenate([dp, dp]), np.concatenate([rtt[first], rtt[second]]), t_hi
+        )
+        if not sane.all():
+            first, second, score, dp, t1f = (a[sane] for a in (first, second, score, dp, t1f))
+            if not len(first):
+                return 0
         self._t_max = t_hi if self._t_max is None else max(self._t_max, t_hi)
         if self._t0 is None:
             self._t0 = int(t1f.min())
@@ -292,9 +316,17 @@ class ClockSync:
             return None
         cols = {k: np.concatenate([c[k] for c in chunks]) for k in _COLS}
         keep = cols["t1"] >= horizon
+        moved = np.flatnonzero(self.stepped_at != _NO_STEP)
+        for k in moved:  # a moved clock: only what it stamped after the move
+            mine = (cols["src"] == k) | (cols["dst"] == k)
+            keep &= ~mine | (cols["t1"] >= self.stepped_at[k])
         if not keep.all():
             cols = {k: v[keep] for k, v in cols.items()}
-        return SampleWindow(**cols)
+        if not len(cols["src"]):
+            return None
+        key = cols["src"].astype(np.int64) * self.n_nics + cols["dst"]
+        floor = self.floors.floor(self._dpairs.lookup(key))
+        return SampleWindow(**cols, floor=floor, moved_since=self.stepped_at.copy())
 
     def install(self, state: ClockState | None, cost_ns: int | None = None) -> bool:
         """Adopt a computed clock state (None = the solve found nothing; an older solve than
@@ -312,6 +344,9 @@ class ClockSync:
         old = self.state
         if old is not None and state.solved_at_ns < old.solved_at_ns:
             return False
+        self._note_steps(state)
+        self._last_err = np.full(self.n_nics, np.nan)  # the new models' errors are new
+        self._suspect[:] = False
         self.miss_ns, self.drift_err = solve_miss(old, state)
         if state.span_ns < self.config.min_span_ns:
             self.drift_err = np.full(self.n_nics, np.inf)  # one instant: drift unobservable
@@ -322,10 +357,29 @@ class ClockSync:
                      trust_horizon(state.models, self.drift_err, unc), -1.0)
             for unc in (self.config.max_unc_ns, self.config.coarse_unc_ns)
         )  # fmt: skip
+        moved = self.stepped_at != _NO_STEP
+        self.trust_ns[moved] = -1.0
+        self.coarse_trust_ns[moved] = -1.0
         self.state = state
         self.solves += 1
         self.last_solve_samples = state.n_samples
         return True
+
+    def _note_steps(self, state: ClockState) -> None:
+        """Adopt the steps a solve found inside its window, and clear the NICs it solved from
+        data after their move only (the window left out their rows from before it, and at
+        least ``min_span_ns`` of data came after it)."""
+        if len(state.stepped):
+            at = np.maximum(self.stepped_at[state.stepped], state.step_at_ns)
+            self.stepped_at[state.stepped] = at
+        since = state.moved_since
+        if since is None:
+            return
+        marked = self.stepped_at != _NO_STEP
+        clear = marked & (since == self.stepped_at) & state.models.known
+        clear &= state.end_ns - self.stepped_at >= self.config.min_span_ns
+        clear[state.stepped] = False
+        self.stepped_at[clear] = _NO_STEP
 
     # ---- models --------------------------------------------------------------------------
     def true_rel(self, nic: I32, t_ns: I64) -> F64:
@@ -338,7 +392,8 @@ class ClockSync:
 
     def offsets(self, t_ns: int) -> tuple[F64, F64]:
         """Return (clock offset, uncertainty) of every NIC at reference time ``t_ns`` (NaN
-        where unknown; inf while no later solve has confirmed the NIC's drift)."""
+        where unknown, and for a NIC whose clock moved until a solve re-solves it; inf while
+        no later solve has confirmed the NIC's drift)."""
         st = self.state
         if st is None:
             nan = np.full(self.n_nics, np.nan)
@@ -349,12 +404,50 @@ class ClockSync:
         ds = np.fmax(m.drift_std, self.drift_err)
         with np.errstate(invalid="ignore"):
             unc = np.sqrt(m.offset_std_ns**2 + (ds * abs(rel - st.center_ns)) ** 2)
-        return off, np.where(m.known, unc, np.nan)
+        known = m.known & (self.stepped_at == _NO_STEP)  # a moved clock: unknown till re-solved
+        return np.where(known, off, np.nan), np.where(known, unc, np.nan)
 
     def trusted(self, nic: I32, rel_ns: F64, *, coarse: bool = False) -> NDArray[np.bool_]:
         """True where NIC ``nic``'s clock at ``rel_ns`` from t_ref is within ``max_unc_ns``
         (``coarse``: within ``coarse_unc_ns``)."""
         return np.abs(rel_ns) <= np.take(self.coarse_trust_ns if coarse else self.trust_ns, nic)
+
+    def _find_moves(
+        self, ing: Ingested, owd_f: F64, owd_r: F64, rtt: F64, floor: F64, rel: F64
+    ) -> None:
+        """Find the NICs whose clocks the batch shows moved against their models
+        (`controller.clocksteps`, on the probes near their pairs' remembered floors, beyond the
+        clocks' uncertainty at the batch's time ``rel`` from t_ref): suspect at once (their
+        delays withheld), moved from the first suspect batch's first stamp on once the next
+        batch that measures them confirms it. Not while the models are from a warm-up solve
+        (less than ``min_span_ns`` of data)."""
+        st = self.state
+        if not len(ing) or st is None or not np.isfinite(rel).any():
+            return
+        if not np.isfinite(floor).any():
+            return
+        if st.span_ns < self.config.min_span_ns:  # warm-up models: their errors say little
+            return
+        _, unc = self.offsets(st.models.t_ref_ns + int(np.nanmedian(rel)))
+        err, agree = clock_errors(self.n_nics, ing.src.astype(np.int64),
+                                  ing.dst.astype(np.int64), owd_f, owd_r, rtt, floor)  # fmt: skip
+        jumped = moved(err, agree, self._last_err, unc) & (self.stepped_at == _NO_STEP)
+        seen = np.isfinite(err)
+        # a jump is suspect at once (its delays withheld) and a move once the next batch that
+        # measures the NIC shows it again; a suspect the next batch does not confirm is clear
+        confirm = jumped & self._suspect
+        clear = self._suspect & seen & ~jumped
+        new = jumped & ~self._suspect
+        t0 = int(ing.t1.min())
+        self._suspect_since = np.where(new, t0, self._suspect_since)
+        self._suspect = (self._suspect | new) & ~clear & ~confirm
+        self._last_err = np.where(seen & ~jumped, err, self._last_err)
+        nics = np.flatnonzero(confirm)
+        if len(nics):
+            self.moves_seen += len(nics)
+            self.stepped_at[nics] = self._suspect_since[nics]
+            self.trust_ns[nics] = -1.0
+            self.coarse_trust_ns[nics] = -1.0
 
     def delays(self, ing: Ingested) -> Delays:
         """Return one-way delays of the batch's probes and replies from the current models."""
@@ -369,12 +462,21 @@ class ClockSync:
         r2 = self.true_rel(ing.dst, ing.t2)
         owd_f = r2 - r1
         owd_r = self.true_rel(ing.src, ing.t4) - self.true_rel(ing.dst, ing.t3)
+        slots = self._dpair_of(ing, np.arange(len(ing)))
+        self._find_moves(ing, owd_f, owd_r, rtt, self.floors.floor(slots), r1)
         # a delay is only as good as both clocks: withhold it where either is too uncertain,
         # mark it coarse where either is certain only to coarse_unc
         fine = self.trusted(ing.src, r1) & self.trusted(ing.dst, r2)
-        bad = lost | ~(
-            fine | (self.trusted(ing.src, r1, coarse=True) & self.trusted(ing.dst, r2, coarse=True))
-        )
+        moved = (self.stepped_at != _NO_STEP) | self._suspect
+        if moved.any():  # a moved clock's delays are withheld until a solve re-solves it
+            fine &= ~(np.take(moved, ing.src) | np.take(moved, ing.dst))
+        coarse = self.trusted(ing.src, r1, coarse=True) & self.trusted(ing.dst, r2, coarse=True)
+        if moved.any():
+            coarse &= ~(np.take(moved, ing.src) | np.take(moved, ing.dst))
+        # a round trip well under its pair's settled floor is no path: a bad stamp made it
+        with np.errstate(invalid="ignore"):
+            impossible = rtt < self.floors.floor(slots, settled=True) - BAD_RTT_NS
+        bad = lost | impossible | ~(fine | coarse)
         owd_f[bad] = np.nan
         owd_r[bad] = np.nan
         t_ns = np.where(np.isfinite(r1), np.rint(np.nan_to_num(r1)).astype(np.int64) +
@@ -383,6 +485,9 @@ class ClockSync:
 
 
 _NONE = np.iinfo(np.int64).max
+_NO_STEP = -1
+BAD_RTT_NS = 5_000.0  # a round trip this far under its pair's floor had a bad stamp (a floor
+# is an epoch's fourth lowest: at load 0.9 the lowest is up to a few µs under it)
 
 
 @dataclass(eq=False)

@@ -43,9 +43,15 @@ I64 = NDArray[np.int64]
 OUTLIER_RATIO = 4.0  # the gap under the lowest value, against the spread of the top three
 OUTLIER_MIN_NS = 1000.0  # gaps smaller than this are never called bad
 MAX_DROPS = 3  # bad values dropped at most per group
-# an exchange's sample is timed at its mid-time: off by up to a round trip (a few µs) times
-# the slope (at most tens of ppm), well under a ns
-FLOOR_TOL_NS = 1.0
+# directions with fewer samples are not read for bad stamps. The live solve keeps ~16 a
+# direction and window: there, reading them costs 0.4 ns of the load-0.9 p99 without bad
+# stamps and saves 36 ns of it (median over solves; 60 of the mean) with them at 1e-3
+# (`python -m testbed.bench_live_sync`, seeds 1-8)
+MIN_SAMPLES = 8
+# an exchange's sample is timed at its mid-time, off by half its round trip and turnaround
+# (a few to tens of µs; TURN_NS allowed) times the pair's slope (tens of ppm at most)
+FLOOR_TOL_NS = 2.0
+TURN_NS = 20_000.0
 
 
 def leading_outliers(group: I64, vals: F64, k: int = RX_K) -> NDArray[np.bool_]:
@@ -92,8 +98,9 @@ def false_drop_rate(beta: float, k: int = RX_K, draws: int = 200_000) -> float:
 def without_bad(s: Summary, slope: F64) -> tuple[Summary, I64, I64]:
     """``s`` without the samples that bad stamps put below their direction's floor: per
     direction the hull points of all arrived samples detrended by the pair slope (``slope``
-    per edge, of theta = offset_j - offset_i; `leading_outliers`), and per edge the
-    lowest-RTT exchanges with a sample below what is left of its direction's floor. Returns (summary, per direction group how many of its stored
+    per edge, of theta = offset_j - offset_i; `leading_outliers`) of the directions with
+    ``MIN_SAMPLES`` samples at least, and per edge the lowest-RTT exchanges with a sample
+    below what is left of its direction's floor. Returns (summary, per direction group how many of its stored
     lowest values were dropped, per edge how many exchanges); the same summary object when
     nothing was dropped. The coded-clean hulls are kept (a bad stamp breaks its coded
     pair's spacing, so the coded filter already left it out)."""
@@ -104,6 +111,7 @@ def without_bad(s: Summary, slope: F64) -> tuple[Summary, I64, I64]:
     order = np.lexsort((v, g))
     bad_p = np.zeros(len(g), dtype=bool)
     bad_p[order] = leading_outliers(g[order], v[order])
+    bad_p &= s.n_all[g] >= MIN_SAMPLES
     # an exchange is bad where either of its samples lies below its direction's floor (the
     # lowest value left): a genuine sample of the direction cannot, at the same slope
     floor = np.full(2 * len(s.edges), np.inf)
@@ -112,7 +120,8 @@ def without_bad(s: Summary, slope: F64) -> tuple[Summary, I64, I64]:
     half = 0.5 * s.x_rtt
     v_f = half + s.x_off - sl[xe] * s.x_mid  # forward sample, at the exchange's mid-time
     v_r = half - s.x_off + sl[xe] * s.x_mid
-    bad_x = (v_f < floor[2 * xe] - FLOOR_TOL_NS) | (v_r < floor[2 * xe + 1] - FLOOR_TOL_NS)
+    tol = FLOOR_TOL_NS + np.abs(sl[xe]) * 0.5 * (np.abs(s.x_rtt) + TURN_NS)
+    bad_x = (v_f < floor[2 * xe] - tol) | (v_r < floor[2 * xe + 1] - tol)
     lost = np.bincount(g[bad_p], minlength=2 * len(s.edges)).astype(np.int64)
     lost_x = np.bincount(s.x_edge[bad_x], minlength=len(s.edges)).astype(np.int64)
     if not bad_p.any() and not bad_x.any():

@@ -67,6 +67,7 @@ def sync_summary(
     ValueError when a fraction needs more exchanges than ``cap`` kept (a cap from a too small
     ``max_exchanges``)."""
     m = len(s.edges)
+    given = s  # (a stepped NIC is left out of the window as given, bad stamps and all)
     st = _first(n_nodes, s, quant_ns, min_samples, min_coded, ref)
     if isinstance(st, WindowSync):
         return st
@@ -127,10 +128,10 @@ def sync_summary(
         jumps = find_steps(n_nodes, s.edges, s.x_edge, s.x_mid, res)
         if len(jumps):
             again = sync_summary(
-                n_nodes, without_nodes(s, jumps.nodes), quant_ns=quant_ns,
+                n_nodes, without_nodes(given, jumps.nodes), quant_ns=quant_ns,
                 min_samples=min_samples, min_coded=min_coded, ref=ref,
                 rtt_fractions=rtt_fractions, bias_bound=bias_bound,
-                rx_correction=rx_correction, leaf=leaf, drop_bad=False, clock_steps=False,
+                rx_correction=rx_correction, leaf=leaf, drop_bad=drop_bad, clock_steps=False,
             )  # fmt: skip
             return dataclasses.replace(again, stepped=jumps.nodes, step_at_ns=jumps.at_ns)
     if not rx_correction:
