@@ -47,7 +47,10 @@ class FloorMemory:
             raise ValueError("epoch_ns and epochs must be > 0")
         self.epoch_ns, self.epochs = epoch_ns, epochs
         self._low = np.full((0, EPOCH_RANK), np.inf)  # the current epoch's lowest, sorted
-        self._hist = np.full((0, epochs), np.inf)  # past epochs' EPOCH_RANK-th lowest
+        self._cur = np.full(0, np.inf)  # ... and its floor (the highest of them it has)
+        self._hist = np.full((0, epochs), np.inf)  # past epochs' floors
+        self._h1 = np.full(0, np.inf)  # the lowest two of those, per slot
+        self._h2 = np.full(0, np.inf)
         self._pos = 0
         self._epoch: int | None = None  # index of the current epoch (t // epoch_ns)
 
@@ -55,28 +58,31 @@ class FloorMemory:
         if size <= len(self._low):
             return
         extra = max(size, 2 * len(self._low), 1024) - len(self._low)
+        inf = np.full(extra, np.inf)
         self._low = np.concatenate([self._low, np.full((extra, EPOCH_RANK), np.inf)])
         self._hist = np.concatenate([self._hist, np.full((extra, self.epochs), np.inf)])
-
-    def _epoch_value(self, slot: I64 | None = None) -> F64:
-        """Per slot (all, or ``slot``) the current epoch's floor: its EPOCH_RANK-th lowest, or
-        the highest it has where it has fewer."""
-        low = self._low if slot is None else self._low[slot]
-        have = np.isfinite(low).sum(axis=1)
-        return np.asarray(low[np.arange(len(low)), np.maximum(have - 1, 0)], dtype=np.float64)
+        self._cur, self._h1, self._h2 = (
+            np.concatenate([a, inf]) for a in (self._cur, self._h1, self._h2)
+        )
 
     def _roll(self, t_ns: int) -> None:
         e = t_ns // self.epoch_ns
         if self._epoch is None:
             self._epoch = e
+        if self._epoch >= e:
+            return
         while self._epoch < e:  # close the current epoch (and any empty ones after it)
-            self._hist[:, self._pos] = self._epoch_value()
+            self._hist[:, self._pos] = self._cur
             self._pos = (self._pos + 1) % self.epochs
             self._low.fill(np.inf)
+            self._cur.fill(np.inf)
             self._epoch += 1
             if e - self._epoch > self.epochs:
                 self._hist.fill(np.inf)
                 self._epoch = e
+        two = np.partition(self._hist, 1, axis=1) if self.epochs > 1 else self._hist
+        self._h1 = two[:, 0].copy()
+        self._h2 = two[:, 1].copy() if self.epochs > 1 else np.full(len(two), np.inf)
 
     def observe(self, slot: I64, rtt: NDArray[np.integer] | F64, t_ns: int) -> None:
         """Fold round trips ``rtt`` (ns) of directed-pair slots ``slot`` seen at ``t_ns``
@@ -100,8 +106,10 @@ class FloorMemory:
         for k in range(EPOCH_RANK):
             has = count > k
             batch[has, k] = v[first[has] + k]
-        merged = np.sort(np.concatenate([self._low[u], batch], axis=1), axis=1)
-        self._low[u] = merged[:, :EPOCH_RANK]
+        low = np.sort(np.concatenate([self._low[u], batch], axis=1), axis=1)[:, :EPOCH_RANK]
+        self._low[u] = low
+        have = np.isfinite(low).sum(axis=1)
+        self._cur[u] = low[np.arange(len(u)), np.maximum(have - 1, 0)]
 
     def floor(self, slot: I64, *, settled: bool = False) -> F64:
         """The floor of each slot: the second lowest over the remembered epochs (the current
@@ -110,21 +118,17 @@ class FloorMemory:
         round trips only has a high fourth lowest: where a floor decides that a round trip
         is impossible, it should be ``settled``."""
         slot = np.asarray(slot, np.int64)
-        out = np.full(len(slot), np.nan)
         ok = (slot >= 0) & (slot < len(self._low))
-        if ok.any():
-            s = slot[ok]
-            per = self._hist[s]
-            if not settled:
-                per = np.concatenate([per, self._epoch_value(s)[:, None]], axis=1)
-            per = np.sort(per, axis=1)
-            f = (
-                np.where(np.isfinite(per[:, 1]), per[:, 1], per[:, 0])
-                if per.shape[1] > 1
-                else per[:, 0]
-            )
-            out[ok] = np.where(np.isfinite(f), f, np.nan)
-        return out
+        s = np.where(ok, slot, 0)
+        h1 = np.where(ok, self._h1[s] if len(self._h1) else np.inf, np.inf)
+        h2 = np.where(ok, self._h2[s] if len(self._h2) else np.inf, np.inf)
+        if settled:
+            f = np.where(np.isfinite(h2), h2, h1)
+        else:
+            c = np.where(ok, self._cur[s] if len(self._cur) else np.inf, np.inf)
+            second = np.where(c <= h1, h1, np.where(c <= h2, c, h2))
+            f = np.where(np.isfinite(second), second, np.minimum(c, h1))
+        return np.where(np.isfinite(f), f, np.nan)
 
 
 TIGHT_NS = 200.0  # edges whose floor is raised by at most this tie NICs into the core

@@ -135,9 +135,12 @@ def find_steps(
         a = np.einsum("nb,bi,bj->nij", w, x, x) + 1e-9 * np.eye(3)
         rhs = np.einsum("nb,bi,nb->ni", w, x, y)
         coef = np.linalg.solve(a, rhs[..., None])[..., 0]
-        res = np.where(w > 0, y - coef @ x.T, np.nan)
-        with np.errstate(all="ignore"):
-            scale = 1.4826 * np.nanmedian(np.abs(res), axis=1)
+        res = np.where(w > 0, np.abs(y - coef @ x.T), np.inf)  # inf: an empty bin
+        k = (w > 0).sum(axis=1)
+        srt = np.sort(res, axis=1)
+        rows = np.arange(n_nodes)
+        mid = 0.5 * (srt[rows, np.maximum(k - 1, 0) // 2] + srt[rows, np.maximum(k, 1) // 2])
+        scale = np.where(k > 0, 1.4826 * mid, np.nan)
         enough = (
             (cnt2[:, :split].sum(axis=1) >= MIN_PER_SIDE)
             & (cnt2[:, split:].sum(axis=1) >= MIN_PER_SIDE)
