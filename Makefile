@@ -3,13 +3,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.qpmesh-installed
 
-.PHONY: demo test lint setup clean
+.PHONY: demo test check lint setup clean
 
 demo: setup
 	$(BIN)/qpmesh demo
 
 test: setup lint
 	$(BIN)/pytest -q
+
+# the edit loop: lint, types and the fast tests (no namespaces, VMs or slow runs), < 3 min here
+check: setup lint
+	$(BIN)/pytest -q -m "not netns and not rxe and not slow" -p no:cacheprovider
 
 lint: setup
 	$(BIN)/ruff check .

@@ -14,7 +14,11 @@ one-line reason naming the document and the key. Decoding ignores keys it does n
 - `PathsDoc` on ``<prefix>/paths/<host>``: a JSON list of `TracedPath` (``src``, ``dst``,
   ``sport``, ``hops``: router addresses by TTL, null where silent, ``reached``).
 - `EventDoc` on ``<prefix>/events/<kind>``: a controller finding (``t_ns``, ``kind``,
-  ``target``, ``detail``, ``severity``, ``flows``: [src NIC, dst NIC, sport] triples).
+  ``target``, ``severity``, ``detail``, ``flows``: the queue pairs it touched as
+  ``{"src", "dst", "sport"}`` objects, ``related``). `EventDoc.to_json` is the one JSON form
+  of a finding: the MQTT payload, the controller's JSON-lines log and the HTTP API (which adds
+  its ``seq``) all carry it; `EventDoc.from_json` also reads the legacy flow triples
+  ``[src, dst, sport]`` that older controllers published on MQTT.
 """
 
 from __future__ import annotations
@@ -251,34 +255,63 @@ class EventDoc:
         check(ok, w, "flows", "a list of [src NIC, dst NIC, sport]", self.flows)
         object.__setattr__(self, "flows", tuple(tuple(f) for f in self.flows))
 
-    def encode(self) -> bytes:
-        """Return the JSON bytes of this document."""
-        return encode_json(
-            {
-                "t_ns": self.t_ns,
-                "kind": self.kind,
-                "target": self.target,
-                "detail": self.detail,
-                "severity": self.severity,
-                "flows": [list(f) for f in self.flows],
-                "related": self.related,
-            }
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON object of this finding (flows as ``{"src", "dst", "sport"}``)."""
+        return {
+            "t_ns": self.t_ns,
+            "kind": self.kind,
+            "target": self.target,
+            "severity": self.severity,
+            "detail": self.detail,
+            "flows": [{"src": s, "dst": d, "sport": p} for s, d, p in self.flows],
+            "related": self.related,
+        }
+
+    @classmethod
+    def from_json(cls, obj: object, what: str = "event") -> EventDoc:
+        """Return the finding in JSON object ``obj`` (`to_json`'s form; a flow may also be
+        the legacy triple ``[src, dst, sport]``; unknown keys such as the API's ``seq`` are
+        ignored). Raises `DocumentError` whose one-line reason starts with ``what``."""
+        if not isinstance(obj, Mapping):
+            raise DocumentError(f"{what}: must be a JSON object, got {type(obj).__name__}")
+        t_ns = read(obj, "t_ns", int, what)
+        kind, target = read(obj, "kind", str, what), read(obj, "target", str, what)
+        check(bool(kind), what, "kind", "a non-empty string", kind)
+        check(bool(target), what, "target", "a non-empty string", target)
+        severity = read(obj, "severity", str, what, "warning")
+        check(severity in SEVERITIES, what, "severity", f"one of {SEVERITIES}", severity)
+        flows = read(obj, "flows", list, what, [])
+        return cls(
+            t_ns=t_ns,
+            kind=kind,
+            target=target,
+            detail=read(obj, "detail", str, what, ""),
+            severity=severity,
+            flows=tuple(_flow(f, what, f"flows[{i}]") for i, f in enumerate(flows)),
+            related=read(obj, "related", str, what, ""),
         )
+
+    def encode(self) -> bytes:
+        """Return the JSON bytes of `to_json`."""
+        return encode_json(self.to_json())
 
     @classmethod
     def decode(cls, payload: bytes | bytearray) -> EventDoc:
-        """Return the document in ``payload``; raise `DocumentError`."""
-        doc = decode_object(payload, "event")
-        w = "event"
-        return cls(
-            t_ns=read(doc, "t_ns", int, w),
-            kind=read(doc, "kind", str, w),
-            target=read(doc, "target", str, w),
-            detail=read(doc, "detail", str, w, ""),
-            severity=read(doc, "severity", str, w, "warning"),
-            flows=tuple(read(doc, "flows", list, w, [])),
-            related=read(doc, "related", str, w, ""),
-        )
+        """Return the finding in ``payload`` (see `from_json`); raise `DocumentError`."""
+        return cls.from_json(decode_object(payload, "event"), "event")
+
+
+def _flow(f: object, what: str, key: str) -> tuple[str, str, int]:
+    """Return (src, dst, sport) of a flow written as an object or as a legacy triple."""
+    if isinstance(f, Mapping):
+        w = f"{what}: {key}"
+        return read(f, "src", str, w), read(f, "dst", str, w), read(f, "sport", int, w)
+    if isinstance(f, list) and len(f) == 3:
+        src, dst, sport = f
+        if isinstance(src, str) and isinstance(dst, str) and _is_int(sport):
+            return src, dst, sport
+    want = '{"src", "dst", "sport"} or [src, dst, sport]'
+    raise DocumentError(f"{what}: {key}: must be {want}, got {f!r:.60}")
 
 
 def _is_int(value: object) -> bool:

@@ -13,7 +13,15 @@ message and counts it with its other bad messages).
 - a presence document: ``host`` is a fabric host and every NIC of its ``rdma`` block is one
   of ``host``'s (a forged queue pair would send other probers' probes elsewhere);
 - a health document: ``host`` is a fabric host, its ``host`` field (when set) is ``host``,
-  and every NIC it reports on is one of ``host``'s.
+  and every NIC it reports on is one of ``host``'s;
+- a neighbours document (`contract.neighbors.NeighborsDoc`): its ``host`` field is ``host``
+  (or empty: a cleared retained document) and none of its NICs is another host's. A NIC
+  nobody claimed yet is accepted: this is the document that makes a NIC known.
+
+With a fabric learned from the neighbours documents (`mesh.fabric.learn`), ``nic_host`` is
+`claimed_nics` of them: every NIC a host reported, placed in the fabric or not yet (its
+LLDP neighbour missing), so a prober's batches are judged by what it claims and the
+controller's ingest drops the records of NICs it cannot place.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from contract.documents import HealthDoc, PresenceDoc
+from contract.neighbors import NeighborsDoc
 from contract.records import ProbeBatch
 
 UNTRUSTED = "untrusted"
@@ -62,6 +71,29 @@ def health_origin_error(doc: HealthDoc, host: str, nic_host: Mapping[str, str]) 
     if doc.host and doc.host != host:
         return f"{UNTRUSTED}: health of {doc.host!r} published on the topic of {host!r}"
     return _known_host(host, nic_host) or _foreign(doc.nics, host, nic_host)
+
+
+def neighbors_origin_error(doc: NeighborsDoc, host: str, nic_host: Mapping[str, str]) -> str | None:
+    """Return why neighbours ``doc`` cannot come from ``host``, or None (NICs no host
+    claimed yet are accepted)."""
+    if doc.host and doc.host != host:
+        return f"{UNTRUSTED}: neighbours of {doc.host!r} published on the topic of {host!r}"
+    for n in doc.nics:
+        owner = nic_host.get(n.nic, host)
+        if owner != host:
+            return f"{UNTRUSTED}: NIC {n.nic!r} is a NIC of {owner!r}, not of {host!r}"
+    return None
+
+
+def claimed_nics(docs: Mapping[str, NeighborsDoc]) -> dict[str, str]:
+    """Return NIC id -> host of every NIC in ``docs`` (host -> its latest neighbours document;
+    each document passed `neighbors_origin_error` when it came). A NIC two hosts claim (one
+    moved it before the other's document was cleared) goes to the first host in name order."""
+    out: dict[str, str] = {}
+    for host in sorted(docs):
+        for n in docs[host].nics:
+            out.setdefault(n.nic, host)
+    return out
 
 
 def split_by_host(batch: ProbeBatch, nic_host: Mapping[str, str]) -> dict[str, ProbeBatch]:

@@ -274,6 +274,8 @@ def decode_batch(data: bytes) -> ProbeBatch:
         extra = meta.get("extra", {})
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordError(f"bad batch metadata: {exc}") from None
+    except RecursionError:  # deeply nested JSON: bad input, not a reason to stop the service
+        raise RecordError("bad batch metadata: nested too deeply") from None
     if not (
         isinstance(origin, str)
         and isinstance(stamp, str)

@@ -10,7 +10,9 @@ Under a configurable prefix (default ``qpmesh/v1``):
 - ``<prefix>/events/<kind>``: the controller's findings (JSON `EventDoc`);
 - ``<prefix>/paths/<host>``: the prober's discovered paths, JSON list of
   ``{"src": nic, "dst": nic, "sport": int, "hops": [router address, ...], "reached": bool}``
-  (TTL trace of the probe's own 5-tuple; unshared: every controller needs every path).
+  (TTL trace of the probe's own 5-tuple; unshared: every controller needs every path);
+- ``<prefix>/neighbors/<host>``: the prober's NICs and their LLDP neighbours, retained JSON
+  (`contract.neighbors.NeighborsDoc`; unshared, like presence).
 
 Subscriptions for probes may be shared (``$share/<group>/<prefix>/probes/#``) so several
 controllers split the load; presence stays unshared (retained messages are not delivered on
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "qpmesh/v1"
-KINDS = ("probes", "presence", "health", "events", "paths")
+KINDS = ("probes", "presence", "health", "events", "paths", "neighbors")
 _BAD = frozenset("+#\x00")
 
 
@@ -63,6 +65,10 @@ class Topics:
     def paths(self, host: str) -> str:
         """Return the topic a prober on ``host`` publishes its discovered paths to (JSON)."""
         return f"{self.prefix}/paths/{_check_level(host, 'host')}"
+
+    def neighbors(self, host: str) -> str:
+        """Return the retained topic of ``host``'s NICs and their LLDP neighbours (JSON)."""
+        return f"{self.prefix}/neighbors/{_check_level(host, 'host')}"
 
     def events(self, kind: str) -> str:
         """Return the topic the controller publishes ``kind`` events to."""

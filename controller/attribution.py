@@ -23,26 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
+from contract.documents import EventDoc
 from contract.remediation import PerfDoc
 from controller.jobs import Job
 
 DOWN = ("nic_down", "link_down", "link_flap")
 WHAT = {"nic_down": "is down", "link_down": "is down", "link_flap": "is flapping"}
-
-
-class FindingView(Protocol):
-    """What attribution reads of a finding (a `contract.documents.EventDoc`)."""
-
-    @property
-    def t_ns(self) -> int: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def target(self) -> str: ...
-    @property
-    def flows(self) -> tuple[tuple[str, str, int], ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +123,7 @@ def _rank_of(job: Job, nic: str) -> int:
 def attribute(
     job: Job,
     perf: JobPerf,
-    findings: Iterable[FindingView],
+    findings: Iterable[EventDoc],
     now_ns: int,
     cfg: AttributionConfig | None = None,
 ) -> Attribution | None:

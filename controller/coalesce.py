@@ -3,8 +3,8 @@
 A prober publishes one batch per host and period (~470 records at 1,024 NICs), and every
 ingest stage costs a few dozen numpy calls per batch whatever its size; merged, the same
 records cost a fraction of that (docs/benchmarks.md, "Controller ingest"). `ProbeQueue` holds
-admitted batches (duplicate and replay checks already done, per batch, in arrival order:
-`controller.ingest.Ingestor.admit`) until the oldest has waited ``coalesce_ms`` or the queue
+admitted batches (decode, origin, replay and duplicate checks already done, per batch, in
+arrival order: `controller.live.LiveController.admit`) until the oldest has waited ``coalesce_ms`` or the queue
 holds ``max_records`` records; `ProbeQueue.take` then returns them as merged groups
 (`contract.records.merge_batches`), each with the (origin, records) of the batches it holds.
 Pure: time is passed in.

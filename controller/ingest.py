@@ -1,14 +1,14 @@
-"""Ingest: decoded probe batches -> fabric-indexed columns with forward and reply paths.
+"""Ingest: admitted probe batches -> fabric-indexed columns with forward and reply paths.
 
 `Ingestor.ingest(batch)` maps the batch's NIC id table to fabric indices once (records naming
-NICs the fabric does not know are dropped and counted), drops duplicate batches (same origin and
-batch_seq, e.g. after a prober's spool replay), and attaches per record the directed hops of the
-probe (src -> dst, sport -> dport) and of its reply (dst -> src, sport 4791 -> probe sport):
-from a `PathTable` filled by the probers' path discovery where it knows the flow, else from the
-fabric model's ECMP hash (`flow_paths`), else all -1 (detection then localizes to NIC / host /
-group). Records that cannot be placed in time (a `MISSING` ``t1`` from a prober older than
-the refused-send fix, or a reply missing a stamp) are dropped and counted, never read as a
-time. Pure: no clock, no I/O.
+NICs the fabric does not know are dropped and counted) and attaches per record the directed
+hops of the probe (src -> dst, sport -> dport) and of its reply (dst -> src, sport 4791 ->
+probe sport): from a `PathTable` filled by the probers' path discovery where it knows the
+flow, else from the fabric model's ECMP hash (`flow_paths`), else all -1 (detection then
+localizes to NIC / host / group). Records that cannot be placed in time (a `MISSING` ``t1``
+from a prober older than the refused-send fix, or a reply missing a stamp) are dropped and
+counted, never read as a time. Which batches get here (decode, origin, replays, duplicates)
+is `controller.admission`'s call. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from contract.records import MISSING, ProbeBatch
 from controller.windows import KeyIndex, flow_key
 from mesh.fabric import Fabric
 from mesh.fabric.ecmp import ROCEV2_PORT, flow_paths, routing_tables
-
-# batches an origin's batch_seq may lie below its newest before it counts as a replay
-REPLAY_SLACK = 16
 
 I32 = NDArray[np.int32]
 I64 = NDArray[np.int64]
@@ -96,15 +93,13 @@ class Ingested:
 
 @dataclass
 class IngestStats:
-    """Counters: batches and records accepted, duplicates, replays (`Ingestor.is_replay`),
-    unknown-NIC records dropped, and unstamped records dropped (a `MISSING` ``t1``, as probers
-    before the refused-send fix sent for a loss, or a reply without all of ``t2``..``t4``: no
-    time to file them under)."""
+    """Counters: batches and records ingested, per origin the records ingested, unknown-NIC
+    records dropped, and unstamped records dropped (a `MISSING` ``t1``, as probers before the
+    refused-send fix sent for a loss, or a reply without all of ``t2``..``t4``: no time to
+    file them under)."""
 
     batches: int = 0
     records: int = 0
-    duplicates: int = 0
-    replays: int = 0
     unknown_nic_records: int = 0
     unstamped_records: int = 0
     origins: dict[str, int] = field(default_factory=dict)
@@ -120,7 +115,6 @@ class Ingestor:
         paths: PathTable | None = None,
         *,
         use_model_paths: bool = True,
-        dedup_depth: int = 4096,
     ) -> None:
         self.fabric = fabric
         self.n_nics = len(fabric.nics)
@@ -131,9 +125,6 @@ class Ingestor:
         self.reply_paths = PathTable(self.n_nics, self.max_hops)
         self.use_model_paths = use_model_paths
         self.stats = IngestStats()
-        self._dedup_depth = dedup_depth
-        self._seen: dict[str, tuple[int, int]] = {}  # origin -> (highest seq, seen mask)
-        self._newest: dict[str, int] = {}  # origin -> highest batch_seq taken
         self._table_cache: tuple[tuple[str, ...], I64] | None = None
         # flows (src, dst, sport) -> dense slots; model (hash) paths of probe and reply for
         # the RoCEv2 dport never change for a fabric, so they are computed once per flow
@@ -151,59 +142,35 @@ class Ingestor:
         self._table_cache = (nic_ids, table)
         return table
 
-    def is_replay(self, origin: str, batch_seq: int) -> bool:
-        """Return True (and count it) if ``batch_seq`` lies more than `REPLAY_SLACK` batches
-        below the newest batch taken from ``origin``: an old batch published again.
-
-        A prober publishes its batches in order with one in flight, so only a QoS 1
-        redelivery of its last few batches arrives late (those are duplicates, not
-        replays); a restarted prober continues above its predecessor (batch_seq starts at
-        its start time in ms). Not caught: a replay before the controller saw anything newer
-        from that origin (e.g. just after a controller restart), see docs/mqtt-security.md.
-        """
-        newest = self._newest.get(origin)
-        if newest is None or batch_seq >= newest - REPLAY_SLACK:
-            return False
-        self.stats.replays += 1
-        return True
-
-    def is_duplicate(self, origin: str, batch_seq: int) -> bool:
-        """Return True if (origin, batch_seq) was seen; otherwise remember it, return False.
-
-        Remembered per origin: its highest batch_seq and a bit mask of the ``dedup_depth``
-        numbers below it (bit k: highest - k was seen), a few hundred bytes per origin
-        instead of a set and a queue of ints (gigabytes at 10,000 hosts). A number more than
-        ``dedup_depth`` below the highest is no longer known (taken as new; the service
-        refuses it earlier as a replay, `is_replay`)."""
-        prev = self._seen.get(origin)
-        if prev is None:
-            self._seen[origin] = (batch_seq, 1)
-            return False
-        top, mask = prev
-        back = top - batch_seq
-        if back < 0:  # a new highest: slide the window up
-            keep = (1 << self._dedup_depth) - 1
-            self._seen[origin] = (batch_seq, ((mask << -back) | 1) & keep)
-            return False
-        if back >= self._dedup_depth:
-            return False
-        if mask >> back & 1:
-            return True
-        self._seen[origin] = (top, mask | 1 << back)
-        return False
-
     def paths_for(
         self, src: I64, dst: I64, sport: I64, dport: int
     ) -> tuple[I32, I32, NDArray[np.bool_], I64]:
-        """Return (forward hops, reply hops, known mask, flow slots) for probes src -> dst."""
-        n = len(src)
+        """Return (forward hops, reply hops, known mask, flow slots) for probes src -> dst,
+        registering flows not seen before."""
         slots, added = self.flows.insert(flow_key(src, dst, sport, self.n_nics))
         if added:
             self._grow_flows(src, dst, sport, slots)
+        model = None
+        if self.use_model_paths and dport == ROCEV2_PORT:  # cached per flow
+            model = np.take(self._fhops, slots, axis=0), np.take(self._rhops, slots, axis=0)
+        fwd, rev, known = self._paths(src, dst, sport, dport, model)
+        return fwd, rev, known, slots
+
+    def lookup(
+        self, src: I64, dst: I64, sport: I64, dport: int = ROCEV2_PORT
+    ) -> tuple[I32, I32, NDArray[np.bool_]]:
+        """Return (forward hops, reply hops, known mask) that probes src -> dst (sport ->
+        dport) would be given now, without registering their flows (read-only)."""
+        return self._paths(src, dst, sport, dport, None)
+
+    def _paths(
+        self, src: I64, dst: I64, sport: I64, dport: int, model: tuple[I32, I32] | None
+    ) -> tuple[I32, I32, NDArray[np.bool_]]:
+        """Model paths (``model``: already looked up), overlaid with the discovered ones."""
+        n = len(src)
         if self.use_model_paths:
-            if dport == ROCEV2_PORT:
-                fwd = np.take(self._fhops, slots, axis=0)
-                rev = np.take(self._rhops, slots, axis=0)
+            if model is not None:
+                fwd, rev = model
             else:
                 fwd = flow_paths(self.fabric, src, dst, sport, dport)
                 rev = flow_paths(self.fabric, dst, src, dport, sport)  # reply: ports swapped
@@ -223,7 +190,7 @@ class Ingestor:
             rev[p_found] = drep[p_found]
             if len(self.paths):
                 known |= f_found & p_found
-        return fwd, rev, known, slots
+        return fwd, rev, known
 
     def _grow_flows(self, src: I64, dst: I64, sport: I64, slots: I64) -> None:
         size = self.flows.size
@@ -245,28 +212,8 @@ class Ingestor:
         self._rhops[slots[idx]] = flow_paths(self.fabric, d, s, ROCEV2_PORT, p)
         self._known_flows = size
 
-    def admit(self, origin: str, batch_seq: int) -> bool:
-        """Return False (and count a duplicate) if (origin, batch_seq) was taken before; else
-        remember it as taken (for `is_duplicate` and `is_replay`) and return True.
-
-        Checks one batch in arrival order, before it is queued to be merged with others
-        (`controller.coalesce`), so a merged ingest drops exactly what one-by-one would."""
-        if self.is_duplicate(origin, batch_seq):
-            self.stats.duplicates += 1
-            return False
-        self._newest[origin] = max(self._newest.get(origin, batch_seq), batch_seq)
-        return True
-
-    def ingest(self, batch: ProbeBatch) -> Ingested | None:
-        """Return the ingested batch, or None if it is a duplicate (`admit`)."""
-        if not self.admit(batch.origin, batch.batch_seq):
-            return None
-        return self.ingest_admitted(batch)
-
-    def ingest_admitted(
-        self, batch: ProbeBatch, parts: Sequence[tuple[str, int]] | None = None
-    ) -> Ingested:
-        """Return ``batch`` ingested without a duplicate check (done by `admit`).
+    def ingest(self, batch: ProbeBatch, parts: Sequence[tuple[str, int]] | None = None) -> Ingested:
+        """Return ``batch`` ingested (admitted before: `controller.admission`).
 
         ``parts``: for a merged batch (`contract.records.merge_batches`), (origin, records)
         of the batches it holds in order, for the per-origin counters; default: one part,

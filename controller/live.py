@@ -1,36 +1,48 @@
-"""The live controller state: ingest -> clock sync -> detection, behind `SnapshotSource`.
+"""The live controller state: admission -> ingest -> clock sync -> detection, behind
+`SnapshotSource`.
 
-`LiveController(fabric, config)` owns an `Ingestor`, a `ClockSync`, a `FlowStore` (latest delay,
-spine and baseline per flow) and the detection brain. Feed it with `ingest_batch`, `presence`,
-`gpu`; call `tick(now_ns)` periodically (it solves clocks when due, runs detection, records
-per-NIC history, returns new events); read `snapshot()` / `history()`. Every time-dependent call
-takes ``now_ns`` (same epoch as the NIC clocks, UNIX ns in production); nothing reads a clock.
+`LiveController(fabric, config)` owns an `Admission` (which batches may enter), an `Ingestor`,
+a `ClockSync`, a `FlowStore` (latest delay, spine and baseline per flow) and the detection
+brain. Probe batches enter through one door, `admit` (a payload and its topic's host, or a
+decoded batch; a frozen `controller.admission.Verdict` out), and are ingested at once or
+queued to be ingested merged by `flush`; other inputs are `presence`, `gpu`, `nic_links`,
+`nic_counters` and `learn_paths`; `replace_fabric` is the one door that swaps the fabric under
+a running controller (`controller.refabric` says what survives). Call `tick(now_ns)`
+periodically (it solves clocks when due, runs detection, records per-NIC history, returns new
+events); read `snapshot()` / `history()`. Every time-dependent call takes ``now_ns`` (same
+epoch as the NIC clocks, UNIX ns in production); nothing reads a clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from contract.documents import EventDoc
 from contract.records import ProbeBatch
+from controller.admission import Admission, Outcome, Verdict
 from controller.brain import Brain, BrainConfig
+from controller.brainlike import BrainLike
 from controller.clocksync import ClockState, ClockSync, ClockSyncConfig, Delays, compute_state
 from controller.coalesce import ProbeQueue
 from controller.control import Control
-from controller.ingest import Ingested, Ingestor, PathTable
+from controller.ingest import Ingested, Ingestor, IngestStats, PathTable
 from controller.jobs import JobRegistry, screen_jobs
+from controller.measured import Measured
 from controller.observations import Observations
+from controller.refabric import host_times, remap_columns, topology_event
 from controller.throughput import NicRates
 from controller.windows import FlowStore
 from mesh.fabric import Fabric
+from mesh.fabric.ecmp import ROCEV2_PORT
 from mesh.fabric.model import SWITCH_TIER, NodeKind, hop_id
+from mesh.fabric.plancheck import fabric_changes
 from mesh.snapshot import ControlUnavailable, GpuHealth, Health, MeshSnapshot, PairPaths
 
 F64 = npt.NDArray[np.float64]
@@ -39,19 +51,6 @@ EARLY_NS = 10_000_000_000
 (no responder yet) and not judged. Start-up races are a second or less; a probe stamped further
 back is judged as before: stamps on another time base than the controller's clock (a
 free-running NIC clock) must not blind the controller to a host."""
-
-
-class BrainLike(Protocol):
-    """What the controller needs from detection/localization (`controller.brain.Brain`)."""
-
-    def observe(self, obs: Observations) -> None: ...
-    def presence(self, host: str, alive: bool, now_ns: int) -> None: ...
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None: ...
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None: ...
-    def tick(self, now_ns: int) -> list[EventDoc]: ...
-    def link_health(self) -> dict[str, Health]: ...
-    def nic_health(self) -> list[Health]: ...
-    def flap_counts(self) -> dict[str, int]: ...
 
 
 def brain_config(options: Mapping[str, Any] | None = None) -> BrainConfig:
@@ -96,8 +95,20 @@ class LiveConfig:
             raise ValueError("stale_ns, history_len and max_events must be positive")
 
 
+STAGES = ("merge", "ingest", "sync_add", "sync_solve", "delays", "detect")
+"""The stages of an ingest, in order, as `LiveController`'s ``on_stage`` names them: merging
+queued batches (`flush` only), mapping onto the fabric (with the admission check when it ran
+in the same call), adding to the clock windows, a clock solve (when due and inline), one-way
+delays and observations, detection."""
+
+
 class LiveController:
-    """In-process controller state; implements `mesh.snapshot.SnapshotSource`."""
+    """In-process controller state; implements `mesh.snapshot.SnapshotSource`.
+
+    ``on_stage``: called with the name of each stage of an ingest (`STAGES`) as it ends, for
+    profiling (`qpmesh sim ingest` times the stages with it); None in production.
+    ``owners``: NIC id -> host for the origin checks of probe batches, read as it changes
+    (a learned fabric's claimed NICs, `contract.origin.claimed_nics`); None: the fabric's."""
 
     def __init__(
         self,
@@ -106,23 +117,32 @@ class LiveController:
         *,
         brain: BrainLike | None = None,
         paths: PathTable | None = None,
+        on_stage: Callable[[str], object] | None = None,
+        owners: Mapping[str, str] | None = None,
     ) -> None:
         self.fabric = fabric
         self.config = config or LiveConfig()
         n = len(fabric.nics)
-        self.ingestor = Ingestor(fabric, paths)
+        self._admission = Admission(fabric, owners=owners)
+        self._ingestor = Ingestor(fabric, paths)
+        self._on_stage = on_stage
         # each NIC's leaf: the hardware-stamp solve splits the queueing left in the best
         # samples into a part per NIC downlink and one per leaf uplink (`sync.excess`)
         self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
         self.flows = FlowStore(n, self.config.baseline_bucket_ns)
-        self.brain = brain if brain is not None else default_brain(fabric)
+        # no measurement within stale_ns: unknown, whatever the brain's table says (issue 33)
+        self.brain: BrainLike = Measured(
+            brain if brain is not None else default_brain(fabric), fabric, self.config.stale_ns
+        )
         self.events: deque[EventDoc] = deque(maxlen=self.config.max_events)
         self.gpu_state: dict[str, GpuHealth] = {}
         self.rates = NicRates()  # NIC byte counters from health documents -> throughput
         self.alive: dict[str, bool] = {}
         # per host index: since when its prober has been alive (its last alive presence; 0:
-        # never said); probes to it sent earlier are no evidence (`ingest_admitted`)
+        # never said); probes to it sent earlier are no evidence (`_ingest`)
         self._alive_since = np.zeros(len(fabric.hosts), np.int64)
+        self._alive_at: dict[str, int] = {}  # the same by host id (kept across fabrics)
+        self._fabric_since_ns = 0  # when the fabric was last replaced (older solves refused)
         self.now_ns = 0
         self.records = 0
         # delays of the arrived probes by clock trust: fine, coarse, withheld (unjudged)
@@ -146,12 +166,12 @@ class LiveController:
     def use_model_paths(self, enabled: bool) -> None:
         """Trust the fabric model's ECMP hash for flows without a learnt path (or not: their
         hops are unknown). Set before any ingest."""
-        self.ingestor.use_model_paths = enabled
+        self._ingestor.use_model_paths = enabled
 
     @property
     def max_hops(self) -> int:
         """Return the most hops a learnt path may have."""
-        return self.ingestor.max_hops
+        return self._ingestor.max_hops
 
     def learn_paths(
         self,
@@ -159,15 +179,31 @@ class LiveController:
         dst: npt.NDArray[np.int64],
         sport: npt.NDArray[np.int64],
         hops: npt.NDArray[np.int32],
+        reply_hops: npt.NDArray[np.int32] | None = None,
     ) -> None:
         """Learn the forward hop ids of flows (src, dst, sport) (rows of ``hops``, -1 padded to
-        `max_hops`); their replies take the reverse hops back."""
-        rev = np.full_like(hops, -1)
-        for i in range(len(hops)):
-            ids = hops[i][hops[i] >= 0]
-            rev[i, : len(ids)] = ids[::-1] ^ 1  # reverse_hop, vectorized
-        self.ingestor.paths.update(src, dst, sport, hops)
-        self.ingestor.reply_paths.update(src, dst, sport, rev)
+        `max_hops`) and those of their replies (``reply_hops``, same shape; None: the reverse
+        hops back, as a symmetric L4 hash routes them). Raises `controller.ingest.IngestError`
+        on rows of the wrong shape."""
+        if reply_hops is None:
+            reply_hops = np.full_like(hops, -1)
+            for i in range(len(hops)):
+                ids = hops[i][hops[i] >= 0]
+                reply_hops[i, : len(ids)] = ids[::-1] ^ 1  # reverse_hop, vectorized
+        self._ingestor.paths.update(src, dst, sport, hops)
+        self._ingestor.reply_paths.update(src, dst, sport, reply_hops)
+
+    def paths(
+        self,
+        src: npt.NDArray[np.int64],
+        dst: npt.NDArray[np.int64],
+        sport: npt.NDArray[np.int64],
+        dport: int = ROCEV2_PORT,
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.bool_]]:
+        """Return (forward hops, reply hops, known mask) that probes of flows (src, dst,
+        sport -> dport) would be given now: learnt, else the model's (`use_model_paths`),
+        else unknown (all -1). Read-only."""
+        return self._ingestor.lookup(src, dst, sport, dport)
 
     def start_solve(self, now_ns: int) -> Callable[[], ClockState | None] | None:
         """If a clock solve is due: mark it started and return the solve to run (pure, may run
@@ -181,37 +217,72 @@ class LiveController:
     def install_clock(self, state: ClockState | None, cost_s: float | None = None) -> bool:
         """Install a solved clock state; return True if it was new. ``cost_s``: what the
         solve cost (CPU s, `controller.clocksolve.timed_solve`), which sets how often solves
-        are due (`ClockSync.solve_period_ns`)."""
+        are due (`ClockSync.solve_period_ns`). A state solved before the fabric was last
+        replaced (`replace_fabric`) is refused: its NIC indices are the old fabric's."""
+        if state is not None and (
+            state.solved_at_ns < self._fabric_since_ns or len(state.models) != self.clock.n_nics
+        ):
+            return False
         return self.clock.install(state, None if cost_s is None else round(cost_s * 1e9))
 
     # ---- inputs --------------------------------------------------------------------------
-    def ingest_batch(self, batch: ProbeBatch, now_ns: int) -> int:
-        """Ingest one decoded batch; return the records taken (0 for a duplicate)."""
-        self.now_ns = max(self.now_ns, now_ns)
-        if not self.ingestor.admit(batch.origin, batch.batch_seq):
-            return 0
-        return self.ingest_admitted(batch, now_ns)
+    def admit(
+        self,
+        batch: ProbeBatch | bytes,
+        now_ns: int,
+        *,
+        host: str | None = None,
+        queue: ProbeQueue | None = None,
+    ) -> Verdict:
+        """The door every probe batch enters by: judge it (`controller.admission`: decoded
+        from a payload, checked against ``host``, the host of the topic it came on, when
+        given; replays and duplicates refused) and take it when accepted: ingested now, or
+        with ``queue`` queued to be ingested merged with others by `flush` (the checks stay
+        per batch, in arrival order, so merging drops exactly what one by one would).
+
+        ``now_ns``: when it arrived (the time of the ingest, or of its place in the queue).
+        Returns the frozen verdict, with the records ingested (with ``queue``: queued). Bad
+        input is a verdict, never an exception; an exception is a bug."""
+        verdict, taken = self._admission.judge(batch, host)
+        if taken is None:
+            return verdict
+        if queue is not None:
+            queue.add(taken, now_ns)
+            return verdict  # its records: the batch's, queued
+        return Verdict(Outcome.ACCEPTED, records=self._ingest(taken, now_ns))
 
     def flush(self, queue: ProbeQueue, now_ns: int) -> int:
-        """Ingest everything ``queue`` holds, merged (`controller.coalesce`); return the
-        records taken."""
-        return sum(self.ingest_admitted(m.batch, now_ns, m.parts) for m in queue.take())
+        """Ingest everything ``queue`` holds (admitted by `admit`), merged
+        (`controller.coalesce`); return the records taken."""
+        groups = queue.take()
+        if self._on_stage is not None:
+            self._on_stage("merge")
+        return sum(self._ingest(m.batch, now_ns, m.parts) for m in groups)
 
-    def ingest_admitted(
+    def _ingest(
         self, batch: ProbeBatch, now_ns: int, parts: Sequence[tuple[str, int]] | None = None
     ) -> int:
-        """Ingest a batch already admitted (`Ingestor.admit`), possibly merged from several
-        (``parts``: `Ingestor.ingest_admitted`); return the records taken."""
+        """Ingest an admitted batch, possibly merged from several (``parts``:
+        `Ingestor.ingest`); return the records taken."""
         self.now_ns = max(self.now_ns, now_ns)
-        ing = self.ingestor.ingest_admitted(batch, parts)
+        stage = self._on_stage
+        ing = self._ingestor.ingest(batch, parts)
+        if stage is not None:
+            stage("ingest")
         if not len(ing):
             return 0
         self.clock.add(ing)
+        if stage is not None:
+            stage("sync_add")
         if self.config.solve_inline:
             self.clock.maybe_solve(now_ns)
+            if stage is not None:
+                stage("sync_solve")
         d = self.clock.delays(ing)
         self.delay_trust += trust_counts(ing.lost, d)
         obs = self.observations(ing, d, now_ns)
+        if stage is not None:
+            stage("delays")
         # a probe sent to a host before its prober announced itself alive met no responder:
         # its loss is the start (or restart) of that prober, not evidence about the fabric
         if self._alive_since.any():
@@ -221,6 +292,8 @@ class LiveController:
                 obs = obs.select(~early)
         self.brain.observe(obs)
         self.records += len(ing)
+        if stage is not None:
+            stage("detect")
         return len(ing)
 
     def observations(self, ing: Ingested, d: Delays, now_ns: int) -> Observations:
@@ -251,12 +324,14 @@ class LiveController:
         one, and the first after a last will, starts the host's probes counting as evidence:
         those sent to it before ``since_ns`` (the presence's own time, when the prober
         published it; ``now_ns`` if None, 0 or later than ``now_ns``) are not judged
-        (`ingest_admitted`). Repeated alive presences (a retained one delivered again, a
+        (`admit`). Repeated alive presences (a retained one delivered again, a
         prober's reconnect) do not move it."""
         self.now_ns = max(self.now_ns, now_ns)
         i = self.fabric.host_index.get(host)
-        if alive and i is not None and not self.alive.get(host, False):
-            self._alive_since[i] = now_ns if not since_ns or since_ns > now_ns else since_ns
+        if alive and not self.alive.get(host, False):
+            self._alive_at[host] = now_ns if not since_ns or since_ns > now_ns else since_ns
+            if i is not None:
+                self._alive_since[i] = self._alive_at[host]
         self.alive[host] = alive
         self.brain.presence(host, alive, now_ns)
 
@@ -294,7 +369,71 @@ class LiveController:
         self._hist_count = min(self._hist_count + 1, self.config.history_len)
         return new
 
+    def replace_fabric(
+        self,
+        fabric: Fabric,
+        now_ns: int,
+        *,
+        brain: BrainLike | None = None,
+        note: str = "",
+    ) -> EventDoc:
+        """The one door to change the fabric under a running controller (a learned fabric
+        that changed: a new host, a recabled NIC, a spine gone); return the ``topology``
+        event it records (what changed, `mesh.fabric.plancheck.fabric_changes`, then
+        ``note``), also in `snapshot`'s events.
+
+        Kept by id: presence and since when each prober is alive, GPU health, NIC rates,
+        the events, the per-NIC history, the admission's replay and duplicate memory, the
+        ingest counters and whether model paths are used. Restarted (indexed by the old
+        fabric's NICs and links): the clock sync (a solve started earlier is refused by
+        `install_clock`), the flows, the path tables (the caller refills them from the traced
+        paths it keeps) and detection, as ``brain`` (None: `default_brain`), told the known
+        presence and GPU states again. See `controller.refabric`."""
+        old, n = self.fabric, len(fabric.nics)
+        event = topology_event(now_ns, fabric_changes(old, fabric), note, fabric,
+                               first=not old.nics and not old.nodes)  # fmt: skip
+        self.now_ns = max(self.now_ns, now_ns)
+        self.fabric = fabric
+        self._fabric_since_ns = now_ns
+        self._admission.fabric_changed(fabric)
+        ingestor = Ingestor(fabric, use_model_paths=self._ingestor.use_model_paths)
+        ingestor.stats = self._ingestor.stats
+        self._ingestor = ingestor
+        self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
+        self.flows = FlowStore(n, self.config.baseline_bucket_ns)
+        self.brain = Measured(  # the unknown rule holds on every fabric (issue 33)
+            brain if brain is not None else default_brain(fabric), fabric, self.config.stale_ns
+        )
+        self._alive_since = host_times(fabric, self._alive_at)
+        self._hist_v = remap_columns(old, fabric, self._hist_v)
+        self._hop_spine = _hop_spine_table(fabric)
+        for host, alive in sorted(self.alive.items()):
+            self.brain.presence(host, alive, now_ns)
+        for host, g in sorted(self.gpu_state.items()):
+            self.brain.gpu(host, g.ok, g.detail, now_ns)
+        self.events.append(event)
+        return event
+
+    def record_events(self, events: Iterable[EventDoc]) -> None:
+        """Add findings made outside detection (e.g. remediation actions) to the events the
+        snapshot shows."""
+        self.events.extend(events)
+
     # ---- outputs -------------------------------------------------------------------------
+    @property
+    def solves(self) -> int:
+        """Return how many clock solves were installed."""
+        return self.clock.solves
+
+    def verdicts(self) -> dict[Outcome, int]:
+        """Return how many batches `admit` gave each outcome."""
+        return dict(self._admission.counts)
+
+    def ingest_stats(self) -> IngestStats:
+        """Return a copy of the ingest counters (batches, records, per origin, dropped)."""
+        st = self._ingestor.stats
+        return dataclasses.replace(st, origins=dict(st.origins))
+
     def _worst(self, now_ns: int) -> tuple[npt.NDArray[np.int64], F64, F64]:
         n = len(self.fabric.nics)
         live = self.flows.live(now_ns - self.config.stale_ns)

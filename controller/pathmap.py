@@ -3,20 +3,27 @@
 A discovered path names routers by the address that answered each TTL; ``router_nodes`` maps
 those addresses to fabric nodes. `path_hops` turns one path into directed hop ids
 (`mesh.fabric.model.hop_id`), `path_rows` a whole document into rows for
-`controller.live.LiveController.learn_paths` (which also sets the replies' mirror hops).
+`controller.live.LiveController.learn_paths` (which also sets the replies' mirror hops). A
+document that is not a list of objects raises `PathDocError`; entries that cannot be mapped
+are left out.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
 
+from contract.jsondoc import DocumentError
 from mesh.fabric import Fabric
 from mesh.fabric.model import hop_id
+
+
+class PathDocError(DocumentError):
+    """A ``paths/<host>`` document is not a list of objects (one-line reason)."""
 
 
 class PathRows(NamedTuple):
@@ -66,20 +73,21 @@ def path_rows(fabric: Fabric, router_nodes: Mapping[str, str], doc: Any, max_hop
     Each reached, fully answered path sets the forward hops of its flow (src, dst, sport) and,
     as its mirror image (same links, opposite directions, reverse order), the hops of the
     replies to that flow: Linux's L4 multipath hash is symmetric in (address, port) pairs, so
-    the reply (dst -> src, 4791 -> sport) takes the same spine as the probe. Raises ValueError
-    if ``doc`` is not a list of objects.
+    the reply (dst -> src, 4791 -> sport) takes the same spine as the probe. Entries of the
+    wrong types (a ``sport`` that is not a port number included) are left out. Raises
+    `PathDocError` if ``doc`` is not a list of objects.
     """
     if not isinstance(doc, list):
-        raise ValueError("paths payload must be a JSON list")
+        raise PathDocError("paths payload must be a JSON list")
     f = fabric
     rows: list[tuple[int, int, int, list[int]]] = []
     for e in doc:
         if not isinstance(e, dict):
-            raise ValueError("paths entries must be objects")
+            raise PathDocError("paths entries must be objects")
         if not e.get("reached", True):
             continue
         src, dst, sport, hops = e.get("src"), e.get("dst"), e.get("sport"), e.get("hops")
-        if not (isinstance(src, str) and isinstance(dst, str) and isinstance(sport, int)
+        if not (isinstance(src, str) and isinstance(dst, str) and _is_port(sport)
                 and isinstance(hops, list)):  # fmt: skip
             continue
         ids = path_hops(f, router_nodes, src, dst, hops)
@@ -95,3 +103,8 @@ def path_rows(fabric: Fabric, router_nodes: Mapping[str, str], doc: Any, max_hop
         np.array([r[2] for r in rows], np.int64),
         fwd,
     )
+
+
+def _is_port(value: object) -> TypeGuard[int]:
+    """Return True if ``value`` is a UDP port number (an int in 0..65535, not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0xFFFF

@@ -2,11 +2,13 @@
 
 The parts live beside it: `controller.config` (TOML -> `ServiceConfig`), `controller.dispatch`
 (one message onto the live state, event payloads, the JSON-lines log), `controller.pathmap`
-(discovered paths -> hops, pure). Here: `serve_once` is one connection's lifetime (subscribe,
-pump messages, tick, publish events as JSON on ``<prefix>/events/<kind>``, run clock solves in
-a worker thread: a solve that raises is logged and counted, never fatal); `run_service` runs it
-under the shared reconnect loop (`mqttlink.reconnect`), whose backoff starts over after every
-good connection. Every awaited broker request has a timeout.
+(discovered paths -> hops, pure). Here: `run_service(broker, config, ...)` wires the
+components from their config values once (the live state, time series and metrics, remediation,
+the API process, the probe queue) into a `Wiring`, and runs `serve_once(wiring)`, one
+connection's lifetime (subscribe, pump messages, tick, publish events as JSON on
+``<prefix>/events/<kind>``, run clock solves in a worker thread: a solve that raises is logged
+and counted, never fatal), under the shared reconnect loop (`mqttlink.reconnect`), whose
+backoff starts over after every good connection. Every awaited broker request has a timeout.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import aiomqtt
 
@@ -29,31 +32,98 @@ from controller.coalesce import ProbeQueue
 from controller.config import ServiceConfig
 from controller.control import ControlChange
 from controller.dispatch import JsonLog, handle_message, message_kind
+from controller.jobs import JobRegistry
 from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.timeseries.runtime import Observability
+from controller.topology import TopologyLearner, relearn_live
 from mqttlink.reconnect import Backoff, reconnect_loop
-from mqttlink.settings import CredentialError, MqttSecurity, client_kwargs
+from mqttlink.settings import CredentialError, client_kwargs
 
 REQUEST_TIMEOUT_S = 10.0
+LOGGED = 50
+"""At most this many changes, plan differences and problems in a ``topology`` log line."""
 
 
-async def _ticker(
-    client: aiomqtt.Client,
-    live: LiveController,
-    topics: Topics,
-    tick_s: float,
-    clock: Callable[[], int],
-    log: JsonLog,
-    api: ApiRuntime | None = None,
-    remediation: RemediationRuntime | None = None,
-    on_action: Callable[[dict[str, object]], None] = lambda doc: None,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class Broker:
+    """Where the service connects: the broker's address, the topic tree under its prefix, and
+    the shared-subscription group that splits probe batches across controllers (None: this
+    controller reads them all). TLS and credentials are the config's (``[mqtt]``)."""
+
+    host: str
+    port: int
+    topics: Topics = field(default_factory=Topics)
+    share: str | None = None
+
+
+def _ignore(_: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What one connection's lifetime works with, built once by `run_service` and kept
+    across reconnects: the broker, the config (``tick_s``, ``router_nodes``,
+    ``mqtt_security``), the live state, the clock and the log, the message ``counters``
+    (mutated), the components that are on (remediation, the API process, the probe queue)
+    and the observers: ``on_solve`` (a clock solve's wall time, s), ``on_action`` (an audit
+    record of the remediation policy), ``on_tick`` (the time of a tick whose events are out);
+    ``topology``: the learner of a learned fabric (None: the fabric is declared).
+    """
+
+    broker: Broker
+    config: ServiceConfig
+    live: LiveController
+    clock: Callable[[], int]
+    log: JsonLog
+    counters: dict[str, int] = field(default_factory=dict)
+    remediation: RemediationRuntime | None = None
+    api: ApiRuntime | None = None
+    queue: ProbeQueue | None = None
+    on_solve: Callable[[float], None] = _ignore
+    on_action: Callable[[dict[str, object]], None] = _ignore
+    on_tick: Callable[[int], None] = _ignore
+    topology: TopologyLearner | None = None
+
+
+def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
+    """With a learned fabric: learn it again when due and apply a change to the live state
+    (`controller.topology.relearn_live`, with a fresh brain of the configured thresholds) and
+    to the remediation's leaf map, log a ``topology`` line (NICs, links, what changed, how it
+    compares with the plan, what could not be placed: `LOGGED` of each, and their counts);
+    return the ``topology`` event (empty:
+    no change)."""
+    if w.topology is None:
+        return []
+    done = relearn_live(w.live, w.topology, now_ns, lambda f: Brain(f, w.config.brain))
+    if done is None:
+        return []
+    change, event = done
+    fab = change.learned.fabric
+    if w.remediation is not None:
+        w.remediation.leaf_of = {n.id: n.leaf for n in fab.nics}
+    plan = change.plan
+    diffs = () if plan is None else plan.differences
+    w.log(now_ns, "topology", nics=len(fab.nics), links=len(fab.links),
+          changes=list(change.changes[:LOGGED]), n_changes=len(change.changes),
+          problems=list(change.learned.problems[:LOGGED]),
+          matches_plan=None if plan is None else plan.matches_plan,
+          plan_differences=list(diffs[:LOGGED]), n_plan_differences=len(diffs))  # fmt: skip
+    return [event]
+
+
+async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
+    """Every ``tick_s``: detection (`LiveController.tick`), the remediation policy, the
+    API's snapshot, then actions and events out; ``on_tick(now)`` once they are."""
+    live, topics, clock, log = w.live, w.broker.topics, w.clock, w.log
+    api, remediation, on_action = w.api, w.remediation, w.on_action
     last_hooks: dict[str, object] = {}
     while True:
-        await asyncio.sleep(tick_s)
+        await asyncio.sleep(w.config.tick_s)
         now = clock()
-        new = list(live.tick(now))
+        new = relearn(w, now)
+        new += live.tick(now)
         actions: list[tuple[str, bytes]] = []
         if remediation is not None:
             remediation.observe(new)
@@ -73,22 +143,16 @@ async def _ticker(
         for topic, payload in actions:  # the actions first: a job waits on them
             await asyncio.wait_for(client.publish(topic, payload, qos=1), REQUEST_TIMEOUT_S)
         for ev in new:
-            if ev.kind != "remediation":
-                log(now, "event", kind=ev.kind, target=ev.target, detail=ev.detail)
+            if ev.kind != "remediation":  # the line is the event's JSON plus "msg"
+                log(ev.t_ns, "event", **{k: v for k, v in ev.to_json().items() if k != "t_ns"})
             await asyncio.wait_for(
                 client.publish(topics.events(ev.kind), ev.encode(), qos=1),
                 REQUEST_TIMEOUT_S,
             )
+        w.on_tick(now)
 
 
-async def _solver(
-    live: LiveController,
-    tick_s: float,
-    clock: Callable[[], int],
-    log: JsonLog,
-    counters: dict[str, int],
-    on_solve: Callable[[float], None] = lambda s: None,
-) -> None:
+async def _solver(w: Wiring) -> None:
     """Run due clock solves in a worker thread so ingest goes on meanwhile; ``on_solve``
     gets each solve's wall time in s. The cadence (`ClockSync.solve_period_ns`) is set by the
     solve's own CPU time (`timed_solve`): the budget is a share of a core, and wall time also
@@ -99,61 +163,50 @@ async def _solver(
     last good clock state and tries again at the next due solve.
     """
     while True:
-        await asyncio.sleep(tick_s)
-        now = clock()
-        job = live.start_solve(now)
+        await asyncio.sleep(w.config.tick_s)
+        now = w.clock()
+        job = w.live.start_solve(now)
         if job is None:
             continue
         t0 = time.perf_counter()
         try:
             state, cpu_s = await asyncio.to_thread(timed_solve, job)
-            on_solve(time.perf_counter() - t0)
+            w.on_solve(time.perf_counter() - t0)
         except Exception as exc:
-            counters["solve_failed"] = counters.get("solve_failed", 0) + 1
-            log(now, "clock solve failed", error=f"{type(exc).__name__}: {exc}")
+            w.counters["solve_failed"] = w.counters.get("solve_failed", 0) + 1
+            w.log(now, "clock solve failed", error=f"{type(exc).__name__}: {exc}")
             continue
-        live.install_clock(state, cpu_s)  # its CPU time sets the cadence (solve_budget)
+        w.live.install_clock(state, cpu_s)  # its CPU time sets the cadence (solve_budget)
 
 
-async def serve_once(
-    host: str,
-    port: int,
-    live: LiveController,
-    topics: Topics,
-    *,
-    share: str | None,
-    tick_s: float,
-    clock: Callable[[], int],
-    log: JsonLog,
-    counters: dict[str, int],
-    router_nodes: Mapping[str, str] | None = None,
-    connected: Callable[[], None] = lambda: None,
-    on_solve: Callable[[float], None] = lambda s: None,
-    api: ApiRuntime | None = None,
-    remediation: RemediationRuntime | None = None,
-    on_action: Callable[[dict[str, object]], None] = lambda doc: None,
-    security: MqttSecurity | None = None,
-    queue: ProbeQueue | None = None,
-) -> None:
+async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None) -> None:
     """One connection's lifetime: subscribe, pump messages, tick; raises `aiomqtt.MqttError`.
 
-    With ``queue`` probe batches are ingested merged (`controller.coalesce`): when the queue
-    is due (checked on every message and by a timer at its deadline) and, so that nothing
-    admitted is lost, when the connection ends.
+    With ``w.queue`` probe batches are ingested merged (`controller.coalesce`): when the
+    queue is due (checked on every message and by a timer at its deadline) and, so that
+    nothing admitted is lost, when the connection ends.
 
-    ``connected()`` is called once the subscriptions are in place (it resets the backoff).
-    With ``remediation`` the policy runs every tick (`controller.remediation.runtime`): its
-    actions go out on ``<prefix>/remediation/<target>``, its audit records to ``on_action``,
-    the log, the API's events and ``<prefix>/events/remediation``; acks and rank registrations
-    are read from their topics.
-    ``security``: TLS and credentials (`mqttlink.settings.client_kwargs`).
+    ``connected()`` is called once the subscriptions are in place (it resets the backoff);
+    the log says ``connected`` just before. With ``w.remediation`` the policy runs every tick
+    (`controller.remediation.runtime`): its actions go out on ``<prefix>/remediation/<target>``,
+    its audit records to ``w.on_action``, the log, the API's events and
+    ``<prefix>/events/remediation``; acks and rank registrations are read from their topics.
+    TLS and credentials: ``w.config.mqtt_security`` (`mqttlink.settings.client_kwargs`).
+    With a learned fabric (``w.topology``) it also reads every host's neighbours document
+    (subscribed first: the retained ones then arrive before the presence they vouch for) and
+    learns the fabric again on the ticker (`relearn`).
     """
+    live, topics, clock, log, counters = w.live, w.broker.topics, w.clock, w.log, w.counters
+    router_nodes, remediation, queue = w.config.router_nodes, w.remediation, w.queue
+    host, port = w.broker.host, w.broker.port
     async with aiomqtt.Client(
         host, port, protocol=aiomqtt.ProtocolVersion.V5, timeout=REQUEST_TIMEOUT_S,
-        **client_kwargs(security or MqttSecurity()),
+        **client_kwargs(w.config.mqtt_security),
     ) as client:  # fmt: skip
+        learned = (topics.subscription("neighbors"),) if w.topology is not None else ()
         for flt in (
-            topics.subscription("probes", share),
+            *learned,
+            topics.subscription("probes", w.broker.share),
             topics.subscription("presence"),
             topics.subscription("health"),
             topics.subscription("paths"),
@@ -162,11 +215,7 @@ async def serve_once(
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
         log(clock(), "connected", broker=f"{host}:{port}")
         connected()
-        tick = asyncio.create_task(
-            _ticker(client, live, topics, tick_s, clock, log, api, remediation, on_action)
-        )
-        solver = asyncio.create_task(_solver(live, tick_s, clock, log, counters, on_solve))
-        tasks = [tick, solver]
+        tasks = [asyncio.create_task(_ticker(client, w)), asyncio.create_task(_solver(w))]
         if queue is not None:
             tasks.append(asyncio.create_task(_flusher(live, queue, clock, log, counters)))
         try:
@@ -181,11 +230,10 @@ async def serve_once(
                 if mine is not None:
                     out, ev = mine
                     if ev is not None:
-                        await _publish_event(client, topics, api, ev)
+                        await _publish_event(client, topics, w.api, ev)
                 else:
-                    out = handle_message(
-                        live, topics, str(msg.topic), payload, clock(), router_nodes, queue
-                    )
+                    out = handle_message(live, topics, str(msg.topic), payload, clock(),
+                                         router_nodes, queue, w.topology)  # fmt: skip
                 key = "bad" if out.startswith("bad:") else out
                 counters[key] = counters.get(key, 0) + 1
                 if key == "bad":
@@ -251,57 +299,36 @@ def _topic_kind(topics: Topics, topic: str) -> str:
     return message_kind(topics, topic)  # knows the jobs and remediation-ack topics too
 
 
-async def run_service(
-    host: str,
-    port: int,
-    config: ServiceConfig,
-    topics: Topics,
-    *,
-    share: str | None = None,
-    log: JsonLog,
-    live: LiveController | None = None,
-    clock: Callable[[], int] = time.time_ns,
-    max_attempts: int | None = None,
-    observability: Observability | None = None,
-    remediation: RemediationRuntime | None = None,
-) -> LiveController:
-    """Run until cancelled, reconnecting with exponential backoff on broker errors.
-
-    The backoff starts again from its minimum after every connection that worked
-    (`mqttlink.reconnect`).
-
-    ``max_attempts`` bounds the connection attempts (tests); returns the live state then.
-    With ``config.timeseries`` every interval is written there (the brain is wrapped so the
-    recorder sees its input and events); with ``config.metrics_listen`` the controller's own
-    metrics are served for Prometheus (`controller.timeseries.runtime.Observability`; pass
-    ``observability`` to share it, e.g. with the API for its websocket gauge and health).
-    With ``config.api`` the HTTP API (`controller.api`) serves from the start (also while the
-    broker is away) from its own process (`controller.api.runtime`), fed after every tick;
-    raises OSError if its address is taken or that process does not start.
-    Remediation (``config.remediation``; pass ``remediation`` to share or inspect it) runs
-    every tick; its job registry and Control are the API's, so ``PUT /api/v1/control``
-    switches real remediation and jobs registered through the API feed the policy.
-    """
-    if live is None:
-        live = LiveController(
-            config.fabric,
-            dataclasses.replace(config.live, solve_inline=False),
-            brain=Brain(config.fabric, config.brain),
-        )
-        # before any ingest, so no flow has a model path yet
-        live.use_model_paths(config.model_paths)
-    counters: dict[str, int] = {}
-    obs = observability or Observability(
-        config.fabric, config.timeseries, config.metrics_listen, log
+def live_state(config: ServiceConfig, topology: TopologyLearner | None = None) -> LiveController:
+    """Return the live state `run_service` builds for ``config``: its fabric, live settings
+    (clock solves left to the service's worker thread) and detection thresholds, with the
+    fabric model's paths trusted or not (``config.model_paths``; never for a learned fabric,
+    whose ECMP model is no one's). With ``topology`` (a learned fabric) probe batches are
+    judged by the NICs hosts claim (`TopologyLearner.owners`)."""
+    live = LiveController(
+        config.fabric,
+        dataclasses.replace(config.live, solve_inline=False),
+        brain=Brain(config.fabric, config.brain),
+        owners=topology.owners if topology is not None else None,
     )
-    live.brain = obs.brain(live.brain)
+    # before any ingest: no flow has a path yet
+    live.use_model_paths(config.model_paths and config.learn is None)
+    return live
+
+
+def _remediation(
+    config: ServiceConfig, prefix: str, log: JsonLog, clock: Callable[[], int]
+) -> RemediationRuntime:
+    """Return the remediation runtime of ``config`` (its actions signed with
+    ``config.action_keys`` if set), having logged what it restored and how it signs."""
 
     def control_changed(change: ControlChange) -> None:
         log(change.t_ns, "control", enabled=change.enabled, actor=change.actor)
 
     signer = ActionSigner(config.action_keys) if config.action_keys is not None else None
-    rem = remediation or RemediationRuntime(
-        config.remediation, topics.prefix, on_control=control_changed,
+    rem = RemediationRuntime(
+        config.remediation, prefix, on_control=control_changed,
+        jobs=JobRegistry(grants=config.grants),  # [api.tenants] binds every job, API or MQTT
         leaf_of={n.id: n.leaf for n in config.fabric.nics},
         sign=signer.sign if signer is not None else None,
     )  # fmt: skip
@@ -312,6 +339,72 @@ async def run_service(
     elif rem.remediator.sign is None:
         log(clock(), "warning: remediation actions are unsigned (no [auth] action_key_file); "
             "agents with a verify key will ignore them")  # fmt: skip
+    return rem
+
+
+async def _start_api(
+    config: ServiceConfig,
+    live: LiveController,
+    rem: RemediationRuntime,
+    obs: Observability,
+    log: JsonLog,
+    clock: Callable[[], int],
+) -> ApiRuntime | None:
+    """Start the API process of ``config.api`` (None: no API) on the remediation's jobs,
+    Control and action log; raises OSError if its address is taken or it does not start."""
+    if config.api is None:
+        return None
+    api = ApiRuntime(
+        config.api, live.snapshot(), jobs=rem.jobs, control=rem.control, actions=rem.log,
+        ask=rem.ask, job_status=rem.job_status, on_clients=obs.websocket_clients,
+        log=lambda msg: log(clock(), "api process", detail=msg),
+    )  # fmt: skip
+    log(clock(), "api serving", url=await api.start())
+    return api
+
+
+async def run_service(
+    broker: Broker,
+    config: ServiceConfig,
+    *,
+    log: JsonLog,
+    clock: Callable[[], int] = time.time_ns,
+    live: LiveController | None = None,
+    observability: Observability | None = None,
+    max_attempts: int | None = None,
+    on_tick: Callable[[int], None] = _ignore,
+) -> LiveController:
+    """Run until cancelled, reconnecting with exponential backoff on broker errors.
+
+    The backoff (``config.backoff_s``) starts again from its minimum after every connection
+    that worked (`mqttlink.reconnect`). The log says ``connected`` once the subscriptions of a
+    connection are in place.
+
+    ``live``: the live state to run (default `live_state(config)`; pass one only with a
+    declared fabric: a learned fabric's live state judges origins by the learner this
+    function makes, `live_state(config, topology)`); ``max_attempts`` bounds
+    the connection attempts (tests); returns the live state then. ``on_tick(now)`` is called
+    after every tick, once its events are out (tests wait on it instead of the wall clock).
+    With ``config.timeseries`` every interval is written there (the brain is wrapped so the
+    recorder sees its input and events); with ``config.metrics_listen`` the controller's own
+    metrics are served for Prometheus (`controller.timeseries.runtime.Observability`; pass
+    ``observability`` to share it, e.g. with the API for its websocket gauge and health).
+    With ``config.api`` the HTTP API (`controller.api`) serves from the start (also while the
+    broker is away) from its own process (`controller.api.runtime`), fed after every tick;
+    raises OSError if its address is taken or that process does not start.
+    Remediation (``config.remediation``) runs every tick; its job registry and Control are the
+    API's, so ``PUT /api/v1/control`` switches real remediation and jobs registered through
+    the API feed the policy. The registry holds every job, from the API or MQTT, to
+    ``config.grants`` (the operator's ``[api.tenants]``).
+    """
+    topology = TopologyLearner(config.learn) if config.learn is not None else None
+    if live is None:
+        live = live_state(config, topology)
+    obs = observability or Observability(
+        config.fabric, config.timeseries, config.metrics_listen, log
+    )
+    live.brain = obs.brain(live.brain)
+    rem = _remediation(config, broker.topics.prefix, log, clock)
 
     def on_action(doc: dict[str, object]) -> None:
         try:  # the status as a tag value: sent, would_have, suppressed
@@ -319,33 +412,23 @@ async def run_service(
         except ValueError as exc:
             log(clock(), "action not recorded", error=str(exc))
 
-    api = None
-    if config.api is not None:
-        api = ApiRuntime(
-            config.api, live.snapshot(), jobs=rem.jobs, control=rem.control, actions=rem.log,
-            ask=rem.ask, job_status=rem.job_status, on_clients=obs.websocket_clients,
-            log=lambda msg: log(clock(), "api process", detail=msg),
-        )  # fmt: skip
-        log(clock(), "api serving", url=await api.start())
-
-    queue = ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None
+    api = await _start_api(config, live, rem, obs, log, clock)
+    w = Wiring(
+        broker, config, live, clock, log, remediation=rem, api=api,
+        queue=ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None,
+        on_solve=obs.solve, on_action=on_action, on_tick=on_tick, topology=topology,
+    )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:
-        await serve_once(
-            host, port, live, topics,
-            share=share, tick_s=config.tick_s, clock=clock, log=log, counters=counters,
-            router_nodes=config.router_nodes, connected=connected, on_solve=obs.solve, api=api,
-            remediation=rem, on_action=on_action,
-            security=config.mqtt_security, queue=queue,
-        )  # fmt: skip
+        await serve_once(w, connected=connected)
 
     def on_error(exc: BaseException, retry_in_s: float) -> None:
-        log(clock(), "broker error", error=str(exc), retry_in_s=retry_in_s, counters=counters)
+        log(clock(), "broker error", error=str(exc), retry_in_s=retry_in_s, counters=w.counters)
 
     async with obs:
         if (addr := obs.metrics_address) is not None:
             log(clock(), "metrics", listen=f"{addr[0]}:{addr[1]}")
-        side = asyncio.create_task(obs.run(live, counters, config.tick_s, clock))
+        side = asyncio.create_task(obs.run(live, w.counters, config.tick_s, clock))
         try:
             await reconnect_loop(
                 session, Backoff(*config.backoff_s), on_error=on_error,

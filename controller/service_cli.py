@@ -40,13 +40,14 @@ def parse_broker(url: str) -> tuple[str, int]:
 def _run(args: argparse.Namespace) -> int:
     from controller.config import load_config
     from controller.dispatch import JsonLog
-    from controller.service import run_service
+    from controller.logrelay import relay_logging
+    from controller.service import Broker, run_service
 
     host, port = parse_broker(args.broker)
     config = load_config(Path(args.config) if args.config else None)
     if any(getattr(args, k) for k in SECURITY_OPTIONS):  # the options replace [mqtt]
         config = dataclasses.replace(config, mqtt_security=security_from_args(args))
-    topics = Topics(args.prefix)
+    broker = Broker(host, port, Topics(args.prefix), args.share)
     log_stream = open(args.log, "a") if args.log else sys.stderr  # noqa: SIM115
     log = JsonLog(log_stream)
 
@@ -57,12 +58,16 @@ def _run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         try:
-            await run_service(host, port, config, topics, share=args.share, log=log)
+            await run_service(broker, config, log=log)
         except asyncio.CancelledError:
             log(time.time_ns(), "stopped")
 
+    def python_log(level: str, logger: str, text: str) -> None:
+        log(time.time_ns(), "python log", level=level, logger=logger, detail=text)
+
     try:
-        asyncio.run(main())
+        with relay_logging(python_log):  # aiomqtt's, aiohttp's, asyncio's records: JSON lines
+            asyncio.run(main())
     except KeyboardInterrupt:
         return 0
     finally:

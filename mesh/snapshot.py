@@ -11,7 +11,7 @@ a remote controller through its HTTP API and websocket.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,7 +23,8 @@ from mesh.fabric import Fabric
 
 
 class Health(enum.StrEnum):
-    """Health of a NIC or link, ordered from good to bad by `SEVERITY`."""
+    """Health of a NIC or link, ordered from good to bad by `SEVERITY`. UNKNOWN: nothing
+    measured it lately (the controller says so rather than calling it up)."""
 
     UP = "up"
     DEGRADED = "degraded"
@@ -31,6 +32,11 @@ class Health(enum.StrEnum):
     FLAPPING = "flapping"
     DOWN = "down"
     UNKNOWN = "unknown"
+
+
+def worst(states: Iterable[Health]) -> Health:
+    """Return the worst of ``states`` by `SEVERITY` (UNKNOWN for none)."""
+    return max(states, key=SEVERITY.__getitem__, default=Health.UNKNOWN)
 
 
 SEVERITY: Mapping[Health, int] = {
@@ -201,6 +207,16 @@ class MeshSnapshot:
     def healthy_count(self) -> int:
         """Number of NICs whose health is UP."""
         return sum(1 for h in self.nic_health if h == Health.UP)
+
+    @property
+    def unknown_count(self) -> int:
+        """Number of NICs whose health is UNKNOWN (nothing measured them lately)."""
+        return sum(1 for h in self.nic_health if h == Health.UNKNOWN)
+
+    @property
+    def unhealthy_count(self) -> int:
+        """Number of NICs judged bad (neither UP nor UNKNOWN)."""
+        return len(self.nic_health) - self.healthy_count - self.unknown_count
 
     @classmethod
     def blank(cls, fabric: Fabric, t_ns: int = 0) -> MeshSnapshot:

@@ -1,6 +1,8 @@
 """The one reconnect loop every long-lived MQTT client of qpmesh runs.
 
-`Backoff` is pure (exponential, capped, reset by a connection that worked). `reconnect_loop`
+`Backoff` is pure (exponential, capped, optionally jittered from a passed-in random source,
+reset by a connection that worked); the controller's time-series writer retries its requests
+with it too. `reconnect_loop`
 runs one connection's lifetime (``session``) again and again: a broker error waits the next
 backoff delay and retries; a session that reported ``connected()`` before it failed starts the
 next wait from the minimum again, so a controller that was connected for an hour reconnects
@@ -10,6 +12,7 @@ at once instead of after the cap it reached during some outage long ago.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable
 
 from mqttlink.settings import BROKER_ERRORS, backoff_delay
@@ -18,21 +21,33 @@ Session = Callable[[Callable[[], None]], Awaitable[None]]
 
 
 class Backoff:
-    """Reconnect delays lo, 2 lo, 4 lo, ... capped at hi; `reset` after a good connection.
+    """Retry delays lo, 2 lo, 4 lo, ... capped at hi; `reset` after an attempt that worked.
 
-    Raises ValueError unless 0 < lo <= hi.
+    With ``jitter`` each delay is shortened by up to that share of itself: times
+    ``1 - jitter * rand()``, ``rand`` drawing from [0, 1) (passed in: tests give a constant),
+    so clients that failed together do not retry together. Raises ValueError unless
+    0 < lo <= hi and 0 <= jitter < 1.
     """
 
-    def __init__(self, lo_s: float, hi_s: float) -> None:
+    def __init__(
+        self,
+        lo_s: float,
+        hi_s: float,
+        *,
+        jitter: float = 0.0,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
         backoff_delay(0, lo_s, hi_s)  # validates
-        self.lo_s, self.hi_s = lo_s, hi_s
+        if not 0 <= jitter < 1:
+            raise ValueError(f"backoff jitter must be in [0, 1), got {jitter}")
+        self.lo_s, self.hi_s, self.jitter, self.rand = lo_s, hi_s, jitter, rand
         self.attempt = 0
 
     def next_delay(self) -> float:
         """Return the wait before the next attempt and advance."""
         delay = backoff_delay(self.attempt, self.lo_s, self.hi_s)
         self.attempt += 1
-        return delay
+        return delay * (1.0 - self.jitter * self.rand()) if self.jitter else delay
 
     def reset(self) -> None:
         """Start again from the minimum delay (a connection worked)."""

@@ -4,19 +4,30 @@ One agent per host drives every local NIC:
 
 - a `prober.schedule.ProbePlan` over the peers from the config (full mesh inside the NIC's
   ECMP group plus ``cross_peers`` elsewhere), sweeping each NIC's source-port set;
-- one `ProbeSession` + transport endpoint per NIC (`prober.udp.UdpEndpoint`, or the RDMA
-  endpoint); results and losses are collected as they complete;
+- one session + transport endpoint per NIC, made by the transport's `EndpointFactory`
+  (`prober.endpoint`: UDP on the configured hot path, or `prober.rdma.transport`); the agent
+  uses them through `prober.endpoint.Endpoint` and `prober.session.Session` only, and takes
+  path discovery and the compiled endpoints its one `CompiledDriver` ticks from what the
+  factory reports (`prober.endpoint.NicTransport`); results and losses are collected as they
+  complete;
 - every ``batch_interval_ms`` the collected events become one columnar `ProbeBatch` (NIC
   table = all configured NIC ids, so indices are stable) with an increasing ``batch_seq``,
   encoded and handed to the `Publisher` (which spools it until the broker has it);
 - every ``telemetry.interval_s`` a health document (GPU, NIC counters, prober counters),
   and one at once when a NIC's link state changes (checked every `LINK_CHECK_S`);
 - path discovery (``[paths]``, UDP only): TTL traces of the probe flows themselves, a few per
-  second per NIC (`prober.pathsweep`), published as JSON on ``<prefix>/paths/<host>``.
+  second per NIC (`prober.pathsweep`), published as JSON on ``<prefix>/paths/<host>``;
+- with discovery (``[discover]``, `prober.discover.resolve.LocalNics`): the neighbours document
+  (its NICs and their LLDP neighbours, retained on ``<prefix>/neighbors/<host>``), published
+  on every connect and when LLDP (read every ``lldp_interval_s``) shows a change; a NIC whose
+  leaf changed moves to that leaf's group. Its peers are learned from every other prober's
+  neighbours document (`prober.discover.peers.PeerBook`, followed by
+  `prober.discover.follow`), ``[[peers]]`` laid over them; a change of peers or groups plans
+  the probes again (`replan`): same sockets and source ports, fresh phases, a new trace sweep.
 
 Clocks: every stamp and every "now" is in the NIC's clock (`Endpoint.now_ns`); the schedule
-runs on the host clock and each probe is queued at its NIC's "now". `udp_endpoint_factory`
-takes the UDP endpoints' clock hook (kernel ns -> host ns; the testbed passes virtual clocks).
+runs on the host clock and each probe is queued at its NIC's "now".
+`prober.endpoint.udp_endpoint_factory` takes the UDP endpoints' clock hook (kernel ns -> host ns; the testbed passes virtual clocks).
 
 Pure helpers (`batch_seq_start`, `plan_round`, `health_doc`) are unit-tested; `Agent.run`
 is the thin asyncio shell. Time sources are injectable.
@@ -29,65 +40,29 @@ import contextlib
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from contract.records import encode_batch
 from prober import compiled
-from prober.config import NicConfig, ProberConfig, load_probe_keys
+from prober.config import PeerConfig, ProberConfig, load_probe_keys
+from prober.discover.follow import follow_neighbors
+from prober.discover.peers import PeerBook, merge_peers
+from prober.discover.resolve import Lldp, LocalNics, read_lldp_or_none
 from prober.drive import CompiledDriver
+from prober.endpoint import Endpoint, EndpointFactory, udp_endpoint_factory
 from prober.events import Address, ProbeEvent, ResultBlock, results_to_batch
-from prober.fastudp import BatchUdpEndpoint
-from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery, PathTracer, TracingEndpoint
+from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery
 from prober.pathsweep import TraceTimer, paths_payload, sweep_flows
 from prober.publish import Publisher
 from prober.schedule import ProbePlan, ScheduledProbe, choose_peers
-from prober.session import ProbeSession
+from prober.session import Session
 from prober.spool import Spool
 from prober.telemetry.gpu import GpuReading, gpu_health, read_gpus
 from prober.telemetry.nic import NicTelemetryError, read_link_up, read_nic
-from prober.udp import UdpEndpoint, identity_clock
 from prober.wire import codec_for
-
-
-class Endpoint(Protocol):
-    """What the agent needs from a transport endpoint (UDP or RDMA).
-
-    ``start`` opens it (and warms it up); ``resolve`` says where to probe a peer NIC (UDP: its
-    configured address; RDMA: the queue pair learnt from presence, None while unknown: the
-    probe is skipped and counted, not lost). Path discovery needs TTL-limited traces and ICMP
-    errors, which only the UDP transport has: it wraps a `prober.udp.UdpEndpoint` in a
-    `prober.pathdisc.TracingEndpoint`.
-    """
-
-    @property
-    def session(self) -> ProbeSession: ...
-    @property
-    def stamp_source(self) -> str: ...
-    def open(self) -> None: ...
-    async def start(self) -> None: ...
-    def close(self) -> None: ...
-    async def run(self) -> None: ...
-    def wake(self) -> None: ...
-    def now_ns(self) -> int: ...
-    def resolve(self, nic_id: str, configured: Address) -> Address | None: ...
-
-
-class EndpointFactory(Protocol):
-    """Makes one endpoint per local NIC; ``agent_tasks`` are the transport's own background
-    tasks once the endpoints are open (RDMA: announce the QPs, follow the peers' presence)."""
-
-    def __call__(
-        self,
-        nic: NicConfig,
-        session: ProbeSession,
-        sports: Sequence[int],
-        on_events: Callable[[list[ProbeEvent]], None],
-    ) -> Endpoint: ...
-
-    def agent_tasks(self, agent: Any) -> list[Coroutine[Any, Any, None]]: ...
 
 
 def batch_seq_start(now_ns: int) -> int:
@@ -145,106 +120,12 @@ def health_doc(
     }
 
 
-class UdpEndpointFactory:
-    """The agent's endpoint factory for the UDP transport (no background tasks of its own)."""
-
-    def __init__(self, cfg: ProberConfig, clock: Callable[[int], int] | None = None) -> None:
-        self.cfg = cfg
-        # the one identity function: the compiled engine then maps no stamp through Python
-        self.clock = clock if clock is not None else identity_clock
-        # "auto" should try hardware stamps; until prober.timestamping.set_hw_timestamping's
-        # ifreq packing is fixed (struct "=16sP" raises), only an explicit "hw" asks for them.
-        self.want_hw = cfg.timestamps == "hw"
-
-    def __call__(
-        self,
-        nic: NicConfig,
-        session: ProbeSession,
-        sports: Sequence[int],
-        on_events: Callable[[list[ProbeEvent]], None],
-    ) -> Endpoint:
-        """Return a (not yet started) UDP endpoint of ``nic``: `prober.compiled.CompiledUdpEndpoint`
-        for a `prober.compiled.CompiledSession` (see `session_hot_path`),
-        `prober.fastudp.BatchUdpEndpoint` (``prober.hot_path = "batched"``) or
-        `prober.udp.UdpEndpoint` (``"per-datagram"``, and the fallback of ``"compiled"``)."""
-        cls: type[UdpEndpoint]
-        if isinstance(session, compiled.CompiledSession):
-            cls = compiled.CompiledUdpEndpoint
-        elif self.cfg.hot_path == "batched":
-            cls = BatchUdpEndpoint
-        else:
-            cls = UdpEndpoint
-        return cls(
-            session,
-            nic.address,
-            device=nic.device or None,
-            dport=self.cfg.port,
-            sports=sports,
-            timestamping=True,
-            want_hw=self.want_hw,
-            on_events=on_events,
-            clock=self.clock,
-        )
-
-    def agent_tasks(self, agent: Any) -> list[Coroutine[Any, Any, None]]:
-        """Return no tasks: UDP peers are configured, not discovered."""
-        return []
-
-    def port_usable(self, nic_id: str, port: int) -> bool:
-        """Return whether UDP ``port`` can be bound on NIC ``nic_id``'s address now (another
-        socket of the host may hold it: the RoCE source-port range overlaps Linux's ephemeral
-        ports); True for a NIC this config does not have."""
-        nic = next((n for n in self.cfg.nics if n.id == nic_id), None)
-        if nic is None:
-            return True
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                s.bind((nic.address, port))
-            except OSError:
-                return False
-        return True
-
-
-def udp_endpoint_factory(
-    cfg: ProberConfig, clock: Callable[[int], int] | None = None
-) -> UdpEndpointFactory:
-    """Return a factory of `prober.udp.UdpEndpoint` per NIC, per the config.
-
-    ``clock`` is the clock hook (kernel stamp ns -> host clock ns) every endpoint applies to
-    its stamps; None is the identity (a real host). The namespace testbed passes a virtual
-    clock per emulated host (``qpmesh testbed prober``); the prober knows nothing of it.
-    """
-    return UdpEndpointFactory(cfg, clock)
-
-
-def session_hot_path(cfg: ProberConfig, built: bool) -> str:
-    """Return the hot path the agent really runs for ``cfg``: ``"compiled"`` for the UDP
-    transport with a built extension (``built``), probe HMAC on or off; a ``"compiled"``
-    config falls back to ``"per-datagram"`` otherwise (RDMA, no compiler).
-
-    Probe HMAC (``[auth] key_file``) does not change the choice: the C engine tags and
-    verifies as `prober.wire.Codec` does (`prober.compiled`). An A/B against the Python path
-    with authentication on is ``prober.hot_path = "per-datagram"``, the path authenticated
-    probers ran before.
-    """
-    if cfg.hot_path != "compiled":
-        return cfg.hot_path
-    if cfg.transport == "udp" and built:
-        return "compiled"
-    return "per-datagram"
-
-
 LINK_CHECK_S = 1.0
 """How often the agent reads its NICs' link state (two sysfs reads per NIC)."""
 
 DRIVEN_LEAD_NS = 10_000_000
 """With the compiled path the driver queues probes this far ahead of their planned time (the
 engines send each at its time, on the driver's tick)."""
-
-
-def _inner(ep: Any) -> Any:
-    """Return the transport endpoint behind a path-discovery wrapper (or ``ep`` itself)."""
-    return ep.inner if isinstance(ep, TracingEndpoint) else ep
 
 
 @dataclass(slots=True)
@@ -257,10 +138,14 @@ class AgentStats:
     batches: int = 0
     traces: int = 0
     paths: int = 0
+    replans: int = 0
 
 
 class Agent:
-    """Run the prober of ``cfg.host`` until stopped (or for one round with ``once``)."""
+    """Run the prober of ``cfg.host`` until stopped (or for one round with ``once``).
+
+    ``local``: what ``cfg``'s NICs were found from (`prober.discover.resolve.discover_config`;
+    None: they were listed); ``lldp_reader(socket)`` reads the LLDP neighbours again."""
 
     def __init__(
         self,
@@ -271,8 +156,16 @@ class Agent:
         now_ns: Callable[[], int] = time.time_ns,
         gpu_reader: Callable[[], GpuReading] = read_gpus,
         link_reader: Callable[[str], bool | None] = read_link_up,
+        local: LocalNics | None = None,
+        lldp_reader: Callable[[str], Lldp] = read_lldp_or_none,
     ) -> None:
         self.cfg = cfg
+        self.local = local
+        self._lldp_reader = lldp_reader
+        self._explicit_peers = cfg.peers
+        learn = cfg.discover is not None and cfg.discover.peers
+        self.peer_book = PeerBook(cfg.host) if learn else None
+        self._replanned = asyncio.Event()
         self._link_reader = link_reader
         self._links: dict[str, bool | None] = {}
         self._now_ns = now_ns
@@ -290,28 +183,17 @@ class Agent:
         self.peers = plan_peers(cfg)
         self.nic_table = tuple(sorted(cfg.group_of()))
         self.address = cfg.peer_address()
-        usable = (
-            self._factory.port_usable if isinstance(self._factory, UdpEndpointFactory) else None
-        )
-        self.plan = ProbePlan(self.peers, cfg.schedule, start_ns=now_ns(), port_usable=usable)
+        self.plan = ProbePlan(self.peers, cfg.schedule, start_ns=now_ns(),
+                              port_usable=self._factory.port_usable)  # fmt: skip
         # [auth] key_file: every session tags with the send key and verifies with every key;
         # untagged or badly tagged datagrams are counted as bad_auth and never become records.
         self.probe_keys = load_probe_keys(cfg)
-        self.hot_path = session_hot_path(
-            cfg, compiled.available() and isinstance(self._factory, UdpEndpointFactory)
-        )
-        session_cls = compiled.CompiledSession if self.hot_path == "compiled" else ProbeSession
-        defer_kw: dict[str, Any] = (
-            {"defer_follow_ups": cfg.defer_follow_ups, "hold_ns": cfg.follow_up_hold_ms * 1_000_000}
-            if self.hot_path == "compiled"
-            else {}
-        )
-        self.sessions = {
-            n.id: session_cls(n.id, codec_for(self.probe_keys),
-                              timeout_ns=cfg.timeout_ms * 1_000_000, **defer_kw)
-            for n in cfg.nics
-        }  # fmt: skip
+        self.codec = codec_for(self.probe_keys)  # (stateless: one for every NIC's session)
+        self.hot_path = self._factory.hot_path
+        # one session and endpoint per NIC, made by the factory in `start`
+        self.sessions: dict[str, Session] = {}
         self.endpoints: dict[str, Endpoint] = {}
+        self._ticked: dict[str, compiled.CompiledUdpEndpoint] = {}  # ticked by `_driver`
         self._events: list[ProbeEvent] = []
         self._batch_seq = batch_seq_start(now_ns())
         self.stats = AgentStats()
@@ -321,7 +203,7 @@ class Agent:
         self._flows: list[tuple[str, str, int]] = []
         self._paths_out: deque[DiscoveredPath] = deque(maxlen=100_000)
         self._retrace: deque[Any] = deque(maxlen=10_000)
-        self._targets: list[tuple[str, ProbeSession, str, Address | None]] | None = None
+        self._targets: list[tuple[str, Session, str, Address | None]] | None = None
         self._stream_table: list[tuple[int, int, int, int, int] | None] | None = None
         self._core_targets: Any = None  # the compiled plan whose targets are this table's
 
@@ -428,19 +310,19 @@ class Agent:
     ) -> list[tuple[int, int, int, int, int] | None]:
         """Per stream of the plan: None (nowhere to probe) or (the driver's index of its NIC,
         the session's index and hash of the peer, the peer's IPv4 address as an int, port)."""
-        slot_of = {id(ep): i for i, ep in enumerate(driver.endpoints)}
+        slot_of = {ep.csession.nic_id: i for i, ep in enumerate(driver.endpoints)}
         table: list[tuple[int, int, int, int, int] | None] = []
-        for src, session, dst, dest in self._stream_targets():
-            slot = slot_of.get(id(_inner(self.endpoints[src])))
-            if dest is None or slot is None or not isinstance(session, compiled.CompiledSession):
+        for src, _, dst, dest in self._stream_targets():
+            slot = slot_of.get(src)
+            if dest is None or slot is None:
                 table.append(None)
                 continue
-            i, h = session.dst_entry(dst)
+            i, h = driver.endpoints[slot].csession.dst_entry(dst)
             ip = int.from_bytes(socket.inet_aton(dest[0]), "big")
             table.append((slot, i, h, ip, dest[1]))
         return table
 
-    def _stream_targets(self) -> list[tuple[str, ProbeSession, str, Address | None]]:
+    def _stream_targets(self) -> list[tuple[str, Session, str, Address | None]]:
         """Return, per stream of the plan, (src, its session, dst, where to probe dst): the
         driven endpoints are UDP, whose `resolve` is the configured address, always."""
         out = []
@@ -457,8 +339,7 @@ class Agent:
     def flush_batch(self) -> int:
         """Turn collected events into one batch and submit it; return the records in it."""
         for s in self.sessions.values():
-            if isinstance(s, compiled.CompiledSession):
-                self._events += s.take_events()  # records the engine holds until now
+            self._events += s.take_events()  # records a session holds (the compiled engine's)
         if not self._events:
             return 0
         events, self._events = self._events, []
@@ -477,6 +358,65 @@ class Agent:
         self.stats.results += len(batch) - int(batch.lost.sum())
         return len(batch)
 
+    # ---- peers and groups that change while probing --------------------------------------------
+
+    def set_peers(self, peers: Sequence[PeerConfig]) -> None:
+        """Probe ``peers`` (and the NICs of the own groups) from now on (`replan`)."""
+        self.cfg = replace(self.cfg, peers=tuple(peers))
+        self.replan()
+
+    def replan(self) -> None:
+        """Plan the probes of ``self.cfg``'s peers and groups again: same source ports (and
+        sockets), fresh phases, a new trace sweep at once. NIC ids and addresses seen before
+        stay known (results of a peer that left may still be in flight)."""
+        self.peers = plan_peers(self.cfg)
+        self.nic_table = tuple(sorted(set(self.nic_table) | set(self.cfg.group_of())))
+        self.address.update(self.cfg.peer_address())
+        self.plan = ProbePlan(self.peers, self.cfg.schedule, start_ns=self._now_ns(),
+                              ports=self.plan.ports)  # fmt: skip
+        self._targets = None
+        self._stream_table = None
+        self._core_targets = None
+        if self._driver is not None and self._driver.batched:
+            self.plan.compile()
+        if self._traces is not None:
+            self._flows = sweep_flows(self.peers, self.plan.ports)
+            self._traces = TraceTimer(len(self._flows), self._trace_gap_s(),
+                                      self.cfg.paths_refresh_s, time.monotonic())  # fmt: skip
+        self._replanned.set()
+        self.stats.replans += 1
+
+    def _learned_peers(self) -> None:
+        """`PeerBook` said the peers changed: probe them (with ``[[peers]]`` over them)."""
+        assert self.peer_book is not None
+        local = [n.id for n in self.cfg.nics]
+        self.set_peers(merge_peers(self._explicit_peers, self.peer_book.peers(), local))
+
+    def publish_neighbors(self) -> None:
+        """Hand the current neighbours document to the publisher (with discovery only)."""
+        if self.local is not None:
+            self.publisher.set_neighbors(self.local.document(self._now_ns()).encode())
+
+    def check_lldp(self, reading: Lldp) -> bool:
+        """Take a new LLDP reading: when a neighbour changed, publish the neighbours document
+        again and, when a NIC's leaf (group) changed, plan the probes again. Return whether
+        anything changed."""
+        if self.local is None:
+            return False
+        fresh = self.local.with_lldp(reading)
+        if fresh == self.local:
+            return False
+        self.local = fresh
+        self.publish_neighbors()
+        groups = {n.id: n.group for n in fresh.nics()}
+        nics = tuple(replace(n, group=groups.get(n.id, n.group)) for n in self.cfg.nics)
+        if nics != self.cfg.nics:
+            self.cfg = replace(self.cfg, nics=nics)
+            self.replan()
+        return True
+
+    # ---- telemetry: the one place health documents are made and published --------------------
+
     def publish_health(self) -> None:
         """Read GPU and NIC telemetry and queue a health message."""
         gpu = self._gpu_reader()
@@ -494,7 +434,11 @@ class Agent:
             "bad_auth": sum(s.counters["bad_auth"] for s in self.sessions.values()),
             "auth_key": self.probe_keys.send_id if self.probe_keys else "",
             "hot_path": self.hot_path,
+            "peers": len(self.cfg.peers),
+            "replans": self.stats.replans,
         }
+        if self.peer_book is not None:
+            counters["neighbors"] = dict(self.peer_book.counters)
         doc = health_doc(self.cfg.host, self._now_ns(), gpu, self._gpu_prev, nics, counters)
         self._gpu_prev = gpu
         self.publisher.set_health(doc)
@@ -514,26 +458,23 @@ class Agent:
     # ---- the asyncio shell --------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start one endpoint per local NIC; raise the transport's OSError.
-
-        With path discovery on, an endpoint that can trace is wrapped in a `TracingEndpoint`
-        (its trace results and ICMP errors feed a `PathDiscovery`, its other events reach the
-        agent as before).
-        """
+        """Make and start the session and endpoint of every local NIC (the factory's
+        `prober.endpoint.NicTransport`); raise the transport's OSError. Path discovery and the
+        compiled endpoints the driver ticks are taken from what the factory reports."""
+        self.sessions.clear()
+        self._ticked.clear()
+        self.discovery.clear()
         try:
             for n in self.cfg.nics:
-                ep = self._factory(n, self.sessions[n.id], self.plan.ports[n.id], self._collect)
-                if isinstance(ep, compiled.CompiledUdpEndpoint):
-                    ep.external_ticks = True  # one `CompiledDriver` ticks them all (`run`)
+                made = self._factory(n, self.codec, self.plan.ports[n.id], self._collect)
+                ep = made.endpoint
                 await ep.start()
                 self.endpoints[n.id] = ep
-                if self.cfg.paths_enabled and isinstance(ep, UdpEndpoint):
-                    tracing = TracingEndpoint(
-                        ep, PathTracer(timeout_ns=1_000_000_000), self.cfg.paths_max_ttl,
-                        self._collect,
-                    )  # fmt: skip
-                    self.endpoints[n.id] = tracing
-                    self.discovery[n.id] = tracing.discovery
+                self.sessions[n.id] = ep.session
+                if made.ticked is not None:
+                    self._ticked[n.id] = made.ticked
+                if made.discovery is not None:
+                    self.discovery[n.id] = made.discovery
         except BaseException:
             self.close()
             raise
@@ -560,8 +501,8 @@ class Agent:
         )
         driven = self.driven_endpoints()
         tasks: list[asyncio.Task[Any]] = [asyncio.create_task(ep.run())
-                                          for ep in self.endpoints.values()
-                                          if _inner(ep) not in driven]  # fmt: skip
+                                          for nic, ep in self.endpoints.items()
+                                          if nic not in self._ticked]  # fmt: skip
         if driven:
             self._driver = CompiledDriver(
                 driven,
@@ -573,6 +514,12 @@ class Agent:
                 self.plan.compile()
             tasks.append(asyncio.create_task(self._driver.run()))
         tasks.extend(asyncio.create_task(c) for c in self._factory.agent_tasks(self))
+        self.publish_neighbors()  # before the publisher's first connect: it goes out first
+        if self.peer_book is not None and not once:
+            tasks.append(asyncio.create_task(follow_neighbors(
+                self.cfg.mqtt, f"qpmesh-neighbors-{self.cfg.host}", self.peer_book,
+                self._learned_peers,
+            )))  # fmt: skip
         if self.discovery and not once:
             if driven:  # traces start on the driver's tick: no timer of their own
                 self._flows = sweep_flows(self.peers, self.plan.ports)
@@ -615,8 +562,7 @@ class Agent:
 
     def _records(self) -> int:
         for s in self.sessions.values():
-            if isinstance(s, compiled.CompiledSession):
-                self._events += s.take_events()
+            self._events += s.take_events()
         return sum(len(e) if isinstance(e, ResultBlock) else 1 for e in self._events)
 
     def _any_now(self) -> int:
@@ -640,14 +586,9 @@ class Agent:
         return self._driver
 
     def driven_endpoints(self) -> list[compiled.CompiledUdpEndpoint]:
-        """Return the compiled endpoints a `CompiledDriver` ticks (opened with
-        ``external_ticks``; behind a path-discovery wrapper too)."""
-        out = []
-        for ep in self.endpoints.values():
-            inner = _inner(ep)
-            if isinstance(inner, compiled.CompiledUdpEndpoint) and inner.external_ticks:
-                out.append(inner)
-        return out
+        """Return the compiled endpoints a `CompiledDriver` ticks (`NicTransport.ticked`; also
+        behind a path-discovery wrapper), in the NICs' order."""
+        return list(self._ticked.values())
 
     def _driver_hook(self) -> None:
         """The driver's hook, once per tick: queue the probes the plan has due within the lead
@@ -672,6 +613,10 @@ class Agent:
         next_batch = loop.time() + batch_s
         next_health = loop.time() + self.cfg.telemetry_interval_s
         next_links = loop.time()
+        d = self.cfg.discover
+        lldp_every = d.lldp_interval_s if d is not None and self.local is not None else None
+        next_lldp = loop.time() + (lldp_every or 0.0)
+        lldp_read: asyncio.Task[Lldp] | None = None
         # the batched hot path queues 10 ms ahead and wakes at most every 5 ms (its endpoints
         # send on their own tick); per-datagram: 2 ms ahead, woken for every probe; compiled:
         # the driver queues on its tick, this loop only batches and reports
@@ -696,6 +641,15 @@ class Agent:
                 if self.check_links():
                     next_health = now + self.cfg.telemetry_interval_s
                 next_links = now + LINK_CHECK_S
+            if lldp_every is not None and d is not None:
+                if lldp_read is not None and lldp_read.done():
+                    self.check_lldp(lldp_read.result())
+                    lldp_read = None
+                if lldp_read is None and now >= next_lldp:  # lldpcli in a thread: not here
+                    lldp_read = asyncio.create_task(
+                        asyncio.to_thread(self._lldp_reader, d.lldp_socket)
+                    )
+                    next_lldp = now + lldp_every
             if driven:
                 wait_s = max(0.0, min(next_batch, next_health, next_links) - loop.time())
             else:
@@ -706,6 +660,8 @@ class Agent:
                 wait_s = min(gap_s, 0.05, max(0.0, next_batch - now))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait_s)
+        if lldp_read is not None:  # a reading still running: let its thread end
+            await asyncio.gather(lldp_read, return_exceptions=True)
 
     # ---- path discovery -----------------------------------------------------------------------
 
@@ -754,19 +710,22 @@ class Agent:
             self._retrace_one()
 
     async def _trace_loop(self) -> None:
-        """Trace every probe flow, ``traces_per_s`` per NIC; a new sweep every ``refresh_s``."""
-        flows = sweep_flows(self.peers, self.plan.ports)
+        """Trace every probe flow, ``traces_per_s`` per NIC; a new sweep every ``refresh_s``,
+        and at once when the probes were planned again (`replan`)."""
         gap_s = self._trace_gap_s()
         loop = asyncio.get_running_loop()
         while True:
             began = loop.time()
-            for flow in flows:
+            self._replanned.clear()
+            for flow in sweep_flows(self.peers, self.plan.ports):
+                if self._replanned.is_set():
+                    break
                 self._trace_flow(*flow)
                 await asyncio.sleep(gap_s)
                 self.poll_paths()
             rest = self.cfg.paths_refresh_s - (loop.time() - began)
             end = loop.time() + max(0.0, rest)
-            while loop.time() < end:
+            while loop.time() < end and not self._replanned.is_set():
                 await asyncio.sleep(min(1.0, max(0.0, end - loop.time())))
                 self.poll_paths()
                 if self._retrace:

@@ -16,8 +16,9 @@ sockets), i.e. the protocol's own CPU ceiling. ``endpoint_probes_per_second``: c
 probes per second through the whole stack (two `prober.udp.UdpEndpoint` on loopback in one
 asyncio loop, kernel stamps, follow-ups), i.e. what one prober process actually sustains.
 
-CLI hook: ``run_bench(seconds: float = 5.0, json: bool = False) -> dict[str, object]`` (prints
-the result as one JSON object with ``json=True``, else a short text summary).
+CLI hooks: ``bench_figures(seconds, path=..., repeats=..., profile=...) -> dict[str, object]``
+and ``show_figures(result)`` (a short text summary); ``run_bench(seconds, json)`` does both
+(one JSON object with ``json=True``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import socket
 import statistics
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from prober.benchloop import PATHS, endpoint_round_trips
 from prober.timestamping import ANC_BUFSIZE, SO_TIMESTAMPING, SW_FLAGS
@@ -242,51 +244,59 @@ def run_bench(
     repeats: int = 3,
     profile: bool = False,
 ) -> dict[str, object]:
-    """Measure, print (one JSON object if ``json`` else a summary), and return the figures.
-
-    ``profile``: print `prober.benchprofile.profile_round_trips` of ``path`` instead
-    ("both" profiles the per-datagram path).
-    """
-    if profile:
-        from prober.benchprofile import profile_round_trips
-
-        result = profile_round_trips(seconds, "per-datagram" if path == "both" else path)
-        if json:
-            print(jsonlib.dumps(result))
-        else:
-            print(f"{result['path']}: {result['cpu_us_per_round_trip']} us CPU per round trip")
-            for row in result["stages"]:  # type: ignore[attr-defined]
-                print(f"  {row['us']:8.2f} us  {100 * row['share']:5.1f} %  {row['stage']}")
-        return result
-    result = measure(seconds, path=path, repeats=repeats)
+    """Measure (`bench_figures`), print (one JSON object if ``json`` else `show_figures`),
+    and return the figures."""
+    result = bench_figures(seconds, path=path, repeats=repeats, profile=profile)
     if json:
         print(jsonlib.dumps(result))
     else:
-        print(
-            f"timestamped probes/s: {result['probes_per_second']}  "
-            f"baseline: {result['baseline_probes_per_second']}  "
-            f"overhead ratio: {result['timestamp_overhead_ratio']}"
-        )
-        if "round_trips_per_core_second" in result:
-            print(
-                f"{result['path']} round trips per core-second: "
-                f"{result['round_trips_per_core_second']}"
-            )
-        if "baseline_round_trips_per_core_second" in result:
-            print(
-                "per-datagram round trips per core-second: "
-                f"{result['baseline_round_trips_per_core_second']}"
-            )
-        if "round_trip_ratio" in result:
-            print(f"ratio: {result['round_trip_ratio']}")
-        for p in ("compiled-auth", "per-datagram-auth"):
-            key = f"{p.replace('-', '_')}_round_trips_per_core_second"
-            if key in result:
-                print(f"{p} round trips per core-second: {result[key]}")
-        if "auth_round_trip_ratio" in result:
-            print(f"ratio with probe HMAC (compiled-auth / per-datagram-auth): "
-                  f"{result['auth_round_trip_ratio']}")  # fmt: skip
+        show_figures(result)
     return result
+
+
+def bench_figures(
+    seconds: float = 5.0, *, path: str = "both", repeats: int = 3, profile: bool = False
+) -> dict[str, object]:
+    """Return the figures of `measure` or, with ``profile``,
+    `prober.benchprofile.profile_round_trips` of ``path`` ("both" profiles the per-datagram
+    path)."""
+    if profile:
+        from prober.benchprofile import profile_round_trips
+
+        return profile_round_trips(seconds, "per-datagram" if path == "both" else path)
+    return measure(seconds, path=path, repeats=repeats)
+
+
+def show_figures(result: Mapping[str, Any]) -> None:
+    """Print a short text summary of `bench_figures`."""
+    if "stages" in result:  # a profile
+        print(f"{result['path']}: {result['cpu_us_per_round_trip']} us CPU per round trip")
+        for row in result["stages"]:
+            print(f"  {row['us']:8.2f} us  {100 * row['share']:5.1f} %  {row['stage']}")
+        return
+    print(
+        f"timestamped probes/s: {result['probes_per_second']}  "
+        f"baseline: {result['baseline_probes_per_second']}  "
+        f"overhead ratio: {result['timestamp_overhead_ratio']}"
+    )
+    if "round_trips_per_core_second" in result:
+        print(
+            f"{result['path']} round trips per core-second: {result['round_trips_per_core_second']}"
+        )
+    if "baseline_round_trips_per_core_second" in result:
+        print(
+            "per-datagram round trips per core-second: "
+            f"{result['baseline_round_trips_per_core_second']}"
+        )
+    if "round_trip_ratio" in result:
+        print(f"ratio: {result['round_trip_ratio']}")
+    for p in ("compiled-auth", "per-datagram-auth"):
+        key = f"{p.replace('-', '_')}_round_trips_per_core_second"
+        if key in result:
+            print(f"{p} round trips per core-second: {result[key]}")
+    if "auth_round_trip_ratio" in result:
+        print(f"ratio with probe HMAC (compiled-auth / per-datagram-auth): "
+              f"{result['auth_round_trip_ratio']}")  # fmt: skip
 
 
 if __name__ == "__main__":  # pragma: no cover

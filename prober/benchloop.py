@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Any
 
 from prober import compiled
 from prober.events import ProbeEvent, ProbeResult, ResultBlock
@@ -41,10 +42,15 @@ async def endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, f
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     base = path.removesuffix("-auth")
-    cls: type[UdpEndpoint] = {"compiled": compiled.CompiledUdpEndpoint,
-                              "batched": BatchUdpEndpoint}.get(base, UdpEndpoint)  # fmt: skip
-    session: type[ProbeSession] = compiled.CompiledSession if base == "compiled" else ProbeSession
     key = AUTH_KEY if path.endswith("-auth") else None
+
+    def endpoint(nic: str, **kw: Any) -> UdpEndpoint:
+        if base == "compiled":
+            s = compiled.CompiledSession(nic, Codec(key))
+            return compiled.CompiledUdpEndpoint(s, "127.0.0.1", dport=0, **kw)
+        cls = BatchUdpEndpoint if base == "batched" else UdpEndpoint
+        return cls(ProbeSession(nic, Codec(key)), "127.0.0.1", dport=0, **kw)
+
     done = 0
     arrived = asyncio.Event()
 
@@ -57,8 +63,7 @@ async def endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, f
             elif isinstance(e, ProbeResult):
                 done += 1
 
-    a = cls(session("bench-a", Codec(key)), "127.0.0.1", dport=0, on_events=count)
-    b = cls(session("bench-b", Codec(key)), "127.0.0.1", dport=0)
+    a, b = endpoint("bench-a", on_events=count), endpoint("bench-b")
     async with a, b:
         tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]  # as the agent does
         sport = a.add_source_port(0)

@@ -14,9 +14,14 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from contract.interrupt import finish, interruptible
 from prober.config import ProberConfig, load_config, load_probe_keys
+
+if TYPE_CHECKING:  # the transports are imported when a prober runs, not by every command
+    from prober.discover.resolve import LocalNics
+    from prober.endpoint import EndpointFactory
 
 
 def register(subparsers: Any) -> None:
@@ -61,7 +66,7 @@ def register(subparsers: Any) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from prober.bench import run_bench  # type: ignore[import-not-found,unused-ignore]
+    from prober.bench import bench_figures, show_figures
 
     if args.seconds <= 0:
         raise ValueError("--seconds must be positive")
@@ -73,10 +78,12 @@ def _bench(args: argparse.Namespace) -> int:
         if not available():
             raise OSError(f"--path {args.path}: prober._fastpath is not built (pip install -e . "
                           "with a C compiler and the Python headers)")  # fmt: skip
-    result = run_bench(
-        args.seconds, args.json, path=args.path, repeats=args.repeats, profile=args.profile
-    )
-    return int(result) if isinstance(result, int) else 0
+    result: dict[str, object] | None = None
+    with interruptible() as stop:  # the figures come at the end: none if stopped before
+        result = bench_figures(
+            args.seconds, path=args.path, repeats=args.repeats, profile=args.profile
+        )
+    return finish(stop, result, as_json=args.json, show=show_figures)
 
 
 def _load(args: argparse.Namespace) -> ProberConfig:
@@ -155,7 +162,9 @@ def _run(args: argparse.Namespace) -> int:
     cfg = _load(args)
     keys = load_probe_keys(cfg)  # a bad key file fails here, in one line, before anything runs
     if args.dry_run:
-        doc = dry_run_plan(cfg)
+        from prober.discover.resolve import discover_config
+
+        doc = dry_run_plan(discover_config(cfg)[0])
         doc["auth"] = {"key_file": cfg.auth_key_file, **keys.describe()} if keys else None
         _print_dry_run(doc, args.json)
         return 0
@@ -172,10 +181,15 @@ def run_prober(
     """Run the prober of ``cfg`` until SIGTERM/SIGINT (or one round with ``once``); return 0.
 
     ``clock`` is the UDP endpoints' clock hook (kernel ns -> host ns), None on a real host.
+    With ``[discover]`` the NICs are found first (`prober.discover.resolve.discover_config`).
     Raises `prober.rdma.discover.RdmaUnavailable` (an OSError) for ``transport = "rdma"``
-    without a usable device.
+    without a usable device, `prober.discover.resolve.NoNicsError` (an OSError) when no NIC
+    is found.
     """
-    factory: Any = None
+    from prober.discover.resolve import discover_config
+
+    cfg, local = discover_config(cfg)
+    factory: EndpointFactory | None = None
     if cfg.transport == "rdma":
         from prober.rdma.discover import require_rdma
 
@@ -184,18 +198,18 @@ def run_prober(
 
         factory = rdma_endpoint_factory(cfg)
     elif clock is not None:
-        from prober.agent import udp_endpoint_factory
+        from prober.endpoint import udp_endpoint_factory
 
         factory = udp_endpoint_factory(cfg, clock)
     profile_to = os.environ.get(PROFILE_ENV)
     if not profile_to:
-        return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json))
+        return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json, local=local))
     import cProfile
 
     prof = cProfile.Profile()
     prof.enable()
     try:
-        return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json))
+        return asyncio.run(_serve(cfg, factory, once=once, as_json=as_json, local=local))
     finally:
         prof.disable()
         prof.dump_stats(profile_to)
@@ -206,10 +220,17 @@ PROFILE_ENV = "QPMESH_PROBER_PROFILE"
 (``python -m pstats FILE``): how the running agent spends its CPU (docs/benchmarks.md)."""
 
 
-async def _serve(cfg: ProberConfig, factory: Any, *, once: bool, as_json: bool) -> int:
+async def _serve(
+    cfg: ProberConfig,
+    factory: EndpointFactory | None,
+    *,
+    once: bool,
+    as_json: bool,
+    local: LocalNics | None = None,
+) -> int:
     from prober.agent import Agent
 
-    agent = Agent(cfg, endpoint_factory=factory)
+    agent = Agent(cfg, endpoint_factory=factory, local=local)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

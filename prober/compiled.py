@@ -48,14 +48,14 @@ import math
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from prober.events import Address, Datagram, ProbeEvent, ResultBlock
 from prober.fastudp import BatchUdpEndpoint
-from prober.session import ProbeSession
+from prober.session import ProbeSession, Received
 from prober.timestamping import (
     SO_EE_ORIGIN_ICMP,
     SO_TIMESTAMPING,
@@ -85,6 +85,13 @@ _SESSION_KEYS = frozenset(WIRE_ERROR_REASONS) | {
 _STAMP_KEYS = {"stamp_hw": "hw", "stamp_sw": "sw", "stamp_user": "user"}
 DEFAULT_HOLD_NS = 250_000_000
 """How long a responder holds a deferred t3 for a REPLY to carry (see `prober.wire`)."""
+
+
+def _earliest(a: int | None, b: int | None) -> int | None:
+    """Return the earlier of two optional times (None: nothing due)."""
+    if a is None:
+        return b
+    return a if b is None or a < b else b
 
 
 def available() -> bool:
@@ -129,20 +136,26 @@ def opt_id_counts_unstamped() -> bool | None:
         rx.close()
 
 
-class CompiledSession(ProbeSession):
-    """A `ProbeSession` whose probes, replies, follow-ups, matching and timeouts run in the C
-    engine (``engine``); needs a `CompiledUdpEndpoint` to carry it.
+class CompiledSession:
+    """One NIC's `prober.session.Session` whose probes, replies, follow-ups, matching and
+    timeouts run in the C engine (``engine``); needs a `CompiledUdpEndpoint` to carry it.
 
-    Same constructor as `ProbeSession`, plus ``defer_follow_ups`` (set DEFER_OK on probes and
+    The engine is this session's rule set, tested equal to `ProbeSession`'s
+    (tests/test_prober_compiled*.py); what it hands back (trace probes and their replies, for
+    path discovery) goes through ``python``, a `ProbeSession` of the same NIC and codec, whose
+    ``counters`` are this session's (the engine's counts are merged into them, same keys). A
+    session made of the two, not a `ProbeSession` subclass: no Python rule is overridden.
+
+    Arguments as `ProbeSession`'s, plus ``defer_follow_ups`` (set DEFER_OK on probes and
     honour it as a responder, see the module docstring) and ``hold_ns`` (how long a held t3
     waits for a REPLY to carry it; default min(250 ms, timeout_ns / 4)). An HMAC-keyed
     ``codec`` is handed to the engine (its send key tags, all its keys verify). Raises
     `ValueError` for a one-step session (use `ProbeSession`), a ``pad`` that leaves no room
-    for the tag in the engine's 2,048-byte slot, or a ``hold_ns`` over half of ``timeout_ns``
-    (held t3s must reach initiators before their timeout), `RuntimeError` when the extension
-    is not built.
-    Completed results and losses come out of `take_events` (and `poll`) as `ResultBlock`s.
-    ``counters`` merges the engine's counts (same keys as `ProbeSession`).
+    for the tag in the engine's 2,048-byte slot, a ``hold_ns`` over half of ``timeout_ns``
+    (held t3s must reach initiators before their timeout) and what `ProbeSession` refuses,
+    `RuntimeError` when the extension is not built.
+    Completed results and losses come out of `take_events` (and `poll`, `receive`) as
+    `ResultBlock`s.
     """
 
     def __init__(
@@ -160,14 +173,18 @@ class CompiledSession(ProbeSession):
     ) -> None:
         if _fastpath is None:
             raise RuntimeError("prober._fastpath is not built (pip install -e . with a compiler)")
-        super().__init__(nic_id, codec, timeout_ns=timeout_ns, one_step=one_step,
-                         max_pending=max_pending, seq_start=seq_start, pad=pad)  # fmt: skip
+        self.python = ProbeSession(nic_id, codec, timeout_ns=timeout_ns, max_pending=max_pending,
+                                   pad=pad)  # fmt: skip
         if one_step:
             raise ValueError("the compiled path speaks the two-step protocol")
         if hold_ns is None:
             hold_ns = min(DEFAULT_HOLD_NS, timeout_ns // 4)
         if not 0 <= hold_ns <= timeout_ns // 2:
             raise ValueError(f"hold_ns {hold_ns} must be in 0..timeout_ns/2 ({timeout_ns // 2})")
+        self.nic_id = nic_id
+        self.nic = self.python.nic
+        self.codec = self.python.codec
+        self.timeout_ns = timeout_ns
         self.defer_follow_ups = defer_follow_ups
         self.hold_ns = hold_ns
         mode = opt_id_counts_unstamped()
@@ -187,15 +204,11 @@ class CompiledSession(ProbeSession):
 
     # ---- counters ------------------------------------------------------------------------------
 
-    @property  # type: ignore[override]
+    @property
     def counters(self) -> Counter[str]:
         """Return the protocol counters (the engine's counts merged in)."""
         self.sync_counters()
-        return self._counters
-
-    @counters.setter
-    def counters(self, value: Counter[str]) -> None:
-        self._counters = value
+        return self.python.counters
 
     def attach(
         self,
@@ -215,14 +228,15 @@ class CompiledSession(ProbeSession):
 
     def sync_counters(self) -> None:
         """Move the engine's counts since the last call into the Python counters."""
+        counters = self.python.counters
         for key, n in self.engine.take_counters().items():
-            if isinstance(key, tuple):
+            if isinstance(key, tuple):  # (kind, errno): a send or receive error
                 kind, err = key
                 name = f"{kind}_{type(OSError(err, '')).__name__}"
                 if self._transport_counters is not None:
                     self._transport_counters[name] += n
             elif key in _SESSION_KEYS:
-                self._counters[key] += n
+                counters[key] += n
             elif key in _STAMP_KEYS:
                 if self._stamp_counts is not None:
                     self._stamp_counts[_STAMP_KEYS[key]] += n
@@ -273,11 +287,19 @@ class CompiledSession(ProbeSession):
         self.queue_probe(dst, dest, sport, now_ns)
         return self.next_datagrams(now_ns)
 
+    def trace_probe(self, dst: str, dest: Address, sport: int) -> Datagram:
+        """Return a path-discovery probe (`ProbeSession.trace_probe`, made in Python)."""
+        return self.python.trace_probe(dst, dest, sport)
+
     def next_datagrams(self, now_ns: int) -> list[Datagram]:
         """Return the datagrams the Python side made (trace replies); the engine sends probes,
         replies and follow-ups itself (`CompiledUdpEndpoint.flush`)."""
-        out, self._outbox = self._outbox, []
-        return out
+        return self.python.next_datagrams(now_ns)
+
+    @property
+    def python_due(self) -> bool:
+        """Return True when the Python side has datagrams to send (trace replies)."""
+        return self.python.next_send_ns() is not None
 
     @property
     def pending(self) -> int:
@@ -286,10 +308,7 @@ class CompiledSession(ProbeSession):
 
     def next_send_ns(self) -> int | None:
         """Return when the next datagram is due (0: something is waiting now), or None."""
-        if self._outbox:
-            return 0
-        nxt: int | None = self.engine.next_send_ns()
-        return nxt
+        return _earliest(self.python.next_send_ns(), self.engine.next_send_ns())
 
     def next_timeout_ns(self) -> int | None:
         """Return the earliest time `poll` has work: a probe timeout still to report or the
@@ -297,16 +316,14 @@ class CompiledSession(ProbeSession):
         None when there is neither. An endpoint's own timer (`BatchUdpEndpoint.run`, used
         without `prober.drive.CompiledDriver`) thus flushes held t3s on time, not on its 1 s
         idle wake-up, after a short initiator timeout."""
-        times = [t for t in (self.engine.next_timeout_ns(), self.engine.next_flush_ns())
-                 if t is not None]  # fmt: skip
-        return min(times) if times else None
+        engine = _earliest(self.engine.next_timeout_ns(), self.engine.next_flush_ns())
+        return _earliest(engine, self.python.next_timeout_ns())
 
     def next_deadline_ns(self) -> int | None:
         """Return the earliest time something is due (a queued probe or a timeout), or None."""
-        times = [t for t in (self.next_send_ns(), self.next_timeout_ns()) if t is not None]
-        return min(times) if times else None
+        return _earliest(self.next_send_ns(), self.next_timeout_ns())
 
-    # ---- results ----------------------------------------------------------------------------
+    # ---- datagrams, stamps, results -------------------------------------------------------------
 
     def take_events(self) -> list[ProbeEvent]:
         """Return the engine's completed results and losses since the last call (one
@@ -322,31 +339,55 @@ class CompiledSession(ProbeSession):
     ) -> list[ProbeEvent]:
         """Process one datagram through the engine (as if received on a socket); replies are
         sent by the endpoint's next flush. Returns completed results and trace events."""
-        deferred = self.engine.feed(bytes(data), src, rx_stamp_ns, now_ns)
+        return self.receive_many(((data, src, rx_stamp_ns),), now_ns)
+
+    def receive_many(self, batch: Sequence[Received], now_ns: int) -> list[ProbeEvent]:
+        """`receive` for each datagram ``(data, src, rx_stamp_ns)`` of ``batch`` in order."""
         events: list[ProbeEvent] = []
-        if deferred:
-            for d, s, rx in deferred:
-                events += ProbeSession.receive(self, d, s, rx, now_ns)
+        for data, src, rx in batch:
+            deferred = self.engine.feed(bytes(data), src, rx, now_ns)
+            for d, s, t in deferred or ():  # trace datagrams: the Python rules
+                events += self.python.receive(d, s, t, now_ns)
         return events + self.take_events()
+
+    def on_tx_stamp(self, token: int, tx_stamp_ns: int) -> list[ProbeEvent]:
+        """Record the TX stamp of a datagram the Python side made (the engine reads the stamps
+        of its own); see `ProbeSession.on_tx_stamp`."""
+        return self.python.on_tx_stamp(token, tx_stamp_ns)
+
+    def on_tx_stamps(self, stamps: Sequence[tuple[int, int]]) -> list[ProbeEvent]:
+        """`on_tx_stamp` for each of ``stamps`` in order."""
+        return self.python.on_tx_stamps(stamps)
+
+    def send_refused(self, token: int) -> list[ProbeEvent]:
+        """Record that a Python-made datagram could not be sent (`ProbeSession.send_refused`;
+        the engine counts its own refused sends)."""
+        return self.python.send_refused(token)
+
+    def poll_python(self, now_ns: int) -> list[ProbeEvent]:
+        """Return the timeouts of the Python side (`ProbeSession.poll`), without the engine's."""
+        return self.python.poll(now_ns)
 
     def poll(self, now_ns: int) -> list[ProbeEvent]:
         """Return the losses (and results) due by ``now_ns`` as a `ResultBlock` (see
         `ProbeSession.poll`); stale replies still awaiting their TX stamp are dropped."""
         self.engine.poll(now_ns)
-        return ProbeSession.poll(self, now_ns) + self.take_events()
+        return self.python.poll(now_ns) + self.take_events()
 
 
 class CompiledUdpEndpoint(BatchUdpEndpoint):
     """Carry a `CompiledSession` over UDP: same sockets, options and timers as
     `prober.fastudp.BatchUdpEndpoint`; the datagram loop runs in the session's engine.
 
-    Raises `TypeError` if ``session`` is not a `CompiledSession`, `ValueError` without
-    ``timestamping`` (the engine needs kernel stamps; use the Python paths).
+    ``external_ticks``: a `prober.drive.CompiledDriver` ticks it (the agent's way: one timer
+    for every NIC; `run` is then not used); without, its own readiness callback and timer
+    (`BatchUdpEndpoint.run`). Other arguments as `BatchUdpEndpoint`'s. Raises `ValueError`
+    without ``timestamping`` (the engine needs kernel stamps; use the Python paths).
     """
 
-    def __init__(self, session: ProbeSession, addr: str, **kwargs: Any) -> None:
-        if not isinstance(session, CompiledSession):
-            raise TypeError("CompiledUdpEndpoint needs a CompiledSession")
+    def __init__(
+        self, session: CompiledSession, addr: str, *, external_ticks: bool = False, **kwargs: Any
+    ) -> None:
         if not kwargs.get("timestamping", True):
             raise ValueError("the compiled path needs kernel timestamps")
         super().__init__(session, addr, **kwargs)
@@ -358,7 +399,7 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         self._replacing: int | None = None  # engine index a new socket replaces
         self._delivery_at: float | None = None  # loop time of the next hand-over of records
         self._busy = False  # the last drain read a full batch: drain at once, not per tick
-        self.external_ticks = False  # set before `open`: a `prober.drive.CompiledDriver` ticks it
+        self.external_ticks = external_ticks  # (may be set until `open`)
         self._next_poll = 0
         self.engine.set_clock(None if self.clock is identity_clock else self.clock)
         session.attach(self.counters, self.stamp_counts, self.add_source_port, self._pool)
@@ -391,13 +432,13 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         if now_ns >= self._next_poll:
             self._next_poll = now_ns + self.poll_ns
             self.engine.poll(now_ns)  # timeouts become lost rows, held in the engine
-            events = ProbeSession.poll(self.csession, now_ns)  # Python-side (trace) probes
+            events = self.csession.poll_python(now_ns)  # Python-side (trace) probes
             if events:
                 self._deliver(events)
         deferred = self.engine.tick(now_ns)
-        if deferred or self.csession._outbox:
+        if deferred or self.csession.python_due:
             self._after_engine(deferred)
-            if self.csession._outbox:
+            if self.csession.python_due:
                 self.flush()
         else:
             self._renumber_refused()
@@ -417,19 +458,17 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
     def poll_python(self, now_ns: int) -> None:
         """The Python half of `tick`'s ``poll_ns`` step, for a driver that ran the engine's
         half in `prober._fastpath.tick_all`: timeouts of Python-made (trace) probes."""
-        s = self.csession
-        if s._deadlines or s._await_tx:
-            events = ProbeSession.poll(s, now_ns)
-            if events:
-                self._deliver(events)
+        events = self.csession.poll_python(now_ns)
+        if events:
+            self._deliver(events)
 
     def after_tick_all(self, deferred: list[Any] | None, renumber: bool) -> None:
         """What `tick` does with `Engine.tick`'s result, for a NIC `tick_all` ticked: hand the
         trace datagrams and ICMP errors to Python, send what the Python side queued, replace
         sockets whose send was refused."""
-        if deferred or self.csession._outbox:
+        if deferred or self.csession.python_due:
             self._after_engine(deferred)
-            if self.csession._outbox:
+            if self.csession.python_due:
                 self.flush()
         elif renumber:
             self._renumber_refused()
@@ -557,7 +596,7 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
             for item in deferred:
                 if isinstance(item[0], bytes):  # a trace probe or trace reply: Python session
                     data, src, rx = item
-                    events += ProbeSession.receive(s, data, src, rx, now)
+                    events += s.python.receive(data, src, rx, now)
                 else:  # an error-queue entry other than a TX stamp (ICMP errors)
                     port, payload, cmsgs = item
                     err = parse_extended_err(cmsgs)
@@ -570,7 +609,7 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
                     else:
                         self.counters["errqueue_other"] += 1
         self._deliver(events)
-        if s._outbox and not self.external_ticks:
+        if s.python_due and not self.external_ticks:
             self._schedule_flush()
         if self.external_ticks:
             return  # `tick` hands the records over every poll_ns
@@ -591,7 +630,7 @@ class CompiledUdpEndpoint(BatchUdpEndpoint):
         socket in the engine."""
         deferred = self.engine.send_due(self.now_ns())
         s = self.csession
-        if s._outbox:
+        if s.python_due:
             for d in s.next_datagrams(0):
                 self.send(d)
         self._after_engine(deferred)

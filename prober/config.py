@@ -15,14 +15,23 @@ Layout (see docs/prober.md for the full reference)::
     [telemetry]                   # interval_s, gpu
     [paths]                       # enabled, traces_per_s, max_ttl, refresh_s (path discovery)
     [auth]                        # key_file: probe HMAC keys (contract.keys; docs/security.md)
+    [discover]                    # nics, exclude (globs), nic_id, lldp_socket, lldp_interval_s,
+                                  # peers: this host's NICs and its peers found, not listed
     [[nics]]   id, address, group, device, rdma_device, gid_index
     [[peers]]  id, address, group, port
+
+Discovery (`read_discover`) is on when the file has ``[discover]`` or no ``[[nics]]``: the
+prober then finds its NICs (`prober.discover.resolve.discover_config`, before it starts) and
+learns its peers from the other probers' neighbours documents; ``[[nics]]`` and ``[[peers]]``
+entries override what is found. ``prober.host`` defaults to the host name. So a config needs
+only ``[mqtt]`` (the broker and its credentials).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +39,7 @@ from typing import Any
 from contract.keys import HMAC, KeySet, load_key_file
 from contract.tomlcheck import Table, parse_toml
 from mqttlink.settings import BrokerSettings, read_security
+from prober.discover.nics import nic_id as make_nic_id
 from prober.schedule import ScheduleConfig
 
 TRANSPORTS = ("udp", "rdma")
@@ -69,6 +79,22 @@ class PeerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DiscoverConfig:
+    """``[discover]``: which interfaces to probe from (``nics`` = ``include`` and ``exclude``
+    shell globs, `prober.discover.nics.NicFilter`), the fabric id of a found NIC (``nic_id``,
+    ``{host}`` and ``{ifname}`` filled in), lldpd's control socket (``lldp_socket``, "" the
+    system's), how often LLDP is read again (``lldp_interval_s``) and whether peers are
+    learned from the other probers' neighbours documents (``peers``)."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    nic_id: str = "{host}.{ifname}"
+    lldp_socket: str = ""
+    lldp_interval_s: float = 10.0
+    peers: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class ProberConfig:
     """The whole validated configuration."""
 
@@ -98,6 +124,7 @@ class ProberConfig:
     paths_max_ttl: int = 8
     paths_refresh_s: float = 60.0
     auth_key_file: str = ""  # "" = probes are not authenticated; relative: to the config file
+    discover: DiscoverConfig | None = None  # [discover]: NICs and peers found (None: listed)
     source: str = "<config>"
 
     def group_of(self) -> dict[str, str]:
@@ -130,17 +157,24 @@ def _port(v: int) -> bool:
 
 
 def parse_config(
-    doc: Mapping[str, Any], source: str = "<config>", base_dir: Path | None = None
+    doc: Mapping[str, Any],
+    source: str = "<config>",
+    base_dir: Path | None = None,
+    hostname: Callable[[], str] = socket.gethostname,
 ) -> ProberConfig:
     """Return the validated configuration in TOML document ``doc``; raise `ConfigError`.
 
     Relative file names in ``[mqtt]`` (``ca_file``, ``cert_file``, ``key_file``,
     ``password_file``) are taken from ``base_dir`` (the config file's folder).
+    ``prober.host`` defaults to ``hostname()``.
     """
     src = source
     root = Table.root(doc, src, ConfigError)
     pr = root.table("prober")
-    host = pr.require("host", str, _ident, "a host id (letters, digits, - _ . :)")
+    want = "a host id (letters, digits, - _ . :)"
+    host = pr.get("host", str, "", _ident, want) or hostname()
+    if not _ident(host):
+        raise pr.err("host", f"is not set and the host name {host!r} is not {want}")
     transport = pr.get("transport", str, "udp", lambda v: v in TRANSPORTS, f"one of {TRANSPORTS}")
     port = pr.get("port", int, 4791, _port, "an integer in 1..65535")
     stamps = pr.get("timestamps", str, "auto", lambda v: v in STAMPS, f"one of {STAMPS}")
@@ -154,39 +188,8 @@ def parse_config(
                      lambda v: 0 <= v <= timeout_ms // 2,
                      f"0..{timeout_ms // 2} (half of timeout_ms: held t3s must arrive in time)")  # fmt: skip
     pr.finish()
-
-    sc = root.table("schedule")
-    sched_kw: dict[str, Any] = {
-        "rate_hz": sc.get("rate_hz", float, 10.0, lambda v: 0 < v <= 1e5, "a rate in (0, 1e5]"),
-        "paths": sc.get("paths", int, 16, lambda v: 1 <= v <= 4096, "an integer in 1..4096"),
-        "confidence": sc.get("confidence", float, 0.9, lambda v: 0 < v < 1, "in (0, 1)"),
-        "cross_peers": sc.get("cross_peers", int, 16, lambda v: 0 <= v <= 1024, "0..1024"),
-        "coded": sc.get("coded", bool, True),
-        "jitter": sc.get("jitter", float, 0.25, lambda v: 0 <= v < 0.5, "in [0, 0.5)"),
-        "seed": sc.get("seed", int, 0),
-    }
-    sc.finish()
-    try:
-        schedule = ScheduleConfig(**sched_kw)
-    except ValueError as exc:
-        raise ConfigError(f"{src}: schedule: {exc}") from None
-
-    mq = root.table("mqtt")
-    mqtt_kw: dict[str, Any] = {
-        "host": mq.get("host", str, "127.0.0.1", bool, "a host name or address"),
-        "port": mq.get("port", int, 1883, _port, "an integer in 1..65535"),
-        "prefix": mq.get("prefix", str, "qpmesh/v1"),
-        "keepalive_s": mq.get("keepalive_s", int, 10, lambda v: 1 <= v <= 3600, "1..3600"),
-        "timeout_s": mq.get("timeout_s", float, 5.0, lambda v: 0 < v <= 600, "in (0, 600]"),
-        "backoff_min_s": mq.get("backoff_min_s", float, 0.2, lambda v: 0 < v <= 60, "(0, 60]"),
-        "backoff_max_s": mq.get("backoff_max_s", float, 5.0, lambda v: 0 < v <= 600, "(0, 600]"),
-        "security": read_security(mq, base_dir),
-    }
-    mq.finish()
-    try:
-        mqtt = BrokerSettings(**mqtt_kw)
-    except ValueError as exc:
-        raise ConfigError(f"{src}: mqtt: {exc}") from None
+    schedule = read_schedule(root.table("schedule"))
+    mqtt = read_mqtt(root.table("mqtt"), base_dir)
 
     sp = root.table("spool")
     max_batches = sp.get("max_batches", int, 10_000, lambda v: v >= 1, "a positive integer")
@@ -210,46 +213,18 @@ def parse_config(
     key_file = au.get("key_file", str, "", bool, "a key file path (docs/security.md)")
     au.finish()
 
-    nics: list[NicConfig] = []
-    for s in root.tables("nics"):
-        nics.append(
-            NicConfig(
-                id=s.require("id", str, _ident, "a NIC id"),
-                address=s.require("address", str, _is_ip, "an IP address"),
-                group=s.get("group", str, "group0", _ident, "a group id"),
-                device=s.get("device", str, ""),
-                rdma_device=s.get("rdma_device", str, ""),
-                rdma_port=s.get("rdma_port", int, 1, lambda v: 1 <= v <= 255, "1..255"),
-                gid_index=s.get("gid_index", int, 3, lambda v: 0 <= v <= 255, "0..255"),
-            )
-        )
-        s.finish()
-    if not nics:
-        raise ConfigError(f"{src}: nics: at least one [[nics]] entry is required")
-    peers: list[PeerConfig] = []
-    for s in root.tables("peers"):
-        peers.append(
-            PeerConfig(
-                id=s.require("id", str, _ident, "a NIC id"),
-                address=s.require("address", str, _is_ip, "an IP address"),
-                group=s.get("group", str, "group0", _ident, "a group id"),
-                port=s.get("port", int, 0, lambda v: 0 <= v <= 0xFFFF, "0..65535"),
-            )
-        )
-        s.finish()
-    seen: set[str] = set()
-    ids = [("nics", i, n.id) for i, n in enumerate(nics)]
-    ids += [("peers", i, p.id) for i, p in enumerate(peers)]
-    for kind, i, nic_id in ids:
-        if nic_id in seen:
-            raise ConfigError(f"{src}: {kind}[{i}].id: duplicate NIC id {nic_id!r}")
-        seen.add(nic_id)
+    nics = tuple(_read_nic(t) for t in root.tables("nics"))
+    discover = None
+    if root.has("discover") or not nics:
+        discover = read_discover(root.table("discover"), host)
+    peers = tuple(_read_peer(t) for t in root.tables("peers"))
+    _check_unique_ids(nics, peers, src)
     root.finish()
 
     return ProberConfig(
         host=host,
-        nics=tuple(nics),
-        peers=tuple(peers),
+        nics=nics,
+        peers=peers,
         transport=transport,
         port=port,
         timestamps=stamps,
@@ -272,8 +247,117 @@ def parse_config(
         paths_max_ttl=max_ttl,
         paths_refresh_s=refresh,
         auth_key_file=key_file,
+        discover=discover,
         source=src,
     )
+
+
+def read_discover(tab: Table, host: str) -> DiscoverConfig:
+    """Return ``[discover]`` (`DiscoverConfig`; an empty table: every interface with an RDMA
+    port, ids ``{host}.{ifname}``, the system lldpd). Raises the table's error, also for an
+    ``nic_id`` template that does not make a fabric id for ``host``."""
+    d = DiscoverConfig()
+
+    def globs(key: str) -> tuple[str, ...]:
+        value = tab.get(key, list, [], lambda v: all(isinstance(x, str) and x.strip() for x in v),
+                        "a list of interface name globs")  # fmt: skip
+        return tuple(value)
+
+    out = DiscoverConfig(
+        include=globs("nics"),
+        exclude=globs("exclude"),
+        nic_id=tab.get("nic_id", str, d.nic_id),
+        lldp_socket=tab.get("lldp_socket", str, d.lldp_socket),
+        lldp_interval_s=tab.get(
+            "lldp_interval_s", float, d.lldp_interval_s, lambda v: 0.1 <= v <= 3600, "0.1..3600"
+        ),
+        peers=tab.get("peers", bool, d.peers),
+    )
+    try:
+        make_nic_id(out.nic_id, host, "eth0")
+    except ValueError as exc:
+        raise tab.err("nic_id", str(exc)) from None
+    tab.finish()
+    return out
+
+
+def read_schedule(tab: Table) -> ScheduleConfig:
+    """Return the probe schedule of ``[schedule]`` (``rate_hz``, ``paths``, ``confidence``,
+    ``cross_peers``, ``coded``, ``jitter``, ``seed``); raises the table's error."""
+    kw: dict[str, Any] = {
+        "rate_hz": tab.get("rate_hz", float, 10.0, lambda v: 0 < v <= 1e5, "a rate in (0, 1e5]"),
+        "paths": tab.get("paths", int, 16, lambda v: 1 <= v <= 4096, "an integer in 1..4096"),
+        "confidence": tab.get("confidence", float, 0.9, lambda v: 0 < v < 1, "in (0, 1)"),
+        "cross_peers": tab.get("cross_peers", int, 16, lambda v: 0 <= v <= 1024, "0..1024"),
+        "coded": tab.get("coded", bool, True),
+        "jitter": tab.get("jitter", float, 0.25, lambda v: 0 <= v < 0.5, "in [0, 0.5)"),
+        "seed": tab.get("seed", int, 0),
+    }
+    tab.finish()
+    try:
+        return ScheduleConfig(**kw)
+    except ValueError as exc:
+        raise tab.error(f"{tab.source}: schedule: {exc}") from None
+
+
+def read_mqtt(tab: Table, base_dir: Path | None) -> BrokerSettings:
+    """Return the broker settings of ``[mqtt]`` (``host``, ``port``, ``prefix``,
+    ``keepalive_s``, ``timeout_s``, ``backoff_min_s``, ``backoff_max_s`` and the TLS and
+    credential keys of `mqttlink.settings.read_security`, files relative to ``base_dir``);
+    raises the table's error."""
+    kw: dict[str, Any] = {
+        "host": tab.get("host", str, "127.0.0.1", bool, "a host name or address"),
+        "port": tab.get("port", int, 1883, _port, "an integer in 1..65535"),
+        "prefix": tab.get("prefix", str, "qpmesh/v1"),
+        "keepalive_s": tab.get("keepalive_s", int, 10, lambda v: 1 <= v <= 3600, "1..3600"),
+        "timeout_s": tab.get("timeout_s", float, 5.0, lambda v: 0 < v <= 600, "in (0, 600]"),
+        "backoff_min_s": tab.get("backoff_min_s", float, 0.2, lambda v: 0 < v <= 60, "(0, 60]"),
+        "backoff_max_s": tab.get("backoff_max_s", float, 5.0, lambda v: 0 < v <= 600, "(0, 600]"),
+        "security": read_security(tab, base_dir),
+    }
+    tab.finish()
+    try:
+        return BrokerSettings(**kw)
+    except ValueError as exc:
+        raise tab.error(f"{tab.source}: mqtt: {exc}") from None
+
+
+def _read_nic(tab: Table) -> NicConfig:
+    """Return one ``[[nics]]`` entry."""
+    nic = NicConfig(
+        id=tab.require("id", str, _ident, "a NIC id"),
+        address=tab.require("address", str, _is_ip, "an IP address"),
+        group=tab.get("group", str, "group0", _ident, "a group id"),
+        device=tab.get("device", str, ""),
+        rdma_device=tab.get("rdma_device", str, ""),
+        rdma_port=tab.get("rdma_port", int, 1, lambda v: 1 <= v <= 255, "1..255"),
+        gid_index=tab.get("gid_index", int, 3, lambda v: 0 <= v <= 255, "0..255"),
+    )
+    tab.finish()
+    return nic
+
+
+def _read_peer(tab: Table) -> PeerConfig:
+    """Return one ``[[peers]]`` entry."""
+    peer = PeerConfig(
+        id=tab.require("id", str, _ident, "a NIC id"),
+        address=tab.require("address", str, _is_ip, "an IP address"),
+        group=tab.get("group", str, "group0", _ident, "a group id"),
+        port=tab.get("port", int, 0, lambda v: 0 <= v <= 0xFFFF, "0..65535"),
+    )
+    tab.finish()
+    return peer
+
+
+def _check_unique_ids(nics: tuple[NicConfig, ...], peers: tuple[PeerConfig, ...], src: str) -> None:
+    """Raise `ConfigError` for the first NIC id given twice (local NICs, then peers)."""
+    seen: set[str] = set()
+    ids = [("nics", i, n.id) for i, n in enumerate(nics)]
+    ids += [("peers", i, p.id) for i, p in enumerate(peers)]
+    for kind, i, nic_id in ids:
+        if nic_id in seen:
+            raise ConfigError(f"{src}: {kind}[{i}].id: duplicate NIC id {nic_id!r}")
+        seen.add(nic_id)
 
 
 def load_config(path: Path | str) -> ProberConfig:

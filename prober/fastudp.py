@@ -7,8 +7,8 @@ datagram costs:
 - **receiving**: one readiness callback per socket drains it with ``recvmmsg`` (64 datagrams
   per system call, control messages included; `prober.mmsg`), stamps are read from the
   preallocated control buffers, and the whole batch goes to `ProbeSession.receive_many`
-  (the same `prober.wire.Codec.decode`, so the same validation and HMAC check). The error
-  queue (TX stamps, ICMP errors) is drained the same way and fed to
+  (`ProbeSession.receive`'s rule applied to each: the same validation, HMAC check and
+  matching). The error queue (TX stamps, ICMP errors) is drained the same way and fed to
   `ProbeSession.on_tx_stamps`.
 - **sending**: replies and follow-ups are not sent from inside each callback; one flush per
   event-loop iteration (``call_soon``) sends everything the session has due, grouped by
@@ -33,9 +33,11 @@ import asyncio
 import math
 import socket
 from collections import defaultdict
+from typing import Any
 
 from prober.events import Datagram, ProbeEvent
 from prober.mmsg import RecvRing, SendRing
+from prober.session import Session
 from prober.timestamping import (
     SO_EE_ORIGIN_ICMP,
     SO_EE_ORIGIN_TIMESTAMPING,
@@ -58,9 +60,10 @@ class BatchUdpEndpoint(UdpEndpoint):
     the module docstring.
     """
 
-    def __init__(self, *args: object, tick_ns: int = 5_000_000, pair_spin_ns: int = 50_000,
-                 poll_ns: int = 10_000_000, **kwargs: object) -> None:  # fmt: skip
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, session: Session, addr: str, *, tick_ns: int = 5_000_000,
+                 pair_spin_ns: int = 50_000, poll_ns: int = 10_000_000,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(session, addr, **kwargs)
         if tick_ns <= 0 or pair_spin_ns < 0 or poll_ns <= 0:
             raise ValueError("tick_ns and poll_ns must be positive and pair_spin_ns >= 0")
         self.tick_ns = tick_ns

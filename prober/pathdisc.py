@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from prober.events import Address, ProbeEvent, TraceReached
-from prober.session import ProbeSession
+from prober.session import Session
 from prober.timestamping import ICMP_DEST_UNREACH, ICMP_TIME_EXCEEDED, ExtendedErr
 from prober.udp import UdpEndpoint
 from prober.wire import MsgType, WireError, nic_hash
@@ -324,7 +324,8 @@ class TracingEndpoint:
 
     The inner endpoint's events and ICMP errors are routed through a `PathDiscovery`
     (``discovery``): trace results are consumed, every other event reaches ``sink`` unchanged.
-    Everything else is the inner endpoint's, so the agent treats both alike.
+    Everything else is the inner endpoint's: a `prober.endpoint.Endpoint` like it, made by
+    `prober.endpoint.UdpEndpointFactory` when ``[paths]`` is on.
     """
 
     def __init__(
@@ -345,7 +346,7 @@ class TracingEndpoint:
             self._sink(rest)
 
     @property
-    def session(self) -> ProbeSession:
+    def session(self) -> Session:
         """The inner endpoint's probe session."""
         return self.inner.session
 
@@ -353,10 +354,6 @@ class TracingEndpoint:
     def stamp_source(self) -> str:
         """The inner endpoint's stamp source."""
         return str(self.inner.stamp_source)
-
-    def open(self) -> None:
-        """Open the inner endpoint."""
-        self.inner.open()
 
     async def start(self) -> None:
         """Start the inner endpoint."""

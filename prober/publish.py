@@ -15,6 +15,12 @@ a last will ``{"alive": false}`` for the broker to publish if the prober dies, a
 ``{"alive": false}`` on a clean stop. The controller tells "prober down" (presence false) from
 "NIC down" (prober alive, probes to/from the NIC lost).
 
+Neighbours: with NIC discovery on, ``<prefix>/neighbors/<host>`` (retained,
+`contract.neighbors.NeighborsDoc`, set with `set_neighbors`) goes out after every connect,
+before the presence it vouches for (a controller learning the fabric judges the presence by
+the NICs the document claims), and again whenever it changes. It is not cleared on a stop:
+the host is still cabled where it was (removing a host clears it, docs/deploy.md).
+
 Discovered paths (`submit_paths`) go out on ``<prefix>/paths/<host>`` over the same connection:
 a bounded queue (oldest dropped and counted at its bound), each document removed only after its
 PUBACK, like the batches.
@@ -143,6 +149,8 @@ class Publisher:
         self._health: bytes | None = None
         self._rdma: dict[str, dict[str, Any]] | None = None
         self._presence_dirty = False
+        self._neighbors: bytes | None = None
+        self._neighbors_dirty = False
         self._paths: deque[bytes] = deque()
         self.paths_dropped = 0
         self.connected = False
@@ -187,6 +195,14 @@ class Publisher:
         self._presence_dirty = True
         self._wake.set()
 
+    def set_neighbors(self, payload: bytes) -> None:
+        """Publish ``payload`` (a `contract.neighbors.NeighborsDoc`'s bytes) retained on
+        ``neighbors/<host>`` after every connect, and now if connected and it changed."""
+        if payload != self._neighbors:
+            self._neighbors = payload
+            self._neighbors_dirty = True
+            self._wake.set()
+
     def _alive_payload(self) -> bytes:
         return presence_payload(True, self._now_ns(), self._rdma)
 
@@ -225,6 +241,10 @@ class Publisher:
                     self.connects += 1
                     connected()
                     self._presence_dirty = False
+                    if self._neighbors is not None:
+                        self._neighbors_dirty = False
+                        await self._publish(client, self.topics.neighbors(self.host),
+                                            self._neighbors, retain=True)  # fmt: skip
                     await self._publish(
                         client, self.topics.presence(self.host), self._alive_payload(), retain=True
                     )
@@ -292,6 +312,10 @@ class Publisher:
             if self._health is not None:
                 doc, self._health = self._health, None
                 await self._publish(client, health, doc)
+            if self._neighbors_dirty and self._neighbors is not None and not stop.is_set():
+                self._neighbors_dirty = False
+                neighbors = self.topics.neighbors(self.host)
+                await self._publish(client, neighbors, self._neighbors, retain=True)
             if self._presence_dirty and not stop.is_set():
                 self._presence_dirty = False
                 presence = self.topics.presence(self.host)

@@ -11,6 +11,11 @@ The transport (UDP, RDMA, a fake link in tests) drives it:
 4. ``receive(data, src, rx_stamp_ns, now_ns)`` takes any datagram and returns `ProbeResult`
    events; ``poll(now_ns)`` returns `ProbeLost` for probes past their timeout.
 
+``receive_many`` and ``on_tx_stamps`` are ``receive`` and ``on_tx_stamp`` over a batch (the
+batched transports' calls): the same rule functions, applied in order. The rules exist once
+here; `prober.compiled` runs the same rules in C, tested equal to these
+(tests/test_prober_compiled*.py). `Session` is what transports and the agent need of either.
+
 Nothing here raises on bad input from the network: malformed, spoofed, misdirected, duplicate
 or late datagrams are counted in ``counters`` (keys: `prober.wire.WIRE_ERROR_REASONS` plus
 ``misdirected``, ``wrong_sender``, ``mismatch``, ``unmatched``, ``duplicate``, ``inconsistent``,
@@ -22,10 +27,10 @@ Time is always passed in; nothing reads a clock.
 from __future__ import annotations
 
 import heapq
-import struct
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from contract.records import MISSING
 from prober.events import (
@@ -38,18 +43,63 @@ from prober.events import (
     SendMeta,
     TraceReached,
 )
-from prober.wire import BODY_LEN, MAGIC, VERSION, Codec, Message, MsgType, WireError, nic_hash
+from prober.wire import (
+    FLAG_T3_FINAL,
+    FLAG_TRACE,
+    BadFieldError,
+    Codec,
+    Message,
+    MsgType,
+    WireError,
+    nic_hash,
+)
 
 _REPLY_TOKEN_BASE = 1 << 32  # probe tokens are their seq; reply tokens live above 2**32
-# the 48-byte body of `prober.wire` (magic, version, type, flags, pair_pos, reserved, sender,
-# peer, seq, pair_id, ta, tb): the batched methods pack unauthenticated replies and follow-ups
-# with it directly (their fields come from an already validated message); a test checks the
-# bytes equal `Codec.encode`
-_BODY = struct.Struct("!HBBBBHQQIiqq")
-assert _BODY.size == BODY_LEN
 _I64 = (1 << 63) - 1
-_REPLY, _FOLLOW_UP = MsgType.REPLY, MsgType.FOLLOW_UP
-_PROBE = MsgType.PROBE
+_PROBE, _REPLY, _FOLLOW_UP = MsgType.PROBE, MsgType.REPLY, MsgType.FOLLOW_UP
+
+Received = tuple[bytes | bytearray | memoryview, Address, int]
+"""One datagram as a transport hands it over: (data, source address, receive stamp ns)."""
+
+
+class Session(Protocol):
+    """What a transport endpoint and the agent need of one NIC's probe session.
+
+    Two implementations: `ProbeSession` (the protocol rules, in Python) and
+    `prober.compiled.CompiledSession` (the same rules in the C engine, tested equal to these;
+    what the engine hands back, trace probes and their replies, goes through a `ProbeSession`).
+    See `ProbeSession` for what each call means; ``take_events`` returns the results and losses
+    a session holds instead of returning them from the calls (the compiled engine holds them
+    until the agent's batch; a `ProbeSession` holds none).
+    """
+
+    @property
+    def nic_id(self) -> str: ...
+    @property
+    def codec(self) -> Codec: ...
+    @property
+    def timeout_ns(self) -> int: ...
+    @property
+    def counters(self) -> Counter[str]: ...
+    @property
+    def pending(self) -> int: ...
+    def queue_probe(self, dst: str, dest: Address, sport: int, at_ns: int, pair_id: int = -1,
+                    pair_pos: int = 0) -> None: ...  # fmt: skip
+    def queue_pair(self, dst: str, dest: Address, sport: int, at_ns: int,
+                   spacing_ns: int = 20_000) -> int: ...  # fmt: skip
+    def next_datagrams(self, now_ns: int) -> list[Datagram]: ...
+    def next_send_ns(self) -> int | None: ...
+    def next_timeout_ns(self) -> int | None: ...
+    def next_deadline_ns(self) -> int | None: ...
+    def trace_probe(self, dst: str, dest: Address, sport: int) -> Datagram: ...
+    def receive(self, data: bytes | bytearray | memoryview, src: Address, rx_stamp_ns: int,
+                now_ns: int) -> list[ProbeEvent]: ...  # fmt: skip
+    def receive_many(self, batch: Sequence[Received], now_ns: int) -> list[ProbeEvent]: ...
+    def on_tx_stamp(self, token: int, tx_stamp_ns: int) -> list[ProbeEvent]: ...
+    def on_tx_stamps(self, stamps: Sequence[tuple[int, int]]) -> list[ProbeEvent]: ...
+    def send_refused(self, token: int) -> list[ProbeEvent]: ...
+    def poll(self, now_ns: int) -> list[ProbeEvent]: ...
+    def take_events(self) -> list[ProbeEvent]: ...
 
 
 @dataclass(slots=True)
@@ -83,8 +133,14 @@ class _Queued:
 
 @dataclass(slots=True)
 class _AwaitTx:
+    """A two-step REPLY sent, waiting for its TX stamp (t3) to make the FOLLOW_UP."""
+
     dest: Address
-    msg: Message
+    peer: int  # the initiator NIC's hash
+    seq: int
+    pair_id: int
+    pair_pos: int
+    t2: int
     created_ns: int
 
 
@@ -239,27 +295,46 @@ class ProbeSession:
 
         For a probe this is t1 (may complete it: the result is returned); for a reply it is t3
         and a FOLLOW_UP is queued (fetch it with `next_datagrams`). Unknown tokens are counted.
+        Raises `prober.wire.BadFieldError` for a reply's t3 outside 0..2**63-1.
         """
+        events: list[ProbeEvent] = []
+        self._tx_stamp(token, tx_stamp_ns, events)
+        return events
+
+    def on_tx_stamps(self, stamps: Sequence[tuple[int, int]]) -> list[ProbeEvent]:
+        """`on_tx_stamp` for each of ``stamps`` ``(token, tx_stamp_ns)`` in order (the batched
+        transports' call); return the results completed."""
+        events: list[ProbeEvent] = []
+        tx_stamp = self._tx_stamp
+        for token, tx in stamps:
+            tx_stamp(token, tx, events)
+        return events
+
+    def _tx_stamp(self, token: int, tx_stamp_ns: int, events: list[ProbeEvent]) -> None:
+        """The transmit-stamp rule (`on_tx_stamp`); completed results go to ``events``."""
         if token >= _REPLY_TOKEN_BASE:
             wait = self._await_tx.pop(token, None)
             if wait is None:
                 self.counters["late_tx_stamp"] += 1
-                return []
-            m = wait.msg
-            t3 = max(tx_stamp_ns, m.ta) if tx_stamp_ns >= 0 else m.ta
-            fu = Message(
-                MsgType.FOLLOW_UP, self.nic, m.peer, m.seq, m.pair_id, m.pair_pos, m.ta, t3
+                return
+            t2 = wait.t2
+            t3 = max(tx_stamp_ns, t2) if tx_stamp_ns >= 0 else t2
+            if t3 > _I64:
+                raise BadFieldError(f"t3 {t3} out of range")
+            # every other field is the validated probe's (see `_answer`): no `Message` needed
+            data = self.codec.encode_fields(
+                _FOLLOW_UP, 0, self.nic, wait.peer, wait.seq, wait.pair_id, wait.pair_pos, t2, t3
             )
-            meta = SendMeta(NO_TOKEN, MsgType.FOLLOW_UP, self.nic_id, "", 0, m.seq, m.pair_id,
-                            m.pair_pos)  # fmt: skip
-            self._outbox.append(Datagram(wait.dest, self.codec.encode(fu), meta))
-            return []
+            meta = SendMeta(NO_TOKEN, _FOLLOW_UP, self.nic_id, "", 0, wait.seq, wait.pair_id,
+                            wait.pair_pos)  # fmt: skip
+            self._outbox.append(Datagram(wait.dest, data, meta))
+            return
         p = self._pending.get(token)
         if p is None or p.t1 is not None:
             self.counters["late_tx_stamp"] += 1
-            return []
+            return
         p.t1 = tx_stamp_ns
-        return self._maybe_complete(token, p)
+        self._complete(token, p, events)
 
     # ---- receiving ---------------------------------------------------------------------------
 
@@ -268,214 +343,126 @@ class ProbeSession:
     ) -> list[ProbeEvent]:
         """Process one datagram from ``src`` received at ``rx_stamp_ns``; return completed results.
 
-        Replies to probes are queued for `next_datagrams`. Never raises on bad data: counts it.
+        Replies to probes are queued for `next_datagrams`. Never raises on bad data: counts it
+        (a receive stamp outside 0..2**63-1 on a probe raises `prober.wire.BadFieldError`: the
+        transport's clock is broken, not the datagram).
         """
+        events: list[ProbeEvent] = []
+        self._receive(data, src, rx_stamp_ns, now_ns, events)
+        return events
+
+    def receive_many(self, batch: Sequence[Received], now_ns: int) -> list[ProbeEvent]:
+        """`receive` for each datagram ``(data, src, rx_stamp_ns)`` of ``batch`` in order, all
+        received by ``now_ns`` (the batched transports' call); return the results completed."""
+        events: list[ProbeEvent] = []
+        receive = self._receive
+        for data, src, rx in batch:
+            receive(data, src, rx, now_ns, events)
+        return events
+
+    def _receive(
+        self,
+        data: bytes | bytearray | memoryview,
+        src: Address,
+        rx_stamp_ns: int,
+        now_ns: int,
+        events: list[ProbeEvent],
+    ) -> None:
+        """The receive rule (`receive`); completed results and trace answers go to ``events``."""
         try:
             msg = self.codec.decode(data)
         except WireError as exc:
             self.counters[exc.reason] += 1
-            return []
+            return
         if msg.peer != self.nic:
             self.counters["misdirected"] += 1
-            return []
-        if msg.mtype is MsgType.PROBE:
+            return
+        mtype = msg.mtype
+        if mtype is _PROBE:
             self._answer(msg, src, rx_stamp_ns, now_ns)
-            return []
+            return
         if msg.trace:
-            return [TraceReached(msg.seq, msg.sender, rx_stamp_ns)]
-        if msg.t3s and msg.mtype is MsgType.FOLLOW_UP:
+            events.append(TraceReached(msg.seq, msg.sender, rx_stamp_ns))
+            return
+        if msg.t3s and mtype is _FOLLOW_UP:
             # deferred t3s (prober.wire): only for initiators that set DEFER_OK, which this
             # session does not; its body names no probe
             self.counters["unmatched"] += 1
-            return []
-        p = self._pending.get(msg.seq)
+            return
+        seq = msg.seq
+        p = self._pending.get(seq)
         if p is None:
             self.counters["unmatched"] += 1
-            return []
+            return
         if msg.sender != p.dst_hash:
             self.counters["wrong_sender"] += 1
-            return []
-        if (msg.pair_id, msg.pair_pos) != (p.pair_id, p.pair_pos):
+            return
+        if msg.pair_id != p.pair_id or msg.pair_pos != p.pair_pos:
             self.counters["mismatch"] += 1
-            return []
+            return
         # A duplicated probe yields two answers with different t2: keep t2, t3 and t4 from the
         # same answer (a FOLLOW_UP or REPLY whose t2 differs from the one held is a duplicate).
         if p.t2 is not None and msg.ta != p.t2:
             self.counters["duplicate"] += 1
-            return []
-        if msg.mtype is MsgType.REPLY:
+            return
+        if mtype is _REPLY:
             if p.t4 is not None:
                 self.counters["duplicate"] += 1
-                return []
+                return
             p.t4, p.t2 = rx_stamp_ns, msg.ta
             if msg.t3_final:
                 p.t3 = msg.tb
         else:  # FOLLOW_UP (may overtake its REPLY)
             if p.t3 is not None:
                 self.counters["duplicate"] += 1
-                return []
+                return
             p.t2, p.t3 = msg.ta, msg.tb
-        return self._maybe_complete(msg.seq, p)
+        self._complete(seq, p, events)
 
-    def _answer(self, msg: Message, src: Address, rx_stamp_ns: int, now_ns: int) -> None:
-        t2 = rx_stamp_ns
-        if self.one_step or msg.trace:
-            reply = Message(MsgType.REPLY, self.nic, msg.sender, msg.seq, msg.pair_id,
-                            msg.pair_pos, t2, max(now_ns, t2), True, msg.pad, msg.trace)  # fmt: skip
+    def _answer(self, probe: Message, src: Address, t2: int, now_ns: int) -> None:
+        """Queue the REPLY to ``probe`` (received at ``t2``): one-step (t3 = ``now_ns``, no
+        FOLLOW_UP) for trace probes and one-step sessions, else two-step (the FOLLOW_UP waits
+        for the reply's TX stamp, `on_tx_stamp`). Raises `BadFieldError` for stamps outside
+        0..2**63-1."""
+        one_step = self.one_step or probe.trace
+        if not one_step and len(self._await_tx) >= self.max_pending:
+            self.counters["overflow"] += 1
+            return
+        t3 = (now_ns if now_ns > t2 else t2) if one_step else 0
+        if not (0 <= t2 <= _I64 and t3 <= _I64):
+            raise BadFieldError(f"receive stamp {t2} (t3 {t3}) out of range")
+        # the reply's other fields are the decoded (validated) probe's: packed without a
+        # `Message`, which would validate them again
+        if one_step:
+            flags = FLAG_T3_FINAL | (FLAG_TRACE if probe.trace else 0)
             token = NO_TOKEN
         else:
-            if len(self._await_tx) >= self.max_pending:
-                self.counters["overflow"] += 1
-                return
-            reply = Message(MsgType.REPLY, self.nic, msg.sender, msg.seq, msg.pair_id,
-                            msg.pair_pos, t2, 0, pad=msg.pad)  # fmt: skip
+            flags = 0
             self._reply_token += 1
             token = _REPLY_TOKEN_BASE + self._reply_token
-            self._await_tx[token] = _AwaitTx(src, reply, now_ns)
-        meta = SendMeta(token, MsgType.REPLY, self.nic_id, "", 0, msg.seq, msg.pair_id,
-                        msg.pair_pos)  # fmt: skip
-        self._outbox.append(Datagram(src, self.codec.encode(reply), meta))
+            self._await_tx[token] = _AwaitTx(src, probe.sender, probe.seq, probe.pair_id,
+                                             probe.pair_pos, t2, now_ns)  # fmt: skip
+        data = self.codec.encode_fields(_REPLY, flags, self.nic, probe.sender, probe.seq,
+                                        probe.pair_id, probe.pair_pos, t2, t3, probe.pad)  # fmt: skip
+        meta = SendMeta(token, _REPLY, self.nic_id, "", 0, probe.seq, probe.pair_id,
+                        probe.pair_pos)  # fmt: skip
+        self._outbox.append(Datagram(src, data, meta))
 
-    def _maybe_complete(self, seq: int, p: _Pending) -> list[ProbeEvent]:
+    def _complete(self, seq: int, p: _Pending, events: list[ProbeEvent]) -> None:
+        """Report ``p`` (probe ``seq``) to ``events`` once it has all four stamps."""
         if p.t1 is None or p.t2 is None or p.t3 is None or p.t4 is None:
-            return []
+            return
         del self._pending[seq]
         if not (p.t1 <= p.t4 and p.t2 <= p.t3):
             self.counters["inconsistent"] += 1
-            return []
-        return [ProbeResult(seq, self.nic_id, p.dst, p.sport, p.pair_id, p.pair_pos,
-                            p.t1, p.t2, p.t3, p.t4)]  # fmt: skip
-
-    # ---- batched receive / transmit stamps (the lean path of `prober.fastudp`) ------------------
-
-    def receive_many(
-        self, batch: Sequence[tuple[bytes | bytearray | memoryview, Address, int]], now_ns: int
-    ) -> list[ProbeEvent]:
-        """Process datagrams ``(data, src, rx_stamp_ns)`` received by ``now_ns``, in order.
-
-        The same outcome as calling `receive` for each (same `Codec.decode`, so the same
-        validation and HMAC check, same counters, same results, same replies queued), with less
-        work per datagram: unauthenticated two-step replies are packed directly instead of
-        being rebuilt as validated `Message` values.
-        """
-        events: list[ProbeEvent] = []
-        decode = self.codec.decode
-        fast = not self.codec.authenticated and not self.one_step
-        pending, counters, nic = self._pending, self.counters, self.nic
-        for data, src, rx in batch:
-            try:
-                msg = decode(data)
-            except WireError as exc:
-                counters[exc.reason] += 1
-                continue
-            if msg.peer != nic:
-                counters["misdirected"] += 1
-                continue
-            mtype = msg.mtype
-            if mtype is _PROBE:
-                if fast and not msg.trace and 0 <= rx <= _I64:
-                    self._answer_fast(msg, src, rx, now_ns)
-                else:
-                    self._answer(msg, src, rx, now_ns)
-                continue
-            if msg.trace:
-                events.append(TraceReached(msg.seq, msg.sender, rx))
-                continue
-            if msg.t3s and mtype is not _REPLY:  # held t3s: see `receive`
-                counters["unmatched"] += 1
-                continue
-            seq = msg.seq
-            p = pending.get(seq)
-            if p is None:
-                counters["unmatched"] += 1
-                continue
-            if msg.sender != p.dst_hash:
-                counters["wrong_sender"] += 1
-                continue
-            if msg.pair_id != p.pair_id or msg.pair_pos != p.pair_pos:
-                counters["mismatch"] += 1
-                continue
-            if p.t2 is not None and msg.ta != p.t2:
-                counters["duplicate"] += 1
-                continue
-            if mtype is _REPLY:
-                if p.t4 is not None:
-                    counters["duplicate"] += 1
-                    continue
-                p.t4, p.t2 = rx, msg.ta
-                if msg.t3_final:
-                    p.t3 = msg.tb
-            else:
-                if p.t3 is not None:
-                    counters["duplicate"] += 1
-                    continue
-                p.t2, p.t3 = msg.ta, msg.tb
-            if p.t1 is not None and p.t2 is not None and p.t3 is not None and p.t4 is not None:
-                events += self._maybe_complete(seq, p)
-        return events
-
-    def _answer_fast(self, msg: Message, src: Address, t2: int, now_ns: int) -> None:
-        """`_answer` for an unauthenticated two-step reply, packed without a new `Message`."""
-        if len(self._await_tx) >= self.max_pending:
-            self.counters["overflow"] += 1
             return
-        # the reply's fields are the validated probe's, t2 is in range: skip re-validation
-        reply = Message._make((_REPLY, self.nic, msg.sender, msg.seq, msg.pair_id, msg.pair_pos,
-                               t2, 0, False, msg.pad, False, False, ()))  # fmt: skip
-        self._reply_token += 1
-        token = _REPLY_TOKEN_BASE + self._reply_token
-        self._await_tx[token] = _AwaitTx(src, reply, now_ns)
-        data = _BODY.pack(MAGIC, VERSION, 2, 0, msg.pair_pos, 0, self.nic, msg.sender, msg.seq,
-                          msg.pair_id, t2, 0)  # fmt: skip
-        if msg.pad:
-            data += bytes(msg.pad)
-        meta = SendMeta(token, _REPLY, self.nic_id, "", 0, msg.seq, msg.pair_id, msg.pair_pos)
-        self._outbox.append(Datagram(src, data, meta))
+        events.append(ProbeResult(seq, self.nic_id, p.dst, p.sport, p.pair_id, p.pair_pos,
+                                  p.t1, p.t2, p.t3, p.t4))  # fmt: skip
 
-    def on_tx_stamps(self, stamps: Sequence[tuple[int, int]]) -> list[ProbeEvent]:
-        """Record many transmit stamps ``(token, tx_stamp_ns)`` in order; return completed results.
-
-        The same outcome as `on_tx_stamp` for each; unauthenticated follow-ups are packed
-        directly (their fields come from the reply this session built).
-        """
-        if self.codec.authenticated:
-            out: list[ProbeEvent] = []
-            for token, tx in stamps:
-                out += self.on_tx_stamp(token, tx)
-            return out
-        events: list[ProbeEvent] = []
-        await_tx, pending, counters, outbox = (
-            self._await_tx,
-            self._pending,
-            self.counters,
-            self._outbox,
-        )
-        for token, tx in stamps:
-            if token >= _REPLY_TOKEN_BASE:
-                wait = await_tx.pop(token, None)
-                if wait is None:
-                    counters["late_tx_stamp"] += 1
-                    continue
-                m = wait.msg
-                t3 = max(tx, m.ta) if tx >= 0 else m.ta
-                if t3 > _I64:
-                    await_tx[token] = wait  # out of range: let the validating path raise as before
-                    events += self.on_tx_stamp(token, tx)
-                    continue
-                data = _BODY.pack(MAGIC, VERSION, 3, 0, m.pair_pos, 0, self.nic, m.peer, m.seq,
-                                  m.pair_id, m.ta, t3)  # fmt: skip
-                meta = SendMeta(NO_TOKEN, _FOLLOW_UP, self.nic_id, "", 0, m.seq, m.pair_id,
-                                m.pair_pos)  # fmt: skip
-                outbox.append(Datagram(wait.dest, data, meta))
-                continue
-            p = pending.get(token)
-            if p is None or p.t1 is not None:
-                counters["late_tx_stamp"] += 1
-                continue
-            p.t1 = tx
-            if p.t2 is not None and p.t3 is not None and p.t4 is not None:
-                events += self._maybe_complete(token, p)
-        return events
+    def take_events(self) -> list[ProbeEvent]:
+        """Return []: this session hands every result and loss out from the call that made it
+        (`Session.take_events` is for sessions that hold them)."""
+        return []
 
     # ---- refused sends -----------------------------------------------------------------------
 

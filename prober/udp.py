@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from prober.events import Address, Datagram, ProbeEvent
-from prober.session import ProbeSession
+from prober.session import Session
 from prober.timestamping import (
     ANC_BUFSIZE,
     IP_TTL,
@@ -84,7 +84,7 @@ class _Sock:
 
 
 class UdpEndpoint:
-    """Carry one NIC's `ProbeSession` over UDP; use as ``async with``, or `start` / `close`.
+    """Carry one NIC's probe session (a `prober.session.Session`) over UDP; use as ``async with``, or `start` / `close`.
 
     ``clock`` maps kernel/realtime ns to the NIC's clock; ``realtime`` reads the host clock
     (``time.time_ns``, the clock software stamps use). ``on_events`` receives completed results
@@ -96,7 +96,7 @@ class UdpEndpoint:
 
     def __init__(
         self,
-        session: ProbeSession,
+        session: Session,
         addr: str,
         *,
         device: str | None = None,

@@ -282,20 +282,46 @@ class Codec:
     def encode(self, msg: Message) -> bytes:
         """Return the wire bytes of ``msg`` (body, zero padding, tag when keyed)."""
         flags = (
-            (FLAG_AUTH if self._key is not None else 0)
-            | (FLAG_T3_FINAL if msg.t3_final else 0)
+            (FLAG_T3_FINAL if msg.t3_final else 0)
             | (FLAG_TRACE if msg.trace else 0)
             | (FLAG_DEFER_OK if msg.defer_ok else 0)
-            | (FLAG_CARRIES_T3 if msg.t3s else 0)
         )
-        body = _BODY.pack(
-            MAGIC, VERSION, int(msg.mtype), flags, msg.pair_pos, 0,
-            msg.sender, msg.peer, msg.seq, msg.pair_id, msg.ta, msg.tb,
+        return self.encode_fields(
+            int(msg.mtype), flags, msg.sender, msg.peer, msg.seq, msg.pair_id, msg.pair_pos,
+            msg.ta, msg.tb, msg.pad, msg.t3s,
         )  # fmt: skip
-        if msg.t3s:
-            body += bytes((len(msg.t3s),)) + b"".join(_T3.pack(s, t) for s, t in msg.t3s)
-        if msg.pad:
-            body += bytes(msg.pad)
+
+    def encode_fields(
+        self,
+        mtype: int,
+        flags: int,
+        sender: int,
+        peer: int,
+        seq: int,
+        pair_id: int = -1,
+        pair_pos: int = 0,
+        ta: int = 0,
+        tb: int = 0,
+        pad: int = 0,
+        t3s: tuple[tuple[int, int], ...] = (),
+    ) -> bytes:
+        """Return the wire bytes of a message given field by field: `encode` without building
+        (and so without validating) a `Message`. For fields already known to be valid: taken
+        from a decoded message, or range-checked by the caller (`prober.session` builds its
+        replies and follow-ups so). ``flags``: T3_FINAL, TRACE, DEFER_OK; the codec adds AUTH
+        (and the tag) when keyed and CARRIES_T3 when ``t3s`` is not empty.
+        """
+        if self._key is not None:
+            flags |= FLAG_AUTH
+        if t3s:
+            flags |= FLAG_CARRIES_T3
+        body = _BODY.pack(
+            MAGIC, VERSION, mtype, flags, pair_pos, 0, sender, peer, seq, pair_id, ta, tb
+        )
+        if t3s:
+            body += bytes((len(t3s),)) + b"".join(_T3.pack(s, t) for s, t in t3s)
+        if pad:
+            body += bytes(pad)
         if self._key is not None:
             body += self._tag(body)
         return body

@@ -18,6 +18,7 @@ from types import ModuleType
 
 import controller.service_cli
 import prober.cli
+import prober.doctor_cli
 import qpmesh.keys
 import sync.cli
 import testbed.cli
@@ -28,6 +29,7 @@ import tui.cli
 # Components that contribute subcommands, in --help order.
 COMPONENTS: tuple[ModuleType, ...] = (
     prober.cli,
+    prober.doctor_cli,
     controller.service_cli,
     tui.cli,
     testbed.demo_cli,

@@ -17,14 +17,15 @@ public API, so the same command measures any version of the controller.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from contract.interrupt import finish, interruptible
 from controller.clocksync import ClockSync, ClockSyncConfig
 from controller.ingest import Ingestor
 from mesh.fabric import FabricShape, build_fabric
@@ -73,8 +74,8 @@ def run_one(
     out = SeedRun()
     last = None
     for st in sim.run(seconds, 0.5):
-        b = ing.ingest(st.batch)
-        if b is None or not len(b):
+        b = ing.ingest(st.batch)  # the simulator's batches are new: nothing to admit
+        if not len(b):
             continue
         cs.add(b)
         cs.maybe_solve(int(b.t1.max()))
@@ -184,18 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     except ModelError as e:
         print(f"bad options: {e}", file=sys.stderr)
         return 2
-    rep = run_bench(a.nics, a.loads, a.seeds, a.seconds, a.bins, a.leaf_split, model=model,
-                    timestamps=a.timestamps, steps=tuple(a.clock_step))  # fmt: skip
-    if a.json:
-        print(json.dumps(rep))
-    else:
-        for k, v in rep.items():
-            if k.startswith("load_"):
-                print(f"{k}: offset p99 (median over solves) {v['median_solve_offset_p99_ns']} ns,"
-                      f" unknown NICs (max) {v['unknown_nics_max']},"
-                      f" owd error p50 {v['owd_error_p50_ns']} p99 {v['owd_error_p99_ns']} ns,"
-                      f" judged > 4 us off {v['judged_over_4us']}")  # fmt: skip
-    return 0
+    rep: dict[str, Any] | None = None
+    with interruptible() as stop:  # the report comes at the end: none if stopped before
+        rep = run_bench(a.nics, a.loads, a.seeds, a.seconds, a.bins, a.leaf_split, model=model,
+                        timestamps=a.timestamps, steps=tuple(a.clock_step))  # fmt: skip
+    return finish(stop, rep, as_json=a.json, show=_show)
+
+
+def _show(rep: Mapping[str, Any]) -> None:
+    for k, v in rep.items():
+        if k.startswith("load_"):
+            print(f"{k}: offset p99 (median over solves) {v['median_solve_offset_p99_ns']} ns,"
+                  f" unknown NICs (max) {v['unknown_nics_max']},"
+                  f" owd error p50 {v['owd_error_p50_ns']} p99 {v['owd_error_p99_ns']} ns,"
+                  f" judged > 4 us off {v['judged_over_4us']}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -13,14 +13,14 @@ window's reference instant; pair errors compare theta_ij = offset_j - offset_i.
 from __future__ import annotations
 
 import argparse
-import json
 import secrets
-import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from contract.interrupt import finish, interruptible
 from mesh.fabric import FabricShape
 from sync import ntp_offsets
 from sync.window import orient_samples, sync_window
@@ -182,18 +182,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--coded-tol-ns", type=int, default=1000)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    res = bench(a.windows, a.rounds, a.seed, a.rate_mbit, a.coded_tol_ns)
-    if a.json:
-        json.dump(res, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        for k in ("idle", "congested"):
-            r = res[k]
-            print(
-                f"{k}: Huygens node p50 {r['p50_ns']:.0f} ns p99 {r['p99_ns']:.0f} ns, pair p99 "
-                f"{r['pair_p99_ns']:.0f} ns; NTP pair p99 {r['ntp_pair_p99_ns']:.0f} ns"
-            )
-    return 0
+    res: dict[str, Any] | None = None
+    with interruptible() as stop:  # the figures come at the end: none if stopped before
+        res = bench(a.windows, a.rounds, a.seed, a.rate_mbit, a.coded_tol_ns)
+    return finish(stop, res, as_json=a.json, show=_show, indent=1)
+
+
+def _show(res: Mapping[str, Any]) -> None:
+    for k in ("idle", "congested"):
+        r = res[k]
+        print(
+            f"{k}: Huygens node p50 {r['p50_ns']:.0f} ns p99 {r['p99_ns']:.0f} ns, pair p99 "
+            f"{r['pair_p99_ns']:.0f} ns; NTP pair p99 {r['ntp_pair_p99_ns']:.0f} ns"
+        )
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from contract.interrupt import EXIT_INTERRUPTED, finish, interruptible
 from testbed import faults
 from testbed.netns.apply import check_environment
 from testbed.netns.lifecycle import plan_from_state, up
@@ -22,6 +24,40 @@ from testbed.sim.cli import add_shape_options, shape_from_args
 
 def _progress(msg: str) -> None:
     print(f"testbed: {msg}", file=sys.stderr, flush=True)
+
+
+def _add_prefix(p: argparse.ArgumentParser, default: str | None = "qpm-") -> None:
+    """Add ``--prefix`` (None: a fresh random prefix per run)."""
+    p.add_argument(
+        "--prefix",
+        default=default,
+        help=(
+            "name prefix of the testbed's namespaces and links (default %(default)s)"
+            if default
+            else "name prefix of the testbed (default: a fresh random one, so runs never collide)"
+        ),
+    )
+
+
+def _json_arg(
+    p: argparse.ArgumentParser, help_: str = "print the report as JSON on stdout"
+) -> None:
+    p.add_argument("--json", action="store_true", help=help_)
+
+
+def _up_args(p: argparse.ArgumentParser) -> None:
+    _add_prefix(p)
+    add_shape_options(p)
+    p.add_argument(
+        "--rate-mbit", type=float, default=100.0, help="fabric link shaping (default %(default)s)"
+    )
+    p.add_argument(
+        "--nic-rate-mbit", type=float, default=1000.0, help="NIC link shaping (default %(default)s)"
+    )
+    p.add_argument(
+        "--latency-ms", type=float, default=20.0, help="tbf queue bound (default %(default)s)"
+    )
+    _json_arg(p, "print what was built as JSON")
 
 
 def _up(a: argparse.Namespace) -> int:
@@ -44,6 +80,11 @@ def _down(a: argparse.Namespace) -> int:
     return 0
 
 
+def _status_args(p: argparse.ArgumentParser) -> None:
+    _add_prefix(p)
+    _json_arg(p, "print namespaces, links and processes as JSON")
+
+
 def _status(a: argparse.Namespace) -> int:
     check_environment()
     st = testbed_status(a.prefix)
@@ -59,6 +100,14 @@ def _status(a: argparse.Namespace) -> int:
     for p in alive:
         print(f"  pid {p['pid']}: {p['role']}")
     return 0
+
+
+def _flap_args(p: argparse.ArgumentParser) -> None:
+    _add_prefix(p)
+    p.add_argument("link", help="link id, e.g. leaf1-spine2 or nic5-leaf1")
+    p.add_argument("--down", default="2s", help="down period (default %(default)s)")
+    p.add_argument("--up", default="3s", help="up period (default %(default)s)")
+    p.add_argument("--times", type=int, default=1, help="cycles (default %(default)s)")
 
 
 def _flap(a: argparse.Namespace) -> int:
@@ -79,6 +128,24 @@ def _flap(a: argparse.Namespace) -> int:
 def _hold(seconds: float | None) -> None:
     if seconds is not None:
         time.sleep(seconds)
+
+
+def _congest_args(p: argparse.ArgumentParser) -> None:
+    _add_prefix(p)
+    p.add_argument("link", help="link id, e.g. leaf1-spine0")
+    p.add_argument(
+        "--rate", type=float, default=150.0, help="generator rate in Mbit/s (default %(default)s)"
+    )
+    p.add_argument(
+        "--direction",
+        choices=faults.DIRECTIONS,
+        default="both",
+        help="up = lower end sends, down = upper end sends (default %(default)s)",
+    )
+    p.add_argument(
+        "--for", dest="for_", help="duration, then stop (default: run in background for 1h)"
+    )
+    p.add_argument("--stop", action="store_true", help="stop this link's background congestion")
 
 
 def _congest(a: argparse.Namespace) -> int:
@@ -104,6 +171,13 @@ def _congest(a: argparse.Namespace) -> int:
     return 0
 
 
+def _loss_args(p: argparse.ArgumentParser) -> None:
+    _add_prefix(p)
+    p.add_argument("link", help="link id, e.g. leaf0-spine1")
+    p.add_argument("--percent", type=float, required=True, help="drop percentage; 0 clears")
+    p.add_argument("--for", dest="for_", help="duration, then clear (default: until cleared)")
+
+
 def _loss(a: argparse.Namespace) -> int:
     _, plan = plan_from_state(a.prefix)
     faults.set_loss(plan, a.link, a.percent)
@@ -113,6 +187,13 @@ def _loss(a: argparse.Namespace) -> int:
         finally:
             faults.set_loss(plan, a.link, 0)
     return 0
+
+
+def _nic_down_args(p: argparse.ArgumentParser) -> None:
+    _add_prefix(p)
+    p.add_argument("nic", help="NIC id, e.g. nic5")
+    p.add_argument("--up", action="store_true", help="bring it back up (routes restored)")
+    p.add_argument("--for", dest="for_", help="duration, then bring it up")
 
 
 def _nic_down(a: argparse.Namespace) -> int:
@@ -126,11 +207,35 @@ def _nic_down(a: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_prober_args(p: argparse.ArgumentParser) -> None:
+    _add_prefix(p)
+    p.add_argument("host", help="host id, e.g. host3")
+    p.add_argument(
+        "--signal",
+        default="SIGKILL",
+        choices=("SIGKILL", "SIGTERM", "SIGSTOP"),
+        help="SIGKILL (default) fires the prober's MQTT last will: 'prober down'",
+    )
+
+
 def _stop_prober(a: argparse.Namespace) -> int:
     _, plan = plan_from_state(a.prefix)
     pids = faults.stop_prober(plan, a.host, getattr(signal, a.signal))
     print(f"signalled {a.signal} to prober pids {pids} on {a.host}")
     return 0
+
+
+_REPLAY_DESCRIPTION = (
+    "Feed the messages a 'testbed run' captured (OUT/mqtt.jsonl: probe batches, paths, "
+    "health, presence, with their arrival times) to the controller that OUT/controller.toml "
+    "describes, ticking and solving clocks on arrival time, and print its events: why a "
+    "fault was or was not localized can be examined after the namespaces are gone."
+)
+
+
+def _replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", help="the run's output directory (--out of 'testbed run')")
+    _json_arg(p, "print events and message counts as JSON")
 
 
 def _replay(a: argparse.Namespace) -> int:
@@ -140,221 +245,29 @@ def _replay(a: argparse.Namespace) -> int:
     for name in (CAPTURE, "controller.toml"):
         if not (out / name).is_file():
             raise ValueError(f"{out / name}: not found (a 'testbed run' output directory has it)")
-    r = replay(out)
-    if a.json:
-        events = [
-            {"t_ns": e.t_ns, "kind": e.kind, "target": e.target, "detail": e.detail}
-            for e in r.events
-        ]
+    doc: dict[str, Any] | None = None
+    with interruptible() as stop:  # the replay's result comes at the end: none if stopped
+        r = replay(out)
         trust = dict(zip(("fine", "coarse", "withheld"), r.delay_trust, strict=True))
-        print(json.dumps({"events": events, "messages": r.outcomes, "clock_solves": r.solves,
-                          "delays": trust}))  # fmt: skip
-        return 0
-    t0 = r.events[0].t_ns if r.events else 0
-    for e in r.events:
-        print(f"{(e.t_ns - t0) / 1e9:8.2f} s  {e.kind:12s} {e.target:20s} {e.detail}")
-    fine, coarse, withheld = r.delay_trust
-    print(f"{len(r.events)} events; messages {r.outcomes}; {r.solves} clock solves; delays "
-          f"{fine} fine, {coarse} coarse, {withheld} withheld")  # fmt: skip
-    return 0
+        doc = {"events": [e.to_json() for e in r.events],  # the one form of a finding
+               "messages": r.outcomes, "clock_solves": r.solves, "delays": trust}  # fmt: skip
+    return finish(stop, doc, as_json=a.json, show=_show_replay)
 
 
-def _run(a: argparse.Namespace) -> int:
-    from testbed.runner import run_scenario
-    from testbed.scenario import load_scenario
-
-    sc = load_scenario(a.scenario)
-    prefix = a.prefix or ("r" + secrets.token_hex(3) + "-")
-    report: dict[str, Any] = run_scenario(
-        sc, prefix, random_k=a.random_faults, seed=a.seed, progress=_progress,
-        out_dir=Path(a.out) if a.out else None, secure=a.secure,
-    )  # fmt: skip
-    if a.json:
-        print(json.dumps(report))
-    else:
-        print(f"scenario {report['scenario']}: {len(report['applied'])} fault actions, "
-              f"{len(report['events'])} events; missing: {report['missing'] or 'nothing'}")  # fmt: skip
-        if "security" in report:
-            s = report["security"]
-            print("security: " + ", ".join(f"{k} {s[k]}" for k in (
-                "forged_probes_sent", "forged_probes_accepted", "forged_batches_sent",
-                "forged_batches_accepted", "replayed_batches_sent", "replayed_batches_accepted",
-                "forged_actions_sent", "forged_actions_accepted")))  # fmt: skip
-    return 130 if report.get("interrupted") else 0
+def _show_replay(doc: Mapping[str, Any]) -> None:
+    events = doc["events"]
+    t0 = events[0]["t_ns"] if events else 0
+    for e in events:
+        print(f"{(e['t_ns'] - t0) / 1e9:8.2f} s  {e['kind']:12s} {e['target']:20s} {e['detail']}")
+    d = doc["delays"]
+    print(f"{len(events)} events; messages {doc['messages']}; {doc['clock_solves']} clock "
+          f"solves; delays {d['fine']} fine, {d['coarse']} coarse, {d['withheld']} withheld")  # fmt: skip
 
 
-def _prober(a: argparse.Namespace) -> int:
-    from prober.cli import run_prober
-    from prober.config import load_config
-    from testbed.vclock import load_clock
-
-    return run_prober(load_config(a.config), clock=load_clock(a.clock).apply)
-
-
-def _prober_cpu(a: argparse.Namespace) -> int:
-    from testbed.probercpu import (
-        BATCH_AB_PATHS,
-        DEFAULT_PATHS,
-        DEFER_AB_PATHS,
-        PATHS,
-        run_prober_cpu,
-    )
-
-    paths = {
-        "both": DEFAULT_PATHS, "all": PATHS, "defer-ab": DEFER_AB_PATHS, "batch-ab": BATCH_AB_PATHS
-    }.get(a.path, (a.path,))  # fmt: skip
-    report = run_prober_cpu(
-        nics=a.nics, peers_per_nic=a.peers, seconds=a.seconds, warmup_s=a.warmup,
-        repeats=a.repeats, paths=paths, prefix=a.prefix, progress=_progress,
-        profile=a.profile, perf=a.perf, auth=a.auth, peer_ticks=a.peer_ticks,
-    )  # fmt: skip
-    if a.json:
-        print(json.dumps(report))
-        return 0
-    for key in ("prober", "baseline"):
-        if f"{key}_cpu_percent_of_one_core" in report:
-            print(f"{key:8s} {report[f'{key}_cpu_percent_of_one_core']:6.2f} % of one core, "
-                  f"{report[f'{key}_cpu_us_per_probe']} us per probe, "
-                  f"{report[f'{key}_records_per_s']} records/s, "
-                  f"{report[f'{key}_answered_per_s']} answered/s")  # fmt: skip
-        if f"{key}_cpu_percent_excluding_net_rx_softirq" in report:
-            print(f"{'':8s} {report[f'{key}_cpu_percent_excluding_net_rx_softirq']:6.2f} % "
-                  "without the net_rx softirq veth charges it with (perf)")  # fmt: skip
-    if report["auth"]:
-        print(f"auth     hmac-sha256 both ways, {report['bad_auth']} datagrams failed auth")
-    if "nodefer_cpu_percent_of_one_core" in report:
-        print(f"nodefer  {report['nodefer_cpu_percent_of_one_core']:6.2f} % of one core "
-              "(compiled, a FOLLOW_UP per reply)")  # fmt: skip
-    if "pernic_cpu_percent_of_one_core" in report:
-        print(f"pernic   {report['pernic_cpu_percent_of_one_core']:6.2f} % of one core "
-              "(compiled, each NIC ticked from Python)")  # fmt: skip
-    return 0
-
-
-def _recovery_demo(a: argparse.Namespace) -> int:
-    from testbed.recovery_demo import run_demo
-
-    check_environment()
-    report = run_demo(
-        steps=a.steps, step_s=a.step_s, fault_step=a.fault_step,
-        down_s=parse_duration(a.down), short_flap_s=parse_duration(a.short_flap),
-        hold_s=parse_duration(a.hold), job_timeout_s=parse_duration(a.job_timeout),
-        collective_timeout_s=parse_duration(a.collective_timeout), trigger=a.trigger,
-        prefix=a.prefix,
-        progress=_progress, out_dir=Path(a.out) if a.out else None,
-    )  # fmt: skip
-    if a.json:
-        print(json.dumps(report))
-        return 0
-    for name, r in report["runs"].items():
-        extra = r.get("outcome", "") or (
-            f"recovered in {r['recovery_seconds']} s" if "recovery_seconds" in r else ""
-        )
-        print(f"{name:12s} completed={r['completed']!s:5s} {r['seconds']:7.2f} s "
-              f"steps={r['steps_done']} checksum={r['param_checksum']} {extra}")  # fmt: skip
-    print(f"same parameters as no_failure: {report['same_params_as_no_failure']}")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``qpmesh testbed`` and its subcommands."""
-    tb = sub.add_parser("testbed", help="emulated leaf-spine fabric in network namespaces, faults",
-                        description="Real packets through namespaces: up/down/status, faults, scenario runs (root).")  # fmt: skip
-    ts = tb.add_subparsers(dest="testbed_command", metavar="TESTBED_COMMAND", required=True)
-
-    def cmd(
-        name: str, help_: str, func: Any, prefix_default: str | None = "qpm-"
-    ) -> argparse.ArgumentParser:
-        p = ts.add_parser(name, help=help_, description=help_)
-        p.add_argument(
-            "--prefix",
-            default=prefix_default,
-            help=(
-                "name prefix of the testbed's namespaces and links (default %(default)s)"
-                if prefix_default
-                else "name prefix of the testbed (default: a fresh random one, so runs never collide)"
-            ),
-        )
-        p.set_defaults(func=func)
-        return p
-
-    p = cmd(
-        "up", "build the fabric (namespaces, veths, ECMP routes, shaping, management bridge)", _up
-    )
-    add_shape_options(p)
-    p.add_argument(
-        "--rate-mbit", type=float, default=100.0, help="fabric link shaping (default %(default)s)"
-    )
-    p.add_argument(
-        "--nic-rate-mbit", type=float, default=1000.0, help="NIC link shaping (default %(default)s)"
-    )
-    p.add_argument(
-        "--latency-ms", type=float, default=20.0, help="tbf queue bound (default %(default)s)"
-    )
-    p.add_argument("--json", action="store_true", help="print what was built as JSON")
-    cmd("down", "remove everything the testbed made (idempotent, also after a crash)", _down)
-    p = cmd("status", "list what exists of the testbed", _status)
-    p.add_argument(
-        "--json", action="store_true", help="print namespaces, links and processes as JSON"
-    )
-    p = cmd(
-        "flap", "flap a link: down/up cycles (the link black-holes both ways while down)", _flap
-    )
-    p.add_argument("link", help="link id, e.g. leaf1-spine2 or nic5-leaf1")
-    p.add_argument("--down", default="2s", help="down period (default %(default)s)")
-    p.add_argument("--up", default="3s", help="up period (default %(default)s)")
-    p.add_argument("--times", type=int, default=1, help="cycles (default %(default)s)")
-    p = cmd("congest", "congest a link with background UDP sharing its queue", _congest)
-    p.add_argument("link", help="link id, e.g. leaf1-spine0")
-    p.add_argument(
-        "--rate", type=float, default=150.0, help="generator rate in Mbit/s (default %(default)s)"
-    )
-    p.add_argument(
-        "--direction",
-        choices=faults.DIRECTIONS,
-        default="both",
-        help="up = lower end sends, down = upper end sends (default %(default)s)",
-    )
-    p.add_argument(
-        "--for", dest="for_", help="duration, then stop (default: run in background for 1h)"
-    )
-    p.add_argument("--stop", action="store_true", help="stop this link's background congestion")
-    p = cmd("loss", "random loss on a link, both directions (nftables numgen)", _loss)
-    p.add_argument("link", help="link id, e.g. leaf0-spine1")
-    p.add_argument("--percent", type=float, required=True, help="drop percentage; 0 clears")
-    p.add_argument("--for", dest="for_", help="duration, then clear (default: until cleared)")
-    p = cmd("nic-down", "take a NIC down (or --up)", _nic_down)
-    p.add_argument("nic", help="NIC id, e.g. nic5")
-    p.add_argument("--up", action="store_true", help="bring it back up (routes restored)")
-    p.add_argument("--for", dest="for_", help="duration, then bring it up")
-    p = cmd("stop-prober", "stop the prober of a host (by pid)", _stop_prober)
-    p.add_argument("host", help="host id, e.g. host3")
-    p.add_argument(
-        "--signal",
-        default="SIGKILL",
-        choices=("SIGKILL", "SIGTERM", "SIGSTOP"),
-        help="SIGKILL (default) fires the prober's MQTT last will: 'prober down'",
-    )
-    p = ts.add_parser(
-        "prober",
-        help="run a prober whose stamps read an emulated host's virtual clock (used by 'run')",
-        description=(
-            "Run 'qpmesh prober --config FILE' with the UDP endpoints' clock hook set to the "
-            "virtual clock in --clock (JSON of testbed.vclock.VirtualClock): all namespaces "
-            "share one kernel clock, so the testbed gives each emulated host its own."
-        ),
-    )
-    p.add_argument("--config", required=True, help="prober TOML (see docs/prober.md)")
-    p.add_argument("--clock", required=True, help="virtual clock JSON written by 'testbed run'")
-    p.set_defaults(func=_prober)
-    p = cmd(
-        "run",
-        "run a scenario: fabric, broker, probers, controller, faults -> JSON report",
-        _run,
-        None,
-    )
+def _run_args(p: argparse.ArgumentParser) -> None:
+    _add_prefix(p, None)
     p.add_argument("scenario", help="scenario TOML (see docs/scenarios.md)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    _json_arg(p)
     p.add_argument(
         "--random-faults", type=int, default=0, metavar="K", help="replace faults by K random ones"
     )
@@ -367,26 +280,67 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "probes, batches as another host, a replay, a forged action); the report gains "
         '"security": what was tried and what got through (docs/mqtt-security.md)',
     )
-    p = ts.add_parser(
-        "replay",
-        help="replay a 'testbed run' output directory through a fresh controller, offline",
-        description=(
-            "Feed the messages a 'testbed run' captured (OUT/mqtt.jsonl: probe batches, paths, "
-            "health, presence, with their arrival times) to the controller that OUT/controller.toml "
-            "describes, ticking and solving clocks on arrival time, and print its events: why a "
-            "fault was or was not localized can be examined after the namespaces are gone."
-        ),
+    p.add_argument(
+        "--discover",
+        action="store_true",
+        help="tell the probers and the controller nothing of the fabric: lldpd in every "
+        "namespace, switches answering TTL probes from router ids, probers that find their "
+        "NICs and learn their peers, a controller that learns the fabric (checked against "
+        'the plan); the report gains "topology": matches_plan, differences (docs/testbed.md)',
     )
-    p.add_argument("dir", help="the run's output directory (--out of 'testbed run')")
-    p.add_argument("--json", action="store_true", help="print events and message counts as JSON")
-    p.set_defaults(func=_replay)
-    p = cmd(
-        "prober-cpu",
-        "CPU share of one prober process running the default schedule (8 NICs x 32 peers by "
-        "default) in namespaces, compiled hot path and per-datagram baseline in the same run",
-        _prober_cpu,
-        None,
-    )
+
+
+def _run(a: argparse.Namespace) -> int:
+    from testbed.runner import run_scenario
+    from testbed.scenario import load_scenario
+
+    sc = load_scenario(a.scenario)
+    prefix = a.prefix or ("r" + secrets.token_hex(3) + "-")
+    report: dict[str, Any] = run_scenario(
+        sc, prefix, random_k=a.random_faults, seed=a.seed, progress=_progress,
+        out_dir=Path(a.out) if a.out else None, secure=a.secure, discover=a.discover,
+    )  # fmt: skip
+    if a.json:
+        print(json.dumps(report))
+    else:
+        print(f"scenario {report['scenario']}: {len(report['applied'])} fault actions, "
+              f"{len(report['events'])} events; missing: {report['missing'] or 'nothing'}")  # fmt: skip
+        if "topology" in report:
+            t = report["topology"]
+            print(f"topology: matches the plan: {t['matches_plan']}; {t['changes']} changes "
+                  f"({t['changes_during_run']} during the run); differences: "
+                  f"{'; '.join(t['differences']) or 'none'}")  # fmt: skip
+        if "security" in report:
+            s = report["security"]
+            print("security: " + ", ".join(f"{k} {s[k]}" for k in (
+                "forged_probes_sent", "forged_probes_accepted", "forged_batches_sent",
+                "forged_batches_accepted", "replayed_batches_sent", "replayed_batches_accepted",
+                "forged_actions_sent", "forged_actions_accepted")))  # fmt: skip
+    return EXIT_INTERRUPTED if report["interrupted"] else 0
+
+
+_PROBER_DESCRIPTION = (
+    "Run 'qpmesh prober --config FILE' with the UDP endpoints' clock hook set to the "
+    "virtual clock in --clock (JSON of testbed.vclock.VirtualClock): all namespaces "
+    "share one kernel clock, so the testbed gives each emulated host its own."
+)
+
+
+def _prober_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="prober TOML (see docs/prober.md)")
+    p.add_argument("--clock", required=True, help="virtual clock JSON written by 'testbed run'")
+
+
+def _prober(a: argparse.Namespace) -> int:
+    from prober.cli import run_prober
+    from prober.config import load_config
+    from testbed.vclock import load_clock
+
+    return run_prober(load_config(a.config), clock=load_clock(a.clock).apply)
+
+
+def _prober_cpu_args(p: argparse.ArgumentParser) -> None:
+    _add_prefix(p, None)
     p.add_argument(
         "--nics", type=int, default=8, help="NICs of the measured host (default %(default)s)"
     )
@@ -462,15 +416,54 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(before 2026-11-23 22:30; on veth the prober's sends pay for waking them) "
         "(default %(default)s)",
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    p = cmd(
-        "recovery-demo",
-        "a PyTorch (CPU, gloo) job across two hosts survives a NIC link failure: runs no_failure, "
-        "no_recovery, recovery, short_flap side by side",
-        _recovery_demo,
-        None,
+    _json_arg(p)
+
+
+def _prober_cpu(a: argparse.Namespace) -> int:
+    from testbed.probercpu import (
+        BATCH_AB_PATHS,
+        DEFAULT_PATHS,
+        DEFER_AB_PATHS,
+        PATHS,
+        run_prober_cpu,
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+
+    paths = {
+        "both": DEFAULT_PATHS, "all": PATHS, "defer-ab": DEFER_AB_PATHS, "batch-ab": BATCH_AB_PATHS
+    }.get(a.path, (a.path,))  # fmt: skip
+    report: dict[str, Any] | None = None
+    with interruptible() as stop:  # the figures come at the end: none if stopped before
+        report = run_prober_cpu(
+            nics=a.nics, peers_per_nic=a.peers, seconds=a.seconds, warmup_s=a.warmup,
+            repeats=a.repeats, paths=paths, prefix=a.prefix, progress=_progress,
+            profile=a.profile, perf=a.perf, auth=a.auth, peer_ticks=a.peer_ticks,
+        )  # fmt: skip
+    return finish(stop, report, as_json=a.json, show=_show_prober_cpu)
+
+
+def _show_prober_cpu(report: Mapping[str, Any]) -> None:
+    for key in ("prober", "baseline"):
+        if f"{key}_cpu_percent_of_one_core" in report:
+            print(f"{key:8s} {report[f'{key}_cpu_percent_of_one_core']:6.2f} % of one core, "
+                  f"{report[f'{key}_cpu_us_per_probe']} us per probe, "
+                  f"{report[f'{key}_records_per_s']} records/s, "
+                  f"{report[f'{key}_answered_per_s']} answered/s")  # fmt: skip
+        if f"{key}_cpu_percent_excluding_net_rx_softirq" in report:
+            print(f"{'':8s} {report[f'{key}_cpu_percent_excluding_net_rx_softirq']:6.2f} % "
+                  "without the net_rx softirq veth charges it with (perf)")  # fmt: skip
+    if report["auth"]:
+        print(f"auth     hmac-sha256 both ways, {report['bad_auth']} datagrams failed auth")
+    if "nodefer_cpu_percent_of_one_core" in report:
+        print(f"nodefer  {report['nodefer_cpu_percent_of_one_core']:6.2f} % of one core "
+              "(compiled, a FOLLOW_UP per reply)")  # fmt: skip
+    if "pernic_cpu_percent_of_one_core" in report:
+        print(f"pernic   {report['pernic_cpu_percent_of_one_core']:6.2f} % of one core "
+              "(compiled, each NIC ticked from Python)")  # fmt: skip
+
+
+def _recovery_demo_args(p: argparse.ArgumentParser) -> None:
+    _add_prefix(p, None)
+    _json_arg(p)
     p.add_argument("--steps", type=int, default=60, help="training steps (default %(default)s)")
     p.add_argument(
         "--step-s",
@@ -513,3 +506,72 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(default %(default)s)",
     )
     p.add_argument("--out", help="copy the runs' logs and per-rank results here")
+
+
+def _recovery_demo(a: argparse.Namespace) -> int:
+    from testbed.recovery_demo import run_demo
+
+    check_environment()
+    report: dict[str, Any] | None = None
+    with interruptible() as stop:  # the report comes at the end: none if stopped before
+        report = run_demo(
+            steps=a.steps, step_s=a.step_s, fault_step=a.fault_step,
+            down_s=parse_duration(a.down), short_flap_s=parse_duration(a.short_flap),
+            hold_s=parse_duration(a.hold), job_timeout_s=parse_duration(a.job_timeout),
+            collective_timeout_s=parse_duration(a.collective_timeout), trigger=a.trigger,
+            prefix=a.prefix, progress=_progress, out_dir=Path(a.out) if a.out else None,
+        )  # fmt: skip
+    return finish(stop, report, as_json=a.json, show=_show_recovery_demo)
+
+
+def _show_recovery_demo(report: Mapping[str, Any]) -> None:
+    for name, r in report["runs"].items():
+        extra = r.get("outcome", "") or (
+            f"recovered in {r['recovery_seconds']} s" if "recovery_seconds" in r else ""
+        )
+        print(f"{name:12s} completed={r['completed']!s:5s} {r['seconds']:7.2f} s "
+              f"steps={r['steps_done']} checksum={r['param_checksum']} {extra}")  # fmt: skip
+    print(f"same parameters as no_failure: {report['same_params_as_no_failure']}")
+
+
+Handler = Callable[[argparse.Namespace], int]
+AddArgs = Callable[[argparse.ArgumentParser], None]
+
+# The subcommands in --help order: name, help, handler, its arguments, description (""= help).
+COMMANDS: tuple[tuple[str, str, Handler, AddArgs, str], ...] = (
+    ("up", "build the fabric (namespaces, veths, ECMP routes, shaping, management bridge)",
+     _up, _up_args, ""),
+    ("down", "remove everything the testbed made (idempotent, also after a crash)",
+     _down, _add_prefix, ""),
+    ("status", "list what exists of the testbed", _status, _status_args, ""),
+    ("flap", "flap a link: down/up cycles (the link black-holes both ways while down)",
+     _flap, _flap_args, ""),
+    ("congest", "congest a link with background UDP sharing its queue", _congest, _congest_args,
+     ""),
+    ("loss", "random loss on a link, both directions (nftables numgen)", _loss, _loss_args, ""),
+    ("nic-down", "take a NIC down (or --up)", _nic_down, _nic_down_args, ""),
+    ("stop-prober", "stop the prober of a host (by pid)", _stop_prober, _stop_prober_args, ""),
+    ("prober", "run a prober whose stamps read an emulated host's virtual clock (used by 'run')",
+     _prober, _prober_args, _PROBER_DESCRIPTION),
+    ("run", "run a scenario: fabric, broker, probers, controller, faults -> JSON report",
+     _run, _run_args, ""),
+    ("replay", "replay a 'testbed run' output directory through a fresh controller, offline",
+     _replay, _replay_args, _REPLAY_DESCRIPTION),
+    ("prober-cpu", "CPU share of one prober process running the default schedule (8 NICs x 32 "
+     "peers by default) in namespaces, compiled hot path and per-datagram baseline in the same "
+     "run", _prober_cpu, _prober_cpu_args, ""),
+    ("recovery-demo", "a PyTorch (CPU, gloo) job across two hosts survives a NIC link failure: "
+     "runs no_failure, no_recovery, recovery, short_flap side by side",
+     _recovery_demo, _recovery_demo_args, ""),
+)  # fmt: skip
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``qpmesh testbed`` and its subcommands (`COMMANDS`)."""
+    tb = sub.add_parser("testbed", help="emulated leaf-spine fabric in network namespaces, faults",
+                        description="Real packets through namespaces: up/down/status, faults, scenario runs (root).")  # fmt: skip
+    ts = tb.add_subparsers(dest="testbed_command", metavar="TESTBED_COMMAND", required=True)
+    for name, help_, handler, add_args, description in COMMANDS:
+        p = ts.add_parser(name, help=help_, description=description or help_)
+        add_args(p)
+        p.set_defaults(func=handler)

@@ -110,18 +110,15 @@ async def run(spec: dict[str, Any]) -> None:
     driven = use_compiled and spec.get("peer_ticks", "driver") == "driver"
     keys = load_key_file(spec["key_file"], HMAC) if spec.get("key_file") else None
     for nic in spec["peers"]:
-        endpoint = compiled.CompiledUdpEndpoint if use_compiled else BatchUdpEndpoint
-        session = compiled.CompiledSession if use_compiled else ProbeSession
-        ep = endpoint(
-            session(nic["id"], codec_for(keys), timeout_ns=1_000_000_000),
-            nic["address"],
-            dport=spec["port"],
-            sports=nic["sports"],
-            on_events=answered,
-        )
-        if driven:
-            assert isinstance(ep, compiled.CompiledUdpEndpoint)
-            ep.external_ticks = True
+        kw: dict[str, Any] = {"dport": spec["port"], "sports": nic["sports"], "on_events": answered}
+        codec, timeout_ns = codec_for(keys), 1_000_000_000
+        ep: BatchUdpEndpoint
+        if use_compiled:
+            session = compiled.CompiledSession(nic["id"], codec, timeout_ns=timeout_ns)
+            ep = compiled.CompiledUdpEndpoint(session, nic["address"], external_ticks=driven, **kw)
+        else:
+            ep = BatchUdpEndpoint(ProbeSession(nic["id"], codec, timeout_ns=timeout_ns),
+                                  nic["address"], **kw)  # fmt: skip
         await ep.start(warmup_s=0.5 if not eps else 0.0)  # RX stamping is switched on once
         eps[nic["id"]] = ep
     if driven:  # one timer for all, records taken from the engines below

@@ -2,6 +2,9 @@
 
 The simulator-to-controller loop is `testbed.sim.demo_runner.DemoRunner`; the screen is
 `tui.demo_app.DemoApp`, which drives it through the `tui.demo_app.DemoDriver` protocol.
+``--headless`` runs in real time when it serves the API or writes time series; SIGTERM or
+SIGINT end it early and it still prints its result (``"interrupted": true``, exit 130:
+`contract.interrupt`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import sys
 from dataclasses import replace
 
+from contract.interrupt import interruptible
 from testbed.demo_serve import DemoApi, new_token
 from testbed.sim.demo_runner import (
     DEMO_SCENARIO,
@@ -43,8 +47,13 @@ def run_demo(args: argparse.Namespace) -> int:
         runner = DemoRunner(sc, step_s=args.step)
         api = _serve(runner, listen, getattr(args, "token", None))
         writer = demo_timeseries(runner, url)
-        try:
-            result = run_headless(runner, args.duration or sc.duration_s, realtime=api is not None)
+        # real time when someone watches (the API) or the points are stamped on the wall
+        # clock (the time series: played faster, they would lie in the future)
+        realtime = api is not None or writer is not None
+        try:  # a signal ends the run between two steps
+            with interruptible(cooperative=True) as stop:
+                result = run_headless(runner, args.duration or sc.duration_s,
+                                      realtime=realtime, stop=stop.event)  # fmt: skip
         finally:
             if api is not None:
                 api.stop()
@@ -59,11 +68,11 @@ def run_demo(args: argparse.Namespace) -> int:
                 "last_error": st.last_error,
             }  # fmt: skip
         if args.json:
-            print(json.dumps(result))
+            print(json.dumps(result), flush=True)
         else:
             for e in result["events"]:
                 print(f"{e['t_s']:8.2f}s  {e['kind']:<12} {e['target']}  {e['detail']}")
-        return 0
+        return stop.exit_code()
     from tui.demo_app import DemoApp
 
     # Interactive: start with no scripted faults, the operator injects them with keys.

@@ -31,7 +31,8 @@ def register(sub: Any) -> None:
         "--timeseries",
         metavar="URL",
         help="also write the time series to this InfluxDB v2 write API "
-        "(InfluxDB 2 or VictoriaMetrics, e.g. http://127.0.0.1:8428), 1 s intervals",
+        "(InfluxDB 2 or VictoriaMetrics, e.g. http://127.0.0.1:8428), 1 s intervals; with "
+        "--headless the demo then runs in real time (its points are stamped on the wall clock)",
     )
     d.add_argument(
         "--serve",

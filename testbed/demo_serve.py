@@ -33,9 +33,12 @@ class DemoApi:
         self.jobs = runner.remediation.jobs
         self.hub = ApiHub(runner.controller.snapshot())
         tokens = TokenTable({token: Principal("operator", "demo")})
-        # the demo's own remediation: PUT /control switches it, its job is listed
+        # the demo's own remediation: PUT /control switches it, its job is listed, the
+        # Alertmanager intake asks it; Control changes and alert requests are stamped on the
+        # demo's simulated clock, the one its events carry
         app = make_app(self.hub, tokens, jobs=self.jobs, control=runner.remediation.control,
-                       actions=runner.remediation.log)  # fmt: skip
+                       actions=runner.remediation.log, ask=runner.ask,
+                       wall_ns=lambda: runner.now_ns)  # fmt: skip
         self.server = ApiThread(app, self.host, port)
         self.url = ""
         self._runner = runner

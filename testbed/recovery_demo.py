@@ -41,11 +41,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from contract.documents import EventDoc
 from contract.remediation import AckDoc, ActionDoc, DocumentError, parse_rank_topic
 from controller.control import Control
 from controller.jobs import Job, JobRegistry
 from controller.remediation.loop import Remediator
-from controller.remediation.policy import SEC, PolicyConfig, Rule, finding, nic_of
+from controller.remediation.policy import SEC, PolicyConfig, Rule, nic_of
 from mesh.fabric import FabricShape
 from testbed import faults
 from testbed.netns.lifecycle import up
@@ -161,7 +162,7 @@ class _Mqtt:
     def publish(self, topic: str, payload: bytes) -> None:
         self.c.publish(topic, payload, qos=1)
 
-    def findings(self, t_min_ns: int) -> list[Any]:
+    def findings(self, t_min_ns: int) -> list[EventDoc]:
         """Return the controller's findings since the last call at or after ``t_min_ns``."""
         out = []
         while not self.events.empty():
@@ -169,9 +170,8 @@ class _Mqtt:
             if int(e.get("t_ns", 0)) >= t_min_ns and e["kind"] in (
                 "nic_down", "link_down", "link_flap", "clear", "contention"
             ):  # fmt: skip
-                flows = tuple(tuple(f) for f in e.get("flows", []) if len(f) == 3)
-                out.append(finding(e["kind"], e["target"], int(e["t_ns"]), e.get("detail", ""),
-                                   flows))  # type: ignore[arg-type]  # fmt: skip
+                with contextlib.suppress(DocumentError):
+                    out.append(EventDoc.from_json(e))
         return out
 
     def clear_retained(self) -> None:
@@ -248,7 +248,7 @@ def _run_once(
             t_down_ns = time.time_ns()
             pending = []
             if args["trigger"] == "injector":
-                pending = [finding("link_down", FAILED_LINK, t_down_ns, "fault injector")]
+                pending = [EventDoc(t_down_ns, "link_down", FAILED_LINK, "fault injector")]
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             now = time.time()
             if t_down is not None and t_up is None and now - t_down >= down_s:
@@ -256,7 +256,7 @@ def _run_once(
                 t_up = now
                 progress(f"{name}: {FAILED_LINK} up again")
                 if args["trigger"] == "injector":
-                    pending.append(finding("clear", FAILED_LINK, time.time_ns(), "fault injector"))
+                    pending.append(EventDoc(time.time_ns(), "clear", FAILED_LINK, "fault injector"))
             if args["trigger"] == "controller" and mq is not None:
                 while not mq.sent.empty():  # the controller's own actions
                     a = mq.sent.get()

@@ -1,7 +1,7 @@
 """Offline replay of a `qpmesh testbed run`: what the controller read, through a fresh pipeline.
 
 `testbed.runner` writes every message the controller also reads (probe batches, paths, health,
-presence) with its arrival time to ``<out>/mqtt.jsonl`` (`write_capture`: one JSON object
+presence, neighbours) with its arrival time to ``<out>/mqtt.jsonl`` (`write_capture`: one JSON object
 ``{"t_ns", "topic", "b64"}`` per line). `replay` builds the controller the service builds from
 the run's ``controller.toml`` and feeds it those messages in arrival order with time passed in:
 a tick and a due clock solve every ``tick_s`` of arrival time, as the service's ticker and
@@ -14,7 +14,6 @@ run (why a fault was or was not localized) after the namespaces are gone.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from controller.coalesce import ProbeQueue
 from controller.config import load_config
 from controller.dispatch import handle_message
 from controller.live import LiveController
+from controller.service import live_state
+from controller.topology import TopologyLearner, relearn_live
 
 CAPTURE = "mqtt.jsonl"
 """File name of a run's capture inside its output directory."""
@@ -93,12 +94,8 @@ def replay(
     Raises FileNotFoundError without a capture or config, `CaptureError` on a bad capture,
     `controller.config.ConfigError` on a bad config."""
     cfg = load_config(out_dir / "controller.toml", out_dir)
-    live = LiveController(
-        cfg.fabric,
-        dataclasses.replace(cfg.live, solve_inline=False),
-        brain=Brain(cfg.fabric, cfg.brain),
-    )
-    live.use_model_paths(cfg.model_paths)
+    topology = TopologyLearner(cfg.learn) if cfg.learn is not None else None
+    live = live_state(cfg, topology)  # solves left to `step`, as the service's worker
     topics = Topics(prefix)
     queue = ProbeQueue(cfg.ingest) if cfg.ingest.coalesce_ms > 0 else None
     tick_ns = round(cfg.tick_s * 1e9)
@@ -113,6 +110,9 @@ def replay(
         nonlocal solves
         if queue is not None and len(queue):
             live.flush(queue, now)
+        if topology is not None:  # a learned fabric: learn it again, as the service's ticker
+            done = relearn_live(live, topology, now, lambda f: Brain(f, cfg.brain))
+            events.extend([done[1]] if done else [])
         events.extend(live.tick(now))
         while running and running[0][0] <= now:
             solves += live.install_clock(*running.pop(0)[1:])
@@ -133,7 +133,7 @@ def replay(
             next_tick += tick_ns
         if queue is not None and queue.due(t_ns):
             live.flush(queue, t_ns)
-        out = handle_message(live, topics, topic, payload, t_ns, cfg.router_nodes, queue)
+        out = handle_message(live, topics, topic, payload, t_ns, cfg.router_nodes, queue, topology)
         key = "bad" if out.startswith("bad:") else out
         outcomes[key] = outcomes.get(key, 0) + 1
     if next_tick is not None:  # close the window of the last messages (more ticks without

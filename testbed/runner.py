@@ -4,6 +4,15 @@ Thin shell: the timeline is pure (`testbed.schedule`); this module starts proces
 by pid in the testbed state), applies the actions on time and always cleans up (also on Ctrl-C
 or SIGTERM). The report lists the applied faults, the controller's findings (its JSON-lines log)
 and, when the controller logs clock estimates, the sync error against the virtual clocks.
+
+``discover``: nothing of the fabric is written for the probers or the controller. The fabric
+comes up with lldpd in every namespace and switches that answer TTL probes from router ids;
+each prober's config has its host, the broker and ``[discover]`` (`discover_prober_config`):
+it finds its NIC, reads its leaf from lldpd and learns its peers from the others' neighbours
+documents; the controller's (`learned_controller_config`) has no fabric, only the plan to
+check what it learns against and the spines' router ids to name them by. The scenario's clock
+starts once the controller's learned fabric matches the plan (or after `TOPOLOGY_WAIT_S`),
+and the report gains ``topology`` (`topology_report`).
 """
 
 from __future__ import annotations
@@ -12,18 +21,20 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from contract.interrupt import interruptible
 from mesh.fabric import Fabric, NodeKind
 from testbed import faults
+from testbed.netns.apply import TestbedEnvError
 from testbed.netns.lifecycle import up
+from testbed.netns.lldp import lldp_dir, lldp_socket, lldpd_available
 from testbed.netns.nsutil import stop_processes, wait_port
 from testbed.netns.plan import Plan
 from testbed.netns.state import record_process, state_dir
@@ -76,15 +87,53 @@ def prober_config(
     return "\n".join(lines)
 
 
-def router_nodes(plan: Plan) -> dict[str, str]:
-    """Return router address -> fabric switch id for every switch-side address of ``plan``.
+def discover_prober_config(
+    host: str,
+    broker: tuple[str, int],
+    lldp_socket: str,
+    spines: int,
+    mqtt_extra: Sequence[str] = (),
+    extra: str = "",
+) -> str:
+    """Return the prober TOML for ``host`` of a ``discover`` run: no NIC and no peer, only the
+    host id (namespaces share the machine's host name), the broker and ``[discover]``: the
+    interfaces named ``nic*`` (a testbed NIC is a veth with no RDMA port), ids the interface
+    names (unique in the testbed, and the plan's NIC ids), the host's own lldpd. The schedule
+    and path discovery are `prober_config`'s (``spines`` sets the source ports' ECMP width,
+    tuning as on a real fleet, not a description of the fabric)."""
+    lines = [
+        "[prober]", f'host = "{host}"', 'transport = "udp"', "port = 4791", 'timestamps = "sw"',
+        "batch_interval_ms = 500", "",
+        "[schedule]", f"paths = {max(2, spines)}", "",
+        "[paths]", "traces_per_s = 20.0", "max_ttl = 4", "refresh_s = 30.0", "",
+        "[discover]", 'nics = ["nic*"]', 'nic_id = "{ifname}"', f'lldp_socket = "{lldp_socket}"',
+        "lldp_interval_s = 5.0", "",
+        "[mqtt]", f'host = "{broker[0]}"', f"port = {broker[1]}", *mqtt_extra, "", extra,
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
-    Routers answer TTL-expired probes from the inbound interface's address
+
+def learned_controller_config(plan: Plan, plan_file: str) -> str:
+    """Return the controller TOML of a ``discover`` run: no fabric; ``plan_file`` (the
+    testbed's fabric as JSON) to check the learned one against, the spines named by their
+    router ids (an operator's inventory), a relearn every second; no model paths."""
+    names = {rid: sw for sw, rid in sorted(plan.router_ids.items()) if not sw.startswith("leaf")}
+    lines = ["[fabric]", f'plan = "{plan_file}"', "relearn_s = 1.0", "", "[fabric.routers]"]
+    lines += [f'"{a}" = "{n}"' for a, n in sorted(names.items())]
+    lines += ["", "[paths]", "model = false"]
+    return "\n".join(lines) + "\n"
+
+
+def router_nodes(plan: Plan) -> dict[str, str]:
+    """Return router address -> fabric switch id for every switch-side address of ``plan``
+    and every switch's router id.
+
+    Without router ids routers answer TTL-expired probes from the inbound interface's address
     (``icmp_errors_use_inbound_ifaddr``), so each address names a switch; the leaf gateway
-    ``10.x.y.254`` is the same on every downlink of one leaf.
+    ``10.x.y.254`` is the same on every downlink of one leaf. With them, from their router id.
     """
     node_of_ns = {ns: node for node, ns in plan.node_ns.items()}
-    out: dict[str, str] = {}
+    out: dict[str, str] = {rid: sw for sw, rid in plan.router_ids.items()}
     for lp in plan.links.values():
         for end in (lp.lower, lp.upper):
             node = node_of_ns.get(end.ns, "")
@@ -126,13 +175,19 @@ def run_scenario(
     progress: Callable[[str], None] = lambda _: None,
     out_dir: Path | None = None,
     secure: bool = False,
+    discover: bool = False,
 ) -> dict[str, Any]:
     """Run ``sc`` on a fresh namespace testbed; return the JSON-ready report.
 
     ``out_dir`` (default ``/var/tmp/qpmesh/<prefix>``) keeps the run's logs, configs, clock
     truth and ``report.json`` after teardown. ``secure``: TLS, passwords and the ACL on the
     broker, probe HMAC, and an adversary (`testbed.securerun`); the report gains ``security``.
+    ``discover``: probers and controller told nothing of the fabric (module doc); the report
+    gains ``topology``. Raises `testbed.netns.apply.TestbedEnvError` when ``discover`` is
+    asked for without lldpd.
     """
+    if discover and not lldpd_available():
+        raise TestbedEnvError("--discover needs lldpd in the namespaces (Debian lldpd)")
     if random_k:
         sc = replace(
             sc,
@@ -148,105 +203,115 @@ def run_scenario(
     applied: list[dict[str, Any]] = []
     procs: list[subprocess.Popen[bytes]] = []
     congest: dict[str, list[subprocess.Popen[bytes]]] = {}
-    fabric, plan = up(sc.shape, prefix, progress=progress)
-    prev = signal.signal(signal.SIGTERM, _interrupt)
+    fabric, plan = up(sc.shape, prefix, progress=progress, router_ids=discover,
+                      lldp=True if discover else None)  # fmt: skip
     d = state_dir(prefix)
     report: dict[str, Any] = {"scenario": sc.name, "prefix": prefix, "duration_s": sc.duration_s}
     monitor: Monitor | None = None
     sec: SecureRun | None = None
     t0_wall = 0
     clocks: dict[str, VirtualClock] = {}
-    try:
-        clocks = assign_clocks([h.id for h in fabric.hosts], seed=sc.seed, t0_ns=time.time_ns())
-        truth = write_truth(d / "clocks.json", clocks, {n.id: n.host for n in fabric.nics})
-        report["truth_file"] = str(truth)
-        broker = (plan.broker_addr, 1883)
-        conf = d / "mosquitto.conf"
-        conf.write_text(
-            f"listener {broker[1]} {broker[0]}\nallow_anonymous true\npersistence false\n"
-        )
-        if secure:
-            sec = SecureRun(d, fabric, plan)
-            broker = sec.broker
-            conf.write_text(sec.broker_conf())
-        procs.append(_spawn([MOSQUITTO, "-c", str(conf)], d / "mosquitto.log", prefix, "mosquitto"))
-        if not wait_port(*broker, timeout_s=5):
-            raise OSError(f"mosquitto did not listen on {broker[0]}:{broker[1]}")
-        progress(f"broker on {broker[0]}:{broker[1]}")
-        monitor = sec.monitor() if sec is not None else Monitor(*broker)
-        monitor.start()
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        qp = [sys.executable, "-m", "qpmesh.cli"]
-        ctl_log = d / "controller.jsonl"
-        ctl_conf = d / "controller.toml"
-        ctl_conf.write_text(
-            controller_config(fabric, plan) + (sec.controller_extra() if sec is not None else "")
-        )
-        procs.append(_spawn([*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
-                             "--config", str(ctl_conf), "--log", str(ctl_log)],
-                            d / "controller.out", prefix, "controller", env))  # fmt: skip
-        for h in fabric.hosts:
-            cfg = d / f"prober-{h.id}.toml"
-            if sec is not None:
-                cfg.write_text(
-                    prober_config(
-                        fabric, plan, h.id, broker, sec.prober_mqtt_lines(h.id), sec.prober_extra()
-                    )
-                )
-            else:
-                cfg.write_text(prober_config(fabric, plan, h.id, broker))
-            clk = d / f"clock-{h.id}.json"
-            write_clock(clocks[h.id], clk)
-            argv = ["ip", "netns", "exec", plan.node_ns[h.id], *qp, "testbed", "prober",
-                    "--config", str(cfg), "--clock", str(clk)]  # fmt: skip
-            procs.append(_spawn(argv, d / f"prober-{h.id}.log", prefix, f"prober:{h.id}", env))
-        # the scenario's clock starts once the mesh measures: on a busy machine the probers
-        # and the controller took seconds to start, and a fault at 5 s then fell before the
-        # controller's first trusted clocks (nothing can localize what nobody measured)
-        report["startup_s"] = _wait_mesh(monitor, [h.id for h in fabric.hosts], ctl_log)
-        progress(
-            f"{len(fabric.hosts)} probers and the controller up after {report['startup_s']:g}s: "
-            f"running {sc.duration_s:g}s, {len(sc.faults)} faults"
-        )
-        t0 = time.monotonic()
-        t0_wall = time.time_ns()
-        if sec is not None:
-            sec.start(monitor, t0, sc.duration_s, progress, env)
-        for act in timeline(sc.faults, _fabric_rate(plan)):
-            delay = act.t_s - (time.monotonic() - t0)
-            if delay > 0:
-                time.sleep(delay)
-            _apply(plan, act, congest, sc.duration_s)
-            applied.append(
-                {
-                    "t_s": round(time.monotonic() - t0, 3),
-                    "op": act.op,
-                    "target": act.target,
-                    "value": act.value,
-                }
+    # SIGTERM or SIGINT end the run early: its finally tears the testbed down (a second
+    # signal does not cut that short) and the report covers what ran (contract.interrupt)
+    with interruptible() as stop:
+        try:
+            clocks = assign_clocks([h.id for h in fabric.hosts], seed=sc.seed, t0_ns=time.time_ns())
+            truth = write_truth(d / "clocks.json", clocks, {n.id: n.host for n in fabric.nics})
+            report["truth_file"] = str(truth)
+            broker = (plan.broker_addr, 1883)
+            conf = d / "mosquitto.conf"
+            conf.write_text(
+                f"listener {broker[1]} {broker[0]}\nallow_anonymous true\npersistence false\n"
             )
-            progress(f"t={act.t_s:6.2f}s {act.op} {act.target}")
-        rest = sc.duration_s - (time.monotonic() - t0)
-        if rest > 0:
-            time.sleep(rest)
-    except KeyboardInterrupt:
-        report["interrupted"] = True
-    finally:
-        for ps in congest.values():
-            for p in ps:
-                p.kill()
-        if sec is not None:
-            sec.stop()
-        if monitor is not None:
-            monitor.stop()
-        stop_processes(procs)
-        out = out_dir or Path("/var/tmp/qpmesh") / prefix
-        with contextlib.suppress(OSError):
-            shutil.copytree(d, out, dirs_exist_ok=True)
-            if monitor is not None:  # what the controller read, for `qpmesh testbed replay`
-                write_capture(out / CAPTURE, monitor.raw)
-        tear_down(prefix, progress)
-        signal.signal(signal.SIGTERM, prev)
+            if secure:
+                sec = SecureRun(d, fabric, plan)
+                broker = sec.broker
+                conf.write_text(sec.broker_conf())
+            procs.append(
+                _spawn([MOSQUITTO, "-c", str(conf)], d / "mosquitto.log", prefix, "mosquitto")
+            )
+            if not wait_port(*broker, timeout_s=5):
+                raise OSError(f"mosquitto did not listen on {broker[0]}:{broker[1]}")
+            progress(f"broker on {broker[0]}:{broker[1]}")
+            monitor = sec.monitor() if sec is not None else Monitor(*broker)
+            monitor.start()
+            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+            qp = [sys.executable, "-m", "qpmesh.cli"]
+            ctl_log = d / "controller.jsonl"
+            ctl_conf = d / "controller.toml"
+            if discover:
+                (d / PLAN_FILE).write_text(json.dumps(fabric.to_dict()))
+                ctl_text = learned_controller_config(plan, PLAN_FILE)
+            else:
+                ctl_text = controller_config(fabric, plan)
+            ctl_conf.write_text(ctl_text + (sec.controller_extra() if sec is not None else ""))
+            procs.append(_spawn([*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
+                                 "--config", str(ctl_conf), "--log", str(ctl_log)],
+                                d / "controller.out", prefix, "controller", env))  # fmt: skip
+            spines = sum(1 for n in fabric.switches if n.kind == NodeKind.SPINE)
+            for h in fabric.hosts:
+                cfg = d / f"prober-{h.id}.toml"
+                mqtt_extra = sec.prober_mqtt_lines(h.id) if sec is not None else ()
+                extra = sec.prober_extra() if sec is not None else ""
+                if discover:
+                    sock = lldp_socket(lldp_dir(prefix), h.id)
+                    cfg.write_text(
+                        discover_prober_config(h.id, broker, sock, spines, mqtt_extra, extra)
+                    )
+                else:
+                    cfg.write_text(prober_config(fabric, plan, h.id, broker, mqtt_extra, extra))
+                clk = d / f"clock-{h.id}.json"
+                write_clock(clocks[h.id], clk)
+                argv = ["ip", "netns", "exec", plan.node_ns[h.id], *qp, "testbed", "prober",
+                        "--config", str(cfg), "--clock", str(clk)]  # fmt: skip
+                procs.append(_spawn(argv, d / f"prober-{h.id}.log", prefix, f"prober:{h.id}", env))
+            # the scenario's clock starts once the mesh measures: on a busy machine the probers
+            # and the controller took seconds to start, and a fault at 5 s then fell before the
+            # controller's first trusted clocks (nothing can localize what nobody measured)
+            report["startup_s"] = _wait_mesh(monitor, [h.id for h in fabric.hosts], ctl_log)
+            if discover:  # the scenario starts on the fabric the controller learned
+                report["startup_s"] = round(report["startup_s"] + _wait_topology(ctl_log), 2)
+            progress(
+                f"{len(fabric.hosts)} probers and the controller up after {report['startup_s']:g}s: "
+                f"running {sc.duration_s:g}s, {len(sc.faults)} faults"
+            )
+            t0 = time.monotonic()
+            t0_wall = time.time_ns()
+            if sec is not None:
+                sec.start(monitor, t0, sc.duration_s, progress, env)
+            for act in timeline(sc.faults, _fabric_rate(plan)):
+                delay = act.t_s - (time.monotonic() - t0)
+                if delay > 0:
+                    time.sleep(delay)
+                _apply(plan, act, congest, sc.duration_s)
+                applied.append(
+                    {
+                        "t_s": round(time.monotonic() - t0, 3),
+                        "op": act.op,
+                        "target": act.target,
+                        "value": act.value,
+                    }
+                )
+                progress(f"t={act.t_s:6.2f}s {act.op} {act.target}")
+            rest = sc.duration_s - (time.monotonic() - t0)
+            if rest > 0:
+                time.sleep(rest)
+        finally:
+            for ps in congest.values():
+                for p in ps:
+                    p.kill()
+            if sec is not None:
+                sec.stop()
+            if monitor is not None:
+                monitor.stop()
+            stop_processes(procs)
+            out = out_dir or Path("/var/tmp/qpmesh") / prefix
+            with contextlib.suppress(OSError):
+                shutil.copytree(d, out, dirs_exist_ok=True)
+                if monitor is not None:  # what the controller read, for `qpmesh testbed replay`
+                    write_capture(out / CAPTURE, monitor.raw)
+            tear_down(prefix, progress)
+    report["interrupted"] = stop.interrupted
     events = monitor.events if monitor is not None and monitor.events else []
     if not events:  # fall back on the controller's JSON-lines log
         events = _read_events(out / "controller.jsonl")
@@ -272,6 +337,10 @@ def run_scenario(
         "missing": missing,
         "out_dir": str(out),
     })  # fmt: skip
+    if discover:
+        report["topology"] = topology_report(_read_log(out / "controller.jsonl"), t0_wall)
+        if not report["topology"]["matches_plan"]:
+            missing.append("the learned fabric does not match the plan")
     if sec is not None:
         report["security"] = sec.report(monitor, out / "controller.jsonl")
         missing += [
@@ -283,6 +352,51 @@ def run_scenario(
 
 
 WARMUP_S = 6.0
+PLAN_FILE = "plan.json"
+TOPOLOGY_WAIT_S = 60.0
+"""How long a ``discover`` run waits for the learned fabric to match the plan."""
+
+
+def topology_report(log: Sequence[Mapping[str, Any]], t0_ns: int = 0) -> dict[str, Any]:
+    """Return the ``topology`` part of a ``discover`` run's report from the controller's
+    JSON-lines log (its ``topology`` lines, one per change it applied): ``matches_plan``
+    and ``differences`` (from the plan) of the last change, ``changes`` (how many),
+    ``changes_during_run`` (after ``t0_ns``, the scenario's start: a stable fabric has none),
+    the NICs and links of the last fabric and what it could not place (``problems``)."""
+    lines = [x for x in log if x.get("msg") == "topology"]
+    last = lines[-1] if lines else {}
+    return {
+        "matches_plan": last.get("matches_plan") is True,
+        "differences": list(last.get("plan_differences", ["no fabric was learned"])),
+        "changes": len(lines),
+        "changes_during_run": sum(1 for x in lines if t0_ns and int(x.get("t_ns", 0)) >= t0_ns),
+        "nics": last.get("nics", 0),
+        "links": last.get("links", 0),
+        "problems": list(last.get("problems", [])),
+    }
+
+
+def _read_log(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines log (unreadable lines and files: none)."""
+    out: list[dict[str, Any]] = []
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                doc = json.loads(line)
+                if isinstance(doc, dict):
+                    out.append(doc)
+    return out
+
+
+def _wait_topology(ctl_log: Path, timeout_s: float = TOPOLOGY_WAIT_S) -> float:
+    """Wait until the controller's last applied fabric matches the plan (its log says so),
+    at most ``timeout_s``; return the seconds waited (the report says if it never did)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if topology_report(_read_log(ctl_log))["matches_plan"]:
+            break
+        time.sleep(0.2)
+    return round(time.monotonic() - start, 2)
 
 
 def _paths_summary(paths: list[dict[str, Any]]) -> dict[str, Any]:
@@ -302,10 +416,6 @@ def _sync_windows(sc: Scenario, t0_wall: int) -> list[tuple[str, int, int]]:
                 ("congested", t0_wall + int((f.start_s + 1) * s), t0_wall + int(f.end_s * s))
             )
     return out
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _fabric_rate(plan: Plan) -> float:

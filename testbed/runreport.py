@@ -1,7 +1,7 @@
 """What ``qpmesh testbed run`` watches and reports: MQTT monitor, sync error, localization.
 
 - `Monitor`: a background thread with its own asyncio loop subscribed to ``<prefix>/events/#``,
-  ``probes``, ``paths``, ``health`` and ``presence`` on the run's broker; keeps every event
+  ``probes``, ``paths``, ``health``, ``presence`` and ``neighbors`` on the run's broker; keeps every event
   (JSON) and probe batch, and every message the controller also reads as it arrived
   (``raw``: arrival ns, topic, payload) so a run can be replayed offline (`testbed.replay`).
 - `sync_report(batches, truth, windows)`: sync error of the probes the probers really sent
@@ -32,7 +32,7 @@ from testbed.scenario import Fault, FaultKind
 from testbed.vclock import VirtualClock
 
 WINDOW_S = 5.0
-RAW_KINDS = ("probes", "paths", "health", "presence")
+RAW_KINDS = ("probes", "paths", "health", "presence", "neighbors")
 """Topic kinds `Monitor.raw` keeps: the ones the controller's pipeline reads."""
 
 
@@ -60,6 +60,7 @@ class Monitor:
         # what the controller reads (probes, paths, health, presence) as it arrived
         self.raw: list[tuple[int, str, bytes]] = []
         self._seen: set[tuple[str, int]] = set()
+        self.polls = 0  # turns of the watch over the reader (one per 0.2 s): how long it idled
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True)
@@ -86,12 +87,14 @@ class Monitor:
                     await c.subscribe(f"{self.prefix}/paths/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/health/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/presence/#", qos=1, timeout=5)
+                    await c.subscribe(f"{self.prefix}/neighbors/#", qos=1, timeout=5)
                     # The reader is never cancelled while it runs: cancelling aiomqtt's
                     # ``messages.__anext__`` (e.g. by a wait_for timeout) just after it took a
                     # message off its queue loses that message, which a busy machine hits.
                     reader = asyncio.create_task(self._read(c))
                     while not self._stop.is_set() and not reader.done():
                         await asyncio.sleep(0.2)
+                        self.polls += 1
                     if reader.done():
                         reader.result()  # re-raise the reader's broker error
                     reader.cancel()

@@ -15,15 +15,15 @@ from typing import Any
 
 from contract.records import ProbeBatch
 from controller.brain import Brain, BrainConfig
+from controller.brainlike import TeeBrain
 from controller.dispatch import apply_paths
 from controller.live import LiveController
 from controller.voting import VotingBaseline
 from mesh.fabric import Fabric
 from testbed.scenario import Fault
 from testbed.scoring import cause_ok, prf
-from testbed.sim.localize_bench import _Tee
 
-NOT_ALERTS = frozenset(("clear", "remediation"))
+NOT_ALERTS = frozenset(("clear", "remediation", "topology"))  # not findings about faults
 
 
 def _ends(name: str) -> frozenset[str]:
@@ -69,14 +69,14 @@ def voting_alerts(
     fabric model's hash stands in."""
     brain = Brain(fabric, BrainConfig(lateness_ns=0))
     voter = VotingBaseline(fabric)
-    live = LiveController(fabric, brain=_Tee(brain, voter))
+    live = LiveController(fabric, brain=TeeBrain(brain, voter.observe))
     if path_docs:  # as the run's controller: discovered paths only (model = false)
         live.use_model_paths(False)
         apply_paths(live, routers, list(path_docs))
     blamed: list[str] = []
     for b in sorted((b for b in batches if len(b)), key=lambda b: int(b.t1.min())):
         now = int(b.t1.max())
-        live.ingest_batch(b, now)
+        live.admit(b, now)
         live.tick(now)
         blamed += [lk for lk in voter.tick(now) if lk not in blamed]
     return blamed

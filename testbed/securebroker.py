@@ -24,7 +24,9 @@ from mqttlink.settings import MqttSecurity
 
 CONTROLLER_USER = "controller"
 MONITOR_USER = "monitor"
-CONTROLLER_READS = ("probes", "presence", "health", "paths", "remediation-ack", "jobs")
+CONTROLLER_READS = (
+    "probes", "presence", "health", "paths", "neighbors", "remediation-ack", "jobs",
+)  # fmt: skip
 
 
 def agent_user(job: str, rank: int) -> str:
@@ -42,7 +44,8 @@ def acl_text(
     """Return a mosquitto ACL file for topic prefix ``prefix`` (pure).
 
     - probers: ``pattern`` lines, the user name (``%u``) is the host id; a prober publishes
-      only on ``probes|presence|health|paths/<its host>`` and reads presence (RDMA peers);
+      only on ``probes|presence|health|paths|neighbors/<its host>`` and reads presence (RDMA
+      peers) and neighbours (its peers, with discovery);
     - ``controller``: reads everything the probers and agents publish, the only writer of
       ``events/#`` and ``remediation/#``;
     - ``agents``: user -> (job, NICs): reads ``remediation/<nic>`` of its NICs only, writes
@@ -55,8 +58,12 @@ def acl_text(
     p = prefix
     lines = [
         "# qpmesh ACL (docs/mqtt-security.md). Probers log in with their host id as user name.",
-        *(f"pattern write {p}/{kind}/%u" for kind in ("probes", "presence", "health", "paths")),
+        *(
+            f"pattern write {p}/{kind}/%u"
+            for kind in ("probes", "presence", "health", "paths", "neighbors")
+        ),
         f"pattern read {p}/presence/+",
+        f"pattern read {p}/neighbors/+",
         "",
         f"user {controller}",
         *(f"topic read {p}/{kind}/#" for kind in CONTROLLER_READS),

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from contract.actionsig import ActionAuthError, ActionSigner, public_from_private, verify_action
+from contract.documents import EventDoc
 from contract.keys import (
     ED25519_PRIVATE,
     ED25519_PUBLIC,
@@ -144,7 +145,7 @@ def test_remediator_publishes_signed_actions_and_plain_ones_without_a_signer() -
 
     for signer in (ActionSigner(private()), None):
         rem = Remediator(PolicyConfig(), P, sign=signer.sign if signer else None)
-        rem.observe(_Finding(NOW, "nic_down", "nic3"))
+        rem.observe(EventDoc(NOW, "nic_down", "nic3", "test"))
         sent: list[tuple[str, bytes]] = []
 
         def publish(t: str, p: bytes, out: list[tuple[str, bytes]] = sent) -> None:
@@ -158,12 +159,6 @@ def test_remediator_publishes_signed_actions_and_plain_ones_without_a_signer() -
             assert doc.kind == "move_off_nic" and doc.nic == "nic3"
         else:
             assert "sig" not in json.loads(payload)
-
-
-class _Finding:
-    def __init__(self, t_ns: int, kind: str, target: str) -> None:
-        self.t_ns, self.kind, self.target, self.detail = t_ns, kind, target, "test"
-        self.flows: tuple[tuple[str, str, int], ...] = ()
 
 
 # ---- the controller's key file -----------------------------------------------------------------
@@ -280,10 +275,9 @@ async def test_controller_logs_whether_its_actions_are_signed(tmp_path: Path) ->
     import io
     import socket
 
-    from contract.topics import Topics
     from controller.config import ServiceConfig
     from controller.dispatch import JsonLog
-    from controller.service import run_service
+    from controller.service import Broker, run_service
     from mesh.fabric import FabricShape, build_fabric
 
     with socket.socket() as s:  # nothing listening: the service gives up after one attempt
@@ -295,7 +289,7 @@ async def test_controller_logs_whether_its_actions_are_signed(tmp_path: Path) ->
         out = io.StringIO()
         conf = ServiceConfig(fabric=fab, backoff_s=(0.01, 0.01), action_keys=keys)
         await asyncio.wait_for(
-            run_service("127.0.0.1", port, conf, Topics(), log=JsonLog(out), max_attempts=1), 30
+            run_service(Broker("127.0.0.1", port), conf, log=JsonLog(out), max_attempts=1), 30
         )
         lines = [json.loads(x) for x in out.getvalue().splitlines()]
         assert any(x["msg"].startswith(want) for x in lines), lines

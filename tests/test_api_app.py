@@ -19,6 +19,7 @@ from controller.api.auth import Principal, TokenTable
 from controller.api.hub import ApiHub
 from controller.control import Control
 from controller.jobs import Job, JobRegistry
+from controller.tenancy import Grants
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
 OPENAPI = Path(__file__).parents[1] / "docs" / "openapi.yaml"
@@ -43,8 +44,11 @@ class World:
         fab = self.runner.fabric
         self.acme_nics = [n.id for n in fab.nics if n.leaf == "leaf0"][:2]
         self.beta_nic = next(n.id for n in fab.nics if n.leaf == "leaf1")
+        # what each tenant holds is the operator's grant, not what its jobs declare
+        self.grants = Grants.build({"acme": self.acme_nics, "beta": [self.beta_nic]}, fab)
         self.jobs = JobRegistry((Job("train-1", "acme", tuple((n,) for n in self.acme_nics)),
-                                 Job("train-2", "beta", ((self.beta_nic,),))))  # fmt: skip
+                                 Job("train-2", "beta", ((self.beta_nic,),))),
+                                grants=self.grants)  # fmt: skip
         self.control = Control(False)
         self.now = [0.0]
 
@@ -59,7 +63,7 @@ async def client(world: World) -> AsyncIterator[TestClient[web.Request, web.Appl
     world.now[0] += 1000.0  # fresh buckets' worth of time per test
     app = make_app(world.hub, TOKENS, jobs=world.jobs, control=Control(False),
                    options=ApiOptions(rate_per_s=5.0, burst=200.0, ws_min_interval_s=0.05),
-                   clock=lambda: world.now[0])  # fmt: skip
+                   clock=lambda: world.now[0], grants=world.grants)  # fmt: skip
     async with TestClient(TestServer(app)) as c:
         yield c
 
@@ -145,7 +149,12 @@ BAD_REQUESTS = [
     ("GET", "/delays?bogus=1", None, 400),
     ("GET", "/links?x", None, 400),
     ("GET", "/events?since_ns=abc", None, 400),
-    ("GET", "/events?since_ns=10&until_ns=5", None, 400),
+    ("GET", "/events?since_ns=%2B5", None, 400),  # +5
+    ("GET", "/events?since_ns=1_7", None, 400),
+    ("GET", "/events?limit=%D9%A3", None, 400),  # an Arabic-Indic three
+    ("GET", "/events?limit=5_0", None, 400),
+    ("GET", "/events?limit=%205%20", None, 400),
+    ("GET", "/events?kind=", None, 400),
     ("GET", "/events?severity=fatal", None, 400),
     ("GET", "/events?limit=-3", None, 400),
     ("GET", "/events?limit=99999999999999999999999", None, 400),
@@ -156,12 +165,18 @@ BAD_REQUESTS = [
     ("POST", "/jobs", b'{"id": "j9", "ranks": []}', 400),
     ("POST", "/jobs", b'{"id": "j9", "ranks": [{"nics": ["nic0"]}], "x": 1}', 400),
     ("POST", "/jobs", b'{"id": "j/9", "ranks": [{"nics": ["nic0"]}]}', 400),
-    ("POST", "/jobs", b'{"id": "j9", "ranks": [{"nics": ["nic999"]}]}', 400),
+    ("POST", "/jobs", b'{"id": "j9", "ranks": [{"rank": "x", "nics": ["nic0"]}]}', 400),
+    ("POST", "/jobs", b'{"id": "j9", "ranks": [{"rank": 7, "nics": ["nic0"]}]}', 400),
+    ("POST", "/jobs", b'{"id": "j9", "ranks": [{"nics": ["nic0", "nic0"]}]}', 400),
+    ("POST", "/jobs", b'{"id": "j9", "id": "j8", "ranks": [{"nics": ["nic0"]}]}', 400),
+    ("POST", "/jobs", b'{"id": "j9", "ranks": [{"nics": ["nic0"]}], "tenant": NaN}', 400),
+    ("POST", "/jobs", b'{"id": "j9", "ranks": [{"nics": ["nic999"]}]}', 404),
     ("POST", "/jobs", b'{"id": "train-1", "tenant": "acme", "ranks": [{"nics": ["nic0"]}]}', 409),
+    ("POST", "/jobs", b'{"id": "j9", "tenant": "acme", "ranks": [{"nics": ["nic9"]}]}', 409),
     ("DELETE", "/jobs/nope", None, 404),
     ("GET", "/actions?status=done", None, 400),
     ("POST", "/alertmanager", b'{"version": "4"}', 409),  # no remediation in this app
-    ("GET", "/actions?since_ns=9&until_ns=3", None, 400),
+    ("GET", "/actions?since_ns=%D9%A3", None, 400),
     ("PUT", "/control", b"not json", 400),
     ("PUT", "/control", b'{"enabled": "yes"}', 400),
     ("PUT", "/control", b'{"enabled": true, "x": 1}', 400),
@@ -171,6 +186,7 @@ BAD_REQUESTS = [
     ("GET", "/health?x=1", None, 400),
     ("GET", "/version?x=1", None, 400),
     ("GET", "/ws", None, 400),  # no upgrade
+    ("POST", "/tickets?x=1", None, 400),
     ("DELETE", "/snapshot", None, 405),
     ("POST", "/control", b"{}", 405),
     ("GET", "/nope", None, 404),
@@ -183,7 +199,8 @@ async def test_every_route_answers_bad_requests_with_counted_json_4xx(
     stats = api_stats(client.server.app)
     routes_hit: set[str] = set()
     for method, path, body, want in BAD_REQUESTS:
-        r = await client.request(method, PREFIX + path, data=body, headers=auth(OP))
+        headers = {**auth(OP), "Content-Type": "application/json"}
+        r = await client.request(method, PREFIX + path, data=body, headers=headers)
         assert r.status == want, (method, path, r.status, await r.text())
         doc = await r.json()
         assert doc["error"]["status"] == want and doc["error"]["message"]
@@ -259,7 +276,8 @@ async def test_websocket_streams_a_snapshot_then_events(world: World) -> None:
 
 async def test_websocket_tenant_gets_only_its_events(world: World) -> None:
     hub = ApiHub(world.runner.controller.snapshot())
-    app = make_app(hub, TOKENS, jobs=world.jobs, options=ApiOptions(ws_min_interval_s=0.05))
+    app = make_app(hub, TOKENS, jobs=world.jobs, options=ApiOptions(ws_min_interval_s=0.05),
+                   grants=world.grants)  # fmt: skip
     fab = world.runner.fabric
     async with TestClient(TestServer(app)) as c:
         ws = await c.ws_connect(PREFIX + "/ws", headers=auth(ACME))

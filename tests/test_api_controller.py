@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -19,7 +20,7 @@ from contract.records import encode_batch
 from contract.topics import Topics
 from controller.config import ConfigError, load_config
 from controller.dispatch import JsonLog, nic_hosts
-from controller.service import run_service
+from controller.service import Broker, live_state, run_service
 from mesh.fabric import FabricShape, build_fabric
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
@@ -32,6 +33,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def _until(what: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Return once ``what()`` holds; raise AssertionError after ``timeout_s`` (a real broker
+    and a real service: nothing to pass time into, so poll what they signal)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not what():
+        if loop.time() > deadline:
+            raise AssertionError("not reached within the deadline")
+        await asyncio.sleep(0.01)
 
 
 def test_api_table_validation(tmp_path: Path) -> None:
@@ -69,8 +81,12 @@ async def test_flap_reaches_api_events_and_websocket(
     shape = FabricShape(leaves=3, spines=2, hosts_per_leaf=3, nics_per_host=1)
     fab = build_fabric(shape)
     conf = tmp_path / "c.toml"
+    # [ingest] coalesce_ms = 0: each batch is ingested as it arrives. A queued one waits for
+    # the controller's clock to pass its deadline, and this clock only moves when the test
+    # has seen the batch ingested and a tick run on it.
     conf.write_text(
         f"[fabric]\nleaves = 3\nspines = 2\nhosts_per_leaf = 3\nnics_per_host = 1\n"
+        f"[ingest]\ncoalesce_ms = 0\n"
         f'[controller]\ntick_s = 0.05\n[api]\nlisten = "127.0.0.1:{api_port}"\n'
         f'operator_token = "{TOKEN}"\nws_min_interval_s = 0.05\n'
     )
@@ -83,9 +99,13 @@ async def test_flap_reaches_api_events_and_websocket(
         return EPOCH_NS + round(sim_t[0] * 1e9)
 
     topics = Topics("qpmesh/apitest")
-    log_file = (tmp_path / "log.jsonl").open("w")
-    svc = asyncio.create_task(run_service(host, port, config, topics, log=JsonLog(log_file),
-                                          clock=clock))  # fmt: skip
+    log_path = tmp_path / "log.jsonl"
+    log_file = log_path.open("w")
+    live = live_state(config)
+    ticks: list[int] = []  # the service's ticks, each once its events are out
+    svc = asyncio.create_task(run_service(Broker(host, port, topics), config,
+                                          log=JsonLog(log_file), clock=clock, live=live,
+                                          on_tick=ticks.append))  # fmt: skip
     base = f"http://127.0.0.1:{api_port}/api/v1/"
     hdr = {"Authorization": f"Bearer {TOKEN}"}
     try:
@@ -99,14 +119,19 @@ async def test_flap_reaches_api_events_and_websocket(
             ws = await http.ws_connect(base + "ws", headers=hdr)
             assert (await ws.receive_json(timeout=30))["type"] == "snapshot"
             async with aiomqtt.Client(host, port) as client:
-                await asyncio.sleep(0.5)  # let the service subscribe
-                t = 0.0
+                # the service logs "connected" once its subscriptions are in place
+                await _until(lambda: '"msg": "connected"' in log_path.read_text())
+                t, sent = 0.0, 0
                 while t < 14.0:
                     st = sim.step(t, 0.5)
                     for h, b in split_by_host(st.batch, nic_hosts(fab)).items():
                         await client.publish(topics.probes(h), encode_batch(b), qos=1)
+                        sent += len(b)
                     t = st.t1_s
-                    await asyncio.sleep(0.15)  # ticks run between batches
+                    # the clock moves on once the batch is ingested and a tick ran on it
+                    await _until(lambda: live.records >= sent)  # noqa: B023
+                    n = len(ticks)
+                    await _until(lambda: len(ticks) > n)  # noqa: B023
                     sim_t[0] = t
             kinds: list[tuple[str, str]] = []
             loop = asyncio.get_running_loop()

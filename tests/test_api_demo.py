@@ -82,3 +82,37 @@ def test_demo_serve_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) ->
         assert main([*base, "--serve", f"127.0.0.1:{port}", "--token", "long-enough-1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(e.startswith("qpmesh demo: error: ") for e in err), err
+
+
+async def test_demo_api_takes_alertmanager_webhooks_and_stamps_on_the_demos_clock() -> None:
+    """The demo's Control is available, so its Alertmanager intake is too (it answered 409);
+    a Control change is stamped on the simulated clock its events carry."""
+    from testbed.demo_serve import DemoApi
+    from testbed.sim.demo_runner import DemoRunner, demo_scenario
+
+    runner = DemoRunner(demo_scenario(None, nics=16, seed=1))
+    for _ in range(3):
+        runner.step()
+    api = DemoApi(runner, "127.0.0.1:0", "demo-token-123")
+    base = api.start()
+    hdr = {"Authorization": "Bearer demo-token-123"}
+    hook = {"version": "4", "groupKey": "g", "status": "firing", "alerts": [
+        {"fingerprint": "f1", "labels": {"action": "move_off_nic", "nic": "nic12"}},
+        {"fingerprint": "f2", "labels": {"action": "move_off_nic", "nic": "nic999"}}]}  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.put(base + "control", json={"enabled": True}, headers=hdr) as r:
+                audit = (await r.json())["audit"]
+            assert audit[-1]["t_ns"] == runner.now_ns  # not the wall clock
+            async with http.post(base + "alertmanager", json=hook, headers=hdr) as r:
+                assert r.status == 200, await r.text()
+                assert await r.json() == {"accepted": 1, "duplicates": 0, "ignored": 0,
+                                          "unknown": 1}  # fmt: skip
+            runner.step()
+            async with http.get(base + "actions", headers=hdr) as r:
+                acts = (await r.json())["actions"]
+        assert [(a["finding"], a["nic"], a["status"]) for a in acts] == [
+            ("alert@f1", "nic12", "sent")
+        ]
+    finally:
+        api.stop()

@@ -30,6 +30,7 @@ from controller.api.views import Scope, snapshot_view
 from controller.control import Control
 from controller.jobs import Job, JobRegistry
 from controller.remediation.audit import ActionLog, ActionQuery
+from controller.tenancy import Grants
 from mesh.snapshot import PairPaths
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
@@ -91,7 +92,7 @@ class Served:
     """An `ApiRuntime` (its API process) on a free port, fed from the demo runner."""
 
     def __init__(self, runner: DemoRunner) -> None:
-        self.jobs = JobRegistry()
+        self.jobs = JobRegistry(grants=Grants.build({"acme": ["nic3"]}, runner.fabric))
         self.control = Control(False)
         self.asked: list[Any] = []
         self.actions = ActionLog()
@@ -153,9 +154,10 @@ async def test_api_process_serves_reads_and_applies_writes_here(runner: DemoRunn
             async with http.put(url + "control", json={"enabled": False},
                                 headers={"Authorization": f"Bearer {ACME}"}) as r:  # fmt: skip
                 assert r.status == 403
-            async with http.post(url + "alertmanager", json={"alerts": []}, headers=hdr) as r:
+            hook = {"version": "4", "groupKey": "g", "status": "firing", "alerts": []}
+            async with http.post(url + "alertmanager", json=hook, headers=hdr) as r:
                 assert r.status == 200 and (await r.json())["accepted"] == 1
-            assert s.asked == [{"alerts": []}]
+            assert s.asked == [hook]
             s.actions.add({"t_ns": 5, "id": "a1", "kind": "move_off_nic", "job": "train-1",
                            "disposition": "would_have"}, "acme")  # fmt: skip
             s.api.publish(None, ())
@@ -261,3 +263,39 @@ async def test_a_killed_api_process_is_replaced_at_the_next_publish(runner: Demo
         ]
     finally:
         await s.api.stop()
+
+
+class Broken(JobRegistry):
+    """A registry with a bug: registering raises what no handler expects."""
+
+    def register(self, job: Job) -> None:
+        raise RuntimeError("boom in the registry")
+
+
+async def test_the_api_process_logs_its_tracebacks_as_json_lines_of_the_controller(
+    runner: DemoRunner, capfd: pytest.CaptureFixture[str]
+) -> None:
+    logged: list[str] = []
+    cfg = ApiConfig("127.0.0.1", 0, TOKENS, ApiOptions())
+    api = ApiRuntime(cfg, runner.controller.snapshot(), jobs=Broken(), log=logged.append)
+    url = await api.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            body = {"id": "j1", "ranks": [{"nics": ["nic0"]}]}
+            async with http.post(url + "jobs", json=body,
+                                 headers={"Authorization": f"Bearer {OP}"}) as r:  # fmt: skip
+                assert r.status == 500
+                assert (await r.json())["error"]["message"] == "internal error: RuntimeError"
+        for _ in range(200):
+            if any("Traceback" in m for m in logged):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await api.stop()
+    (line,) = [m for m in logged if "Traceback" in m]
+    assert line.startswith("ERROR controller.api.app: API POST /api/v1/jobs failed")
+    assert "boom in the registry" in line
+    err = capfd.readouterr().err
+    assert "Traceback" not in err  # nothing in plain text on the controller's stderr
+    for ln in err.splitlines():
+        json.loads(ln)

@@ -5,14 +5,12 @@ bad batches still handled per batch."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from contract.documents import EventDoc
 from contract.records import (
     MAX_NIC_IDS,
     ProbeBatch,
@@ -22,15 +20,16 @@ from contract.records import (
     merge_batches,
 )
 from contract.topics import Topics
+from controller.admission import Outcome, Verdict
 from controller.brain import Brain
+from controller.brainlike import TeeBrain
 from controller.clocksync import ClockSyncConfig
 from controller.coalesce import CoalesceConfig, ProbeQueue, plan_groups
 from controller.config import ConfigError, load_config
 from controller.dispatch import handle_message
 from controller.live import LiveConfig, LiveController
 from controller.observations import Observations
-from mesh.fabric import Fabric, FabricShape, build_fabric
-from mesh.snapshot import Health
+from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.ingest_bench import host_batches
 
@@ -40,48 +39,18 @@ OBS_FIELDS = ("t_ns", "src", "dst", "sport", "hops_fwd", "hops_rev", "lost", "ow
               "owd_rev_ns", "rtt_ns")  # fmt: skip
 
 
-class Recorder:
-    """A brain that records what it is given and delegates to the real one."""
-
-    def __init__(self, fabric: Fabric) -> None:
-        self.inner = Brain(fabric)
-        self.seen: list[Observations] = []
-
-    def observe(self, obs: Observations) -> None:
-        self.seen.append(obs)
-        self.inner.observe(obs)
-
-    def presence(self, host: str, alive: bool, now_ns: int) -> None:
-        self.inner.presence(host, alive, now_ns)
-
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
-        self.inner.gpu(host, ok, detail, now_ns)
-
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
-        self.inner.nic_links(host, up, now_ns)
-
-    def tick(self, now_ns: int) -> list[EventDoc]:
-        return self.inner.tick(now_ns)
-
-    def link_health(self) -> dict[str, Health]:
-        return self.inner.link_health()
-
-    def nic_health(self) -> list[Health]:
-        return self.inner.nic_health()
-
-    def flap_counts(self) -> dict[str, int]:
-        return self.inner.flap_counts()
-
-    def columns(self) -> dict[str, Any]:
-        return {k: np.concatenate([getattr(o, k) for o in self.seen]) for k in OBS_FIELDS}
+def _columns(seen: list[Observations]) -> dict[str, Any]:
+    return {k: np.concatenate([getattr(o, k) for o in seen]) for k in OBS_FIELDS}
 
 
-def _live() -> tuple[LiveController, Recorder]:
+def _live() -> tuple[LiveController, list[Observations]]:
+    """A live controller and the observations its brain is handed."""
     sync = ClockSyncConfig(window_ns=1_000_000_000, solve_every_ns=1_000_000_000)
-    rec = Recorder(FAB)
+    seen: list[Observations] = []
     # solves between steps, the same in both runs (inline, a solve would fall on a different
     # record when batches are merged)
-    return LiveController(FAB, LiveConfig(sync=sync, solve_inline=False), brain=rec), rec
+    config = LiveConfig(sync=sync, solve_inline=False)
+    return LiveController(FAB, config, brain=TeeBrain(Brain(FAB), seen.append)), seen
 
 
 def _host_steps(seconds: float = 3.0) -> list[tuple[int, list[ProbeBatch]]]:
@@ -120,11 +89,10 @@ def test_merged_ingest_equals_one_by_one() -> None:
     groups = 0
     misses: list[float] = []
     for now, batches in steps:
+        groups += len(plan_groups(batches, cap))  # one step's batches per merge
         for b in batches:
-            assert one.ingest_batch(b, now) == len(b)
-            assert merged.ingestor.admit(b.origin, b.batch_seq)
-            queue.add(b, now)
-        groups += len(plan_groups(list(queue._pending), cap))
+            assert one.admit(b, now) == Verdict(Outcome.ACCEPTED, records=len(b))
+            assert merged.admit(b, now, queue=queue) == Verdict(Outcome.ACCEPTED, records=len(b))
         merged.flush(queue, now)
         assert len(queue) == 0 and queue.records == 0
         miss = _solve(one, merged, now)
@@ -135,17 +103,18 @@ def test_merged_ingest_equals_one_by_one() -> None:
             misses.append(miss)
         for live in (one, merged):
             live.tick(now)
-    assert len(misses) >= 2 and merged.clock.solves == one.clock.solves == len(misses)
+    assert len(misses) >= 2 and merged.solves == one.solves == len(misses)
     n_batches = sum(len(b) for _, b in steps)
-    assert len(rec1.seen) == n_batches and groups < n_batches / 3  # really merged
-    assert len(rec2.seen) == groups
-    a, b = rec1.columns(), rec2.columns()
+    assert len(rec1) == n_batches and groups < n_batches / 3  # really merged
+    assert len(rec2) == groups
+    a, b = _columns(rec1), _columns(rec2)
     for k in OBS_FIELDS:
         assert np.array_equal(a[k], b[k], equal_nan=k.endswith("_ns")), k
     assert np.isfinite(a["owd_fwd_ns"]).mean() > 0.3  # delays after the first solve
     assert one.records == merged.records == len(a["src"])
-    assert one.ingestor.stats.origins == merged.ingestor.stats.origins
-    assert one.ingestor.stats.batches == merged.ingestor.stats.batches == n_batches
+    stats1, stats2 = one.ingest_stats(), merged.ingest_stats()
+    assert stats1.origins == stats2.origins
+    assert stats1.batches == stats2.batches == n_batches
     snap1, snap2 = one.snapshot(), merged.snapshot()
     assert np.array_equal(snap1.worst_in_ns, snap2.worst_in_ns, equal_nan=True)
     assert snap1.link_health == snap2.link_health
@@ -223,7 +192,7 @@ def test_duplicate_replay_and_bad_batch_inside_a_merge_are_per_batch() -> None:
     for b in second:  # the newer step first, so step 1 of the same origins is below it
         outcomes.append(handle_message(live, TOPICS, TOPICS.probes(b.origin), encode_batch(b), now,
                                        queue=queue))  # fmt: skip
-        ref.ingest_batch(b, now)
+        ref.admit(b, now)
     dup = second[0]
     assert (
         handle_message(live, TOPICS, TOPICS.probes(dup.origin), encode_batch(dup), now, queue=queue)
@@ -231,7 +200,7 @@ def test_duplicate_replay_and_bad_batch_inside_a_merge_are_per_batch() -> None:
     )
     # an old batch published again: more than REPLAY_SLACK below the newest
     old = dataclasses.replace(second[1], batch_seq=2 + 100)
-    ref.ingest_batch(old, now)
+    ref.admit(old, now)
     assert (
         handle_message(live, TOPICS, TOPICS.probes(old.origin), encode_batch(old), now, queue=queue)
         == "probes"
@@ -248,9 +217,12 @@ def test_duplicate_replay_and_bad_batch_inside_a_merge_are_per_batch() -> None:
     assert len(queue) == len(second) + 1
     taken = live.flush(queue, now)
     assert taken == sum(len(b) for b in second) + len(old) == ref.records == live.records
-    assert live.ingestor.stats.duplicates == 1 and live.ingestor.stats.replays == 1
-    assert live.ingestor.stats.origins == ref.ingestor.stats.origins
-    assert len(rec.seen) == 1  # one merged ingest
+    verdicts = live.verdicts()
+    assert verdicts[Outcome.DUPLICATE] == 1 and verdicts[Outcome.REPLAYED] == 1
+    assert verdicts[Outcome.MALFORMED] == 1
+    assert verdicts[Outcome.ACCEPTED] == len(second) + 1
+    assert live.ingest_stats().origins == ref.ingest_stats().origins
+    assert len(rec) == 1  # one merged ingest
 
 
 def test_decoded_merge_round_trips() -> None:
@@ -286,8 +258,7 @@ async def test_service_flusher_ingests_a_due_queue_without_new_messages() -> Non
     live, _ = _live()
     queue = ProbeQueue(CoalesceConfig(coalesce_ms=1, max_records=1 << 20))
     for b in batches[:3]:
-        assert live.ingestor.admit(b.origin, b.batch_seq)
-        queue.add(b, now)
+        assert live.admit(b, now, queue=queue).accepted
     t = [now]  # the clock moves past the deadline only when the test says so
     task = asyncio.create_task(_flusher(live, queue, lambda: t[0], JsonLog(io.StringIO()), {}))
     try:

@@ -56,6 +56,34 @@ def test_paths_and_events_round_trip() -> None:
     assert EventDoc.decode(b'{"t_ns": 1, "kind": "k", "target": "x"}').related == ""  # older
 
 
+def test_an_event_has_one_json_form_and_older_flow_triples_still_decode() -> None:
+    ev = EventDoc(5, "contention", "leaf0->spine1", "q", "critical", (("a", "b", 7),), "x")
+    want = {"t_ns": 5, "kind": "contention", "target": "leaf0->spine1", "severity": "critical",
+            "detail": "q", "flows": [{"src": "a", "dst": "b", "sport": 7}], "related": "x"}  # fmt: skip
+    assert ev.to_json() == want and json.loads(ev.encode()) == want  # MQTT carries to_json
+    assert EventDoc.from_json(want) == ev == EventDoc.from_json({**want, "seq": 3, "msg": "e"})
+    legacy = {**want, "flows": [["a", "b", 7]]}  # what older controllers published
+    assert EventDoc.from_json(legacy) == ev == EventDoc.decode(json.dumps(legacy).encode())
+
+
+@pytest.mark.parametrize(
+    ("obj", "reason"),
+    [
+        ([1], "must be a JSON object, got list"),
+        ({"kind": "k", "target": "x"}, "t_ns: is required"),
+        ({"t_ns": 1, "kind": "k", "target": ""}, "target: must be a non-empty string"),
+        ({"t_ns": 1, "kind": "k", "target": "x", "flows": [["a", "b"]]}, r"flows\[0\]: must be"),
+        ({"t_ns": 1, "kind": "k", "target": "x", "flows": [{"src": "a", "dst": "b"}]},
+         r"flows\[0\]: sport: is required"),
+        ({"t_ns": 1, "kind": "k", "target": "x", "flows": [["a", "b", "7"]]}, r"flows\[0\]"),
+    ],
+)  # fmt: skip
+def test_from_json_names_what_it_read_in_one_line(obj: object, reason: str) -> None:
+    with pytest.raises(DocumentError, match=rf"^events\[2\]: {reason}") as err:
+        EventDoc.from_json(obj, "events[2]")
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("decode", "payload", "where"),
     [

@@ -199,7 +199,7 @@ def test_the_controller_counts_its_delays_by_clock_trust() -> None:
     live = LiveController(fab)
     arrived, at_3s = [], None
     for st in Simulator(fab, SimConfig(seed=5, peers=4)).run(6.0, 0.25):
-        live.ingest_batch(st.batch, int(st.batch.t1.max()))
+        live.admit(st.batch, int(st.batch.t1.max()))
         arrived.append(int((~np.asarray(st.batch.lost, bool)).sum()))
         if len(arrived) == 2:
             assert live.delay_trust.tolist() == [0, 0, sum(arrived)]  # no trusted solve yet

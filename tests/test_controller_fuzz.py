@@ -32,7 +32,7 @@ from controller.config import ServiceConfig
 from controller.dispatch import JsonLog, handle_message, message_kind
 from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime
-from controller.service import run_service
+from controller.service import Broker, run_service
 from mesh.fabric import Fabric, FabricShape, build_fabric
 from prober.agent import health_doc
 from prober.telemetry.gpu import GpuReading
@@ -227,15 +227,17 @@ async def test_garbage_through_mosquitto_is_counted_and_the_service_keeps_ingest
     conf = ServiceConfig(fabric=FAB, tick_s=0.2, backoff_s=(0.05, 0.2), router_nodes=ROUTERS,
                          metrics_listen=f"127.0.0.1:{mport}")  # fmt: skip
     live = LiveController(FAB)
-    with (tmp_path / "log.jsonl").open("w") as f:
-        svc = asyncio.create_task(run_service(host, port, conf, Topics(PREFIX), log=JsonLog(f),
-                                              live=live))  # fmt: skip
+    log_path = tmp_path / "log.jsonl"
+    with log_path.open("w") as f:
+        svc = asyncio.create_task(run_service(Broker(host, port, Topics(PREFIX)), conf,
+                                              log=JsonLog(f), live=live))  # fmt: skip
         try:
             rng = np.random.default_rng(7)
             sent: Counter[str] = Counter()  # the bad ones, as the pure handler judges them
             judge = World()
             async with aiomqtt.Client(host, port) as c:
-                await asyncio.sleep(1.0)  # let the service subscribe (it logs "connected")
+                # the service logs "connected" once its subscriptions are in place
+                await _until(lambda: '"msg": "connected"' in log_path.read_text())
                 for kind in ("probes", "presence", "health", "paths"):
                     topic, seed = VALID[kind]
                     for p in (*NASTY[:-1], seed[: len(seed) // 2], rng.bytes(300),

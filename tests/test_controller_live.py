@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from contract.documents import EventDoc
+from controller.admission import Outcome, Verdict
 from controller.control import Control
 from controller.jobs import Job, JobRegistry
 from controller.live import LiveConfig, LiveController
@@ -57,7 +58,7 @@ def _run(lc: LiveController, sim: Simulator, seconds: float) -> list[EventDoc]:
     events: list[EventDoc] = []
     for st in sim.run(seconds, 0.5):
         now = BASE + int(st.t1_s * 1e9)
-        lc.ingest_batch(st.batch, now)
+        lc.admit(st.batch, now)
         events += lc.tick(now)
     return events
 
@@ -106,8 +107,8 @@ def test_live_duplicate_batch_not_reingested_and_events_bounded() -> None:
     brain = StubBrain(len(fab.nics))
     lc = LiveController(fab, LiveConfig(max_events=2), brain=brain)
     st = sim.step(0.0, 0.5)
-    assert lc.ingest_batch(st.batch, BASE) == len(st.batch)
-    assert lc.ingest_batch(st.batch, BASE) == 0
+    assert lc.admit(st.batch, BASE) == Verdict(Outcome.ACCEPTED, records=len(st.batch))
+    assert lc.admit(st.batch, BASE) == Verdict(Outcome.DUPLICATE)
     assert brain.seen == len(st.batch)
     for h in ("host0", "host1", "host2"):
         lc.presence(h, False, BASE + 1)
@@ -147,19 +148,19 @@ def test_probes_sent_to_a_host_before_its_prober_was_alive_are_not_evidence() ->
     now = int(ing.t1.max()) + 1
     doc = PresenceDoc(alive=True, t_ns=since).encode()  # as the prober publishes it
     assert handle_message(lc, Topics(), Topics().presence("host3"), doc, now) == "presence"
-    assert lc.ingest_batch(st.batch, now) == len(st.batch)
+    assert lc.admit(st.batch, now).records == len(st.batch)
     early = int((to3 & (ing.t1 < since)).sum())
     assert early > 0 and brain.seen == len(st.batch) - early
     st2 = sim.step(0.5, 0.5)
     lc.presence("host3", True, now + 10**9, since_ns=now + 10**9)  # again: not a restart
     brain.seen = 0
-    lc.ingest_batch(st2.batch, now + 10**9)
+    lc.admit(st2.batch, now + 10**9)
     assert brain.seen == len(st2.batch)
     lc.presence("host3", False, now + 10**9)  # last will, then back: a restart
     lc.presence("host3", True, now + 2 * 10**9, since_ns=now + 2 * 10**9)
     brain.seen = 0
     st3 = sim.step(1.0, 0.5)
-    lc.ingest_batch(st3.batch, now + 2 * 10**9)
+    lc.admit(st3.batch, now + 2 * 10**9)
     ing3 = Ingestor(fab).ingest(st3.batch)
     to3 = np.isin(ing3.dst, [n.index for n in fab.nics if n.host == "host3"])
     assert brain.seen == len(st3.batch) - int(to3.sum())  # all sent before it came back
@@ -170,7 +171,7 @@ def test_probes_sent_to_a_host_before_its_prober_was_alive_are_not_evidence() ->
     lc.presence("host5", True, far, since_ns=far)
     brain.seen = 0
     st4 = sim.step(1.5, 0.5)
-    lc.ingest_batch(st4.batch, far)
+    lc.admit(st4.batch, far)
     ing4 = Ingestor(fab).ingest(st4.batch)
     to3 = np.isin(ing4.dst, [n.index for n in fab.nics if n.host == "host3"])
     assert brain.seen == len(st4.batch) - int(to3.sum())  # host3's still before its restart

@@ -8,8 +8,8 @@ import numpy as np
 
 from contract.records import encode_batch
 from contract.topics import Topics
+from controller.admission import REPLAY_SLACK, Outcome
 from controller.dispatch import handle_message
-from controller.ingest import REPLAY_SLACK
 from controller.live import LiveController
 from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
@@ -43,5 +43,5 @@ def test_old_batch_replayed_is_dropped_recent_redelivery_is_a_duplicate() -> Non
     # now batch 1000 lies more than REPLAY_SLACK below the newest: a replay, not a redelivery
     out = handle_message(live, t, topic, payloads[1000], EPOCH_NS)
     assert out == f"bad:replayed batch 1000 from {origin}"
-    assert live.ingestor.stats.replays == 1 and live.records == records
+    assert live.verdicts()[Outcome.REPLAYED] == 1 and live.records == records
     assert handle_message(live, t, topic, payloads[top + 1], EPOCH_NS) == "probes"

@@ -83,7 +83,8 @@ def test_health_documents_carry_the_nic_link_states_to_the_brain() -> None:
             seen.append((host, dict(up)))
             super().nic_links(host, up, now_ns)
 
-    live = LiveController(fab, brain=Recording(fab))
+    brain = Recording(fab)
+    live = LiveController(fab, brain=brain)
     t = Topics()
     down = {"operstate": "down", "carrier": "0"}
     doc = health_doc(
@@ -93,7 +94,11 @@ def test_health_documents_carry_the_nic_link_states_to_the_brain() -> None:
     no_state = health_doc("host1", S, GpuReading(False), None, {"nic1": {"device": "eth1"}}, {})
     assert handle_message(live, t, t.health("host1"), json.dumps(no_state).encode(), S) == "health"
     assert seen == [("host0", {"nic0": False})]
-    assert live.brain.nic_health()[0] == Health.UP  # judged from the next window on
+    assert brain.nic_health()[0] == Health.UP  # judged from the next window on
+    assert live.snapshot().nic_health[0] == Health.UNKNOWN  # no tick yet: nothing measured
+    live.tick(2 * S)  # host0's reading of nic0 is a measurement; nothing measured nic1
+    assert live.snapshot().nic_health[0] != Health.UNKNOWN
+    assert live.snapshot().nic_health[1] == Health.UNKNOWN
 
 
 def test_pair_paths_keep_the_worst_per_switch_and_build_dicts_on_access() -> None:

@@ -44,7 +44,7 @@ def test_batch_published_as_another_host_is_dropped() -> None:
     out = handle_message(live, T, T.probes("host0"), encode_batch(forged), EPOCH_NS)
     nic = live.fabric.nics_of_host("host1")[0].id
     assert out == f"bad:untrusted: NIC {nic!r} is a NIC of 'host1', not of 'host0'"
-    assert live.records == 0 and live.ingestor.stats.batches == 0
+    assert live.records == 0 and live.ingest_stats().batches == 0
 
 
 def test_batch_mixing_own_and_foreign_nics_is_dropped_whole() -> None:

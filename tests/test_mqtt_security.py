@@ -271,7 +271,7 @@ async def test_controller_with_a_wrong_password_logs_one_line_and_retries(
 ) -> None:
     from contract.topics import Topics
     from controller.config import ServiceConfig
-    from controller.service import run_service
+    from controller.service import Broker, run_service
     from mesh.fabric import FabricShape, build_fabric
 
     port, m = secure_broker
@@ -279,7 +279,8 @@ async def test_controller_with_a_wrong_password_logs_one_line_and_retries(
     cfg = ServiceConfig(build_fabric(FabricShape()), backoff_s=(0.01, 0.02), mqtt_security=sec)
     out = io.StringIO()
     await asyncio.wait_for(
-        run_service("127.0.0.1", port, cfg, Topics(P), log=JsonLog(out), max_attempts=2), 60
+        run_service(Broker("127.0.0.1", port, Topics(P)), cfg, log=JsonLog(out), max_attempts=2),
+        60,
     )
     lines = [json.loads(x) for x in out.getvalue().splitlines()]
     errors = [x for x in lines if x["msg"] == "broker error"]

@@ -23,6 +23,18 @@ def test_backoff_doubles_caps_and_resets() -> None:
         Backoff(0.0, 1.0)
 
 
+def test_backoff_jitter_shortens_each_delay_by_at_most_its_share() -> None:
+    draws = iter([0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.5])
+    b = Backoff(0.5, 4.0, jitter=0.25, rand=lambda: next(draws))
+    assert [b.next_delay() for _ in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
+    assert [b.next_delay() for _ in range(2)] == [3.0, 3.5]  # capped, then 25% / 12.5% off
+    b.reset()
+    assert Backoff(1.0, 2.0, rand=lambda: 1 / 0).next_delay() == 1.0  # no jitter: no draw
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError):
+            Backoff(0.5, 4.0, jitter=bad)
+
+
 def _run(session: Callable[[Callable[[], None]], Any], attempts: int) -> list[float]:
     waits: list[float] = []
 
@@ -86,7 +98,7 @@ def test_run_service_resets_its_backoff_after_a_good_connection(
     )
     out = io.StringIO()
     asyncio.run(
-        service.run_service("127.0.0.1", 1, cfg, Topics(), log=JsonLog(out),
+        service.run_service(service.Broker("127.0.0.1", 1, Topics()), cfg, log=JsonLog(out),
                             max_attempts=6)
     )  # fmt: skip
     retries = [line for line in out.getvalue().splitlines() if "broker error" in line]

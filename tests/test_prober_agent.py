@@ -49,6 +49,12 @@ class FakeEndpoint:
         pass
 
 
+def inner(made: Any) -> Any:
+    """The transport endpoint a factory made (behind path discovery, when that is on)."""
+    ep = made.endpoint
+    return ep.inner if made.discovery is not None else ep
+
+
 def config(broker: tuple[str, int] = ("127.0.0.1", 1883), **prober: Any) -> Any:
     return parse_config(
         {
@@ -192,20 +198,20 @@ def test_cli_once_publishes_one_round(mosquitto: tuple[str, int], tmp_path: Any)
 
 
 def test_clock_hook_becomes_the_endpoint_clock_and_config_knows_no_vclock(tmp_path: Path) -> None:
-    from prober.agent import udp_endpoint_factory
     from prober.config import ConfigError
+    from prober.endpoint import udp_endpoint_factory
     from prober.pathsweep import sweep_flows
-    from prober.session import ProbeSession
+    from prober.wire import Codec
     from testbed.vclock import ClockError, VirtualClock, load_clock, write_clock
 
     doc = {"prober": {"host": "h"}, "nics": [{"id": "nic0", "address": "127.0.0.1"}]}
     cfg = parse_config(doc, "t.toml")
-    plain: Any = udp_endpoint_factory(cfg)(cfg.nics[0], ProbeSession("nic0"), (), lambda e: None)
+    plain = inner(udp_endpoint_factory(cfg)(cfg.nics[0], Codec(), (), lambda e: None))
     assert plain.clock(1_000_000_000) == 1_000_000_000  # a real host: identity
     clk = tmp_path / "clock.json"
     write_clock(VirtualClock(offset_ns=1000.0, drift=1e-5, t0_ns=0), clk)
     hook = load_clock(clk).apply
-    ep: Any = udp_endpoint_factory(cfg, hook)(cfg.nics[0], ProbeSession("nic0"), (), lambda e: None)
+    ep = inner(udp_endpoint_factory(cfg, hook)(cfg.nics[0], Codec(), (), lambda e: None))
     assert ep.clock(1_000_000_000) == 1_000_000_000 + 1000 + 10_000
     # the prober's config has no testbed table any more: it is an unknown section
     with pytest.raises(ConfigError, match=r"testbed"):
@@ -241,7 +247,7 @@ def test_path_discovery_wraps_the_endpoint_instead_of_patching_it() -> None:
 
 
 def test_the_factory_owns_its_background_tasks() -> None:
-    from prober.agent import udp_endpoint_factory
+    from prober.endpoint import udp_endpoint_factory
 
     cfg = parse_config({"prober": {"host": "h"}, "nics": [{"id": "nic0", "address": "127.0.0.1"}]})
     assert udp_endpoint_factory(cfg).agent_tasks(object()) == []
@@ -273,22 +279,38 @@ def test_link_reading_of_sysfs_files(tmp_path: Path) -> None:
     assert read_link_up("eth9", tmp_path) is None
 
 
-def test_hot_path_picks_the_endpoint_class() -> None:
-    from prober.agent import udp_endpoint_factory
+def test_hot_path_picks_the_session_and_endpoint() -> None:
+    """The UDP factory makes each NIC's session and endpoint for its hot path, wraps them in
+    path discovery when ``[paths]`` is on and reports what the agent needs to know of them
+    (`NicTransport`): the agent asks no endpoint for its class."""
+    from prober.endpoint import udp_endpoint_factory
     from prober.fastudp import BatchUdpEndpoint
+    from prober.pathdisc import TracingEndpoint
     from prober.session import ProbeSession
     from prober.udp import UdpEndpoint
+    from prober.wire import Codec
 
     nic = {"nics": [{"id": "nic0", "address": "127.0.0.1"}]}
     for hot_path, cls in (("batched", BatchUdpEndpoint), ("per-datagram", UdpEndpoint)):
-        cfg = parse_config({"prober": {"host": "h", "hot_path": hot_path}, **nic})
-        ep = udp_endpoint_factory(cfg)(cfg.nics[0], ProbeSession("nic0"), (), lambda e: None)
-        assert type(ep) is cls
+        for paths in (True, False):
+            cfg = parse_config({"prober": {"host": "h", "hot_path": hot_path},
+                                "paths": {"enabled": paths}, **nic})  # fmt: skip
+            factory = udp_endpoint_factory(cfg)
+            assert factory.hot_path == hot_path
+            made = factory(cfg.nics[0], Codec(b"k" * 32), (), lambda e: None)
+            assert type(inner(made)) is cls and made.ticked is None
+            assert type(made.endpoint) is (TracingEndpoint if paths else cls)
+            assert (made.discovery is not None) is paths
+            session = made.endpoint.session
+            assert type(session) is ProbeSession and session.codec.authenticated
+            assert session.nic_id == "nic0" and session.timeout_ns == cfg.timeout_ms * 1_000_000
 
 
 def test_compiled_hot_path_and_its_fallbacks() -> None:
     from prober import compiled
-    from prober.agent import Agent, session_hot_path
+    from prober.endpoint import session_hot_path
+    from prober.rdma.transport import rdma_endpoint_factory
+    from prober.wire import Codec
 
     nic = {"nics": [{"id": "nic0", "address": "127.0.0.1"}]}
     cfg = parse_config({"prober": {"host": "h", "hot_path": "compiled"}, **nic})
@@ -301,14 +323,23 @@ def test_compiled_hot_path_and_its_fallbacks() -> None:
     rdma = parse_config({"prober": {"host": "h", "hot_path": "compiled", "transport": "rdma"},
                          **nic})  # fmt: skip
     assert session_hot_path(rdma, built=True) == "per-datagram"
+    assert rdma_endpoint_factory(rdma).hot_path == "per-datagram"
     batched = parse_config({"prober": {"host": "h", "hot_path": "batched"}, **nic})
     assert session_hot_path(batched, built=True) == "batched"
+    rdma_batched = parse_config({"prober": {"host": "h", "hot_path": "batched",
+                                            "transport": "rdma"}, **nic})  # fmt: skip
+    assert rdma_endpoint_factory(rdma_batched).hot_path == "batched"  # as the agent said before
     if compiled.available():
         agent = Agent(cfg)
-        session = agent.sessions["nic0"]
-        assert agent.hot_path == "compiled" and isinstance(session, compiled.CompiledSession)
-        ep = agent._factory(cfg.nics[0], session, (), lambda e: None)
-        assert type(ep) is compiled.CompiledUdpEndpoint
+        assert agent.hot_path == "compiled"
+        made = agent._factory(cfg.nics[0], Codec(), (), lambda e: None)
+        ep = inner(made)
+        assert type(ep) is compiled.CompiledUdpEndpoint and made.ticked is ep
+        assert ep.external_ticks  # the agent's one driver ticks it, not its own `run`
+        session = ep.session
+        assert isinstance(session, compiled.CompiledSession)
+        assert session.defer_follow_ups == cfg.defer_follow_ups
+        assert session.hold_ns == cfg.follow_up_hold_ms * 1_000_000
         # a real host's clock is the identity the engine knows: no stamp goes through Python
         # (the agent once passed its own identity function: a Python call per stamp)
         from prober.udp import identity_clock

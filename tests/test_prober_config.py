@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from prober.config import ConfigError, load_config, parse_config
+from prober.config import ConfigError, DiscoverConfig, load_config, parse_config
 
 GOOD = """
 [prober]
@@ -93,7 +93,7 @@ def test_defaults_from_minimal() -> None:
     ("patch", "expect"),
     [
         ({"prober": {"host": "h", "prot": 1}}, "f.toml: prober.prot: unknown key"),
-        ({"prober": {}}, "f.toml: prober.host: is required"),
+        ({"prober": {"host": ""}}, "f.toml: prober.host: must be a host id"),
         ({"prober": {"host": "a b"}}, "f.toml: prober.host: must be a host id"),
         ({"prober": {"host": "h", "transport": "tcp"}}, "f.toml: prober.transport: must be one of"),
         ({"prober": {"host": "h", "hot_path": "fast"}}, "f.toml: prober.hot_path: must be one of"),
@@ -121,7 +121,12 @@ def test_defaults_from_minimal() -> None:
         ({"schedule": {"confidence": 1.0}}, "f.toml: schedule.confidence"),
         ({"spool": {"max_batches": 0}}, "f.toml: spool.max_batches"),
         ({"telemetry": {"gpu": "yes"}}, "f.toml: telemetry.gpu: must be true or false"),
-        ({"nics": []}, "f.toml: nics: at least one"),
+        ({"discover": {"nics": "eth*"}}, "f.toml: discover.nics: must be a list of interface"),
+        ({"discover": {"nics": [""]}}, "f.toml: discover.nics: must be a list of interface"),
+        ({"discover": {"nic_id": "{nic}"}}, "f.toml: discover.nic_id: NIC id template"),
+        ({"discover": {"nic_id": "{host} {ifname}"}}, "f.toml: discover.nic_id: NIC id 'h eth0'"),
+        ({"discover": {"lldp_interval_s": 0}}, "f.toml: discover.lldp_interval_s: must be"),
+        ({"discover": {"peer": True}}, "f.toml: discover.peer: unknown key"),
         ({"nics": {"id": "x"}}, "f.toml: nics: must be an array of tables"),
         ({"nics": [{"id": "nic0"}]}, "f.toml: nics[0].address: is required"),
         (
@@ -203,3 +208,21 @@ def test_cli_bench_bad_seconds_and_json() -> None:
 
     doc = json.loads(r.stdout)
     assert doc["probes_per_second"] > 0 and doc["baseline_probes_per_second"] > 0
+
+
+def test_discovery_needs_only_the_broker() -> None:
+    """No ``[[nics]]``: discovery is on with its defaults, the host is the host name."""
+    cfg = parse_config({"mqtt": {"host": "broker"}}, "f.toml", hostname=lambda: "gpu07")
+    assert cfg.host == "gpu07" and cfg.nics == () and cfg.peers == ()
+    assert cfg.discover == DiscoverConfig()
+    assert cfg.discover.nic_id == "{host}.{ifname}" and cfg.discover.peers
+    # listed NICs without [discover]: nothing is found (the configs of before)
+    assert parse_config(base(), "f.toml").discover is None
+    # both: found NICs, the listed ones over them
+    doc = {**base(), "discover": {"nics": ["ens*"], "exclude": ["ens9"], "nic_id": "{ifname}",
+                                  "lldp_socket": "/run/x.sock", "lldp_interval_s": 2,
+                                  "peers": False}}  # fmt: skip
+    d = parse_config(doc, "f.toml").discover
+    assert d == DiscoverConfig(("ens*",), ("ens9",), "{ifname}", "/run/x.sock", 2.0, False)
+    with pytest.raises(ConfigError, match=r"prober\.host: is not set and the host name 'a b'"):
+        parse_config({}, "f.toml", hostname=lambda: "a b")

@@ -398,7 +398,7 @@ async def test_agent_paths_go_to_the_publisher(monkeypatch: pytest.MonkeyPatch) 
 
     cfg = parse_config({"prober": {"host": HOST}, "nics": [{"id": "n0", "address": "127.0.0.1"}]})
     pub = Publisher(settings(), HOST, Spool())
-    agent = Agent(cfg, publisher=pub, endpoint_factory=lambda *a: None)  # type: ignore[arg-type,return-value]
+    agent = Agent(cfg, publisher=pub)  # (never started: no endpoint is made)
     sent: list[bytes] = []
     monkeypatch.setattr(pub, "submit_paths", sent.append)
     agent._paths_out.append(DiscoveredPath(PathKey("n0", "n1", 50000), ("10.0.0.254",), True, 0))

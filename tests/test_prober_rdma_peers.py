@@ -30,6 +30,7 @@ from prober.rdma.peers import (
 from prober.rdma.presence import apply_presence, follow_presence, presence_filter
 from prober.rdma.transport import QKEY, RdmaEndpoint, rdma_endpoint_factory
 from prober.session import ProbeSession
+from prober.wire import Codec
 
 GID_A = "fe80::a"
 GID_B = "::ffff:10.0.0.2"
@@ -323,7 +324,11 @@ def _cfg() -> ProberConfig:
 
 def test_factory_presence_block_and_agent_tasks() -> None:
     f = rdma_endpoint_factory(_cfg())
-    ep = f(_cfg().nics[0], ProbeSession("nicL"), (0xC001,), lambda evs: None)
+    assert f.hot_path == "per-datagram" and f.port_usable("nicL", 0xC001)
+    made = f(_cfg().nics[0], Codec(), (0xC001,), lambda evs: None)
+    ep = made.endpoint
+    assert isinstance(ep, RdmaEndpoint) and made.discovery is None and made.ticked is None
+    assert type(ep.session) is ProbeSession and ep.session.nic_id == "nicL"
     assert ep.peers is f.peers
     assert f.presence_block() == {}  # not opened: no QPN to announce
     ep.qpn, ep.gid = 0x77, "fe80:0000:0000:0000:0000:0000:0000:0009"
@@ -470,10 +475,11 @@ async def test_agent_skips_unknown_rdma_peers_without_loss() -> None:
     agent = Agent(
         cfg, endpoint_factory=factory, publisher=Publisher(cfg.mqtt, "hL", Spool(10, 1 << 20, None))
     )
-    ep = factory(local, agent.sessions["nicL"], agent.plan.ports["nicL"], agent._collect)
-    ep.now_ns = lambda: 1_000  # type: ignore[method-assign]
-    ep.wake = lambda: None  # type: ignore[method-assign]
+    ep: Any = factory(local, agent.codec, agent.plan.ports["nicL"], agent._collect).endpoint
+    ep.now_ns = lambda: 1_000
+    ep.wake = lambda: None
     agent.endpoints["nicL"] = ep
+    agent.sessions["nicL"] = ep.session
     factory.peers.update("hA", doc(nicA=entry(qpn=0x4A, gid="fe80::a")))
     probes = plan_round(agent.plan, agent.peers, 0)
     assert {p.dst for p in probes} == {"nicA", "nicB"}

@@ -218,3 +218,62 @@ def test_results_to_batch_round_trips_through_records() -> None:
     assert np.all(back.src == 1) and np.all(back.dst == 0)
     assert set(back.pair.tolist()) <= set(range(40)) and set(back.pos.tolist()) == {0, 1}
     assert len(results_to_batch([], origin="x")) == 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    key=st.sampled_from([None, KEY]),
+    one_step=st.booleans(),
+    trace=st.booleans(),
+    pad=st.integers(0, 64),
+    pair=st.sampled_from([(-1, 0), (0, 0), (7, 1), (2**31 - 1, 1)]),
+    seq=st.integers(0, 2**32 - 1),
+    t2=st.integers(0, 2**62),
+    late=st.integers(-5, 10**6),
+)
+def test_replies_and_follow_ups_are_the_codecs_bytes(
+    key: bytes | None, one_step: bool, trace: bool, pad: int, pair: tuple[int, int], seq: int,
+    t2: int, late: int,
+) -> None:  # fmt: skip
+    """The responder packs its REPLY and FOLLOW_UP from the validated probe's fields, without a
+    `Message` per datagram: the bytes are those of `Codec.encode` of the validated message."""
+    codec = Codec(key)
+    b = ProbeSession("nicB", codec, one_step=one_step)
+    a_hash = nic_hash("nicA")
+    probe = Message(MsgType.PROBE, a_hash, b.nic, seq, pair[0], pair[1], pad=pad, trace=trace)
+    now = t2 + max(late, 0)
+    assert b.receive(codec.encode(probe), A, t2, now) == []
+    (reply,) = b.next_datagrams(now)
+    step1 = one_step or trace
+    t3 = max(now, t2) if step1 else 0
+    want = Message(MsgType.REPLY, b.nic, a_hash, seq, pair[0], pair[1], t2, t3, step1, pad, trace)
+    assert reply.data == codec.encode(want) and reply.dest == A
+    assert reply.meta.wants_tx_stamp is not step1
+    if step1:
+        return
+    assert b.on_tx_stamp(reply.meta.token, t2 + late) == []
+    (fu,) = b.next_datagrams(now)
+    t3 = max(t2 + late, t2) if t2 + late >= 0 else t2
+    want_fu = Message(MsgType.FOLLOW_UP, b.nic, a_hash, seq, pair[0], pair[1], t2, t3)
+    assert fu.data == codec.encode(want_fu) and fu.dest == A and not fu.meta.wants_tx_stamp
+
+
+def test_out_of_range_stamps_raise_and_change_nothing() -> None:
+    """A receive stamp outside int64 (a broken transport clock, not bad data) raises
+    `BadFieldError` before the session queues or awaits anything."""
+    from prober.wire import BadFieldError
+
+    codec = Codec()
+    b = ProbeSession("nicB", codec)
+    probe = codec.encode(Message(MsgType.PROBE, nic_hash("nicA"), b.nic, 1))
+    for rx in (-1, 2**63):
+        with pytest.raises(BadFieldError):
+            b.receive(probe, A, rx, 0)
+        with pytest.raises(BadFieldError):
+            b.receive_many([(probe, A, rx)], 0)
+    assert b.next_datagrams(0) == [] and b.pending == 0 and not b.counters
+    b.receive(probe, A, 2**63 - 10, 0)
+    (reply,) = b.next_datagrams(0)
+    with pytest.raises(BadFieldError):
+        b.on_tx_stamp(reply.meta.token, 2**63)  # t3 past int64
+    assert b.next_datagrams(0) == []

@@ -28,7 +28,8 @@ class _Ep(FakeEndpoint):
 
     def __init__(self, session: CompiledSession, offset: int) -> None:
         super().__init__(offset)
-        self.session, self.engine = session, session.engine
+        self.session = self.csession = session
+        self.engine = session.engine
         self.opened: list[int] = []
         self.closed = False
 
@@ -54,6 +55,7 @@ def _old_and_new(coded: bool) -> tuple[dict[str, Agent], Any]:
     for name in ("old", "new"):
         agent = Agent(cfg, now_ns=lambda: 0)
         assert agent.hot_path == "compiled"
+        agent.sessions = {n: CompiledSession(n) for n in ("nic0", "nic1")}
         agent.endpoints = {n: _Ep(agent.sessions[n], 5 * 10**9)  # type: ignore[misc,arg-type]
                            for n in ("nic0", "nic1")}  # fmt: skip
         agents[name] = agent

@@ -330,12 +330,11 @@ def test_send_planned_publishes_only_send_and_audits_all() -> None:
 
 
 def test_remediator_turns_published_events_into_actions_over_ticks() -> None:
-    from types import SimpleNamespace
-
+    from contract.documents import EventDoc
     from controller.remediation.loop import Remediator
 
-    def ev(kind: str, target: str) -> SimpleNamespace:  # an EventDoc's / EventDoc's fields
-        return SimpleNamespace(t_ns=0, kind=kind, target=target, detail="", flows=())
+    def ev(kind: str, target: str) -> EventDoc:
+        return EventDoc(0, kind, target)
 
     r = Remediator(CFG)
     sent: list[str] = []
@@ -350,8 +349,7 @@ def test_remediator_turns_published_events_into_actions_over_ticks() -> None:
 
 
 def test_remediator_with_the_job_registry_and_control_switch() -> None:
-    from types import SimpleNamespace
-
+    from contract.documents import EventDoc
     from controller.control import Control
     from controller.jobs import Job, JobRegistry
     from controller.remediation.loop import Remediator
@@ -360,11 +358,11 @@ def test_remediator_with_the_job_registry_and_control_switch() -> None:
     control = Control(enabled=False)
     r = Remediator(CFG)
     sent: list[str] = []
-    r.observe(SimpleNamespace(t_ns=0, kind="link_flap", target="nic3-leaf1", detail="", flows=()))
+    r.observe(EventDoc(0, "link_flap", "nic3-leaf1"))
     out = r.tick_with(reg, control, 0, lambda t, p: sent.append(t))
     assert [(a["job"], a["disposition"]) for a in out] == [("train", "would_have")] and sent == []
     control.set(True, "operator", 1)
-    r.observe(SimpleNamespace(t_ns=SEC, kind="link_flap", target="nic1-leaf0", detail="", flows=()))
+    r.observe(EventDoc(SEC, "link_flap", "nic1-leaf0"))
     out = r.tick_with(reg, control, SEC, lambda t, p: sent.append(t))
     assert [(a["job"], a["disposition"]) for a in out] == [("eval", "send")]
     assert sent == ["qpmesh/v1/remediation/nic1"]

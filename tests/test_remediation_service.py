@@ -28,7 +28,7 @@ from controller.remediation.audit import ActionLog, ActionQuery, ActionQueryErro
 from controller.remediation.audit import parse_action_query as paq
 from controller.remediation.policy import SEC
 from controller.remediation.runtime import RemediationRuntime
-from controller.service import run_service
+from controller.service import Broker, run_service
 from controller.timeseries.config import TimeseriesConfig
 from controller.timeseries.runtime import Observability
 from controller.timeseries.writer import TsdbWriter
@@ -127,7 +127,7 @@ def test_action_log_status_acks_tenants_and_queries() -> None:
     assert cut["truncated"] and cut["actions"][0]["id"] == "move_off_nic-2"
     log.add(_rec(3, 50, "send"))
     assert [d["seq"] for d in log.records()] == [2, 3, 4]  # bounded, oldest dropped
-    for bad in ({"since_ns": "x"}, {"since_ns": "5", "until_ns": "5"}, {"status": "done"},
+    for bad in ({"since_ns": "x"}, {"since_ns": "+5"}, {"status": "done"},
                 {"limit": "0"}, {"nope": "1"}, {"job": ""}):  # fmt: skip
         with pytest.raises(ActionQueryError):
             paq(bad)
@@ -173,6 +173,7 @@ async def _controller(
     conf.write_text(
         "[fabric]\nleaves = 2\nhosts_per_leaf = 2\nspines = 2\n[controller]\ntick_s = 0.05\n"
         f'[api]\nlisten = "127.0.0.1:{api_port}"\ntoken_file = "tokens.txt"\n'
+        '[api.tenants]\nacme = ["nic0", "nic2"]\nbeta = ["host3"]\n'
         f"[remediation]\n{remediation}\n"
     )
     config = load_config(conf)
@@ -182,10 +183,8 @@ async def _controller(
     log_file = log_path.open("w")
     svc = asyncio.create_task(
         run_service(
-            host,
-            port,
+            Broker(host, port, topics),
             config,
-            topics,
             log=JsonLog(log_file),
             live=live,
             observability=observability,
@@ -242,18 +241,26 @@ async def test_controller_remediates_with_control_and_jobs_from_api_and_mqtt(
 
         reader = asyncio.create_task(collect())
         ws = await http.ws_connect(base + "ws", headers=op)
-        # a tenant registers its job through the API
-        body = {"id": "train", "ranks": [{"nics": ["nic0"]}, {"nics": ["nic2"]}]}
+        # a tenant registers its job through the API, on the NICs [api.tenants] grants it
+        body = {"id": "acme:train", "ranks": [{"nics": ["nic0"]}, {"nics": ["nic2"]}]}
         async with http.post(base + "jobs", json=body, headers=acme) as r:
             assert r.status == 201, await r.text()
             assert (await r.json())["tenant"] == "acme"
         async with http.post(base + "jobs", json={**body, "tenant": "beta"}, headers=acme) as r:
             assert r.status == 403
-        async with http.post(base + "jobs", json=body, headers=op) as r:
+        async with http.post(base + "jobs", json={**body, "tenant": "acme"}, headers=op) as r:
             assert r.status == 409
+        theirs = {"id": "acme:peek", "ranks": [{"nics": ["nic3"]}]}  # beta's NIC: not acme's
+        async with http.post(base + "jobs", json=theirs, headers=acme) as r:
+            assert r.status == 404
+        mine = {"id": "ops", "ranks": [{"nics": ["nic1"]}]}  # granted to nobody: the operator's
+        async with http.post(base + "jobs", json=mine, headers=op) as r:
+            assert r.status == 201, await r.text()
+        async with http.delete(base + "jobs/ops", headers=op) as r:
+            assert r.status == 200
         bad = {"id": "x", "ranks": [{"nics": ["nic99"]}]}
         async with http.post(base + "jobs", json=bad, headers=op) as r:
-            assert r.status == 400 and "nic99" in (await r.json())["error"]["message"]
+            assert r.status == 404 and "nic99" in (await r.json())["error"]["message"]
 
         # Control off: the down finding gives a "would have" record and nothing on the topic
         live.inject.append(("nic_down", "nic0"))
@@ -266,7 +273,7 @@ async def test_controller_remediates_with_control_and_jobs_from_api_and_mqtt(
         async with http.get(base + "actions", headers=op) as r:
             (rec,) = (await r.json())["actions"]
         assert (rec["kind"], rec["nic"], rec["job"], rec["status"]) == (
-            "move_off_nic", "nic0", "train", "would have"
+            "move_off_nic", "nic0", "acme:train", "would have"
         )  # fmt: skip
         async with http.get(base + "actions", headers=acme) as r:
             assert [a["id"] for a in (await r.json())["actions"]] == [rec["id"]]
@@ -285,7 +292,10 @@ async def test_controller_remediates_with_control_and_jobs_from_api_and_mqtt(
 
         await _wait(infer_registered)
         async with http.get(base + "jobs", headers=acme) as r:
-            assert {j["id"] for j in (await r.json())["jobs"]} == {"train"}
+            assert {j["id"] for j in (await r.json())["jobs"]} == {"acme:train"}
+        # a rank of beta's job on acme's NIC is refused (and logged), however it arrives
+        steal = RankDoc("grab", 0, ("nic0",), "host0", "beta")
+        await mq.publish(rank_topic(topics.prefix, "grab", 0), steal.encode(), qos=1)
         # a storm of the same finding: exactly one action goes out
         for _ in range(5):
             live.inject.append(("link_down", "nic3-leaf1"))
@@ -306,11 +316,11 @@ async def test_controller_remediates_with_control_and_jobs_from_api_and_mqtt(
             (sent,) = (await r.json())["actions"]
         assert sent["status"] == "sent" and sent["acks"][0]["outcome"] == "done"
         async with http.get(base + "actions", headers=acme) as r:  # not acme's job
-            assert [a["job"] for a in (await r.json())["actions"]] == ["train"]
+            assert [a["job"] for a in (await r.json())["actions"]] == ["acme:train"]
         # the events stream shows both, "would have" first
         async with http.get(base + "events?kind=remediation", headers=op) as r:
             details = [e["detail"] for e in (await r.json())["events"]]
-        assert details[0].startswith("would have: move_off_nic job train")
+        assert details[0].startswith("would have: move_off_nic job acme:train")
         assert details[1].startswith("sent: move_off_nic job infer")
         seen: list[str] = []
         with contextlib.suppress(TimeoutError):
@@ -323,8 +333,8 @@ async def test_controller_remediates_with_control_and_jobs_from_api_and_mqtt(
         await ws.close()
         # the ranks report their step times; contention on their ring explains a slowdown
         for k, step_s in ((0, 0.1), (1, 0.1), (1, 0.3)):
-            d = PerfDoc("train", k, 1, 10, step_s)
-            await mq.publish(perf_topic(topics.prefix, "train", k), d.encode(), qos=1)
+            d = PerfDoc("acme:train", k, 1, 10, step_s)
+            await mq.publish(perf_topic(topics.prefix, "acme:train", k), d.encode(), qos=1)
             await asyncio.sleep(0.1)
         live.inject.append(("clear", "nic0"))  # nic0 was down earlier: back now
         await asyncio.sleep(0.2)
@@ -338,7 +348,7 @@ async def test_controller_remediates_with_control_and_jobs_from_api_and_mqtt(
         await _wait(explained)  # a tenant sees it: the hop is on its NICs' paths
         async with http.get(base + "events?kind=job_slowdown", headers=acme) as r:
             slow = (await r.json())["events"][-1]
-        assert slow["detail"] == ("job train: step time 3.0x; its ring crosses contended link "
+        assert slow["detail"] == ("job acme:train: step time 3.0x; its ring crosses contended link "
                                   "leaf0->spine1 on queue pairs nic0->nic2")  # fmt: skip
         async with http.get(base + "jobs", headers=acme) as r:
             (train,) = (await r.json())["jobs"]
@@ -354,6 +364,8 @@ async def test_controller_remediates_with_control_and_jobs_from_api_and_mqtt(
     statuses = [x["status"] for x in lines if x["msg"] == "action"]
     assert statuses == ["would have", "sent", "sent"]  # the last: report_contention
     assert any(x["msg"] == "control" and x["enabled"] and x["actor"] == "ops" for x in lines)
+    refused = [x["reason"] for x in lines if x["msg"] == "bad message" and "grab" in x["topic"]]
+    assert refused and "nic0 is not granted to tenant beta" in refused[0], refused
 
 
 async def _true(v: bool) -> bool:

@@ -88,7 +88,10 @@ def test_monitor_never_cancels_a_pending_read_and_keeps_every_event(
             deadline = time.monotonic() + 30
             while len(mon.events) <= i and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(0.5)  # idle longer than any polling period of the monitor
+            polls = mon.polls  # then idle for two polling periods of the monitor's own
+            while mon.polls < polls + 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert mon.polls >= polls + 2, "the monitor stopped polling"
         reads_cancelled_while_running = _FakeClient.cancelled_reads
     finally:
         mon.stop()

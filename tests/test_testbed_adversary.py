@@ -54,6 +54,10 @@ def test_score_counts_what_the_receivers_recorded() -> None:
 def test_acl_limits_probers_to_their_host_and_agents_to_their_nics() -> None:
     text = acl_text("qpmesh/v1", agents={"agent-j-r0": ("j", ["nic3"])})
     assert "pattern write qpmesh/v1/probes/%u" in text
+    assert (
+        "pattern write qpmesh/v1/neighbors/%u" in text
+        and "pattern read qpmesh/v1/neighbors/+" in text
+    )
     assert "topic readwrite qpmesh/v1/remediation/#" in text.split("user controller")[1]
     agent = text.split("user agent-j-r0")[1]
     assert "topic read qpmesh/v1/remediation/nic3" in agent and "probes" not in agent

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,74 @@ def test_run_localizes_flap_and_reports_sync(tmp_path: Path) -> None:
         st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)
         doc = json.loads(st.stdout)
         assert not doc["namespaces"] and not doc["root_links"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("lldpd") is None and not Path("/usr/sbin/lldpd").exists(),
+                    reason="needs lldpd (.ci/setup installs it)")  # fmt: skip
+def test_run_discover_learns_the_plan_and_localizes(tmp_path: Path) -> None:
+    """Probers with no NIC or peer listed and a controller with no fabric: the learned fabric
+    equals the plan before the faults start, stays so through them (a fault is not a
+    recabling), and the random faults are localized as on the declared fabric."""
+    prefix = "d" + secrets.token_hex(2) + "-"
+    try:
+        out = _qpmesh("testbed", "run", "testbed/scenarios/netns_small.toml", "--discover",
+                      "--random-faults", "2", "--seed", "2", "--json", "--prefix", prefix,
+                      "--out", str(tmp_path), timeout=280)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        rep = json.loads(out.stdout)
+        topo = rep["topology"]
+        assert topo["matches_plan"] and topo["differences"] == [], topo
+        assert topo["changes_during_run"] == 0 and (topo["nics"], topo["links"]) == (6, 12)
+        est = rep["estimators"]["qpmesh"]
+        assert est["precision"] >= 0.95 and est["recall"] >= 0.95, (est, rep["localization"])
+        assert all(x["localized"] for x in rep["localization"]), rep["localization"]
+        # nothing of the fabric was written for them
+        cfg = (tmp_path / "prober-host0.toml").read_text()
+        assert "[[nics]]" not in cfg and "[[peers]]" not in cfg and "[discover]" in cfg
+        ctl = (tmp_path / "controller.toml").read_text()
+        assert "leaves" not in ctl and "plan = " in ctl
+        # the learned fabric's events name the plan's links (spines named by router id)
+        assert any(e["kind"] == "topology" for e in rep["events"])
+    finally:
+        _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
+        st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)
+        doc = json.loads(st.stdout)
+        assert not doc["namespaces"] and not doc["root_links"]
+
+
+@pytest.mark.timeout(150)
+def test_a_run_stopped_by_sigterm_tears_down_and_still_reports(tmp_path: Path) -> None:
+    """SIGTERM mid-run (twice: an impatient supervisor): the testbed is torn down and the
+    JSON of what ran is printed with "interrupted": true, exit 130 (contract.interrupt)."""
+    import signal
+    import time
+
+    prefix = "t" + secrets.token_hex(2) + "-"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qpmesh.cli", "testbed", "run", "testbed/scenarios/netns_small.toml",
+         "--json", "--prefix", prefix, "--out", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # "... probers and the controller up after ...: running ..."
+            if "running" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # counted, the teardown goes on
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err[-2000:]
+        rep = json.loads(out)
+        assert rep["interrupted"] is True and rep["prefix"] == prefix
+        assert (tmp_path / "report.json").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)
+        doc = json.loads(st.stdout)
+        clean = not doc["namespaces"] and not doc["root_links"]
+        _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
+    assert clean, doc  # torn down by the run itself, not by this test's cleanup

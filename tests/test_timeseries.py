@@ -22,13 +22,13 @@ from controller.timeseries.writer import (
     COMPRESSED_BYTES_PER_INTERVAL_1024,
     DEFAULT_BUFFER_BYTES,
     DEFAULT_INTERVAL_S,
-    Backoff,
     LineBuffer,
     TsdbWriter,
 )
 from mesh.fabric import FabricShape, build_fabric
 from mesh.fabric.ecmp import routing_tables
 from mesh.snapshot import GpuHealth, Health
+from mqttlink.reconnect import Backoff
 
 
 def _fabric():  # type: ignore[no-untyped-def]
@@ -248,14 +248,6 @@ def test_buffer_drops_oldest_past_bound_and_counts() -> None:
     assert zlib.decompress(buf.take(1)[0].data) == chunks[1]  # one chunk at least
 
 
-def test_backoff_grows_to_cap_with_bounded_jitter() -> None:
-    b = Backoff(initial_s=0.5, max_s=4.0, factor=2.0, jitter=0.25)
-    assert [b.delay(i, lambda: 0.0) for i in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
-    assert b.delay(10, lambda: 1.0) == 3.0
-    with pytest.raises(ValueError):
-        Backoff(initial_s=0)
-
-
 def test_writer_retries_until_the_server_takes_everything() -> None:
     got: list[bytes] = []
     fails = {"n": 5}
@@ -279,6 +271,7 @@ def test_writer_retries_until_the_server_takes_everything() -> None:
     assert b"".join(got) == b"".join(sent)  # all of it, in order
     st = w.stats()
     assert st.failures == 5 and st.dropped_lines == 0 and st.written_lines == 200
+    assert w.backoff.attempt == 0  # the write that worked started the delays over
     assert st.fill == 0.0
 
 
@@ -328,13 +321,13 @@ def test_default_buffer_holds_five_minutes_at_1024_nics() -> None:
     the default bound holds 5 minutes of them compressed as the buffer keeps them."""
     from dataclasses import replace
 
-    from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+    from controller.timeseries.recorder import TimeseriesRecorder
     from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
     runner = DemoRunner(replace(demo_scenario(None, nics=1024, seed=1), faults=()), step_s=1.0)
     bodies: list[bytes] = []
     rec = TimeseriesRecorder(runner.fabric, bodies.append, interval_ns=10_000_000_000)
-    runner.controller.brain = TeeBrain(runner.controller.brain, rec)
+    runner.controller.brain = rec.tee(runner.controller.brain)
     while len(bodies) < 2:  # the second interval has queueing (a baseline exists)
         runner.step()
         rec.tick(runner.now_ns, runner.controller.snapshot, runner.controller.alive)
@@ -395,3 +388,44 @@ def test_dashboard_is_provisionable_against_its_datasource() -> None:
         assert all(t["expr"] and t["refId"] for t in p["targets"]), p["title"]
     kinds = {p["type"] for p in dash["panels"]}
     assert {"heatmap", "timeseries", "state-timeline"} <= kinds
+
+
+def test_a_fault_shorter_than_the_interval_is_written_as_worst_state_and_blamed_loss() -> None:
+    """A NIC down at one tick of an interval that ends up shows in ``worst_state``; its
+    link's loss is ``blamed_loss_ratio``, the other links its probes crossed get 0 there."""
+    from controller.timeseries.recorder import TimeseriesRecorder
+
+    fab = _fabric()
+    bodies: list[bytes] = []
+    rec = TimeseriesRecorder(fab, bodies.append, interval_ns=1000)
+    alive = {h.id: True for h in fab.hosts}
+    up_links = {lk.id: Health.UP for lk in fab.links}
+    rec.tick(0, lambda: _snap(fab, 0), alive)  # opens the first interval
+    rec.observe(_obs(fab, [0, 1, 2], [3, 3, 3], [1e3, 1e3, 1e3], lost=[True, True, True]))
+    down = [Health.DOWN if i == 3 else Health.UP for i in range(len(fab.nics))]
+    nic3_link = next(lk.id for lk in fab.links if lk.lower == "nic3")
+    rec.states(down, {**up_links, nic3_link: Health.DOWN})  # one tick: down
+    rec.states([Health.UP] * len(fab.nics), up_links)  # the next: up again
+    assert rec.tick(1000, lambda: _snap(fab, 1000), alive) > 0
+    lines = bodies[-1].decode().splitlines()
+    nic3 = next(ln for ln in lines if ln.startswith("qpmesh_nic,nic=nic3,"))
+    assert "state=0i" in nic3 and "worst_state=5i" in nic3
+    links = {
+        ln.split("link=")[1].split(",")[0]: ln for ln in lines if ln.startswith("qpmesh_link,")
+    }
+    assert "blamed_loss_ratio=1 " in links[nic3_link]
+    crossed = [k for k, ln in links.items() if "lost=" in ln and ",lost=0i" not in ln]
+    assert len(crossed) > 1  # the lost probes crossed other links too ...
+    for k in crossed:
+        if k != nic3_link:  # ... which are not blamed
+            assert "blamed_loss_ratio=0," in links[k] or "blamed_loss_ratio=0 " in links[k]
+
+
+def _snap(fab, t):  # type: ignore[no-untyped-def]
+    from mesh.snapshot import MeshSnapshot
+
+    snap = MeshSnapshot.blank(fab, t)
+    return MeshSnapshot(t, fab, (Health.UP,) * len(fab.nics), snap.worst_in_ns,
+                        snap.worst_out_ns, snap.owd_src, snap.owd_dst, snap.owd_ns,
+                        snap.clock_offset_ns, snap.clock_uncertainty_ns,
+                        link_health={lk.id: Health.UP for lk in fab.links})  # fmt: skip

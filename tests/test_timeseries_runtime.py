@@ -13,7 +13,8 @@ from contract.tomlcheck import Table
 from controller.timeseries.config import TimeseriesConfig, read_metrics, read_timeseries
 from controller.timeseries.metrics import ControllerMetrics
 from controller.timeseries.runtime import TRUST, MetricsRuntime, Observability, TimeseriesRuntime
-from controller.timeseries.writer import Backoff, TsdbWriter
+from controller.timeseries.writer import TsdbWriter
+from mqttlink.reconnect import Backoff
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
 
@@ -78,6 +79,7 @@ def test_controller_config_takes_the_two_tables(tmp_path: Path) -> None:
 
     conf = tmp_path / "c.toml"
     conf.write_text(
+        "[fabric]\nleaves = 2\n"  # the time series need a declared fabric (not a learned one)
         '[timeseries]\nurl = "http://127.0.0.1:8428"\ninterval_s = 5\n'
         '[metrics]\nlisten = "127.0.0.1:9464"\n'
     )
@@ -85,7 +87,7 @@ def test_controller_config_takes_the_two_tables(tmp_path: Path) -> None:
     assert cfg.timeseries == TimeseriesConfig("http://127.0.0.1:8428", interval_s=5.0)
     assert cfg.metrics_listen == "127.0.0.1:9464"
     assert load_config(None).timeseries is None and load_config(None).metrics_listen is None
-    conf.write_text('[timeseries]\nurl = "http://h"\nbuffer = 3\n')
+    conf.write_text('[fabric]\nleaves = 2\n[timeseries]\nurl = "http://h"\nbuffer = 3\n')
     with pytest.raises(ConfigError, match=r"timeseries\.buffer: unknown key"):
         load_config(conf)
 

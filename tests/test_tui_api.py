@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from contract.documents import EventDoc
+from contract.jsondoc import DocumentError
 from controller.api.app import STATE, make_app
 from controller.api.auth import Principal, TokenTable
 from controller.api.hub import ApiHub
@@ -20,17 +21,12 @@ from controller.api.server import ApiThread
 from controller.api.views import Scope, snapshot_view
 from controller.control import Control
 from controller.jobs import Job, JobRegistry
+from controller.tenancy import Grants
+from mesh.documents import event_from_doc, fabric_from_doc, snapshot_from_doc
 from mesh.fabric import FabricShape, build_fabric
 from mesh.snapshot import ControlUnavailable, GpuHealth, Health, MeshSnapshot
 from tui.apiclient import ApiSource, ApiTokenRefused, ApiUnreachable, api_base
-from tui.apimodel import (
-    ApiDocError,
-    HistoryRing,
-    build_snapshot,
-    event_from_doc,
-    fabric_from_doc,
-    merge_events,
-)
+from tui.apimodel import HistoryRing, merge_events
 from tui.panes import Connection, connection_text, pair_vectors, path_breakdown
 
 OP, ACME = "operator-token-1", "acme-tenant-token"
@@ -75,7 +71,7 @@ def test_fabric_and_snapshot_round_trip_through_the_documents() -> None:
     assert [n.id for n in fab.nics] == [n.id for n in snap.fabric.nics]
     assert fab.groups.keys() == snap.fabric.groups.keys()
     assert [(s.id, s.kind) for s in fab.switches] == [(s.id, s.kind) for s in snap.fabric.switches]
-    got = build_snapshot(doc, fab, jobs=({"name": "j", "nics": ["nic0"]},))
+    got = snapshot_from_doc(doc, fab, jobs=({"name": "j", "nics": ["nic0"]},))
     assert got.nic_health == snap.nic_health
     np.testing.assert_array_equal(got.worst_in_ns, snap.worst_in_ns)
     np.testing.assert_array_equal(got.clock_offset_ns, snap.clock_offset_ns)
@@ -84,7 +80,7 @@ def test_fabric_and_snapshot_round_trip_through_the_documents() -> None:
     assert got.throughput_bps == 2.5e11 and got.control_enabled is False
     assert got.gpu == {"host2": GpuHealth(True, False, "Xid 79")}
     assert got.jobs is not None and len(got.jobs) == 1
-    blank = build_snapshot({**doc, "running_jobs": None, "control_enabled": None,
+    blank = snapshot_from_doc({**doc, "running_jobs": None, "control_enabled": None,
                             "throughput_bps": None}, fab)  # fmt: skip
     assert blank.jobs is None and blank.control_enabled is None and blank.throughput_bps is None
 
@@ -97,18 +93,18 @@ def test_three_tier_fabric_tiers_follow_the_links() -> None:
     assert sorted((s.id, s.kind) for s in fab.switches) == want
 
 
-def test_malformed_documents_are_api_doc_errors() -> None:
+def test_malformed_documents_are_document_errors() -> None:
     doc = snapshot_view(_snapshot(), Scope.fleet(), control=None, jobs=None)
     fab = fabric_from_doc(doc)
     for bad_fabric in ({}, {"nics": 3, "links": []}, {"nics": [{"id": "x"}], "links": []}):
-        with pytest.raises(ApiDocError):
+        with pytest.raises(DocumentError):
             fabric_from_doc(bad_fabric)
     nics: list[dict[str, object]] = doc["nics"]  # type: ignore[assignment]
     for bad in ({**doc, "t_ns": "soon"}, {**doc, "nics": nics[:3]},
                 {**doc, "nics": [{**nics[0], "worst_in_ns": "x"}] * 16}):  # fmt: skip
-        with pytest.raises(ApiDocError):
-            build_snapshot(bad, fab)
-    with pytest.raises(ApiDocError):
+        with pytest.raises(DocumentError):
+            snapshot_from_doc(bad, fab)
+    with pytest.raises(DocumentError):
         event_from_doc({"seq": 1, "t_ns": 5, "kind": "x", "target": "y", "severity": "awful"})
     moved = {"seq": 2, "t_ns": 6, "kind": "contention", "target": "y", "related": "z"}
     assert event_from_doc(moved)[1].related == "z"
@@ -166,7 +162,8 @@ class Server:
         self.app = self.new_app()
 
     def new_app(self) -> object:
-        return make_app(self.hub, TOKENS, jobs=self.jobs, control=self.control)
+        grants = Grants(dict.fromkeys(("nic2", "nic5"), "acme"))  # the operator's grant
+        return make_app(self.hub, TOKENS, jobs=self.jobs, control=self.control, grants=grants)
 
     def start(self) -> str:
         self.thread = ApiThread(self.app, "127.0.0.1", self.port)  # type: ignore[arg-type]

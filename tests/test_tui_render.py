@@ -152,7 +152,7 @@ def test_pair_vectors_and_paths_from_snapshot() -> None:
 def test_panes_say_unavailable_and_control_verdict() -> None:
     snap = FakeSource(control=None).snapshot()
     head = header_text(snap).plain
-    assert "Healthy NICs 29/32" in head
+    assert "Healthy NICs 29/32 · 0 unknown · 3 unhealthy" in head
     assert "Control unavailable" in head and "Running jobs unavailable" in head
     ev = EventDoc(snap.t_ns, "remediation", "nic3", "drain")
     assert "advice only" in event_line(ev, snap).plain
@@ -176,3 +176,19 @@ def test_detail_text_shows_clock_gpu_and_history() -> None:
     unc[17] = np.inf  # the controller has not confirmed this clock yet
     text = detail_text(dataclasses.replace(snap, clock_uncertainty_ns=unc), 17, None, view, 60)
     assert "not yet confirmed" in text.plain and "inf" not in text.plain
+
+
+def test_unknown_has_its_own_glyph_colour_and_count() -> None:
+    import dataclasses
+
+    from mesh.snapshot import Health
+
+    snap = FakeSource().snapshot()
+    health = list(snap.nic_health)
+    health[:5] = [Health.UNKNOWN] * 5
+    snap = dataclasses.replace(snap, nic_health=tuple(health))
+    head = header_text(snap).plain
+    assert f"Healthy NICs {snap.healthy_count}/32 · 5 unknown · " in head
+    unknown, up = tile_look(Health.UNKNOWN, 0.0, 5e3), tile_look(Health.UP, 0.0, 5e3)
+    assert unknown.mark == "?" and unknown.style.bgcolor != up.style.bgcolor
+    assert len({tile_look(h, 0.0, 5e3).style.bgcolor for h in Health}) == len(Health)

@@ -4,8 +4,9 @@
 the websocket (``/api/v1/ws``), reads ``/version``, ``/snapshot``, ``/events`` and ``/jobs``,
 then follows the websocket's snapshots and events; every ``refresh_s`` (and at once when the
 screen focuses another NIC) it reads that NIC's row and column of the delay matrix
-(``/delays?nic=N``) and the jobs. The documents become `MeshSnapshot` values in
-`tui.apimodel` (pure); the screen reads the latest one with `snapshot()`, never waiting.
+(``/delays?nic=N``) and the jobs. The documents become `MeshSnapshot` values through
+`mesh.documents` (pure: the decoders beside the encoders the API writes them with); the screen
+reads the latest one with `snapshot()`, never waiting.
 
 When the controller goes away the source keeps the last snapshot, says so in `connection()`
 ("disconnected, retrying") and reconnects with exponential backoff; when it is back it reads
@@ -25,6 +26,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,22 +38,21 @@ import numpy as np
 import numpy.typing as npt
 
 from contract.documents import EventDoc
-from mesh.fabric import Fabric
-from mesh.snapshot import ControlUnavailable, MeshSnapshot
-from mqttlink.reconnect import Backoff
-from tui.apimodel import (
-    ApiDocError,
-    Delays,
+from contract.jsondoc import DocumentError
+from mesh.documents import (
+    DelayPairs,
     FabricKey,
-    HistoryRing,
-    build_snapshot,
     delays_from_doc,
     event_from_doc,
     fabric_from_doc,
     fabric_key,
     jobs_from_doc,
-    merge_events,
+    snapshot_from_doc,
 )
+from mesh.fabric import Fabric
+from mesh.snapshot import ControlUnavailable, MeshSnapshot
+from mqttlink.reconnect import Backoff
+from tui.apimodel import HistoryRing, merge_events
 from tui.panes import Connection
 
 F64 = npt.NDArray[np.float64]
@@ -113,13 +114,17 @@ class ApiSource:
         heartbeat_s: float = 5.0,
         timeout_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """Raises ValueError for a bad URL or an empty token."""
+        """``ssl_context``: how to check an ``https`` controller (its CA, a client
+        certificate; None: the system's CAs). Raises ValueError for a bad URL or an empty
+        token."""
         self.base = api_base(url)
         if not token.strip():
             raise ValueError("--token: empty token")
         Backoff(*backoff_s)  # validates
         self._headers = {"Authorization": f"Bearer {token.strip()}"}
+        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self.backoff_s, self.refresh_s = backoff_s, refresh_s
         self.heartbeat_s, self.timeout_s, self.clock = heartbeat_s, timeout_s, clock
         self._lock = threading.Lock()
@@ -140,7 +145,7 @@ class ApiSource:
         self._snap: MeshSnapshot | None = None
         self._events: tuple[tuple[int, EventDoc], ...] = ()
         self._jobs: tuple[Mapping[str, object], ...] | None = None
-        self._delays = Delays.empty()
+        self._delays = DelayPairs.empty()
         self._hist = HistoryRing(0)
         self._focus: str | None = None
         self._instance: str | None = None
@@ -217,7 +222,7 @@ class ApiSource:
             fab = self._fabric
             ok = fab is not None and nic is not None and 0 <= nic < len(fab.nics)
             self._focus = fab.nics[nic].id if ok and fab is not None and nic is not None else None
-            self._delays = Delays.empty()
+            self._delays = DelayPairs.empty()
         if self._wake is not None:
             self._loop.call_soon_threadsafe(self._wake.set)
 
@@ -227,13 +232,15 @@ class ApiSource:
         self._wake = asyncio.Event()
         backoff = Backoff(*self.backoff_s)
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(headers=self._headers, timeout=timeout) as http:
+        connector = aiohttp.TCPConnector(ssl=self._ssl)
+        async with aiohttp.ClientSession(headers=self._headers, timeout=timeout,
+                                         connector=connector) as http:  # fmt: skip
             self._http = http
             while True:
                 try:
                     await self._session(http, backoff.reset)
                     reason = "the controller closed the connection"
-                except (aiohttp.ClientError, OSError, TimeoutError, ApiDocError, _HttpError,
+                except (aiohttp.ClientError, OSError, TimeoutError, DocumentError, _HttpError,
                         ValueError) as exc:  # fmt: skip
                     reason = _one_line(exc)
                     if not self._ready.is_set():
@@ -325,7 +332,9 @@ class ApiSource:
             with self._lock:
                 if nic == self._focus and self._fabric is not None:
                     self._delays = (
-                        Delays.empty() if delays is None else delays_from_doc(delays, self._fabric)
+                        DelayPairs.empty()
+                        if delays is None
+                        else delays_from_doc(delays, self._fabric)
                     )
                 self._jobs = jobs
                 if self._doc is not None:
@@ -334,17 +343,17 @@ class ApiSource:
                 await asyncio.wait_for(self._wake.wait(), self.refresh_s)
 
     def _install(self, doc: Any, *, history: bool = True) -> None:
-        """Make ``doc`` the current snapshot (caller holds the lock). Raises `ApiDocError`."""
+        """Make ``doc`` the current snapshot (caller holds the lock). Raises `DocumentError`."""
         if not isinstance(doc, dict):
-            raise ApiDocError("snapshot: not an object")
+            raise DocumentError("snapshot: not an object")
         key = fabric_key(doc)
         if key != self._fkey or self._fabric is None:
             self._fabric = fabric_from_doc(doc)
             self._fkey = key
             self._hist = HistoryRing(len(self._fabric.nics))
-            self._delays = Delays.empty()
-        snap = build_snapshot(doc, self._fabric, events=self._events, jobs=self._jobs,
-                              delays=self._delays)  # fmt: skip
+            self._delays = DelayPairs.empty()
+        snap = snapshot_from_doc(doc, self._fabric, events=self._events, jobs=self._jobs,
+                                 delays=self._delays)  # fmt: skip
         if history:
             self._hist.add(snap.t_ns, snap.worst_in_ns, snap.worst_out_ns)
             self._last_data_s = self.clock()
@@ -370,12 +379,12 @@ class ApiSource:
 
 def _events(doc: Any) -> list[tuple[int, EventDoc]]:
     if not isinstance(doc, dict) or not isinstance(doc.get("events"), list):
-        raise ApiDocError("events: missing 'events'")
+        raise DocumentError("events: missing 'events'")
     out = []
     for e in doc["events"]:
         try:
             out.append(event_from_doc(e))
-        except ApiDocError:
+        except DocumentError:
             continue  # one odd event does not hide the others
     return out
 
@@ -392,7 +401,7 @@ async def _json_or_raise(r: aiohttp.ClientResponse) -> Any:
     try:
         return await r.json(content_type=None)
     except ValueError:
-        raise ApiDocError(f"{r.url.path}: the answer is not JSON") from None
+        raise DocumentError(f"{r.url.path}: the answer is not JSON") from None
 
 
 def _first_error(base: str, exc: BaseException) -> BaseException:

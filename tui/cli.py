@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 from typing import Any
 
 
@@ -28,8 +29,8 @@ def register(subparsers: Any) -> None:
     src.add_argument(
         "--api",
         metavar="URL",
-        help="the controller's API, http://HOST:PORT (as served by 'qpmesh controller' [api] "
-        "listen or 'qpmesh demo --serve'); reconnects when it goes away",
+        help="the controller's API, http://HOST:PORT or https://HOST:PORT (as served by "
+        "'qpmesh controller' [api] listen or 'qpmesh demo --serve'); reconnects when it goes away",
     )
     src.add_argument("--fake", action="store_true", help="show a seeded example fabric")
     p.add_argument("--token", help="the API bearer token (operator or tenant) with --api")
@@ -38,6 +39,9 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="read the bearer token from FILE (first line) instead of --token",
     )
+    p.add_argument("--ca", metavar="FILE", help="with an https --api: the CA that signed it")
+    p.add_argument("--cert", metavar="FILE", help="a client certificate (PEM) for mutual TLS")
+    p.add_argument("--key", metavar="FILE", help="the key of --cert (PEM)")
     p.add_argument("--nics", type=int, default=32, help="NICs of the --fake fabric (default 32)")
     p.add_argument("--seed", type=int, default=1, help="seed of the --fake source")
     p.add_argument(
@@ -100,12 +104,31 @@ def _token(args: argparse.Namespace) -> str:
     return str(args.token)
 
 
+def client_tls(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """Return the TLS context of ``--ca``/``--cert``/``--key`` (None when none is given);
+    raise `TuiError` (one line) for a file that cannot be read or does not fit."""
+    if ca is None and cert is None and key is None:
+        return None
+    if (cert is None) != (key is None):
+        raise TuiError("--cert and --key go together")
+    try:
+        ctx = ssl.create_default_context(cafile=ca)
+        if cert is not None and key is not None:
+            ctx.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:  # a certificate or key that does not load or fit
+        raise TuiError(f"TLS files: {exc.reason or exc}") from None
+    except OSError as exc:
+        raise TuiError(f"TLS files: cannot read {exc.filename}: {exc.strerror}") from None
+    return ctx
+
+
 def _remote(args: argparse.Namespace) -> int:
     """``qpmesh tui --api URL --token T``: connect first (errors exit 2/1), then the screen."""
     from tui.apiclient import ApiSource
     from tui.app import MeshApp
 
-    source = ApiSource(args.api, _token(args))  # ValueError: bad URL (exit 2)
+    tls = client_tls(args.ca, args.cert, args.key)
+    source = ApiSource(args.api, _token(args), ssl_context=tls)  # ValueError: bad URL (exit 2)
     source.start()  # ApiTokenRefused (exit 2), ApiUnreachable (exit 1)
     try:
         app = MeshApp(source, interval_s=args.interval, threshold_ns=args.threshold_us * 1e3)

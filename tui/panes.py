@@ -18,6 +18,7 @@ from rich.text import Text
 from contract.documents import EventDoc
 from mesh.snapshot import Health, MeshSnapshot, PairPaths
 from tui.render import (
+    HEALTH_BG,
     HEAT_CHARS,
     HEAT_STYLES,
     fmt_bps,
@@ -29,16 +30,22 @@ from tui.render import (
 from tui.view import Mode, ViewState, job_name
 
 BOLD = Style(bold=True)
+UNKNOWN_COLOUR = HEALTH_BG[Health.UNKNOWN]  # the unknown tile's colour
 DIM = Style(dim=True)
 
 
 def header_text(snap: MeshSnapshot) -> Text:
-    """Return the header: healthy/total NICs, average throughput, Control, running jobs."""
+    """Return the header: healthy/total NICs, then how many are unknown (nothing measured
+    them lately) and unhealthy, average throughput, Control, running jobs."""
     n = len(snap.nic_health)
-    healthy = snap.healthy_count
+    healthy, unknown, bad = snap.healthy_count, snap.unknown_count, snap.unhealthy_count
     t = Text()
     t.append("Healthy NICs ", DIM)
     t.append(f"{healthy}/{n}", Style(bold=True, color="green" if healthy == n else "red"))
+    t.append(" · ", DIM)
+    t.append(f"{unknown} unknown", Style(bold=bool(unknown), color=UNKNOWN_COLOUR))
+    t.append(" · ", DIM)
+    t.append(f"{bad} unhealthy", Style(bold=bool(bad), color="red" if bad else None))
     t.append("  Avg NIC throughput ", DIM)
     t.append(fmt_bps(snap.throughput_bps), BOLD)
     t.append("  Control ", DIM)
@@ -125,6 +132,7 @@ def legend_text(threshold_ns: float) -> Text:
         ("NIC", tile_look(Health.UP, 0.0, threshold_ns)),
         (f">{thr}", tile_look(Health.UP, threshold_ns * 2, threshold_ns)),
         ("down", tile_look(Health.DOWN, 0.0, threshold_ns)),
+        ("unknown", tile_look(Health.UNKNOWN, 0.0, threshold_ns)),
         ("flapping", tile_look(Health.FLAPPING, 0.0, threshold_ns)),
         ("contended", tile_look(Health.CONTENDED, 0.0, threshold_ns)),
         ("NCCL job member", tile_look(Health.UP, 0.0, threshold_ns, job_member=True)),

@@ -33,7 +33,7 @@ MARKERS: dict[Health, str] = {
 SLOW_MARK = "^"
 JOB_MARK = "*"
 
-_BG: dict[Health, str] = {
+HEALTH_BG: dict[Health, str] = {  # a tile's colour by state (unknown: grey, never green)
     Health.UP: "green",
     Health.DEGRADED: "dark_orange",
     Health.CONTENDED: "orange1",
@@ -60,7 +60,7 @@ def tile_look(
     Health wins over delay: an UP NIC whose delay exceeds ``threshold_ns`` is yellow with ``^``.
     """
     mark = MARKERS[health]
-    bg = _BG[health]
+    bg = HEALTH_BG[health]
     if health == Health.UP and not math.isnan(delay_ns) and delay_ns > threshold_ns:
         mark, bg = SLOW_MARK, SLOW_BG
     if job_member and mark == " ":

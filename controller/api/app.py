@@ -9,10 +9,14 @@ and slowdown attribution (``perf`` in ``/jobs``). Writes (job registration, Cont
 Alertmanager intake) go through ``commands`` (`Commands`; default `LocalCommands` on the
 ``jobs``/``control``/``ask`` given); the API process (`controller.api.child`) passes read-only
 mirrors of those and commands that ask the controller process. Every request needs a
-bearer token (401 otherwise); a tenant token sees only its jobs' NICs (another tenant's NIC is
-404, exactly like a NIC that does not exist); every token has a token bucket (429 past it).
+bearer token (401 otherwise), except ``OPTIONS`` (a browser's preflight) and a websocket
+opened with a ticket (``POST /tickets``, `controller.api.access`); a tenant token sees only
+the NICs the operator granted it (``grants``, `controller.tenancy.Grants`; another tenant's
+NIC, job or anything else answers 404, exactly like one that does not exist); every token has
+a token bucket (429 past it). ``access`` (`WebAccess`) holds the browser origins allowed
+(CORS) and the ticket lifetime; TLS is the server's business (`controller.api.server`).
 Every error is a JSON body ``{"error": {"status", "message"}}``; 4xx answers are counted per
-route in `ApiStats` (shown by ``/api/v1/health``).
+route in `ApiStats` (shown to operators by ``/api/v1/health``).
 """
 
 from __future__ import annotations
@@ -32,19 +36,28 @@ from typing import Any, Protocol
 from aiohttp import WSMsgType, web
 
 from contract.documents import EventDoc
+from controller.api.access import (
+    Tickets,
+    WebAccess,
+    cors_headers,
+    origin_allowed,
+    preflight_headers,
+)
 from controller.api.auth import Principal, TokenBucket, TokenTable, bearer
+from controller.api.bodies import control_body, job_body, parse_json
 from controller.api.hub import Subscriber, snapshot_wait
 from controller.api.views import (
     BadQuery,
+    Forbidden,
     NotFound,
     Scope,
+    actions_view,
     clocks_view,
     delays_view,
-    event_doc,
+    event_view,
     events_view,
     jobs_view,
     links_view,
-    nic_doc,
     nic_index,
     parse_event_query,
     snapshot_view,
@@ -52,8 +65,10 @@ from controller.api.views import (
 )
 from controller.control import Control, ControlChange
 from controller.jobs import Job, JobError, JobRegistry
-from controller.remediation.alerts import WebhookError
+from controller.remediation.alerts import WebhookError, known_only
 from controller.remediation.audit import ActionQuery, ActionQueryError, parse_action_query
+from controller.tenancy import Grants
+from mesh.documents import job_doc, nic_doc
 from mesh.snapshot import MeshSnapshot
 
 log = logging.getLogger(__name__)
@@ -189,6 +204,9 @@ class _State:
     options: ApiOptions
     clock: Callable[[], float]
     wall_ns: Callable[[], int]
+    grants: Grants
+    access: WebAccess
+    tickets: Tickets
     instance: str = field(default_factory=lambda: secrets.token_hex(8))
     # the latest fleet snapshot document without Control and jobs: (snapshot, JSON text)
     fleet_base: tuple[MeshSnapshot, str] | None = None
@@ -200,6 +218,7 @@ class _State:
 
 STATE: web.AppKey[_State] = web.AppKey("qpmesh_api", _State)
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("qpmesh_principal", Principal)
+TOKEN: web.RequestKey[str] = web.RequestKey("qpmesh_token", str)
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -231,6 +250,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         resp = _error(exc.status, exc.reason if exc.text is None else _plain(exc), headers)
     except (BadQuery, ActionQueryError, WebhookError, json.JSONDecodeError) as exc:
         resp = _error(400, str(exc))
+    except Forbidden as exc:
+        resp = _error(403, str(exc))
     except NotFound as exc:
         resp = _error(404, str(exc))
     except (asyncio.CancelledError, ConnectionError):
@@ -258,11 +279,32 @@ def _plain(exc: web.HTTPException) -> str:
 
 
 @web.middleware
+async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Add the CORS headers an allowed browser origin needs to every answer (errors too;
+    ``OPTIONS`` answers are `_options`'s own; a websocket has sent its headers already)."""
+    resp = await handler(request)
+    if request.method != "OPTIONS" and not resp.prepared:
+        resp.headers.update(cors_headers(request.app[STATE].access, request.headers.get("Origin")))
+    return resp
+
+
+WS_PATH = PREFIX + "/ws"
+
+
+@web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Require a known bearer token and charge its token bucket."""
+    """Require a known bearer token (or, for the websocket, a live ticket) and charge its
+    token bucket. ``OPTIONS`` needs none: a browser's preflight carries no credentials."""
     st = request.app[STATE]
+    if request.method == "OPTIONS":
+        return await handler(request)
     tok = bearer(request.headers.get("Authorization"))
     who = st.tokens.lookup(tok) if tok is not None else None
+    ticket = request.query.get("ticket") if request.path == WS_PATH else None
+    if tok is None and ticket is not None:
+        redeemed = st.tickets.redeem(ticket, st.clock())
+        if redeemed is not None:
+            tok, who = redeemed.token, redeemed.who
     if tok is None or who is None:
         return _error(401, "a valid bearer token is required", {"WWW-Authenticate": "Bearer"})
     now = st.clock()
@@ -272,6 +314,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not ok:
         return _error(429, "rate limit exceeded", {"Retry-After": str(max(1, round(wait)))})
     request[PRINCIPAL] = who
+    request[TOKEN] = tok
     return await handler(request)
 
 
@@ -279,7 +322,9 @@ def _scope(request: web.Request, snap: MeshSnapshot) -> Scope:
     who: Principal = request[PRINCIPAL]
     if who.is_operator:
         return Scope.fleet()
-    return tenant_scope(snap.fabric, request.app[STATE].jobs.tenant_nics(who.name))
+    st = request.app[STATE]
+    foreign = frozenset(j.id for j in st.jobs.jobs() if j.tenant != who.name)
+    return tenant_scope(snap.fabric, st.grants.nics_of(who.name), foreign)
 
 
 def _params(request: web.Request, allowed: tuple[str, ...] = ()) -> dict[str, str]:
@@ -403,52 +448,38 @@ async def _jobs(request: web.Request) -> web.Response:
     st = request.app[STATE]
     who: Principal = request[PRINCIPAL]
     jobs = st.jobs.jobs() if who.is_operator else st.jobs.jobs_of(who.name)
-    return web.json_response(jobs_view(jobs, st.job_status))
+    snap = st.model.snapshot()
+    return web.json_response(jobs_view(jobs, st.job_status, snap.fabric, _scope(request, snap)))
 
 
 async def _json_body(request: web.Request, want: str) -> Any:
-    try:
-        return json.loads(await request.read() or b"null")
-    except (ValueError, UnicodeDecodeError):
-        raise BadQuery(f"body must be JSON: {want}") from None
+    """Return the request's JSON body (None when empty); 415 for a body that is not
+    ``application/json``, 400 for one that is not strict JSON (`parse_json`)."""
+    data = await request.read()
+    if data and request.content_type != "application/json":
+        raise web.HTTPUnsupportedMediaType(reason="the body must be application/json")
+    return parse_json(data, want)
 
 
-def _job_from(body: Any, who: Principal) -> Job:
-    want = '{"id": str, "tenant": str, "ranks": [{"nics": [str, ...]}, ...]}'
-    if not (isinstance(body, dict) and set(body) <= {"id", "tenant", "ranks"}
-            and isinstance(body.get("id"), str) and isinstance(body.get("ranks"), list)):  # fmt: skip
-        raise BadQuery(f"body must be {want}")
-    tenant = body.get("tenant", "default" if who.is_operator else who.name)
-    if not isinstance(tenant, str):
-        raise BadQuery(f"body must be {want}")
-    if not who.is_operator and tenant != who.name:
-        raise web.HTTPForbidden(reason="a tenant token registers its own jobs only")
-    ranks = []
-    for r in body["ranks"]:
-        nics = r.get("nics") if isinstance(r, dict) and set(r) <= {"rank", "nics"} else None
-        if not (isinstance(nics, list) and nics and all(isinstance(n, str) for n in nics)):
-            raise BadQuery(f"body must be {want}")
-        ranks.append(tuple(nics))
-    try:
-        return Job(body["id"], tenant, tuple(ranks))
-    except JobError as exc:
-        raise BadQuery(str(exc)) from None
+def _check_nics(snap: MeshSnapshot, scope: Scope, job: Job) -> None:
+    """Raise `NotFound` for the first NIC of ``job`` that does not exist or is not in
+    ``scope`` (the same answer for both)."""
+    for nic in sorted(job.nics):
+        nic_index(snap, scope, nic)
 
 
 async def _jobs_post(request: web.Request) -> web.Response:
     _params(request)
     st = request.app[STATE]
     who: Principal = request[PRINCIPAL]
-    job = _job_from(await _json_body(request, "a job"), who)
+    job = job_body(await _json_body(request, "a job"), who)
     snap = st.model.snapshot()
-    unknown = sorted(job.nics - {n.id for n in snap.fabric.nics})
-    if unknown:
-        raise BadQuery(f"job {job.id}: unknown NIC {unknown[0]!r}")
+    _check_nics(snap, _scope(request, snap), job)
     try:
         await st.commands.register_job(job)
-    except JobError as exc:
+    except JobError as exc:  # a taken id (in the caller's own namespace), or a grant refused
         return _error(409, str(exc))
-    return web.json_response(job.to_dict(), status=201)
+    return web.json_response(job_doc(job.id, job.tenant, job.ranks), status=201)
 
 
 async def _jobs_delete(request: web.Request) -> web.Response:
@@ -461,7 +492,7 @@ async def _jobs_delete(request: web.Request) -> web.Response:
         raise NotFound(f"no job {job_id!r}")
     with contextlib.suppress(JobError):  # gone meanwhile: the same answer
         await st.commands.unregister_job(job_id)
-    return web.json_response(job.to_dict())
+    return web.json_response(job_doc(job.id, job.tenant, job.ranks))
 
 
 async def _actions(request: web.Request) -> web.Response:
@@ -471,7 +502,9 @@ async def _actions(request: web.Request) -> web.Response:
     who: Principal = request[PRINCIPAL]
     if st.actions is None:
         return web.json_response({"actions": [], "truncated": False})
-    return web.json_response(st.actions.query(q, None if who.is_operator else who.name))
+    doc = st.actions.query(q, None if who.is_operator else who.name)
+    snap = st.model.snapshot()
+    return web.json_response(actions_view(doc, snap.fabric, _scope(request, snap)))
 
 
 async def _alertmanager(request: web.Request) -> web.Response:
@@ -483,7 +516,12 @@ async def _alertmanager(request: web.Request) -> web.Response:
     if not st.commands.can_ask:
         return _error(409, "remediation is not available in this controller")
     body = await _json_body(request, "an Alertmanager webhook payload")
-    return web.json_response(dict(await st.commands.ask(body, st.wall_ns())))
+    fab = st.model.snapshot().fabric
+    body, unknown = known_only(body, fab.nic_index, fab.link_index,
+                               {j.id for j in st.jobs.jobs()})  # fmt: skip
+    out = dict(await st.commands.ask(body, st.wall_ns()))
+    out["unknown"] = unknown
+    return web.json_response(out)
 
 
 def _control_doc(st: _State, who: Principal) -> dict[str, object]:
@@ -509,26 +547,27 @@ async def _control_put(request: web.Request) -> web.Response:
         return _error(403, "writing Control needs an operator token")
     if st.control is None:
         return _error(409, "Control is not available in this controller")
-    body = await _json_body(request, '{"enabled": true|false}')
-    if not (
-        isinstance(body, dict) and set(body) == {"enabled"} and isinstance(body["enabled"], bool)
-    ):
-        raise BadQuery('body must be {"enabled": true|false}')
-    await st.commands.set_control(body["enabled"], who.name, st.wall_ns())
+    enabled = control_body(await _json_body(request, '{"enabled": true|false}'))
+    await st.commands.set_control(enabled, who.name, st.wall_ns())
     return web.json_response(_control_doc(st, who))
 
 
 async def _health(request: web.Request) -> web.Response:
+    """The API's health: for an operator the fleet's NIC count, the source's and the API's
+    figures; for a tenant only its own NIC count (nothing fleet-wide)."""
     _params(request)
     st = request.app[STATE]
     snap = st.model.snapshot()
-    return web.json_response({
+    scope = _scope(request, snap)
+    doc: dict[str, object] = {
         "status": "ok",
         "t_ns": int(snap.t_ns),
-        "nics": len(snap.fabric.nics),
-        "source": dict(st.model.health()),
-        "api": st.stats.to_dict(),
-    })  # fmt: skip
+        "nics": len(snap.fabric.nics) if scope.nics is None else len(scope.nics),
+    }
+    if scope.is_fleet:
+        doc["source"] = dict(st.model.health())
+        doc["api"] = st.stats.to_dict()
+    return web.json_response(doc)
 
 
 def package_version() -> str:
@@ -552,8 +591,10 @@ async def _version(request: web.Request) -> web.Response:
 async def _ws(request: web.Request) -> web.StreamResponse:
     """Stream ``{"type": "snapshot"|"event", "data": ...}`` messages (snapshots coalesced to
     at most one per ``ws_min_interval_s``, events as they are published)."""
-    _params(request)
+    _params(request, ("ticket",))
     st = request.app[STATE]
+    if not origin_allowed(st.access, request.headers.get("Origin")):
+        return _error(403, "this origin may not open the websocket")
     ws = web.WebSocketResponse(heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         return _error(400, "this route needs a websocket upgrade")
@@ -585,7 +626,7 @@ async def _ws_send(request: web.Request, ws: web.WebSocketResponse, sub: Subscri
         for seq, ev in sub.drain():
             if scope.target_visible(snap.fabric, ev.target):
                 await ws.send_json(
-                    {"type": "event", "data": event_doc(ev, snap.fabric, scope, seq)}
+                    {"type": "event", "data": event_view(ev, snap.fabric, scope, seq)}
                 )
                 st.stats.ws_sent += 1
         if sub.snap_dirty and snapshot_wait(last, st.clock(), st.options.ws_min_interval_s) == 0:
@@ -595,6 +636,28 @@ async def _ws_send(request: web.Request, ws: web.WebSocketResponse, sub: Subscri
             await ws.send_frame(msg, WSMsgType.TEXT)  # encoded once, sent as text
             st.stats.ws_sent += 1
             last = st.clock()
+
+
+async def _tickets_post(request: web.Request) -> web.Response:
+    """Issue a websocket ticket for the caller (single use, short-lived)."""
+    _params(request)
+    st = request.app[STATE]
+    if await request.read():
+        raise BadQuery("this route takes no body")
+    ticket = st.tickets.issue(request[PRINCIPAL], request[TOKEN], st.clock())
+    return web.json_response({"ticket": ticket, "expires_in_s": st.access.ticket_ttl_s}, status=201)
+
+
+async def _options(request: web.Request) -> web.Response:
+    """Answer ``OPTIONS``: the route's methods, and a browser's preflight when its origin is
+    allowed (no credentials needed)."""
+    path = request.match_info.route.resource
+    canon = path.canonical.removeprefix(PREFIX) if path is not None else ""
+    methods = [m for m, p, _ in ROUTES if p == canon]
+    st = request.app[STATE]
+    headers = preflight_headers(st.access, request.headers.get("Origin"), methods,
+                                request.headers.get("Access-Control-Request-Method"))  # fmt: skip
+    return web.Response(status=204, headers=headers)
 
 
 ROUTES: tuple[tuple[str, str, Handler], ...] = (
@@ -614,6 +677,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/health", _health),
     ("GET", "/version", _version),
     ("GET", "/ws", _ws),
+    ("POST", "/tickets", _tickets_post),
 )
 
 
@@ -630,12 +694,16 @@ def make_app(
     commands: Commands | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall_ns: Callable[[], int] = time.time_ns,
+    grants: Grants | None = None,
+    access: WebAccess | None = None,
 ) -> web.Application:
-    """Return the API app. ``clock`` (seconds, monotonic) drives rate limits and websocket
-    coalescing; ``wall_ns`` stamps Control changes. Without ``commands``, writes go to
-    ``jobs`` (then a `JobRegistry`), ``control`` (then a `Control`) and ``ask``. Raises
-    ValueError without any token, TypeError for read-only ``jobs``/``control`` without
-    ``commands``."""
+    """Return the API app. ``clock`` (seconds, monotonic) drives rate limits, websocket
+    coalescing and tickets; ``wall_ns`` stamps Control changes and Alertmanager requests
+    (the producer's clock: the demo passes its simulated one, so the audit and the events
+    agree). ``grants``: the tenants' NICs (None: tenants hold none). Without ``commands``,
+    writes go to ``jobs`` (then a `JobRegistry`), ``control`` (then a `Control`) and
+    ``ask``. Raises ValueError without any token, TypeError for read-only
+    ``jobs``/``control`` without ``commands``."""
     if not len(tokens):
         raise ValueError("the API needs at least one token")
     jobs = JobRegistry() if jobs is None else jobs
@@ -643,11 +711,15 @@ def make_app(
         if not isinstance(jobs, JobRegistry) or not isinstance(control, Control | None):
             raise TypeError("read-only jobs or control need commands")
         commands = LocalCommands(jobs, control, ask)
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=64 * 1024)
+    access = access or WebAccess()
+    app = web.Application(middlewares=[_cors, _errors, _auth], client_max_size=64 * 1024)
     app[STATE] = _State(model, tokens, jobs, control, actions, commands, job_status,
-                        options or ApiOptions(), clock, wall_ns)  # fmt: skip
+                        options or ApiOptions(), clock, wall_ns, grants or Grants(), access,
+                        Tickets(access.ticket_ttl_s))  # fmt: skip
     for method, path, handler in ROUTES:
         app.router.add_route(method, PREFIX + path, handler)
+    for path in dict.fromkeys(p for _, p, _ in ROUTES):
+        app.router.add_route("OPTIONS", PREFIX + path, _options)
     return app
 
 

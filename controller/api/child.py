@@ -10,6 +10,11 @@ answer once the controller applied them, with the state after them mirrored here
 
 Dies with its parent: the parent-death signal (Linux), and the end of stdin; SIGINT is left
 to the parent (a terminal's Ctrl-C reaches the whole process group).
+
+Its log is the controller's: every ``logging`` record (aiohttp's "Error handling request"
+with its traceback, asyncio's unhandled exceptions) travels up the pipe as a `feed.Log`
+(`controller.logrelay`); what it must say before the pipe works, or after it broke, is one
+JSON line on stderr. Nothing here writes plain text.
 """
 
 from __future__ import annotations
@@ -17,13 +22,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
+import logging
 import os
 import pickle
 import signal
 import socket
 import sys
 import threading
+import time
+import traceback
 from collections.abc import Mapping
+from types import TracebackType
 from typing import Any
 
 from aiohttp import web
@@ -32,11 +42,25 @@ from controller.api import feed
 from controller.api.app import make_app, prime_snapshot
 from controller.api.hub import ApiHub
 from controller.api.process import read_frame, write_frame
+from controller.api.server import quiet_bad_requests
 from controller.jobs import Job, JobError
+from controller.logrelay import relay_logging
 from controller.remediation.alerts import WebhookError
 
 CALL_TIMEOUT_S = 30.0
 _ERRORS: Mapping[str, type[Exception]] = {"JobError": JobError, "WebhookError": WebhookError}
+
+
+def _say(msg: str, **fields: object) -> None:
+    """Write one JSON line on stderr (the controller's stderr: before or after the pipe)."""
+    line = json.dumps({"t_ns": time.time_ns(), "msg": "api process", "detail": msg, **fields},
+                      default=str)  # fmt: skip
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    _say(f"{kind.__name__}: {exc}", traceback="".join(traceback.format_exception(kind, exc, tb)))
 
 
 def _die_with_parent(parent: int) -> None:
@@ -122,9 +146,24 @@ async def serve(init: feed.Init, sock: socket.socket, inp: Any, out: int) -> Non
     hub = ApiHub(feed.unpack_snapshot(init.snapshot, fabric))
     mirror = feed.Mirror(init.state)
     remote = _Remote(out, mirror, init.can_ask)
-    app = make_app(hub, init.config.tokens, jobs=mirror.jobs, control=mirror.control,
+    logging.raiseExceptions = False  # a record the pipe cannot take is dropped, not printed
+    with relay_logging(lambda level, name, text: remote.send(feed.Log(level, name, text))):
+        await _serve_app(init, hub, mirror, remote, sock, inp)
+
+
+async def _serve_app(
+    init: feed.Init, hub: ApiHub, mirror: feed.Mirror, remote: _Remote, sock: socket.socket,
+    inp: Any,
+) -> None:  # fmt: skip
+    """Serve the app (HTTPS when the config names TLS files) until the feed ends."""
+    loop = asyncio.get_running_loop()
+    fabric, config = init.fabric, init.config
+    app = make_app(hub, config.tokens, jobs=mirror.jobs, control=mirror.control,
                    actions=mirror if init.has_actions else None, job_status=mirror.job_status,
-                   options=init.config.options, commands=remote)  # fmt: skip
+                   options=config.options, commands=remote, grants=init.grants,
+                   access=config.access)  # fmt: skip
+    tls = config.access.tls  # checked at load: fails here only if the files changed since
+    ssl_context = tls.context() if tls is not None else None
     prime_snapshot(app, hub.snapshot())
     done = asyncio.Event()
 
@@ -150,14 +189,15 @@ async def serve(init: feed.Init, sock: socket.socket, inp: Any, out: int) -> Non
                 else:
                     loop.call_soon_threadsafe(take, msg)
         except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError) as exc:
-            print(f"qpmesh API process: feed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            _say(f"feed: {type(exc).__name__}: {exc}")
         finally:
             with contextlib.suppress(RuntimeError):  # the loop is already closed
                 loop.call_soon_threadsafe(done.set)
 
+    quiet_bad_requests()
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
-    await web.SockSite(runner, sock).start()
+    await web.SockSite(runner, sock, ssl_context=ssl_context).start()
     threading.Thread(target=read, name="api-feed", daemon=True).start()
     remote.send(feed.Ready())
     clients = 0
@@ -174,6 +214,7 @@ async def serve(init: feed.Init, sock: socket.socket, inp: Any, out: int) -> Non
 
 def main(argv: list[str]) -> int:
     """Run the API process; returns the exit code."""
+    sys.excepthook = _excepthook
     parent, fd = int(argv[0]), int(argv[1])
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -186,7 +227,7 @@ def main(argv: list[str]) -> int:
         return 0
     init = pickle.loads(data)
     if not isinstance(init, feed.Init):
-        print("qpmesh API process: the first message is not Init", file=sys.stderr)
+        _say("the first message is not Init")
         return 2
     sock = socket.socket(fileno=fd)
     asyncio.run(serve(init, sock, inp, out))

@@ -2,12 +2,13 @@
 
 Pure values, pickled into length-prefixed frames by the shells (`controller.api.process` in
 the controller, `controller.api.child` in the API process). Controller -> API: `Init` (the
-fabric, the ``[api]`` config, the first snapshot and the shared state), then per tick `Snap`
+fabric, the ``[api]`` config, the tenants' grants, the first snapshot and the shared state), then per tick `Snap`
 (a snapshot without its fabric: `pack_snapshot` / `unpack_snapshot`) and `Tick` (new events
 and/or the shared state), `Reply` (the answer to a `Call`, with the state after it) and
 `Stop`. API -> controller: `Ready`, `Call` (a write the API accepted: register or unregister
 a job, switch Control, an Alertmanager webhook; applied in the controller, which keeps the
-state) and `Clients` (websocket clients attached).
+state), `Clients` (websocket clients attached) and `Log` (a ``logging`` record of the API
+process, aiohttp's tracebacks included: the controller writes it into its JSON-lines log).
 
 `SharedState` is what the API reads of the controller besides snapshots and events: the job
 registry, Control with its recent audit, the action log (only when it changed: ``actions``
@@ -28,6 +29,7 @@ from controller.api.config import ApiConfig
 from controller.control import ControlChange
 from controller.jobs import Job
 from controller.remediation.audit import ActionLog, ActionQuery
+from controller.tenancy import Grants
 from mesh.fabric import Fabric
 from mesh.snapshot import MeshSnapshot
 
@@ -55,6 +57,7 @@ class Init:
     state: SharedState
     can_ask: bool
     has_actions: bool
+    grants: Grants | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,15 @@ class Clients:
     """Websocket clients attached now."""
 
     n: int
+
+
+@dataclass(frozen=True)
+class Log:
+    """A log record of the API process: level, logger, message with its traceback."""
+
+    level: str
+    logger: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -208,7 +220,9 @@ class Mirror:
 
 def init_message(
     fabric: Fabric, config: ApiConfig, snap: MeshSnapshot, state: SharedState, *,
-    can_ask: bool, has_actions: bool,
+    can_ask: bool, has_actions: bool, grants: Grants | None = None,
 ) -> Init:  # fmt: skip
-    """Return the `Init` of an API process serving ``config`` from ``snap`` on."""
-    return Init(fabric, config, pack_snapshot(snap, fabric), state, can_ask, has_actions)
+    """Return the `Init` of an API process serving ``config`` from ``snap`` on, with the
+    tenants' NIC grants (None: tenants hold none)."""
+    return Init(fabric, config, pack_snapshot(snap, fabric), state, can_ask, has_actions,
+                grants)  # fmt: skip

@@ -8,7 +8,8 @@ a slot (pickling and the pipe write happen in the writer, and a snapshot the API
 not taken yet is replaced by the newer one, never queued), events and states are queued in
 order. A reader thread takes the API process's `Call` s and hands each to ``submit`` (the
 service runs them on its event loop, where the job registry and Control live), then replies
-with the state after the call. The API process dies with this one (parent-death signal, and
+with the state after the call; its `Log` records (aiohttp's tracebacks too) go to ``log`` as
+one string each, so the controller's log stays JSON lines. The API process dies with this one (parent-death signal, and
 it exits when its stdin closes); `stop` asks it to finish and waits, then kills it.
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 from contract.documents import EventDoc
 from controller.api import feed
 from controller.api.config import ApiConfig
+from controller.tenancy import Grants
 from mesh.fabric import Fabric
 from mesh.snapshot import MeshSnapshot
 
@@ -101,15 +103,16 @@ class ApiProcess:
         can_ask: bool = True,
         has_actions: bool = True,
         log: Callable[[str], None] = lambda msg: None,
+        grants: Grants | None = None,
     ) -> None:
         """``state()`` returns the shared state now (called where ``submit`` runs calls and
         by `publish` callers); ``handle`` applies a call; ``submit(fn)`` runs ``fn`` where
-        the state lives (default: in the reader thread)."""
+        the state lives (default: in the reader thread); ``grants``: the tenants' NICs."""
         self.config, self.fabric = config, fabric
         self._state, self._handle, self._submit = state, handle, submit
         self._on_clients, self._log = on_clients, log
         self._init = feed.init_message(fabric, config, snapshot, state(), can_ask=can_ask,
-                                       has_actions=has_actions)  # fmt: skip
+                                       has_actions=has_actions, grants=grants)  # fmt: skip
         self._cv = threading.Condition()
         self._queue: deque[object] = deque()
         self._snap: MeshSnapshot | None = None
@@ -217,6 +220,8 @@ class ApiProcess:
                     self._submit(functools.partial(self._on_clients, msg.n))
                 elif isinstance(msg, feed.Call):
                     self._submit(functools.partial(self._serve, msg))
+                elif isinstance(msg, feed.Log):
+                    self._log(f"{msg.level} {msg.logger}: {msg.text}")
         except (OSError, EOFError, pickle.UnpicklingError) as exc:
             self._log(f"API process channel: {type(exc).__name__}: {exc}")
         finally:

@@ -1,8 +1,9 @@
 """The API of a controller service, served by its own process (thin shell).
 
-`ApiRuntime(config, snapshot, jobs=..., control=..., actions=...)`: ``start()`` starts the
-API process (`controller.api.process.ApiProcess`, `controller.api.child`) and returns the
-base URL once it serves; the service calls `publish(snapshot, events)` after every tick
+`ApiRuntime(config, snapshot, jobs=..., control=..., actions=...)` (the tenants' NIC grants
+are the job registry's, `JobRegistry.grants`): ``start()`` starts the API process
+(`controller.api.process.ApiProcess`, `controller.api.child`) and returns the base URL once
+it serves (``https://`` when ``config.access`` names TLS files: the API process serves TLS); the service calls `publish(snapshot, events)` after every tick
 (nothing there waits for the API: the snapshot is pickled and written by a thread, requests
 are served in the other process). The API's writes come back as calls that run on the
 service's event loop (``submit``) against the job registry, Control and Alertmanager intake
@@ -116,7 +117,7 @@ class ApiRuntime:
             self.config, self._snapshot.fabric, self._snapshot, lambda: self.state(full=True),
             handle=self._handle, submit=loop.call_soon_threadsafe,
             on_clients=self._on_clients, can_ask=self._ask is not None,
-            has_actions=self.actions is not None, log=self._log,
+            has_actions=self.actions is not None, log=self._log, grants=self.jobs.grants,
         )  # fmt: skip
         self._last = None
         port = proc.start()  # in the loop's thread: the API process dies with it
@@ -128,7 +129,7 @@ class ApiRuntime:
             await asyncio.to_thread(proc.stop, 1.0)
             raise
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-        self.url = f"http://{host}:{port}/api/v1/"
+        self.url = f"{self.config.access.scheme}://{host}:{port}/api/v1/"
         if self._events:  # a replacement: the events its predecessor had, and any since
             proc.publish(None, tuple(self._events), None)
         return self.url

@@ -15,13 +15,15 @@ In: `parse_webhook(doc)` reads an Alertmanager webhook payload (``version`` "4",
 `contract.remediation.ACTION_KINDS`) and its ``nic`` (NIC actions) or ``link`` (the others),
 optionally ``job``. Resolved alerts and alerts without an action label ask for nothing (they
 are counted as ignored). Raises `WebhookError` (one line) on a malformed payload.
+`known_only` leaves out the alerts that name a NIC, link or job that does not exist (the API
+does this before it hands a webhook on: an alert about ``nic999`` never becomes an action).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +37,8 @@ ALERTNAMES = {
     "contention": "QpmeshContention",
 }
 _MAX_ALERTS = 1000
+MAX_FINGERPRINT = 64
+STATUSES = ("firing", "resolved")
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
@@ -109,13 +113,35 @@ class Request:
 def _fingerprint(alert: Mapping[str, Any], labels: Mapping[str, str]) -> str:
     fp = alert.get("fingerprint")
     if isinstance(fp, str) and fp:
-        return fp[:64]
+        return fp
     text = "|".join(f"{k}={labels[k]}" for k in sorted(labels))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _str_map(v: Any, what: str) -> dict[str, str]:
+    if not isinstance(v, dict) or not all(
+        isinstance(k, str) and isinstance(x, str) for k, x in v.items()
+    ):
+        raise WebhookError(f"{what} must map strings to strings")
+    return v
+
+
+def _opt_str(doc: Mapping[str, Any], key: str, what: str, max_len: int | None = None) -> None:
+    v = doc.get(key)
+    if key in doc and not isinstance(v, str):
+        raise WebhookError(f"{what}{key} must be a string")
+    if max_len is not None and isinstance(v, str) and len(v) > max_len:
+        raise WebhookError(f"{what}{key} must be at most {max_len} characters")
+
+
 def parse_webhook(doc: Any) -> tuple[list[Request], int]:
-    """Return (the requests of a v4 webhook payload, alerts ignored); raise `WebhookError`."""
+    """Return (the requests of a v4 webhook payload, alerts ignored); raise `WebhookError`.
+
+    Strict on the fields it reads (docs/openapi.yaml states the same): ``version`` "4",
+    ``groupKey`` a string, ``status`` and each alert's ``status`` firing or resolved,
+    ``receiver``/``startsAt``/``endsAt`` strings, ``fingerprint`` a string of at most
+    `MAX_FINGERPRINT` characters, ``labels``/``annotations`` string maps; other keys (what
+    Alertmanager adds, e.g. ``groupLabels``, ``generatorURL``) are ignored."""
     if not isinstance(doc, dict):
         raise WebhookError("body must be an Alertmanager webhook object")
     if doc.get("version") != "4":
@@ -123,18 +149,26 @@ def parse_webhook(doc: Any) -> tuple[list[Request], int]:
     alerts = doc.get("alerts")
     if not isinstance(alerts, list) or len(alerts) > _MAX_ALERTS:
         raise WebhookError(f"alerts must be a list of at most {_MAX_ALERTS}")
-    for key in ("groupKey", "status"):
-        if not isinstance(doc.get(key), str):
-            raise WebhookError(f"{key} must be a string")
+    if not isinstance(doc.get("groupKey"), str):
+        raise WebhookError("groupKey must be a string")
+    if doc.get("status") not in STATUSES:
+        raise WebhookError("status must be firing or resolved")
+    _opt_str(doc, "receiver", "")
     out: list[Request] = []
     ignored = 0
     for i, a in enumerate(alerts):
-        if not isinstance(a, dict) or not isinstance(a.get("labels"), dict):
+        w = f"alerts[{i}]."
+        if not isinstance(a, dict) or "labels" not in a:
             raise WebhookError(f"alerts[{i}] must be an object with labels")
-        labels = a["labels"]
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-            raise WebhookError(f"alerts[{i}].labels must map strings to strings")
+        labels = _str_map(a["labels"], f"{w}labels")
+        if "annotations" in a:
+            _str_map(a["annotations"], f"{w}annotations")
+        for key in ("startsAt", "endsAt"):
+            _opt_str(a, key, w)
+        _opt_str(a, "fingerprint", w, MAX_FINGERPRINT)
         status = a.get("status", doc["status"])
+        if status not in STATUSES:
+            raise WebhookError(f"{w}status must be firing or resolved")
         kind = labels.get("action", "")
         if status != "firing" or kind not in ACTION_KINDS:
             ignored += 1
@@ -153,3 +187,29 @@ def parse_webhook(doc: Any) -> tuple[list[Request], int]:
         reason = f"asked by alert {name} ({doc['groupKey']})"[:300]
         out.append(Request(_fingerprint(a, labels), kind, nic, link, job, reason))
     return out, ignored
+
+
+def unknown_target(req: Request, nics: Container[str], links: Container[str],
+                   jobs: Container[str]) -> str | None:  # fmt: skip
+    """Return the first id of ``req`` (its NIC, link, job) that is not among the known ones,
+    None when all are known: an alert about something that does not exist asks for
+    nothing."""
+    for ident, known in ((req.nic, nics), (req.link, links), (req.job, jobs)):
+        if ident and ident not in known:
+            return ident
+    return None
+
+
+def known_only(doc: Any, nics: Container[str], links: Container[str],
+               jobs: Container[str]) -> tuple[dict[str, Any], int]:  # fmt: skip
+    """Return (webhook payload ``doc`` without the firing action alerts that name an unknown
+    NIC, link or job, how many were left out). Raises `WebhookError` as `parse_webhook`."""
+    parse_webhook(doc)
+    kept, dropped = [], 0
+    for a in doc["alerts"]:
+        reqs, _ = parse_webhook({**doc, "alerts": [a]})
+        if reqs and unknown_target(reqs[0], nics, links, jobs) is not None:
+            dropped += 1
+        else:
+            kept.append(a)
+    return {**doc, "alerts": kept}, dropped

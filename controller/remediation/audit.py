@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.remediation import AckDoc
-from controller.query import int_param
+from controller.query import int_param, time_range
 
 STATUS = {"send": "sent", "would_have": "would have", "suppressed": "suppressed"}
 MAX_LIMIT = 10_000
@@ -45,14 +45,12 @@ def _int(q: Mapping[str, str], key: str, lo: int, hi: int) -> int | None:
 
 def parse_action_query(q: Mapping[str, str]) -> ActionQuery:
     """Return the filters of ``q``; raise `ActionQueryError` on unknown keys, bad integers,
-    an empty time range, an unknown status or a limit outside 1..`MAX_LIMIT`."""
+    an unknown status or a limit outside 1..`MAX_LIMIT` (an empty time range matches
+    nothing)."""
     unknown = set(q) - {"since_ns", "until_ns", "kind", "status", "job", "limit"}
     if unknown:
         raise ActionQueryError(f"unknown query parameter {sorted(unknown)[0]!r}")
-    since = _int(q, "since_ns", 0, 2**63 - 1)
-    until = _int(q, "until_ns", 0, 2**63 - 1)
-    if since is not None and until is not None and until <= since:
-        raise ActionQueryError("until_ns must be after since_ns")
+    since, until = time_range(q, ActionQueryError)  # an end not after the start: empty
     status = q.get("status")
     if status is not None and status not in STATUS.values():
         raise ActionQueryError(f"status must be one of {', '.join(STATUS.values())}")

@@ -18,9 +18,16 @@
     webhook_retries = 5
     alertmanager = "http://alertmanager:9093"  # optional: findings as v2 alerts
 
+and the key that signs the actions, in the config's ``[auth]`` table::
+
+    [auth]
+    action_key_file = "action.key"  # ed25519-private, mode 0600 (docs/security.md)
+
 Read through `contract.tomlcheck` (strict types, unknown keys are errors). `read_remediation`
-returns None for no table (remediation off) and raises the table's error class (one line
-naming the file and the key). Pure apart from nothing: no I/O (``state_dir`` is only resolved).
+returns the defaults for no table (the policy with its defaults, Control off: "would have")
+and raises the table's error class (one line naming the file and the key); it does no I/O
+(``state_dir`` is only resolved). `read_action_key_file` returns the key file's path and
+`load_action_keys` reads it.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from contract.keys import ED25519_PRIVATE, KeyFileError, KeySet, load_key_file
 from contract.tomlcheck import Table
 from controller.remediation.policy import SEC, PolicyConfig, PolicyError, Rule
 
@@ -56,10 +64,12 @@ def _ns(seconds: float) -> int:
     return round(seconds * SEC)
 
 
-def read_remediation(tab: Table, base_dir: Path | None = None) -> RemediationConfig | None:
-    """Return the ``[remediation]`` settings, None when the table is absent or empty."""
+def read_remediation(tab: Table, base_dir: Path | None = None) -> RemediationConfig:
+    """Return the ``[remediation]`` settings (the defaults when the table is absent or
+    empty); relative ``state_dir`` is taken from ``base_dir``. Raises the table's error."""
     if not tab.values:
-        return None
+        tab.finish()
+        return RemediationConfig()
     pos, nonneg = "a number > 0", "a number >= 0"
     d = PolicyConfig()
     hold = tab.get("hold_s", float, 1.0, lambda v: v >= 0, nonneg)
@@ -107,3 +117,27 @@ def read_remediation(tab: Table, base_dir: Path | None = None) -> RemediationCon
     am = tab.get("alertmanager", str, "", is_http_url, "an http(s)://HOST[:PORT] URL")
     tab.finish()
     return RemediationConfig(policy, control, state_dir, tuple(hooks), timeout, retries, am)
+
+
+def read_action_key_file(tab: Table, base_dir: Path | None = None) -> Path | None:
+    """Return ``[auth] action_key_file`` (relative: to ``base_dir``), None when unset (the
+    actions go out unsigned). Raises the table's error; the file is read by
+    `load_action_keys`."""
+    name = tab.get("action_key_file", str, "", bool, "a key file path")
+    tab.finish()
+    if not name:
+        return None
+    path = Path(name)
+    return base_dir / path if not path.is_absolute() and base_dir is not None else path
+
+
+def load_action_keys(path: Path | None, error: type[ValueError]) -> KeySet | None:
+    """Return the signing key in ``path`` (an ``ed25519-private`` key file, mode 0600; its
+    repr shows key ids only), None for no path. Raises ``error`` with one line naming the
+    file, never the key (`contract.keys.KeyFileError`'s message)."""
+    if path is None:
+        return None
+    try:
+        return load_key_file(path, ED25519_PRIVATE)
+    except KeyFileError as exc:
+        raise error(str(exc)) from None

@@ -1,9 +1,9 @@
 """The controller-side glue: findings in, actions out, an audit trail kept. Time passed in.
 
 `Remediator` holds the policy's state between steps. The service (or any driver) calls
-`observe` with each finding as it is published (an `EventDoc`, or anything with ``t_ns``,
-``kind``, ``target``, ``detail``, ``flows``: a `EventDoc` too) and `tick` on a timer with the
-registered jobs' NICs, the Control switch and a ``publish(topic, payload)`` callable (or
+`observe` with each finding as it is published (a `contract.documents.EventDoc`) and `tick`
+on a timer with the registered jobs' NICs, the Control switch and a ``publish(topic,
+payload)`` callable (or
 `tick_with` the API's `controller.jobs.JobRegistry` and `controller.control.Control`); `tick`
 returns this step's audit records (`controller.remediation.publish.audit_record`), which
 also stay in `audit` (bounded) for the API and the events pane.
@@ -12,9 +12,10 @@ also stay in `audit` (bounded) for the API and the events pane.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
+from contract.documents import EventDoc
 from contract.remediation import ActionDoc
 from controller.control import Control
 from controller.jobs import JobRegistry
@@ -37,21 +38,6 @@ def job_nics(registry: JobRegistry) -> JobNics:
     return {j.id: j.nics for j in registry.jobs()}
 
 
-class FindingLike(Protocol):
-    """What `Remediator.observe` reads of a controller finding (read-only attributes)."""
-
-    @property
-    def t_ns(self) -> int: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def target(self) -> str: ...
-    @property
-    def detail(self) -> str: ...
-    @property
-    def flows(self) -> Sequence[Sequence[Any]]: ...
-
-
 class Remediator:
     """Policy state + pending findings + audit (see the module docstring)."""
 
@@ -65,12 +51,11 @@ class Remediator:
         self.pending: list[Finding] = []
         self.audit: deque[dict[str, Any]] = deque(maxlen=audit_limit)
 
-    def observe(self, ev: FindingLike) -> Finding | None:
+    def observe(self, ev: EventDoc) -> Finding | None:
         """Queue one finding for the next tick; return it, or None when the policy ignores it."""
         if ev.kind not in KINDS:
             return None
-        flows = tuple((str(f[0]), str(f[1]), int(f[2])) for f in ev.flows if len(f) == 3)
-        f = finding(ev.kind, ev.target, ev.t_ns, ev.detail, flows)
+        f = finding(ev.kind, ev.target, ev.t_ns, ev.detail, ev.flows)
         self.pending.append(f)
         return f
 

@@ -43,7 +43,7 @@ from controller.jobs import JobRegistry
 from controller.remediation.alerts import Request, alert_for, parse_webhook, resolve
 from controller.remediation.audit import ActionLog
 from controller.remediation.config import RemediationConfig
-from controller.remediation.loop import FindingLike, Remediator
+from controller.remediation.loop import Remediator
 from controller.remediation.policy import Planned, action_id
 from controller.remediation.publish import send_planned
 from controller.remediation.state import StateFile, dump_state, load_state
@@ -134,14 +134,13 @@ class RemediationRuntime:
     def _count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 
-    def observe(self, findings: Iterable[FindingLike]) -> None:
+    def observe(self, findings: Iterable[EventDoc]) -> None:
         """Queue the tick's findings for the policy (kinds it does not act on are dropped) and
         for Alertmanager (when configured)."""
         for f in findings:
             self.remediator.observe(f)
             if f.kind in ("nic_down", "link_down", "link_flap", "clear", "contention"):
-                flows = tuple((str(x[0]), str(x[1]), int(x[2])) for x in f.flows if len(x) == 3)
-                self._recent.append(EventDoc(f.t_ns, f.kind, f.target, f.detail, flows=flows))
+                self._recent.append(f)
                 self._perf_dirty.update(self.perf)  # a new finding may explain a slowdown
             if not self.config.alertmanager:
                 continue

@@ -16,15 +16,15 @@ Prints JSON with ``--json``. Figures depend on the machine: compare the ratio to
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from contract.interrupt import finish, interruptible
 from controller.brain import Brain
 from controller.observations import Observations
 from controller.timeseries.points import MeshState, PointBuilder
@@ -158,13 +158,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.records < 100_000 or a.nics < 64:
         print("bench: error: --records >= 100000 and --nics >= 64", file=sys.stderr)
         return 2
-    out = run(a.records, a.nics, a.seed)
-    if a.json:
-        print(json.dumps(out))
-    else:
-        for k, v in out.items():
-            print(f"{k}: {v}")
-    return 0
+    out: dict[str, Any] | None = None
+    with interruptible() as stop:  # the figures come at the end: none if stopped before
+        out = run(a.records, a.nics, a.seed)
+    return finish(stop, out, as_json=a.json, show=_show)
+
+
+def _show(out: Mapping[str, Any]) -> None:
+    for k, v in out.items():
+        print(f"{k}: {v}")
 
 
 if __name__ == "__main__":

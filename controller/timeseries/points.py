@@ -10,9 +10,10 @@ qpmesh_pair    src, dst, src_leaf, dst_leaf            owd_p50_ns, owd_p99_ns,
                                                        queue_p99_ns, samples
 qpmesh_path    path, spine, src_leaf, dst_leaf         owd_p50_ns, owd_p99_ns, probes,
                                                        lost, loss_ratio
-qpmesh_link    link, tier, leaf|nic, spine|super       state, flaps, probes, lost,
-                                                       loss_ratio
-qpmesh_nic     nic, host, leaf, group                  state, worst_in_ns, worst_out_ns
+qpmesh_link    link, tier, leaf|nic, spine|super       state, worst_state, flaps, probes,
+                                                       lost, loss_ratio, blamed_loss_ratio
+qpmesh_nic     nic, host, leaf, group                  state, worst_state, worst_in_ns,
+                                                       worst_out_ns
 qpmesh_clock   nic, host                               offset_ns, uncertainty_ns
 qpmesh_presence host                                   alive
 qpmesh_gpu     host                                    ok, present
@@ -22,7 +23,11 @@ qpmesh_remediation action, target, status              count
 
 Tags are the fabric's low-cardinality identities; a probe's source port, flow label, QP
 number and sequence never become tags. States are `mesh.snapshot.SEVERITY` codes
-(0 up, 1 unknown, 2 degraded, 3 contended, 4 flapping, 5 down).
+(0 up, 1 unknown, 2 degraded, 3 contended, 4 flapping, 5 down): ``state`` at the interval's
+end, ``worst_state`` the worst of every tick in it (a NIC down for 3 s of a 10 s interval
+shows). ``loss_ratio`` counts a lost probe against every link of its paths (not localized);
+``blamed_loss_ratio`` is the same where the brain blamed the link for loss in the interval
+(degraded, flapping or down at some tick) and 0 elsewhere: one flap lights one link.
 
 `PointBuilder.render(state, summary, now_ns)` returns one interval's body (``pairs=False``
 leaves out the per-pair series, the largest part at 10,000 NICs). It tracks prober
@@ -49,6 +54,9 @@ from mesh.fabric.model import SWITCH_TIER
 from mesh.snapshot import SEVERITY, GpuHealth, Health, MeshSnapshot
 
 F64 = npt.NDArray[np.float64]
+I8 = npt.NDArray[np.int8]
+LOSS_VERDICTS = frozenset(SEVERITY[h] for h in (Health.DEGRADED, Health.FLAPPING, Health.DOWN))
+"""The state codes that blame a link for loss."""
 
 _ESC = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ "})
 
@@ -110,6 +118,10 @@ class MeshState:
     alive: Mapping[str, bool] = field(default_factory=dict)
     events: tuple[EventDoc, ...] = ()
     actions: tuple[RemediationAction, ...] = ()
+    # the worst state code of each NIC / link (fabric order) over the interval's ticks, -1
+    # where no tick judged it; None: not tracked (no worst_state, no blamed_loss_ratio)
+    nic_worst: I8 | None = None
+    link_worst: I8 | None = None
 
     @classmethod
     def from_snapshot(
@@ -118,8 +130,10 @@ class MeshState:
         alive: Mapping[str, bool],
         events: Sequence[EventDoc] = (),
         actions: Sequence[RemediationAction] = (),
+        worst: tuple[I8, I8] | None = None,
     ) -> MeshState:
-        """Return the state of ``snap`` with prober presence ``alive`` and the new events."""
+        """Return the state of ``snap`` with prober presence ``alive``, the new events and
+        actions, and ``worst`` (NIC, link) state codes over the interval (`WorstStates`)."""
         return cls(
             snap.t_ns,
             snap.nic_health,
@@ -133,6 +147,8 @@ class MeshState:
             dict(alive),
             tuple(events),
             tuple(actions),
+            None if worst is None else worst[0],
+            None if worst is None else worst[1],
         )
 
 
@@ -276,6 +292,10 @@ class PointBuilder:
         out: list[str] = []
         for i in np.flatnonzero(nic_in).tolist():
             fields = [f"state={SEVERITY[st.nic_health[i]]}i"]
+            if st.nic_worst is not None:
+                fields.append(
+                    f"worst_state={max(int(st.nic_worst[i]), SEVERITY[st.nic_health[i]])}i"
+                )
             for name, arr in (("worst_in_ns", st.worst_in_ns), ("worst_out_ns", st.worst_out_ns)):
                 v = float(arr[i])
                 if np.isfinite(v):
@@ -289,15 +309,20 @@ class PointBuilder:
             nic = self._link_nic.get(i)
             if nic is not None and not nic_in[nic]:
                 continue
-            fields = [
-                f"state={SEVERITY[st.link_health.get(lk.id, Health.UP)]}i",
-                f"flaps={int(st.flap_counts.get(lk.id, 0))}i",
-            ]
+            now_code = SEVERITY[st.link_health.get(lk.id, Health.UNKNOWN)]
+            fields = [f"state={now_code}i", f"flaps={int(st.flap_counts.get(lk.id, 0))}i"]
+            worst = None
+            if st.link_worst is not None:
+                worst = max(int(st.link_worst[i]), now_code)
+                fields.append(f"worst_state={worst}i")
             if s is not None and i < len(s.link_probes):
                 pr, lo = int(s.link_probes[i]), int(s.link_lost[i])
                 fields += [f"probes={pr}i", f"lost={lo}i"]
                 if pr:
                     fields.append(f"loss_ratio={_ratio(lo / pr)}")
+                    if worst is not None:
+                        blamed = lo / pr if worst in LOSS_VERDICTS else 0.0
+                        fields.append(f"blamed_loss_ratio={_ratio(blamed)}")
             out.append(f"qpmesh_link,{self._link_tags[i]} {','.join(fields)} {t}")
         for h in sorted(present | lingering):
             out.append(f"qpmesh_presence,host={_esc(h)} alive={int(h in present)}i {t}")

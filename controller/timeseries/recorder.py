@@ -1,11 +1,13 @@
 """Glue between the live controller and the writer: intervals of points (time passed in).
 
 `TimeseriesRecorder(fabric, sink, interval_ns)` folds every batch of `Observations`
-(`observe`, or a `TeeBrain` that hands the brain's input to it as well) into
-`IntervalStats`, collects events and remediation actions, and on `tick(now_ns, snapshot,
-alive)` closes the interval when ``interval_ns`` has passed: it renders the interval with
-`PointBuilder` and hands the body to ``sink`` (`TsdbWriter.offer`). The sink must not block:
-the writer only appends to its bounded buffer.
+(`observe`; `tee` wraps a brain so that it sees the brain's input, events and verdicts) into
+`IntervalStats`, collects events and remediation actions, keeps the worst state of every NIC
+and link over the interval's ticks (`WorstStates`, fed by the tee after each tick: a fault
+shorter than the interval still shows), and on `tick(now_ns, snapshot, alive)` closes the
+interval when ``interval_ns`` has passed: it renders the interval with `PointBuilder` and
+hands the body to ``sink`` (`TsdbWriter.offer`). The sink must not block: the writer only
+appends to its bounded buffer.
 """
 
 from __future__ import annotations
@@ -13,14 +15,45 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from contract.documents import EventDoc
-from controller.live import BrainLike
+from controller.brainlike import BrainLike, TeeBrain
 from controller.observations import Observations
-from controller.timeseries.points import MeshState, PointBuilder, RemediationAction
+from controller.timeseries.points import I8, MeshState, PointBuilder, RemediationAction
 from controller.timeseries.stats import F64, IntervalStats, summarize
 from mesh.fabric import Fabric
 from mesh.fabric.ecmp import routing_tables
-from mesh.snapshot import Health, MeshSnapshot
+from mesh.snapshot import SEVERITY, Health, MeshSnapshot
+
+
+class WorstStates:
+    """The worst state code (`mesh.snapshot.SEVERITY`) of every NIC and link over the
+    verdicts folded in since the last `take` (-1: none folded)."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self.nic: I8 = np.full(len(fabric.nics), -1, np.int8)
+        self.link: I8 = np.full(len(fabric.links), -1, np.int8)
+
+    def fold(self, nic_health: Sequence[Health], link_health: Mapping[str, Health]) -> None:
+        """Fold one tick's verdicts (a link missing from ``link_health`` is unknown)."""
+        if len(nic_health) == len(self.nic):
+            codes = np.fromiter((SEVERITY[h] for h in nic_health), np.int8, len(self.nic))
+            np.maximum(self.nic, codes, out=self.nic)
+        unknown = Health.UNKNOWN
+        links = self.fabric.links
+        codes = np.fromiter(
+            (SEVERITY[link_health.get(lk.id, unknown)] for lk in links), np.int8, len(links)
+        )
+        np.maximum(self.link, codes, out=self.link)
+
+    def take(self) -> tuple[I8, I8]:
+        """Return (NIC, link) worst codes and start over."""
+        out = (self.nic.copy(), self.link.copy())
+        self.nic.fill(-1)
+        self.link.fill(-1)
+        return out
 
 
 class TimeseriesRecorder:
@@ -50,10 +83,22 @@ class TimeseriesRecorder:
         )
         self._events: list[EventDoc] = []
         self._actions: list[RemediationAction] = []
+        self.worst = WorstStates(fabric)
         self._last: int | None = None
         self._fold: tuple[int, F64] | None = None
         self.intervals = 0
         self.bytes_out = 0
+
+    def tee(self, brain: BrainLike) -> BrainLike:
+        """Return ``brain`` wrapped (`controller.brainlike.TeeBrain`) so that this recorder
+        also gets each batch of its observations, each tick's new events and, after each
+        tick, its NIC and link verdicts (`states`)."""
+
+        def after_tick(events: list[EventDoc]) -> None:
+            self.events(events)
+            self.states(brain.nic_health(), brain.link_health())
+
+        return TeeBrain(brain, self.observe, on_events=after_tick)
 
     def observe(self, obs: Observations) -> None:
         """Fold one batch of probe outcomes into the open interval."""
@@ -62,6 +107,10 @@ class TimeseriesRecorder:
     def events(self, events: Sequence[EventDoc]) -> None:
         """Record events (written with the next interval, at their own times)."""
         self._events.extend(events)
+
+    def states(self, nic_health: Sequence[Health], link_health: Mapping[str, Health]) -> None:
+        """Fold one tick's NIC and link verdicts into the interval's worst states."""
+        self.worst.fold(nic_health, link_health)
 
     def action(self, doc: Mapping[str, Any]) -> RemediationAction:
         """Record a remediation action document; return it. Raises ValueError if malformed."""
@@ -86,12 +135,15 @@ class TimeseriesRecorder:
         if self._last is None:
             self._last = now_ns
             self.stats.cut(now_ns)
+            self.worst.take()
             return None
         if now_ns - self._last < self.interval_ns:
             return None
         self._last = now_ns
         raw = self.stats.cut(now_ns)
-        state = MeshState.from_snapshot(snapshot(), alive, self._events, self._actions)
+        state = MeshState.from_snapshot(
+            snapshot(), alive, self._events, self._actions, worst=self.worst.take()
+        )
         self._events, self._actions = [], []
 
         def job() -> bytes:
@@ -123,40 +175,3 @@ class TimeseriesRecorder:
         size = self.finish(job())
         self._apply_fold()
         return size
-
-
-class TeeBrain:
-    """A `BrainLike` that forwards everything to ``brain`` and also hands each batch of
-    observations and each tick's new events to ``recorder`` (so the time series sees what
-    detection sees)."""
-
-    def __init__(self, brain: BrainLike, recorder: TimeseriesRecorder) -> None:
-        self.brain = brain
-        self.recorder = recorder
-
-    def observe(self, obs: Observations) -> None:
-        self.brain.observe(obs)
-        self.recorder.observe(obs)
-
-    def presence(self, host: str, alive: bool, now_ns: int) -> None:
-        self.brain.presence(host, alive, now_ns)
-
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
-        self.brain.gpu(host, ok, detail, now_ns)
-
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
-        self.brain.nic_links(host, up, now_ns)
-
-    def tick(self, now_ns: int) -> list[EventDoc]:
-        events = self.brain.tick(now_ns)
-        self.recorder.events(events)
-        return events
-
-    def link_health(self) -> dict[str, Health]:
-        return self.brain.link_health()
-
-    def nic_health(self) -> list[Health]:
-        return self.brain.nic_health()
-
-    def flap_counts(self) -> dict[str, int]:
-        return self.brain.flap_counts()

@@ -25,10 +25,10 @@ import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry
 
-from controller.live import BrainLike
+from controller.brainlike import BrainLike
 from controller.timeseries.config import TimeseriesConfig
 from controller.timeseries.metrics import ControllerMetrics, serve_metrics
-from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+from controller.timeseries.recorder import TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter, WriterStats
 from mesh.fabric import Fabric
 from mesh.snapshot import MeshSnapshot
@@ -71,7 +71,7 @@ class TimeseriesRuntime:
 
     def brain(self, brain: BrainLike) -> BrainLike:
         """Return ``brain`` wrapped so the recorder sees its input and events."""
-        return TeeBrain(brain, self.recorder)
+        return self.recorder.tee(brain)
 
     async def step(self, live: LiveLike, now_ns: int) -> int:
         """Close the interval if due; render and queue it in a worker thread; return bytes."""

@@ -2,8 +2,8 @@
 
 `LineBuffer` holds line-protocol chunks, zlib-compressed, up to ``max_bytes`` of compressed
 data: `offer` never waits for the sender; past the bound it drops the oldest chunks (counted
-in lines and bytes). `Backoff` is the retry delay
-policy (exponential with a cap and jitter drawn from a passed-in random source). `TsdbWriter`
+in lines and bytes). The retry delays are the project's one `mqttlink.reconnect.Backoff`
+(exponential with a cap, here with jitter drawn from its passed-in random source). `TsdbWriter`
 runs one background thread that takes chunks from the buffer and writes them with
 influxdb-client's synchronous write API (InfluxDB v2 ``/api/v2/write``, ns precision, one
 request per batch of up to ``batch_bytes``); a failed request is retried after the backoff
@@ -17,13 +17,14 @@ retries are spent and its retry delays run to minutes.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from mqttlink.reconnect import Backoff
 
 #: One interval at 1,024 NICs (32 leaves x 32 NICs, 8 spines, 16 peers per NIC outside its
 #: group: 64,264 directed pairs, 7,968 switch paths, 1,280 links; 77,608 lines) is ~11.7 MB
@@ -36,24 +37,9 @@ DEFAULT_INTERVAL_S = 10.0
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Retry delays: ``initial_s * factor**attempt`` capped at ``max_s``, times a jitter
-    factor in ``[1 - jitter, 1]``."""
-
-    initial_s: float = 0.5
-    max_s: float = 10.0
-    factor: float = 2.0
-    jitter: float = 0.2
-
-    def __post_init__(self) -> None:
-        if not (0 < self.initial_s <= self.max_s) or self.factor < 1 or not 0 <= self.jitter < 1:
-            raise ValueError("backoff needs 0 < initial_s <= max_s, factor >= 1, 0 <= jitter < 1")
-
-    def delay(self, attempt: int, rand: Callable[[], float]) -> float:
-        """Return the delay in s before retry number ``attempt`` (0 = first retry)."""
-        base = min(self.max_s, self.initial_s * self.factor ** min(attempt, 64))
-        return base * (1.0 - self.jitter * rand())
+def default_backoff() -> Backoff:
+    """Return the writer's retry delays: 0.5 s doubling to 10 s, each up to 20% shorter."""
+    return Backoff(0.5, 10.0, jitter=0.2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,8 +190,10 @@ def _influx_post(
 class TsdbWriter:
     """Background writer: `offer` from any thread (never blocks); a daemon thread sends.
 
-    ``post`` (tests) replaces the influxdb-client request. `close(timeout_s)` stops after
-    trying to send what is buffered for up to ``timeout_s``."""
+    ``post`` (tests) replaces the influxdb-client request. ``backoff`` (`default_backoff`
+    if None) spaces the retries of a failed request and is reset by one that succeeds; the
+    writer's thread owns it. `close(timeout_s)` stops after trying to send what is buffered
+    for up to ``timeout_s``."""
 
     def __init__(
         self,
@@ -219,18 +207,16 @@ class TsdbWriter:
         backoff: Backoff | None = None,
         timeout_s: float = 10.0,
         post: Callable[[bytes], None] | None = None,
-        rand: Callable[[], float] = random.random,
     ) -> None:
         if batch_bytes <= 0:
             raise ValueError("batch_bytes must be > 0")
         self.buffer = LineBuffer(max_bytes)
         self.batch_bytes = batch_bytes
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or default_backoff()
         self._close: Callable[[], None] = lambda: None
         if post is None:
             post, self._close = _influx_post(url, org, bucket, token, timeout_s)
         self._post = post
-        self._rand = rand
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.written_lines = 0
@@ -255,7 +241,6 @@ class TsdbWriter:
             )  # fmt: skip
 
     def _run(self) -> None:
-        attempt = 0
         while not self._stop.is_set():
             if not self.buffer.ready.wait(0.2):
                 continue
@@ -280,10 +265,9 @@ class TsdbWriter:
                     self._inflight = 0
                     self.failures += 1
                     self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
-                self._stop.wait(self.backoff.delay(attempt, self._rand))
-                attempt += 1
+                self._stop.wait(self.backoff.next_delay())
                 continue
-            attempt = 0
+            self.backoff.reset()
             with self._lock:
                 self._inflight = 0
                 self.written_lines += lines

@@ -50,6 +50,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 from prober.config import NicConfig, ProberConfig
+from prober.endpoint import NicTransport, session_hot_path
 from prober.events import Datagram, ProbeEvent, ProbeLost, ProbeResult
 from prober.publish import Publisher
 from prober.rdma.clock import HcaClock
@@ -58,7 +59,7 @@ from prober.rdma.flowlabel import RXE_VENDOR_ID, flow_label_for_sport, rxe_sport
 from prober.rdma.packet import GRH_SIZE, PacketError, grh_source, split_grh
 from prober.rdma.peers import AhKey, PeerAddress, RdmaPeerTable, ah_plan, local_address
 from prober.session import ProbeSession
-from prober.wire import BODY_LEN, MAX_PAD, TAG_LEN
+from prober.wire import BODY_LEN, MAX_PAD, TAG_LEN, Codec
 
 QKEY = 0x11111111
 RECV_SLOTS = 512  # on the announced QP (probes from every peer arrive there)
@@ -469,10 +470,14 @@ class _AgentLike(Protocol):
 
 
 class RdmaEndpointFactory:
-    """The agent's endpoint factory for the RDMA transport, with one shared peer table.
+    """The agent's endpoint factory for the RDMA transport (a `prober.endpoint.EndpointFactory`),
+    with one shared peer table.
 
-    `agent_tasks` (called by the agent once its endpoints are open) announces the local QPs
-    in the presence document and returns the presence follower that fills the table.
+    Every NIC gets a `prober.session.ProbeSession` on an `RdmaEndpoint` (the Python rules: the
+    compiled engine is UDP's); no path discovery (no TTL-limited traces over verbs) and no
+    shared ticks. `agent_tasks` (called by the agent once its endpoints are open) announces
+    the local QPs in the presence document and returns the presence follower that fills the
+    table.
     """
 
     def __init__(self, cfg: ProberConfig) -> None:
@@ -480,19 +485,30 @@ class RdmaEndpointFactory:
         self.peers = RdmaPeerTable()
         self.endpoints: list[RdmaEndpoint] = []
 
+    @property
+    def hot_path(self) -> str:
+        """Return the hot path of the RDMA endpoints (`session_hot_path`, never compiled)."""
+        return session_hot_path(self.cfg, built=False)
+
     def __call__(
         self,
         nic: NicConfig,
-        session: ProbeSession,
+        codec: Codec,
         sports: Sequence[int],
         on_events: Callable[[list[ProbeEvent]], None],
-    ) -> RdmaEndpoint:
-        """Return a (not yet opened) endpoint of ``nic``; `RdmaUnavailable` without a device."""
+    ) -> NicTransport:
+        """Return the (not yet opened) session and endpoint of ``nic``; `RdmaUnavailable`
+        without a device."""
         if not nic.rdma_device:
             raise RdmaUnavailable(f"NIC {nic.id} has no rdma_device in {self.cfg.source}")
+        session = ProbeSession(nic.id, codec, timeout_ns=self.cfg.timeout_ms * 1_000_000)
         ep = RdmaEndpoint(session, nic, sports=sports, on_events=on_events, peers=self.peers)
         self.endpoints.append(ep)
-        return ep
+        return NicTransport(ep)
+
+    def port_usable(self, nic_id: str, port: int) -> bool:
+        """Return True: an RDMA source port is a flow label or a QP's, nothing to bind."""
+        return True
 
     def presence_block(self) -> dict[str, dict[str, Any]]:
         """Return the presence ``rdma`` block of the opened endpoints."""

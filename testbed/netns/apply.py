@@ -16,9 +16,10 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from testbed.netns.lldp import lldp_dir, start_lldpd
 from testbed.netns.nsutil import NamespaceError, write_sysctls
 from testbed.netns.plan import MGMT_NETS, Plan, mgmt_network
-from testbed.netns.state import save_state
+from testbed.netns.state import load_state, save_state
 
 Progress = Callable[[str], None]
 
@@ -102,7 +103,14 @@ def bring_up(plan: Plan, state: dict[str, Any], progress: Progress = _quiet) -> 
     for ns in plan.namespaces:
         if plan.ns_tc[ns]:
             run(["tc", "-n", ns, "-batch", "-"], stdin="\n".join(plan.ns_tc[ns]) + "\n")
-    save_state(plan.prefix, {**state, "prefix": plan.prefix, "complete": True})
+    if plan.lldp:
+        progress(f"starting lldpd in {len(plan.namespaces)} namespaces")
+        try:
+            start_lldpd(plan, lldp_dir(plan.prefix))
+        except OSError as exc:
+            raise TestbedEnvError(f"lldpd: {exc}") from None
+    doc = load_state(plan.prefix) or {}  # keeps the processes start_lldpd recorded
+    save_state(plan.prefix, {**doc, **state, "prefix": plan.prefix, "complete": True})
     progress(f"fabric up: broker address {plan.broker_addr}")
 
 

@@ -12,6 +12,7 @@ from testbed.netns.apply import (
     check_environment,
     pick_mgmt_index,
 )
+from testbed.netns.lldp import lldpd_available
 from testbed.netns.plan import Plan, PlanError, check_prefix, make_plan
 from testbed.netns.state import load_state
 from testbed.netns.teardown import list_namespaces, tear_down
@@ -25,8 +26,13 @@ def up(
     nic_rate_mbit: float = 1000.0,
     latency_ms: float = 20.0,
     progress: Progress = lambda _: None,
+    lldp: bool | None = None,
+    router_ids: bool = False,
 ) -> tuple[Fabric, Plan]:
     """Build the testbed; return its fabric and plan.
+
+    ``lldp``: an lldpd in every namespace (None: when lldpd is installed); ``router_ids``:
+    switches answer TTL probes from one router id each (`testbed.netns.plan`).
 
     Raises `PlanError` (bad shape/prefix), `TestbedEnvError` (not root, no namespaces, a
     testbed with this prefix already exists, or a command failed: then all is removed again).
@@ -43,6 +49,8 @@ def up(
         "nic_rate_mbit": nic_rate_mbit,
         "latency_ms": latency_ms,
         "mgmt_index": pick_mgmt_index(prefix),
+        "router_ids": router_ids,
+        "lldp": lldpd_available() if lldp is None else lldp,
     }
     plan = make_plan(fabric, prefix, **options)  # type: ignore[arg-type]
     state = {"shape": asdict(shape), "options": options, "broker_addr": plan.broker_addr}

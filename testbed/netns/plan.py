@@ -22,6 +22,16 @@ Layout (two-tier fabrics):
 - management: a bridge ``{prefix}br`` in the root namespace with ``198.18-19.K.1/24`` and a veth
   per host (root side ``{prefix}hN``, host side ``mgmt``, address ``198.18-19.K.(N+2)``), so
   probers in the host namespaces reach a broker listening on the bridge address.
+
+Two options for fabric learning (`mesh.fabric.learn`):
+
+- ``router_ids``: every switch gets a router id, ``100.64.x.y/32`` on its ``lo``
+  (`router_id`), its routes take it as preferred source and ICMP errors leave from it
+  (``icmp_errors_use_inbound_ifaddr=0``): a TTL trace then names each switch by one address,
+  as on a routed fabric whose switches source ICMP from a loopback. Off, a switch answers from
+  the inbound interface's address (the default: ``testbed.runner.router_nodes`` maps those).
+- ``lldp``: an lldpd runs in every namespace, hosts and switches (`testbed.netns.lldp`),
+  announcing the node id as its system name.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ MAX_PREFIX_LEN = 8
 MAX_MGMT_HOSTS = 250
 MGMT_NETS = 512  # /24s inside 198.18.0.0/15
 P2P_BASE = int(ipaddress.IPv4Address("172.16.0.0"))
+ROUTER_ID_BASE = int(ipaddress.IPv4Address("100.64.0.0"))  # shared address space (RFC 6598)
 NIC_TABLE_BASE = 100
 SAME_HOST_RULE_PREF = 10  # rules "NIC a -> NIC b of the same host, via a's leaf" from here on
 LOCAL_RULE_PREF = 999  # the local table, moved after those (and before the 1000+ NIC rules)
@@ -109,6 +120,8 @@ class Plan:
     ns_tc: dict[str, tuple[str, ...]]
     ns_sysctl: dict[str, tuple[str, ...]]
     root_links: tuple[str, ...] = field(default=())
+    router_ids: dict[str, str] = field(default_factory=dict)  # switch id -> router id
+    lldp: bool = False  # an lldpd per namespace (testbed.netns.lldp)
 
     def link(self, link_id: str) -> LinkPlan:
         """Return the plan of link ``link_id``; raise `PlanError` if unknown."""
@@ -130,6 +143,11 @@ class Plan:
             if lp.link_id.startswith(f"{nic}-"):
                 return lp.lower
         raise PlanError(f"unknown NIC {nic!r}")
+
+
+def router_id(switch_index: int) -> str:
+    """Return the router id of the switch at ``switch_index`` in `Fabric.switches` order."""
+    return str(ipaddress.IPv4Address(ROUTER_ID_BASE + switch_index + 1))
 
 
 def _tbf(ifname: str, rate_mbit: float, latency_ms: float) -> str:
@@ -161,10 +179,13 @@ def make_plan(
     nic_rate_mbit: float = 1000.0,
     latency_ms: float = 20.0,
     mgmt_index: int = 0,
+    router_ids: bool = False,
+    lldp: bool = False,
 ) -> Plan:
     """Return the `Plan` for ``fabric``; raise `PlanError` if it cannot be laid out.
 
     Two-tier fabrics only (super-spines are refused); at most 250 hosts (management /24).
+    ``router_ids`` and ``lldp``: see the module doc.
     """
     check_prefix(prefix)
     if any(n.kind == NodeKind.SUPERSPINE for n in fabric.nodes):
@@ -183,6 +204,10 @@ def make_plan(
     nic_addr = {n.id: n.address for n in fabric.nics}
     nic_gw = {n.id: _gateway(n.address) for n in fabric.nics}
     nic_host = {n.id: n.host for n in fabric.nics}
+    rids = {sw.id: router_id(k) for k, sw in enumerate(fabric.switches)} if router_ids else {}
+    for sw, rid in rids.items():
+        ip[node_ns[sw]].append(f"addr add {rid}/32 dev lo")
+    prefsrc = {sw: f" src {rid}" for sw, rid in rids.items()}  # routes' preferred source
 
     for lk in fabric.links:
         lower_ns, upper_ns = node_ns.get(lk.lower), node_ns[lk.upper]
@@ -248,7 +273,7 @@ def make_plan(
     spines = [n for n in fabric.switches if n.kind == NodeKind.SPINE]
     for leaf in fabric.leaves:
         ns = node_ns[leaf.id]
-        sysctl[ns] = _router_sysctls()
+        sysctl[ns] = _router_sysctls(router_ids)
         hops = []
         for sp in spines:
             lp = links.get(f"{leaf.id}-{sp.id}")
@@ -257,16 +282,20 @@ def make_plan(
             hops.append(f"nexthop via {lp.upper.addr.split('/')[0]} dev {sp.id}")
         for nic in fabric.nics:
             if nic.leaf == leaf.id:
-                ip[ns].append(f"route add {nic.address}/32 dev {nic.id} src {nic_gw[nic.id]}")
-        ip[ns].append("route add 10.0.0.0/8 " + " ".join(hops))
+                via = prefsrc.get(leaf.id, f" src {nic_gw[nic.id]}")
+                ip[ns].append(f"route add {nic.address}/32 dev {nic.id}{via}")
+        ip[ns].append(f"route add 10.0.0.0/8{prefsrc.get(leaf.id, '')} " + " ".join(hops))
     for sp in spines:
         ns = node_ns[sp.id]
-        sysctl[ns] = _router_sysctls()
+        sysctl[ns] = _router_sysctls(router_ids)
         for leaf in fabric.leaves:
             lp = links[f"{leaf.id}-{sp.id}"]
             nets = sorted({_leaf_net(n.address) for n in fabric.nics if n.leaf == leaf.id})
             for net in nets:
-                ip[ns].append(f"route add {net} via {lp.lower.addr.split('/')[0]} dev {leaf.id}")
+                ip[ns].append(
+                    f"route add {net} via {lp.lower.addr.split('/')[0]} dev {leaf.id}"
+                    + prefsrc.get(sp.id, "")
+                )
 
     # management bridge in the root namespace
     mnet = mgmt_network(mgmt_index)
@@ -303,10 +332,12 @@ def make_plan(
         ns_tc={k: tuple(v) for k, v in tc.items()},
         ns_sysctl={k: tuple(v) for k, v in sysctl.items()},
         root_links=tuple(root_links),
+        router_ids=rids,
+        lldp=lldp,
     )
 
 
-def _router_sysctls() -> list[str]:
+def _router_sysctls(router_ids: bool = False) -> list[str]:
     return [
         "net.ipv4.ip_forward=1",
         "net.ipv4.fib_multipath_hash_policy=1",
@@ -314,7 +345,8 @@ def _router_sysctls() -> list[str]:
         "net.ipv4.conf.default.rp_filter=0",
         "net.ipv4.icmp_ratemask=4120",  # do not rate-limit time-exceeded (path discovery)
         "net.ipv4.icmp_ratelimit=0",  # answer every TTL-expired trace probe
-        "net.ipv4.icmp_errors_use_inbound_ifaddr=1",  # the answering address names the link
+        # the answering address names the link, or (router ids) the switch
+        f"net.ipv4.icmp_errors_use_inbound_ifaddr={0 if router_ids else 1}",
         # same multipath hash seed on every router: one flow hashes alike at both leaves, and
         # the (symmetric) hash sends a reply by the spine its probe took
         "?net.ipv4.fib_multipath_hash_seed=3141592",

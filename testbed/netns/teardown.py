@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from testbed.netns.apply import TestbedEnvError, run
+from testbed.netns.lldp import lldp_dir
 from testbed.netns.plan import names_pattern
 from testbed.netns.state import alive, load_state, state_dir
 
@@ -47,6 +48,16 @@ def namespace_pids(ns: str) -> list[int]:
     return [int(x) for x in out.split() if x.isdigit()]
 
 
+def _gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a child of ours is reaped here, not left a zombie)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+    except ChildProcessError:
+        pass
+    return not os.path.exists(f"/proc/{pid}")
+
+
 def _end(pids: list[int], grace_s: float = 2.0) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -55,10 +66,12 @@ def _end(pids: list[int], grace_s: float = 2.0) -> None:
     left = list(pids)
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = [p for p in left if os.path.exists(f"/proc/{p}")]
+        left = [p for p in left if not _gone(p)]
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)  # a child of ours: reap it
 
 
 def tear_down(prefix: str, progress: Callable[[str], None] = lambda _: None) -> dict[str, int]:
@@ -92,4 +105,5 @@ def tear_down(prefix: str, progress: Callable[[str], None] = lambda _: None) -> 
     if left_ns or left_links:
         raise TestbedEnvError(f"could not remove {left_ns + left_links}")
     shutil.rmtree(state_dir(prefix), ignore_errors=True)
+    shutil.rmtree(lldp_dir(prefix), ignore_errors=True)
     return {"processes": len(pids), "namespaces": len(namespaces), "links": len(links)}

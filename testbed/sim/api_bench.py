@@ -44,12 +44,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from contract.documents import EventDoc
+from contract.interrupt import finish, interruptible
 from contract.records import COLUMNS, ProbeBatch
 from controller.api.app import ApiOptions
 from controller.api.auth import Principal, TokenTable
@@ -102,8 +103,7 @@ class _Feed:
         """Take one host batch; return the records ingested now (a due queue's)."""
         live, queue = self.live, self.queue
         wall = time.monotonic_ns()
-        if live.ingestor.admit(batch.origin, batch.batch_seq):
-            queue.add(batch, wall)
+        live.admit(batch, wall, queue=queue)  # queued on the wall clock, ingested on now_ns
         return live.flush(queue, now_ns) if queue.due(wall) else 0
 
 
@@ -390,25 +390,26 @@ def run_api_bench(
 
 
 def _cmd(args: Any) -> int:
-    res = run_api_bench(
-        nics=args.nics, sim_s=args.sim_seconds, duration_s=args.duration, repeats=args.repeats,
-        clients=args.clients, poll_hz=args.poll_hz, tick_s=args.tick, phase_s=args.phase,
-        seed=args.seed,
-        compress=not args.no_ws_compress,
-        log=lambda m: print(f"api-bench: {m}", file=sys.stderr, flush=True),
-    )  # fmt: skip
-    if args.json:
-        print(json.dumps(res))
-    else:
-        print(
-            f"{res['nics']} NICs, {res['clients']} websocket clients: ingest "
-            f"{res['ingest_api_records_per_s'] / 1e6:.3f} M records/s with the API vs "
-            f"{res['ingest_no_api_records_per_s'] / 1e6:.3f} M without "
-            f"(x{res['api_over_no_api']:.3f}, API costs {res['api_cost_percent']:.1f}%); "
-            f"snapshot p50 {res['snapshot_p50_ms']:.1f} ms, p99 {res['snapshot_p99_ms']:.1f} ms; "
-            f"{res['ws_clients']:g} websocket clients attached"
-        )
-    return 0
+    res: dict[str, Any] | None = None
+    with interruptible() as stop:  # the figures come at the end: none if stopped before
+        res = run_api_bench(
+            nics=args.nics, sim_s=args.sim_seconds, duration_s=args.duration,
+            repeats=args.repeats, clients=args.clients, poll_hz=args.poll_hz, tick_s=args.tick,
+            phase_s=args.phase, seed=args.seed, compress=not args.no_ws_compress,
+            log=lambda m: print(f"api-bench: {m}", file=sys.stderr, flush=True),
+        )  # fmt: skip
+    return finish(stop, res, as_json=args.json, show=_show)
+
+
+def _show(res: Mapping[str, Any]) -> None:
+    print(
+        f"{res['nics']} NICs, {res['clients']} websocket clients: ingest "
+        f"{res['ingest_api_records_per_s'] / 1e6:.3f} M records/s with the API vs "
+        f"{res['ingest_no_api_records_per_s'] / 1e6:.3f} M without "
+        f"(x{res['api_over_no_api']:.3f}, API costs {res['api_cost_percent']:.1f}%); "
+        f"snapshot p50 {res['snapshot_p50_ms']:.1f} ms, p99 {res['snapshot_p99_ms']:.1f} ms; "
+        f"{res['ws_clients']:g} websocket clients attached"
+    )
 
 
 def register_api_bench(ssub: Any) -> None:

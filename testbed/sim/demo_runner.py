@@ -7,14 +7,18 @@ switched by the TUI's ``c``) for a demo training job (`demo_job`), so the header
 Control and the running job and the events show what was (or would have been) done.
 `inject(kind)` adds a link flap, an ECMP contention or a NIC failure at the current simulated
 time and `clear()` removes them, so the TUI's keys can drive it (it satisfies
-`tui.demo_app.DemoDriver`). `run_headless` plays a scenario as fast as possible and returns the
-events as JSON-ready values.
+`tui.demo_app.DemoDriver`). `run_headless` plays a scenario as fast as possible (or in real
+time) and returns the events as JSON-ready values, also when stopped early (``interrupted``).
+Everything the demo stamps (events, the Control audit, remediation actions, time-series
+points) is on one clock, `DemoRunner.now_ns`; `demo_timeseries` maps it onto the wall clock
+for the time series, which is why a demo that writes them runs in real time.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,7 @@ from contract.documents import EventDoc
 from controller.jobs import Job, JobRegistry
 from controller.live import LiveController, default_brain
 from controller.remediation.runtime import RemediationRuntime, action_event
-from controller.timeseries.recorder import TeeBrain, TimeseriesRecorder
+from controller.timeseries.recorder import TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter
 from mesh.fabric import Fabric, FabricShape
 from testbed.scenario import Fault, FaultKind, Scenario, load_scenario
@@ -81,6 +85,8 @@ class DemoRunner:
         # the product's remediation policy (defaults: Control off, actions "would have");
         # the demo has no broker, so sent actions reach no job: the events say what went out
         self.remediation = RemediationRuntime(jobs=JobRegistry((demo_job(self.fabric),)))
+        # the API's thread hands Alertmanager webhooks to the remediation the steps tick
+        self._lock = threading.Lock()
         self.controller.attach_remediation(
             self.remediation.control, self.remediation.jobs, "demo operator"
         )
@@ -115,7 +121,7 @@ class DemoRunner:
         self.t_s = st.t1_s
         now = self.now_ns
         ctl = self.controller
-        ctl.ingest_batch(st.batch, now)
+        ctl.admit(st.batch, now)
         for host in st.alive_hosts:
             ctl.presence(host, True, now)
         for host in self._alive - st.alive_hosts:  # a prober's last will
@@ -127,10 +133,14 @@ class DemoRunner:
             ctl.gpu(host, True, "", now)
         self._gpu_bad = st.gpu_faults
         new = ctl.tick(now)
-        self.remediation.observe(new)
-        _sent, docs = self.remediation.tick(now)
+        with self._lock:
+            self.remediation.observe(new)
+            _sent, docs = self.remediation.tick(now)
+        if self.timeseries is not None:  # the Remediation annotation's series
+            for d in docs:
+                self.timeseries.action({**d, "status": str(d["status"]).replace(" ", "_")})
         acted = [action_event(d) for d in docs]
-        ctl.events.extend(acted)
+        ctl.record_events(acted)
         new += acted
         self.events.extend(new)
         if self.timeseries is not None:
@@ -139,9 +149,15 @@ class DemoRunner:
             hook(new)
         return new
 
+    def ask(self, payload: object, now_ns: int) -> Mapping[str, object]:
+        """Hand an Alertmanager webhook to the demo's remediation (any thread; its actions
+        come with the next step). Raises `controller.remediation.alerts.WebhookError`."""
+        with self._lock:
+            return self.remediation.ask(payload, now_ns)
+
     def record_to(self, recorder: TimeseriesRecorder) -> None:
         """Write time series through ``recorder`` from now on (its intervals in sim time)."""
-        self.controller.brain = TeeBrain(self.controller.brain, recorder)
+        self.controller.brain = recorder.tee(self.controller.brain)
         self.timeseries = recorder
 
     def fault_for(self, kind: str, duration_s: float = 30.0) -> Fault:
@@ -202,15 +218,21 @@ def pace(sim_s: float, wall_elapsed_s: float) -> float:
 
 
 def run_headless(
-    runner: DemoRunner, duration_s: float, *, realtime: bool = False
+    runner: DemoRunner,
+    duration_s: float,
+    *,
+    realtime: bool = False,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Step ``runner`` for ``duration_s`` simulated seconds (as fast as possible, or with
-    ``realtime`` one simulated second per wall second); return events and a summary."""
+    ``realtime`` one simulated second per wall second), or until ``stop`` is set; return
+    events and a summary (``interrupted``: stopped early)."""
+    stop = stop or threading.Event()
     t_wall = time.perf_counter()
-    while runner.t_s < duration_s - 1e-9:
+    while runner.t_s < duration_s - 1e-9 and not stop.is_set():
         runner.step()
         if realtime:
-            time.sleep(pace(runner.t_s, time.perf_counter() - t_wall))
+            stop.wait(pace(runner.t_s, time.perf_counter() - t_wall))
     snap = runner.controller.snapshot()
     return {
         "scenario": runner.scenario.name,
@@ -229,13 +251,17 @@ def run_headless(
             for e in runner.events
         ],
         "healthy_nics": snap.healthy_count,
+        "unknown_nics": snap.unknown_count,
+        "unhealthy_nics": snap.unhealthy_count,
         "flap_counts": dict(snap.flap_counts),
+        "interrupted": stop.is_set(),
     }
 
 
 def demo_timeseries(runner: DemoRunner, url: str | None) -> TsdbWriter | None:
     """With ``url``, write the demo's time series there (1 s intervals of simulated time,
-    stamped from the wall clock at the start); return the writer to close, else None."""
+    stamped from the wall clock at the start: run the demo in real time, or its points lie
+    in the future); return the writer to close, else None."""
     if not url:
         return None
     writer = TsdbWriter(url)

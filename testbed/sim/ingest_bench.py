@@ -7,12 +7,13 @@ each step's probes as the probers publish them (``--batching host``: one batch p
 step with the host's own NIC id table; ``step``: one batch for the whole fabric per chunk) and
 feeds the bytes through the service's own path on one core, time passed in as simulated time
 (so clock solves and detection windows happen at their configured cadence): `decode_batch`,
-the per-batch duplicate check (`Ingestor.admit`), with host batches the coalescing queue
+the per-batch duplicate check, with host batches the coalescing queue
 (`controller.coalesce.ProbeQueue`: each host's batch arrives at a fixed phase within the
 step, merged groups are taken when due), then ingest / clock sync / delays / detection per
-merged group, and a tick per step. The first clock window is warm-up (timed apart); the first
-``--baseline-steps`` steps after it are ingested batch by batch (the uncoalesced baseline of
-the same run); the headline is steady state: the records after those / CPU seconds of the
+merged group, and a tick per step: the controller's own public path (`LiveController.admit`,
+`flush`, `tick`), its stages timed through its ``on_stage`` hook. The first clock window is
+warm-up (timed apart); the first ``--baseline-steps`` steps after it are ingested batch by
+batch (the uncoalesced baseline of the same run); the headline is steady state: the records after those / CPU seconds of the
 pipeline. Other baselines: decode alone (its stage time) and a naive per-record Python loop
 (dict lookups, per-record one-way delays) on ~100 k records. Also reports the one-way delay
 error (records ingested batch by batch, in the truth's order) and the process's peak RSS.
@@ -21,21 +22,23 @@ error (records ingested batch by batch, in the truth's order) and the process's 
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
-import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from contract.interrupt import finish, interruptible
 from contract.records import ProbeBatch, decode_batch, merge_batches
-from controller.clocksync import Delays
+from controller.brainlike import TeeBrain
 from controller.coalesce import CoalesceConfig, ProbeQueue, plan_groups
-from controller.live import LiveConfig, LiveController
+from controller.live import STAGES as LIVE_STAGES
+from controller.live import LiveConfig, LiveController, default_brain
+from controller.observations import Observations
 from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.engine import EPOCH_NS, SimConfig
 from testbed.sim.ingest_traffic import host_batches, traffic
@@ -61,65 +64,79 @@ def _naive(batch: ProbeBatch, offsets: dict[str, float], limit: int) -> int:
     return min(limit, len(batch))
 
 
-STAGES = ("decode", "merge", "ingest", "sync_add", "sync_solve", "delays", "detect")
+STAGES = ("decode", *LIVE_STAGES)
 
 
-def _timed_ingest(
+class _Stages:
+    """CPU seconds per stage (`time.process_time`, so a BLAS thread on another core counts
+    too): `mark(name)` adds the time since the last mark (or `start`) to ``name``; the
+    controller marks each stage of an ingest as it ends (`LiveController` ``on_stage``).
+    ``acc``: the stage totals marks add to (the bench switches it per phase of the run)."""
+
+    def __init__(self) -> None:
+        self.acc: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self._t = time.process_time()
+
+    def start(self) -> None:
+        """Start timing from now."""
+        self._t = time.process_time()
+
+    def mark(self, name: str) -> None:
+        """Add the time since the last mark to stage ``name``."""
+        t = time.process_time()
+        self.acc[name] += t - self._t
+        self._t = t
+
+
+class _OwdTap:
+    """The forward one-way delays the brain is handed, kept while ``on``."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.owd: list[F64] = []
+
+    def __call__(self, obs: Observations) -> None:
+        if self.on:
+            self.owd.append(obs.owd_fwd_ns)
+
+
+def _timed_decode(stages: _Stages, payload: bytes) -> ProbeBatch:
+    """`decode_batch`, timed as ``decode``."""
+    stages.start()
+    batch = decode_batch(payload)
+    stages.mark("decode")
+    return batch
+
+
+def _timed_admit(
     live: LiveController,
+    stages: _Stages,
     batch: ProbeBatch,
     now: int,
-    stage: dict[str, float],
-    parts: tuple[tuple[str, int], ...] | None = None,
-) -> tuple[int, Delays]:
-    """`LiveController.ingest_admitted`, stage by stage, adding CPU seconds per stage (the tick
-    is timed apart, once per step, as the service ticks on its own cadence: `_timed_tick`).
-
-    Returns (records ingested, their delays)."""
-    c = time.process_time
-    t = c()
-    ing = live.ingestor.ingest_admitted(batch, parts)
-    t, stage["ingest"] = c(), stage["ingest"] + c() - t
-    live.clock.add(ing)
-    t, stage["sync_add"] = c(), stage["sync_add"] + c() - t
-    live.clock.maybe_solve(now)
-    t, stage["sync_solve"] = c(), stage["sync_solve"] + c() - t
-    d = live.clock.delays(ing)
-    obs = live.observations(ing, d, now)
-    t, stage["delays"] = c(), stage["delays"] + c() - t
-    live.brain.observe(obs)
-    live.now_ns = max(live.now_ns, now)
-    live.records += len(ing)
-    stage["detect"] += c() - t
-    return len(ing), d
+    queue: ProbeQueue | None = None,
+) -> int:
+    """`LiveController.admit` of a decoded batch: without ``queue`` ingested at once (the
+    controller marks its stages; the tick is timed apart, once per step, as the service
+    ticks on its own cadence: `_timed_tick`), with ``queue`` only the admission check, timed
+    as ``ingest``. Returns the records ingested (0 when queued)."""
+    stages.start()
+    verdict = live.admit(batch, now, queue=queue)
+    stages.mark("ingest")  # the check (queued), else the little after the last stage
+    return 0 if queue is not None else verdict.records
 
 
-def _timed_decode(
-    live: LiveController, payload: bytes, stage: dict[str, float]
-) -> ProbeBatch | None:
-    """Decode and admit one payload (duplicate check), timed; None if it is a duplicate."""
-    c = time.process_time
-    t = c()
-    batch = decode_batch(payload)
-    t, stage["decode"] = c(), stage["decode"] + c() - t
-    ok = live.ingestor.admit(batch.origin, batch.batch_seq)
-    stage["ingest"] += c() - t
-    return batch if ok else None
+def _timed_flush(live: LiveController, stages: _Stages, queue: ProbeQueue, now: int) -> int:
+    """`LiveController.flush` (its stages marked by the controller: merge, then each merged
+    group's ingest). Returns the records ingested."""
+    stages.start()
+    return live.flush(queue, now)
 
 
-def _timed_flush(live: LiveController, queue: ProbeQueue, now: int, stage: dict[str, float]) -> int:
-    """`LiveController.flush` timed stage by stage: merge (`ProbeQueue.take`), then each merged
-    group through `_timed_ingest`. Returns the records ingested."""
-    t = time.process_time()
-    groups = queue.take()
-    stage["merge"] += time.process_time() - t
-    return sum(_timed_ingest(live, m.batch, now, stage, m.parts)[0] for m in groups)
-
-
-def _timed_tick(live: LiveController, now: int, stage: dict[str, float]) -> None:
+def _timed_tick(live: LiveController, stages: _Stages, now: int) -> None:
     """`LiveController.tick` (detection windows, history), its CPU time added to detect."""
-    t = time.process_time()
+    stages.start()
     live.tick(now)
-    stage["detect"] += time.process_time() - t
+    stages.mark("detect")
 
 
 def _peak_rss_mb() -> float:
@@ -184,7 +201,9 @@ def run_bench(
     gen_s = 0.0
     first: ProbeBatch | None = None
     for rep in range(repeats):
-        live = LiveController(fabric)
+        stages, tap = _Stages(), _OwdTap()
+        brain = TeeBrain(default_brain(fabric), tap)  # the delays, for their error
+        live = LiveController(fabric, brain=brain, on_stage=stages.mark)
         queue = ProbeQueue(co)
         run = _Run()
         step_i = 0
@@ -200,8 +219,8 @@ def run_bench(
             if not in_warm:
                 step_i += 1
                 if run.solves_before < 0 and not in_base:
-                    run.solves_before = live.clock.solves
-            stage = run.warm if in_warm else run.base if in_base else run.steady
+                    run.solves_before = live.solves
+            stages.acc = run.warm if in_warm else run.base if in_base else run.steady
             if rep == 0:
                 n_batches += len(payloads)
                 batch_sizes.append(len(truth) // max(1, len(payloads)))
@@ -209,38 +228,35 @@ def run_bench(
                     m = max(1, 100_000 * len(payloads) // max(1, len(truth)))
                     some = [decode_batch(p) for p in payloads[:m]]
                     first = merge_batches(plan_groups(some, 100_000)[0])
-            owd: list[F64] = []
             got = 0
             if batching == "host" and not in_base:
                 # batches come in arrival order (``host_rank``): each is decoded as it
                 # arrives, so only the queue's records are held decoded, not the whole step
                 for j, p in enumerate(payloads):
-                    b = _timed_decode(live, p, stage)
+                    b = _timed_decode(stages, p)
                     payloads[j] = b""
-                    if b is None:
-                        continue
                     at = now + int(phase_ns[host_pos[b.origin]])
                     if queue.due(at):
                         run.merges.append(queue.records)
-                        got += _timed_flush(live, queue, at, stage)
-                    queue.add(b, at)
+                        got += _timed_flush(live, stages, queue, at)
+                    _timed_admit(live, stages, b, at, queue)
             else:
                 if len(queue):  # the baseline starts from an empty queue
-                    got += _timed_flush(live, queue, now, stage)
+                    got += _timed_flush(live, stages, queue, now)
+                tap.on = rep == 0 and not in_warm
                 for j, p in enumerate(payloads):
-                    b = _timed_decode(live, p, stage)
+                    b = _timed_decode(stages, p)
                     payloads[j] = b""
-                    if b is not None:
-                        k, d = _timed_ingest(live, b, now, stage)
-                        got += k
-                        owd.append(d.owd_fwd_ns)
-            _timed_tick(live, now, stage)
+                    got += _timed_admit(live, stages, b, now)
+                tap.on = False
+            _timed_tick(live, stages, now)
             if in_warm:
                 run.n_warm += got
             elif in_base:
                 run.n_base += got
             else:
                 run.n_steady += got
+            owd, tap.owd = tap.owd, []
             if rep == 0 and owd and not in_warm:  # records in the truth's order
                 d_all = np.concatenate(owd)
                 if len(d_all) == len(truth):
@@ -248,8 +264,9 @@ def run_bench(
                     err = np.abs(d_all[ok] - truth[ok])
             t_gen = time.perf_counter()
         if len(queue):
-            run.n_steady += _timed_flush(live, queue, live.now_ns, run.steady)
-        run.solves = live.clock.solves
+            stages.acc = run.steady
+            run.n_steady += _timed_flush(live, stages, queue, live.now_ns)
+        run.solves = live.solves
         runs.append(run)
         del live
     return _report(
@@ -358,31 +375,32 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.baseline_steps < 0 or (args.replay and args.replay < args.step):
         raise ValueError("need --baseline-steps >= 0 and --replay 0 or >= --step")
     coalesce = CoalesceConfig(coalesce_ms=args.coalesce_ms, max_records=args.max_records)
-    res = run_bench(
-        args.nics,
-        args.seconds,
-        args.step,
-        args.repeats,
-        args.seed,
-        model_from_args(args),
-        args.batching,
-        coalesce,
-        args.baseline_steps,
-        args.replay,
-    )
-    if args.json:
-        json.dump(res, sys.stdout)
-        sys.stdout.write("\n")
-    else:
-        base = res.get("per_host_baseline")
-        vs = f"; per-host batches uncoalesced {base['records_per_second']:,}/s" if base else ""
-        print(
-            f"{res['records_per_second']:,} records/s (decode+ingest+sync+detection, one core)"
-            f"{vs}; decode only {res['decode_only_records_per_second']:,}/s; naive Python loop "
-            f"{res['naive_python_records_per_second']:,}/s ({res['speedup_vs_naive']}x); "
-            f"peak RSS {res['peak_rss_mb']} MB"
+    res: dict[str, Any] | None = None
+    with interruptible() as stop:  # the figures come at the end: none if stopped before
+        res = run_bench(
+            args.nics,
+            args.seconds,
+            args.step,
+            args.repeats,
+            args.seed,
+            model_from_args(args),
+            args.batching,
+            coalesce,
+            args.baseline_steps,
+            args.replay,
         )
-    return 0
+    return finish(stop, res, as_json=args.json, show=_show)
+
+
+def _show(res: Mapping[str, Any]) -> None:
+    base = res.get("per_host_baseline")
+    vs = f"; per-host batches uncoalesced {base['records_per_second']:,}/s" if base else ""
+    print(
+        f"{res['records_per_second']:,} records/s (decode+ingest+sync+detection, one core)"
+        f"{vs}; decode only {res['decode_only_records_per_second']:,}/s; naive Python loop "
+        f"{res['naive_python_records_per_second']:,}/s ({res['speedup_vs_naive']}x); "
+        f"peak RSS {res['peak_rss_mb']} MB"
+    )
 
 
 def register_ingest(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -13,24 +13,23 @@ an event naming a non-faulty target is a false alert.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from contract.documents import EventDoc
+from contract.interrupt import finish, interruptible
 from controller.brain import Brain, BrainConfig
+from controller.brainlike import TeeBrain
 from controller.detect.paths import alias_groups
 from controller.live import LiveController
 from controller.observations import Observations
 from controller.voting import VotingBaseline
 from mesh.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
-from mesh.snapshot import Health
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
 from testbed.scoring import cause_ok, prf
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimStep, Simulator
@@ -64,45 +63,6 @@ def observations_from_step(sim: Simulator, st: SimStep) -> Observations:
         np.where(lost, nan, rev),
         np.where(lost, nan, rtt),
     )
-
-
-class _Tee:
-    """Feeds the live pipeline's observations to the brain and to the voting baseline."""
-
-    def __init__(self, brain: Brain, voter: VotingBaseline) -> None:
-        self.brain, self.voter = brain, voter
-        self.seen: list[Observations] = []  # since the last `take` (for the clock error)
-
-    def observe(self, obs: Observations) -> None:
-        self.brain.observe(obs)
-        self.voter.observe(obs)
-        self.seen.append(obs)
-
-    def take(self) -> list[Observations]:
-        """Return and forget the observations seen since the last call."""
-        out, self.seen = self.seen, []
-        return out
-
-    def presence(self, host: str, alive: bool, now_ns: int) -> None:
-        self.brain.presence(host, alive, now_ns)
-
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
-        self.brain.gpu(host, ok, detail, now_ns)
-
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
-        self.brain.nic_links(host, up, now_ns)
-
-    def tick(self, now_ns: int) -> list[EventDoc]:
-        return self.brain.tick(now_ns)
-
-    def link_health(self) -> dict[str, Health]:
-        return self.brain.link_health()
-
-    def nic_health(self) -> list[Health]:
-        return self.brain.nic_health()
-
-    def flap_counts(self) -> dict[str, int]:
-        return self.brain.flap_counts()
 
 
 def accepted_targets(fabric: Fabric, fault: Fault) -> set[str]:
@@ -234,15 +194,15 @@ def run_once(
     voter = VotingBaseline(fabric)
     live = None
     epoch = 0
-    tee = _Tee(brain, voter)
+    seen: list[Observations] = []  # what the live pipeline handed the brain in this step
     clock_err = ClockError()
     if pipeline == "ingest":
-        live = LiveController(fabric, brain=tee)
+        # the voting baseline sees what the brain sees
+        live = LiveController(fabric, brain=TeeBrain(brain, voter.observe, seen.append))
         epoch = EPOCH_NS
         # the paths the probers discovered (TTL probes), as a real controller holds them
         src, dst, sport, fwd, rev = sim.discovered_paths()
-        live.ingestor.paths.update(src, dst, sport, fwd)
-        live.ingestor.reply_paths.update(src, dst, sport, rev)
+        live.learn_paths(src, dst, sport, fwd, rev)
     hosts = {h.id for h in fabric.hosts}
     alive, gpu_bad = set(hosts), set[str]()
     ours, theirs = Score(), Score()
@@ -273,12 +233,12 @@ def run_once(
             voter.observe(obs)
             events = brain.tick(now)
         else:
-            live.ingest_batch(st.batch, now)
+            live.admit(st.batch, now)
             events = live.tick(now)
-            seen = tee.take()
             if len(seen) == 1 and len(seen[0]) == len(st.batch):  # rows in batch order
                 clock_err.add(st.t1_s, seen[0].owd_fwd_ns, st.true_fwd_ns)
                 clock_err.add(st.t1_s, seen[0].owd_rev_ns, st.true_rev_ns)
+            seen.clear()
         t_brain += time.perf_counter() - c0
         moved_onto = rerouted(st.t1_s)  # once per step, not per alert
         for ev in events:
@@ -463,39 +423,42 @@ def _localize(args: argparse.Namespace) -> int:
         )
     wall = time.perf_counter()
     model = model_from_args(args)
-    for seed in seeds:
-        if args.scenario:
-            sc = load_scenario(args.scenario)
-            fabric, faults = sc.fabric(), sc.faults
-            duration = args.duration or sc.duration_s
-            load = sc.load if args.load is None else args.load
-        else:
-            fabric = _fabric(args)
-            duration = args.duration or 30.0
-            faults = random_faults(
+    with interruptible() as stop:  # a signal ends the seeds early: the report covers those done
+        for seed in seeds:
+            if args.scenario:
+                sc = load_scenario(args.scenario)
+                fabric, faults = sc.fabric(), sc.faults
+                duration = args.duration or sc.duration_s
+                load = sc.load if args.load is None else args.load
+            else:
+                fabric = _fabric(args)
+                duration = args.duration or 30.0
+                faults = random_faults(
+                    fabric,
+                    args.random_faults,
+                    seed=seed,
+                    duration_s=duration,
+                    kinds=kinds,
+                    congest_magnitude=args.queue_us,
+                    loss_percent=args.loss_percent,
+                    flap_down_s=args.flap_down_ms / 1e3,
+                )
+                load = 0.4 if args.load is None else args.load
+            r = run_once(
                 fabric,
-                args.random_faults,
-                seed=seed,
+                faults,
                 duration_s=duration,
-                kinds=kinds,
-                congest_magnitude=args.queue_us,
-                loss_percent=args.loss_percent,
-                flap_down_s=args.flap_down_ms / 1e3,
+                load=load,
+                seed=seed,
+                step_s=args.step,
+                timestamps=args.timestamps,
+                pipeline=args.pipeline,
+                model=model,
             )
-            load = 0.4 if args.load is None else args.load
-        r = run_once(
-            fabric,
-            faults,
-            duration_s=duration,
-            load=load,
-            seed=seed,
-            step_s=args.step,
-            timestamps=args.timestamps,
-            pipeline=args.pipeline,
-            model=model,
-        )
-        r["seed"] = seed
-        runs.append(r)
+            r["seed"] = seed
+            runs.append(r)
+    if not runs:
+        return finish(stop, None, as_json=args.json)
     out: dict[str, object] = {
         "fabric": {
             "nics": len(fabric.nics),
@@ -503,7 +466,7 @@ def _localize(args: argparse.Namespace) -> int:
             "links": len(fabric.links),
         },
         "pipeline": args.pipeline,
-        "seeds": seeds,
+        "seeds": [r["seed"] for r in runs],
         "step_s": args.step,
         "model": model.to_dict(),
         "magnitudes": {
@@ -553,18 +516,17 @@ def _localize(args: argparse.Namespace) -> int:
             for r in runs
         ]
     )
-    if args.json:
-        json.dump(out, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        for name, m in est.items():
-            print(
-                f"{name:16s} precision {m['precision']:.3f} recall {m['recall']:.3f} "
-                f"f1 {m['f1']:.3f} (medians over seeds) false alerts {m['false_alerts_total']:g} "
-                "(all seeds)"
-            )
-        print(f"median localization latency {out['median_latency_s']} s, wall {out['wall_s']} s")
-    return 0
+    return finish(stop, out, as_json=args.json, show=_show, indent=1)
+
+
+def _show(out: Mapping[str, Any]) -> None:
+    for name, m in out["estimators"].items():
+        print(
+            f"{name:16s} precision {m['precision']:.3f} recall {m['recall']:.3f} "
+            f"f1 {m['f1']:.3f} (medians over seeds) false alerts {m['false_alerts_total']:g} "
+            "(all seeds)"
+        )
+    print(f"median localization latency {out['median_latency_s']} s, wall {out['wall_s']} s")
 
 
 def _number(text: str) -> float:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from dataclasses import replace
 from typing import Any
 
+from contract.interrupt import interruptible
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
 from testbed.sim.demo_runner import DemoRunner, run_headless
 from testbed.sim.model import ModelKnobs
@@ -40,10 +42,12 @@ def run_scenario(
     random_k: int | None = None,
     seed: int | None = None,
     model: ModelKnobs | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Play the scenario at ``path`` and return the report (events, per-fault found/latency).
 
     ``model``: the simulator's fabric model (default: the realistic `ModelKnobs()`).
+    ``stop``: set, it ends the run after the current step (``"interrupted": true``).
 
     Raises `ScenarioError` on a bad file, OSError if unreadable.
     """
@@ -59,7 +63,7 @@ def run_scenario(
         )
     knobs = ModelKnobs() if model is None else model
     runner = DemoRunner(sc, step_s=step_s, model=knobs)
-    report = run_headless(runner, duration_s or sc.duration_s)
+    report = run_headless(runner, duration_s or sc.duration_s, stop=stop)
     report["model"] = knobs.to_dict()
     faults = []
     for fault in sc.faults:
@@ -90,17 +94,19 @@ def run_scenario(
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    rep = run_scenario(
-        args.scenario,
-        duration_s=args.duration,
-        step_s=args.step,
-        random_k=args.random_faults,
-        seed=args.seed,
-        model=model_from_args(args),
-    )
+    with interruptible(cooperative=True) as stop:  # a signal ends the run between two steps
+        rep = run_scenario(
+            args.scenario,
+            duration_s=args.duration,
+            step_s=args.step,
+            random_k=args.random_faults,
+            seed=args.seed,
+            model=model_from_args(args),
+            stop=stop.event,
+        )
     if args.json:
         print(json.dumps(rep))
-        return 0
+        return stop.exit_code()
     print(
         f"scenario {rep['scenario']}: {rep['nics']} NICs, {rep['duration_s']} s simulated in {rep['wall_s']} s"
     )
@@ -110,7 +116,7 @@ def _cmd(args: argparse.Namespace) -> int:
         status = f"found after {f['latency_s']} s" if f["found"] else "NOT found"
         print(f"  fault {f['kind']} on {f['target']} at {f['start_s']} s: {status}")
     print(f"  false alerts: {rep['false_alerts']}", file=sys.stdout)
-    return 0
+    return stop.exit_code()
 
 
 def register_run(ssub: Any) -> None:

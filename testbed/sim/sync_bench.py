@@ -33,16 +33,16 @@ NICs left out.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from contract.interrupt import finish, interruptible
 from contract.records import ProbeBatch
 from mesh.fabric import Fabric, FabricShape, build_fabric
 from sync import anchor_tree, ntp_offsets, solve_network
@@ -494,7 +494,14 @@ def _score_window(
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    rep = run_sync_bench(
+    rep: dict[str, Any] | None = None
+    with interruptible() as stop:  # the report comes at the end: none if stopped before
+        rep = _run(args)
+    return finish(stop, rep, as_json=args.json, show=_show)
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    return run_sync_bench(
         args.nics,
         args.peers,
         args.load,
@@ -509,9 +516,9 @@ def _cmd(args: argparse.Namespace) -> int:
         leaf_split=not args.no_leaf_split,
         luck_draws=args.luck_draws,
     )
-    if args.json:
-        print(json.dumps(rep))
-        return 0
+
+
+def _show(rep: Mapping[str, Any]) -> None:
     print(
         f"{rep['nics']} NICs, {rep['peers']} peers, load {rep['load']}, {rep['timestamps']} stamps, "
         f"{rep['probes']} probes on {rep['edges']} pairs ({rep['edges_fitted']} fitted, {rep['edges_flagged']} flagged)"
@@ -542,7 +549,6 @@ def _cmd(args: argparse.Namespace) -> int:
             f"NTP (network) p99 {ow['median_ntp_baseline_p99_ns']} ns, "
             f"ratio {ow['median_p99_ratio_ntp_over_qpmesh']}x"
         )
-    return 0
 
 
 def register_sync(ssub: Any) -> None:
