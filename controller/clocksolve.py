@@ -20,6 +20,7 @@ out the window with `start_solve` and adopts the result with `install`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -180,6 +181,11 @@ def window_summary(
     bounds = np.unique(np.concatenate([[0], cuts, [big]]))
     del lo
     parts: list[Summary] = []
+    # every block's summary counts over all the window's edge directions: added up as the
+    # blocks come and dropped from them (held per block: ~10 GB at 100,000 NICs x 32 peers)
+    n_clean = np.zeros(2 * len(edges), np.int64)
+    n_all = np.zeros(2 * len(edges), np.int64)
+    none = np.zeros(0, np.int64)
     for a, b in itertools.pairwise(bounds):
         r = order[starts[a] : starts[b]]
         if not len(r):
@@ -189,9 +195,12 @@ def window_summary(
             np.zeros(len(r), bool), t_ref, coded_tol_ns=coded_tol_ns, min_coded=0,
         )  # fmt: skip
         local = smp.edges[:, 0] * big + smp.edges[:, 1]
-        parts.append(reduce_chunk(smp, np.searchsorted(keys, local), edges, cap))
-        del smp, r
-    return _laid_end_to_end(parts)
+        part = reduce_chunk(smp, np.searchsorted(keys, local), edges, cap)
+        n_clean += part.n_clean
+        n_all += part.n_all
+        parts.append(dataclasses.replace(part, n_clean=none, n_all=none))
+        del smp, r, part
+    return _laid_end_to_end(parts, n_clean, n_all)
 
 
 _POINT_FIELDS = (
@@ -199,14 +208,13 @@ _POINT_FIELDS = (
 )  # fmt: skip
 
 
-def _laid_end_to_end(parts: list[Summary]) -> Summary:
-    """The summary of disjoint blocks of edges, each block's edges after the previous'.
+def _laid_end_to_end(parts: list[Summary], n_clean: I64, n_all: I64) -> Summary:
+    """The summary of disjoint blocks of edges, each block's edges after the previous', with
+    the window's counts ``n_clean``/``n_all`` (the blocks' summed).
 
     Empties ``parts`` and joins one field at a time, letting go of each field's pieces once
     joined, so the join holds the blocks plus one joined field, never the blocks twice."""
     edges, cap = parts[0].edges, parts[0].cap
-    n_clean = np.sum([p.n_clean for p in parts], axis=0)
-    n_all = np.sum([p.n_all for p in parts], axis=0)
     pieces = {f: [getattr(p, f) for p in parts] for f in _POINT_FIELDS}
     parts.clear()
     joined = {f: np.concatenate(pieces.pop(f)) for f in _POINT_FIELDS}
@@ -230,11 +238,19 @@ def solve_window(
         )  # fmt: skip
         return ws, 0
     s = window_summary(w, t_ref, config.coded_tol_hw_ns)
-    ws = sync_summary(
+    return solve_summary(s, n_nics, config, leaf), s.n_points
+
+
+def solve_summary(
+    s: Summary, n_nics: int, config: ClockSyncConfig, leaf: I64 | None = None
+) -> WindowSync:
+    """The hardware-stamp estimator on a window's summary (`sync.summarysolve.sync_summary`
+    with the config's quantization and thresholds); ``leaf`` as in `solve_window`. A fleet
+    whose edge owners summarize their edges solves the summary they lay end to end here."""
+    return sync_summary(
         n_nics, s, quant_ns=config.quant_hw_ns, min_samples=config.min_samples,
         min_coded=config.min_coded, leaf=leaf,
     )  # fmt: skip
-    return ws, s.n_points
 
 
 def compute_state(
@@ -251,6 +267,43 @@ def compute_state(
     t_lo, t_hi = int(w.t1.min()), int(w.t1.max())
     t_ref = t_lo + (t_hi - t_lo) // 2
     ws, points = solve_window(w, n_nics, config, t_ref, leaf)
+    return state_of(
+        ws, t_ref, now_ns, n_samples=len(w), span=(t_lo, t_hi), points=points, window=w
+    )  # fmt: skip
+
+
+def floor_bounds(w: SampleWindow, n_nics: int) -> tuple[F64 | None, F64 | None]:
+    """Per NIC the bound its paths' raised floors put on its offset error and its share of
+    the raises (`controller.clockfloors.node_bounds`, `split_raise`), from the window's rows
+    and their remembered floors (``w.floor``); (None, None) without floors or raises."""
+    if w.floor is None:
+        return None, None
+    rtt = ((w.t4 - w.t1) - (w.t3 - w.t2)).astype(np.float64)
+    e, raised = edge_raises(
+        n_nics, w.src.astype(np.int64), w.dst.astype(np.int64), rtt, w.floor, w.t1
+    )
+    if not len(e):
+        return None, None
+    return node_bounds(n_nics, e, 0.5 * raised), split_raise(n_nics, e, raised)
+
+
+def state_of(
+    ws: WindowSync,
+    t_ref: int,
+    now_ns: int,
+    *,
+    n_samples: int,
+    span: tuple[int, int],
+    points: int = 0,
+    window: SampleWindow | None = None,
+) -> ClockState | None:
+    """The `ClockState` of a window's estimate ``ws`` at reference instant ``t_ref`` (its
+    samples: ``n_samples`` rows sent between ``span`` = (first, last) initiator stamps, a
+    summary of ``points``); None when no pair could be fitted. ``window``: the rows solved,
+    whose remembered floors bound the NICs behind raised ones (`floor_bounds`: the bound
+    joins each NIC's offset uncertainty) and whose ``moved_since`` the state keeps."""
+    n_nics = len(ws.known)
+    t_lo, t_hi = span
     fits = ws.fits
     good = fits.ok & np.isfinite(fits.drift_std)
     if not ws.known.any() or not good.any():
@@ -258,17 +311,10 @@ def compute_state(
     drift_std = drift_std_per_node(ws, n_nics)
     known = ws.known & np.isfinite(ws.offset_ns) & np.isfinite(ws.drift)
     nan = np.full(n_nics, np.nan)
-    bound = queued = None
+    bound_ns, queued_ns = (None, None) if window is None else floor_bounds(window, n_nics)
     std = np.maximum(ws.offset_std_ns, 0.0)
-    if w.floor is not None:  # the queueing the paths carry now, against their floors
-        rtt = ((w.t4 - w.t1) - (w.t3 - w.t2)).astype(np.float64)
-        e, raised = edge_raises(
-            n_nics, w.src.astype(np.int64), w.dst.astype(np.int64), rtt, w.floor, w.t1
-        )
-        if len(e):
-            bound = node_bounds(n_nics, e, 0.5 * raised)
-            queued = split_raise(n_nics, e, raised)
-            std = np.hypot(std, np.nan_to_num(bound, nan=0.0))
+    if bound_ns is not None:  # the queueing the paths carry now, against their floors
+        std = np.hypot(std, np.nan_to_num(bound_ns, nan=0.0))
     models = ClockModels.build(
         t_ref,
         np.where(known, ws.offset_ns, nan),
@@ -281,16 +327,16 @@ def compute_state(
         center_ns=0.0,
         solved_at_ns=now_ns,
         n_pairs=int(fits.ok.sum()),
-        n_samples=len(w),
+        n_samples=n_samples,
         estimator=ws.estimator,
         span_ns=t_hi - t_lo,
         end_ns=t_hi,
         summary_points=points,
         stepped=ws.stepped,
         step_at_ns=np.rint(ws.step_at_ns).astype(np.int64) + t_ref,
-        bound_ns=bound,
-        queued_ns=queued,
-        moved_since=w.moved_since,
+        bound_ns=bound_ns,
+        queued_ns=queued_ns,
+        moved_since=None if window is None else window.moved_since,
     )
 
 

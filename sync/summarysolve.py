@@ -72,16 +72,11 @@ def sync_summary(
     if isinstance(st, WindowSync):
         return st
     lost, lost_x = np.zeros(2 * m, np.int64), np.zeros(m, np.int64)
-    e0, e1 = s.edges[:, 0], s.edges[:, 1]
-    for _ in range(BAD_ROUNDS if drop_bad else 0):
-        # samples bad stamps put below their floor, found with the slopes so far
-        s2, lost2, lost_x2 = without_bad(s, st.first.drift[e1] - st.first.drift[e0])
-        if s2 is s:
-            break
-        s, lost, lost_x = s2, lost + lost2, lost_x + lost_x2
-        st = _first(n_nodes, s, quant_ns, min_samples, min_coded, ref)
-        if isinstance(st, WindowSync):
-            return st
+    if drop_bad:
+        cleaned = _without_bad(n_nodes, s, st, (quant_ns, min_samples, min_coded, ref))
+        if isinstance(cleaned, WindowSync):
+            return cleaned
+        s, st, lost, lost_x = cleaned
     g, t, d, fits, first, r, drift_from = st
     fwd, rev = g % 2 == 0, g % 2 == 1
     ge = g // 2
@@ -145,6 +140,29 @@ def sync_summary(
     off = np.where(out.known, out.offset_ns - 0.5 * np.nan_to_num(rx), np.nan)
     off -= np.nanmean(off) if out.known.any() else 0.0
     return dataclasses.replace(out, offset_ns=off, estimator=out.estimator + name)
+
+
+def _without_bad(
+    n_nodes: int, s: Summary, st: _FirstStage, args: tuple[float, int, int, int]
+) -> tuple[Summary, _FirstStage, I64, I64] | WindowSync:
+    """Up to ``BAD_ROUNDS`` rounds: leave out the samples that bad stamps put below their
+    floor, found with the slopes so far (`sync.badstamps.without_bad`), and run the first
+    stage again (``args``: `_first`'s quant_ns, min_samples, min_coded, ref). Returns the
+    summary, its first stage and the samples / exchanges left out per direction / edge, or
+    the first stage's `WindowSync` when what is left cannot be solved."""
+    m = len(s.edges)
+    lost, lost_x = np.zeros(2 * m, np.int64), np.zeros(m, np.int64)
+    e0, e1 = s.edges[:, 0], s.edges[:, 1]
+    for _ in range(BAD_ROUNDS):
+        s2, lost2, lost_x2 = without_bad(s, st.first.drift[e1] - st.first.drift[e0])
+        if s2 is s:
+            break
+        s, lost, lost_x = s2, lost + lost2, lost_x + lost_x2
+        again = _first(n_nodes, s, *args)
+        if isinstance(again, WindowSync):
+            return again
+        st = again
+    return s, st, lost, lost_x
 
 
 class _FirstStage(NamedTuple):
