@@ -36,17 +36,22 @@ from sync.excess import node_midmean
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 EPOCH_RANK = 4  # an epoch's floor: its fourth lowest round trip
+# ... where the round trips folded are already each a bin's lowest (a fleet solver folds its
+# workers' selections: a few per directed pair and window), its second lowest
+WINNER_RANK = 2
 
 
 class FloorMemory:
     """Per directed-pair slot the round-trip floor over the last ``epochs`` epochs."""
 
-    def __init__(self, epoch_ns: int, epochs: int = 6) -> None:
-        """Raises ValueError for a non-positive epoch or count."""
-        if epoch_ns <= 0 or epochs < 1:
-            raise ValueError("epoch_ns and epochs must be > 0")
-        self.epoch_ns, self.epochs = epoch_ns, epochs
-        self._low = np.full((0, EPOCH_RANK), np.inf)  # the current epoch's lowest, sorted
+    def __init__(self, epoch_ns: int, epochs: int = 6, rank: int = EPOCH_RANK) -> None:
+        """``rank``: an epoch's floor is its ``rank``-th lowest round trip (``EPOCH_RANK``
+        for every probe's, ``WINNER_RANK`` for bins' lowest). Raises ValueError for a
+        non-positive epoch, count or rank."""
+        if epoch_ns <= 0 or epochs < 1 or rank < 1:
+            raise ValueError("epoch_ns, epochs and rank must be > 0")
+        self.epoch_ns, self.epochs, self.rank = epoch_ns, epochs, rank
+        self._low = np.full((0, rank), np.inf)  # the current epoch's lowest, sorted
         self._cur = np.full(0, np.inf)  # ... and its floor (the highest of them it has)
         self._hist = np.full((0, epochs), np.inf)  # past epochs' floors
         self._h1 = np.full(0, np.inf)  # the lowest two of those, per slot
@@ -59,7 +64,7 @@ class FloorMemory:
             return
         extra = max(size, 2 * len(self._low), 1024) - len(self._low)
         inf = np.full(extra, np.inf)
-        self._low = np.concatenate([self._low, np.full((extra, EPOCH_RANK), np.inf)])
+        self._low = np.concatenate([self._low, np.full((extra, self.rank), np.inf)])
         self._hist = np.concatenate([self._hist, np.full((extra, self.epochs), np.inf)])
         self._cur, self._h1, self._h2 = (
             np.concatenate([a, inf]) for a in (self._cur, self._h1, self._h2)
@@ -96,17 +101,17 @@ class FloorMemory:
             return
         self._grow(int(slot.max()) + 1)
         self._roll(t_ns)
-        # the batch's lowest EPOCH_RANK per slot, merged with the epoch's
+        # the batch's lowest ``rank`` per slot, merged with the epoch's
         order = np.lexsort((r, slot))
         s, v = slot[order], r[order]
         first = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
         u = s[first]  # the slots this batch touches
         count = np.diff(np.r_[first, len(s)])
-        batch = np.full((len(u), EPOCH_RANK), np.inf)
-        for k in range(EPOCH_RANK):
+        batch = np.full((len(u), self.rank), np.inf)
+        for k in range(self.rank):
             has = count > k
             batch[has, k] = v[first[has] + k]
-        low = np.sort(np.concatenate([self._low[u], batch], axis=1), axis=1)[:, :EPOCH_RANK]
+        low = np.sort(np.concatenate([self._low[u], batch], axis=1), axis=1)[:, : self.rank]
         self._low[u] = low
         have = np.isfinite(low).sum(axis=1)
         self._cur[u] = low[np.arange(len(u)), np.maximum(have - 1, 0)]

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from controller.clockfloors import FloorMemory
+from controller.clockfloors import EPOCH_RANK, FloorMemory
 from controller.clocksolve import ClockState, ClockSyncConfig, SampleWindow, compute_state
 from controller.clocksteps import clock_errors, moved
 from controller.ingest import Ingested
@@ -97,6 +97,7 @@ class ClockSync:
         first_stamp: int | None = None,
         slots: PairSlots | None = None,
         remember: bool = True,
+        floor_rank: int = EPOCH_RANK,
     ) -> None:
         """``leaf``: per NIC index its leaf switch's index (the fabric's ECMP group), which
         lets the solve split the queueing left in the best samples by leaf uplink and NIC
@@ -105,8 +106,10 @@ class ClockSync:
         fleet worker's window selection binning as its solver does; ``slots``: a directed
         pair numbering to share (`PairSlots`: a worker's one selection per window);
         ``remember``: keep the directed pairs' round-trip floors across windows (`floors`;
-        False for a selection that lives one window). Raises ValueError when ``leaf`` does
-        not have ``n_nics`` entries."""
+        False for a selection that lives one window); ``floor_rank``: which of a window's
+        lowest round trips is its floor (`FloorMemory`: ``WINNER_RANK`` where the pairs
+        folded are other selections' winners, `add_pairs` in a fleet solver). Raises
+        ValueError when ``leaf`` does not have ``n_nics`` entries."""
         if leaf is not None and len(leaf) != n_nics:
             raise ValueError(f"leaf has {len(leaf)} entries for {n_nics} NICs")
         self.leaf = None if leaf is None else np.asarray(leaf, np.int64)
@@ -133,7 +136,7 @@ class ClockSync:
         self.trust_ns = np.full(n_nics, -1.0)
         self.coarse_trust_ns = np.full(n_nics, -1.0)  # the same for coarse_unc
         # memory across windows: each directed pair's round-trip floor
-        self.floors = FloorMemory(self.config.window_ns, self.config.floor_epochs)
+        self.floors = FloorMemory(self.config.window_ns, self.config.floor_epochs, rank=floor_rank)
         self._remember = remember
         # per NIC since when its clock is not to be trusted (NIC clock ns; -1: trusted): it
         # moved against its model (`controller.clocksteps`) or stepped inside a solve's

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.clockfloors import FloorMemory, edge_raises, node_bounds, split_raise
+from controller.clockfloors import WINNER_RANK, FloorMemory, edge_raises, node_bounds, split_raise
 from controller.clocksteps import MOVE_NS, clock_errors, moved
 from controller.clocksync import ClockSync, ClockSyncConfig
 from controller.ingest import Ingestor
@@ -34,6 +34,16 @@ def test_a_floor_is_an_epochs_fourth_lowest_and_is_forgotten_after_the_epochs() 
     assert mem.floor(np.array([0]))[0] == 9_700  # forgotten: the path may have changed
     with pytest.raises(ValueError):
         mem.observe(np.array([-1]), np.array([1]), 60 * S)
+
+
+def test_a_floor_of_bins_lowest_is_an_epochs_second_lowest() -> None:
+    """A fleet solver folds its workers' selections, each a bin's lowest round trip: a
+    few per pair and window, so its floor is an epoch's second lowest (`WINNER_RANK`)."""
+    mem = FloorMemory(epoch_ns=10 * S, epochs=2, rank=WINNER_RANK)
+    mem.observe(np.array([0, 0, 0, 0]), np.array([3.4e3, -30e3, 3.1e3, 3.9e3]), S)
+    assert mem.floor(np.array([0]))[0] == 3_100  # one bad stamp makes no floor
+    with pytest.raises(ValueError):
+        FloorMemory(epoch_ns=10 * S, rank=0)
 
 
 def test_raised_floors_bound_the_nics_behind_them_and_are_split_by_nic() -> None:
