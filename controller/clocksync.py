@@ -393,9 +393,12 @@ class ClockSync:
         cols = {k: np.concatenate([c[k] for c in chunks]) for k in _COLS}
         keep = cols["t1"] >= horizon
         moved = np.flatnonzero(self.stepped_at != _NO_STEP)
-        for k in moved:  # a moved clock: only what it stamped after the move
+        for k in moved:  # a moved clock: only what it stamped after the move, once that is
+            # enough to fit a line (a NIC on less pulled its peers' drifts: a -100 us step
+            # left a peer 3.5 us off 7 s after a solve that had 2.5 s of the NIC after it)
             mine = (cols["src"] == k) | (cols["dst"] == k)
-            keep &= ~mine | (cols["t1"] >= self.stepped_at[k])
+            after = self._t_max - self.stepped_at[k] >= self._moved_span_ns()
+            keep &= ~mine | ((cols["t1"] >= self.stepped_at[k]) & after)
         if not keep.all():
             cols = {k: v[keep] for k, v in cols.items()}
         if not len(cols["src"]):
@@ -467,10 +470,15 @@ class ClockSync:
         """Return the first send stamp seen (where the warm-up bins are), None before any."""
         return self._t0
 
+    def _moved_span_ns(self) -> int:
+        """How much data after its move a moved clock needs before a solve takes it: half
+        a window, at least ``min_span_ns``."""
+        return max(self.config.min_span_ns, self.config.window_ns // 2)
+
     def _note_steps(self, state: ClockState) -> None:
         """Adopt the steps a solve found inside its window, and clear the NICs it solved from
         data after their move only (its window left out their rows from before the move, or
-        began after it; and at least ``min_span_ns`` of data came after it). Stamps of
+        began after it; and `_moved_span_ns` of data came after it). Stamps of
         different NICs are compared as the window's horizon compares them."""
         if len(state.stepped):
             at = np.maximum(self.stepped_at[state.stepped], state.step_at_ns)
@@ -481,7 +489,7 @@ class ClockSync:
             since = state.moved_since
             after |= (since != _NO_STEP) & (since >= self.stepped_at)
         clear = marked & after & state.models.known
-        clear &= state.end_ns - self.stepped_at >= self.config.min_span_ns
+        clear &= state.end_ns - self.stepped_at >= self._moved_span_ns()
         clear[state.stepped] = False
         self.stepped_at[clear] = _NO_STEP
 
