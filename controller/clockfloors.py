@@ -89,16 +89,31 @@ class FloorMemory:
         self._h1 = two[:, 0].copy()
         self._h2 = two[:, 1].copy() if self.epochs > 1 else np.full(len(two), np.inf)
 
-    def observe(self, slot: I64, rtt: NDArray[np.integer] | F64, t_ns: int) -> None:
+    def observe(
+        self, slot: I64, rtt: NDArray[np.integer] | F64, t_ns: int | NDArray[np.integer]
+    ) -> None:
         """Fold round trips ``rtt`` (ns) of directed-pair slots ``slot`` seen at ``t_ns``
-        (one time per batch: the epoch it falls in). Raises ValueError on arrays of
-        different lengths or a negative slot."""
+        (one time for all, or one per round trip: each falls in its own epoch, the epochs
+        folded in order, so the floors do not depend on how round trips are batched).
+        Raises ValueError on arrays of different lengths or a negative slot."""
         slot = np.asarray(slot, np.int64)
         r = np.asarray(rtt, np.float64)
         if len(slot) != len(r) or (len(slot) and int(slot.min()) < 0):
             raise ValueError("slot and rtt must have one entry each, slots >= 0")
         if not len(slot):
             return
+        if not isinstance(t_ns, int):
+            t = np.asarray(t_ns, np.int64)
+            if len(t) != len(slot):
+                raise ValueError("t_ns must be one time or one per round trip")
+            e = t // self.epoch_ns
+            for ee in np.unique(e).tolist():
+                sel = e == ee
+                self._fold(slot[sel], r[sel], int(ee) * self.epoch_ns)
+            return
+        self._fold(slot, r, t_ns)
+
+    def _fold(self, slot: I64, r: F64, t_ns: int) -> None:
         self._grow(int(slot.max()) + 1)
         self._roll(t_ns)
         # the batch's lowest ``rank`` per slot, merged with the epoch's

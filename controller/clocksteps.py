@@ -11,8 +11,9 @@ Per probe, half the difference of its two one-way delays is the clock models' er
 pair plus half the difference of its two directions' queueing, and that queueing part is at
 most half the probe's round trip above its pair's remembered floor
 (`controller.clockfloors`). On the probes within ``LOW_EXCESS_NS`` of their floor it is
-small; oriented towards each NIC (+ where the NIC received the probe, - where it sent it)
-and pooled over the NIC's peers, it is that NIC's clock error against its model
+small; over the probes a NIC sent (to its ~K peers: what the fleet worker owning the NIC's
+host sees, however hosts are split among workers), it is that NIC's clock error against its
+model
 (`clock_errors`: the mean over at least ``MIN_PROBES`` such probes, whose values are
 bounded, and the share of them on its side, ``MOVE_AGREE`` at least for a move). A model
 extrapolated from its solve drifts off slowly; a step moves the error between two batches: a NIC moved when its error changed by
@@ -36,7 +37,7 @@ MIN_PROBES = 6
 
 
 def clock_errors(
-    n_nics: int, src: I64, dst: I64, owd_fwd: F64, owd_rev: F64, rtt: F64, floor: F64
+    n_nics: int, src: I64, owd_fwd: F64, owd_rev: F64, rtt: F64, floor: F64
 ) -> tuple[F64, F64]:
     """Per NIC its clock's error against its model in one batch (ns, + : ahead), from the
     probes near their pairs' floors (module docstring): the mean over them, NaN where fewer
@@ -44,7 +45,7 @@ def clock_errors(
     all on one side, and a peer's own trouble is one pair of a NIC's ~30). Raises ValueError
     on arrays of different lengths."""
     n = len(src)
-    if not all(len(a) == n for a in (dst, owd_fwd, owd_rev, rtt, floor)):
+    if not all(len(a) == n for a in (owd_fwd, owd_rev, rtt, floor)):
         raise ValueError("every column must have one entry per probe")
     out = np.full(n_nics, np.nan)
     excess = rtt - floor
@@ -52,10 +53,8 @@ def clock_errors(
     ok &= excess <= LOW_EXCESS_NS
     if not ok.any():
         return out, np.zeros(n_nics)
-    s, d = np.asarray(src, np.int64)[ok], np.asarray(dst, np.int64)[ok]
-    r = 0.5 * (owd_fwd[ok] - owd_rev[ok])  # + : dst ahead of its model (or src behind)
-    node = np.concatenate([d, s])
-    val = np.concatenate([r, -r])
+    node = np.asarray(src, np.int64)[ok]
+    val = 0.5 * (owd_rev[ok] - owd_fwd[ok])  # + : src ahead of its model (or dst behind)
     cnt = np.bincount(node, minlength=n_nics)
     # a mean, for its cost on the ingest path: the values are bounded (half the excess plus
     # the model's error), and a moved clock shifts them all

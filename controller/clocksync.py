@@ -167,18 +167,22 @@ class ClockSync:
             return 0
         return self._fold_pairs(cols, sw, first, second, self._slots.of_rows(ing, first))
 
-    def remember(self, ing: Ingested) -> None:
+    def remember(self, ing: Ingested, now_ns: int | None = None) -> None:
         """Fold the round trips of a batch's arrived probes into the directed pairs' floors
         (`floors`), as `add` does for the coded pairs it selects: for a `ClockSync` that only
         computes delays with another's models (a fleet worker's, `adopt`), so that its
-        `delays` see bad stamps and moved clocks against remembered floors."""
+        `delays` see bad stamps and moved clocks against remembered floors. ``now_ns``: the
+        time that places the batch in an epoch (a fleet worker's ingest time, so that how
+        hosts are split among workers does not move an epoch's edge); default: each round
+        trip's send stamp."""
         ok = np.flatnonzero(~ing.lost)
         if not len(ok) or not self._remember:
             return
         rtt = (np.take(ing.t4, ok) - np.take(ing.t1, ok)) - (
             np.take(ing.t3, ok) - np.take(ing.t2, ok)
         )
-        self.floors.observe(self._slots.of_rows(ing, ok), rtt, int(np.take(ing.t1, ok).max()))
+        at = np.take(ing.t1, ok) if now_ns is None else now_ns
+        self.floors.observe(self._slots.of_rows(ing, ok), rtt, at)
 
     def add_pairs(self, cols: Mapping[str, NDArray[Any]]) -> int:
         """Fold kept coded pairs into the per (directed pair, bin) lowest-RTT summary, as
@@ -230,7 +234,9 @@ class ClockSync:
         with np.errstate(invalid="ignore"):
             sane = ~(np.minimum(r1, r2) < floor - BAD_RTT_NS)
         if self._remember:
-            self.floors.observe(np.concatenate([dp, dp]), np.concatenate([r1, r2]), t_hi)
+            t1s = np.take(t1, second)
+            self.floors.observe(np.concatenate([dp, dp]), np.concatenate([r1, r2]),
+                                np.concatenate([t1f, t1s]))  # fmt: skip
         score = r1 + r2  # clock offsets cancel
         if not sane.all():
             first, second, score, dp, t1f = (a[sane] for a in (first, second, score, dp, t1f))
@@ -457,7 +463,9 @@ class ClockSync:
             state is not None and len(state.models) != self.n_nics
         ):
             raise ValueError(f"clock state and trust must cover {self.n_nics} NICs")
-        if state is not None and state is not self.state:
+        old = self.state
+        if state is not None and (old is None or state.solved_at_ns != old.solved_at_ns):
+            # a new solve (a fleet worker is handed the same one, decoded anew, each window)
             self._note_steps(state)
             self._last_err = np.full(self.n_nics, np.nan)  # the new models' errors are new
             self._suspect[:] = False
@@ -540,9 +548,11 @@ class ClockSync:
             return
         if st.span_ns < self.config.min_span_ns:  # warm-up models: their errors say little
             return
-        _, unc = self.offsets(st.models.t_ref_ns + int(np.nanmedian(rel)))
-        err, agree = clock_errors(self.n_nics, ing.src.astype(np.int64),
-                                  ing.dst.astype(np.int64), owd_f, owd_r, rtt, floor)  # fmt: skip
+        # per NIC from the probes it sent, at their latest time: what a fleet worker owning
+        # the NIC's host sees alike, however the batches are split among workers
+        src = ing.src.astype(np.int64)
+        unc = self._unc_at(_per_nic(self.n_nics, src, rel, np.fmax))
+        err, agree = clock_errors(self.n_nics, src, owd_f, owd_r, rtt, floor)
         jumped = moved(err, agree, self._last_err, unc) & (self.stepped_at == _NO_STEP)
         seen = np.isfinite(err)
         # a jump is suspect at once (its delays withheld) and a move once the next batch that
@@ -550,7 +560,8 @@ class ClockSync:
         confirm = jumped & self._suspect
         clear = self._suspect & seen & ~jumped
         new = jumped & ~self._suspect
-        t0 = int(ing.t1.min())
+        t0 = np.full(self.n_nics, _NONE, np.int64)  # per NIC the first probe it sent
+        np.minimum.at(t0, src, ing.t1.astype(np.int64))
         self._suspect_since = np.where(new, t0, self._suspect_since)
         self._suspect = (self._suspect | new) & ~clear & ~confirm
         self._last_err = np.where(seen & ~jumped, err, self._last_err)
@@ -561,6 +572,17 @@ class ClockSync:
             # new arrays: an adopted trust may be its solver's own
             self.trust_ns = np.where(confirm, -1.0, self.trust_ns)
             self.coarse_trust_ns = np.where(confirm, -1.0, self.coarse_trust_ns)
+
+    def _unc_at(self, rel: F64) -> F64:
+        """Per NIC its clock's uncertainty at ``rel`` (its own time from t_ref; NaN where
+        unknown), as `offsets` gives it."""
+        st = self.state
+        assert st is not None
+        m = st.models
+        ds = np.fmax(m.drift_std, self.drift_err)
+        with np.errstate(invalid="ignore"):
+            unc = np.sqrt(m.offset_std_ns**2 + (ds * np.abs(rel - st.center_ns)) ** 2)
+        return np.where(m.known & np.isfinite(rel), unc, np.nan)
 
     def delays(self, ing: Ingested) -> Delays:
         """Return one-way delays of the batch's probes and replies from the current models."""
@@ -635,6 +657,14 @@ class ClockTrust:
     drift_err: F64
     trust_ns: F64
     coarse_trust_ns: F64
+
+
+def _per_nic(n_nics: int, nic: I64, val: F64, how: np.ufunc) -> F64:
+    """Per NIC ``how`` (np.fmax / np.fmin) of its finite values, NaN where none."""
+    out = np.full(n_nics, np.nan)
+    ok = np.isfinite(val)
+    how.at(out, nic[ok], val[ok])
+    return out
 
 
 _NONE = np.iinfo(np.int64).max

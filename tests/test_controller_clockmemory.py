@@ -71,11 +71,11 @@ def test_clock_errors_show_a_moved_nic_and_not_its_peers() -> None:
     rtt = floor + rng.uniform(0, 1_500, m)
     q = rng.normal(0, 100, m)  # queueing left by the models, either way
     fwd, rev = 5_000.0 + q, 5_000.0 - q
-    before, _ = clock_errors(n, src, dst, fwd, rev, rtt, floor)
+    before, _ = clock_errors(n, src, fwd, rev, rtt, floor)
     # NIC 4's clock jumps 3 us ahead: delays into it + 3 us, out of it - 3 us
     fwd2 = fwd + np.where(dst == 4, 3_000.0, 0.0) - np.where(src == 4, 3_000.0, 0.0)
     rev2 = rev - np.where(dst == 4, 3_000.0, 0.0) + np.where(src == 4, 3_000.0, 0.0)
-    after, agree = clock_errors(n, src, dst, fwd2, rev2, rtt, floor)
+    after, agree = clock_errors(n, src, fwd2, rev2, rtt, floor)
     assert after[4] == pytest.approx(3_000.0, abs=100.0) and agree[4] > 0.9
     unc = np.full(n, 50.0)
     assert moved(after, agree, before, unc).tolist() == [k == 4 for k in range(n)]

@@ -301,7 +301,7 @@ class FleetWorker:
             return 0
         if self._first_stamp is None:
             self._first_stamp = int(ing.t1.min())
-        self._clock.remember(ing)  # floors for the delays' bad-stamp and moved-clock checks
+        self._clock.remember(ing, now_ns)  # floors for the delays' bad-stamp and move checks
         d = self._clock.delays(ing)
         if stage is not None:
             stage("sync_add")
