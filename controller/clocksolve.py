@@ -24,11 +24,12 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
 
+from controller.clockfloors import edge_raises, node_bounds, split_raise
 from sync import ClockModels
 from sync.summary import Summary, reduce_chunk, rtt_cap
 from sync.summarysolve import sync_summary
@@ -83,6 +84,7 @@ class ClockSyncConfig:
     # judged against the slow tier's 4 us floor only: docs/controller.md "Clock trust")
     coarse_unc_ns: float = 2000.0
     min_span_ns: int = 1_000_000_000  # a solve over less data cannot see drift: not trusted
+    floor_epochs: int = 6  # windows a directed pair's round-trip floor is remembered over
 
     def __post_init__(self) -> None:
         if self.window_ns <= 0 or self.solve_every_ns <= 0 or self.capacity < 16:
@@ -97,6 +99,8 @@ class ClockSyncConfig:
             raise ValueError("max_unc_ns must be > 0 and min_span_ns >= 0")
         if not self.coarse_unc_ns >= self.max_unc_ns:
             raise ValueError("coarse_unc_ns must be >= max_unc_ns")
+        if self.floor_epochs < 1:
+            raise ValueError("floor_epochs must be >= 1")
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,6 +116,14 @@ class ClockState:
     span_ns: int = 0  # time covered by the solved samples (initiator clocks)
     end_ns: int = 0  # latest send stamp of the solved samples (initiator clocks)
     summary_points: int = 0  # size of the hw summary the solve read (0: sw driver)
+    # NICs whose clocks stepped inside the window (unknown) and when (initiator clocks, ns)
+    stepped: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    step_at_ns: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    # per NIC: the bound on its offset error from its paths' raised floors (in offset_std)
+    # and its share of the raised floors (NaN: no remembered floor)
+    bound_ns: F64 | None = None
+    queued_ns: F64 | None = None
+    moved_since: I64 | None = None  # the window's (`SampleWindow.moved_since`)
 
     @property
     def t_ref_ns(self) -> int:
@@ -132,6 +144,10 @@ class SampleWindow:
     t3: I64
     t4: I64
     sw: NDArray[np.bool_]
+    floor: F64 | None = None  # per row its directed pair's remembered round-trip floor
+    # per NIC since when its clock moved (-1: it did not), as the window left out its rows
+    # from before then (`controller.clocksync.ClockSync.window`)
+    moved_since: I64 | None = None
 
     def __len__(self) -> int:
         return len(self.src)
@@ -241,14 +257,34 @@ def compute_state(
     w: SampleWindow, n_nics: int, config: ClockSyncConfig, now_ns: int, leaf: I64 | None = None
 ) -> ClockState | None:
     """Pure solve of one window (`solve_window`, ``leaf`` as there) -> per-NIC `ClockModels`
-    at the middle of the window. Returns None when no pair could be fitted. Safe to run in a
-    worker thread."""
+    at the middle of the window. With the rows' remembered floors (``w.floor``) each NIC's
+    offset uncertainty includes the bound its paths' raised floors put on it
+    (`controller.clockfloors.node_bounds`): a NIC whose every path queues is no longer
+    certain. NICs whose clocks stepped inside the window come back unknown (``stepped``).
+    Returns None when no pair could be fitted. Safe to run in a worker thread."""
     if len(w) < 2:
         return None
     t_lo, t_hi = int(w.t1.min()), int(w.t1.max())
     t_ref = t_lo + (t_hi - t_lo) // 2
     ws, points = solve_window(w, n_nics, config, t_ref, leaf)
-    return state_of(ws, t_ref, now_ns, n_samples=len(w), span=(t_lo, t_hi), points=points)
+    return state_of(
+        ws, t_ref, now_ns, n_samples=len(w), span=(t_lo, t_hi), points=points, window=w
+    )  # fmt: skip
+
+
+def floor_bounds(w: SampleWindow, n_nics: int) -> tuple[F64 | None, F64 | None]:
+    """Per NIC the bound its paths' raised floors put on its offset error and its share of
+    the raises (`controller.clockfloors.node_bounds`, `split_raise`), from the window's rows
+    and their remembered floors (``w.floor``); (None, None) without floors or raises."""
+    if w.floor is None:
+        return None, None
+    rtt = ((w.t4 - w.t1) - (w.t3 - w.t2)).astype(np.float64)
+    e, raised = edge_raises(
+        n_nics, w.src.astype(np.int64), w.dst.astype(np.int64), rtt, w.floor, w.t1
+    )
+    if not len(e):
+        return None, None
+    return node_bounds(n_nics, e, 0.5 * raised), split_raise(n_nics, e, raised)
 
 
 def state_of(
@@ -259,10 +295,13 @@ def state_of(
     n_samples: int,
     span: tuple[int, int],
     points: int = 0,
+    window: SampleWindow | None = None,
 ) -> ClockState | None:
     """The `ClockState` of a window's estimate ``ws`` at reference instant ``t_ref`` (its
     samples: ``n_samples`` rows sent between ``span`` = (first, last) initiator stamps, a
-    summary of ``points``); None when no pair could be fitted."""
+    summary of ``points``); None when no pair could be fitted. ``window``: the rows solved,
+    whose remembered floors bound the NICs behind raised ones (`floor_bounds`: the bound
+    joins each NIC's offset uncertainty) and whose ``moved_since`` the state keeps."""
     n_nics = len(ws.known)
     t_lo, t_hi = span
     fits = ws.fits
@@ -272,11 +311,15 @@ def state_of(
     drift_std = drift_std_per_node(ws, n_nics)
     known = ws.known & np.isfinite(ws.offset_ns) & np.isfinite(ws.drift)
     nan = np.full(n_nics, np.nan)
+    bound_ns, queued_ns = (None, None) if window is None else floor_bounds(window, n_nics)
+    std = np.maximum(ws.offset_std_ns, 0.0)
+    if bound_ns is not None:  # the queueing the paths carry now, against their floors
+        std = np.hypot(std, np.nan_to_num(bound_ns, nan=0.0))
     models = ClockModels.build(
         t_ref,
         np.where(known, ws.offset_ns, nan),
         np.where(known, ws.drift, nan),
-        np.where(known, np.maximum(ws.offset_std_ns, 0.0), nan),
+        np.where(known, std, nan),
         np.where(known, drift_std, nan),
     )
     return ClockState(
@@ -289,6 +332,11 @@ def state_of(
         span_ns=t_hi - t_lo,
         end_ns=t_hi,
         summary_points=points,
+        stepped=ws.stepped,
+        step_at_ns=np.rint(ws.step_at_ns).astype(np.int64) + t_ref,
+        bound_ns=bound_ns,
+        queued_ns=queued_ns,
+        moved_since=None if window is None else window.moved_since,
     )
 
 

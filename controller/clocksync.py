@@ -37,7 +37,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from controller.clockfloors import EPOCH_RANK, FloorMemory
 from controller.clocksolve import ClockState, ClockSyncConfig, SampleWindow, compute_state
+from controller.clocksteps import clock_errors, moved
 from controller.ingest import Ingested
 from controller.windows import KeyIndex
 from sync import ClockModels
@@ -94,15 +96,20 @@ class ClockSync:
         leaf: NDArray[np.integer[Any]] | None = None,
         first_stamp: int | None = None,
         slots: PairSlots | None = None,
+        remember: bool = True,
+        floor_rank: int = EPOCH_RANK,
     ) -> None:
         """``leaf``: per NIC index its leaf switch's index (the fabric's ECMP group), which
         lets the solve split the queueing left in the best samples by leaf uplink and NIC
         downlink (`sync.excess.split_excess`); None: receive side only. ``first_stamp``:
         where the warm-up bins are (`bin_keys`; None: at the first stamp added), e.g. a
         fleet worker's window selection binning as its solver does; ``slots``: a directed
-        pair numbering to share (`PairSlots`: a worker's one selection per window). Raises
-        ValueError
-        when ``leaf`` does not have ``n_nics`` entries."""
+        pair numbering to share (`PairSlots`: a worker's one selection per window);
+        ``remember``: keep the directed pairs' round-trip floors across windows (`floors`;
+        False for a selection that lives one window); ``floor_rank``: which of a window's
+        lowest round trips is its floor (`FloorMemory`: ``WINNER_RANK`` where the pairs
+        folded are other selections' winners, `add_pairs` in a fleet solver). Raises
+        ValueError when ``leaf`` does not have ``n_nics`` entries."""
         if leaf is not None and len(leaf) != n_nics:
             raise ValueError(f"leaf has {len(leaf)} entries for {n_nics} NICs")
         self.leaf = None if leaf is None else np.asarray(leaf, np.int64)
@@ -128,6 +135,17 @@ class ClockSync:
         self.drift_err = np.full(n_nics, np.inf)
         self.trust_ns = np.full(n_nics, -1.0)
         self.coarse_trust_ns = np.full(n_nics, -1.0)  # the same for coarse_unc
+        # memory across windows: each directed pair's round-trip floor
+        self.floors = FloorMemory(self.config.window_ns, self.config.floor_epochs, rank=floor_rank)
+        self._remember = remember
+        # per NIC since when its clock is not to be trusted (NIC clock ns; -1: trusted): it
+        # moved against its model (`controller.clocksteps`) or stepped inside a solve's
+        # window; cleared by a solve of data after that instant only
+        self.stepped_at = np.full(n_nics, _NO_STEP, np.int64)
+        self.moves_seen = 0  # NICs found moved between solves
+        self._last_err = np.full(n_nics, np.nan)  # per NIC its error in the last batch
+        self._suspect = np.zeros(n_nics, bool)  # its error jumped in the last batch
+        self._suspect_since = np.full(n_nics, _NO_STEP, np.int64)
 
     # ---- samples -------------------------------------------------------------------------
     def add(self, ing: Ingested) -> int:
@@ -148,6 +166,23 @@ class ClockSync:
         if not len(first):
             return 0
         return self._fold_pairs(cols, sw, first, second, self._slots.of_rows(ing, first))
+
+    def remember(self, ing: Ingested, now_ns: int | None = None) -> None:
+        """Fold the round trips of a batch's arrived probes into the directed pairs' floors
+        (`floors`), as `add` does for the coded pairs it selects: for a `ClockSync` that only
+        computes delays with another's models (a fleet worker's, `adopt`), so that its
+        `delays` see bad stamps and moved clocks against remembered floors. ``now_ns``: the
+        time that places the batch in an epoch (a fleet worker's ingest time, so that how
+        hosts are split among workers does not move an epoch's edge); default: each round
+        trip's send stamp."""
+        ok = np.flatnonzero(~ing.lost)
+        if not len(ok) or not self._remember:
+            return
+        rtt = (np.take(ing.t4, ok) - np.take(ing.t1, ok)) - (
+            np.take(ing.t3, ok) - np.take(ing.t2, ok)
+        )
+        at = np.take(ing.t1, ok) if now_ns is None else now_ns
+        self.floors.observe(self._slots.of_rows(ing, ok), rtt, at)
 
     def add_pairs(self, cols: Mapping[str, NDArray[Any]]) -> int:
         """Fold kept coded pairs into the per (directed pair, bin) lowest-RTT summary, as
@@ -190,9 +225,23 @@ class ClockSync:
             out: I64 = (np.take(t4, r) - np.take(t1, r)) - (np.take(t3, r) - np.take(t2, r))
             return out
 
-        score = rtt(first) + rtt(second)  # clock offsets cancel
         t1f = np.take(t1, first)
         t_hi = int(t1f.max())
+        # a pair with a round trip well under its directed pair's floor had a bad stamp: it
+        # would win its bin (the lowest round trip) and lose the bin's genuine best
+        r1, r2 = rtt(first), rtt(second)
+        floor = self.floors.floor(dp, settled=True)
+        with np.errstate(invalid="ignore"):
+            sane = ~(np.minimum(r1, r2) < floor - BAD_RTT_NS)
+        if self._remember:
+            t1s = np.take(t1, second)
+            self.floors.observe(np.concatenate([dp, dp]), np.concatenate([r1, r2]),
+                                np.concatenate([t1f, t1s]))  # fmt: skip
+        score = r1 + r2  # clock offsets cancel
+        if not sane.all():
+            first, second, score, dp, t1f = (a[sane] for a in (first, second, score, dp, t1f))
+            if not len(first):
+                return 0
         self._t_max = t_hi if self._t_max is None else max(self._t_max, t_hi)
         if self._t0 is None:
             self._t0 = int(t1f.min())
@@ -349,9 +398,20 @@ class ClockSync:
             return None
         cols = {k: np.concatenate([c[k] for c in chunks]) for k in _COLS}
         keep = cols["t1"] >= horizon
+        moved = np.flatnonzero(self.stepped_at != _NO_STEP)
+        for k in moved:  # a moved clock: only what it stamped after the move, once that is
+            # enough to fit a line (a NIC on less pulled its peers' drifts: a -100 us step
+            # left a peer 3.5 us off 7 s after a solve that had 2.5 s of the NIC after it)
+            mine = (cols["src"] == k) | (cols["dst"] == k)
+            after = self._t_max - self.stepped_at[k] >= self._moved_span_ns()
+            keep &= ~mine | ((cols["t1"] >= self.stepped_at[k]) & after)
         if not keep.all():
             cols = {k: v[keep] for k, v in cols.items()}
-        return SampleWindow(**cols)
+        if not len(cols["src"]):
+            return None
+        key = cols["src"].astype(np.int64) * self.n_nics + cols["dst"]
+        floor = self.floors.floor(self._slots.index.lookup(key))
+        return SampleWindow(**cols, floor=floor, moved_since=self.stepped_at.copy())
 
     def install(self, state: ClockState | None, cost_ns: int | None = None) -> bool:
         """Adopt a computed clock state (None = the solve found nothing; an older solve than
@@ -369,6 +429,9 @@ class ClockSync:
         old = self.state
         if old is not None and state.solved_at_ns < old.solved_at_ns:
             return False
+        self._note_steps(state)
+        self._last_err = np.full(self.n_nics, np.nan)  # the new models' errors are new
+        self._suspect[:] = False
         self.miss_ns, self.drift_err = solve_miss(old, state)
         if state.span_ns < self.config.min_span_ns:
             self.drift_err = np.full(self.n_nics, np.inf)  # one instant: drift unobservable
@@ -379,6 +442,9 @@ class ClockSync:
                      trust_horizon(state.models, self.drift_err, unc), -1.0)
             for unc in (self.config.max_unc_ns, self.config.coarse_unc_ns)
         )  # fmt: skip
+        moved = self.stepped_at != _NO_STEP
+        self.trust_ns[moved] = -1.0
+        self.coarse_trust_ns[moved] = -1.0
         self.state = state
         self.solves += 1
         self.last_solve_samples = state.n_samples
@@ -390,12 +456,19 @@ class ClockSync:
 
     def adopt(self, state: ClockState | None, trust: ClockTrust) -> None:
         """Take a state and its trust as another `ClockSync` installed them (a fleet worker
-        computing delays with its solver's models). Raises ValueError on a trust or state of
-        another size."""
+        computing delays with its solver's models), with the clock steps the state found or
+        cleared (`install`; the moves this sync saw itself between solves stay until a
+        state re-solves them). Raises ValueError on a trust or state of another size."""
         if len(trust.trust_ns) != self.n_nics or (
             state is not None and len(state.models) != self.n_nics
         ):
             raise ValueError(f"clock state and trust must cover {self.n_nics} NICs")
+        old = self.state
+        if state is not None and (old is None or state.solved_at_ns != old.solved_at_ns):
+            # a new solve (a fleet worker is handed the same one, decoded anew, each window)
+            self._note_steps(state)
+            self._last_err = np.full(self.n_nics, np.nan)  # the new models' errors are new
+            self._suspect[:] = False
         self.state = state
         self.miss_ns, self.drift_err = trust.miss_ns, trust.drift_err
         self.trust_ns, self.coarse_trust_ns = trust.trust_ns, trust.coarse_trust_ns
@@ -404,6 +477,29 @@ class ClockSync:
     def first_stamp(self) -> int | None:
         """Return the first send stamp seen (where the warm-up bins are), None before any."""
         return self._t0
+
+    def _moved_span_ns(self) -> int:
+        """How much data after its move a moved clock needs before a solve takes it: half
+        a window, at least ``min_span_ns``."""
+        return max(self.config.min_span_ns, self.config.window_ns // 2)
+
+    def _note_steps(self, state: ClockState) -> None:
+        """Adopt the steps a solve found inside its window, and clear the NICs it solved from
+        data after their move only (its window left out their rows from before the move, or
+        began after it; and `_moved_span_ns` of data came after it). Stamps of
+        different NICs are compared as the window's horizon compares them."""
+        if len(state.stepped):
+            at = np.maximum(self.stepped_at[state.stepped], state.step_at_ns)
+            self.stepped_at[state.stepped] = at
+        marked = self.stepped_at != _NO_STEP
+        after = state.end_ns - state.span_ns >= self.stepped_at  # the whole window after it
+        if state.moved_since is not None:  # ... or the NIC's rows from its move on only
+            since = state.moved_since
+            after |= (since != _NO_STEP) & (since >= self.stepped_at)
+        clear = marked & after & state.models.known
+        clear &= state.end_ns - self.stepped_at >= self._moved_span_ns()
+        clear[state.stepped] = False
+        self.stepped_at[clear] = _NO_STEP
 
     # ---- models --------------------------------------------------------------------------
     def true_rel(self, nic: I32, t_ns: I64) -> F64:
@@ -416,7 +512,8 @@ class ClockSync:
 
     def offsets(self, t_ns: int) -> tuple[F64, F64]:
         """Return (clock offset, uncertainty) of every NIC at reference time ``t_ns`` (NaN
-        where unknown; inf while no later solve has confirmed the NIC's drift)."""
+        where unknown, and for a NIC whose clock moved until a solve re-solves it; inf while
+        no later solve has confirmed the NIC's drift)."""
         st = self.state
         if st is None:
             nan = np.full(self.n_nics, np.nan)
@@ -427,12 +524,65 @@ class ClockSync:
         ds = np.fmax(m.drift_std, self.drift_err)
         with np.errstate(invalid="ignore"):
             unc = np.sqrt(m.offset_std_ns**2 + (ds * abs(rel - st.center_ns)) ** 2)
-        return off, np.where(m.known, unc, np.nan)
+        known = m.known & (self.stepped_at == _NO_STEP)  # a moved clock: unknown till re-solved
+        return np.where(known, off, np.nan), np.where(known, unc, np.nan)
 
     def trusted(self, nic: I32, rel_ns: F64, *, coarse: bool = False) -> NDArray[np.bool_]:
         """True where NIC ``nic``'s clock at ``rel_ns`` from t_ref is within ``max_unc_ns``
         (``coarse``: within ``coarse_unc_ns``)."""
         return np.abs(rel_ns) <= np.take(self.coarse_trust_ns if coarse else self.trust_ns, nic)
+
+    def _find_moves(
+        self, ing: Ingested, owd_f: F64, owd_r: F64, rtt: F64, floor: F64, rel: F64
+    ) -> None:
+        """Find the NICs whose clocks the batch shows moved against their models
+        (`controller.clocksteps`, on the probes near their pairs' remembered floors, beyond the
+        clocks' uncertainty at the batch's time ``rel`` from t_ref): suspect at once (their
+        delays withheld), moved from the first suspect batch's first stamp on once the next
+        batch that measures them confirms it. Not while the models are from a warm-up solve
+        (less than ``min_span_ns`` of data)."""
+        st = self.state
+        if not len(ing) or st is None or not np.isfinite(rel).any():
+            return
+        if not np.isfinite(floor).any():
+            return
+        if st.span_ns < self.config.min_span_ns:  # warm-up models: their errors say little
+            return
+        # per NIC from the probes it sent, at their latest time: what a fleet worker owning
+        # the NIC's host sees alike, however the batches are split among workers
+        src = ing.src.astype(np.int64)
+        unc = self._unc_at(_per_nic(self.n_nics, src, rel, np.fmax))
+        err, agree = clock_errors(self.n_nics, src, owd_f, owd_r, rtt, floor)
+        jumped = moved(err, agree, self._last_err, unc) & (self.stepped_at == _NO_STEP)
+        seen = np.isfinite(err)
+        # a jump is suspect at once (its delays withheld) and a move once the next batch that
+        # measures the NIC shows it again; a suspect the next batch does not confirm is clear
+        confirm = jumped & self._suspect
+        clear = self._suspect & seen & ~jumped
+        new = jumped & ~self._suspect
+        t0 = np.full(self.n_nics, _NONE, np.int64)  # per NIC the first probe it sent
+        np.minimum.at(t0, src, ing.t1.astype(np.int64))
+        self._suspect_since = np.where(new, t0, self._suspect_since)
+        self._suspect = (self._suspect | new) & ~clear & ~confirm
+        self._last_err = np.where(seen & ~jumped, err, self._last_err)
+        nics = np.flatnonzero(confirm)
+        if len(nics):
+            self.moves_seen += len(nics)
+            self.stepped_at[nics] = self._suspect_since[nics]
+            # new arrays: an adopted trust may be its solver's own
+            self.trust_ns = np.where(confirm, -1.0, self.trust_ns)
+            self.coarse_trust_ns = np.where(confirm, -1.0, self.coarse_trust_ns)
+
+    def _unc_at(self, rel: F64) -> F64:
+        """Per NIC its clock's uncertainty at ``rel`` (its own time from t_ref; NaN where
+        unknown), as `offsets` gives it."""
+        st = self.state
+        assert st is not None
+        m = st.models
+        ds = np.fmax(m.drift_std, self.drift_err)
+        with np.errstate(invalid="ignore"):
+            unc = np.sqrt(m.offset_std_ns**2 + (ds * np.abs(rel - st.center_ns)) ** 2)
+        return np.where(m.known & np.isfinite(rel), unc, np.nan)
 
     def delays(self, ing: Ingested) -> Delays:
         """Return one-way delays of the batch's probes and replies from the current models."""
@@ -447,12 +597,21 @@ class ClockSync:
         r2 = self.true_rel(ing.dst, ing.t2)
         owd_f = r2 - r1
         owd_r = self.true_rel(ing.src, ing.t4) - self.true_rel(ing.dst, ing.t3)
+        slots = self._slots.of_rows(ing, np.arange(len(ing)))
+        self._find_moves(ing, owd_f, owd_r, rtt, self.floors.floor(slots), r1)
         # a delay is only as good as both clocks: withhold it where either is too uncertain,
         # mark it coarse where either is certain only to coarse_unc
         fine = self.trusted(ing.src, r1) & self.trusted(ing.dst, r2)
-        bad = lost | ~(
-            fine | (self.trusted(ing.src, r1, coarse=True) & self.trusted(ing.dst, r2, coarse=True))
-        )
+        moved = (self.stepped_at != _NO_STEP) | self._suspect
+        if moved.any():  # a moved clock's delays are withheld until a solve re-solves it
+            fine &= ~(np.take(moved, ing.src) | np.take(moved, ing.dst))
+        coarse = self.trusted(ing.src, r1, coarse=True) & self.trusted(ing.dst, r2, coarse=True)
+        if moved.any():
+            coarse &= ~(np.take(moved, ing.src) | np.take(moved, ing.dst))
+        # a round trip well under its pair's settled floor is no path: a bad stamp made it
+        with np.errstate(invalid="ignore"):
+            impossible = rtt < self.floors.floor(slots, settled=True) - BAD_RTT_NS
+        bad = lost | impossible | ~(fine | coarse)
         owd_f[bad] = np.nan
         owd_r[bad] = np.nan
         t_ns = np.where(np.isfinite(r1), np.rint(np.nan_to_num(r1)).astype(np.int64) +
@@ -500,7 +659,18 @@ class ClockTrust:
     coarse_trust_ns: F64
 
 
+def _per_nic(n_nics: int, nic: I64, val: F64, how: np.ufunc) -> F64:
+    """Per NIC ``how`` (np.fmax / np.fmin) of its finite values, NaN where none."""
+    out = np.full(n_nics, np.nan)
+    ok = np.isfinite(val)
+    how.at(out, nic[ok], val[ok])
+    return out
+
+
 _NONE = np.iinfo(np.int64).max
+_NO_STEP = -1
+BAD_RTT_NS = 5_000.0  # a round trip this far under its pair's floor had a bad stamp (a floor
+# is an epoch's fourth lowest: at load 0.9 the lowest is up to a few µs under it)
 
 
 @dataclass(eq=False)

@@ -7,15 +7,19 @@ samples from `sync.excess`). Pure: a summary in, a `WindowSync` out.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
+from sync.badstamps import without_bad
 from sync.batchfit import fit_pairs
-from sync.excess import direction_excess, node_midmean, split_excess
+from sync.excess import direction_excess, node_midmean, split_sides
 from sync.network import solve_network
+from sync.pairfit import PairFits
 from sync.refine import refit_fixed_slope
-from sync.summary import Summary, fit_hulls
+from sync.steps import exchange_residuals, find_steps, without_nodes
+from sync.summary import G32, Summary, fit_hulls
 from sync.window import (
     RTT_FRACTIONS,
     WindowSync,
@@ -29,6 +33,7 @@ from sync.window import (
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 LINE_FRACTION = 0.1  # lowest-RTT exchanges per edge the drift lines go through
+BAD_ROUNDS = 3  # rounds of leaving out bad stamps (each with the slopes the last one gave)
 
 
 def sync_summary(
@@ -43,32 +48,40 @@ def sync_summary(
     bias_bound: bool = True,
     rx_correction: bool = True,
     leaf: I64 | None = None,
+    drop_bad: bool = True,
+    clock_steps: bool = True,
 ) -> WindowSync:
     """`sync.window.sync_window` on a summary: pair fits on the hulls, two network solves,
     second stage with the envelope and the lowest-RTT candidates (no per-direction lowest
     fractions: they need every sample). ``rx_correction``: subtract from every NIC's offset
     half the queueing its best incoming samples still carry (`receive_excess`); with ``leaf``
     (per node its leaf switch's index, the fabric's ECMP group) the excesses are split into a
-    receive part per NIC and a send part per leaf and the NIC's offset loses half of their
-    difference instead (`split_excess`; estimator name ``...+rx+uplink``). Raises
+    receive part per NIC and a send part per NIC, its leaf's plus the share of its own that the
+    data show (CQE send stamps: the NIC's egress queue), and the NIC's offset loses half of
+    their difference instead (`split_sides`; estimator name ``...+rx+uplink``). ``drop_bad``:
+    once the first stage has the pair slopes, leave out the samples and exchanges that gross
+    bad stamps put below their floor (`sync.badstamps.without_bad`) and start again on what is
+    left (nothing changes when there are none). ``clock_steps``: a NIC whose clock stepped
+    inside the window (`sync.steps.find_steps`) is left out with its edges and reported
+    unknown (``stepped``, ``step_at_ns``); the others are solved again without it. Raises
     ValueError when a fraction needs more exchanges than ``cap`` kept (a cap from a too small
     ``max_exchanges``)."""
     m = len(s.edges)
-    g, t, d, cnt = fit_hulls(s, min_coded)
+    given = s  # (a stepped NIC is left out of the window as given, bad stamps and all)
+    st = _first(n_nodes, s, quant_ns, min_samples, min_coded, ref)
+    if isinstance(st, WindowSync):
+        return st
+    lost, lost_x = np.zeros(2 * m, np.int64), np.zeros(m, np.int64)
+    if drop_bad:
+        cleaned = _without_bad(n_nodes, s, st, (quant_ns, min_samples, min_coded, ref))
+        if isinstance(cleaned, WindowSync):
+            return cleaned
+        s, st, lost, lost_x = cleaned
+    g, t, d, fits, first, r, drift_from = st
     fwd, rev = g % 2 == 0, g % 2 == 1
     ge = g // 2
-    fits = fit_pairs(
-        m, ge[fwd], t[fwd], d[fwd], ge[rev], t[rev], d[rev],
-        min_samples=min_samples, quant_ns=quant_ns, counts=(cnt[0::2], cnt[1::2]),
-    )  # fmt: skip
-    if not fits.ok.any():
-        return empty_window(n_nodes, s.edges, fits)
-    first, r = first_stage(n_nodes, s.edges, fits, ref)
-    drift, drift_from = _node_drift(n_nodes, s, first, r)
-    if drift_from != "envelope":
-        first = dataclasses.replace(first, drift=drift)
     i, j = s.edges[:, 0], s.edges[:, 1]
-    slope = drift[j] - drift[i]
+    slope = first.drift[j] - first.drift[i]
     shift = first.offset_ns[i]
     usable = fits.ok & np.isfinite(slope) & np.isfinite(shift)
     if not usable.any():
@@ -81,7 +94,8 @@ def sync_summary(
     if rtt_fractions:
         n_x = np.bincount(s.x_edge, minlength=m)
         ks = [np.clip(np.rint(q * s.n_all[0::2]), 1, None).astype(np.int64) for q in rtt_fractions]
-        short = (n_x < s.n_all[0::2]) & (np.max(ks, axis=0) > n_x)
+        short = (n_x < s.n_all[0::2]) & (np.max(ks, axis=0) > n_x + lost_x)
+        ks = [np.where(lost_x > 0, np.clip(k, 1, np.maximum(n_x, 1)), k) for k in ks]
         if short.any():
             raise ValueError("cap too small for the lowest-RTT fractions on some edges")
         start = np.concatenate([[0], np.cumsum(n_x)[:-1]])
@@ -104,17 +118,83 @@ def sync_summary(
         n_nodes, first, r, usable, slope * shift, cands, excess, names, env_floor, bias_bound
     )
     out = dataclasses.replace(out, drift_from=drift_from)
+    if clock_steps:  # a NIC whose clock stepped in the window fits no line: unknown
+        res = exchange_residuals(s.edges, s.x_edge, s.x_mid, s.x_off, out.offset_ns, out.drift)
+        jumps = find_steps(n_nodes, s.edges, s.x_edge, s.x_mid, res)
+        if len(jumps):
+            again = sync_summary(
+                n_nodes, without_nodes(given, jumps.nodes), quant_ns=quant_ns,
+                min_samples=min_samples, min_coded=min_coded, ref=ref,
+                rtt_fractions=rtt_fractions, bias_bound=bias_bound,
+                rx_correction=rx_correction, leaf=leaf, drop_bad=drop_bad, clock_steps=False,
+            )  # fmt: skip
+            return dataclasses.replace(again, stepped=jumps.nodes, step_at_ns=jumps.at_ns)
     if not rx_correction:
         return out
-    src, dst, val = direction_excess(s, slope)
+    src, dst, val = direction_excess(s, slope, lost=lost)
     if leaf is None:
         rx, name = node_midmean(n_nodes, dst, val), "+rx"
     else:
-        recv, send = split_excess(n_nodes, src, dst, val, np.asarray(leaf, np.int64))
-        rx, name = recv - send[leaf], "+rx+uplink"
+        recv, send, _ = split_sides(n_nodes, src, dst, val, np.asarray(leaf, np.int64))
+        rx, name = recv - send, "+rx+uplink"
     off = np.where(out.known, out.offset_ns - 0.5 * np.nan_to_num(rx), np.nan)
     off -= np.nanmean(off) if out.known.any() else 0.0
     return dataclasses.replace(out, offset_ns=off, estimator=out.estimator + name)
+
+
+def _without_bad(
+    n_nodes: int, s: Summary, st: _FirstStage, args: tuple[float, int, int, int]
+) -> tuple[Summary, _FirstStage, I64, I64] | WindowSync:
+    """Up to ``BAD_ROUNDS`` rounds: leave out the samples that bad stamps put below their
+    floor, found with the slopes so far (`sync.badstamps.without_bad`), and run the first
+    stage again (``args``: `_first`'s quant_ns, min_samples, min_coded, ref). Returns the
+    summary, its first stage and the samples / exchanges left out per direction / edge, or
+    the first stage's `WindowSync` when what is left cannot be solved."""
+    m = len(s.edges)
+    lost, lost_x = np.zeros(2 * m, np.int64), np.zeros(m, np.int64)
+    e0, e1 = s.edges[:, 0], s.edges[:, 1]
+    for _ in range(BAD_ROUNDS):
+        s2, lost2, lost_x2 = without_bad(s, st.first.drift[e1] - st.first.drift[e0])
+        if s2 is s:
+            break
+        s, lost, lost_x = s2, lost + lost2, lost_x + lost_x2
+        again = _first(n_nodes, s, *args)
+        if isinstance(again, WindowSync):
+            return again
+        st = again
+    return s, st, lost, lost_x
+
+
+class _FirstStage(NamedTuple):
+    g: G32
+    t: F64
+    d: F64
+    fits: PairFits
+    first: WindowSync
+    ref: int
+    drift_from: str
+
+
+def _first(
+    n_nodes: int, s: Summary, quant_ns: float, min_samples: int, min_coded: int, ref: int
+) -> _FirstStage | WindowSync:
+    """Pair fits on the hulls, the first network solves and the node drifts (the window
+    with every node unknown when no pair could be fitted)."""
+    m = len(s.edges)
+    g, t, d, cnt = fit_hulls(s, min_coded)
+    fwd, rev = g % 2 == 0, g % 2 == 1
+    ge = g // 2
+    fits = fit_pairs(
+        m, ge[fwd], t[fwd], d[fwd], ge[rev], t[rev], d[rev],
+        min_samples=min_samples, quant_ns=quant_ns, counts=(cnt[0::2], cnt[1::2]),
+    )  # fmt: skip
+    if not fits.ok.any():
+        return empty_window(n_nodes, s.edges, fits)
+    first, r = first_stage(n_nodes, s.edges, fits, ref)
+    drift, drift_from = _node_drift(n_nodes, s, first, r)
+    if drift_from != "envelope":
+        first = dataclasses.replace(first, drift=drift)
+    return _FirstStage(g, t, d, fits, first, r, drift_from)
 
 
 def lowrtt_lines(s: Summary, fraction: float = LINE_FRACTION) -> tuple[F64, F64]:

@@ -23,7 +23,7 @@ Everything is pure: arrays in, a frozen `WindowSync` out; ``t_ref_ns`` is given,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -84,6 +84,10 @@ class WindowSync:
     estimator: str = "envelope-free-slope"
     closure_scale_ns: float = float("nan")
     drift_from: str = "envelope"  # which pair slopes the node drifts come from
+    # NICs whose clocks stepped inside the window (`sync.steps`: left unknown) and when (ns
+    # from the reference instant, in the exchanges' time axis)
+    stepped: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    step_at_ns: F64 = field(default_factory=lambda: np.zeros(0))
 
 
 def drift_std_per_node(ws: WindowSync, n_nodes: int) -> F64:

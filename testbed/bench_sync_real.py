@@ -25,6 +25,7 @@ from mesh.fabric import FabricShape
 from sync import ntp_offsets
 from sync.window import orient_samples, sync_window
 from testbed import faults
+from testbed.clockerr import node_errors
 from testbed.netns.lifecycle import up
 from testbed.netns.probe import Endpoint, coded_round_trips
 from testbed.netns.teardown import tear_down
@@ -78,8 +79,8 @@ def window_errors(
     )
     sol = sync_window(n, samples, bias_bound=False)  # kernel stamps: see sync_window
     truth = np.array([c.offset_at(t_kernel_ref) for c in clocks])
-    est = sol.offset_ns
-    e_node = (est - np.nanmean(est)) - (truth - truth.mean())
+    est = np.where(sol.known, sol.offset_ns, np.nan)
+    e_node = node_errors(est, truth)  # known NICs only, median-centred (testbed.clockerr)
     iu = np.triu_indices(n, 1)
     e_pair_h = (est[iu[1]] - est[iu[0]]) - (truth[iu[1]] - truth[iu[0]])
     # NTP baseline per ordered pair: min-RTT exchange, error vs truth at that exchange
@@ -97,6 +98,7 @@ def window_errors(
         "pair": [float(x) for x in e_pair_h if np.isfinite(x)],
         "ntp_pair": e_ntp,
         "lost": [float(lost.mean())],
+        "unknown": [float(np.isnan(e_node).sum())],
     }
 
 
@@ -118,6 +120,7 @@ def summarize_errors(errs: list[dict[str, list[float]]]) -> dict[str, float]:
             np.percentile(ntp, 99) / max(np.percentile(pair, 99), 1e-9)
         ),
         "windows": float(len(errs)),
+        "unknown_nics_max": float(max((e.get("unknown", [0.0])[0] for e in errs), default=0.0)),
         "loss_fraction": float(np.mean([e["lost"][0] for e in errs])),
     }
 

@@ -93,4 +93,4 @@ def test_sim_sync_reports_the_truth_breakdown_only_when_asked(
     assert tb["rx_true_p99_ns"] > 0 and tb["perfect_rx_p99_ns"] > 0
     assert tb["perfect_split_p99_ns"] > 0
     assert main([*args, "--truth-breakdown", "--timestamps", "sw"]) == 2
-    assert "needs --timestamps hw" in capsys.readouterr().err
+    assert "needs NIC stamps" in capsys.readouterr().err

@@ -37,6 +37,7 @@ import numpy.typing as npt
 from contract.documents import EventDoc
 from controller.brain import Brain
 from controller.brainlike import BrainLike
+from controller.clockfloors import WINNER_RANK
 from controller.clocksync import ClockState, ClockSync, compute_state
 from controller.fleet.config import FleetConfig
 from controller.fleet.partial import (
@@ -109,7 +110,10 @@ class FleetSolver:
         self.config = config or FleetConfig()
         self.solve_inline = solve_inline
         n = len(fabric.nics)
-        self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
+        # its floors come from the workers' selections: each a bin's lowest round trip
+        self.clock = ClockSync(
+            n, self.config.sync, leaf=fabric.nic_group_index, floor_rank=WINNER_RANK
+        )
         self.brain: BrainLike = brain if brain is not None else Brain(fabric, self.config.detection)
         self._fabric_id = fabric_id(fabric)
         self._width = routing_tables(fabric).max_hops

@@ -277,6 +277,7 @@ class FleetWorker:
                     self.config.sync,
                     first_stamp=self._first_stamp,
                     slots=self._slots,
+                    remember=False,  # one window's selection: the floors are the solver's
                 ),
             )
             self._open[k] = w
@@ -300,6 +301,7 @@ class FleetWorker:
             return 0
         if self._first_stamp is None:
             self._first_stamp = int(ing.t1.min())
+        self._clock.remember(ing, now_ns)  # floors for the delays' bad-stamp and move checks
         d = self._clock.delays(ing)
         if stage is not None:
             stage("sync_add")

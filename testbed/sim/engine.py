@@ -15,7 +15,9 @@ Model:
   ns of spread per switch, so forward and reverse floors nearly match), plus queueing: with utilisation ``rho`` a probe waits with
   probability ``rho`` an exponential time of mean ``S / (1 - rho)`` (``S`` = one MTU at link
   rate), and rarely a heavy-tailed (Pareto) burst;
-- stamps: ``hw`` quantizes to 6.4 ns with rare transmit-stamp outliers of 10-300 ns; ``sw`` adds
+- stamps: ``hw`` quantizes to 6.4 ns with rare transmit-stamp outliers of 10-300 ns; ``cqe``
+  (qpmesh's RDMA path) is ``hw`` with send stamps taken at the TX completion, before the NIC's
+  own egress queue and a per-NIC lead before the wire, plus jitter (`stamp_model`); ``sw`` adds
   µs-scale kernel jitter (exponential delays after the event, larger on receive);
 - faults (`testbed.scenario.Fault`): flap / link_down / nic_down drop every probe crossing the
   down link while it is down; loss drops with a probability per traversal; congest adds
@@ -28,7 +30,8 @@ CLI). The default adds the realistic effects of `testbed.sim.model.ModelKnobs` (
 module each; docs/simulator.md): utilisation per directed hop and over time with hot spots,
 incasts, overflow loss and load moving off down links (`load_model`); cable lengths, per-port
 switch latency and NIC TX/RX delays (`asymmetry`); frequency wander and temperature steps
-(`clock_model`); per-host software-stamp bias and outliers (`stamp_model`); the two probes of a
+(`clock_model`); clock steps and servo steering (`clock_events`), gross bad hw stamps
+(`stamp_model`); per-host software-stamp bias and outliers (`stamp_model`); the two probes of a
 coded pair sharing queues; background loss and loss bursts (`loss_model`); ECMP hashing the
 controller does not know, with the controller's view of each path in `SimStep.seen_fwd`
 (`ecmp_model`). Effects draw from their own seeded generators, so the ideal model's random
@@ -50,6 +53,7 @@ from mesh.fabric.ecmp import ROCEV2_PORT, flow_paths
 from mesh.fabric.model import hop_links
 from testbed.scenario import Fault, FaultKind, validate_targets
 from testbed.sim.asymmetry import hop_base_ns, nic_txrx_ns, pair_asymmetry_ns
+from testbed.sim.clock_events import ClockEvents
 from testbed.sim.clock_model import ClockWander
 from testbed.sim.congestion_truth import QueueTruth
 from testbed.sim.ecmp_model import true_and_seen_paths
@@ -58,7 +62,7 @@ from testbed.sim.load_model import UtilisationModel, redistribution
 from testbed.sim.loss_model import LossModel
 from testbed.sim.model import ModelKnobs
 from testbed.sim.moving_paths import MovingPaths
-from testbed.sim.stamp_model import StampModel
+from testbed.sim.stamp_model import StampModel, bad_stamps_ns, cqe_jitter_ns, cqe_lead_ns
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -67,6 +71,11 @@ EPOCH_NS = 1_700_000_000_000_000_000
 HW_TICK_NS = 6.4
 SPORT_LO, SPORT_HI = 49152, 65536
 _ROWS = 1 << 17  # events per block where a per-event computation is done in blocks
+
+
+# hw: NIC stamps at the wire (UDP with hardware stamps, or RDMA with port timestamps); cqe: NIC
+# stamps with sends stamped at the TX completion (qpmesh's RDMA path); sw: kernel stamps
+STAMPS = ("hw", "cqe", "sw")
 
 
 class SimError(ValueError):
@@ -100,8 +109,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.load <= 0.95:
             raise SimError(f"load must be in [0, 0.95], got {self.load}")
-        if self.timestamps not in ("hw", "sw"):
-            raise SimError(f"timestamps must be hw or sw, got {self.timestamps!r}")
+        if self.timestamps not in STAMPS:
+            raise SimError(f"timestamps must be one of {STAMPS}, got {self.timestamps!r}")
         if self.rate_hz <= 0 or self.ports_per_pair < 1 or self.peers < 0:
             raise SimError("rate_hz must be > 0, ports_per_pair >= 1, peers >= 0")
 
@@ -209,6 +218,12 @@ class Simulator:
         self._queue_truth = QueueTruth(
             knobs, cfg.seed, egress, self.real and cfg.timestamps == "hw" and knobs.hw_stamp_at_wire
         )
+        # NIC clocks as they are: steps, servo steering, bad stamps, CQE send stamps (the lead
+        # of a NIC's CQE stamps before the wire is a constant of its TX path)
+        self._events = ClockEvents(n, knobs, cfg.seed)
+        self._clk_rng = np.random.default_rng([cfg.seed, 902])
+        if cfg.timestamps == "cqe":
+            self.nic_tx_ns = self.nic_tx_ns + cqe_lead_ns(n, knobs, cfg.seed)
         for f in faults:
             self.add_fault(f)
         self._paths_moved = MovingPaths(self)
@@ -257,6 +272,17 @@ class Simulator:
         self.rng = np.random.default_rng([seed, 910, draw])
         self._fx = np.random.default_rng([seed, 911, draw])
         self._fifo_rng = np.random.default_rng([seed, 912, draw])
+        self._clk_rng = np.random.default_rng([seed, 913, draw])
+
+    def step_clock(self, nic: int, at_s: float, step_ns: float) -> None:
+        """Step NIC ``nic``'s clock by ``step_ns`` at true time ``at_s`` (a host reboot,
+        ptp4l / phc2sys stepping the NIC clock). Raises ValueError on a bad NIC or time."""
+        self._events.add_step(nic, at_s, step_ns)
+
+    def clock_steps(self, until_s: float) -> list[tuple[int, float, float]]:
+        """Every clock step up to true time ``until_s`` (random and scheduled): (NIC index,
+        time s, size ns), by time."""
+        return self._events.steps(until_s)
 
     def true_offset_ns(self, t_ns: float | F64, nic: npt.ArrayLike | None = None) -> F64:
         """Return the clock offsets (local - true, without the epoch) at true time ``t_ns``.
@@ -280,6 +306,8 @@ class Simulator:
         ).sum(axis=-1)
         if self._wander is not None:
             wander = wander + self._wander.offset_ns(t, idx)
+        if self._events.active:
+            wander = wander + self._events.offset_ns(t, idx)
         return np.asarray(self.offset_ns[idx] + self.drift[idx] * t + wander, dtype=np.float64)
 
     @cached_property
@@ -381,11 +409,12 @@ class Simulator:
     def fixed_delay_ns(self, hops: I32, src: I64, dst: I64) -> F64:
         """Return each probe's fixed one-way delay along ``hops`` (n, H; -1 pads) from NIC
         ``src`` to NIC ``dst``: the hops' propagation, serialization and forwarding, plus in the
-        realistic model the sender's NIC TX and the receiver's NIC RX delay. A probe's true
-        one-way delay minus this is the queueing it met."""
+        realistic model (and with CQE stamps) the sender's NIC TX delay (with CQE stamps its
+        lead) and the receiver's NIC RX delay. A probe's true one-way delay minus this is the
+        queueing it met."""
         valid = hops >= 0
         base = np.where(valid, self._hop_base_ns[np.where(valid, hops, 0)], 0.0).sum(axis=1)
-        if self.real:
+        if self.real or self.config.timestamps == "cqe":
             base = base + self.nic_tx_ns[src] + self.nic_rx_ns[dst]
         return np.asarray(base, dtype=np.float64)
 
@@ -496,9 +525,12 @@ class Simulator:
         hop_q = self._queue_truth.hop_queue_ns(rho, self._service_ns, incast)
         owd_f, nic_wait_f = self._delays(hops_f, rho, queue_extra_us, incast)
         owd_r, nic_wait_r = self._delays(hops_r, rho, queue_extra_us, incast)
-        if self.real:
+        if self.real or cfg.timestamps == "cqe":
             owd_f += self.nic_tx_ns[src] + self.nic_rx_ns[dst]
             owd_r += self.nic_tx_ns[dst] + self.nic_rx_ns[src]
+        if cfg.timestamps == "cqe":  # each send stamp a little earlier still than its lead
+            owd_f += cqe_jitter_ns(n, cfg.model, self._clk_rng)
+            owd_r += cqe_jitter_ns(n, cfg.model, self._clk_rng)
         if self.real and cfg.timestamps == "hw" and cfg.model.hw_stamp_at_wire:
             # a NIC stamps a probe as it goes on the wire, after its own egress queue: that
             # wait is before the send stamp, not part of the measured (or true) one-way delay
@@ -533,7 +565,7 @@ class Simulator:
         self._batch_seq += 1
         batch = ProbeBatch.from_columns(
             "sim",
-            cfg.timestamps,
+            "sw" if cfg.timestamps == "sw" else "hw",
             self._nic_ids,
             {
                 "seq": seq,
@@ -699,10 +731,13 @@ class Simulator:
         cfg, rng = self.config, self.rng
         local = true_ns + self.true_offset_ns(true_ns, nic)
         n = len(true_ns)
-        if cfg.timestamps == "hw":
+        if cfg.timestamps != "sw":
             if tx:
                 out = rng.random(n) < 1e-3
                 local = local + np.where(out, rng.uniform(10.0, 300.0, n), 0.0)
+            bad = bad_stamps_ns(n, cfg.model, self._clk_rng)
+            if bad is not None:
+                local = local + bad
             local = np.floor(local / HW_TICK_NS) * HW_TICK_NS
         else:
             mean = 500.0 if tx else 2000.0

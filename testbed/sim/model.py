@@ -6,7 +6,8 @@
 lines, identical kernel-stamp delays on every host, independent queues for the two probes of a
 coded pair, no loss, the controller knowing the switches' ECMP hash). Pure data: the effect
 generators live in `testbed.sim.load_model`, `asymmetry`, `clock_model`, `stamp_model`,
-`loss_model`, `ecmp_model` and `reroute_model`.
+`loss_model`, `ecmp_model` and `reroute_model`; the NIC clocks' steps and servo steering in
+`clock_events`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,19 @@ class ModelKnobs:
     wander_ppb_sqrt_s: float = 10.0  # frequency random walk, ppb per sqrt(s)
     temp_steps_per_h: float = 2.0  # per NIC, Poisson
     temp_step_ppb: float = 50.0  # frequency step size (sign random)
+    # NIC clocks as they are (clock_events, stamp_model): off by default, measured by knob
+    clock_step_per_h: float = 0.0  # per NIC, Poisson: a host reboot, ptp4l / phc2sys stepping
+    clock_step_us: tuple[float, float] = (1.0, 1000.0)  # step size, log-uniform, sign random
+    servo_interval_s: float = 0.0  # PHC steered by a PI servo every interval (0: free-running)
+    servo_noise_ns: float = 20.0  # the servo's offset measurement noise (standard deviation)
+    servo_kp: float = 0.7  # linuxptp's PI constants for hardware stamps
+    servo_ki: float = 0.3
+    hw_bad_stamp_prob: float = 0.0  # per hw / CQE stamp: a gross bad stamp
+    hw_bad_stamp_us: tuple[float, float] = (1.0, 50.0)  # its size, uniform, sign random
+    # completion-queue (CQE) send stamps, `--timestamps cqe` (stamp_model)
+    cqe_lead_ns: float = 600.0  # a TX completion is stamped this long before the wire
+    cqe_lead_spread_ns: float = 10.0  # per NIC: the lead + U(-s, s), constant
+    cqe_jitter_ns: float = 20.0  # per stamp: exponential, mean
     # software stamps (stamp_model)
     sw_host_bias_ns: float = 500.0  # per host and direction (tx / rx): U(-b, b)
     sw_outlier_prob: float = 1e-3  # per stamp
@@ -86,6 +100,7 @@ class ModelKnobs:
             "ecmp_mismatch",
             "discovered",
             "optic_duty",
+            "hw_bad_stamp_prob",
         ):
             if getattr(self, name) > 1:
                 raise ModelError(f"model knob {name} must be in [0, 1], got {getattr(self, name)}")
@@ -97,7 +112,9 @@ class ModelKnobs:
             raise ModelError("optic_duty must be in (0, 1] and optic_burst_ms > 0")
         if self.reroute_local_ms > self.reroute_remote_ms:
             raise ModelError("reroute_local_ms must be <= reroute_remote_ms")
-        for name in ("cable_m", "sw_outlier_us"):
+        if self.clock_step_us[0] <= 0:
+            raise ModelError(f"clock_step_us must be > 0, got {self.clock_step_us}")
+        for name in ("cable_m", "sw_outlier_us", "clock_step_us", "hw_bad_stamp_us"):
             lo, hi = getattr(self, name)
             if lo > hi:
                 raise ModelError(f"model knob {name} needs lo <= hi, got {(lo, hi)}")
@@ -116,6 +133,8 @@ class ModelKnobs:
             nic_txrx_ns=0.0,
             wander_ppb_sqrt_s=0.0,
             temp_steps_per_h=0.0,
+            cqe_lead_spread_ns=0.0,
+            cqe_jitter_ns=0.0,
             sw_host_bias_ns=0.0,
             sw_outlier_prob=0.0,
             coded_fifo=False,

@@ -11,7 +11,7 @@ Two questions the estimator cannot answer from its data, and the simulator can:
   true queueing (the envelope's excess), averaged per NIC over its incoming directions, is the
   quantity `sync.excess.receive_excess` estimates from the data; subtracting half of the true
   value instead of the estimate gives the error that is left when that estimate is perfect.
-  The same true per-direction queueing through the leaf split (`sync.excess.split_excess`)
+  The same true per-direction queueing through the leaf split (`sync.excess.split_sides`)
   is what the estimator with leaves would reach with perfect per-direction readings.
 
 Pure except for reading a simulator step's truth arrays; nothing here feeds the estimator.
@@ -26,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from sync import solve_network
-from sync.excess import direction_ends, split_excess
+from sync.excess import direction_ends, split_sides
+from testbed.clockerr import node_errors
 from testbed.sim.engine import SimStep, Simulator
 
 F64 = npt.NDArray[np.float64]
@@ -81,11 +82,12 @@ class BestQueueing:
         return np.where(cnt > 0, np.maximum(mean, 0.0), np.nan)  # >= 0 but for rounding
 
     def through_split(self, leaf: I64) -> F64:
-        """Per NIC the true best-sample queueing through the estimator's leaf split
-        (`sync.excess.split_excess`): receive part minus the NIC's leaf's send part, what the
-        estimator with leaves subtracts half of. Raises ValueError as `split_excess`."""
-        recv, send = split_excess(self.n_nodes, *self.directions(), leaf)
-        return recv - send[leaf]
+        """Per NIC the true best-sample queueing through the estimator's split
+        (`sync.excess.split_sides`): receive part minus the NIC's send part (its leaf's, plus
+        its own share where the data show one), what the estimator with leaves subtracts half
+        of. Raises ValueError as `split_sides`."""
+        recv, send, _ = split_sides(self.n_nodes, *self.directions(), leaf)
+        return recv - send
 
 
 def mean_queueing(draws: Sequence[BestQueueing]) -> BestQueueing:
@@ -112,13 +114,6 @@ def _p99(x: F64) -> float:
     return round(float(np.percentile(x, 99)), 2) if x.size else float("nan")
 
 
-def _node_errors(est: F64, truth: F64) -> F64:
-    k = np.isfinite(est)
-    out = np.full(len(est), np.nan)
-    out[k] = np.abs((est[k] - est[k].mean()) - (truth[k] - truth[k].mean()))
-    return out
-
-
 def breakdown(
     n_nodes: int,
     edges: I64,
@@ -136,7 +131,7 @@ def breakdown(
     residual per edge); and the node p99 error of ``raw_offset_ns`` (the same solve's node
     offsets, uncorrected) corrected by half of the true per-NIC receive excess ``rx_true``,
     and, given ``split_true`` (the true per-direction queueing through the estimator's leaf
-    split, `sync.excess.split_excess`: receive part minus the NIC's leaf's send part), by half
+    split, `sync.excess.split_sides`: receive part minus the NIC's send part), by half
     of that (``perfect_split_p99_ns``); given ``split_expected`` (the same from the
     directions' *expected* best-sample queueing, `mean_queueing`: the luck of each window's
     best samples left in), ``expected_split_p99_ns``, what a perfect reading of each
@@ -153,7 +148,7 @@ def breakdown(
     loop_scale = float(1.4826 * np.median(np.abs(res))) if res.size else float("nan")
 
     def corrected_p99(excess: F64) -> float:  # the raw offsets less half of a true excess
-        return _p99(_node_errors(raw_offset_ns - 0.5 * np.nan_to_num(excess), truth))
+        return _p99(node_errors(raw_offset_ns - 0.5 * np.nan_to_num(excess), truth))
 
     extra: dict[str, Any] = {}
     if split_true is not None:
@@ -165,7 +160,7 @@ def breakdown(
         "node_like_p99_ns": _p99(b),
         "loop_scale_ns": round(loop_scale, 2),
         "loop_p99_ns": _p99(np.abs(res)),
-        "uncorrected_p99_ns": _p99(_node_errors(raw_offset_ns, truth)),
+        "uncorrected_p99_ns": _p99(node_errors(raw_offset_ns, truth)),
         "rx_true_p99_ns": _p99(rx_true),
         "perfect_rx_p99_ns": corrected_p99(rx_true),
         **extra,

@@ -1,0 +1,76 @@
+"""Clocks that moved since the last solve, seen in one batch's delays (pure).
+
+Between two solves the controller turns stamps into one-way delays with the last solve's
+clock models. When a NIC's clock steps (a host reboot, ptp4l / phc2sys stepping it), every
+delay into it grows by the step and every delay out of it shrinks by it, and a detector
+would read that as a queue on the NIC's link (a ±5 µs step raised a false ``contention``
+0.2 s later, issue 34). The next solve finds the step (`sync.steps`); until then the batch
+itself shows it.
+
+Per probe, half the difference of its two one-way delays is the clock models' error for its
+pair plus half the difference of its two directions' queueing, and that queueing part is at
+most half the probe's round trip above its pair's remembered floor
+(`controller.clockfloors`). On the probes within ``LOW_EXCESS_NS`` of their floor it is
+small; over the probes a NIC sent (to its ~K peers: what the fleet worker owning the NIC's
+host sees, however hosts are split among workers), it is that NIC's clock error against its
+model
+(`clock_errors`: the mean over at least ``MIN_PROBES`` such probes, whose values are
+bounded, and the share of them on its side, ``MOVE_AGREE`` at least for a move). A model
+extrapolated from its solve drifts off slowly; a step moves the error between two batches: a NIC moved when its error changed by
+more than ``MOVE_NS`` and ``MOVE_Z`` times its clock uncertainty since the last batch that
+measured it (`moved`). A peer of a moved NIC shows it on one pair of its ~30 only, so its own
+mean barely moves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+LOW_EXCESS_NS = 2_000.0  # probes this close to their floor are read
+MOVE_NS = 500.0  # a NIC's error moved by more than this: its clock moved
+MOVE_Z = 4.0  # ... and beyond this many times the NIC's clock uncertainty
+MOVE_AGREE = 0.8  # ... with at least this share of its probes on that side
+MIN_PROBES = 6
+
+
+def clock_errors(
+    n_nics: int, src: I64, owd_fwd: F64, owd_rev: F64, rtt: F64, floor: F64
+) -> tuple[F64, F64]:
+    """Per NIC its clock's error against its model in one batch (ns, + : ahead), from the
+    probes near their pairs' floors (module docstring): the mean over them, NaN where fewer
+    than ``MIN_PROBES``; and the share of them on the mean's side (a moved clock puts nearly
+    all on one side, and a peer's own trouble is one pair of a NIC's ~30). Raises ValueError
+    on arrays of different lengths."""
+    n = len(src)
+    if not all(len(a) == n for a in (owd_fwd, owd_rev, rtt, floor)):
+        raise ValueError("every column must have one entry per probe")
+    out = np.full(n_nics, np.nan)
+    excess = rtt - floor
+    ok = np.isfinite(owd_fwd) & np.isfinite(owd_rev) & np.isfinite(excess)
+    ok &= excess <= LOW_EXCESS_NS
+    if not ok.any():
+        return out, np.zeros(n_nics)
+    node = np.asarray(src, np.int64)[ok]
+    val = 0.5 * (owd_rev[ok] - owd_fwd[ok])  # + : src ahead of its model (or dst behind)
+    cnt = np.bincount(node, minlength=n_nics)
+    # a mean, for its cost on the ingest path: the values are bounded (half the excess plus
+    # the model's error), and a moved clock shifts them all
+    out = np.bincount(node, val, n_nics) / np.maximum(cnt, 1)
+    side = np.bincount(node, np.sign(val) == np.sign(out[node]), n_nics)
+    enough = cnt >= MIN_PROBES
+    return np.where(enough, out, np.nan), side / np.maximum(cnt, 1)
+
+
+def moved(err: F64, agree: F64, before: F64, unc: F64) -> NDArray[np.bool_]:
+    """Which NICs' clocks moved since the batch that gave ``before`` (their errors then;
+    NaN: not measured, nothing to compare): the error ``err`` changed by more than
+    ``MOVE_NS`` and ``MOVE_Z`` times the NIC's clock uncertainty now ``unc``, with
+    ``MOVE_AGREE`` of its probes on one side (``agree``, `clock_errors`). A model extrapolated from its solve drifts off
+    slowly (its drift error times the distance: hundreds of ns over a window at load 0.9);
+    a step moves it between two batches."""
+    jump = np.abs(err - before)
+    limit = np.maximum(MOVE_NS, MOVE_Z * np.where(np.isfinite(unc), unc, np.inf))
+    return np.asarray((np.nan_to_num(jump, nan=0.0) > limit) & (agree >= MOVE_AGREE), dtype=bool)

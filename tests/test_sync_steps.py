@@ -1,0 +1,84 @@
+"""Clock steps inside a window are found, and the stepped NIC is reported unknown instead of
+somewhere between its two levels (`sync.steps`, docs/sync.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mesh.fabric import FabricShape, build_fabric
+from sync.steps import exchange_residuals, find_steps
+from sync.summarysolve import sync_summary
+from testbed.clockerr import error_figures
+from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
+from testbed.sim.sync_stream import collect_window, window_batches, window_edges
+
+
+def test_a_level_shift_in_one_nics_exchanges_is_a_step_and_noise_is_not() -> None:
+    rng = np.random.default_rng(3)
+    n, m = 40, 400
+    a = rng.integers(0, n, m)
+    b = (a + rng.integers(1, n, m)) % n
+    edges = np.sort(np.stack([a, b], axis=1), axis=1)
+    edges = np.unique(edges, axis=0)
+    per = 30
+    x_edge = np.repeat(np.arange(len(edges)), per)
+    x_mid = rng.uniform(-1e9, 1e9, len(x_edge))
+    resid = rng.normal(0, 80.0, len(x_edge))  # exchange noise around the solved lines
+    assert len(find_steps(n, edges, x_edge, x_mid, resid)) == 0
+    # NIC 7's clock jumps 2 us ahead at +0.4 s: + on edges where it is the second end
+    at = x_mid > 0.4e9
+    on_j, on_i = edges[x_edge, 1] == 7, edges[x_edge, 0] == 7
+    stepped = resid + np.where(at & on_j, 2000.0, 0.0) - np.where(at & on_i, 2000.0, 0.0)
+    found = find_steps(n, edges, x_edge, x_mid, stepped)
+    assert found.nodes.tolist() == [7]
+    assert found.size_ns[0] == pytest.approx(2000.0, rel=0.15)
+    assert abs(found.at_ns[0] - 0.4e9) < 0.15e9
+    with pytest.raises(ValueError):
+        find_steps(n, edges, x_edge, x_mid[:-1], resid)
+
+
+def test_exchange_residuals_are_what_the_solved_lines_leave_centred_per_edge() -> None:
+    edges = np.array([[0, 1], [1, 2]])
+    offset, drift = np.array([0.0, 100.0, 50.0]), np.array([0.0, 1e-6, 0.0])
+    x_edge = np.array([0, 0, 1, 1])
+    x_mid = np.array([0.0, 1e9, 0.0, 1e9])
+    line = np.array([100.0, 100.0 + 1e3, -50.0 + 1e-6 * 100.0, -50.0 - 1e-6 * (1e9 - 100.0)])
+    r = exchange_residuals(edges, x_edge, x_mid, line + np.array([5.0, -5.0, 3.0, -3.0]),
+                           offset, drift)  # fmt: skip
+    np.testing.assert_allclose(r, [5.0, -5.0, 3.0, -3.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("size_ns", [3_000.0, -100_000.0])
+def test_the_stepped_nic_is_unknown_and_the_others_are_as_good_as_without(size_ns: float) -> None:
+    fab = build_fabric(FabricShape.for_nics(32, nics_per_leaf=8))
+    leaf = fab.nic_group_index.astype(np.int64)
+
+    def solve(step: bool) -> tuple[object, np.ndarray]:
+        sim = Simulator(fab, SimConfig(load=0.4, rate_hz=50, peers=8, mesh_in_group=False, seed=4))
+        if step:
+            sim.step_clock(9, 0.6, size_ns)
+        edges, per = window_edges(sim.pairs_src, sim.pairs_dst, 32)
+        sw = collect_window(
+            window_batches(sim, 1.0, 0.1), edges, per * 2 * 51, 32, EPOCH_NS + 500_000_000, 1.0, 25
+        )  # fmt: skip
+        return sync_summary(32, sw.summary, quant_ns=6.4, leaf=leaf), sim.true_offset_ns(0.5e9)
+
+    clean, truth = solve(False)
+    ws, truth_s = solve(True)
+    assert ws.stepped.tolist() == [9] and not ws.known[9] and np.isnan(ws.offset_ns[9])
+    assert abs(ws.step_at_ns[0] - 0.1e9) < 0.1e9  # 0.6 s is 0.1 s after the reference
+    fig, base = (
+        error_figures(ws.offset_ns, truth_s, ws.known),
+        error_figures(clean.offset_ns, truth, clean.known),
+    )
+    assert fig["unknown"] == 1 and fig["p99_ns"] < 1.5 * base["p99_ns"] + 5.0
+    # without looking for steps the NIC is known and far off
+    blind = Simulator(fab, SimConfig(load=0.4, rate_hz=50, peers=8, mesh_in_group=False, seed=4))
+    blind.step_clock(9, 0.6, size_ns)
+    edges, per = window_edges(blind.pairs_src, blind.pairs_dst, 32)
+    sw = collect_window(
+        window_batches(blind, 1.0, 0.1), edges, per * 2 * 51, 32, EPOCH_NS + 500_000_000, 1.0, 25
+    )  # fmt: skip
+    off = sync_summary(32, sw.summary, quant_ns=6.4, leaf=leaf, clock_steps=False)
+    assert off.known[9] and error_figures(off.offset_ns, truth_s)["max_ns"] > abs(size_ns) / 10
