@@ -161,9 +161,11 @@ class Admission:
             return False
         top, mask = prev
         back = top - batch_seq
-        if back < 0:  # a new highest: slide the window up
+        if back < 0:  # a new highest: slide the window up (a jump past it: a fresh window,
+            # never a shift by the jump, which a hostile batch_seq makes 2^64 bits long)
             keep = (1 << self._dedup_depth) - 1
-            self._seen[origin] = (batch_seq, ((mask << -back) | 1) & keep)
+            slid = (mask << -back) & keep if -back < self._dedup_depth else 0
+            self._seen[origin] = (batch_seq, slid | 1)
             return False
         if back >= self._dedup_depth:
             return False

@@ -153,6 +153,11 @@ def test_duplicates_are_remembered_in_a_bounded_window_per_origin() -> None:
     assert big.is_duplicate("h", 99_999 - 4095) and not big.is_duplicate("h", 99_999 - 4096)
     top, mask = big._seen["h"]
     assert top == 99_999 and mask.bit_length() <= 4096
+    # a hostile jump (a batch_seq near 2^64) starts a fresh window at once, no 2^64-bit shift
+    assert not big.is_duplicate("h", (1 << 64) - 1)
+    top, mask = big._seen["h"]
+    assert (top, mask) == ((1 << 64) - 1, 1)
+    assert big.is_duplicate("h", (1 << 64) - 1) and not big.is_duplicate("h", (1 << 64) - 2)
 
 
 def test_paths_documents_bad_as_a_whole_or_in_an_entry() -> None:

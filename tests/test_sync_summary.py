@@ -190,9 +190,9 @@ def test_receive_excess_is_the_incoming_tail_spacing_and_corrects_the_offsets() 
     on = sync_summary(n, summ, quant_ns=HW_TICK_NS)
     off = sync_summary(n, summ, quant_ns=HW_TICK_NS, rx_correction=False)
     assert on.estimator.endswith("+rx") and not off.estimator.endswith("+rx")
-    assert _p99(on.offset_ns, truth) < 0.9 * _p99(
-        off.offset_ns, truth
-    )  # (1 s, 64 NICs: 143 vs 168)
+    # (1 s, 64 NICs: 143 vs 168 on the model of 2026-11-27; 167 vs 183 with the simulator's
+    # hot spots and clocks of issue 34, which queue the NICs' downlinks less alike)
+    assert _p99(on.offset_ns, truth) < 0.95 * _p99(off.offset_ns, truth)
 
 
 def test_tail_factor_and_pooled_index() -> None:
