@@ -45,6 +45,7 @@ def test_targets_are_judged_from_the_figures() -> None:
     r = summarize({"worker": worker, "detection": det, "clocks": clk, "broker": brk,
                    "equivalence": {"equivalent": False}})  # fmt: skip
     assert r["solver"]["window_seconds"] == 6.0 and r["solver"]["max_rss_mb"] == 13000
+    assert r["solver"]["amortized_window_seconds"] == 3.3  # the clock solve over 10 windows
     assert r["cores"] == {"broker": 32.0, "workers": 64.0, "solver": 6.0, "total": 102.0}
     assert r["met"] == {"solver_window_seconds": False, "solver_max_rss_mb": False,
                         "worker_records_per_core_second": False, "equivalent": False}  # fmt: skip
