@@ -17,7 +17,7 @@ from testbed.sim.fleet_bench import summarize
 def test_sim_fleet_reports_every_stage_and_judges_the_targets(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    rc = main(["sim", "fleet", "--nics", "64", "--worker-nics", "64", "--windows", "1",
+    rc = main(["sim", "fleet", "--nics", "64", "--partitions", "2", "--windows", "1",
                "--broker-messages", "5", "--json"])  # fmt: skip
     out, err = capsys.readouterr()
     assert rc == 0, err

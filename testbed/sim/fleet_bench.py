@@ -3,13 +3,12 @@
 Stages, each measured here, none extrapolated from another size:
 
 1. **worker**: one ingest core (`controller.fleet.worker.FleetWorker`: admit, ingest, close
-   into partials) on a fleet of ``--worker-nics`` NICs (8 NICs a host, 32 a leaf, two
-   tiers; ``--peers`` random peers a NIC) at the full probe rate (``--worker-rate-hz`` coded
-   pairs a second per peer: 5,120 records a host batch, one batch per host and 1 s window,
-   as the probers publish them). ``worker.records_per_core_second``: records / CPU seconds of
-   admit + close over ``--windows`` windows after a warm-up one; making the traffic is not
-   timed. A worker owns some partitions of a fleet: what a record costs it hardly depends on
-   the fleet's size, while its batches' size does.
+   into partials) of the whole topology of ``--nics`` NICs (8 NICs a host, 32 a leaf, two
+   tiers; ``--peers`` random peers a NIC) owning one partition of ``--partitions``: the
+   probes of every such host, at the full probe rate (``--worker-rate-hz`` coded pairs a
+   second per peer: 5,120 records a host batch, one batch per host and 1 s window, as the
+   probers publish them). ``worker.records_per_core_second``: records / CPU seconds of admit
+   + close over ``--windows`` windows after a warm-up one; making the traffic is not timed.
 2. **solver, detection**: the full topology of ``--nics`` NICs, its traffic at a reduced rate
    (``--rate-hz``), split over ``--workers`` cores; their partials of one window decoded and
    merged (`controller.fleet.solver.FleetSolver.add`) and the window solved, the brain judging
@@ -47,6 +46,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from contract.documents import EventDoc
 from contract.interrupt import finish, interruptible
@@ -105,18 +106,28 @@ def fleet_shape(nics: int) -> FabricShape:
                        spines=max(2, min(64, leaves // 4)))  # fmt: skip
 
 
+def _only_hosts(sim: Simulator, every: int) -> None:
+    """Keep the probes of every ``every``-th host's NICs (one partition's share of the
+    hosts): the pairs whose source is on such a host. Before the first step."""
+    keep = np.flatnonzero(sim.fabric.nic_host_index[sim.pairs_src] % every == 0)
+    sim.pairs_src, sim.pairs_dst = sim.pairs_src[keep], sim.pairs_dst[keep]
+    sim.ports, sim.phase_s = sim.ports[keep], sim.phase_s[keep]
+
+
 def _ingest(
     nics: int, peers: int, rate_hz: float, windows: int, workers: int, seed: int,
-    progress: Progress, what: str,
+    progress: Progress, what: str, every: int = 1,
 ) -> tuple[dict[str, Any], list[bytes], int]:  # fmt: skip
-    """Simulate ``windows`` + 1 one-second windows of a fleet of ``nics`` and ingest them
-    into ``workers`` cores; return (figures, the last closed window's partials, that
-    window)."""
+    """Simulate ``windows`` + 1 one-second windows of a fleet of ``nics`` (the probes of
+    every ``every``-th host) and ingest them into ``workers`` cores; return (figures, the
+    last closed window's partials, that window)."""
     fabric = build_fabric(fleet_shape(nics))
     window_ns = WINDOW_NS
     config = FleetConfig(grid=WindowGrid(window_ns))
     sim = Simulator(fabric, SimConfig(seed=seed, peers=peers, rate_hz=rate_hz,
                                       ports_per_pair=1, mesh_in_group=False))  # fmt: skip
+    if every > 1:
+        _only_hosts(sim, every)
     owner = {h.id: i % workers for i, h in enumerate(fabric.hosts)}
     cores = [FleetWorker(fabric, config, name=f"w{i}") for i in range(workers)]
     progress(f"{what}: {len(fabric.nics)} NICs, {len(fabric.hosts)} hosts, "
@@ -145,6 +156,7 @@ def _ingest(
                  f"{dt:.1f} CPU s")  # fmt: skip
     out: dict[str, Any] = {
         "nics": len(fabric.nics), "hosts": len(fabric.hosts), "workers": workers,
+        "hosts_ingested": -(-len(fabric.hosts) // every),
         "rate_hz": rate_hz, "records": int(records), "cpu_s": round(cpu, 3),
         "records_per_core_second": round(records / cpu) if cpu > 0 else None,
         "records_per_batch": round(records / batches) if batches else None,
@@ -154,11 +166,13 @@ def _ingest(
 
 
 def worker_stage(
-    nics: int, peers: int, rate_hz: float, windows: int, seed: int, progress: Progress
-) -> dict[str, Any]:
-    """Stage 1: one worker core's records per CPU second at the full probe rate."""
-    out, _, _ = _ingest(nics, peers, rate_hz, windows, 1, seed, progress, "worker")
-    return out
+    nics: int, peers: int, rate_hz: float, windows: int, partitions: int, seed: int,
+    progress: Progress,
+) -> dict[str, Any]:  # fmt: skip
+    """Stage 1: one worker core's records per CPU second at the full probe rate, owning one
+    partition of ``partitions`` (every ``partitions``-th host) of the whole topology."""
+    out, _, _ = _ingest(nics, peers, rate_hz, windows, 1, seed, progress, "worker", partitions)
+    return out | {"partitions": partitions}
 
 
 def detection_stage(
@@ -256,9 +270,8 @@ def run(args: argparse.Namespace, progress: Progress, parts: dict[str, Any]) -> 
     progress("equivalence: one controller vs 3 workers + a solver, 32 NICs")
     parts["equivalence"] = check().to_dict()
     progress(f"equivalent: {parts['equivalence']['equivalent']}")
-    wn = min(args.nics, args.worker_nics)
-    parts["worker"] = worker_stage(wn, args.peers, args.worker_rate_hz, args.windows, args.seed,
-                                   progress)  # fmt: skip
+    parts["worker"] = worker_stage(args.nics, args.peers, args.worker_rate_hz, args.windows,
+                                   args.partitions, args.seed, progress)  # fmt: skip
     parts["detection"] = detection_stage(args.nics, args.peers, args.rate_hz, args.workers,
                                          args.seed, progress)  # fmt: skip
     progress(f"clocks: synthetic partials at {args.nics} NICs x {args.peers} peers")
@@ -277,11 +290,11 @@ def run(args: argparse.Namespace, progress: Progress, parts: dict[str, Any]) -> 
 
 def _cmd(args: argparse.Namespace) -> int:
     bad = (args.nics < 64 or args.peers < 2 or args.workers < 1 or args.windows < 1
-           or args.worker_nics < 64 or not 0 < args.rate_hz <= 100
+           or args.partitions < 1 or not 0 < args.rate_hz <= 100
            or not 0 < args.worker_rate_hz <= 100 or args.broker_messages < 0)  # fmt: skip
     if bad:
         print("qpmesh sim fleet: need --nics >= 64, --peers >= 2, --workers >= 1, --windows >= 1, "
-              "--worker-nics >= 64, rates in (0, 100] Hz, --broker-messages >= 0", file=sys.stderr)  # fmt: skip
+              "--partitions >= 1, rates in (0, 100] Hz, --broker-messages >= 0", file=sys.stderr)  # fmt: skip
         return 2
 
     def progress(line: str) -> None:
@@ -329,10 +342,11 @@ def register_fleet(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="workers the whole topology's hosts are split over (default %(default)s)",
     )
     p.add_argument(
-        "--worker-nics",
+        "--partitions",
         type=int,
-        default=2048,
-        help="NICs of the worker stage's fabric (at most --nics; default %(default)s)",
+        default=64,
+        help="the worker stage's core owns one partition of this many: every such host "
+        "of the whole topology (default %(default)s)",
     )
     p.add_argument(
         "--worker-rate-hz",
