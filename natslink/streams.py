@@ -12,6 +12,7 @@ wait).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,7 +31,7 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
-from natslink.errors import NatsRefused, translate
+from natslink.errors import NatsRefused, NatsUnavailable, translate
 from natslink.link import Link
 
 
@@ -260,6 +261,19 @@ async def open_pull(
     return Pull(sub, f"{stream}/{durable}")
 
 
+async def consumer_names(link: Link, stream: str) -> list[str]:
+    """Return the names of ``stream``'s consumers as the cluster's metadata holds them (the
+    meta leader answers, also for a consumer whose own leader is being elected, when its
+    info says "not found"). Raises `NatsUnavailable` when no answer comes in time."""
+    subject = f"$JS.API.CONSUMER.NAMES.{stream}"
+    with translate(f"consumer names {stream}"):
+        msg = await link.nc.request(subject, b"{}", timeout=link.settings.timeout_s)
+    doc = json.loads(msg.data or b"{}")
+    if "error" in doc:
+        raise NatsUnavailable(f"consumer names {stream}: {doc['error']}")
+    return [str(n) for n in doc.get("consumers") or ()]
+
+
 async def restart_from_ack_floor(
     link: Link, stream: str, durable: str, subject: str, *, ack_wait_s: float,
     max_ack_pending: int = 100_000,
@@ -269,7 +283,9 @@ async def restart_from_ack_floor(
     rather than after the ack wait; return that stream sequence (1 for a new consumer).
 
     What an old owner acked above the floor comes again too: the caller must recognise work
-    already committed (qpmesh's partials do: `controller.fleet.workerloop`).
+    already committed (qpmesh's partials do: `controller.fleet.workerloop`). Raises
+    `NatsUnavailable` when the consumer exists but its info cannot be read (its leader is
+    being elected after a server died: `consumer_names` tells the two apart).
     """
     with translate(f"consumer {stream}/{durable}"):
         try:
@@ -277,6 +293,10 @@ async def restart_from_ack_floor(
             start = int(info.ack_floor.stream_seq if info.ack_floor else 0) + 1
             await link.js.delete_consumer(stream, durable)
         except nats.js.errors.NotFoundError:
+            if durable in await consumer_names(link, stream):
+                # it exists, its leader is being elected: binding it as it stands would
+                # continue past what the old owner held unacked (until the ack wait)
+                raise NatsUnavailable(f"consumer {stream}/{durable}: no leader yet") from None
             return 1
         await link.js.add_consumer(stream, ConsumerConfig(
             durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,

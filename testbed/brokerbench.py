@@ -174,10 +174,17 @@ def _mqtt_pub(port: int, n: int, size: int, inflight: int) -> float:
     return time.process_time()
 
 
+def _default_signals() -> None:
+    """In a client process: SIGTERM and SIGINT as by default (not a parent's handlers,
+    e.g. `contract.interrupt`'s, which the pool's terminate would set off)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run_clients(jobs: list[tuple[Callable[..., float], tuple[Any, ...]]]) -> tuple[float, float]:
     """Run each (function, args) in its own process; return (wall s, their CPU s summed)."""
     ctx = mp.get_context("fork")
-    with ctx.Pool(len(jobs)) as pool:
+    with ctx.Pool(len(jobs), initializer=_default_signals) as pool:
         t0 = time.perf_counter()
         cpus = [r.get(600) for r in [pool.apply_async(fn, args) for fn, args in jobs]]
         return time.perf_counter() - t0, sum(cpus)

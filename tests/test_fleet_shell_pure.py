@@ -73,3 +73,14 @@ def test_window_book_complete_deadline_late() -> None:
     book.mark_solved(6)
     assert not book.add(5, 0) and book.late == 1  # a window solved already: late, dropped
     assert book.add(7, 0) and book.due(84) == [] and book.due(85) == [7]  # deadline 85
+
+
+def test_reader_watch_reopens_after_a_window_without_deliveries() -> None:
+    from controller.fleet.solverloop import ReaderWatch
+
+    w = ReaderWatch(stall_s=4.0, since_s=100.0)
+    assert not w.stalled(103.9)
+    w.delivered(17, 103.9)
+    assert not w.stalled(107.8) and w.last_seq == 17
+    assert w.stalled(107.9)  # a whole window without a delivery: reopen after seq 17
+    assert not w.stalled(108.0)  # and count again from the reopening

@@ -86,6 +86,7 @@ COMMANDS = {
     "sim run": [*QP, "sim", "run", "--json", "testbed/scenarios/demo.toml", "--duration",
                 "100000"],
     "sim ingest": [*QP, "sim", "ingest", "--json", "--nics", "256", "--seconds", "400"],
+    "sim fleet": [*QP, "sim", "fleet", "--json", "--nics", "100000", "--broker-messages", "0"],
     "prober bench": [*QP, "prober", "bench", "--json", "--seconds", "60", "--repeats", "5"],
     "timeseries bench": [sys.executable, "-m", "controller.timeseries.bench", "--json",
                          "--records", "100000000"],

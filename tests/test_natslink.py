@@ -18,6 +18,7 @@ from natslink.settings import NatsSettings, read_nats
 from natslink.streams import (
     BucketSpec,
     StreamSpec,
+    consumer_names,
     ensure_bucket,
     ensure_stream,
     open_pull,
@@ -130,8 +131,10 @@ def test_cluster_stream_dedup_leases_and_ack_floor(nats_cluster: Cluster) -> Non
             assert await pull.fetch(10, 0.2) == []
             await pull.close()
             # the first stays unacked: a new owner starts again there, at once
+            assert "p5" in await consumer_names(link, "T_PROBES")
             start = await restart_from_ack_floor(link, "T_PROBES", "p5", p5, ack_wait_s=30)
             assert start == got[0].stream_seq
+            assert await restart_from_ack_floor(link, "T_PROBES", "p9", p5, ack_wait_s=30) == 1
             pull = await open_pull(link, "T_PROBES", "p5", p5, ack_wait_s=30)
             again = await pull.fetch(10, 2.0)
             assert [d.data for d in again] == [b"one", b"three"]

@@ -17,6 +17,14 @@
 A partial for a window already solved is late: counted (``late``) and dropped. A solver that
 restarts (or a standby that takes over) starts from ``solved + 1``: the partials of the
 windows since are still in the stream (its max age), so it is whole again within one window.
+
+The reader is an ephemeral consumer, which the servers keep on one server (R1): when that
+server dies the reader's fetches only time out, while the connection (to another server) and
+the lease stay good. Every partition commits every window, so a reader that delivered nothing
+for a whole window is taken as lost (`ReaderWatch`) and opened again just after the last
+message it delivered (nothing skipped, nothing read twice: ``reopened`` counts it). Without
+this a solver stops solving (no partials, no due windows) and holds its lease, so its standby
+never takes over.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from controller.fleet.book import WindowBook
 from controller.fleet.cores import SolverCore, SolveResultLike
@@ -35,10 +44,32 @@ from natslink.errors import LINK_ERRORS
 from natslink.lease import LeaseClock, Leases
 from natslink.link import Link, connect
 from natslink.settings import NatsSettings
-from natslink.streams import Bucket, ensure_bucket, ensure_stream, open_reader
+from natslink.streams import Bucket, Pull, ensure_bucket, ensure_stream, open_reader
 
 Log = Callable[..., None]
 READ_WAIT_S = 0.25
+
+
+@dataclass
+class ReaderWatch:
+    """When to open the partial reader again (pure; ``now_s`` monotonic seconds): after
+    ``stall_s`` without a delivery. ``last_seq``: the last stream sequence delivered (None:
+    nothing yet)."""
+
+    stall_s: float
+    since_s: float
+    last_seq: int | None = None
+
+    def delivered(self, seq: int, now_s: float) -> None:
+        """Note a delivery of stream sequence ``seq`` at ``now_s``."""
+        self.last_seq, self.since_s = seq, now_s
+
+    def stalled(self, now_s: float) -> bool:
+        """Return True (and start counting again) if nothing came for ``stall_s``."""
+        if now_s - self.since_s < self.stall_s:
+            return False
+        self.since_s = now_s
+        return True
 
 
 class SolverLoop:
@@ -69,6 +100,7 @@ class SolverLoop:
         self.late = 0
         self.solves = 0
         self.takeovers = 0
+        self.reopened = 0
         self.book: WindowBook | None = None
 
     async def run(self, *, max_attempts: int | None = None) -> None:
@@ -123,12 +155,18 @@ class SolverLoop:
                                    self.settings.subjects.partials_all(), start_ns=start_ns)  # fmt: skip
         self.log(self.clock_ns(), "solver active", solver=self.solver_id, from_window=first)
         asm = Assembler()
+        watch = ReaderWatch(self.plane.window_ns / 1e9, self.mono())
         try:
             while True:
                 await self.lease.renew()
                 if not self.lease.valid(SOLVER_KEY):
                     return
-                for d in await reader.fetch(self.plane.fetch_batch, READ_WAIT_S):
+                got = await reader.fetch(self.plane.fetch_batch, READ_WAIT_S)
+                if got:
+                    watch.delivered(got[-1].stream_seq, self.mono())
+                elif watch.stalled(self.mono()):
+                    reader = await self._reopen(link, reader, watch.last_seq, start_ns)
+                for d in got:
                     try:
                         c = asm.feed(d.headers, d.data)
                     except PartialWireError as exc:
@@ -151,6 +189,20 @@ class SolverLoop:
             with contextlib.suppress(*LINK_ERRORS):
                 await reader.close()
 
+    async def _reopen(self, link: Link, old: Pull, last_seq: int | None, start_ns: int) -> Pull:
+        """Open the partial reader again just after ``last_seq`` (or at ``start_ns``)."""
+        with contextlib.suppress(*LINK_ERRORS):
+            await old.close()
+        subject = self.settings.subjects.partials_all()
+        if last_seq is None:
+            reader = await open_reader(link, self.plane.partial_stream, subject, start_ns=start_ns)
+        else:
+            reader = await open_reader(link, self.plane.partial_stream, subject, last_seq + 1)
+        self.reopened += 1
+        self.log(self.clock_ns(), "partial reader reopened", solver=self.solver_id,
+                 from_seq=last_seq + 1 if last_seq is not None else None)  # fmt: skip
+        return reader
+
     async def _solve(self, core: SolverCore, clocks: Bucket, book: WindowBook, w: int) -> None:
         missing = self.plane.partitions - len(book.pending.get(w, ()))
         now = self.clock_ns()
@@ -168,4 +220,4 @@ class SolverLoop:
         self.on_result(w, result)
 
 
-__all__ = ["SolverLoop"]
+__all__ = ["ReaderWatch", "SolverLoop"]

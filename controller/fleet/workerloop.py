@@ -66,6 +66,7 @@ from natslink.subjects import fnv1a32
 
 Log = Callable[..., None]
 FETCH_WAIT_S = 0.5
+LINK_POLL_S = 0.5
 
 
 def _host_of(subject: str) -> str:
@@ -153,7 +154,7 @@ class WorkerLoop:
             self.log(self.clock_ns(), "connected", server=link.server, worker=self.worker_id)
             connected()
             side = [asyncio.create_task(self._leases_loop(link, leases)),
-                    asyncio.create_task(self._watch_models(clocks))]  # fmt: skip
+                    asyncio.create_task(self._watch_models(link, clocks))]  # fmt: skip
             try:
                 await _first_error(side, link)
             finally:
@@ -215,10 +216,12 @@ class WorkerLoop:
 
     # ---- clock models --------------------------------------------------------------------
 
-    async def _watch_models(self, clocks: Bucket) -> None:
+    async def _watch_models(self, link: Link, clocks: Bucket) -> None:
         """Keep ``models`` current; a watch that fails (a cluster electing leaders) is set up
-        again after a pause instead of ending the connection: ingest goes on meanwhile."""
+        again after a pause instead of ending the connection: ingest goes on meanwhile. Raises
+        `NatsUnavailable` once the connection itself is gone (the session then ends)."""
         while True:
+            link.check()
             try:
                 async for entry in clocks.watch(MODELS_KEY, timeout_s=self.settings.timeout_s):
                     if entry is not None and entry.value:
@@ -311,10 +314,17 @@ class _LeaseGone(Exception):
 
 
 async def _first_error(tasks: list[asyncio.Task[None]], link: Link) -> None:
-    """Wait until a task fails or the link is lost; raise that error."""
+    """Wait until a task fails or the link is lost; raise that error. The link is also
+    checked every `LINK_POLL_S`: nats-py marks a connection closed before it runs the
+    callbacks that set ``link.lost``, and a close that stalls on a dead server's socket
+    may never run them."""
     lost = asyncio.create_task(link.lost.wait())
     try:
-        done, _ = await asyncio.wait([*tasks, lost], return_when=asyncio.FIRST_COMPLETED)
+        while True:
+            done, _ = await asyncio.wait([*tasks, lost], timeout=LINK_POLL_S,
+                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            if done or link.nc.is_closed:
+                break
     finally:
         lost.cancel()
     for t in done:

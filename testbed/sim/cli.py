@@ -105,7 +105,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     register_ingest(ssub)
     register_api_bench(ssub)
 
+    from testbed.sim.fleet_bench import register_fleet
     from testbed.sim.run_cmd import register_run
+
+    register_fleet(ssub)
 
     register_run(ssub)
 

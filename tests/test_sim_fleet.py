@@ -1,0 +1,61 @@
+"""``qpmesh sim fleet`` (issue 29 item 6) at a small size: the report's fields, the targets
+judged from them, the equivalence check run in the same command, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from qpmesh.cli import main
+from testbed.sim.fleet_bench import summarize
+
+
+@pytest.mark.skipif(shutil.which("nats-server") is None and not __import__("os").path.exists(
+    "/usr/sbin/nats-server"), reason="needs nats-server")  # fmt: skip
+def test_sim_fleet_reports_every_stage_and_judges_the_targets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc = main(["sim", "fleet", "--nics", "64", "--partitions", "2", "--windows", "1",
+               "--broker-messages", "5", "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["interrupted"] is False
+    assert r["solver"]["window_seconds"] > 0 and r["solver"]["max_rss_mb"] > 0
+    assert r["solver"]["known_nics"] == 64
+    assert r["worker"]["records_per_core_second"] > 0
+    assert 0 < r["worker"]["records_per_batch"] <= 5120  # 5,120: a full-rate host batch
+    assert r["broker"]["server_cpu_us_per_record"] > 0
+    assert r["cores_for_64M_records_per_second"] == r["cores"]["total"] > 0
+    assert r["equivalent"] is True and r["equivalence"]["max_offset_diff_ns"] <= 0.01
+    assert set(r["met"]) == set(r["targets"])
+    assert r["met"]["equivalent"] is True
+    assert "equivalence:" in err and "worker:" in err  # progress on stderr
+
+
+def test_targets_are_judged_from_the_figures() -> None:
+    worker = {"records_per_core_second": 1_000_000}
+    det = {"merge_s": 1.0, "judge_s": 1.0, "peak_rss_mb": 100}
+    clk = {"fold_cpu_s_per_window": 1.0, "summary_cpu_s": 1.0, "fit_and_solve_cpu_s": 2.0,
+           "fold_peak_rss_mb": 200, "summary_peak_rss_mb": 13000, "fit_and_solve_peak_rss_mb": 1,
+           "offset_err_p99_ns": 1.0, "known_nics": 10}  # fmt: skip
+    brk = {"server_cpu_us_per_record": 0.5}
+    r = summarize({"worker": worker, "detection": det, "clocks": clk, "broker": brk,
+                   "equivalence": {"equivalent": False}})  # fmt: skip
+    assert r["solver"]["window_seconds"] == 6.0 and r["solver"]["max_rss_mb"] == 13000
+    assert r["solver"]["amortized_window_seconds"] == 3.3  # the clock solve over 10 windows
+    assert r["cores"] == {"broker": 32.0, "workers": 64.0, "solver": 3.3, "total": 99.3}
+    assert r["met"] == {"solver_window_seconds": False, "solver_max_rss_mb": False,
+                        "worker_records_per_core_second": False, "equivalent": False}  # fmt: skip
+    assert summarize({})["cores_for_64M_records_per_second"] is None  # nothing measured
+
+
+@pytest.mark.parametrize("bad", [["--nics", "10"], ["--rate-hz", "0"], ["--workers", "0"]])
+def test_bad_options_are_one_line_and_exit_2(
+    bad: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sim", "fleet", *bad]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("qpmesh sim fleet:")
