@@ -74,6 +74,11 @@ class Verdict:
         return self.outcome is Outcome.ACCEPTED
 
 
+FUTURE_SLACK_MS = 86_400_000
+"""How far (ms) a batch_seq may lie ahead of the controller's clock in ms: a day, for hosts
+whose clocks are far off (`Admission.judge`)."""
+
+
 @functools.lru_cache(maxsize=8)
 def nic_hosts(fabric: Fabric) -> Mapping[str, str]:
     """Return NIC id -> owning host id of ``fabric`` (cached: a fabric never changes)."""
@@ -109,11 +114,15 @@ class Admission:
             self._nic_host = nic_hosts(fabric)
 
     def judge(
-        self, data: ProbeBatch | bytes, host: str | None = None
+        self, data: ProbeBatch | bytes, host: str | None = None, now_ns: int | None = None
     ) -> tuple[Verdict, ProbeBatch | None]:
         """Return the verdict on ``data`` (a payload, or a decoded batch) and the batch when
         it is accepted (else None); ``host``: the host of the topic it came on (None: a
-        source the caller trusts, no origin check). Raises nothing for bad input."""
+        source the caller trusts, no origin check); ``now_ns``: the controller's UNIX time,
+        when given a batch_seq more than `FUTURE_SLACK_MS` ahead of it in ms is malformed (a
+        prober numbers its batches from its start time in ms, one per batch: a number from
+        the future is corrupt or forged, and taken it would make the origin's real batches
+        look replayed). Raises nothing for bad input."""
         if isinstance(data, ProbeBatch):
             batch = data
         else:
@@ -125,6 +134,9 @@ class Admission:
             why = batch_origin_error(batch, host, self._nic_host)
             if why:
                 return self._count(Verdict(Outcome.UNTRUSTED, why)), None
+        if now_ns is not None and batch.batch_seq > now_ns // 1_000_000 + FUTURE_SLACK_MS:
+            why = f"batch_seq {batch.batch_seq} from {batch.origin} is ahead of the clock"
+            return self._count(Verdict(Outcome.MALFORMED, why)), None
         if self.is_replay(batch.origin, batch.batch_seq):
             why = f"replayed batch {batch.batch_seq} from {batch.origin}"
             return self._count(Verdict(Outcome.REPLAYED, why)), None

@@ -13,7 +13,14 @@ from contract.jsondoc import DocumentError
 from contract.origin import split_by_host
 from contract.records import _HEADER, MAGIC, VERSION, ProbeBatch, encode_batch
 from contract.topics import Topics
-from controller.admission import REPLAY_SLACK, Admission, Outcome, Verdict, nic_hosts
+from controller.admission import (
+    FUTURE_SLACK_MS,
+    REPLAY_SLACK,
+    Admission,
+    Outcome,
+    Verdict,
+    nic_hosts,
+)
 from controller.brain import Brain
 from controller.brainlike import TeeBrain
 from controller.coalesce import ProbeQueue
@@ -158,6 +165,20 @@ def test_duplicates_are_remembered_in_a_bounded_window_per_origin() -> None:
     top, mask = big._seen["h"]
     assert (top, mask) == ((1 << 64) - 1, 1)
     assert big.is_duplicate("h", (1 << 64) - 1) and not big.is_duplicate("h", (1 << 64) - 2)
+
+
+def test_a_batch_seq_from_the_future_is_malformed_and_locks_nobody_out() -> None:
+    """A prober numbers its batches from its start time in ms: one far ahead of the clock is
+    corrupt or forged, refused, and the origin's real batches are still taken after it."""
+    adm = Admission(FAB)
+    now = EPOCH_NS
+    ahead = dataclasses.replace(_host0(), batch_seq=now // 1_000_000 + FUTURE_SLACK_MS + 1)
+    verdict, taken = adm.judge(encode_batch(ahead), "host0", now)
+    assert verdict.outcome is Outcome.MALFORMED and taken is None
+    assert "ahead of the clock" in verdict.reason
+    assert adm.judge(encode_batch(_host0(1000)), "host0", now)[0].accepted
+    start_ms = dataclasses.replace(_host0(), batch_seq=now // 1_000_000)  # a restarted prober
+    assert adm.judge(encode_batch(start_ms), "host0", now)[0].accepted
 
 
 def test_paths_documents_bad_as_a_whole_or_in_an_entry() -> None:

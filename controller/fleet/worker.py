@@ -165,7 +165,7 @@ class FleetWorker:
         trusts) and take it when accepted: ingested now, or with ``queue`` queued to be
         ingested merged by `flush`. ``now_ns``: its arrival. Returns the frozen verdict (its
         records: those taken). Bad input is a verdict, never an exception."""
-        verdict, taken = self._admission.judge(payload, host)
+        verdict, taken = self._admission.judge(payload, host, now_ns)
         self.now_ns = max(self.now_ns, now_ns)
         v = verdict.outcome.value
         self._verdicts[v] = self._verdicts.get(v, 0) + 1
