@@ -202,18 +202,33 @@ def self_inflicted(
     A finding (an event other than `NOT_FINDINGS`) is expected when it is the ``prober_down``
     of a prober that was killed, inside that fault's window. It is self-inflicted when it
     is a ``prober_down`` of a prober nobody killed; a finding no network fault explains
-    (target and cause, `testbed.scoring.cause_ok`) inside a component fault's window; or a
-    finding raised again while it was still open (a restarted controller that re-raises).
-    Each carries ``cause``: the component fault whose window holds it (or "none")."""
+    (target and cause, `testbed.scoring.cause_ok`) inside a component fault's window; a
+    finding raised again while it was still open (a restarted controller re-raising what its
+    predecessor had raised); or one open when the controller was killed that nobody ever
+    cleared although no network fault on its target was on at the end (forgotten: the event
+    stream keeps it open for good). Each carries ``cause``: the component fault whose window
+    holds it (or "none"); for the last two, the controller's kill."""
+    named = _applied_by_name(obs)
     killed = {
         a.fault.target: k
-        for k, a in _applied_by_name(obs).items()
+        for k, a in named.items()
         if a.fault.op == "kill" and a.fault.component == "prober"
     }
+    kills = sorted((a.at_ns, k) for k, a in named.items()
+                   if a.fault.op == "kill" and a.fault.component == "controller")  # fmt: skip
     out: list[dict[str, Any]] = []
     expected: list[tuple[int, dict[str, Any]]] = []
-    open_: dict[tuple[str, str], int] = {}
-    for at, e in sorted(obs.events, key=lambda x: x[0]):
+    open_: dict[tuple[str, str], str] = {}  # (kind, target) -> "" or the kill it outlived
+    stream = [(at, 1, e) for at, e in obs.events] + [(t, 0, {"_kill": k}) for t, k in kills]
+
+    def row(at: int, kind: str, target: str, why: str, cause: str) -> dict[str, Any]:
+        return {"t_s": round((at - obs.t0_ns) / SEC, 2), "kind": kind, "target": target,
+                "why": why, "cause": cause}  # fmt: skip
+
+    for at, _, e in sorted(stream, key=lambda x: (x[0], x[1])):
+        if "_kill" in e:
+            open_ = {key: v or str(e["_kill"]) for key, v in open_.items()}
+            continue
         kind, target = str(e.get("kind")), str(e.get("target", ""))
         if kind == "clear":
             for key in [k for k in open_ if _ends(k[1]) == _ends(target)]:
@@ -232,15 +247,24 @@ def self_inflicted(
                 if k is not None:
                     why += " (outside its kill's window)"
         elif (kind, target) in open_:
-            why = "raised again while open"
+            if open_[(kind, target)]:
+                cause = open_[(kind, target)]
+                why = "raised again after the controller's restart (its predecessor raised it)"
+            else:
+                why = "raised again while open"
         elif cause != "none" and not any(
             _ends(target) == _ends(f.target) and cause_ok(f.kind, kind) for f in faults
         ):
             why = "explained by no network fault"
-        open_[(kind, target)] = at
+        open_[(kind, target)] = ""
         if why:
-            out.append({"t_s": round((at - obs.t0_ns) / SEC, 2), "kind": kind, "target": target,
-                        "why": why, "cause": cause})  # fmt: skip
+            out.append(row(at, kind, target, why, cause))
+    end = max((b.at_ns for b in obs.batches), default=obs.t0_ns)
+    on_at_end = [f.target for f, lo, hi in _occurrences(faults, obs.t0_ns) if lo <= end <= hi]
+    for (kind, target), kill in sorted(open_.items()):
+        if kill and not any(_ends(target) == _ends(t) for t in on_at_end):
+            why = "open when the controller was killed, never cleared (forgotten)"
+            out.append(row(end, kind, target, why, kill))
     return out, expected
 
 

@@ -41,7 +41,9 @@ def test_v2_wins_where_its_root_offers_cpu() -> None:
 def test_hybrid_without_a_v2_cpu_controller_takes_v1() -> None:
     # this machine's shape: the unified mount has no cpu controller (it is v1's)
     assert find_layout(HYBRID, "") == Layout(1, Path("/sys/fs/cgroup/cpu"))
-    assert find_layout(HYBRID, "", "/docker/abc") == Layout(1, Path("/sys/fs/cgroup/cpu/docker/abc"))
+    assert find_layout(HYBRID, "", "/docker/abc") == Layout(
+        1, Path("/sys/fs/cgroup/cpu/docker/abc")
+    )
     assert find_layout(COMBINED, "") == Layout(1, Path("/sys/fs/cgroup/cpu,cpuacct"))
     assert find_layout("cgroup /x cgroup rw,cpuacct 0 0\n", "") is None  # cpuacct is not cpu
 
