@@ -14,7 +14,7 @@ file or the network.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -22,10 +22,11 @@ import numpy.typing as npt
 
 from contract.documents import EventDoc
 from controller.detect.causes import excluded_nics, host_quiet, silent_hosts
-from controller.detect.delay import DelayParams, DelayWindow
-from controller.detect.loss import LossParams, LossWindow
+from controller.detect.delay import DelayParams
+from controller.detect.loss import LossParams
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
 from controller.detect.paths import PathIndex, alias_groups
+from controller.detect.window import DetectionWindow, WindowPart
 from controller.health import EntityState, Finding, HealthParams, Signal, step
 from controller.observations import Observations
 from mesh.fabric import Fabric
@@ -58,16 +59,6 @@ class BrainConfig:
             raise ValueError("lateness_ns must be >= 0")
 
 
-@dataclass(eq=False)
-class _Window:
-    """Accumulators of one open detection window (probes sent up to ``end_ns``)."""
-
-    end_ns: int | None  # None: the current window (no tick yet)
-    loss: LossWindow
-    delay: DelayWindow
-    src_count: npt.NDArray[np.int64]
-
-
 class Brain:
     """Detection and localization state for one fabric. Not thread-safe; one owner."""
 
@@ -80,7 +71,7 @@ class Brain:
         self._pairs = PathIndex(2 * width)
         self._alias_at = -1  # path count `_alias_of` was computed at (-1: never)
         self._alias_of: dict[int, tuple[str, ...]] = {}
-        self._open: list[_Window] = [self._new_window()]
+        self._open: list[DetectionWindow] = [self._new_window()]
         self._states = [EntityState() for _ in range(n_links)]
         self._raised: dict[int, str] = {}
         self._nic_of_link = {int(lk): i for i, lk in enumerate(fabric.nic_link)}
@@ -127,32 +118,18 @@ class Brain:
         for w in np.unique(widx):
             self._fold(self._open[int(w)], obs.select(widx == w))
 
-    def _new_window(self) -> _Window:
+    def _new_window(self) -> DetectionWindow:
         f = self.fabric
-        return _Window(
-            None,
-            LossWindow(len(f.links), self._paths.width, self._pairs),
-            DelayWindow(f.n_hops),
-            np.zeros(len(f.nics), dtype=np.int64),
-        )
+        return DetectionWindow.empty(len(f.links), f.n_hops, len(f.nics), self._pairs)
 
-    def _fold(self, win: _Window, obs: Observations) -> None:
-        win.src_count += np.bincount(obs.src, minlength=len(win.src_count))
-        if self._excluded.any():
-            keep = ~(self._excluded[obs.src] | self._excluded[obs.dst])
-            if not keep.all():
-                obs = obs.select(keep)
-        pf, pr = self._paths.paths(obs.hops_fwd), self._paths.paths(obs.hops_rev)
-        win.loss.add(pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
-        p = self.config.delay
-        win.delay.add(
-            self._paths, pf, obs.hops_fwd, obs.owd_fwd_ns, (obs.src, obs.dst, obs.sport), p,
-            obs.coarse,
-        )  # fmt: skip
-        win.delay.add(
-            self._paths, pr, obs.hops_rev, obs.owd_rev_ns, (obs.dst, obs.src, obs.sport), p,
-            obs.coarse,
-        )  # fmt: skip
+    def _fold(self, win: DetectionWindow, obs: Observations) -> None:
+        win.fold(obs, self._paths, self._excluded, self.config.delay)
+
+    def tap(self, obs: Observations) -> None:
+        """Nothing: a brain's windows are filled by `observe` or, in the fleet, by `judge`;
+        what listens beside detection to the observations a worker made is a tap around the
+        brain (`controller.brainlike.TeeBrain`)."""
+        del obs
 
     def presence(self, host: str, alive: bool, now_ns: int) -> None:
         """Record the prober presence of ``host`` (MQTT last-will / hello)."""
@@ -219,7 +196,26 @@ class Brain:
             events += self._close(self._open.pop(0), end)
         return events
 
-    def _close(self, win: _Window, now_ns: int) -> list[EventDoc]:
+    def judge(self, end_ns: int, parts: Sequence[WindowPart]) -> list[EventDoc]:
+        """Judge one window of the fleet grid that ended at ``end_ns``, made of ``parts``
+        (every worker's evidence of it, `controller.detect.window.WindowPart`, merged here
+        exactly): the silence of hosts at ``end_ns``, then the window as `tick` closes one;
+        return its findings stamped ``end_ns``. Windows are judged in order, one call each
+        (an empty one too: no evidence is a state). The brain's own windows (`observe`,
+        `tick`) are not touched: an owner uses one way or the other."""
+        win = self._new_window()
+        for part in parts:
+            win.absorb(part, self._paths)
+        np.maximum(self._last_src, win.last_src, out=self._last_src)
+        return self._host_silence(end_ns) + self._close(win, end_ns)
+
+    def take_pending(self) -> list[EventDoc]:
+        """Return (and forget) the findings of host facts given since the last call or tick:
+        prober presence lost or back (`presence`), GPU faults (`gpu`)."""
+        events, self._pending = self._pending, []
+        return events
+
+    def _close(self, win: DetectionWindow, now_ns: int) -> list[EventDoc]:
         """Judge one window ending at ``now_ns``; return its findings."""
         f, cfg = self.fabric, self.config
         dt_s = 0.0 if self._last_tick is None else (now_ns - self._last_tick) / 1e9
@@ -429,6 +425,25 @@ class Brain:
             for i, st in enumerate(self._states)
             if st.downs and (c := st.flap_count(now, w))  # most links never went down
         }
+
+    def path_baselines(self, sig: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """Return the propagation baseline of each path signature
+        (`controller.detect.paths.path_signature`), NaN if unseen or never measured."""
+        idx = self._paths.lookup(np.asarray(sig, np.int64))
+        out = np.where(idx >= 0, self._paths.base[np.maximum(idx, 0)], np.nan)
+        return np.where(np.isfinite(out), out, np.nan)
+
+    def baselines(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.float64]]:
+        """Return every path with a propagation baseline: (signatures, hop rows, baselines)."""
+        p = self._paths
+        has = np.flatnonzero(np.isfinite(p.base))
+        return p.sigs[has], p.hops[has], p.base[has]
+
+    def path_width(self) -> int:
+        """Return the width of the hop rows paths are keyed by (the fabric's longest path)."""
+        return self._paths.width
 
     def baseline_ns(self, hops: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
         """Return the propagation baseline of each path (rows of directed hops), NaN if unseen."""

@@ -1,7 +1,7 @@
 """Continuous clock sync: the estimator `qpmesh sim sync` measures, run on a sliding window.
 
-`ClockSync.add(ing)` keeps, per directed NIC pair and time bin (``window_ns / bins``), the
-coded probe pair (both probes, both arrived) with the smallest round trip: raw probe columns
+`ClockSync.add(ing)` keeps, per directed NIC pair and time bin (``window_ns / bins``, on the
+fleet's fixed grid: aligned to UNIX time, `bin_keys`), the coded probe pair (both probes, both arrived) with the smallest round trip: raw probe columns
 (src, dst, pair, t1..t4, and whether the batch was software-stamped) go into a bounded ring of
 per-bin chunks. The round trip ``(t4 - t1) - (t3 - t2)`` needs no clock model (the offsets
 cancel), so the selection is the same before and after the first solve, and a solve reads at
@@ -21,12 +21,16 @@ models (extrapolated to "now"): one-way delays in real time; NaN before the firs
 NIC outside the solved part of the probe graph, never a guess.
 
 `compute_state` is the pure solve (safe in a worker thread): `start_solve` hands out the window,
-`install` adopts the result.
+`install` adopts the result. In the fleet (`controller.fleet`) the selection runs where the
+batches are ingested and the solve where the selections meet: `add_pairs` folds kept pairs
+selected elsewhere (the bins are the same in every process), and a worker that only computes
+delays adopts the solver's state and trust with `adopt` (`trust` exports them).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +46,12 @@ __all__ = [
     "ClockState",
     "ClockSync",
     "ClockSyncConfig",
+    "ClockTrust",
     "Delays",
+    "PairSlots",
     "SampleWindow",
+    "bin_keys",
+    "coded_partners",
     "compute_state",
     "solve_miss",
     "trust_horizon",
@@ -84,10 +92,16 @@ class ClockSync:
         config: ClockSyncConfig | None = None,
         *,
         leaf: NDArray[np.integer[Any]] | None = None,
+        first_stamp: int | None = None,
+        slots: PairSlots | None = None,
     ) -> None:
         """``leaf``: per NIC index its leaf switch's index (the fabric's ECMP group), which
         lets the solve split the queueing left in the best samples by leaf uplink and NIC
-        downlink (`sync.excess.split_excess`); None: receive side only. Raises ValueError
+        downlink (`sync.excess.split_excess`); None: receive side only. ``first_stamp``:
+        where the warm-up bins are (`bin_keys`; None: at the first stamp added), e.g. a
+        fleet worker's window selection binning as its solver does; ``slots``: a directed
+        pair numbering to share (`PairSlots`: a worker's one selection per window). Raises
+        ValueError
         when ``leaf`` does not have ``n_nics`` entries."""
         if leaf is not None and len(leaf) != n_nics:
             raise ValueError(f"leaf has {len(leaf)} entries for {n_nics} NICs")
@@ -97,10 +111,8 @@ class ClockSync:
         self._chunks: deque[tuple[int, dict[str, NDArray[Any]]]] = deque()
         self._rows = 0
         self._t_max: int | None = None
-        self._t0: int | None = None  # bin origin (first stamp seen)
-        self._binw = max(1, self.config.window_ns // self.config.bins)
-        self._dpairs = KeyIndex()  # directed (src, dst) -> dense slot
-        self._flow_dpair = np.zeros(0, np.int64)  # ingestor flow slot -> directed pair slot
+        self._t0: int | None = first_stamp  # first stamp seen (where the warm-up bins are)
+        self._slots = slots or PairSlots(n_nics)  # directed (src, dst) -> dense slot
         self._open: dict[int, _OpenBin] = {}  # bin index -> best pair per directed pair
         self._latest_bin = -1
         self._scratch = np.zeros(0, np.int64)
@@ -123,52 +135,104 @@ class ClockSync:
         return how many pairs became the best of their bin."""
         if not len(ing):
             return 0
-        first, second = _coded_partners(ing.pair, ing.t1)
+        first, second = coded_partners(ing.pair, ing.t1)
         arrived = ~ing.lost
         both = np.take(arrived, first) & np.take(arrived, second)
         first, second = first[both], second[both]
+        cols = {k: getattr(ing, k) for k in _COLS[:-1]}
+        sw = ing.stamp == "sw"
         if self.config.use_uncoded:
             rows = np.flatnonzero((ing.pair < 0) & arrived)
             if len(rows):
-                self._push(_rows_of(ing, rows))
+                self._push(_rows_of(cols, sw, rows))
         if not len(first):
             return 0
-        rtt = (ing.t4 - ing.t1) - (ing.t3 - ing.t2)  # clock offsets cancel
-        score = np.take(rtt, first) + np.take(rtt, second)
-        dp = self._dpair_of(ing, first)
-        t1f = np.take(ing.t1, first)
+        return self._fold_pairs(cols, sw, first, second, self._slots.of_rows(ing, first))
+
+    def add_pairs(self, cols: Mapping[str, NDArray[Any]]) -> int:
+        """Fold kept coded pairs into the per (directed pair, bin) lowest-RTT summary, as
+        `add` folds a batch's: ``cols`` holds the columns of `SampleWindow` (src, dst, pair,
+        t1..t4, sw), both probes of a pair on adjacent rows (the earlier send first), e.g.
+        the winners of a fleet worker's window (`controller.fleet`); rows with ``pair`` -1
+        (uncoded probes, ``use_uncoded``) are kept as they are. Return how many pairs became
+        the best of their bin. Raises ValueError on columns of unequal lengths."""
+        n = len(cols["src"])
+        if any(len(cols[k]) != n for k in _COLS):
+            raise ValueError("kept pairs need every column, of equal lengths")
+        coded = cols["pair"] >= 0
+        if not coded.all():
+            loose = np.flatnonzero(~coded)
+            self._push({k: np.asarray(cols[k])[loose] for k in _COLS})
+            cols = {k: np.asarray(cols[k])[coded] for k in _COLS}
+            n = len(cols["src"])
+        if n % 2:
+            raise ValueError("kept coded pairs come as two rows each")
+        if not n:
+            return 0
+        first = np.arange(0, n, 2, dtype=np.int64)
+        key = np.asarray(cols["src"][first], np.int64) * self.n_nics + cols["dst"][first]
+        dp, _ = self._slots.index.insert(key)
+        return self._fold_pairs(cols, cols["sw"], first, first + 1, dp)
+
+    def _fold_pairs(
+        self,
+        cols: Mapping[str, NDArray[Any]],
+        sw: NDArray[np.bool_] | bool,
+        first: I64,
+        second: I64,
+        dp: I64,
+    ) -> int:
+        """Fold candidate coded pairs (rows ``first``/``second`` of ``cols``, directed-pair
+        slots ``dp``) into their bins; return how many became the best of their bin."""
+        t1, t2, t3, t4 = cols["t1"], cols["t2"], cols["t3"], cols["t4"]
+
+        def rtt(r: I64) -> I64:
+            out: I64 = (np.take(t4, r) - np.take(t1, r)) - (np.take(t3, r) - np.take(t2, r))
+            return out
+
+        score = rtt(first) + rtt(second)  # clock offsets cancel
+        t1f = np.take(t1, first)
         t_hi = int(t1f.max())
         self._t_max = t_hi if self._t_max is None else max(self._t_max, t_hi)
         if self._t0 is None:
             self._t0 = int(t1f.min())
-        b = self._bin_of(t1f - self._t0)
+        b = self.bin_keys(t1f)
         b_lo, b_hi = int(b.min()), int(b.max())
         improved = 0
-        for bb in range(b_lo, b_hi + 1):
-            sel = np.flatnonzero(b == bb) if b_lo != b_hi else np.arange(len(b))
-            if len(sel):
-                improved += self._fold(ing, bb, dp[sel], score[sel], first[sel], second[sel])
+        if b_lo == b_hi:
+            improved += self._fold(cols, sw, b_lo, dp, score, first, second)
+        else:
+            seen = np.bincount(b - b_lo) if b_hi - b_lo < 1 << 20 else None
+            keys = np.flatnonzero(seen) + b_lo if seen is not None else np.unique(b)
+            for bb in keys.tolist():
+                sel = np.flatnonzero(b == bb)
+                improved += self._fold(cols, sw, bb, dp[sel], score[sel], first[sel], second[sel])
         self._flush(self._latest_bin - 1)
         self._expire()
         return improved
 
-    def _bin_of(self, dt: I64) -> I64:
-        """Bin index of send times ``dt`` after the first stamp: the first bin is split in
-        ``warmup_bins`` (one kept pair per directed pair and bin: from a single bin the solve
-        cannot see drift), then bins of ``window_ns / bins``."""
-        sub = self.config.warmup_bins
-        w = self._binw
-        dt = np.maximum(dt, 0)
-        return np.where(dt < w, dt // max(1, w // sub), sub - 1 + dt // w)
+    def bin_keys(self, t1: I64) -> I64:
+        """Return the bin of each send stamp (`bin_keys` with this sync's first stamp)."""
+        assert self._t0 is not None
+        return bin_keys(t1, self._t0, self.config)
 
-    def _fold(self, ing: Ingested, bb: int, dp: I64, score: I64, first: I64, second: I64) -> int:
+    def _fold(
+        self,
+        cols: Mapping[str, NDArray[Any]],
+        sw: NDArray[np.bool_] | bool,
+        bb: int,
+        dp: I64,
+        score: I64,
+        first: I64,
+        second: I64,
+    ) -> int:
         """Update open bin ``bb`` with candidate pairs; return how many became its best."""
         if bb < self._latest_bin - 1:  # late data for a bin already flushed: its own chunk
-            self._push(_rows_of(ing, np.stack([first, second], axis=1).reshape(-1)))
+            self._push(_rows_of(cols, sw, np.stack([first, second], axis=1).reshape(-1)))
             return len(first)
         self._latest_bin = max(self._latest_bin, bb)
         ob = self._open.get(bb)
-        size = self._dpairs.size
+        size = self._slots.index.size
         if ob is None or len(ob.score) < size:
             ob = _OpenBin.grown(ob, max(size, 1024))
             self._open[bb] = ob
@@ -183,10 +247,14 @@ class ClockSync:
         dw = dp[win]
         f, s = first[win], second[win]
         for name in _COLS[:-1]:
-            col = getattr(ing, name)
+            col = cols[name]
             ob.cols[name][dw, 0] = np.take(col, f)
             ob.cols[name][dw, 1] = np.take(col, s)
-        ob.cols["sw"][dw] = ing.stamp == "sw"
+        if isinstance(sw, bool):
+            ob.cols["sw"][dw] = sw
+        else:
+            ob.cols["sw"][dw, 0] = np.take(sw, f)
+            ob.cols["sw"][dw, 1] = np.take(sw, s)
         return len(win)
 
     def _flush(self, upto: int) -> None:
@@ -202,24 +270,6 @@ class ClockSync:
         self._chunks.append((t_hi, chunk))
         self._rows += len(chunk["src"])
 
-    def _dpair_of(self, ing: Ingested, rows: I64) -> I64:
-        """Dense directed-pair slot of each row (via the ingestor's flow slot, cached)."""
-        flow = np.take(ing.flow, rows)
-        need = int(flow.max()) + 1
-        if need > len(self._flow_dpair):
-            grown = np.full(max(need, 2 * len(self._flow_dpair), 1024), -1, np.int64)
-            grown[: len(self._flow_dpair)] = self._flow_dpair
-            self._flow_dpair = grown
-        dp = np.take(self._flow_dpair, flow)
-        miss = dp < 0
-        if miss.any():
-            r = rows[miss]
-            key = np.take(ing.src, r).astype(np.int64) * self.n_nics + np.take(ing.dst, r)
-            slots, _ = self._dpairs.insert(key)
-            self._flow_dpair[flow[miss]] = slots
-            dp[miss] = slots
-        return dp
-
     def _expire(self) -> None:
         """Drop chunks older than the window, and the oldest beyond ``capacity`` rows."""
         assert self._t_max is not None
@@ -234,8 +284,13 @@ class ClockSync:
         last = self._last_solve_ns
         if last is None:
             return True
-        if self._span_solved < self.config.window_ns and self._span() >= 2 * self._span_solved:
-            return True  # warm-up: re-solve each time the data span doubles until it fills
+        if (
+            self._span_solved < self.config.window_ns
+            and 10 * self._span() >= 19 * self._span_solved
+        ):
+            # warm-up: re-solve each time the data span (nearly) doubles until it fills; data
+            # comes a grid window at a time, so a span of k windows is k windows less a hair
+            return True
         return now_ns - last >= self.solve_period_ns()
 
     def solve_period_ns(self) -> int:
@@ -277,14 +332,16 @@ class ClockSync:
             return False
         return self.install(compute_state(window, self.n_nics, self.config, now_ns, self.leaf))
 
-    def window(self) -> SampleWindow | None:
-        """Return the rows of the current window (None if there are none).
+    def window(self, since_ns: int | None = None) -> SampleWindow | None:
+        """Return the rows of the current window (None if there are none): those sent in the
+        last ``window_ns`` of the latest stamp, or from ``since_ns`` on (a fleet's edge
+        owners cut the window where their solver does).
 
         With `compute_state` and `install` this lets a caller run the heavy solve elsewhere
         (a worker thread) while ingest goes on."""
         if self._t_max is None:
             return None
-        horizon = self._t_max - self.config.window_ns
+        horizon = self._t_max - self.config.window_ns if since_ns is None else since_ns
         chunks = [c for t_hi, c in self._chunks if t_hi >= horizon]
         chunks += [ob.winners() for _, ob in sorted(self._open.items())]
         chunks = [c for c in chunks if len(c["src"])]
@@ -326,6 +383,27 @@ class ClockSync:
         self.solves += 1
         self.last_solve_samples = state.n_samples
         return True
+
+    def trust(self) -> ClockTrust:
+        """Return the per-NIC trust the installed state earned (`install`)."""
+        return ClockTrust(self.miss_ns, self.drift_err, self.trust_ns, self.coarse_trust_ns)
+
+    def adopt(self, state: ClockState | None, trust: ClockTrust) -> None:
+        """Take a state and its trust as another `ClockSync` installed them (a fleet worker
+        computing delays with its solver's models). Raises ValueError on a trust or state of
+        another size."""
+        if len(trust.trust_ns) != self.n_nics or (
+            state is not None and len(state.models) != self.n_nics
+        ):
+            raise ValueError(f"clock state and trust must cover {self.n_nics} NICs")
+        self.state = state
+        self.miss_ns, self.drift_err = trust.miss_ns, trust.drift_err
+        self.trust_ns, self.coarse_trust_ns = trust.trust_ns, trust.coarse_trust_ns
+
+    @property
+    def first_stamp(self) -> int | None:
+        """Return the first send stamp seen (where the warm-up bins are), None before any."""
+        return self._t0
 
     # ---- models --------------------------------------------------------------------------
     def true_rel(self, nic: I32, t_ns: I64) -> F64:
@@ -382,6 +460,46 @@ class ClockSync:
         return Delays(t_ns, owd_f, owd_r, rtt, ~bad & ~fine)
 
 
+class PairSlots:
+    """Directed NIC pairs (src, dst) -> dense slots, cached by the ingestor's flow slot: one
+    numbering that several selections can share (a fleet worker's, one per window)."""
+
+    def __init__(self, n_nics: int) -> None:
+        self.n_nics = n_nics
+        self.index = KeyIndex()
+        self._by_flow = np.zeros(0, np.int64)  # ingestor flow slot -> directed pair slot
+
+    def of_rows(self, ing: Ingested, rows: I64) -> I64:
+        """Return the slot of each row's directed pair (via its flow slot, cached)."""
+        flow = np.take(ing.flow, rows)
+        need = int(flow.max()) + 1
+        if need > len(self._by_flow):
+            grown = np.full(max(need, 2 * len(self._by_flow), 1024), -1, np.int64)
+            grown[: len(self._by_flow)] = self._by_flow
+            self._by_flow = grown
+        dp = np.take(self._by_flow, flow)
+        miss = dp < 0
+        if miss.any():
+            r = rows[miss]
+            key = np.take(ing.src, r).astype(np.int64) * self.n_nics + np.take(ing.dst, r)
+            slots, _ = self.index.insert(key)
+            self._by_flow[flow[miss]] = slots
+            dp[miss] = slots
+        return dp
+
+
+@dataclass(frozen=True, eq=False)
+class ClockTrust:
+    """Per NIC what `ClockSync.install` concluded of a state: the solve-to-solve miss (ns),
+    the drift error it implies, and the distances from t_ref within which the clock is
+    trusted finely and coarsely (-1: never)."""
+
+    miss_ns: F64
+    drift_err: F64
+    trust_ns: F64
+    coarse_trust_ns: F64
+
+
 _NONE = np.iinfo(np.int64).max
 
 
@@ -413,13 +531,35 @@ class _OpenBin:
         return {k: np.take(v, used, axis=0).reshape(-1) for k, v in self.cols.items()}
 
 
-def _rows_of(ing: Ingested, rows: I64) -> dict[str, NDArray[Any]]:
-    out = {k: np.take(getattr(ing, k), rows) for k in _COLS[:-1]}
-    out["sw"] = np.full(len(rows), ing.stamp == "sw")
+def _rows_of(
+    cols: Mapping[str, NDArray[Any]], sw: NDArray[np.bool_] | bool, rows: I64
+) -> dict[str, NDArray[Any]]:
+    out = {k: np.take(cols[k], rows) for k in _COLS[:-1]}
+    out["sw"] = np.full(len(rows), sw) if isinstance(sw, bool) else np.take(sw, rows)
     return out
 
 
-def _coded_partners(pair: I64, send: I64) -> tuple[I64, I64]:
+def bin_keys(t1: I64, t0: int, config: ClockSyncConfig) -> I64:
+    """Return the selection bin of each send stamp ``t1`` (ns, the initiator's clock) on the
+    fixed grid: bins of ``window_ns / bins`` aligned to UNIX time 0, except that the first
+    ``window_ns / bins`` after ``t0`` (the first stamp, rounded down to a sub-bin) is cut into
+    ``warmup_bins`` sub-bins on the same grid (one pair per directed pair and bin is kept:
+    from a single bin the solve cannot see drift). Keys grow with time and name a bin
+    whatever process computes them: bin b of the grid is key ``b * warmup_bins +
+    warmup_bins - 1``, its sub-bin j ``b * warmup_bins + j`` (the warm-up ends on a sub-bin
+    boundary, so a bin's sub-bins come before the rest of it), and two processes whose first stamps fall in the same sub-bin
+    bin the same stamps alike (`controller.fleet` merges their selections)."""
+    k = config.warmup_bins
+    w = max(1, config.window_ns // config.bins)
+    sub = max(1, w // k)
+    t = np.asarray(t1, np.int64)
+    lo = (t0 // sub) * sub
+    b = t // w
+    warm = (t >= lo) & (t < lo + w)
+    return b * k + np.where(warm, np.minimum((t - b * w) // sub, k - 1), k - 1)
+
+
+def coded_partners(pair: I64, send: I64) -> tuple[I64, I64]:
     """Return (first, second) row indices of every coded pair with exactly two probes.
 
     ``pair`` is -1 for uncoded probes; first/second are ordered by send stamp.

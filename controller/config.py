@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from contract.keys import KeySet
 from contract.tomlcheck import Table, parse_toml
@@ -19,6 +20,7 @@ from controller.api.config import TENANTS, ApiConfig, read_api_table, read_tenan
 from controller.brain import BrainConfig
 from controller.clocksolve import ClockSyncConfig
 from controller.coalesce import CoalesceConfig
+from controller.fleet.plane import Plane
 from controller.live import LiveConfig
 from controller.remediation.config import (
     RemediationConfig,
@@ -32,6 +34,8 @@ from controller.topology import LearnConfig
 from mesh.fabric import Fabric, FabricError, FabricShape, build_fabric
 from mesh.fabric.learn import switch_id
 from mqttlink.settings import MqttSecurity, read_security
+from natslink.settings import NatsSettings, read_nats
+from natslink.subjects import SubjectError, check_token
 
 
 class ConfigError(ValueError):
@@ -67,10 +71,22 @@ class ServiceConfig:
     ingest: CoalesceConfig = field(default_factory=CoalesceConfig)
     # [fabric] without shape keys or a file: the fabric is learned (controller.topology)
     learn: LearnConfig | None = None
+    nats: NatsSettings | None = None  # [nats]: the servers of the fleet's data plane
+    fleet: FleetShellConfig | None = None  # [fleet]: workers + solver on NATS (docs/scale.md)
 
 
 EMPTY_FABRIC = Fabric((), (), ())
 """Where a learned fabric starts: nothing is known until the probers report."""
+
+
+@dataclass(frozen=True)
+class FleetShellConfig:
+    """``[fleet]``: the data plane (`controller.fleet.plane.Plane`) and this process's
+    ``member`` id in it (a worker's or solver's lease owner; "" = the command picks
+    ``<hostname>-<pid>``)."""
+
+    plane: Plane = field(default_factory=Plane)
+    member: str = ""
 
 
 def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfig:
@@ -86,7 +102,9 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     fabric: `read_grants`), ``[remediation]`` and ``[auth]`` (`controller.remediation.config`,
     docs/recovery.md, docs/security.md), ``[mqtt]`` (TLS and credentials: ``tls``,
     ``ca_file``, ``cert_file``, ``key_file``, ``username``, ``password_file``;
-    `mqttlink.settings.read_security`; the broker's address is the command's ``--broker``).
+    `mqttlink.settings.read_security`; the broker's address is the command's ``--broker``),
+    ``[nats]`` (`natslink.settings.read_nats`) and ``[fleet]`` (`read_fleet`: the sharded
+    controller, docs/scale.md; needs ``[nats]``).
     The service's own tables are read here, the others beside what they configure, all
     through `contract.tomlcheck`: types are strict (``use_uncoded = "false"`` is an error, not True), relative file names
     are taken from ``base_dir`` (default: the file's folder). Raises `ConfigError` (one line
@@ -113,6 +131,14 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     api = read_api_table(api_tab, base_dir)
     remediation = read_remediation(root.table("remediation"), base_dir)
     mqtt_security = _read_mqtt(root.table("mqtt"), base_dir)
+    nats = read_nats(na := root.table("nats"), base_dir)
+    na.finish()
+    fleet = read_fleet(fl := root.table("fleet"), live.window_ns)
+    if fleet is not None and nats is None:
+        raise ConfigError(f"{fl.source}: fleet: needs a [nats] table (its servers)")
+    if fleet is not None and learn is not None:
+        raise ConfigError(f"{fl.source}: fleet: needs a declared fabric ([fabric] shape keys "
+                          "or file): the fleet's workers do not follow a learned fabric yet")  # fmt: skip
     key_file = read_action_key_file(root.table("auth"), base_dir)
     root.finish()
     return ServiceConfig(
@@ -131,7 +157,56 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         action_keys=load_action_keys(key_file, ConfigError),
         ingest=ingest,
         learn=learn,
+        nats=nats,
+        fleet=fleet,
     )
+
+
+def read_fleet(tab: Table, window_ns: int) -> FleetShellConfig | None:
+    """Return ``[fleet]`` (None when absent) on the windows of ``window_ns`` (the
+    controller's tick, ``[controller] tick_s``: the fleet grid): ``partitions`` (equal to the
+    servers' ``partition(n,1)`` mapping), ``grace_s`` (the workers' lateness),
+    ``solver_wait_s``, ``lease_ttl_s``, ``replicas``, ``max_age_s``, ``max_bytes``,
+    ``duplicate_window_s``, ``chunk_bytes``, ``fetch_batch``, ``id`` (`controller.fleet.plane.
+    Plane`, docs/scale.md). Raises the table's error."""
+    if not tab.values:
+        return None
+    d = Plane()
+    kw: dict[str, Any] = {
+        "partitions": tab.get("partitions", int, d.partitions, lambda v: 1 <= v <= 1024, "1..1024"),
+        "window_ns": window_ns,
+        "grace_ns": _ns(tab, "grace_s", d.grace_ns, lambda v: v >= 0, "a number of s >= 0"),
+        "solver_wait_ns": _ns(
+            tab, "solver_wait_s", d.solver_wait_ns, lambda v: v >= 0, "a number of s >= 0"
+        ),
+        "lease_ttl_s": tab.get(
+            "lease_ttl_s",
+            float,
+            d.lease_ttl_s,
+            lambda v: 1 <= v <= 600,
+            "a number of s in [1, 600]",
+        ),
+        "replicas": tab.get("replicas", int, d.replicas, lambda v: 1 <= v <= 5, "1..5"),
+        "max_age_s": tab.get("max_age_s", float, d.max_age_s, lambda v: v > 0, _POS),
+        "max_bytes": tab.get("max_bytes", int, d.max_bytes, lambda v: v > 0, "an integer > 0"),
+        "duplicate_window_s": tab.get(
+            "duplicate_window_s", float, d.duplicate_window_s, lambda v: v > 0, _POS
+        ),
+        "chunk_bytes": tab.get(
+            "chunk_bytes", int, d.chunk_bytes, lambda v: v > 0, "an integer > 0"
+        ),
+        "fetch_batch": tab.get(
+            "fetch_batch", int, d.fetch_batch, lambda v: v > 0, "an integer > 0"
+        ),
+    }
+    member = tab.get("id", str, "")
+    tab.finish()
+    try:
+        if member:
+            check_token(member, "fleet id")
+        return FleetShellConfig(Plane(**kw), member)
+    except (ValueError, SubjectError) as exc:
+        raise tab.error(f"{tab.source}: fleet: {exc}") from None
 
 
 def _root(path: Path | None) -> Table:
@@ -268,14 +343,15 @@ def read_sync(tab: Table) -> ClockSyncConfig:
 
 
 def read_controller(tab: Table, sync: ClockSyncConfig) -> tuple[LiveConfig, float]:
-    """Return the live state's settings (``stale_s``, ``max_events``, with ``sync``) and the
-    tick in s (``tick_s``) of ``[controller]``. Raises the table's error."""
-    live = LiveConfig(
-        sync=sync,
-        stale_ns=_ns(tab, "stale_s", 10_000_000_000, lambda v: v > 0, _POS),
-        max_events=tab.get("max_events", int, 200, lambda v: v > 0, "an integer > 0"),
-    )
+    """Return the live state's settings (``stale_s``, ``max_events``, with ``sync``; the
+    detection windows of the fleet grid are one tick long) and the tick in s (``tick_s``) of
+    ``[controller]``. Raises the table's error."""
+    stale_ns = _ns(tab, "stale_s", 10_000_000_000, lambda v: v > 0, _POS)
+    max_events = tab.get("max_events", int, 200, lambda v: v > 0, "an integer > 0")
     tick_s = tab.get("tick_s", float, 1.0, lambda v: v > 0, _POS)
+    live = LiveConfig(
+        sync=sync, stale_ns=stale_ns, max_events=max_events, window_ns=max(1, round(tick_s * 1e9))
+    )
     tab.finish()
     return live, tick_s
 

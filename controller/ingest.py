@@ -86,6 +86,7 @@ class Ingested:
     hops_rev: I32
     path_known: NDArray[np.bool_]  # from discovery or the model (False = hops all -1)
     flow: I64  # dense flow slot of (src, dst, sport), stable for the ingestor's lifetime
+    part: I32 | None = None  # merged batch: the part (`Ingestor.ingest` ``parts``) of each row
 
     def __len__(self) -> int:
         return len(self.src)
@@ -247,6 +248,9 @@ class Ingestor:
         origins = self.stats.origins
         for (origin, _), k in zip(parts, kept, strict=True):
             origins[origin] = origins.get(origin, 0) + k
+        part = None
+        if len(parts) > 1:
+            part = np.repeat(np.arange(len(parts), dtype=np.int32), [n for _, n in parts])[keep]
         return Ingested(
             batch.origin,
             batch.stamp,
@@ -264,6 +268,7 @@ class Ingestor:
             rev,
             known,
             slots,
+            part,
         )
 
 

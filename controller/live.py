@@ -1,23 +1,28 @@
 """The live controller state: admission -> ingest -> clock sync -> detection, behind
 `SnapshotSource`.
 
-`LiveController(fabric, config)` owns an `Admission` (which batches may enter), an `Ingestor`,
-a `ClockSync`, a `FlowStore` (latest delay, spine and baseline per flow) and the detection
-brain. Probe batches enter through one door, `admit` (a payload and its topic's host, or a
-decoded batch; a frozen `controller.admission.Verdict` out), and are ingested at once or
-queued to be ingested merged by `flush`; other inputs are `presence`, `gpu`, `nic_links`,
-`nic_counters` and `learn_paths`; `replace_fabric` is the one door that swaps the fabric under
-a running controller (`controller.refabric` says what survives). Call `tick(now_ns)`
-periodically (it solves clocks when due, runs detection, records per-NIC history, returns new
-events); read `snapshot()` / `history()`. Every time-dependent call takes ``now_ns`` (same
-epoch as the NIC clocks, UNIX ns in production); nothing reads a clock.
+`LiveController(fabric, config)` is one fleet worker and the fleet's solver in one process
+(`controller.fleet`): the worker (`FleetWorker`: admission, ingest, one-way delays with the
+solver's clock models, the clock selection and the detection evidence per window of the
+fleet grid, a `FlowStore` of the latest delay per flow) and the solver (`FleetSolver`: the
+clock solve, the detection brain). Probe batches enter through one door, `admit` (a payload
+and its topic's host, or a decoded batch; a frozen `controller.admission.Verdict` out), and
+are ingested at once or queued to be ingested merged by `flush`; other inputs are
+`presence`, `gpu`, `nic_links`, `nic_counters` and `learn_paths`; `replace_fabric` is the one
+door that swaps the fabric under a running controller (`controller.refabric` says what
+survives). Every brain is wrapped in `controller.measured.Measured`: what nobody measured
+lately is unknown. Call `tick(now_ns)`
+periodically (it closes the windows that are over, which solves clocks when due and runs
+detection, records per-NIC history, returns new events); read `snapshot()` / `history()`.
+Every time-dependent call takes ``now_ns`` (same epoch as the NIC clocks, UNIX ns in
+production); nothing reads a clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,31 +31,30 @@ import numpy.typing as npt
 
 from contract.documents import EventDoc
 from contract.records import ProbeBatch
-from controller.admission import Admission, Outcome, Verdict
+from controller.admission import Outcome, Verdict
 from controller.brain import Brain, BrainConfig
 from controller.brainlike import BrainLike
-from controller.clocksync import ClockState, ClockSync, ClockSyncConfig, Delays, compute_state
+from controller.clocksync import ClockState, ClockSync, ClockSyncConfig
 from controller.coalesce import ProbeQueue
 from controller.control import Control
-from controller.ingest import Ingested, Ingestor, IngestStats, PathTable
+from controller.fleet.config import FleetConfig
+from controller.fleet.grid import WindowGrid
+from controller.fleet.solver import FleetSolver
+from controller.fleet.worker import EARLY_NS, FleetWorker
+from controller.ingest import IngestStats, PathTable
 from controller.jobs import JobRegistry, screen_jobs
 from controller.measured import Measured
 from controller.observations import Observations
-from controller.refabric import host_times, remap_columns, topology_event
+from controller.refabric import remap_columns, topology_event
 from controller.throughput import NicRates
 from controller.windows import FlowStore
 from mesh.fabric import Fabric
 from mesh.fabric.ecmp import ROCEV2_PORT
-from mesh.fabric.model import SWITCH_TIER, NodeKind, hop_id
 from mesh.fabric.plancheck import fabric_changes
 from mesh.snapshot import ControlUnavailable, GpuHealth, Health, MeshSnapshot, PairPaths
 
 F64 = npt.NDArray[np.float64]
-EARLY_NS = 10_000_000_000
-"""How long before a prober's start a probe sent to its host is taken for a loss of that start
-(no responder yet) and not judged. Start-up races are a second or less; a probe stamped further
-back is judged as before: stamps on another time base than the controller's clock (a
-free-running NIC clock) must not blind the controller to a host."""
+__all__ = ["EARLY_NS", "LiveConfig", "LiveController"]
 
 
 def brain_config(options: Mapping[str, Any] | None = None) -> BrainConfig:
@@ -80,9 +84,12 @@ def default_brain(fabric: Fabric, options: Mapping[str, Any] | None = None) -> B
 
 @dataclass(frozen=True)
 class LiveConfig:
-    """Live-state knobs: clock sync, delay staleness, history and event bounds."""
+    """Live-state knobs: clock sync, the fleet window grid (``window_ns``: the detection
+    windows, `controller.fleet.grid.WindowGrid`; the service's tick), delay staleness,
+    history and event bounds."""
 
     sync: ClockSyncConfig = field(default_factory=ClockSyncConfig)
+    window_ns: int = 1_000_000_000
     stale_ns: int = 10_000_000_000  # flows not measured for this long leave the snapshot
     throughput_stale_ns: int = 60_000_000_000  # NIC rates older than this leave the average
     baseline_bucket_ns: int = 60_000_000_000
@@ -93,6 +100,8 @@ class LiveConfig:
     def __post_init__(self) -> None:
         if self.stale_ns <= 0 or self.history_len < 1 or self.max_events < 1:
             raise ValueError("stale_ns, history_len and max_events must be positive")
+        if self.window_ns <= 0:
+            raise ValueError("window_ns must be positive")
 
 
 STAGES = ("merge", "ingest", "sync_add", "sync_solve", "delays", "detect")
@@ -104,6 +113,12 @@ delays and observations, detection."""
 
 class LiveController:
     """In-process controller state; implements `mesh.snapshot.SnapshotSource`.
+
+    One worker and the solver of a fleet in one process (`controller.fleet`): batches go
+    through `controller.fleet.worker.FleetWorker`, each tick closes the windows of the grid
+    that are over into partials and `controller.fleet.solver.FleetSolver` judges them, and
+    the worker takes the solver's state at once. The embedded demo, the service, the
+    testbed and the simulator's benchmarks run the fleet's code this way.
 
     ``on_stage``: called with the name of each stage of an ingest (`STAGES`) as it ends, for
     profiling (`qpmesh sim ingest` times the stages with it); None in production.
@@ -123,39 +138,82 @@ class LiveController:
         self.fabric = fabric
         self.config = config or LiveConfig()
         n = len(fabric.nics)
-        self._admission = Admission(fabric, owners=owners)
-        self._ingestor = Ingestor(fabric, paths)
-        self._on_stage = on_stage
+        the_brain = self._measured(fabric, brain)
+        self.fleet = self._fleet_config(the_brain)
+        self.worker = FleetWorker(
+            fabric, self.fleet, name="local", paths=paths, observers=[self._tap],
+            on_stage=on_stage, owners=owners,
+        )  # fmt: skip
         # each NIC's leaf: the hardware-stamp solve splits the queueing left in the best
         # samples into a part per NIC downlink and one per leaf uplink (`sync.excess`)
-        self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
-        self.flows = FlowStore(n, self.config.baseline_bucket_ns)
-        # no measurement within stale_ns: unknown, whatever the brain's table says (issue 33)
-        self.brain: BrainLike = Measured(
-            brain if brain is not None else default_brain(fabric), fabric, self.config.stale_ns
+        self.solver = FleetSolver(
+            fabric, self.fleet, brain=the_brain, solve_inline=self.config.solve_inline
         )
+        self._fabric_since_ns = 0  # when the fabric was last replaced (older solves refused)
         self.events: deque[EventDoc] = deque(maxlen=self.config.max_events)
         self.gpu_state: dict[str, GpuHealth] = {}
         self.rates = NicRates()  # NIC byte counters from health documents -> throughput
         self.alive: dict[str, bool] = {}
-        # per host index: since when its prober has been alive (its last alive presence; 0:
-        # never said); probes to it sent earlier are no evidence (`_ingest`)
-        self._alive_since = np.zeros(len(fabric.hosts), np.int64)
-        self._alive_at: dict[str, int] = {}  # the same by host id (kept across fabrics)
-        self._fabric_since_ns = 0  # when the fabric was last replaced (older solves refused)
         self.now_ns = 0
-        self.records = 0
-        # delays of the arrived probes by clock trust: fine, coarse, withheld (unjudged)
-        self.delay_trust = np.zeros(3, np.int64)
         self._hist_t = np.zeros(self.config.history_len, np.int64)
         # float32: ns delays need no more, and at 10,000 NICs x 3600 ticks float64 is 288 MB
         self._hist_v = np.full((self.config.history_len, n), np.nan, np.float32)
         self._hist_head = 0
         self._hist_count = 0
-        self._hop_spine = _hop_spine_table(fabric)
         self._control: Control | None = None
         self._jobs: JobRegistry | None = None
         self._actor = ""
+
+    def _measured(self, fabric: Fabric, brain: BrainLike | None) -> BrainLike:
+        """``brain`` (None: `default_brain`) under the unknown rule: no measurement within
+        ``stale_ns``, unknown, whatever the brain's table says (issue 33)."""
+        return Measured(
+            brain if brain is not None else default_brain(fabric), fabric, self.config.stale_ns
+        )
+
+    def _fleet_config(self, brain: BrainLike) -> FleetConfig:
+        """The fleet settings of this process's worker and solver: the grid of
+        ``window_ns``, ``brain``'s lateness and thresholds, the clock sync's."""
+        return FleetConfig(
+            grid=WindowGrid(self.config.window_ns),
+            lateness_ns=brain.config.lateness_ns,
+            sync=self.config.sync,
+            detection=brain.config,
+            baseline_bucket_ns=self.config.baseline_bucket_ns,
+        )
+
+    @property
+    def brain(self) -> BrainLike:
+        """Return detection (the solver's brain)."""
+        return self.solver.brain
+
+    @brain.setter
+    def brain(self, brain: BrainLike) -> None:
+        """Put a brain (e.g. the same one tee'd to the time series) in the solver's hands."""
+        self.solver.brain = brain
+
+    def _tap(self, obs: Observations) -> None:
+        self.solver.brain.tap(obs)
+
+    @property
+    def clock(self) -> ClockSync:
+        """Return the clock sync that solves (the solver's: offsets, state, solves)."""
+        return self.solver.clock
+
+    @property
+    def flows(self) -> FlowStore:
+        """Return the latest delay, spine and baseline per flow (the worker's)."""
+        return self.worker.flows
+
+    @property
+    def records(self) -> int:
+        """Return the records ingested."""
+        return self.worker.records
+
+    @property
+    def delay_trust(self) -> npt.NDArray[np.int64]:
+        """Return the arrived probes' delays by clock trust: fine, coarse, withheld."""
+        return self.worker.delay_trust
 
     def attach_remediation(self, control: Control, jobs: JobRegistry, actor: str) -> None:
         """Show ``control`` and ``jobs`` in every snapshot (instead of "unavailable") and let
@@ -166,12 +224,12 @@ class LiveController:
     def use_model_paths(self, enabled: bool) -> None:
         """Trust the fabric model's ECMP hash for flows without a learnt path (or not: their
         hops are unknown). Set before any ingest."""
-        self._ingestor.use_model_paths = enabled
+        self.worker.use_model_paths(enabled)
 
     @property
     def max_hops(self) -> int:
         """Return the most hops a learnt path may have."""
-        return self._ingestor.max_hops
+        return self.worker.max_hops
 
     def learn_paths(
         self,
@@ -185,13 +243,7 @@ class LiveController:
         `max_hops`) and those of their replies (``reply_hops``, same shape; None: the reverse
         hops back, as a symmetric L4 hash routes them). Raises `controller.ingest.IngestError`
         on rows of the wrong shape."""
-        if reply_hops is None:
-            reply_hops = np.full_like(hops, -1)
-            for i in range(len(hops)):
-                ids = hops[i][hops[i] >= 0]
-                reply_hops[i, : len(ids)] = ids[::-1] ^ 1  # reverse_hop, vectorized
-        self._ingestor.paths.update(src, dst, sport, hops)
-        self._ingestor.reply_paths.update(src, dst, sport, reply_hops)
+        self.worker.learn_paths(src, dst, sport, hops, reply_hops)
 
     def paths(
         self,
@@ -203,27 +255,27 @@ class LiveController:
         """Return (forward hops, reply hops, known mask) that probes of flows (src, dst,
         sport -> dport) would be given now: learnt, else the model's (`use_model_paths`),
         else unknown (all -1). Read-only."""
-        return self._ingestor.lookup(src, dst, sport, dport)
+        return self.worker.paths(src, dst, sport, dport)
 
     def start_solve(self, now_ns: int) -> Callable[[], ClockState | None] | None:
         """If a clock solve is due: mark it started and return the solve to run (pure, may run
         in a worker thread; hand its result to `install_clock`); else None."""
-        window = self.clock.start_solve(now_ns)
-        if window is None:
-            return None
-        n, cfg, leaf = self.clock.n_nics, self.clock.config, self.clock.leaf
-        return lambda: compute_state(window, n, cfg, now_ns, leaf)
+        return self.solver.start_solve(now_ns)
 
     def install_clock(self, state: ClockState | None, cost_s: float | None = None) -> bool:
         """Install a solved clock state; return True if it was new. ``cost_s``: what the
         solve cost (CPU s, `controller.clocksolve.timed_solve`), which sets how often solves
-        are due (`ClockSync.solve_period_ns`). A state solved before the fabric was last
-        replaced (`replace_fabric`) is refused: its NIC indices are the old fabric's."""
+        are due (`ClockSync.solve_period_ns`). The worker takes it at once. A state solved
+        before the fabric was last replaced (`replace_fabric`) is refused: its NIC indices are
+        the old fabric's."""
         if state is not None and (
             state.solved_at_ns < self._fabric_since_ns or len(state.models) != self.clock.n_nics
         ):
             return False
-        return self.clock.install(state, None if cost_s is None else round(cost_s * 1e9))
+        new = self.solver.install_clock(state, None if cost_s is None else round(cost_s * 1e9))
+        if new:
+            self.worker.install(self.solver.host_state())
+        return new
 
     # ---- inputs --------------------------------------------------------------------------
     def admit(
@@ -243,108 +295,37 @@ class LiveController:
         ``now_ns``: when it arrived (the time of the ingest, or of its place in the queue).
         Returns the frozen verdict, with the records ingested (with ``queue``: queued). Bad
         input is a verdict, never an exception; an exception is a bug."""
-        verdict, taken = self._admission.judge(batch, host)
-        if taken is None:
-            return verdict
-        if queue is not None:
-            queue.add(taken, now_ns)
-            return verdict  # its records: the batch's, queued
-        return Verdict(Outcome.ACCEPTED, records=self._ingest(taken, now_ns))
+        self.now_ns = max(self.now_ns, now_ns)
+        return self.worker.admit(host, batch, now_ns, queue=queue)
 
     def flush(self, queue: ProbeQueue, now_ns: int) -> int:
         """Ingest everything ``queue`` holds (admitted by `admit`), merged
         (`controller.coalesce`); return the records taken."""
-        groups = queue.take()
-        if self._on_stage is not None:
-            self._on_stage("merge")
-        return sum(self._ingest(m.batch, now_ns, m.parts) for m in groups)
-
-    def _ingest(
-        self, batch: ProbeBatch, now_ns: int, parts: Sequence[tuple[str, int]] | None = None
-    ) -> int:
-        """Ingest an admitted batch, possibly merged from several (``parts``:
-        `Ingestor.ingest`); return the records taken."""
         self.now_ns = max(self.now_ns, now_ns)
-        stage = self._on_stage
-        ing = self._ingestor.ingest(batch, parts)
-        if stage is not None:
-            stage("ingest")
-        if not len(ing):
-            return 0
-        self.clock.add(ing)
-        if stage is not None:
-            stage("sync_add")
-        if self.config.solve_inline:
-            self.clock.maybe_solve(now_ns)
-            if stage is not None:
-                stage("sync_solve")
-        d = self.clock.delays(ing)
-        self.delay_trust += trust_counts(ing.lost, d)
-        obs = self.observations(ing, d, now_ns)
-        if stage is not None:
-            stage("delays")
-        # a probe sent to a host before its prober announced itself alive met no responder:
-        # its loss is the start (or restart) of that prober, not evidence about the fabric
-        if self._alive_since.any():
-            ahead = self._alive_since[self.fabric.nic_host_index[ing.dst]] - d.t_ns
-            early = (ahead > 0) & (ahead <= EARLY_NS)
-            if early.any():
-                obs = obs.select(~early)
-        self.brain.observe(obs)
-        self.records += len(ing)
-        if stage is not None:
-            stage("detect")
-        return len(ing)
-
-    def observations(self, ing: Ingested, d: Delays, now_ns: int) -> Observations:
-        """Return the batch as `Observations` and record its forward delays per flow."""
-        slots = ing.flow
-        new = self.flows.unregistered(slots)
-        if new.any():
-            s, hops = slots[new], ing.hops_fwd[new]
-            spine = _path_spine(self._hop_spine, hops)
-            self.flows.register(s, ing.src[new], ing.dst[new], ing.sport[new], spine)
-        self.flows.update(slots, d.t_ns, d.fine()[0], now_ns)  # what the API shows: fine
-        return Observations(
-            d.t_ns,
-            ing.src,
-            ing.dst,
-            ing.sport,
-            ing.hops_fwd,
-            ing.hops_rev,
-            ing.lost,
-            d.owd_fwd_ns,
-            d.owd_rev_ns,
-            d.rtt_ns,
-            d.coarse,
-        )
+        return self.worker.flush(queue, now_ns)
 
     def presence(self, host: str, alive: bool, now_ns: int, *, since_ns: int | None = None) -> None:
         """Record a prober's liveness (a last-will arrives as alive=False). The first alive
         one, and the first after a last will, starts the host's probes counting as evidence:
         those sent to it before ``since_ns`` (the presence's own time, when the prober
         published it; ``now_ns`` if None, 0 or later than ``now_ns``) are not judged
-        (`admit`). Repeated alive presences (a retained one delivered again, a
-        prober's reconnect) do not move it."""
+        (`controller.fleet.worker.EARLY_NS`). Repeated alive presences (a retained one
+        delivered again, a prober's reconnect) do not move it."""
         self.now_ns = max(self.now_ns, now_ns)
-        i = self.fabric.host_index.get(host)
-        if alive and not self.alive.get(host, False):
-            self._alive_at[host] = now_ns if not since_ns or since_ns > now_ns else since_ns
-            if i is not None:
-                self._alive_since[i] = self._alive_at[host]
         self.alive[host] = alive
-        self.brain.presence(host, alive, now_ns)
+        self.solver.presence(host, alive, now_ns, since_ns=since_ns)
+        self.worker.install(self.solver.host_state())
 
     def gpu(self, host: str, ok: bool, detail: str, now_ns: int, *, present: bool = True) -> None:
         """Record the GPU health of ``host``."""
         self.now_ns = max(self.now_ns, now_ns)
         self.gpu_state[host] = GpuHealth(present=present, ok=ok, detail=detail)
-        self.brain.gpu(host, ok, detail, now_ns)
+        self.solver.gpu(host, ok, detail, now_ns)
 
     def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
         """Record the link state of ``host``'s NICs as its prober read them (``{nic id: up}``)."""
         self.now_ns = max(self.now_ns, now_ns)
-        self.brain.nic_links(host, up, now_ns)
+        self.solver.nic_links(host, up, now_ns)
 
     def nic_counters(self, counters: Mapping[str, tuple[int, int]], t_ns: int, now_ns: int) -> None:
         """Record NIC byte counters (``{nic id: (rx_bytes, tx_bytes)}``) read by a prober at
@@ -355,11 +336,23 @@ class LiveController:
                 self.rates.update(nic, rx, tx, t_ns, now_ns)
 
     def tick(self, now_ns: int) -> list[EventDoc]:
-        """Solve clocks if due, run detection, record history; return the new events."""
+        """Close the windows of the grid that are over (their end + lateness <= ``now_ns``):
+        the worker's partials to the solver, which judges each (solving clocks when due) and
+        whose state the worker takes; record history; return the new events (host facts
+        first, then each window's findings, stamped with its end)."""
         self.now_ns = max(self.now_ns, now_ns)
-        if self.config.solve_inline:
-            self.clock.maybe_solve(now_ns)
-        new = list(self.brain.tick(now_ns))
+        new = self.solver.pending()
+        for part in self.worker.close(now_ns):
+            self.solver.add(part)
+        top = self.fleet.grid.closed_before(now_ns, self.fleet.lateness_ns) - 1
+        nxt = self.solver.next_window
+        if nxt is None:
+            waiting = self.solver.pending_windows()
+            nxt = waiting[0] if waiting else top + 1
+        if top >= nxt:
+            res = self.solver.solve(top, now_ns)
+            new += res.events
+            self.worker.install(res.state)
         self.events.extend(new)
         _, worst_in, worst_out = self._worst(now_ns)
         i = self._hist_head
@@ -382,35 +375,34 @@ class LiveController:
         event it records (what changed, `mesh.fabric.plancheck.fabric_changes`, then
         ``note``), also in `snapshot`'s events.
 
-        Kept by id: presence and since when each prober is alive, GPU health, NIC rates,
-        the events, the per-NIC history, the admission's replay and duplicate memory, the
-        ingest counters and whether model paths are used. Restarted (indexed by the old
+        The worker and the solver are made again for ``fabric``. Kept by id: presence and
+        since when each prober is alive, GPU health, NIC rates, the events, the per-NIC
+        history, the admission's replay and duplicate memory, the ingest counters and whether
+        model paths are used (`controller.fleet.worker.FleetWorker.refabric`,
+        `controller.fleet.solver.FleetSolver.take_hosts`). Restarted (indexed by the old
         fabric's NICs and links): the clock sync (a solve started earlier is refused by
         `install_clock`), the flows, the path tables (the caller refills them from the traced
-        paths it keeps) and detection, as ``brain`` (None: `default_brain`), told the known
-        presence and GPU states again. See `controller.refabric`."""
-        old, n = self.fabric, len(fabric.nics)
+        paths it keeps), the open windows of the grid and detection, as ``brain`` (None:
+        `default_brain`, under the unknown rule as the first), told the known presence and
+        GPU states again. See `controller.refabric`."""
+        old = self.fabric
         event = topology_event(now_ns, fabric_changes(old, fabric), note, fabric,
                                first=not old.nics and not old.nodes)  # fmt: skip
         self.now_ns = max(self.now_ns, now_ns)
         self.fabric = fabric
         self._fabric_since_ns = now_ns
-        self._admission.fabric_changed(fabric)
-        ingestor = Ingestor(fabric, use_model_paths=self._ingestor.use_model_paths)
-        ingestor.stats = self._ingestor.stats
-        self._ingestor = ingestor
-        self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
-        self.flows = FlowStore(n, self.config.baseline_bucket_ns)
-        self.brain = Measured(  # the unknown rule holds on every fabric (issue 33)
-            brain if brain is not None else default_brain(fabric), fabric, self.config.stale_ns
+        the_brain = self._measured(fabric, brain)
+        self.fleet = self._fleet_config(the_brain)
+        self.worker = self.worker.refabric(fabric, self.fleet)
+        solver = FleetSolver(
+            fabric, self.fleet, brain=the_brain, solve_inline=self.config.solve_inline
         )
-        self._alive_since = host_times(fabric, self._alive_at)
-        self._hist_v = remap_columns(old, fabric, self._hist_v)
-        self._hop_spine = _hop_spine_table(fabric)
-        for host, alive in sorted(self.alive.items()):
-            self.brain.presence(host, alive, now_ns)
+        solver.take_hosts(self.solver, now_ns)
+        self.solver = solver
         for host, g in sorted(self.gpu_state.items()):
-            self.brain.gpu(host, g.ok, g.detail, now_ns)
+            solver.gpu(host, g.ok, g.detail, now_ns)
+        self.worker.install(solver.host_state())
+        self._hist_v = remap_columns(old, fabric, self._hist_v)
         self.events.append(event)
         return event
 
@@ -423,16 +415,15 @@ class LiveController:
     @property
     def solves(self) -> int:
         """Return how many clock solves were installed."""
-        return self.clock.solves
+        return self.solver.clock.solves
 
     def verdicts(self) -> dict[Outcome, int]:
         """Return how many batches `admit` gave each outcome."""
-        return dict(self._admission.counts)
+        return self.worker.verdicts()
 
     def ingest_stats(self) -> IngestStats:
         """Return a copy of the ingest counters (batches, records, per origin, dropped)."""
-        st = self._ingestor.stats
-        return dataclasses.replace(st, origins=dict(st.origins))
+        return self.worker.ingest_stats()
 
     def _worst(self, now_ns: int) -> tuple[npt.NDArray[np.int64], F64, F64]:
         n = len(self.fabric.nics)
@@ -529,33 +520,3 @@ class LiveController:
         if self._control is None:
             raise ControlUnavailable("automatic remediation is not available in this controller")
         self._control.set(enabled, self._actor, self.now_ns)
-
-
-def trust_counts(lost: npt.NDArray[np.bool_], d: Delays) -> npt.NDArray[np.int64]:
-    """Return (fine, coarse, withheld) counts of the arrived probes' delays (`Delays.coarse`;
-    withheld: NaN although the probe arrived, i.e. a clock not trusted or not yet solved)."""
-    ok = ~lost
-    known = ok & np.isfinite(d.owd_fwd_ns)
-    coarse = int((known & d.coarse).sum())
-    n_known = int(known.sum())
-    return np.array([n_known - coarse, coarse, int(ok.sum()) - n_known], np.int64)
-
-
-def _hop_spine_table(fabric: Fabric) -> npt.NDArray[np.int64]:
-    """Per directed hop: (tier << 32 | switch index) of the link's upper switch."""
-    sidx = {s.id: i for i, s in enumerate(fabric.switches)}
-    out = np.full(fabric.n_hops + 1, -1, np.int64)  # last entry: padding hop -1
-    for lk in fabric.links:
-        node = fabric.node_by_id.get(lk.upper)
-        if node is not None and node.kind != NodeKind.HOST:
-            v = (SWITCH_TIER[node.kind] << 32) | sidx[lk.upper]
-            out[hop_id(lk.index, down=False)] = out[hop_id(lk.index, down=True)] = v
-    return out
-
-
-def _path_spine(table: npt.NDArray[np.int64], hops: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
-    """Switch index of the highest-tier switch each path crosses (-1 if none known)."""
-    if hops.shape[1] == 0:
-        return np.full(hops.shape[0], -1, np.int32)
-    best = table[hops].max(axis=1)  # hop -1 indexes the padding entry (-1)
-    return np.where(best >= 0, best & 0xFFFFFFFF, -1).astype(np.int32)

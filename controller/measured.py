@@ -3,31 +3,43 @@
 The health table (`controller.health`) starts every entity ``up`` and keeps a state while no
 evidence arrives, which is right for hysteresis and wrong for a screen: a controller with a
 fabric and no prober would call every NIC healthy. `Measured` wraps the detection brain
-(a `controller.live.BrainLike`) and overrides its verdicts: a NIC or link that no probe has
-measured (a probe sent from or to the NIC, lost or not; a probe whose known path crosses the
-link, either way) and no prober has reported on (its NIC link state, `nic_links`) within the
-last ``stale_ns`` is `Health.UNKNOWN`, whatever the brain says. The brain itself is not
-touched: its states, streaks and events go on as before.
+(a `controller.brainlike.BrainLike`) and overrides its verdicts: a NIC or link that no probe
+has measured and no prober has reported on (its NIC link state, `nic_links`) within the last
+``stale_ns`` is `Health.UNKNOWN`, whatever the brain says. The brain itself is not touched:
+its states, streaks and events go on as before.
 
-A measurement counts from the tick after it arrives (`tick` stamps what was seen since the
-last tick with that tick's time; the observations' own send times may lie on another time
-base). Everything is unknown before the first tick.
+What counts as measured is read from the windows the brain judges (`judge`: the parts the
+fleet's workers made, `controller.detect.window.WindowPart`), so one process and a fleet of
+workers around a solver say the same: the link of every NIC that sent probes in the window
+(lost or not), and every link on the paths the window's probes took, either way (a probe's
+destination NIC through the last hop of its path; with no known path only its sender is
+measured). Probes to or from a host whose prober is down are not evidence (the brain
+excludes them: its NICs are unknown to the brain already).
+
+A measurement counts from the end of the window it was judged in (`judge` stamps it with
+that window's end; a prober's report with the next window's end). Everything is unknown
+before the first window is judged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from contract.documents import EventDoc
+from controller.brain import BrainConfig
 from controller.brainlike import BrainLike
+from controller.detect.window import WindowPart
 from controller.observations import Observations
 from mesh.fabric import Fabric
 from mesh.snapshot import Health
 
 NEVER = np.iinfo(np.int64).min // 2
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
 
 
 class Measured:
@@ -40,20 +52,32 @@ class Measured:
         self.brain, self.fabric, self.stale_ns = brain, fabric, stale_ns
         n_links = len(fabric.links)
         self._nic_link = np.asarray(fabric.nic_link, np.int64)
-        self._seen = np.zeros(n_links, bool)  # links measured since the last tick
-        self._last = np.full(n_links, NEVER, np.int64)  # tick a link was last measured at
+        self._seen = np.zeros(n_links, bool)  # links measured since the last judged window
+        self._last = np.full(n_links, NEVER, np.int64)  # window end a link was last measured at
         self._now: int | None = None
 
-    def observe(self, obs: Observations) -> None:
-        """Hand ``obs`` to the brain; its NICs' links and the links of its paths are measured."""
-        self.brain.observe(obs)
-        if not len(obs):
-            return
-        self._seen[self._nic_link[obs.src]] = True
-        self._seen[self._nic_link[obs.dst]] = True
-        for hops in (obs.hops_fwd, obs.hops_rev):
-            links = hops[hops >= 0] >> 1
-            self._seen[links] = True
+    @property
+    def config(self) -> BrainConfig:
+        """Return the wrapped brain's thresholds."""
+        return self.brain.config
+
+    def tap(self, obs: Observations) -> None:
+        self.brain.tap(obs)
+
+    def judge(self, end_ns: int, parts: Sequence[WindowPart]) -> list[EventDoc]:
+        """Mark what ``parts`` measured (see the module docstring), stamp it and what was
+        reported since the last window with ``end_ns``; return the brain's judgement."""
+        for part in parts:
+            self._seen[self._nic_link[part.nic]] = True
+            hops = part.path_hops
+            self._seen[hops[hops >= 0] >> 1] = True
+        self._last[self._seen] = end_ns
+        self._seen[:] = False
+        self._now = end_ns if self._now is None else max(self._now, end_ns)
+        return self.brain.judge(end_ns, parts)
+
+    def take_pending(self) -> list[EventDoc]:
+        return self.brain.take_pending()
 
     def presence(self, host: str, alive: bool, now_ns: int) -> None:
         self.brain.presence(host, alive, now_ns)
@@ -70,15 +94,8 @@ class Measured:
             if i is not None:
                 self._seen[self._nic_link[i]] = True
 
-    def tick(self, now_ns: int) -> list[EventDoc]:
-        """Stamp what was measured since the last tick with ``now_ns``; run the brain's tick."""
-        self._last[self._seen] = now_ns
-        self._seen[:] = False
-        self._now = now_ns if self._now is None else max(self._now, now_ns)
-        return self.brain.tick(now_ns)
-
     def _stale(self) -> npt.NDArray[np.bool_]:
-        """Per link: True when not measured within ``stale_ns`` of the last tick."""
+        """Per link: True when not measured within ``stale_ns`` of the last judged window."""
         if self._now is None:
             return np.ones(len(self._last), bool)
         return self._last < self._now - self.stale_ns
@@ -102,6 +119,15 @@ class Measured:
     def flap_counts(self) -> dict[str, int]:
         return self.brain.flap_counts()
 
+    def hosts_down(self) -> frozenset[str]:
+        return self.brain.hosts_down()
+
+    def path_baselines(self, sig: I64) -> F64:
+        return self.brain.path_baselines(sig)
+
+    def baselines(self) -> tuple[I64, I32, F64]:
+        return self.brain.baselines()
+
     def measured_links(self) -> frozenset[str]:
-        """Return the ids of the links measured within ``stale_ns`` of the last tick."""
+        """Return the ids of the links measured within ``stale_ns`` of the last judged window."""
         return frozenset(self.fabric.links[i].id for i in np.flatnonzero(~self._stale()).tolist())

@@ -16,9 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import aiomqtt
 
@@ -32,6 +35,8 @@ from controller.coalesce import ProbeQueue
 from controller.config import ServiceConfig
 from controller.control import ControlChange
 from controller.dispatch import JsonLog, handle_message, message_kind
+from controller.fleet.cores import SolverCore, SolveResultLike
+from controller.fleet.solverloop import SolverLoop
 from controller.jobs import JobRegistry
 from controller.live import LiveController
 from controller.remediation.runtime import RemediationRuntime, action_event
@@ -47,14 +52,40 @@ LOGGED = 50
 
 @dataclass(frozen=True, slots=True)
 class Broker:
-    """Where the service connects: the broker's address, the topic tree under its prefix, and
-    the shared-subscription group that splits probe batches across controllers (None: this
-    controller reads them all). TLS and credentials are the config's (``[mqtt]``)."""
+    """Where the service connects: the broker's address and the topic tree under its prefix.
+    TLS and credentials are the config's (``[mqtt]``). (Splitting probe batches across
+    controllers with a shared subscription made half-meshes with their own findings; the
+    fleet is `controller.fleet` on NATS, docs/scale.md.)"""
 
     host: str
     port: int
     topics: Topics = field(default_factory=Topics)
-    share: str | None = None
+
+
+class EventSource(Protocol):
+    """Where each tick's new findings come from: the live state's detection
+    (`LiveController.tick`), or the fleet solver's solved windows (`FleetFeed`)."""
+
+    def tick(self, now_ns: int) -> list[EventDoc]: ...
+
+
+class FleetFeed:
+    """The fleet solver's results as an `EventSource`: `add` (the solver loop's
+    ``on_result``) queues a solved window's events, `tick` hands them out once."""
+
+    def __init__(self) -> None:
+        self._events: list[EventDoc] = []
+        self.windows = 0
+
+    def add(self, window: int, result: SolveResultLike) -> None:
+        """Queue ``result``'s events."""
+        self._events.extend(result.events)
+        self.windows += 1
+
+    def tick(self, now_ns: int) -> list[EventDoc]:
+        """Return the events queued since the last tick."""
+        out, self._events = self._events, []
+        return out
 
 
 def _ignore(_: object) -> None:
@@ -69,7 +100,9 @@ class Wiring:
     (mutated), the components that are on (remediation, the API process, the probe queue)
     and the observers: ``on_solve`` (a clock solve's wall time, s), ``on_action`` (an audit
     record of the remediation policy), ``on_tick`` (the time of a tick whose events are out);
-    ``topology``: the learner of a learned fabric (None: the fabric is declared).
+    ``topology``: the learner of a learned fabric (None: the fabric is declared);
+    ``events``: where each tick's findings come from (None: ``live``'s detection; the fleet
+    solver's `FleetFeed` with ``[fleet]``, probe batches then come from NATS, not MQTT).
     """
 
     broker: Broker
@@ -85,6 +118,7 @@ class Wiring:
     on_action: Callable[[dict[str, object]], None] = _ignore
     on_tick: Callable[[int], None] = _ignore
     topology: TopologyLearner | None = None
+    events: EventSource | None = None
 
 
 def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
@@ -114,16 +148,18 @@ def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
 
 
 async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
-    """Every ``tick_s``: detection (`LiveController.tick`), the remediation policy, the
-    API's snapshot, then actions and events out; ``on_tick(now)`` once they are."""
+    """Every ``tick_s``: detection (``w.events``: `LiveController.tick`, or the fleet
+    solver's windows), the remediation policy, the API's snapshot, then actions and events
+    out; ``on_tick(now)`` once they are."""
     live, topics, clock, log = w.live, w.broker.topics, w.clock, w.log
+    source: EventSource = w.events if w.events is not None else live
     api, remediation, on_action = w.api, w.remediation, w.on_action
     last_hooks: dict[str, object] = {}
     while True:
         await asyncio.sleep(w.config.tick_s)
         now = clock()
         new = relearn(w, now)
-        new += live.tick(now)
+        new += source.tick(now)
         actions: list[tuple[str, bytes]] = []
         if remediation is not None:
             remediation.observe(new)
@@ -204,9 +240,10 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
         **client_kwargs(w.config.mqtt_security),
     ) as client:  # fmt: skip
         learned = (topics.subscription("neighbors"),) if w.topology is not None else ()
+        probes = () if w.events is not None else (topics.subscription("probes"),)
         for flt in (
             *learned,
-            topics.subscription("probes", w.broker.share),
+            *probes,
             topics.subscription("presence"),
             topics.subscription("health"),
             topics.subscription("paths"),
@@ -215,7 +252,9 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
         log(clock(), "connected", broker=f"{host}:{port}")
         connected()
-        tasks = [asyncio.create_task(_ticker(client, w)), asyncio.create_task(_solver(w))]
+        tasks = [asyncio.create_task(_ticker(client, w))]
+        if w.events is None:  # the fleet's clocks are solved by its solver (controller.fleet)
+            tasks.append(asyncio.create_task(_solver(w)))
         if queue is not None:
             tasks.append(asyncio.create_task(_flusher(live, queue, clock, log, counters)))
         try:
@@ -301,14 +340,19 @@ def _topic_kind(topics: Topics, topic: str) -> str:
 
 def live_state(config: ServiceConfig, topology: TopologyLearner | None = None) -> LiveController:
     """Return the live state `run_service` builds for ``config``: its fabric, live settings
-    (clock solves left to the service's worker thread) and detection thresholds, with the
-    fabric model's paths trusted or not (``config.model_paths``; never for a learned fabric,
-    whose ECMP model is no one's). With ``topology`` (a learned fabric) probe batches are
-    judged by the NICs hosts claim (`TopologyLearner.owners`)."""
+    (clock solves left to the service's worker thread; with ``[fleet]`` solved with each
+    window, by the fleet's solver loop) and detection thresholds (with ``[fleet]`` its
+    lateness is the workers' grace), with the fabric model's paths trusted or not
+    (``config.model_paths``; never for a learned fabric, whose ECMP model is no one's). With
+    ``topology`` (a learned fabric) probe batches are judged by the NICs hosts claim
+    (`TopologyLearner.owners`)."""
+    brain_cfg = config.brain
+    if config.fleet is not None:
+        brain_cfg = dataclasses.replace(brain_cfg, lateness_ns=config.fleet.plane.grace_ns)
     live = LiveController(
         config.fabric,
-        dataclasses.replace(config.live, solve_inline=False),
-        brain=Brain(config.fabric, config.brain),
+        dataclasses.replace(config.live, solve_inline=config.fleet is not None),
+        brain=Brain(config.fabric, brain_cfg),
         owners=topology.owners if topology is not None else None,
     )
     # before any ingest: no flow has a path yet
@@ -373,6 +417,7 @@ async def run_service(
     observability: Observability | None = None,
     max_attempts: int | None = None,
     on_tick: Callable[[int], None] = _ignore,
+    fleet_core: Callable[[LiveController], SolverCore] | None = None,
 ) -> LiveController:
     """Run until cancelled, reconnecting with exponential backoff on broker errors.
 
@@ -396,6 +441,13 @@ async def run_service(
     API's, so ``PUT /api/v1/control`` switches real remediation and jobs registered through
     the API feed the policy. The registry holds every job, from the API or MQTT, to
     ``config.grants`` (the operator's ``[api.tenants]``).
+
+    With ``config.fleet`` this is the fleet's solver (docs/scale.md): probe batches are not
+    read from MQTT; `controller.fleet.solverloop.SolverLoop` (on ``config.nats``, lease id
+    ``config.fleet.member``) solves the windows with the core ``fleet_core(live)`` (the live
+    state's own `FleetSolver`, so host facts, the snapshot and the time series are the live
+    state's), and their events go out through the same ticker, remediation, API and log.
+    Raises ValueError if ``config.fleet`` is set without ``fleet_core`` or ``config.nats``.
     """
     topology = TopologyLearner(config.learn) if config.learn is not None else None
     if live is None:
@@ -412,11 +464,25 @@ async def run_service(
         except ValueError as exc:
             log(clock(), "action not recorded", error=str(exc))
 
+    feed: FleetFeed | None = None
+    sides: list[Callable[[], Coroutine[Any, Any, object]]] = [
+        lambda: obs.run(live, w.counters, config.tick_s, clock)
+    ]
+    if config.fleet is not None:
+        if fleet_core is None or config.nats is None:
+            raise ValueError("[fleet] needs [nats] and a solver core")
+        feed = FleetFeed()
+        core = fleet_core(live)
+        member = config.fleet.member or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+        solver = SolverLoop(config.fleet.plane, config.nats, member, lambda: core,
+                            feed.add, log=log, clock_ns=clock, solve_in_thread=False)  # fmt: skip
+        sides.append(solver.run)
     api = await _start_api(config, live, rem, obs, log, clock)
     w = Wiring(
         broker, config, live, clock, log, remediation=rem, api=api,
         queue=ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None,
         on_solve=obs.solve, on_action=on_action, on_tick=on_tick, topology=topology,
+        events=feed,
     )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:
@@ -428,7 +494,7 @@ async def run_service(
     async with obs:
         if (addr := obs.metrics_address) is not None:
             log(clock(), "metrics", listen=f"{addr[0]}:{addr[1]}")
-        side = asyncio.create_task(obs.run(live, w.counters, config.tick_s, clock))
+        side = [asyncio.create_task(run()) for run in sides]
         try:
             await reconnect_loop(
                 session, Backoff(*config.backoff_s), on_error=on_error,
@@ -436,9 +502,11 @@ async def run_service(
                 errors=(aiomqtt.MqttError, TimeoutError, CredentialError),
             )  # fmt: skip
         finally:
-            side.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await side
+            for task in side:
+                task.cancel()
+            for task in side:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             if api is not None:
                 await api.stop()
             await rem.sender.drain(2.0)  # give queued webhook deliveries a moment

@@ -1,14 +1,20 @@
-"""``qpmesh controller``: run the controller service against an MQTT broker."""
+"""``qpmesh controller``: run the controller service against an MQTT broker (with ``[fleet]``
+in its config: the fleet's solver); ``qpmesh controller worker``: one of the fleet's ingest
+workers on NATS JetStream (docs/scale.md)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
+import os
 import signal
+import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from contract.topics import DEFAULT_PREFIX, Topics
@@ -18,6 +24,10 @@ from mqttlink.settings import add_security_args, security_from_args
 SECURITY_OPTIONS = (
     "mqtt_tls", "mqtt_ca", "mqtt_cert", "mqtt_key", "mqtt_user", "mqtt_password_file",
 )  # fmt: skip
+
+if TYPE_CHECKING:
+    from controller.dispatch import JsonLog
+    from controller.live import LiveController
 
 # The controller's modules (sync, scipy) load inside the command: every qpmesh command, a
 # prober starting on a GPU host included, builds this parser.
@@ -37,18 +47,12 @@ def parse_broker(url: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
-def _run(args: argparse.Namespace) -> int:
-    from controller.config import load_config
+def _serve(log_path: str | None, body: Callable[[JsonLog], Awaitable[object]]) -> int:
+    """Run ``body(log)`` until SIGTERM/SIGINT, logging JSON lines to ``log_path`` (stderr)."""
     from controller.dispatch import JsonLog
     from controller.logrelay import relay_logging
-    from controller.service import Broker, run_service
 
-    host, port = parse_broker(args.broker)
-    config = load_config(Path(args.config) if args.config else None)
-    if any(getattr(args, k) for k in SECURITY_OPTIONS):  # the options replace [mqtt]
-        config = dataclasses.replace(config, mqtt_security=security_from_args(args))
-    broker = Broker(host, port, Topics(args.prefix), args.share)
-    log_stream = open(args.log, "a") if args.log else sys.stderr  # noqa: SIM115
+    log_stream = open(log_path, "a") if log_path else sys.stderr  # noqa: SIM115
     log = JsonLog(log_stream)
 
     async def main() -> None:
@@ -58,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         try:
-            await run_service(broker, config, log=log)
+            await body(log)
         except asyncio.CancelledError:
             log(time.time_ns(), "stopped")
 
@@ -71,9 +75,56 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        if args.log:
+        if log_path:
             log_stream.close()
     return 0
+
+
+def _member(configured: str, option: str | None) -> str:
+    """Return this process's fleet id: ``--id``, else ``[fleet] id``, else hostname-pid."""
+    from natslink.subjects import check_token
+
+    name = option or configured or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+    return check_token(name, "fleet id")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from controller.config import ConfigError, load_config
+    from controller.service import Broker, run_service
+
+    if not args.broker:
+        raise ConfigError("qpmesh controller needs --broker mqtt://HOST:PORT")
+    host, port = parse_broker(args.broker)
+    config = load_config(Path(args.config) if args.config else None)
+    if any(getattr(args, k) for k in SECURITY_OPTIONS):  # the options replace [mqtt]
+        config = dataclasses.replace(config, mqtt_security=security_from_args(args))
+    broker = Broker(host, port, Topics(args.prefix))
+    fleet_core = None
+    if config.fleet is not None:  # the fleet's solver
+        from controller.fleet.compose import SolverCore
+
+        fleet = dataclasses.replace(config.fleet, member=_member(config.fleet.member, args.id))
+        config = dataclasses.replace(config, fleet=fleet)
+
+        def fleet_core(live: LiveController) -> SolverCore:
+            return SolverCore(live.solver)
+
+    return _serve(args.log, lambda log: run_service(broker, config, log=log,
+                                                   fleet_core=fleet_core))  # fmt: skip
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from controller.config import ConfigError, load_config
+    from controller.fleet.compose import worker_cores
+    from controller.fleet.workerloop import WorkerLoop
+
+    config = load_config(Path(args.config))
+    if config.fleet is None or config.nats is None:
+        raise ConfigError(f"{args.config}: a worker needs [fleet] and [nats] tables")
+    plane, nats = config.fleet.plane, config.nats
+    member = _member(config.fleet.member, args.id)
+    cores = worker_cores(config, plane)
+    return _serve(args.log, lambda log: WorkerLoop(plane, nats, member, cores, log=log).run())
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -84,10 +135,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Subscribe to probe batches, presence and health on an MQTT broker; "
         "publish findings on <prefix>/events/<kind>; log JSON lines.",
     )
-    p.add_argument("--broker", required=True, help="broker URL, mqtt://HOST:PORT")
-    p.add_argument("--config", help="TOML config (fabric, sync, controller, thresholds)")
+    p.add_argument("--broker", help="broker URL, mqtt://HOST:PORT (required)")
+    p.add_argument("--config", help="TOML config (fabric, sync, controller, thresholds; "
+                   "[nats] + [fleet]: the fleet's solver, docs/scale.md)")  # fmt: skip
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic prefix (default %(default)s)")
-    p.add_argument("--share", help="shared-subscription group for probes (split load)")
     p.add_argument("--log", help="append JSON-lines log here (default stderr)")
+    p.add_argument("--id", help="with [fleet]: this solver's lease id (default [fleet] id, "
+                   "else HOSTNAME-PID)")  # fmt: skip
     add_security_args(p)
     p.set_defaults(func=_run)
+    roles = p.add_subparsers(dest="role", metavar="ROLE")
+    w = roles.add_parser(
+        "worker",
+        help="one of the fleet's ingest workers (NATS JetStream, docs/scale.md)",
+        description="Own partitions of the probe batches through KV leases, ingest them and "
+        "send one partial per partition and window to the solver.",
+    )
+    w.add_argument("--config", required=True, help="TOML config with [nats] and [fleet]")
+    w.add_argument("--id", help="this worker's lease id (default [fleet] id, else HOSTNAME-PID)")
+    w.add_argument("--log", help="append JSON-lines log here (default stderr)")
+    w.set_defaults(func=_worker)

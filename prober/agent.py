@@ -54,6 +54,7 @@ from prober.discover.resolve import Lldp, LocalNics, read_lldp_or_none
 from prober.drive import CompiledDriver
 from prober.endpoint import Endpoint, EndpointFactory, udp_endpoint_factory
 from prober.events import Address, ProbeEvent, ResultBlock, results_to_batch
+from prober.jspublish import JetStreamBatches
 from prober.pathdisc import DiscoveredPath, PathChange, PathDiscovery
 from prober.pathsweep import TraceTimer, paths_payload, sweep_flows
 from prober.publish import Publisher
@@ -181,7 +182,8 @@ class Agent:
                 cfg.spool_max_bytes,
                 Path(cfg.spool_dir) if cfg.spool_dir else None,
             )
-            publisher = Publisher(cfg.mqtt, cfg.host, spool)
+            js = None if cfg.nats is None else JetStreamBatches(cfg.nats, cfg.host, spool)
+            publisher = Publisher(cfg.mqtt, cfg.host, spool, batches=js)
         self.publisher = publisher
         self._gpu_reader = gpu_reader
         self._gpu_prev: GpuReading | None = None

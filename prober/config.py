@@ -11,6 +11,8 @@ Layout (see docs/prober.md for the full reference)::
     [schedule]                    # rate_hz, paths, confidence, cross_peers, coded, seed
     [mqtt]                        # host, port, prefix, keepalive_s, timeout_s, backoff_*,
                                   # tls, ca_file, cert_file, key_file, username, password_file
+    [nats]                        # servers, subject_prefix, timeouts, backoff_*, TLS keys of
+                                  # [mqtt]: probe batches go to JetStream (docs/scale.md)
     [spool]                       # max_batches, max_bytes, dir
     [telemetry]                   # interval_s, gpu
     [paths]                       # enabled, traces_per_s, max_ttl, refresh_s (path discovery)
@@ -39,6 +41,8 @@ from typing import Any
 from contract.keys import HMAC, KeySet, load_key_file
 from contract.tomlcheck import Table, parse_toml
 from mqttlink.settings import BrokerSettings, read_security
+from natslink.settings import NatsSettings, read_nats
+from natslink.subjects import SubjectError, check_token
 from prober.discover.nics import nic_id as make_nic_id
 from prober.schedule import ScheduleConfig
 
@@ -114,6 +118,8 @@ class ProberConfig:
     follow_up_hold_ms: int = 250  # ... or leave as one FOLLOW_UP after this; < timeout_ms / 2
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     mqtt: BrokerSettings = field(default_factory=BrokerSettings)
+    # [nats]: probe batches go to JetStream (natslink); None: over MQTT with the rest
+    nats: NatsSettings | None = None
     spool_max_batches: int = 10_000
     spool_max_bytes: int = 64 << 20
     spool_dir: str = ""
@@ -164,7 +170,7 @@ def parse_config(
 ) -> ProberConfig:
     """Return the validated configuration in TOML document ``doc``; raise `ConfigError`.
 
-    Relative file names in ``[mqtt]`` (``ca_file``, ``cert_file``, ``key_file``,
+    Relative file names in ``[mqtt]`` and ``[nats]`` (``ca_file``, ``cert_file``, ``key_file``,
     ``password_file``) are taken from ``base_dir`` (the config file's folder).
     ``prober.host`` defaults to ``hostname()``.
     """
@@ -190,6 +196,13 @@ def parse_config(
     pr.finish()
     schedule = read_schedule(root.table("schedule"))
     mqtt = read_mqtt(root.table("mqtt"), base_dir)
+    nats = read_nats(na := root.table("nats"), base_dir)
+    na.finish()
+    if nats is not None:
+        try:
+            check_token(host, "host")
+        except SubjectError as exc:
+            raise ConfigError(f"{src}: prober.host: with [nats]: {exc}") from None
 
     sp = root.table("spool")
     max_batches = sp.get("max_batches", int, 10_000, lambda v: v >= 1, "a positive integer")
@@ -237,6 +250,7 @@ def parse_config(
         follow_up_hold_ms=hold_ms,
         schedule=schedule,
         mqtt=mqtt,
+        nats=nats,
         spool_max_batches=max_batches,
         spool_max_bytes=max_bytes,
         spool_dir=spool_dir,

@@ -25,6 +25,11 @@ Discovered paths (`submit_paths`) go out on ``<prefix>/paths/<host>`` over the s
 a bounded queue (oldest dropped and counted at its bound), each document removed only after its
 PUBACK, like the batches.
 
+Probe batches over JetStream (a prober config with ``[nats]``): the batches go to a
+`BatchSender` (`prober.jspublish.JetStreamBatches`) that this publisher runs beside its own
+connection and wakes on `submit`; the MQTT connection then carries presence, health and
+paths only.
+
 Errors from the broker boundary (aiomqtt `MqttError`, `OSError`, timeouts) are caught in the
 loop and counted; nothing escapes `run` except cancellation.
 """
@@ -88,6 +93,16 @@ class MqttLike(Protocol):
     ) -> None: ...
 
 
+class BatchSender(Protocol):
+    """Sends the spooled probe batches over another link (`prober.jspublish`)."""
+
+    def wake(self) -> None: ...
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+    def counters(self) -> dict[str, int]: ...
+
+
 ClientFactory = Callable[[BrokerSettings, str, aiomqtt.Will], AbstractAsyncContextManager[MqttLike]]
 
 
@@ -124,6 +139,7 @@ class Publisher:
     """Publishes spooled batches, presence and health of ``host`` until stopped.
 
     ``sleep`` and ``now_ns`` are injectable so tests drive backoff with a fake clock.
+    ``batches``: the spool's batches go through it instead of this connection (run by `run`).
     Counters: ``connects``, ``errors``, ``published``; ``connected`` is the current state.
     """
 
@@ -136,8 +152,10 @@ class Publisher:
         client_factory: ClientFactory = aiomqtt_client,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         now_ns: Callable[[], int] = time.time_ns,
+        batches: BatchSender | None = None,
     ) -> None:
         self.settings = settings
+        self.batches = batches
         self.host = host
         self.spool = spool
         self._factory = client_factory
@@ -165,7 +183,10 @@ class Publisher:
     def submit(self, batch_seq: int, payload: bytes) -> int:
         """Spool one encoded batch and wake the sender; return how many old batches were dropped."""
         dropped = self.spool.put(batch_seq, payload)
-        self._wake.set()
+        if self.batches is not None:
+            self.batches.wake()
+        else:
+            self._wake.set()
         return dropped
 
     def submit_paths(self, payload: bytes) -> int:
@@ -214,6 +235,7 @@ class Publisher:
             "published": self.published,
             "paths_dropped": self.paths_dropped,
             **self.spool.counters(),
+            **(self.batches.counters() if self.batches is not None else {}),
         }
 
     # ---- the service loop -------------------------------------------------------------------
@@ -267,7 +289,15 @@ class Publisher:
 
         backoff = Backoff(self.settings.backoff_min_s, self.settings.backoff_max_s)
         self.offline_said = False
-        await reconnect_loop(session, backoff, on_error=on_error, pause=pause)
+        sender = None if self.batches is None else asyncio.create_task(self.batches.run(stop))
+        try:
+            await reconnect_loop(session, backoff, on_error=on_error, pause=pause)
+        finally:
+            if sender is not None and stop.is_set():
+                await sender  # it drains what is spooled, for a bounded time
+            elif sender is not None:  # this run was cancelled
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
         if self.connects and not self.offline_said:
             # the last session ended with a clean disconnect but without alive=false (e.g. a
             # publish timed out on a starved host): the broker fires no will after a clean
@@ -324,7 +354,7 @@ class Publisher:
                 await self._publish(client, paths, self._paths[0])
                 self._paths.popleft()
                 continue
-            item = self.spool.peek()
+            item = self.spool.peek() if self.batches is None else None
             if item is not None:
                 if drain_until is not None and loop.time() > drain_until:
                     return

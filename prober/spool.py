@@ -143,6 +143,18 @@ class Spool:
         self._unlink(item.batch_seq)
         return True
 
+    def drop_head(self, batch_seq: int) -> bool:
+        """Drop the oldest batch if it is ``batch_seq`` (it can never be delivered, e.g. it is
+        larger than the broker takes), counted in ``dropped_batches``; return whether it was."""
+        if not self._items or self._items[0].batch_seq != batch_seq:
+            return False
+        item = self._items.popleft()
+        self._bytes -= len(item.payload)
+        self.dropped_batches += 1
+        self.dropped_bytes += len(item.payload)
+        self._unlink(item.batch_seq)
+        return True
+
     # ---- disk backing -----------------------------------------------------------------------
 
     def _path(self, batch_seq: int) -> Path:

@@ -11,11 +11,12 @@ from controller.clocksync import (
     ClockState,
     ClockSync,
     ClockSyncConfig,
+    bin_keys,
     solve_miss,
     trust_horizon,
 )
 from controller.ingest import Ingestor
-from controller.live import LiveController
+from controller.live import LiveConfig, LiveController
 from mesh.fabric import FabricShape, build_fabric
 from sync import ClockModels
 from testbed.sim.engine import SimConfig, Simulator
@@ -90,9 +91,22 @@ def test_warmup_splits_the_first_bin_so_early_solves_see_drift() -> None:
     per_pair = np.bincount(np.unique(pairs, return_counts=True)[1])
     # 2 s of a 2.5 s first bin: 6-7 sub-bins of 0.3125 s, one coded pair (2 rows) each
     assert np.argmax(per_pair) >= 12
-    one = ClockSync(16, ClockSyncConfig(window_ns=10 * S, bins=4, warmup_bins=1))
-    assert one._bin_of(np.array([0, 2 * S], np.int64)).tolist() == [0, 0]
-    assert cs._bin_of(np.array([0, 2 * S, 3 * S], np.int64)).tolist() == [0, 6, 8]
+    one = ClockSyncConfig(window_ns=10 * S, bins=4, warmup_bins=1)
+    assert bin_keys(np.array([0, 2 * S], np.int64), 0, one).tolist() == [0, 0]
+    assert bin_keys(np.array([0, 2 * S, 3 * S], np.int64), 0, cs.config).tolist() == [0, 6, 15]
+
+
+def test_bins_lie_on_a_fixed_grid_not_on_the_first_stamp() -> None:
+    """Bins of 2.5 s aligned to UNIX time; the warm-up's sub-bins (0.3125 s) start at the
+    first stamp's sub-bin, so two processes whose first stamps share a sub-bin bin alike
+    (the fleet merges their selections: `controller.fleet`)."""
+    cfg = ClockSyncConfig(window_ns=10 * S, bins=4, warmup_bins=8)
+    t = np.array([S // 10, 27 * S // 10, 29 * S // 10, 6 * S], np.int64)
+    # warm-up [0.3125, 2.8125) s: 0.1 s is before it (bin 0), 2.7 s in it (bin 1, sub 0)
+    assert bin_keys(t, 4 * S // 10, cfg).tolist() == [7, 8, 15, 23]
+    assert bin_keys(t, 6 * S // 10, cfg).tolist() == [7, 8, 15, 23]
+    shift = EPOCH // (25 * S // 10) * 8  # EPOCH is a whole number of bins
+    assert (bin_keys(t + EPOCH, EPOCH, cfg) - bin_keys(t, 0, cfg) == shift).all()
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -196,10 +210,12 @@ def test_the_controller_counts_its_delays_by_clock_trust() -> None:
     """Every arrived probe's delay is counted once: withheld before a trusted solve (the
     first 2 s here), then all fine on a hardware-stamped fabric."""
     fab = build_fabric(FabricShape.for_nics(16))
-    live = LiveController(fab)
+    live = LiveController(fab, LiveConfig(window_ns=250_000_000))
     arrived, at_3s = [], None
     for st in Simulator(fab, SimConfig(seed=5, peers=4)).run(6.0, 0.25):
-        live.admit(st.batch, int(st.batch.t1.max()))
+        now = int(st.batch.t1.max())
+        live.admit(st.batch, now)
+        live.tick(now)  # closes the windows that are over: clocks solved when due
         arrived.append(int((~np.asarray(st.batch.lost, bool)).sum()))
         if len(arrived) == 2:
             assert live.delay_trust.tolist() == [0, 0, sum(arrived)]  # no trusted solve yet

@@ -188,8 +188,8 @@ def test_clock_sync_unknown_before_solve_then_accurate() -> None:
     assert np.all(unc > 0)
 
 
-def test_coded_partners_match_sync_filter() -> None:
-    from controller.clocksync import _coded_partners
+def testcoded_partners_match_sync_filter() -> None:
+    from controller.clocksync import coded_partners
     from sync import coded_pair_mask, coded_probe_mask
 
     rng = np.random.default_rng(3)
@@ -197,7 +197,7 @@ def test_coded_partners_match_sync_filter() -> None:
     pair[:5] = -1  # uncoded probes (their partners become singletons)
     send = rng.integers(0, 10**9, len(pair)).astype(np.int64)
     recv = send + rng.integers(0, 3000, len(pair))
-    first, second = _coded_partners(pair, send)
+    first, second = coded_partners(pair, send)
     assert (send[first] <= send[second]).all() and (pair[first] == pair[second]).all()
     ok = coded_pair_mask(send[first], send[second], recv[first], recv[second], 1000)
     mine = np.zeros(len(pair), bool)
@@ -206,7 +206,7 @@ def test_coded_partners_match_sync_filter() -> None:
     assert np.array_equal(mine, ref)
     # fast path (partners on adjacent rows, either send order) gives the same partners
     adj = np.repeat(np.arange(50), 2).astype(np.int64)
-    f2, s2 = _coded_partners(adj, send)
+    f2, s2 = coded_partners(adj, send)
     rows = np.arange(0, 100, 2)
     expect_first = np.where(send[rows] <= send[rows + 1], rows, rows + 1)
     assert np.array_equal(np.sort(f2), np.sort(expect_first))
@@ -242,7 +242,7 @@ def test_clock_sync_keeps_lowest_rtt_pair_per_bin_and_delays_match_sync_clock() 
     batches = [
         ingestor.ingest(st.batch) for st in Simulator(fab, SimConfig(seed=4, peers=4)).run(3.0, 0.5)
     ]
-    # 1 s bins, the first not split (see the warm-up test)
+    # 1 s bins on the UNIX grid, the warm-up not split (see the warm-up test)
     cs = ClockSync(16, ClockSyncConfig(window_ns=4_000_000_000, bins=4, warmup_bins=1))
     kept = 0
     for one in batches:
@@ -260,7 +260,7 @@ def test_clock_sync_keeps_lowest_rtt_pair_per_bin_and_delays_match_sync_clock() 
         src, dst, t1, t2, t3, t4 = cols
         out: dict[tuple[int, int, int], int] = {}
         for r in range(0, len(src), 2):  # partners on adjacent rows, first probe first
-            k = (int(src[r]), int(dst[r]), int((min(t1[r], t1[r + 1]) - t0) // binw))
+            k = (int(src[r]), int(dst[r]), int(min(t1[r], t1[r + 1]) // binw))  # UNIX grid
             rtt = int(sum((t4[q] - t1[q]) - (t3[q] - t2[q]) for q in (r, r + 1)))
             out[k] = min(out.get(k, rtt), rtt)
         return out

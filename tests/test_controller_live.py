@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from contract.documents import EventDoc
 from controller.admission import Outcome, Verdict
+from controller.brain import BrainConfig
 from controller.control import Control
+from controller.detect.window import WindowPart
 from controller.jobs import Job, JobRegistry
 from controller.live import LiveConfig, LiveController
 from mesh.fabric import FabricShape, build_fabric
@@ -20,15 +23,23 @@ BASE = 1_700_000_000_000_000_000
 
 
 class StubBrain:
-    """Records calls; returns fixed health."""
+    """Records calls; returns fixed health (a `controller.brainlike.BrainLike`)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.seen = 0
         self.pending: list[EventDoc] = []
+        self.config = BrainConfig()
 
-    def observe(self, obs: object) -> None:
+    def tap(self, obs: object) -> None:
         self.seen += len(obs)  # type: ignore[arg-type]
+
+    def judge(self, end_ns: int, parts: Sequence[WindowPart]) -> list[EventDoc]:
+        return []
+
+    def take_pending(self) -> list[EventDoc]:
+        out, self.pending = self.pending, []
+        return out
 
     def presence(self, host: str, alive: bool, now_ns: int) -> None:
         if not alive:
@@ -40,10 +51,6 @@ class StubBrain:
     def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
         pass
 
-    def tick(self, now_ns: int) -> list[EventDoc]:
-        out, self.pending = self.pending, []
-        return out
-
     def link_health(self) -> dict[str, Health]:
         return {}
 
@@ -52,6 +59,17 @@ class StubBrain:
 
     def flap_counts(self) -> dict[str, int]:
         return {}
+
+    def hosts_down(self) -> frozenset[str]:
+        return frozenset()
+
+    def path_baselines(self, sig: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        return np.full(len(sig), np.nan)
+
+    def baselines(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.float64]]:
+        return np.zeros(0, np.int64), np.zeros((0, 4), np.int32), np.zeros(0)
 
 
 def _run(lc: LiveController, sim: Simulator, seconds: float) -> list[EventDoc]:
@@ -66,7 +84,7 @@ def _run(lc: LiveController, sim: Simulator, seconds: float) -> list[EventDoc]:
 def test_live_snapshot_delays_history_and_control() -> None:
     fab = build_fabric(FabricShape.for_nics(32))
     sim = Simulator(fab, SimConfig(seed=2, peers=8))
-    lc = LiveController(fab, LiveConfig(max_events=3))
+    lc = LiveController(fab, LiveConfig(max_events=3, window_ns=500_000_000))
     assert _run(lc, sim, 3.0) == []  # healthy fabric: no findings
     snap = lc.snapshot()
     assert snap.t_ns == BASE + 3_000_000_000
@@ -116,6 +134,8 @@ def test_live_duplicate_batch_not_reingested_and_events_bounded() -> None:
     assert [e.target for e in lc.snapshot().events] == ["host1", "host2"]
     lc.gpu("host3", False, "xid 79", BASE + 3)
     assert not lc.snapshot().gpu["host3"].ok
+    assert lc.snapshot().healthy_count == 0  # nothing judged yet: unknown
+    lc.tick(BASE + 3_000_000_000)  # the batch's window judged: its NICs measured
     assert lc.snapshot().healthy_count == len(fab.nics)
 
 

@@ -3,16 +3,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from contract.documents import EventDoc
 from controller.api.views import Scope, snapshot_view
+from controller.brain import BrainConfig
+from controller.detect.delay import DelayParams
+from controller.detect.paths import PathIndex
+from controller.detect.window import DetectionWindow, WindowPart
 from controller.live import LiveConfig, LiveController
 from controller.measured import Measured
 from controller.observations import Observations
 from mesh.fabric import FabricShape, build_fabric, flow_paths
+from mesh.fabric.ecmp import routing_tables
 from mesh.snapshot import Health
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 
@@ -23,8 +29,16 @@ FAB = build_fabric(FabricShape.for_nics(16, nics_per_leaf=8))
 class AllUp:
     """A brain whose table says everything is up (as the real one does before evidence)."""
 
-    def observe(self, obs: Observations) -> None:
+    config = BrainConfig()
+
+    def tap(self, obs: Observations) -> None:
         pass
+
+    def judge(self, end_ns: int, parts: Sequence[WindowPart]) -> list[EventDoc]:
+        return []
+
+    def take_pending(self) -> list[EventDoc]:
+        return []
 
     def presence(self, host: str, alive: bool, now_ns: int) -> None:
         pass
@@ -35,9 +49,6 @@ class AllUp:
     def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
         pass
 
-    def tick(self, now_ns: int) -> list[EventDoc]:
-        return []
-
     def link_health(self) -> dict[str, Health]:
         return {lk.id: Health.UP for lk in FAB.links}
 
@@ -47,6 +58,17 @@ class AllUp:
     def flap_counts(self) -> dict[str, int]:
         return {}
 
+    def hosts_down(self) -> frozenset[str]:
+        return frozenset()
+
+    def path_baselines(self, sig: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        return np.full(len(sig), np.nan)
+
+    def baselines(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.float64]]:
+        return np.zeros(0, np.int64), np.zeros((0, 4), np.int32), np.zeros(0)
+
 
 def _probes(src: int, dst: int, t_ns: int, *, lost: bool = False) -> Observations:
     fwd = flow_paths(FAB, [src], [dst], [49152])
@@ -55,6 +77,15 @@ def _probes(src: int, dst: int, t_ns: int, *, lost: bool = False) -> Observation
     return Observations(np.array([t_ns], np.int64), np.array([src], np.int32),
                         np.array([dst], np.int32), np.array([49152], np.int32), fwd, rev,
                         np.array([lost]), owd, owd.copy(), 2 * owd)  # fmt: skip
+
+
+def _part(obs: Observations) -> WindowPart:
+    """The window part a worker makes of ``obs`` (`controller.fleet.worker.FleetWorker`)."""
+    width = routing_tables(FAB).max_hops
+    paths = PathIndex(width)
+    win = DetectionWindow.empty(len(FAB.links), FAB.n_hops, len(FAB.nics), PathIndex(2 * width))
+    win.fold(obs, paths, np.zeros(len(FAB.nics), bool), DelayParams())
+    return win.export(paths)
 
 
 def test_a_controller_with_a_fabric_and_no_prober_says_unknown_not_healthy() -> None:
@@ -74,9 +105,10 @@ def test_a_controller_with_a_fabric_and_no_prober_says_unknown_not_healthy() -> 
 
 def test_measured_entities_take_the_brains_verdict_until_stale() -> None:
     m = Measured(AllUp(), FAB, stale_ns=10 * S)
-    assert set(m.nic_health()) == {Health.UNKNOWN}  # before any tick
-    m.observe(_probes(0, 9, 1 * S, lost=True))  # a lost probe is a measurement too
-    m.tick(2 * S)
+    assert set(m.nic_health()) == {Health.UNKNOWN}  # before any window was judged
+    m.judge(1 * S, [])
+    assert set(m.nic_health()) == {Health.UNKNOWN}  # an empty window measures nothing
+    m.judge(2 * S, [_part(_probes(0, 9, 1 * S, lost=True))])  # a lost probe is one too
     up = {i for i, h in enumerate(m.nic_health()) if h == Health.UP}
     assert up == {0, 9}
     links = {k for k, h in m.link_health().items() if h == Health.UP}
@@ -86,11 +118,11 @@ def test_measured_entities_take_the_brains_verdict_until_stale() -> None:
     path = {FAB.links[h >> 1].id for h in hops if h >= 0}
     assert links == path and {"nic0-leaf0", "nic9-leaf1"} <= path and len(path) < 8
     m.nic_links("host3", {"nic3": False}, 3 * S)  # a prober's reading of its NIC counts too
-    m.tick(5 * S)
+    m.judge(5 * S, [])
     assert m.nic_health()[3] == Health.UP and m.nic_health()[0] == Health.UP
-    m.tick(12 * S + 1)  # 10 s after the probe's tick: stale
+    m.judge(12 * S + 1, [])  # 10 s after the probe's window: stale
     assert m.nic_health()[0] == Health.UNKNOWN and m.nic_health()[3] == Health.UP
-    m.tick(16 * S)
+    m.judge(16 * S, [])
     assert set(m.nic_health()) == {Health.UNKNOWN}
 
 

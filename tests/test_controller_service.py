@@ -165,7 +165,7 @@ async def test_service_end_to_end(mosquitto: tuple[str, int], tmp_path: Path) ->
     config = ServiceConfig(fabric=fab, tick_s=0.1)
     svc = asyncio.create_task(
         run_service(
-            Broker(host, port, topics, share="ctl"),
+            Broker(host, port, topics),
             config,
             log=JsonLog(log_file),
             live=live,

@@ -96,7 +96,9 @@ def test_health_documents_carry_the_nic_link_states_to_the_brain() -> None:
     assert seen == [("host0", {"nic0": False})]
     assert brain.nic_health()[0] == Health.UP  # judged from the next window on
     assert live.snapshot().nic_health[0] == Health.UNKNOWN  # no tick yet: nothing measured
-    live.tick(2 * S)  # host0's reading of nic0 is a measurement; nothing measured nic1
+    live.tick(2 * S)  # no probe yet, so no window judged: a reading counts from the next one
+    assert live.snapshot().nic_health[0] == Health.UNKNOWN
+    live.brain.judge(3 * S, [])  # the next window judged: host0's reading of nic0 measured it
     assert live.snapshot().nic_health[0] != Health.UNKNOWN
     assert live.snapshot().nic_health[1] == Health.UNKNOWN
 

@@ -216,7 +216,7 @@ def test_the_door_keeps_what_is_keyed_by_id() -> None:
     assert "; a note; clock sync, flows and detection restarted" in ev.detail
     assert live.alive == {"host1": True} and live.gpu_state["host0"].detail == "xid 79"
     assert live.rates is rates
-    assert live._alive_since.tolist() == [0, 3, 0, 0]  # host1 kept its start, by id
+    assert live.solver.host_state().alive_since.tolist() == [0, 3, 0, 0]  # host1: by id
     hist = live._hist_v[0]  # by NIC id: nic0 and nic1 kept theirs, nic2 and nic3 are new
     assert hist[:2].tolist() == [1.0, 2.0] and np.isnan(hist[2:]).all()
     assert live.snapshot().fabric is bigger and len(live.snapshot().nic_health) == 4

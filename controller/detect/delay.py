@@ -134,6 +134,57 @@ class DelayWindow:
                 hop_sets.append(hops[idx])
                 flow_sets.append(np.column_stack([f[idx] for f in flows]).astype(np.int64))
 
+    # ---- merge (fleet partials: `controller.detect.window`) ----------------------------------
+    def per_path(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Return per path number (as `add` was given them) the fine and coarse delays judged
+        and the window minimum (inf: none); paths past the end had nothing."""
+        return self.judged_paths, self.coarse_paths, self.wmin
+
+    def sets(
+        self,
+    ) -> tuple[
+        npt.NDArray[np.int32], npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int64]
+    ]:
+        """Return the slow tier's hop sets and flows, then the moderate tier's: hop sets
+        (n, H) -1 padded, flows (n, 3) of (src, dst, sport)."""
+        out: list[npt.NDArray[np.int32] | npt.NDArray[np.int64]] = []
+        for hops, flows in ((self._slow_hops, self._slow_flows), (self._mod_hops, self._mod_flows)):
+            out.append(_pad_concat(hops))
+            out.append(np.concatenate(flows) if flows else np.zeros((0, 3), np.int64))
+        return out[0], out[1], out[2], out[3]  # type: ignore[return-value]
+
+    def add_counts(
+        self,
+        size: int,
+        path: npt.NDArray[np.int64],
+        judged: npt.NDArray[np.int64],
+        coarse: npt.NDArray[np.int64],
+        wmin: npt.NDArray[np.float64],
+    ) -> None:
+        """Add judged and coarse counts and fold window minima per path number (``size``:
+        the numbering's size now)."""
+        self._grow(size)
+        np.add.at(self.judged_paths, path, judged)
+        np.add.at(self.coarse_paths, path, coarse)
+        np.minimum.at(self.wmin, path, wmin)
+
+    def add_sets(
+        self,
+        slow_hops: npt.NDArray[np.int32],
+        slow_flows: npt.NDArray[np.int64],
+        mod_hops: npt.NDArray[np.int32],
+        mod_flows: npt.NDArray[np.int64],
+    ) -> None:
+        """Add slow and moderately slow hop sets with their flows (as `add` keeps them)."""
+        if len(slow_hops):
+            self._slow_hops.append(np.asarray(slow_hops, np.int32))
+            self._slow_flows.append(np.asarray(slow_flows, np.int64))
+        if len(mod_hops):
+            self._mod_hops.append(np.asarray(mod_hops, np.int32))
+            self._mod_flows.append(np.asarray(mod_flows, np.int64))
+
     def slow_sets(self) -> npt.NDArray[np.int32]:
         """Return the hop sets of this window's slow measurements, (m, H), -1 padded."""
         return _pad_concat(self._slow_hops)

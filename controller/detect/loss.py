@@ -82,14 +82,54 @@ class LossWindow:
         ``path_fwd``/``path_rev`` are path numbers (`PathIndex.paths`); each pair's link set
         (both paths' links, each once) is computed once, when the pair is first seen.
         """
+        pid = self._pair_ids(path_fwd, path_rev, hops_fwd, hops_rev)
+        np.add.at(self.seen, pid, 1)  # not a bincount over every known pair per call
+        if lost.any():
+            self._lost.append(probe_links(hops_fwd[lost], hops_rev[lost]))
+
+    def _pair_ids(
+        self,
+        path_fwd: npt.NDArray[np.int64],
+        path_rev: npt.NDArray[np.int64],
+        hops_fwd: npt.NDArray[np.int32],
+        hops_rev: npt.NDArray[np.int32],
+    ) -> npt.NDArray[np.int64]:
+        """Number the (forward, reply) path pairs, adding unseen ones; grow ``seen``."""
         sig = ((path_fwd + 1) << 32) | path_rev
         pid = self._pairs.ids(sig, lambda sel: probe_links(hops_fwd[sel], hops_rev[sel]))
         size = self._pairs.size
         if size > len(self.seen):
             self.seen = np.concatenate([self.seen, np.zeros(size - len(self.seen), np.int64)])
-        np.add.at(self.seen, pid, 1)  # not a bincount over every known pair per call
-        if lost.any():
-            self._lost.append(probe_links(hops_fwd[lost], hops_rev[lost]))
+        return pid
+
+    # ---- merge (fleet partials: `controller.detect.window`) ----------------------------------
+    def pairs_seen(
+        self,
+    ) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]
+    ]:
+        """Return the path pairs probed in this window: (pair numbers, probes on each, forward
+        path numbers, reply path numbers), the path numbers those `add` was given."""
+        pid = np.flatnonzero(self.seen > 0)
+        sig = self._pairs.sigs[pid]
+        return pid, self.seen[pid], (sig >> 32) - 1, sig & 0xFFFFFFFF
+
+    def add_pairs(
+        self,
+        path_fwd: npt.NDArray[np.int64],
+        path_rev: npt.NDArray[np.int64],
+        hops_fwd: npt.NDArray[np.int32],
+        hops_rev: npt.NDArray[np.int32],
+        seen: npt.NDArray[np.int64],
+    ) -> None:
+        """Add ``seen`` probes to each (forward, reply) path pair (as `add` counts them)."""
+        pid = self._pair_ids(path_fwd, path_rev, hops_fwd, hops_rev)  # grows ``seen``
+        np.add.at(self.seen, pid, seen)
+
+    def add_lost(self, link_sets: npt.NDArray[np.int32]) -> None:
+        """Add the link sets (rows, -1 padded) of lost probes."""
+        if len(link_sets):
+            self._lost.append(np.asarray(link_sets, np.int32))
 
     def totals(self) -> npt.NDArray[np.int64]:
         """Return the probes across each link in this window."""

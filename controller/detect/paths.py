@@ -73,10 +73,12 @@ class PathIndex:
     width: int
     base: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0, np.float64))
     hops: npt.NDArray[np.int32] = field(init=False)
+    sigs: npt.NDArray[np.int64] = field(init=False)  # each number's signature
     _index: KeyIndex = field(default_factory=KeyIndex)
 
     def __post_init__(self) -> None:
         self.hops = np.zeros((0, self.width), np.int32)
+        self.sigs = np.zeros(0, np.int64)
 
     @property
     def size(self) -> int:
@@ -109,9 +111,22 @@ class PathIndex:
         if n_new:
             fresh = np.flatnonzero(out >= old)
             _, first = np.unique(out[fresh], return_index=True)  # one record per new path, in order
+            pos = fresh[first]
             self.base = np.concatenate([self.base, np.full(n_new, np.inf)])
-            self.hops = np.concatenate([self.hops, rows(fresh[first]).astype(np.int32)])
+            self.hops = np.concatenate([self.hops, rows(pos).astype(np.int32)])
+            self.sigs = np.concatenate([self.sigs, sig[pos]])
         return out
+
+    def install(
+        self, sig: npt.NDArray[np.int64], hops: npt.NDArray[np.int32], base: npt.NDArray[np.float64]
+    ) -> None:
+        """Set the baselines of paths (signatures and hop rows; NaN or inf: no baseline),
+        adding the unknown ones: a fleet worker adopts the baselines its solver folded."""
+        rows = np.asarray(hops, np.int32)
+        if rows.shape[1:] != (self.width,) or len(rows) != len(sig) or len(base) != len(sig):
+            raise ValueError(f"need one hop row of width {self.width} and one baseline per path")
+        ids = self.ids(np.asarray(sig, np.int64), lambda sel: rows[sel])
+        self.base[ids] = np.where(np.isnan(base), np.inf, base)
 
     def fold(self, wmin: npt.NDArray[np.float64], dt_s: float, drift: float) -> None:
         """Fold a window's per-path minimum delays (inf = no sample): new min, or old + drift*dt."""

@@ -41,8 +41,11 @@ class LiveLike(Protocol):
     """What the runtime reads from the live controller (`controller.live.LiveController`)."""
 
     alive: dict[str, bool]
-    records: int
-    delay_trust: npt.NDArray[np.int64]  # fine, coarse, withheld delays so far
+
+    @property
+    def records(self) -> int: ...
+    @property
+    def delay_trust(self) -> npt.NDArray[np.int64]: ...  # fine, coarse, withheld delays so far
 
     def snapshot(self) -> MeshSnapshot: ...
 

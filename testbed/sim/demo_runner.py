@@ -25,7 +25,7 @@ from typing import Any
 
 from contract.documents import EventDoc
 from controller.jobs import Job, JobRegistry
-from controller.live import LiveController, default_brain
+from controller.live import LiveConfig, LiveController, default_brain
 from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.timeseries.recorder import TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter
@@ -80,7 +80,9 @@ class DemoRunner:
         self.sim = Simulator(self.fabric, cfg, faults=scenario.faults)
         # each step is delivered complete: judge it at its own tick (no lateness allowance)
         self.controller = LiveController(
-            self.fabric, brain=default_brain(self.fabric, {"lateness_ns": 0})
+            self.fabric,
+            LiveConfig(window_ns=round(step_s * 1e9)),  # a detection window per step
+            brain=default_brain(self.fabric, {"lateness_ns": 0}),
         )
         # the product's remediation policy (defaults: Control off, actions "would have");
         # the demo has no broker, so sent actions reach no job: the events say what went out

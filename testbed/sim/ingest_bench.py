@@ -203,7 +203,9 @@ def run_bench(
     for rep in range(repeats):
         stages, tap = _Stages(), _OwdTap()
         brain = TeeBrain(default_brain(fabric), tap)  # the delays, for their error
-        live = LiveController(fabric, brain=brain, on_stage=stages.mark)
+        live = LiveController(  # a detection window per step
+            fabric, LiveConfig(window_ns=round(step_s * 1e9)), brain=brain, on_stage=stages.mark
+        )
         queue = ProbeQueue(co)
         run = _Run()
         step_i = 0

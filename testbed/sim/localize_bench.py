@@ -26,7 +26,7 @@ from contract.interrupt import finish, interruptible
 from controller.brain import Brain, BrainConfig
 from controller.brainlike import TeeBrain
 from controller.detect.paths import alias_groups
-from controller.live import LiveController
+from controller.live import LiveConfig, LiveController
 from controller.observations import Observations
 from controller.voting import VotingBaseline
 from mesh.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
@@ -198,7 +198,11 @@ def run_once(
     clock_err = ClockError()
     if pipeline == "ingest":
         # the voting baseline sees what the brain sees
-        live = LiveController(fabric, brain=TeeBrain(brain, voter.observe, seen.append))
+        live = LiveController(  # a detection window per step, as the truth-clocks brain's
+            fabric,
+            LiveConfig(window_ns=round(step_s * 1e9)),
+            brain=TeeBrain(brain, voter.observe, seen.append),
+        )
         epoch = EPOCH_NS
         # the paths the probers discovered (TTL probes), as a real controller holds them
         src, dst, sport, fwd, rev = sim.discovered_paths()

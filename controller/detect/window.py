@@ -1,0 +1,185 @@
+"""One detection window's evidence, as accumulated, exported and merged.
+
+`DetectionWindow` holds what the brain counts over one window (`LossWindow`: probes per
+(forward, reply) path pair and the link sets of the lost ones; `DelayWindow`: judged delays
+per path, each path's window minimum, the hop sets and flows of the slow ones; probes each NIC
+initiated and when it last did). `fold` adds observations (what `controller.brain.Brain`
+does for its own windows and a fleet worker for its windows); `export` turns the window into
+a `WindowPart`: the same evidence keyed by fleet-wide ids (a path by its signature and hop
+row, a link or NIC by its fabric index), never by a process's own numbering; `absorb` adds a
+part into a window of another process's numbering. Merging is exact: counts add, minima take
+the minimum, lost and slow sets concatenate (the tomography does not depend on their order),
+so the parts of a window from any split of the hosts absorb into the window one process
+holding every host would have made. Pure: arrays in, arrays out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from controller.detect.delay import DelayParams, DelayWindow
+from controller.detect.loss import LossWindow
+from controller.detect.paths import PathIndex
+from controller.observations import Observations
+
+I32 = NDArray[np.int32]
+I64 = NDArray[np.int64]
+F64 = NDArray[np.float64]
+
+
+@dataclass(frozen=True, eq=False)
+class WindowPart:
+    """One process's evidence of one window, keyed fleet-wide (see the module docstring).
+
+    Paths (``P``): ``path_sig`` (`controller.detect.paths.path_signature` of the row),
+    ``path_hops`` (P, H) directed hop ids, -1 padded; per path the fine and coarse delays
+    judged on it (``judged``, ``coarse``) and its window minimum (``wmin``, inf: none).
+    Path pairs (``Q``): rows of ``pair_fwd``/``pair_rev`` index the paths, ``pair_seen``
+    probes sent on that (forward, reply) pair. ``lost``: link sets of lost probes (L, K).
+    Slow (``slow_*``) and moderately slow (``mod_*``) delays: hop sets (n, H) and their flows
+    (n, 3: src, dst, sport). Per NIC that initiated probes: ``nic``, ``src_count`` and
+    ``last_src`` (its latest send time, ns)."""
+
+    path_sig: I64
+    path_hops: I32
+    judged: I64
+    coarse: I64
+    wmin: F64
+    pair_fwd: I32
+    pair_rev: I32
+    pair_seen: I64
+    lost: I32
+    slow_hops: I32
+    slow_flows: I64
+    mod_hops: I32
+    mod_flows: I64
+    nic: I32
+    src_count: I64
+    last_src: I64
+
+    @property
+    def records(self) -> int:
+        """Return the probes the part counts (its NICs' initiated probes)."""
+        return int(self.src_count.sum())
+
+    @classmethod
+    def empty(cls, width: int) -> WindowPart:
+        """Return a part with no evidence (hop rows of ``width``)."""
+        i32, i64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
+        hops = np.zeros((0, width), np.int32)
+        flows = np.zeros((0, 3), np.int64)
+        return cls(
+            i64, hops, i64, i64, np.zeros(0, np.float64), i32, i32, i64,
+            np.zeros((0, 1), np.int32), hops, flows, hops, flows, i32, i64, i64,
+        )  # fmt: skip
+
+
+@dataclass(eq=False)
+class DetectionWindow:
+    """Accumulators of one detection window (probes sent up to ``end_ns``; None: the
+    window is still open at its end). ``src_count`` and ``last_src`` are per NIC (-1: none)."""
+
+    end_ns: int | None
+    loss: LossWindow
+    delay: DelayWindow
+    src_count: I64
+    last_src: I64
+
+    @classmethod
+    def empty(cls, n_links: int, n_hops: int, n_nics: int, pairs: PathIndex) -> DetectionWindow:
+        """Return an open window over a fabric of these sizes; ``pairs``: the path-pair
+        numbering shared by the owner's windows (its width: twice the paths')."""
+        return cls(
+            None,
+            LossWindow(n_links, pairs.width // 2, pairs),
+            DelayWindow(n_hops),
+            np.zeros(n_nics, np.int64),
+            np.full(n_nics, -1, np.int64),
+        )
+
+    def fold(
+        self,
+        obs: Observations,
+        paths: PathIndex,
+        excluded: NDArray[np.bool_],
+        params: DelayParams,
+    ) -> None:
+        """Add ``obs``: count every probe's initiator, then, without the probes to and from
+        ``excluded`` NICs (hosts whose prober is down), their loss and delay evidence on the
+        paths of ``paths`` (whose baselines judge the delays: `DelayWindow.add`)."""
+        if not len(obs):
+            return
+        self.src_count += np.bincount(obs.src, minlength=len(self.src_count))
+        np.maximum.at(self.last_src, obs.src, obs.t_ns)
+        if excluded.any():
+            keep = ~(excluded[obs.src] | excluded[obs.dst])
+            if not keep.all():
+                obs = obs.select(keep)
+        pf, pr = paths.paths(obs.hops_fwd), paths.paths(obs.hops_rev)
+        self.loss.add(pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
+        self.delay.add(
+            paths, pf, obs.hops_fwd, obs.owd_fwd_ns, (obs.src, obs.dst, obs.sport), params,
+            obs.coarse,
+        )  # fmt: skip
+        self.delay.add(
+            paths, pr, obs.hops_rev, obs.owd_rev_ns, (obs.dst, obs.src, obs.sport), params,
+            obs.coarse,
+        )  # fmt: skip
+
+    def export(self, paths: PathIndex) -> WindowPart:
+        """Return the window's evidence keyed fleet-wide (``paths``: the numbering `fold`
+        used)."""
+        pair_ids, seen, pf, pr = self.loss.pairs_seen()
+        judged, coarse, wmin = self.delay.per_path()
+        mark = np.zeros(paths.size, bool)  # a mask, not np.unique: O(paths), no sort
+        mark[: len(judged)] = (judged > 0) | (coarse > 0) | np.isfinite(wmin)
+        mark[pf] = True
+        mark[pr] = True
+        ids = np.flatnonzero(mark)
+        del pair_ids
+        local = np.searchsorted(ids, np.concatenate([pf, pr])).astype(np.int32)
+        q = len(pf)
+
+        def at(col: NDArray[np.generic], fill: float) -> NDArray[np.generic]:
+            out = np.full(len(ids), fill, col.dtype)
+            inside = ids < len(col)
+            out[inside] = col[ids[inside]]
+            return out
+
+        slow_h, slow_f, mod_h, mod_f = self.delay.sets()
+        nic = np.flatnonzero(self.src_count > 0).astype(np.int32)
+        return WindowPart(
+            paths.sigs[ids],
+            paths.hops[ids],
+            at(judged, 0).astype(np.int64),
+            at(coarse, 0).astype(np.int64),
+            at(wmin, np.inf).astype(np.float64),
+            local[:q],
+            local[q:],
+            seen,
+            self.loss.lost_sets(),
+            slow_h,
+            slow_f,
+            mod_h,
+            mod_f,
+            nic,
+            self.src_count[nic],
+            self.last_src[nic],
+        )
+
+    def absorb(self, part: WindowPart, paths: PathIndex) -> None:
+        """Add a part (of any process) into this window, its paths numbered in ``paths``
+        (paths new to ``paths`` are added, with no baseline)."""
+        hops = part.path_hops
+        pid = paths.ids(part.path_sig, lambda sel: hops[sel])
+        self.delay.add_counts(paths.size, pid, part.judged, part.coarse, part.wmin)
+        self.delay.add_sets(part.slow_hops, part.slow_flows, part.mod_hops, part.mod_flows)
+        if len(part.pair_seen):
+            f, r = part.pair_fwd, part.pair_rev
+            self.loss.add_pairs(pid[f], pid[r], hops[f], hops[r], part.pair_seen)
+        self.loss.add_lost(part.lost)
+        self.src_count[part.nic] += part.src_count
+        np.maximum.at(self.last_src, part.nic, part.last_src)

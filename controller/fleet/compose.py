@@ -1,0 +1,62 @@
+"""The fleet's cores built for its shells from one controller config (no I/O).
+
+`core_config` is the `controller.fleet.config.FleetConfig` every process of a fleet shares
+(the grid and lateness of ``[fleet]``'s `Plane`, the ``[sync]`` and ``[thresholds]`` of the
+config): the workers' and the solver's windows, clock bins and thresholds agree.
+`worker_cores` makes a partition's `FleetWorker` (named ``p<partition>``: a partition's
+partial of a window is the same whoever builds it); `SolverCore` adapts a `FleetSolver` to
+the shell (partials arrive encoded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from controller.config import ServiceConfig
+from controller.fleet.config import FleetConfig
+from controller.fleet.grid import WindowGrid
+from controller.fleet.partial import Partial
+from controller.fleet.plane import Plane
+from controller.fleet.solver import Added, FleetSolver, SolveResult
+from controller.fleet.worker import FleetWorker
+
+
+def core_config(config: ServiceConfig, plane: Plane) -> FleetConfig:
+    """Return the cores' shared settings for ``config`` on ``plane``'s grid and grace."""
+    return FleetConfig(
+        grid=WindowGrid(plane.window_ns),
+        lateness_ns=plane.grace_ns,
+        sync=config.live.sync,
+        detection=config.brain,
+        baseline_bucket_ns=config.live.baseline_bucket_ns,
+    )
+
+
+def worker_cores(config: ServiceConfig, plane: Plane) -> Callable[[int], FleetWorker]:
+    """Return ``make_core(partition)`` for `controller.fleet.workerloop.WorkerLoop`."""
+    shared = core_config(config, plane)
+
+    def make(partition: int) -> FleetWorker:
+        core = FleetWorker(config.fabric, shared, name=f"p{partition}")
+        core.use_model_paths(config.model_paths)
+        return core
+
+    return make
+
+
+class SolverCore:
+    """A `FleetSolver` behind the shell's `controller.fleet.cores.SolverCore`: ``add``
+    decodes the partial; what `FleetSolver.add` made of each is counted in ``added``."""
+
+    def __init__(self, solver: FleetSolver) -> None:
+        self.solver = solver
+        self.added = dict.fromkeys(Added, 0)
+
+    def add(self, partial: bytes) -> None:
+        """Merge one encoded partial (raises `controller.fleet.partial.PartialError` on one
+        of another grid or fabric)."""
+        self.added[self.solver.add(Partial.decode(partial))] += 1
+
+    def solve(self, window: int, now_ns: int) -> SolveResult:
+        """Judge ``window`` (`FleetSolver.solve`)."""
+        return self.solver.solve(window, now_ns)

@@ -1,0 +1,388 @@
+"""The solver's core: the partials of every worker in, one judged window out.
+
+`FleetSolver(fabric, config)` is what the controller runs at the centre of a fleet (and what
+`controller.live.LiveController` runs beside its one worker): `add` takes a worker's
+`Partial`; `complete(window, expected_workers)` says whether every expected worker's partial
+of a window is in; `solve(window, now_ns)` merges the window's partials and judges it, in
+window order, and returns a `SolveResult`: the findings, the state the workers need next
+(`SolveResult.clock`, bytes for `controller.fleet.worker.FleetWorker.install_clock`) and what
+the snapshot, the API and the time series read.
+
+Merging is exact. The clock selections of a window are folded into the solver's
+`controller.clocksync.ClockSync` in one call, in an order that does not depend on which
+worker sent what (per directed pair and clock bin the coded pair of lowest round trip
+survives, as if one process had seen every record); the clock is solved when due
+(`ClockSync.maybe_solve`), on the whole fleet's selection. The detection parts are absorbed
+into one window of the brain's numbering (`controller.brain.Brain.judge`: counts add, minima
+take the minimum, lost and slow sets concatenate) and judged. A pair's two directions (the
+probes i -> j in host(i)'s batches, j -> i in host(j)'s) meet here, in the selection the
+solve reads: docs/architecture.md ("The fleet") says why the pair work is not split further
+and what it costs at 100,000 NICs.
+
+Host facts (`presence`, `gpu`, `nic_links`) are the solver's: its brain judges them, and
+the hosts whose prober is down, with since when each prober is alive, travel to the workers
+in the state. Pure: time is passed in.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from contract.documents import EventDoc
+from controller.brain import Brain
+from controller.brainlike import BrainLike
+from controller.clocksync import ClockState, ClockSync, compute_state
+from controller.fleet.config import FleetConfig
+from controller.fleet.partial import (
+    LearnedPaths,
+    NicDelays,
+    Partial,
+    PartialError,
+    RecordCounts,
+    fabric_id,
+)
+from controller.fleet.state import NONE, FleetState, encode_state
+from controller.refabric import host_times
+from mesh.fabric import Fabric
+from mesh.fabric.ecmp import routing_tables
+
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+_CLOCK_COLS = ("src", "dst", "pair", "t1", "t2", "t3", "t4", "sw")
+
+
+class Added(enum.Enum):
+    """What `FleetSolver.add` made of a partial."""
+
+    TAKEN = "taken"
+    DUPLICATE = "duplicate"  # the same worker's partial of that window came before
+    LATE = "late"  # its window was solved already
+    OVERLAP = "overlap"  # another worker's partial of the window covers one of its batches
+
+
+@dataclass(frozen=True, eq=False)
+class SolveResult:
+    """One judged window: ``events`` (pending host facts first, then the window's
+    findings, each stamped with the window's end), ``state`` (what workers install next;
+    `clock` is it as bytes), ``solved`` (a new clock state came of it), the workers whose
+    partials it merged, their summed ``counts``, per NIC the worst fine delay out and in
+    (``nic_owd``), and the clock offsets and their uncertainty at the window's end (NaN:
+    unknown)."""
+
+    window: int
+    end_ns: int
+    events: tuple[EventDoc, ...]
+    state: FleetState
+    solved: bool
+    workers: tuple[str, ...]
+    counts: RecordCounts
+    nic_owd: NicDelays
+    offsets_ns: F64
+    uncertainty_ns: F64
+
+    @functools.cached_property
+    def clock(self) -> bytes:
+        """Return `state` encoded for the workers (`FleetWorker.install_clock`)."""
+        return encode_state(self.state)
+
+
+class FleetSolver:
+    """The centre of the fleet (see the module docstring). Not thread-safe: one owner (the
+    clock solve may run elsewhere: `start_solve` / `install_clock`)."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        config: FleetConfig | None = None,
+        *,
+        brain: BrainLike | None = None,
+        solve_inline: bool = True,
+    ) -> None:
+        self.fabric = fabric
+        self.config = config or FleetConfig()
+        self.solve_inline = solve_inline
+        n = len(fabric.nics)
+        self.clock = ClockSync(n, self.config.sync, leaf=fabric.nic_group_index)
+        self.brain: BrainLike = brain if brain is not None else Brain(fabric, self.config.detection)
+        self._fabric_id = fabric_id(fabric)
+        self._width = routing_tables(fabric).max_hops
+        self._parts: dict[int, dict[str, Partial]] = {}
+        self._next: int | None = None  # the next window to judge
+        self._alive_since = np.zeros(len(fabric.hosts), np.int64)
+        self._alive: dict[str, bool] = {}
+        self._alive_at: dict[str, int] = {}  # since when each prober is alive, by host id
+        self._last: FleetState | None = None
+        self._learned: dict[tuple[int, int, int], tuple[I32, I32]] = {}
+        self.late_partials = 0
+
+    # ---- partials ------------------------------------------------------------------------
+    def add(self, partial: Partial) -> Added:
+        """Take a worker's partial of a window not judged yet. Returns `Added`: a second
+        partial of the same worker and window is a duplicate (a redelivery: dropped), one of a
+        judged window is late (dropped, counted in ``late_partials``), one that covers a batch
+        another worker's partial of the window covers overlaps (dropped: counting it would
+        count that batch twice). Raises `PartialError` on a partial of another grid or fabric,
+        or whose indices do not fit this fabric."""
+        if partial.grid_ns != self.config.grid.width_ns:
+            raise PartialError(
+                f"partial on a grid of {partial.grid_ns} ns, not {self.config.grid.width_ns}"
+            )
+        if partial.fabric != self._fabric_id:
+            raise PartialError(f"partial of fabric {partial.fabric}, not {self._fabric_id}")
+        _check_fits(partial, self.fabric)
+        if self._next is not None and partial.window < self._next:
+            self.late_partials += 1
+            return Added.LATE
+        have = self._parts.setdefault(partial.window, {})
+        if partial.worker in have:
+            return Added.DUPLICATE
+        if len(partial.covers) and any(p.covers.overlaps(partial.covers) for p in have.values()):
+            return Added.OVERLAP
+        have[partial.worker] = partial
+        return Added.TAKEN
+
+    def complete(self, window: int, expected_workers: Collection[str] | int) -> bool:
+        """Return True when the partials of ``window`` from every worker named in
+        ``expected_workers`` (or from that many workers) are in."""
+        have = self._parts.get(window, {})
+        if isinstance(expected_workers, int):
+            return len(have) >= expected_workers
+        return set(expected_workers) <= set(have)
+
+    def pending_windows(self) -> list[int]:
+        """Return the windows with partials not yet judged, oldest first."""
+        return sorted(self._parts)
+
+    @property
+    def next_window(self) -> int | None:
+        """Return the next window `solve` judges (None: none judged yet)."""
+        return self._next
+
+    # ---- host facts ----------------------------------------------------------------------
+    def presence(self, host: str, alive: bool, now_ns: int, *, since_ns: int | None = None) -> None:
+        """Record a prober's liveness (see `controller.live.LiveController.presence`); since
+        when it is alive is kept by host id, also for a host the fabric lacks yet (a learned
+        fabric places it later: `take_hosts`)."""
+        if alive and not self._alive.get(host, False):
+            at = now_ns if not since_ns or since_ns > now_ns else since_ns
+            self._alive_at[host] = at
+            i = self.fabric.host_index.get(host)
+            if i is not None:
+                self._alive_since[i] = at
+        self._alive[host] = alive
+        self.brain.presence(host, alive, now_ns)
+
+    def take_hosts(self, old: FleetSolver, now_ns: int) -> None:
+        """Take the prober facts of ``old``, the solver of the fabric this one's replaces
+        (`controller.live.LiveController.replace_fabric`), by host id: whether each prober is
+        alive (told to this solver's brain at ``now_ns``) and since when it has been."""
+        self._alive, self._alive_at = dict(old._alive), dict(old._alive_at)
+        self._alive_since = host_times(self.fabric, self._alive_at)
+        for host, alive in sorted(self._alive.items()):
+            self.brain.presence(host, alive, now_ns)
+
+    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
+        """Record the GPU health of ``host``."""
+        self.brain.gpu(host, ok, detail, now_ns)
+
+    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
+        """Record the link state of ``host``'s NICs as its prober read them."""
+        self.brain.nic_links(host, up, now_ns)
+
+    def pending(self) -> list[EventDoc]:
+        """Return (and forget) the findings of host facts not yet handed out."""
+        return self.brain.take_pending()
+
+    # ---- judging -------------------------------------------------------------------------
+    def solve(self, window: int, now_ns: int) -> SolveResult:
+        """Judge ``window`` (and, first, every window before it not judged yet, each as its
+        partials stand: a window with none is judged empty) and return its result, the
+        events of the windows judged on the way included. ``now_ns``: the time of the call
+        (when a clock solve is due). Raises ValueError for a window already judged."""
+        if self._next is not None and window < self._next:
+            raise ValueError(f"window {window} was judged already (next: {self._next})")
+        start = window if self._next is None else self._next
+        if self._next is None and self._parts:
+            start = min(start, *self._parts)
+        events = self.pending()
+        solved = False
+        last: tuple[list[Partial], int] = ([], window)
+        ks: Iterable[int] = range(start, window + 1)
+        if window - start >= self.config.max_gap:  # a long silence: its windows with partials
+            near = range(window - self.config.max_gap + 1, window + 1)
+            ks = sorted({k for k in self._parts if start <= k <= window} | set(near))
+        for k in ks:
+            parts = [p for _, p in sorted(self._parts.pop(k, {}).items())]
+            self._fold_clock(parts)
+            if self.solve_inline:
+                solved |= self.clock.maybe_solve(now_ns)
+            events += self.brain.judge(self.config.grid.end(k), [p.detection for p in parts])
+            self._last = self._state_after(k, parts)
+            last = (parts, k)
+        self._next = window + 1
+        parts = last[0]
+        end = self.config.grid.end(window)
+        off, unc = self.clock.offsets(end)
+        assert self._last is not None
+        counts = RecordCounts()
+        for p in parts:
+            counts = counts + p.counts
+        return SolveResult(
+            window, end, tuple(events), self._last, solved, tuple(p.worker for p in parts),
+            counts, _merge_nic(parts, len(self.fabric.nics)), off, unc,
+        )  # fmt: skip
+
+    def _fold_clock(self, parts: list[Partial]) -> None:
+        """Fold the window's clock selections into the clock, in one order whatever the split:
+        coded pairs sorted by (src, dst, first send), uncoded rows after."""
+        clocks = [p.clock for p in parts if len(p.clock)]
+        if not clocks:
+            return
+        cols = {k: np.concatenate([getattr(c, k) for c in clocks]) for k in _CLOCK_COLS}
+        coded = np.flatnonzero(cols["pair"] >= 0)
+        first = coded[0::2]
+        order = np.lexsort((cols["t1"][first], cols["dst"][first], cols["src"][first]))
+        rows = np.stack([first[order], first[order] + 1], axis=1).reshape(-1)
+        loose = np.flatnonzero(cols["pair"] < 0)
+        if len(loose):
+            lo = np.lexsort((cols["t1"][loose], cols["dst"][loose], cols["src"][loose]))
+            rows = np.concatenate([rows, loose[lo]])
+        self.clock.add_pairs({k: v[rows] for k, v in cols.items()})
+
+    def _state_after(self, k: int, parts: list[Partial]) -> FleetState:
+        """The state after judging window ``k``: its baseline and learned-path changes."""
+        sig = [p.detection.path_sig[np.isfinite(p.detection.wmin)] for p in parts]
+        hop = [p.detection.path_hops[np.isfinite(p.detection.wmin)] for p in parts]
+        if sig and sum(len(s) for s in sig):
+            if len(sig) == 1:  # one part: its paths are distinct already
+                b_sig, b_hops = sig[0], hop[0]
+            else:
+                all_sig = np.concatenate(sig)
+                u, first = np.unique(all_sig, return_index=True)
+                b_sig, b_hops = u, np.concatenate(hop)[first]
+            b_ns = self.brain.path_baselines(b_sig)
+        else:
+            b_sig, b_hops, b_ns = (
+                np.zeros(0, np.int64),
+                np.zeros((0, self._width), np.int32),
+                np.zeros(0),
+            )
+        learned = LearnedPaths.join([p.learned for p in parts if len(p.learned)], self._width)
+        for i in range(len(learned)):
+            key = (int(learned.src[i]), int(learned.dst[i]), int(learned.sport[i]))
+            self._learned[key] = (learned.hops[i], learned.reply[i])
+        since = self._last.window if self._last is not None else NONE
+        return self._state(k, since, False, b_sig, b_hops, b_ns, learned)
+
+    def _state(
+        self, k: int, since: int, full: bool, sig: I64, hops: I32, base: F64, learned: LearnedPaths
+    ) -> FleetState:
+        st = self.clock.state
+        return FleetState(
+            k, since, full, st, self.clock.trust(), self.clock.first_stamp,
+            tuple(sorted(self.brain.hosts_down())), self._alive_since.copy(), sig, hops,
+            np.asarray(base, np.float64), learned,
+        )  # fmt: skip
+
+    def state(self, *, full: bool = False) -> FleetState:
+        """Return the state to hand workers now: the clock, trust and host facts as they
+        are, and the baselines and learned paths changed in the last judged window, or with
+        ``full`` every baseline and learned path (for a worker that missed a state or just
+        started). Before any window was judged: no changes."""
+        k = self._last.window if self._last is not None else NONE
+        if full:
+            sig, hops, base = self.brain.baselines()
+            return self._state(k, NONE, True, sig, hops, base, self._all_learned())
+        if self._last is None:
+            e = LearnedPaths.empty(self._width)
+            return self._state(
+                k,
+                k,
+                False,
+                np.zeros(0, np.int64),
+                np.zeros((0, self._width), np.int32),
+                np.zeros(0),
+                e,
+            )
+        last = self._last
+        return self._state(
+            k, last.since, False, last.base_sig, last.base_hops, last.base_ns, last.learned
+        )
+
+    def host_state(self) -> FleetState:
+        """Return the state with no baseline or path changes (clock and host facts only):
+        what an in-process worker takes after a presence or an installed clock."""
+        k = self._last.window if self._last is not None else NONE
+        e = LearnedPaths.empty(self._width)
+        return self._state(
+            k, k, False, np.zeros(0, np.int64), np.zeros((0, self._width), np.int32), np.zeros(0), e
+        )
+
+    def _all_learned(self) -> LearnedPaths:
+        if not self._learned:
+            return LearnedPaths.empty(self._width)
+        keys = np.array(list(self._learned), np.int64).reshape(-1, 3)
+        hops = np.stack([h for h, _ in self._learned.values()])
+        reply = np.stack([r for _, r in self._learned.values()])
+        return LearnedPaths(keys[:, 0].copy(), keys[:, 1].copy(), keys[:, 2].copy(), hops, reply)
+
+    # ---- clock solves elsewhere (a thread) -----------------------------------------------
+    def start_solve(self, now_ns: int) -> Callable[[], ClockState | None] | None:
+        """If a clock solve is due: mark it started and return the solve to run (pure, may
+        run in a worker thread; hand its result to `install_clock`); else None."""
+        window = self.clock.start_solve(now_ns)
+        if window is None:
+            return None
+        n, cfg, leaf = self.clock.n_nics, self.clock.config, self.clock.leaf
+        return lambda: compute_state(window, n, cfg, now_ns, leaf)
+
+    def install_clock(self, state: ClockState | None, cost_ns: int | None = None) -> bool:
+        """Install a clock state solved elsewhere; return True if it was new."""
+        return self.clock.install(state, cost_ns)
+
+
+def _merge_nic(parts: list[Partial], n: int) -> NicDelays:
+    """Per NIC the worst of the parts' worst delays."""
+    if not any(len(p.nic_owd.nic) for p in parts):
+        return NicDelays.empty()
+    out = np.full(n, -np.inf, np.float32)
+    inn = np.full(n, -np.inf, np.float32)
+    for p in parts:
+        d = p.nic_owd
+        np.fmax.at(out, d.nic, np.nan_to_num(d.worst_out, nan=-np.inf))
+        np.fmax.at(inn, d.nic, np.nan_to_num(d.worst_in, nan=-np.inf))
+    nic = np.flatnonzero(np.isfinite(out) | np.isfinite(inn)).astype(np.int32)
+
+    def fix(a: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        return np.where(np.isfinite(a[nic]), a[nic], np.nan).astype(np.float32)
+
+    return NicDelays(nic, fix(out), fix(inn))
+
+
+def _check_fits(p: Partial, fabric: Fabric) -> None:
+    """Raise `PartialError` when an index of ``p`` lies outside ``fabric``."""
+    n_nics, n_links, n_hops = len(fabric.nics), len(fabric.links), fabric.n_hops
+    checks: list[tuple[str, npt.NDArray[np.integer], int]] = [
+        ("clock src", p.clock.src, n_nics), ("clock dst", p.clock.dst, n_nics),
+        ("NIC", p.detection.nic, n_nics), ("lost link", p.detection.lost, n_links),
+        ("path hop", p.detection.path_hops, n_hops), ("slow hop", p.detection.slow_hops, n_hops),
+        ("moderate hop", p.detection.mod_hops, n_hops), ("NIC delay", p.nic_owd.nic, n_nics),
+        ("learned hop", p.learned.hops, n_hops), ("learned reply hop", p.learned.reply, n_hops),
+    ]  # fmt: skip
+    for what, a, top in checks:
+        if a.size and (int(a.max()) >= top or int(a.min()) < -1):
+            raise PartialError(f"{what} index outside the fabric")
+    for what, a in (
+        ("clock src", p.clock.src),
+        ("clock dst", p.clock.dst),
+        ("NIC", p.detection.nic),
+    ):
+        if a.size and int(a.min()) < 0:
+            raise PartialError(f"{what} index outside the fabric")

@@ -1,0 +1,171 @@
+"""The solver's shell on NATS JetStream: one active solver by lease, a standby that takes over.
+
+`SolverLoop.run` (one connection's lifetime, reconnected through `mqttlink.reconnect`):
+
+1. as standby, try the ``solver`` lease every lease tick (`natslink.lease`); the holder is
+   the active solver, renews it, and stops solving the moment it may no longer use it;
+2. on becoming active, read ``solved`` (the last window solved by any solver) from the
+   clock bucket, make a fresh core, and read the partial stream from the time the
+   first unsolved window's partials can appear (an ephemeral reader, no acks: the solver's
+   place is ``solved``), reassemble commits (`controller.fleet.partials.Assembler`), merge
+   them (``core.add``) and note them in a `WindowBook`;
+3. solve each due window in order (complete: every partition committed; or past its
+   deadline) in a thread, then put ``models`` and ``solved`` in the clock bucket (the
+   workers watch ``models``) and hand the result to ``on_result`` (the service publishes
+   its events on MQTT, feeds the API and the time series: `controller.service`).
+
+A partial for a window already solved is late: counted (``late``) and dropped. A solver that
+restarts (or a standby that takes over) starts from ``solved + 1``: the partials of the
+windows since are still in the stream (its max age), so it is whole again within one window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+from controller.fleet.book import WindowBook
+from controller.fleet.cores import SolverCore, SolveResultLike
+from controller.fleet.partials import Assembler, PartialWireError
+from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, SOLVER_KEY, Plane
+from mqttlink.reconnect import Backoff, reconnect_loop
+from natslink.errors import LINK_ERRORS
+from natslink.lease import LeaseClock, Leases
+from natslink.link import Link, connect
+from natslink.settings import NatsSettings
+from natslink.streams import Bucket, ensure_bucket, ensure_stream, open_reader
+
+Log = Callable[..., None]
+READ_WAIT_S = 0.25
+
+
+class SolverLoop:
+    """The solver ``solver_id``; ``make_core()`` gives the core each time it becomes
+    active; ``on_result(window, result)`` gets every solve (on the loop). ``clock_ns``: UNIX
+    ns (windows, deadlines); ``mono``: monotonic s (the lease); ``solve_in_thread``: solve in
+    a worker thread (False: on the loop, for a core the loop's other tasks touch too)."""
+
+    def __init__(
+        self,
+        plane: Plane,
+        settings: NatsSettings,
+        solver_id: str,
+        make_core: Callable[[], SolverCore],
+        on_result: Callable[[int, SolveResultLike], object],
+        *,
+        log: Log,
+        clock_ns: Callable[[], int] = time.time_ns,
+        mono: Callable[[], float] = time.monotonic,
+        solve_in_thread: bool = True,
+    ) -> None:
+        self.plane, self.settings, self.solver_id = plane, settings, solver_id
+        self.solve_in_thread = solve_in_thread
+        self.make_core, self.on_result, self.log = make_core, on_result, log
+        self.clock_ns, self.mono = clock_ns, mono
+        self.lease = Leases(solver_id, LeaseClock(plane.lease_ttl_s), now=mono)
+        self.active = False
+        self.late = 0
+        self.solves = 0
+        self.takeovers = 0
+        self.book: WindowBook | None = None
+
+    async def run(self, *, max_attempts: int | None = None) -> None:
+        """Run until cancelled, reconnecting with backoff on link errors."""
+
+        def on_error(exc: BaseException, delay_s: float) -> None:
+            self.log(self.clock_ns(), "nats error", error=str(exc), retry_in_s=round(delay_s, 3))
+
+        backoff = Backoff(self.settings.backoff_min_s, self.settings.backoff_max_s, jitter=0.2)
+        await reconnect_loop(self._session, backoff, on_error=on_error,
+                             max_attempts=max_attempts, errors=LINK_ERRORS)  # fmt: skip
+
+    async def _session(self, connected: Callable[[], None]) -> None:
+        async with connect(self.settings, f"qpmesh-solver-{self.solver_id}") as link:
+            await ensure_stream(link, self.plane.partial_stream_spec(self.settings.subjects))
+            leases = await ensure_bucket(link, self.plane.lease_bucket_spec())
+            clocks = await ensure_bucket(link, self.plane.clock_bucket_spec())
+            if abs(leases.ttl_s - self.plane.lease_ttl_s) > 1e-6:
+                self.lease.clock = LeaseClock(leases.ttl_s)
+            self.lease.bind(leases)
+            self.log(self.clock_ns(), "connected", server=link.server, solver=self.solver_id)
+            connected()
+            try:
+                while True:
+                    link.check()
+                    if not await self.lease.claim(SOLVER_KEY):
+                        self._standby()
+                        await asyncio.sleep(self.lease.clock.renew_s / 2)
+                        continue
+                    await self._active(link, clocks)
+            finally:
+                self._standby()
+
+    def _standby(self) -> None:
+        if self.active:
+            self.log(self.clock_ns(), "solver standby", solver=self.solver_id)
+        self.active = False
+        self.book = None
+
+    async def _active(self, link: Link, clocks: Bucket) -> None:
+        """Solve while the lease holds; return when it is lost (raises link errors)."""
+        self.active = True
+        self.takeovers += 1
+        core = self.make_core()
+        solved_entry = await clocks.get(SOLVED_KEY)
+        solved = int(solved_entry.value) if solved_entry is not None else None
+        book = self.book = WindowBook(self.plane, solved)
+        first = solved + 1 if solved is not None else self.plane.closable(self.clock_ns()) - 1
+        # partials of window w are sent from its end + grace on: read from one window before
+        start_ns = self.plane.window_end(first) - self.plane.window_ns
+        reader = await open_reader(link, self.plane.partial_stream,
+                                   self.settings.subjects.partials_all(), start_ns=start_ns)  # fmt: skip
+        self.log(self.clock_ns(), "solver active", solver=self.solver_id, from_window=first)
+        asm = Assembler()
+        try:
+            while True:
+                await self.lease.renew()
+                if not self.lease.valid(SOLVER_KEY):
+                    return
+                for d in await reader.fetch(self.plane.fetch_batch, READ_WAIT_S):
+                    try:
+                        c = asm.feed(d.headers, d.data)
+                    except PartialWireError as exc:
+                        self.log(self.clock_ns(), "bad partial", seq=d.stream_seq, error=str(exc))
+                        continue
+                    if c is None:
+                        continue
+                    if book.add(c.window, c.partition):
+                        if c.body:
+                            core.add(c.body)
+                    else:
+                        self.late += 1
+                        self.log(self.clock_ns(), "late partial", window=c.window,
+                                 partition=c.partition, worker=c.worker)  # fmt: skip
+                for w in book.due(self.clock_ns()):
+                    if not self.lease.valid(SOLVER_KEY):
+                        return  # never publish for a lease no longer ours
+                    await self._solve(core, clocks, book, w)
+        finally:
+            with contextlib.suppress(*LINK_ERRORS):
+                await reader.close()
+
+    async def _solve(self, core: SolverCore, clocks: Bucket, book: WindowBook, w: int) -> None:
+        missing = self.plane.partitions - len(book.pending.get(w, ()))
+        now = self.clock_ns()
+        if self.solve_in_thread:
+            result = await asyncio.to_thread(core.solve, w, now)
+        else:  # the core is shared with the loop's other users (the service's host facts)
+            result = core.solve(w, now)
+        book.mark_solved(w)
+        self.solves += 1
+        if result.clock:
+            await clocks.put(MODELS_KEY, result.clock)
+        await clocks.put(SOLVED_KEY, str(w).encode())
+        self.log(self.clock_ns(), "window solved", window=w, missing_partitions=missing,
+                 events=len(result.events))  # fmt: skip
+        self.on_result(w, result)
+
+
+__all__ = ["SolverLoop"]

@@ -1,0 +1,323 @@
+"""``qpmesh controller worker``: an ingest worker's shell on NATS JetStream.
+
+One connection's lifetime (`WorkerLoop.run` reconnects through the project's one loop,
+`mqttlink.reconnect`, with ``[nats]``'s backoff):
+
+1. set up the streams and buckets of the `Plane` (idempotent);
+2. every lease tick (a third of the lease TTL at most): renew the partition leases held
+   (`natslink.lease.Leases`), register this worker (``worker.<id>``, same TTL), and claim
+   free partitions up to a fair share, ``ceil(partitions / live workers)``; give back
+   partitions above the share. A partition lost (renewal failed, or not renewed within the
+   lease's safe time) stops at once: its task is cancelled, its core and unacked messages
+   dropped, nothing of it published;
+3. per owned partition a task: the durable pull consumer ``part-<p>`` restarted at its ack
+   floor (`natslink.streams.restart_from_ack_floor`: what a previous owner held unacked
+   comes at once), a fresh core (`WorkerCore`, with the newest clock models), fetch ->
+   ``core.admit(host, payload, stored_ns)``: a batch's arrival is when the stream stored it,
+   the same for every owner, so a new owner replaying a batch puts its records in the windows
+   its predecessor did (refused batches are acked at once). Windows are closed on stream
+   time only: before a message is admitted, ``core.close(its stored time)`` (in a thread:
+   ingest of other partitions goes on); when nothing comes for `FETCH_WAIT_S`, the owner
+   stores a tick in the partition (``<prefix>.probes.<p>.~tick``), whose stored time closes
+   the windows when it is read back. Each closed window's partial is sent (`controller.fleet.partials`: chunks, then
+   the commit ``partial:<p>:<window>``). A window with no partial gets an empty commit, so the
+   solver knows it is complete. A batch is acked once every window that can hold its records
+   (those up to its arrival's) is committed;
+4. clock models: the clock bucket's ``models`` key is watched and installed in every core.
+
+Exactly once: each partition's window is committed once (the commit's message id). A new
+owner replays from the ack floor; a window it rebuilds that its predecessor had committed gets
+a duplicate ack (dropped whole: nothing counted twice), one that was not is committed now
+(no batch lost). The rebuilt windows are the predecessor's: arrivals are stream times and the
+closes happen at the same points of the stream, ticks included (a fresh core's first close,
+before the first replayed message, puts its floor where the predecessor's was then), so every
+record lands in the window it landed in before. Giving a partition back, losing it and
+crashing are the same transition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controller.admission import Outcome
+from controller.fleet.cores import PartialLike, WorkerCore
+from controller.fleet.partials import chunk_messages, commit_message
+from controller.fleet.plane import MODELS_KEY, Plane, partition_key
+from mqttlink.reconnect import Backoff, reconnect_loop
+from natslink.errors import LINK_ERRORS, NatsUnavailable
+from natslink.lease import LeaseClock, Leases
+from natslink.link import Link, connect
+from natslink.settings import NatsSettings
+from natslink.streams import (
+    Bucket,
+    Delivery,
+    ensure_bucket,
+    ensure_stream,
+    open_pull,
+    restart_from_ack_floor,
+)
+from natslink.subjects import fnv1a32
+
+Log = Callable[..., None]
+FETCH_WAIT_S = 0.5
+
+
+def _host_of(subject: str) -> str:
+    return subject.rsplit(".", 1)[-1]
+
+
+@dataclass
+class PartitionState:
+    """One owned partition: its core, the deliveries held until every window that can hold
+    their records is committed (per arrival window), the first window whose (possibly
+    empty) commit is still to be sent."""
+
+    core: WorkerCore
+    next_window: int | None = None  # None: the core was never closed (its floor not set)
+    held: dict[int, list[Delivery]] = field(default_factory=dict)
+    models: bytes | None = None  # the clock models installed in ``core``
+
+
+@dataclass
+class WorkerStats:
+    """Counters of one worker process."""
+
+    admitted: int = 0
+    refused: int = 0
+    commits: int = 0
+    duplicate_commits: int = 0
+    acked: int = 0
+    claimed: int = 0
+    lost: int = 0
+    released: int = 0
+
+
+class WorkerLoop:
+    """The worker ``worker_id``: owns partitions of ``plane`` on the servers of ``settings``;
+    ``make_core(p)`` makes a fresh core for partition ``p`` (its partials name ``p``, not
+    the worker: a partition's partial of a window is the same whoever builds it). ``clock_ns``: UNIX ns (windows);
+    ``mono``: monotonic s (leases)."""
+
+    def __init__(
+        self,
+        plane: Plane,
+        settings: NatsSettings,
+        worker_id: str,
+        make_core: Callable[[int], WorkerCore],
+        *,
+        log: Log,
+        clock_ns: Callable[[], int] = time.time_ns,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.plane, self.settings, self.worker_id = plane, settings, worker_id
+        self.subjects = settings.subjects
+        self.make_core, self.log, self.clock_ns, self.mono = make_core, log, clock_ns, mono
+        self.leases = Leases(worker_id, LeaseClock(plane.lease_ttl_s), now=mono)
+        self.parts: dict[int, PartitionState] = {}
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.models: bytes | None = None
+        self.stats = WorkerStats()
+
+    def owned(self) -> list[int]:
+        """Return the partitions this worker consumes now."""
+        return sorted(self.tasks)
+
+    async def run(self, *, max_attempts: int | None = None) -> None:
+        """Run until cancelled, reconnecting with backoff on link errors."""
+
+        def on_error(exc: BaseException, delay_s: float) -> None:
+            self.log(self.clock_ns(), "nats error", error=str(exc), retry_in_s=round(delay_s, 3))
+
+        backoff = Backoff(self.settings.backoff_min_s, self.settings.backoff_max_s, jitter=0.2)
+        try:
+            await reconnect_loop(self._session, backoff, on_error=on_error,
+                                 max_attempts=max_attempts, errors=LINK_ERRORS)  # fmt: skip
+        finally:
+            await self._stop_all()
+
+    async def _session(self, connected: Callable[[], None]) -> None:
+        async with connect(self.settings, f"qpmesh-worker-{self.worker_id}") as link:
+            await ensure_stream(link, self.plane.probe_stream_spec(self.subjects))
+            await ensure_stream(link, self.plane.partial_stream_spec(self.subjects))
+            leases = await ensure_bucket(link, self.plane.lease_bucket_spec())
+            clocks = await ensure_bucket(link, self.plane.clock_bucket_spec())
+            if abs(leases.ttl_s - self.plane.lease_ttl_s) > 1e-6:  # the bucket's TTL rules
+                self.leases.clock = LeaseClock(leases.ttl_s)
+            self.leases.bind(leases)
+            self.log(self.clock_ns(), "connected", server=link.server, worker=self.worker_id)
+            connected()
+            side = [asyncio.create_task(self._leases_loop(link, leases)),
+                    asyncio.create_task(self._watch_models(clocks))]  # fmt: skip
+            try:
+                await _first_error(side, link)
+            finally:
+                for t in side:
+                    t.cancel()
+                await asyncio.gather(*side, return_exceptions=True)
+                await self._stop_all()  # the next connection restarts them at the ack floor
+
+    # ---- leases --------------------------------------------------------------------------
+
+    async def _leases_loop(self, link: Link, bucket: Bucket) -> None:
+        tick_s = self.leases.clock.renew_s / 2
+        while True:
+            for key in await self.leases.renew():
+                self.stats.lost += 1
+                await self._stop(int(key.split(".")[1]), "lost")
+            for p, task in list(self.tasks.items()):
+                if task.done():  # a partition task ended: its lease went, or its link failed
+                    del self.tasks[p]
+                    self.parts.pop(p, None)
+                    exc = None if task.cancelled() else task.exception()
+                    if exc is not None and not isinstance(exc, _LeaseGone):
+                        raise exc
+            await bucket.put(f"worker.{self.worker_id}", b"1")
+            workers = max(1, await bucket.count("worker."))
+            share = math.ceil(self.plane.partitions / workers)
+            held = sorted(int(k.split(".")[1]) for k in self.leases.held)
+            for p in held[share:]:  # above the fair share: give back (a clean crash)
+                await self._stop(p, "released")
+                await self.leases.release(partition_key(p))
+                self.stats.released += 1
+            start = fnv1a32(self.worker_id.encode()) % self.plane.partitions
+            for i in range(self.plane.partitions):
+                if len(self.leases.held) >= share:
+                    break
+                p = (start + i) % self.plane.partitions
+                if partition_key(p) not in self.leases.held and await self.leases.claim(
+                    partition_key(p)
+                ):
+                    self.stats.claimed += 1
+                    self.log(self.clock_ns(), "partition claimed", partition=p)
+            for key in self.leases.held:
+                p = int(key.split(".")[1])
+                if p not in self.tasks:
+                    self.tasks[p] = asyncio.create_task(self._partition(link, p))
+            await asyncio.sleep(tick_s)
+
+    async def _stop(self, p: int, why: str) -> None:
+        task = self.tasks.pop(p, None)
+        self.parts.pop(p, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self.log(self.clock_ns(), f"partition {why}", partition=p)
+
+    async def _stop_all(self) -> None:
+        for p in list(self.tasks):
+            await self._stop(p, "stopped")
+
+    # ---- clock models --------------------------------------------------------------------
+
+    async def _watch_models(self, clocks: Bucket) -> None:
+        """Keep ``models`` current; a watch that fails (a cluster electing leaders) is set up
+        again after a pause instead of ending the connection: ingest goes on meanwhile."""
+        while True:
+            try:
+                async for entry in clocks.watch(MODELS_KEY, timeout_s=self.settings.timeout_s):
+                    if entry is not None and entry.value:
+                        self.models = entry.value  # each partition installs it between steps
+            except NatsUnavailable as exc:
+                self.log(self.clock_ns(), "models watch failed", error=str(exc))
+                await asyncio.sleep(self.leases.clock.renew_s)
+
+    # ---- one partition -------------------------------------------------------------------
+
+    async def _partition(self, link: Link, p: int) -> None:
+        stream, durable = self.plane.probe_stream, f"part-{p}"
+        subject = self.subjects.probes_partition(p)
+        tick = self.subjects.probes_tick(p)
+        ack_wait = (self.plane.window_ns + 2 * self.plane.grace_ns) / 1e9 + 30.0
+        start = await restart_from_ack_floor(link, stream, durable, subject, ack_wait_s=ack_wait)
+        pull = await open_pull(link, stream, durable, subject, ack_wait_s=ack_wait)
+        st = PartitionState(self.make_core(p))
+        self.parts[p] = st
+        self.log(self.clock_ns(), "partition consuming", partition=p, from_seq=start)
+        try:
+            while True:
+                self._check_lease(p)
+                if self.models is not None and self.models is not st.models:
+                    st.core.install_clock(self.models)  # never while close runs in its thread
+                    st.models = self.models
+                got = await pull.fetch(self.plane.fetch_batch, FETCH_WAIT_S)
+                for d in got:
+                    await self._advance(link, p, st, d.stored_ns)
+                    if d.subject == tick:
+                        await d.ack()
+                    else:
+                        await self._admit(st, d)
+                if not got:  # idle: store a tick, whose stored time closes windows
+                    await link.publish(tick, b"")
+        finally:
+            with contextlib.suppress(*LINK_ERRORS):
+                await pull.close()
+
+    def _check_lease(self, p: int) -> None:
+        if not self.leases.valid(partition_key(p)):
+            raise _LeaseGone(p)
+
+    async def _admit(self, st: PartitionState, d: Delivery) -> None:
+        arrival = d.stored_ns
+        verdict = st.core.admit(_host_of(d.subject), d.data, arrival)
+        if verdict.accepted or verdict.outcome is Outcome.DUPLICATE:
+            # a duplicate is acked with the windows of its first copy, never before them
+            st.held.setdefault(self.plane.window_of(arrival), []).append(d)
+            self.stats.admitted += verdict.accepted
+            return
+        self.stats.refused += 1
+        await d.ack()
+
+    async def _advance(self, link: Link, p: int, st: PartitionState, upto: int) -> None:
+        """Close (and commit) the windows that end ``grace`` before ``upto`` (the stream time
+        of the next message, a batch or a tick), once per window boundary."""
+        first_open = self.plane.closable(upto)
+        if st.next_window is not None and first_open <= st.next_window:
+            return
+        partials = await asyncio.to_thread(st.core.close, upto)  # windows below first_open
+        if st.next_window is None:  # the core's first close: its floor, nothing to send
+            st.next_window = first_open
+        by_window: dict[int, PartialLike] = {pt.window: pt for pt in partials}
+        for w in sorted(set(by_window) | set(range(st.next_window, first_open))):
+            self._check_lease(p)  # never publish for a partition no longer ours
+            await self._commit(link, p, w, by_window.get(w))
+        st.next_window = max(st.next_window, first_open)
+        for w in [w for w in st.held if w < first_open]:  # every window it can be in: out
+            for d in st.held.pop(w):
+                await d.ack()
+                self.stats.acked += 1
+
+    async def _commit(self, link: Link, p: int, w: int, pt: PartialLike | None) -> None:
+        body = pt.encode() if pt is not None else b""
+        build = uuid.uuid4().hex[:16]
+        subject = self.subjects.partials(p)
+        chunks = chunk_messages(p, w, build, body, self.plane.chunk_bytes)
+        for mid, payload, hdr in chunks:
+            await link.publish(subject, payload, msg_id=mid, headers=hdr)
+        batches = len(pt.covers) if pt is not None else 0
+        mid, payload, hdr = commit_message(p, w, build, len(chunks), self.worker_id, batches)
+        ack = await link.publish(subject, payload, msg_id=mid, headers=hdr)
+        self.stats.commits += 1
+        self.stats.duplicate_commits += ack.duplicate
+
+
+class _LeaseGone(Exception):
+    """This worker may no longer use partition ``p``'s lease (ends its task quietly)."""
+
+
+async def _first_error(tasks: list[asyncio.Task[None]], link: Link) -> None:
+    """Wait until a task fails or the link is lost; raise that error."""
+    lost = asyncio.create_task(link.lost.wait())
+    try:
+        done, _ = await asyncio.wait([*tasks, lost], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        lost.cancel()
+    for t in done:
+        if t is not lost:
+            t.result()
+    raise NatsUnavailable("connection to the NATS server lost")

@@ -1,0 +1,75 @@
+"""The fleet shell's pure parts: the plane's window grid, partials in chunks with one commit
+per partition and window, the solver's window book (complete, deadline, late)."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.fleet.book import WindowBook
+from controller.fleet.partials import (
+    H_COMMIT,
+    Assembler,
+    PartialWireError,
+    chunk_messages,
+    commit_id,
+    commit_message,
+)
+from controller.fleet.plane import Plane
+
+
+def test_plane_grid_and_validation() -> None:
+    p = Plane(partitions=4, window_ns=10, grace_ns=3, solver_wait_ns=2, duplicate_window_s=1)
+    assert p.window_of(25) == 2 and p.window_end(2) == 30
+    assert p.closable(32) == 2 and p.closable(33) == 3  # window 2 closes 3 ns after its end
+    assert p.deadline(2) == 35
+    for bad in ({"partitions": 0}, {"grace_ns": -1}, {"chunk_bytes": 10},
+                {"duplicate_window_s": 1e-8}):  # fmt: skip
+        with pytest.raises(ValueError):
+            Plane(**{"window_ns": 10, "grace_ns": 3, "duplicate_window_s": 1, **bad})
+
+
+def _send(asm: Assembler, p: int, w: int, build: str, body: bytes, size: int = 4):
+    out = None
+    chunks = chunk_messages(p, w, build, body, size)
+    for _, payload, hdr in chunks:
+        assert asm.feed(hdr, payload) is None
+    mid, payload, hdr = commit_message(p, w, build, len(chunks), "w1", 3)
+    assert mid == commit_id(p, w) == f"partial:{p}:{w}"
+    out = asm.feed(hdr, payload)
+    return out
+
+
+def test_chunks_reassemble_and_only_committed_builds_count() -> None:
+    asm = Assembler()
+    body = bytes(range(11))
+    c = _send(asm, 2, 7, "b1", body)
+    assert c is not None and c.body == body and (c.partition, c.window, c.batches) == (2, 7, 3)
+    ids = [m for m, _, _ in chunk_messages(2, 7, "b1", body, 4)]
+    assert ids == ["partial:2:7:b1:0", "partial:2:7:b1:1", "partial:2:7:b1:2"]
+    empty = _send(asm, 3, 7, "b2", b"")
+    assert empty is not None and empty.body == b""
+    # a build whose sender died after one chunk: its chunks never count and are forgotten
+    _, payload, hdr = chunk_messages(1, 8, "dead", body, 4)[0]
+    asm.feed(hdr, payload)
+    _, payload, hdr = commit_message(1, 8, "dead", 3, "w2", 1)  # (never sent in practice)
+    assert asm.feed(hdr, payload) is None and asm.incomplete == 1
+    for w in range(9, 20):
+        _send(asm, 0, w, f"x{w}", b"abc")
+    _, payload, hdr = chunk_messages(1, 20, "gone", body, 4)[0]
+    asm.feed(hdr, payload)
+    assert "gone" in asm._chunks and all(not b.startswith("dead") for b in asm._chunks)
+    with pytest.raises(PartialWireError):
+        asm.feed({"Qpmesh-Window": "x"}, b"")
+    with pytest.raises(PartialWireError):
+        asm.feed({"Qpmesh-Window": "1", H_COMMIT: "b"}, b"not json")
+
+
+def test_window_book_complete_deadline_late() -> None:
+    plane = Plane(partitions=2, window_ns=10, grace_ns=3, solver_wait_ns=2, duplicate_window_s=1)
+    book = WindowBook(plane)
+    assert book.add(5, 0) and book.add(6, 0) and book.add(6, 1)
+    assert book.due(55) == []  # window 5 waits for partition 1 until its deadline (65)
+    assert book.add(5, 1) and book.due(55) == [5, 6]  # complete: in order
+    book.mark_solved(6)
+    assert not book.add(5, 0) and book.late == 1  # a window solved already: late, dropped
+    assert book.add(7, 0) and book.due(84) == [] and book.due(85) == [7]  # deadline 85
