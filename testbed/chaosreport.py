@@ -23,7 +23,7 @@ on the broker and their acks, and when each component fault was applied and undo
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,43 +118,65 @@ def _first(times: Sequence[int], after: int) -> int | None:
     return min((t for t in times if t > after), default=None)
 
 
+def _back_prober(target: str, since: int, obs: Observed) -> int | None:
+    alive = _first([t for t, h, up in obs.presence if h == target and up], since)
+    batch = _first([b.at_ns for b in obs.batches if b.origin == target], since)
+    return None if alive is None or batch is None else max(alive, batch)
+
+
+def _connected(obs: Observed, since: int) -> int | None:
+    return _first([t for t, msg in obs.controller_log if msg == "connected"], since)
+
+
+def _back_broker(target: str, since: int, obs: Observed) -> int | None:
+    firsts = [_first([b.at_ns for b in obs.batches if b.origin == h], since) for h in obs.hosts]
+    conn = _connected(obs, since)
+    if conn is None or any(t is None for t in firsts):
+        return None
+    return max([conn, *(t for t in firsts if t is not None)])
+
+
+def _back_controller(target: str, since: int, obs: Observed) -> int | None:
+    conn = _connected(obs, since)
+    whole = [p.at_ns for p in obs.api if p.ok and p.unknown_nics == 0]
+    snap = _first(whole, since) if conn is not None else None
+    return None if conn is None or snap is None else max(conn, snap)
+
+
+def _caught_up(target: str, since: int, obs: Observed) -> int | None:
+    polls = [p for p in obs.api if p.at_ns > since]
+    for i in range(len(polls) - 2):
+        run = polls[i : i + 3]
+        if all(p.ok and (p.at_ns - p.snap_ns) / SEC < LAG_OK_S for p in run):
+            return run[0].at_ns
+    return None
+
+
+def _fresh(b: Batch) -> bool:
+    return (b.at_ns - b.newest_ns) / SEC < AGE_OK_S
+
+
+_BACK: dict[str, Callable[[str, int, Observed], int | None]] = {
+    "kill:prober": _back_prober,
+    "kill:broker": _back_broker,
+    "kill:controller": _back_controller,
+    "kill:api": lambda _t, since, obs: _first([p.at_ns for p in obs.api if p.ok], since),
+    "kill:tsdb": lambda _t, since, obs: _first([t for t, ok in obs.tsdb if ok], since),
+    "kill:agent": lambda target, since, obs: _first(
+        [t for t, m in obs.agent_log.get(target, []) if m == "ready"], since
+    ),
+    "starve:controller": _caught_up,
+    "starve:prober": lambda target, since, obs: _first(
+        [b.at_ns for b in obs.batches if b.origin == target and _fresh(b)], since
+    ),
+}
+
+
 def recovered_ns(a: Applied, obs: Observed) -> int | None:
     """Return when the part of ``a`` was back (`RECOVERY`), None if it never was."""
-    f, since = a.fault, a.undone_ns or a.at_ns
-    key = f"{f.op}:{f.component}"
-    connected = [t for t, msg in obs.controller_log if msg == "connected"]
-    whole = [p.at_ns for p in obs.api if p.ok and p.unknown_nics == 0]
-    if key == "kill:prober":
-        alive = _first([t for t, h, up in obs.presence if h == f.target and up], since)
-        batch = _first([b.at_ns for b in obs.batches if b.origin == f.target], since)
-        return None if alive is None or batch is None else max(alive, batch)
-    if key == "kill:broker":
-        firsts = [_first([b.at_ns for b in obs.batches if b.origin == h], since) for h in obs.hosts]
-        conn = _first(connected, since)
-        if conn is None or any(t is None for t in firsts):
-            return None
-        return max([conn, *(t for t in firsts if t is not None)])
-    if key == "kill:controller":
-        conn = _first(connected, since)
-        snap = _first(whole, since) if conn is not None else None
-        return None if conn is None or snap is None else max(conn, snap)
-    if key == "kill:api":
-        return _first([p.at_ns for p in obs.api if p.ok], since)
-    if key == "kill:tsdb":
-        return _first([t for t, ok in obs.tsdb if ok], since)
-    if key == "kill:agent":
-        return _first([t for t, m in obs.agent_log.get(f.target, []) if m == "ready"], since)
-    if key == "starve:controller":
-        polls = [p for p in obs.api if p.at_ns > since]
-        for i in range(len(polls) - 2):
-            run = polls[i : i + 3]
-            if all(p.ok and (p.at_ns - p.snap_ns) / SEC < LAG_OK_S for p in run):
-                return run[0].at_ns
-        return None
-    if key == "starve:prober":
-        return _first([b.at_ns for b in obs.batches if b.origin == f.target
-                       and (b.at_ns - b.newest_ns) / SEC < AGE_OK_S], since)  # fmt: skip
-    return None
+    f = a.fault
+    back = _BACK.get(f"{f.op}:{f.component}")
+    return None if back is None else back(f.target, a.undone_ns or a.at_ns, obs)
 
 
 def lost_batches(batches: Sequence[Batch]) -> dict[str, list[tuple[int, int, int]]]:
