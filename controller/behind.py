@@ -157,16 +157,28 @@ class BehindMeter:
         )
 
 
-def mark_degraded(events: list[EventDoc], behind: Behind) -> list[EventDoc]:
-    """Return ``events`` with the timing findings (`TIMING_KINDS`) raised while ``behind``
-    is degraded marked so in their detail ("degraded: controller behind by 3.2 s ...");
-    clears and other findings unchanged."""
-    if not behind.degraded:
+def degrade(events: list[EventDoc], why: str) -> list[EventDoc]:
+    """Return ``events`` with the timing findings (`TIMING_KINDS`) marked degraded in their
+    detail ("degraded: " and ``why``); clears and other findings unchanged; ``why`` "": as
+    they are."""
+    if not why:
         return events
-    note = f"degraded: {behind.status()}"
+    note = f"degraded: {why}"
     return [
         replace(e, detail=f"{e.detail}; {note}" if e.detail else note)
         if e.kind in TIMING_KINDS
         else e
         for e in events
     ]
+
+
+def mark_degraded(events: list[EventDoc], behind: Behind) -> list[EventDoc]:
+    """Return ``events`` with the timing findings raised while ``behind`` is degraded marked
+    so ("degraded: controller behind by 3.2 s ...", `degrade`)."""
+    return degrade(events, behind.status() if behind.degraded else "")
+
+
+def short_window(short: int) -> str:
+    """Return why a window closed short of ``short`` live probers' batches is degraded (""
+    when it was whole: `controller.fleet.watermark`)."""
+    return f"window judged without {short} late prober(s)' batches" if short else ""

@@ -32,6 +32,7 @@ import numpy.typing as npt
 from contract.documents import EventDoc
 from contract.records import ProbeBatch
 from controller.admission import Outcome, Verdict
+from controller.behind import degrade, short_window
 from controller.brain import Brain, BrainConfig
 from controller.brainlike import BrainLike
 from controller.clocksync import ClockState, ClockSync, ClockSyncConfig
@@ -40,6 +41,7 @@ from controller.control import Control
 from controller.fleet.config import FleetConfig
 from controller.fleet.grid import WindowGrid
 from controller.fleet.solver import FleetSolver
+from controller.fleet.watermark import WAIT_NS
 from controller.fleet.worker import EARLY_NS, FleetWorker
 from controller.ingest import IngestStats, PathTable
 from controller.jobs import JobRegistry, screen_jobs
@@ -86,7 +88,8 @@ def default_brain(fabric: Fabric, options: Mapping[str, Any] | None = None) -> B
 class LiveConfig:
     """Live-state knobs: clock sync, the fleet window grid (``window_ns``: the detection
     windows, `controller.fleet.grid.WindowGrid`; the service's tick), delay staleness,
-    history and event bounds."""
+    history and event bounds; ``wait_ns``: how long past its end a window some prober's batches
+    cover waits for every live prober's (`controller.fleet.watermark`; 0: it does not)."""
 
     sync: ClockSyncConfig = field(default_factory=ClockSyncConfig)
     window_ns: int = 1_000_000_000
@@ -96,6 +99,7 @@ class LiveConfig:
     history_len: int = 3600  # ticks kept per NIC
     max_events: int = 200
     solve_inline: bool = True  # False: the owner runs clock solves (e.g. in a worker thread)
+    wait_ns: int = WAIT_NS  # a window waits for every live prober's batches this long at most
 
     def __post_init__(self) -> None:
         if self.stale_ns <= 0 or self.history_len < 1 or self.max_events < 1:
@@ -180,6 +184,7 @@ class LiveController:
             sync=self.config.sync,
             detection=brain.config,
             baseline_bucket_ns=self.config.baseline_bucket_ns,
+            wait_ns=self.config.wait_ns,
         )
 
     @property
@@ -342,17 +347,17 @@ class LiveController:
         first, then each window's findings, stamped with its end)."""
         self.now_ns = max(self.now_ns, now_ns)
         new = self.solver.pending()
-        for part in self.worker.close(now_ns):
+        closed = self.worker.close(now_ns)
+        for part in closed:
             self.solver.add(part)
-        top = self.fleet.grid.closed_before(now_ns, self.fleet.lateness_ns) - 1
         nxt = self.solver.next_window
-        if nxt is None:
-            waiting = self.solver.pending_windows()
-            nxt = waiting[0] if waiting else top + 1
-        if top >= nxt:
-            res = self.solver.solve(top, now_ns)
-            new += res.events
+        for k in sorted({p.window for p in closed}):  # whole, or short past a bound
+            if nxt is not None and k < nxt:
+                continue
+            res = self.solver.solve(k, now_ns)
+            new += degrade(list(res.events), short_window(res.counts.short))
             self.worker.install(res.state)
+            nxt = k + 1
         self.events.extend(new)
         _, worst_in, worst_out = self._worst(now_ns)
         i = self._hist_head

@@ -1,86 +1,68 @@
-"""Issue 32, "a busy controller host lies": the spurious ``contention`` on leaf0<->spine0, both
-ways, while leaf1<->spine0 is really congested (``tests/test_testbed_run.py`` on a busy machine).
+"""Issue 32, "a busy controller host lies": a spurious ``contention`` on leaf0<->spine0 and
+``prober_down`` of healthy hosts while leaf1<->spine0 is really congested and the controller
+is behind on some of its probers (``tests/test_testbed_run.py`` on a busy machine).
 
-The mechanism (docs/reliability.md, "Starvation"): a detection window is judged with whatever
-the controller ingested before its tick. A controller that is behind has ingested the timely
-hosts' batches and not yet the others' (they wait in its socket and coalescing queue; the
-live ticker does not flush the queue before it ticks, and ``lateness_ns`` is 0). In a window
-that holds only the probes that leaf0's NICs initiated, every slow measurement of the real
-congestion crosses leaf0->spine0 (or spine0->leaf0) *and* spine0->leaf1 (or leaf1->spine0),
-each of those hops carries the slow ones as half of what it judged, and the greedy cover's tie
-goes to the lower hop index: leaf0's. Two such windows in a row raise it; three clean ones
-clear it (the "raised, cleared 3 s later" of the failed runs). The replay of a capture ticks
-at exact arrival times and flushes first, so its windows always hold every host's batches.
+The mechanism (docs/reliability.md, "A busy controller host lies"): a detection window closed
+at a fixed time after its end holds what arrived by then. A controller two seconds behind on
+the probers of leaf1 and leaf2 (their batches wait in its socket, or the probers are starved)
+closes windows that hold only leaf0's probes: every slow one crosses leaf0->spine0 (or
+spine0->leaf0) *and* the congested hop, the two tie in the cover, and the late probers look
+silent. The fix (`controller.fleet.watermark`): a window some prober's batches cover waits
+until every live prober's do, and the cover's tie goes to the higher bad rate.
 
-The brain is driven here as the live controller drives it when it is two windows behind on
-four of its six probers: the congested test below passes on time and fails behind, today.
+`LiveController` is fed here, through its real door (`admit`, `tick` every second), the
+per-host batches of a simulated run of netns_small's fabric with both directions of
+leaf1-spine0 congested from 20 s to 36 s; the leaf1 and leaf2 probers' batches of 26-30 s
+reach it 2 s late, in order. On time and behind must find the congestion and nothing
+else.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from contract.documents import EventDoc
-from controller.brain import Brain, BrainConfig
-from controller.observations import Observations
+from contract.records import decode_batch
+from controller.live import LiveConfig, LiveController
 from mesh.fabric import FabricShape, build_fabric
-from mesh.fabric.ecmp import flow_paths
-from mesh.fabric.model import hop_id
+from testbed.scenario import Fault, FaultKind
+from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
+from testbed.sim.ingest_traffic import host_batches
 
 FAB = build_fabric(FabricShape(leaves=3, hosts_per_leaf=2, nics_per_host=1, spines=2))
-WIN = 1_000_000_000  # the controller's 1 s tick
-N = len(FAB.nics)
-_S, _D = (a.ravel() for a in np.meshgrid(np.arange(N), np.arange(N), indexing="ij"))
-_K = _S != _D
-PORTS = np.arange(49152, 49152 + 16)  # both spines, many flows per pair
-SRC = np.repeat(_S[_K], len(PORTS)).astype(np.int32)
-DST = np.repeat(_D[_K], len(PORTS)).astype(np.int32)
-SPORT = np.tile(PORTS, int(_K.sum())).astype(np.int32)
-FWD = flow_paths(FAB, SRC, DST, SPORT)
-REV = np.full_like(FWD, -1)  # the reply retraces the probe (the testbed's symmetric hash)
-for _i, _row in enumerate(FWD):
-    _ids = _row[_row >= 0]
-    REV[_i, : len(_ids)] = _ids[::-1] ^ 1
-CONGESTED = [hop_id(FAB.link_index["leaf1-spine0"], down=d) for d in (False, True)]
-LEAF = np.array([n.leaf for n in FAB.nics])
-LATE = LEAF[SRC] != "leaf0"  # the probes of the four probers the controller is behind on
+S = 1_000_000_000
+LATE = {n.host for n in FAB.nics if n.leaf != "leaf0"}  # the probers it is behind on
+CONGESTED = {"leaf1->spine0", "spine0->leaf1"}
 
 
-def _window(w: int, rng: np.random.Generator, congested: bool, sel: np.ndarray) -> Observations:
-    """The probes sent in window ``w`` that ``sel`` picks: software-stamp-like delays (tens of
-    µs), and ms of queueing on both directions of leaf1-spine0 while ``congested``."""
-    n = int(sel.sum())
-
-    def owd(hops: np.ndarray) -> np.ndarray:
-        base = 20_000.0 + 2_000.0 * (hops >= 0).sum(axis=1) + rng.exponential(1_500.0, n)
-        hit = np.isin(hops, CONGESTED).any(axis=1) & congested
-        return np.asarray(base + np.where(hit, rng.exponential(2e6, n), 0.0))
-
-    f, r = owd(FWD[sel]), owd(REV[sel])
-    t = (w * WIN + rng.integers(0, WIN, n)).astype(np.int64)
-    return Observations(t, SRC[sel], DST[sel], SPORT[sel], FWD[sel], REV[sel],
-                        np.zeros(n, bool), f, r, f + r, np.zeros(n, bool))  # fmt: skip
-
-
-def _run(behind: int) -> list[EventDoc]:
-    """Windows 0-7 clean, 8-21 congested, 22-29 clean; during windows 12-13 the controller is
-    ``behind`` windows late on the leaf1 and leaf2 probers' batches (it ingests them, all at
-    once, ``behind`` ticks later)."""
-    rng = np.random.default_rng(5)
-    brain = Brain(FAB, BrainConfig())  # the service's: lateness 0, prober silence 2 s
-    held: dict[int, list[Observations]] = {}
+def _run(seed: int, behind_s: int, wait_ns: int | None = None) -> list[EventDoc]:
+    """The findings of the run (see the module docstring); ``wait_ns``: the controller's
+    (None: `LiveConfig`'s)."""
+    congest = Fault(FaultKind.CONGEST, "leaf1-spine0", 20.0, 16.0, 2000.0)  # 2 ms of queue
+    sim = Simulator(FAB, SimConfig(seed=seed, peers=4, timestamps="sw"), [congest])
+    cfg = LiveConfig() if wait_ns is None else LiveConfig(wait_ns=wait_ns)
+    lc = LiveController(FAB, cfg)
+    for h in FAB.hosts:
+        lc.presence(h.id, True, EPOCH_NS)
+    held: list[tuple[int, bytes]] = []
     out: list[EventDoc] = []
-    for w in range(30):
-        congested = 8 <= w < 22
-        if behind and w in (12, 13):
-            brain.observe(_window(w, rng, congested, ~LATE))
-            held.setdefault(w + behind, []).append(_window(w, rng, congested, LATE))
-        else:
-            brain.observe(_window(w, rng, congested, np.ones(len(SRC), bool)))
-        for obs in held.pop(w, []):
-            brain.observe(obs)
-        out += brain.tick((w + 1) * WIN)
+    tick = EPOCH_NS + S
+    for i, st in enumerate(sim.run(45, 0.25)):
+        now = EPOCH_NS + round(st.t1_s * S)
+        for p in host_batches(FAB, st.batch, i + 1)[0]:
+            b = decode_batch(p)
+            host = FAB.nics[FAB.nic_index[b.nic_ids[int(b.src[0])]]].host
+            if behind_s and host in LATE and 26 <= st.t1_s < 30:
+                held.append((now + behind_s * S, p))
+            elif host in LATE and held:  # in order: a later batch comes after the held ones
+                held.append((held[-1][0], p))
+            else:
+                lc.admit(p, now)
+        while held and held[0][0] <= now:
+            lc.admit(held.pop(0)[1], now)
+        while tick <= now:
+            out += lc.tick(tick)
+            tick += S
     return out
 
 
@@ -88,16 +70,26 @@ def _findings(events: list[EventDoc]) -> set[tuple[str, str]]:
     return {(e.kind, e.target) for e in events if e.kind != "clear"}
 
 
-def test_on_time_only_the_congested_link_is_blamed() -> None:
-    assert _findings(_run(0)) == {("contention", "leaf1->spine0")}
+@pytest.mark.parametrize("seed", [2, 3])
+def test_behind_on_some_probers_blames_only_the_congested_link(seed: int) -> None:
+    for behind_s in (0, 2):
+        found = _findings(_run(seed, behind_s))
+        assert found, behind_s  # the congestion is found (one direction or both) ...
+        assert {k for k, _ in found} == {"contention"}, found  # ... no prober is down ...
+        assert {t for _, t in found} <= CONGESTED, found  # ... and no healthy hop blamed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 32 phase 2: windows are judged with the batches ingested before the tick, "
-    "not once every live prober's batches cover them (the fix goes on h-fleet's ingest)",
-)
-def test_two_windows_behind_on_some_probers_blames_no_healthy_hop() -> None:
-    found = _findings(_run(2))
-    # today: {contention leaf0->spine0 (and spine0->leaf0), prober_down host2..host5, ...}
-    assert found == {("contention", "leaf1->spine0")}, found
+def test_without_waiting_for_the_late_probers_it_lies() -> None:
+    """The reproduction: the same run with windows closed whatever arrived (``wait_ns`` 0,
+    the controller before the fix) blames healthy hosts and a healthy hop."""
+    found = _findings(_run(2, 2, wait_ns=0))
+    assert {("prober_down", h) for h in LATE} <= found
+    assert ("contention", "leaf0->spine0") in found
+
+
+def test_a_window_past_the_wait_is_judged_and_marked_degraded() -> None:
+    """Behind by more than the wait: the windows close short of the late probers' batches,
+    and what they raise says it is degraded."""
+    events = _run(2, 4, wait_ns=S)
+    late = [e for e in events if e.kind != "clear" and "degraded" in e.detail]
+    assert late and all("late prober" in e.detail for e in late)
