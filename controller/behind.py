@@ -69,14 +69,18 @@ class Behind:
         is behind."""
         return self.behind or bool(self.late_probers)
 
+    def controller_status(self) -> str:
+        """Return "controller behind by 3.2 s (batch age at ingest)" ("" when on time)."""
+        if not self.behind:
+            return ""
+        values = (self.batch_age_ns, self.loop_lag_ns, self.solve_overrun_ns)
+        cause = _CAUSES[values.index(self.by_ns)]
+        return f"controller behind by {self.by_ns / 1e9:.1f} s ({cause})"
+
     def status(self) -> str:
-        """Return the status line ("" when on time): "controller behind by 3.2 s (batch age
-        at ingest)", then "; probers late: host2 1.1 s" for the probers that say so."""
-        parts: list[str] = []
-        if self.behind:
-            values = (self.batch_age_ns, self.loop_lag_ns, self.solve_overrun_ns)
-            cause = _CAUSES[values.index(self.by_ns)]
-            parts.append(f"controller behind by {self.by_ns / 1e9:.1f} s ({cause})")
+        """Return the status line ("" when on time): `controller_status`, then "; probers
+        late: host2 1.1 s" for the probers that say so."""
+        parts = [self.controller_status()] if self.behind else []
         if self.late_probers:
             late = ", ".join(f"{h} {s / 1e9:.1f} s" for h, s in sorted(self.late_probers.items()))
             parts.append(f"probers late: {late}")

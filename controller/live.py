@@ -32,7 +32,7 @@ import numpy.typing as npt
 from contract.documents import EventDoc
 from contract.records import ProbeBatch
 from controller.admission import Outcome, Verdict
-from controller.behind import degrade, short_window
+from controller.behind import BehindMeter, degrade, mark_degraded, short_window
 from controller.brain import Brain, BrainConfig
 from controller.brainlike import BrainLike
 from controller.clocksync import ClockState, ClockSync, ClockSyncConfig
@@ -167,6 +167,7 @@ class LiveController:
         self._control: Control | None = None
         self._jobs: JobRegistry | None = None
         self._actor = ""
+        self.behind = BehindMeter()  # the controller's own lateness (issue 32)
 
     def _measured(self, fabric: Fabric, brain: BrainLike | None) -> BrainLike:
         """``brain`` (None: `default_brain`) under the unknown rule: no measurement within
@@ -301,13 +302,19 @@ class LiveController:
         Returns the frozen verdict, with the records ingested (with ``queue``: queued). Bad
         input is a verdict, never an exception; an exception is a bug."""
         self.now_ns = max(self.now_ns, now_ns)
-        return self.worker.admit(host, batch, now_ns, queue=queue)
+        verdict = self.worker.admit(host, batch, now_ns, queue=queue)
+        if queue is None and verdict.records:
+            self.behind.ingested(self.worker.newest_send_ns, now_ns)
+        return verdict
 
     def flush(self, queue: ProbeQueue, now_ns: int) -> int:
         """Ingest everything ``queue`` holds (admitted by `admit`), merged
         (`controller.coalesce`); return the records taken."""
         self.now_ns = max(self.now_ns, now_ns)
-        return self.worker.flush(queue, now_ns)
+        got = self.worker.flush(queue, now_ns)
+        if got:
+            self.behind.ingested(self.worker.newest_send_ns, now_ns)
+        return got
 
     def presence(self, host: str, alive: bool, now_ns: int, *, since_ns: int | None = None) -> None:
         """Record a prober's liveness (a last-will arrives as alive=False). The first alive
@@ -358,6 +365,7 @@ class LiveController:
             new += degrade(list(res.events), short_window(res.counts.short))
             self.worker.install(res.state)
             nxt = k + 1
+        new = mark_degraded(new, self.behind.state(now_ns))
         self.events.extend(new)
         _, worst_in, worst_out = self._worst(now_ns)
         i = self._hist_head
@@ -366,6 +374,20 @@ class LiveController:
         self._hist_head = (i + 1) % self.config.history_len
         self._hist_count = min(self._hist_count + 1, self.config.history_len)
         return new
+
+    def loop_lag(self, planned_ns: int, now_ns: int) -> None:
+        """Note that the tick planned for ``planned_ns`` runs at ``now_ns`` (the service's
+        loop lag: `controller.behind`)."""
+        self.behind.ticked(planned_ns, now_ns)
+
+    def tick_cost(self, cost_ns: int, now_ns: int) -> None:
+        """Note what a tick (the windows judged) cost, against the window's width (a solve
+        that overruns it cannot keep up)."""
+        self.behind.solved(cost_ns, self.config.window_ns, now_ns)
+
+    def prober_slip(self, host: str, slip_ns: int, now_ns: int) -> None:
+        """Note a prober's report of its own lateness (its health's ``send_slip_ns``)."""
+        self.behind.prober_slip(host, slip_ns, now_ns)
 
     def replace_fabric(
         self,
@@ -482,6 +504,7 @@ class LiveController:
             _, w_in, w_out = self._worst(now)
         off, unc = self.clock.offsets(now)
         nic_health = list(self.brain.nic_health())
+        lag = self.behind.state(now)
         if len(nic_health) != n:
             nic_health = [Health.UNKNOWN] * n
         return MeshSnapshot(
@@ -503,6 +526,9 @@ class LiveController:
             throughput_bps=self.rates.average_bps(now, self.config.throughput_stale_ns),
             control_enabled=None if self._control is None else self._control.enabled,
             jobs=None if self._jobs is None else screen_jobs(self._jobs.jobs()),
+            behind_ns=lag.by_ns if lag.behind else 0,
+            status=lag.controller_status(),
+            late_probers=dict(lag.late_probers),
         )
 
     def history(self, nic: int, window_s: float) -> tuple[F64, F64]:

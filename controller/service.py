@@ -150,16 +150,27 @@ def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
 async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
     """Every ``tick_s``: detection (``w.events``: `LiveController.tick`, or the fleet
     solver's windows), the remediation policy, the API's snapshot, then actions and events
-    out; ``on_tick(now)`` once they are."""
+    out; ``on_tick(now)`` once they are. The coalescing queue is ingested first (a window
+    waits for what is queued otherwise), and how late the tick ran and what judging cost go
+    to the controller's own lateness (`LiveController.loop_lag`, `tick_cost`)."""
     live, topics, clock, log = w.live, w.broker.topics, w.clock, w.log
     source: EventSource = w.events if w.events is not None else live
     api, remediation, on_action = w.api, w.remediation, w.on_action
     last_hooks: dict[str, object] = {}
+    period_ns = round(w.config.tick_s * 1e9)
+    planned = clock() + period_ns
     while True:
-        await asyncio.sleep(w.config.tick_s)
+        await asyncio.sleep(max(0.0, (planned - clock()) / 1e9))
         now = clock()
+        live.loop_lag(planned, now)
+        planned += period_ns
+        if planned <= now:  # a late tick does not bunch up the next ones
+            planned = now + period_ns
+        if w.queue is not None and len(w.queue):
+            _flush(live, w.queue, clock, log, w.counters)
         new = relearn(w, now)
         new += source.tick(now)
+        live.tick_cost(clock() - now, now)
         actions: list[tuple[str, bytes]] = []
         if remediation is not None:
             remediation.observe(new)

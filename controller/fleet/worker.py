@@ -453,6 +453,11 @@ class FleetWorker:
 
     # ---- what the one-process controller reads ------------------------------------------
     @property
+    def newest_send_ns(self) -> int:
+        """Return the newest send time ingested from any host (-1: none)."""
+        return self._marks.newest()
+
+    @property
     def max_hops(self) -> int:
         """Return the most hops a learnt path may have."""
         return self._ingestor.max_hops
