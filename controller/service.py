@@ -21,6 +21,7 @@ import socket
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiomqtt
@@ -39,6 +40,9 @@ from controller.fleet.cores import SolverCore, SolveResultLike
 from controller.fleet.solverloop import SolverLoop
 from controller.jobs import JobRegistry
 from controller.live import LiveController
+from controller.openfindings import OpenFindings
+from controller.openfindings import load as load_findings
+from controller.openfindings import save as save_findings
 from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.timeseries.runtime import Observability
 from controller.topology import TopologyLearner, relearn_live
@@ -102,7 +106,9 @@ class Wiring:
     record of the remediation policy), ``on_tick`` (the time of a tick whose events are out);
     ``topology``: the learner of a learned fabric (None: the fabric is declared);
     ``events``: where each tick's findings come from (None: ``live``'s detection; the fleet
-    solver's `FleetFeed` with ``[fleet]``, probe batches then come from NATS, not MQTT).
+    solver's `FleetFeed` with ``[fleet]``, probe batches then come from NATS, not MQTT);
+    ``findings``: the findings open to consumers, kept in ``state_dir`` across restarts
+    (`controller.openfindings`; None: not kept).
     """
 
     broker: Broker
@@ -119,6 +125,8 @@ class Wiring:
     on_tick: Callable[[int], None] = _ignore
     topology: TopologyLearner | None = None
     events: EventSource | None = None
+    findings: OpenFindings | None = None
+    state_dir: Path | None = None
 
 
 def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
@@ -171,6 +179,8 @@ async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
         new = relearn(w, now)
         new += source.tick(now)
         live.tick_cost(clock() - now, now)
+        if w.findings is not None:
+            new = _kept_open(w, w.findings, new, now)
         actions: list[tuple[str, bytes]] = []
         if remediation is not None:
             remediation.observe(new)
@@ -197,6 +207,18 @@ async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
                 REQUEST_TIMEOUT_S,
             )
         w.on_tick(now)
+
+
+def _kept_open(w: Wiring, findings: OpenFindings, new: list[EventDoc], now: int) -> list[EventDoc]:
+    """``new`` as `OpenFindings.apply` leaves it, the open set saved in ``w.state_dir``
+    when it changed (a failed write is logged, never fatal: the next change writes again)."""
+    out = findings.apply(new, now)
+    if findings.changed and w.state_dir is not None:
+        try:
+            save_findings(w.state_dir, findings)
+        except OSError as exc:
+            w.log(now, "open findings not saved", error=str(exc))
+    return out
 
 
 async def _solver(w: Wiring) -> None:
@@ -489,11 +511,15 @@ async def run_service(
                             feed.add, log=log, clock_ns=clock, solve_in_thread=False)  # fmt: skip
         sides.append(solver.run)
     api = await _start_api(config, live, rem, obs, log, clock)
+    state_dir = config.remediation.state_dir if config.remediation is not None else None
+    findings = OpenFindings(load_findings(state_dir)) if state_dir is not None else None
+    if findings is not None and findings.inherited:
+        log(clock(), "open findings restored", n=len(findings.inherited))
     w = Wiring(
         broker, config, live, clock, log, remediation=rem, api=api,
         queue=ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None,
         on_solve=obs.solve, on_action=on_action, on_tick=on_tick, topology=topology,
-        events=feed,
+        events=feed, findings=findings, state_dir=state_dir,
     )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:
