@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from contract.actionsig import ActionSigner
 from contract.documents import EventDoc
@@ -209,6 +211,19 @@ async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
         w.on_tick(now)
 
 
+def session_kwargs(config: ServiceConfig) -> dict[str, Any]:
+    """Return the `aiomqtt.Client` arguments of the controller's MQTT session: with
+    ``[mqtt] session`` a persistent one (that client id, ``clean_start`` false, the session
+    kept ``session_expiry_s`` after a disconnect: the broker queues the QoS 1 batches of its
+    subscriptions meanwhile, so a controller that restarts, or reconnects after the broker
+    did, judges them; issue 32); else none (a clean session per connect)."""
+    if not config.mqtt_session:
+        return {}
+    props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    props.SessionExpiryInterval = config.mqtt_session_expiry_s
+    return {"identifier": config.mqtt_session, "clean_start": False, "properties": props}
+
+
 def _kept_open(w: Wiring, findings: OpenFindings, new: list[EventDoc], now: int) -> list[EventDoc]:
     """``new`` as `OpenFindings.apply` leaves it, the open set saved in ``w.state_dir``
     when it changed (a failed write is logged, never fatal: the next change writes again)."""
@@ -270,7 +285,7 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
     host, port = w.broker.host, w.broker.port
     async with aiomqtt.Client(
         host, port, protocol=aiomqtt.ProtocolVersion.V5, timeout=REQUEST_TIMEOUT_S,
-        **client_kwargs(w.config.mqtt_security),
+        **client_kwargs(w.config.mqtt_security), **session_kwargs(w.config),
     ) as client:  # fmt: skip
         learned = (topics.subscription("neighbors"),) if w.topology is not None else ()
         probes = () if w.events is not None else (topics.subscription("probes"),)
