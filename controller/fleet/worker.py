@@ -430,7 +430,8 @@ class FleetWorker:
         return np.asarray(down < np.bincount(hosts, minlength=n))
 
     def _partial(self, k: int, live: npt.NDArray[np.bool_]) -> Partial:
-        short = self._marks.short(live, self.config.grid.end(k))
+        # short of late probers: only where windows wait for them (wait 0: on the grid)
+        short = self._marks.short(live, self.config.grid.end(k)) if self.config.wait_ns else 0
         w = self._open.pop(k, None)
         if w is None:
             return Partial(
