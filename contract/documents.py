@@ -94,6 +94,9 @@ class HealthDoc:
     the host has no GPU. ``gpu``, ``nics`` (per NIC id) and ``counters`` are JSON objects
     whose contents the contract does not fix, except one key the controller acts on: a NIC's
     ``up`` (true/false: carrier present and not administratively down), see `nic_links`.
+    ``send_slip_ns``: the prober's own lateness, the most its sends slipped behind their
+    planned times since its previous health document (0: on time; `prober.slip`): a late
+    prober's batches cover less of a window, and its delays are its CPU's, not the fabric's.
     """
 
     gpu_ok: bool = True
@@ -104,6 +107,7 @@ class HealthDoc:
     gpu: Mapping[str, Any] = field(default_factory=dict)
     nics: Mapping[str, Any] = field(default_factory=dict)
     counters: Mapping[str, Any] = field(default_factory=dict)
+    send_slip_ns: int = 0
 
     def __post_init__(self) -> None:
         for key in ("gpu_ok", "gpu_present"):
@@ -113,6 +117,8 @@ class HealthDoc:
             value = getattr(self, key)
             check(isinstance(value, str), "health", key, "a string", value)
         check(_is_int(self.t_ns), "health", "t_ns", "an integer", self.t_ns)
+        slip = self.send_slip_ns
+        check(_is_int(slip) and slip >= 0, "health", "send_slip_ns", "an integer >= 0", slip)
         for key in ("gpu", "nics", "counters"):
             object.__setattr__(self, key, _frozen(getattr(self, key), f"health: {key}"))
 
@@ -128,6 +134,7 @@ class HealthDoc:
                 "gpu": _plain(self.gpu),
                 "nics": _plain(self.nics),
                 "counters": _plain(self.counters),
+                "send_slip_ns": self.send_slip_ns,
             }
         )
 
@@ -154,6 +161,7 @@ class HealthDoc:
             gpu=read(doc, "gpu", dict, w, {}),
             nics=read(doc, "nics", dict, w, {}),
             counters=read(doc, "counters", dict, w, {}),
+            send_slip_ns=read(doc, "send_slip_ns", int, w, 0),
         )
 
 

@@ -64,6 +64,11 @@ class ServiceConfig:
     # without the table the policy runs with its defaults and Control off ("would have")
     remediation: RemediationConfig = field(default_factory=RemediationConfig)
     mqtt_security: MqttSecurity = field(default_factory=MqttSecurity)  # [mqtt]: TLS, login
+    # [mqtt] session / session_expiry_s: a persistent session under this client id (the
+    # broker keeps the controller's subscriptions and queues its batches while it restarts
+    # or reconnects; one controller per id); "": a clean session each connect
+    mqtt_session: str = ""
+    mqtt_session_expiry_s: int = 600
     # [auth] action_key_file: the Ed25519 key that signs remediation actions (contract.keys,
     # read at load; repr shows key ids only); None: actions go out unsigned (a warning)
     action_keys: KeySet | None = None
@@ -102,7 +107,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     fabric: `read_grants`), ``[remediation]`` and ``[auth]`` (`controller.remediation.config`,
     docs/recovery.md, docs/security.md), ``[mqtt]`` (TLS and credentials: ``tls``,
     ``ca_file``, ``cert_file``, ``key_file``, ``username``, ``password_file``;
-    `mqttlink.settings.read_security`; the broker's address is the command's ``--broker``),
+    `mqttlink.settings.read_security`; ``session`` and ``session_expiry_s``: a persistent
+    session; the broker's address is the command's ``--broker``),
     ``[nats]`` (`natslink.settings.read_nats`) and ``[fleet]`` (`read_fleet`: the sharded
     controller, docs/scale.md; needs ``[nats]``).
     The service's own tables are read here, the others beside what they configure, all
@@ -127,7 +133,7 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     grants = read_grants(api_tab, fabric)
     api = read_api_table(api_tab, base_dir)
     remediation = read_remediation(root.table("remediation"), base_dir)
-    mqtt_security = _read_mqtt(root.table("mqtt"), base_dir)
+    mqtt_security, session, expiry = _read_mqtt(root.table("mqtt"), base_dir)
     nats = read_nats(na := root.table("nats"), base_dir)
     na.finish()
     fleet = read_fleet(fl := root.table("fleet"), live.window_ns)
@@ -151,6 +157,8 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
         grants=grants,
         remediation=remediation,
         mqtt_security=mqtt_security,
+        mqtt_session=session,
+        mqtt_session_expiry_s=expiry,
         action_keys=load_action_keys(key_file, ConfigError),
         ingest=ingest,
         learn=learn,
@@ -398,8 +406,15 @@ def read_grants(api: Table, fabric: Fabric) -> Grants:
         raise api.err(TENANTS, str(exc)) from None
 
 
-def _read_mqtt(tab: Table, base_dir: Path | None) -> MqttSecurity:
-    """Return ``[mqtt]``: TLS and credentials only (`mqttlink.settings.read_security`)."""
+def _read_mqtt(tab: Table, base_dir: Path | None) -> tuple[MqttSecurity, str, int]:
+    """Return ``[mqtt]``: TLS and credentials (`mqttlink.settings.read_security`), the
+    persistent session's client id ("": none) and its expiry (s)."""
     security = read_security(tab, base_dir)
+    session = tab.get("session", str, "", _client_id_ok, "an MQTT client id (1-64 of A-Za-z0-9_.-)")
+    expiry = tab.get("session_expiry_s", int, 600, lambda v: 1 <= v <= 86_400, "1 to 86400")
     tab.finish()
-    return security
+    return security, session, expiry
+
+
+def _client_id_ok(value: str) -> bool:
+    return 0 < len(value) <= 64 and all(c.isalnum() or c in "_.-" for c in value)

@@ -149,6 +149,7 @@ def handle_message(
             if why:
                 return f"bad:{why}"
             live.gpu(host, health.gpu_ok, health.detail, now_ns, present=health.gpu_present)
+            live.prober_slip(host, health.send_slip_ns, now_ns)
             if links := health.nic_links():
                 live.nic_links(host, links, now_ns)
             counters = nic_byte_counters(health.nics)

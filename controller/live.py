@@ -32,6 +32,7 @@ import numpy.typing as npt
 from contract.documents import EventDoc
 from contract.records import ProbeBatch
 from controller.admission import Outcome, Verdict
+from controller.behind import BehindMeter, degrade, mark_degraded, short_window
 from controller.brain import Brain, BrainConfig
 from controller.brainlike import BrainLike
 from controller.clocksync import ClockState, ClockSync, ClockSyncConfig
@@ -40,6 +41,7 @@ from controller.control import Control
 from controller.fleet.config import FleetConfig
 from controller.fleet.grid import WindowGrid
 from controller.fleet.solver import FleetSolver
+from controller.fleet.watermark import WAIT_NS
 from controller.fleet.worker import EARLY_NS, FleetWorker
 from controller.ingest import IngestStats, PathTable
 from controller.jobs import JobRegistry, screen_jobs
@@ -86,7 +88,8 @@ def default_brain(fabric: Fabric, options: Mapping[str, Any] | None = None) -> B
 class LiveConfig:
     """Live-state knobs: clock sync, the fleet window grid (``window_ns``: the detection
     windows, `controller.fleet.grid.WindowGrid`; the service's tick), delay staleness,
-    history and event bounds."""
+    history and event bounds; ``wait_ns``: how long past its end a window some prober's batches
+    cover waits for every live prober's (`controller.fleet.watermark`; 0: it does not)."""
 
     sync: ClockSyncConfig = field(default_factory=ClockSyncConfig)
     window_ns: int = 1_000_000_000
@@ -96,6 +99,7 @@ class LiveConfig:
     history_len: int = 3600  # ticks kept per NIC
     max_events: int = 200
     solve_inline: bool = True  # False: the owner runs clock solves (e.g. in a worker thread)
+    wait_ns: int = WAIT_NS  # a window waits for every live prober's batches this long at most
 
     def __post_init__(self) -> None:
         if self.stale_ns <= 0 or self.history_len < 1 or self.max_events < 1:
@@ -163,6 +167,7 @@ class LiveController:
         self._control: Control | None = None
         self._jobs: JobRegistry | None = None
         self._actor = ""
+        self.behind = BehindMeter()  # the controller's own lateness (issue 32)
 
     def _measured(self, fabric: Fabric, brain: BrainLike | None) -> BrainLike:
         """``brain`` (None: `default_brain`) under the unknown rule: no measurement within
@@ -180,6 +185,7 @@ class LiveController:
             sync=self.config.sync,
             detection=brain.config,
             baseline_bucket_ns=self.config.baseline_bucket_ns,
+            wait_ns=self.config.wait_ns,
         )
 
     @property
@@ -296,13 +302,19 @@ class LiveController:
         Returns the frozen verdict, with the records ingested (with ``queue``: queued). Bad
         input is a verdict, never an exception; an exception is a bug."""
         self.now_ns = max(self.now_ns, now_ns)
-        return self.worker.admit(host, batch, now_ns, queue=queue)
+        verdict = self.worker.admit(host, batch, now_ns, queue=queue)
+        if queue is None and verdict.records:
+            self.behind.ingested(self.worker.newest_send_ns, now_ns)
+        return verdict
 
     def flush(self, queue: ProbeQueue, now_ns: int) -> int:
         """Ingest everything ``queue`` holds (admitted by `admit`), merged
         (`controller.coalesce`); return the records taken."""
         self.now_ns = max(self.now_ns, now_ns)
-        return self.worker.flush(queue, now_ns)
+        got = self.worker.flush(queue, now_ns)
+        if got:
+            self.behind.ingested(self.worker.newest_send_ns, now_ns)
+        return got
 
     def presence(self, host: str, alive: bool, now_ns: int, *, since_ns: int | None = None) -> None:
         """Record a prober's liveness (a last-will arrives as alive=False). The first alive
@@ -342,17 +354,18 @@ class LiveController:
         first, then each window's findings, stamped with its end)."""
         self.now_ns = max(self.now_ns, now_ns)
         new = self.solver.pending()
-        for part in self.worker.close(now_ns):
+        closed = self.worker.close(now_ns)
+        for part in closed:
             self.solver.add(part)
-        top = self.fleet.grid.closed_before(now_ns, self.fleet.lateness_ns) - 1
         nxt = self.solver.next_window
-        if nxt is None:
-            waiting = self.solver.pending_windows()
-            nxt = waiting[0] if waiting else top + 1
-        if top >= nxt:
-            res = self.solver.solve(top, now_ns)
-            new += res.events
+        for k in sorted({p.window for p in closed}):  # whole, or short past a bound
+            if nxt is not None and k < nxt:
+                continue
+            res = self.solver.solve(k, now_ns)
+            new += degrade(list(res.events), short_window(res.counts.short))
             self.worker.install(res.state)
+            nxt = k + 1
+        new = mark_degraded(new, self.behind.state(now_ns))
         self.events.extend(new)
         _, worst_in, worst_out = self._worst(now_ns)
         i = self._hist_head
@@ -361,6 +374,20 @@ class LiveController:
         self._hist_head = (i + 1) % self.config.history_len
         self._hist_count = min(self._hist_count + 1, self.config.history_len)
         return new
+
+    def loop_lag(self, planned_ns: int, now_ns: int) -> None:
+        """Note that the tick planned for ``planned_ns`` runs at ``now_ns`` (the service's
+        loop lag: `controller.behind`)."""
+        self.behind.ticked(planned_ns, now_ns)
+
+    def tick_cost(self, cost_ns: int, now_ns: int) -> None:
+        """Note what a tick (the windows judged) cost, against the window's width (a solve
+        that overruns it cannot keep up)."""
+        self.behind.solved(cost_ns, self.config.window_ns, now_ns)
+
+    def prober_slip(self, host: str, slip_ns: int, now_ns: int) -> None:
+        """Note a prober's report of its own lateness (its health's ``send_slip_ns``)."""
+        self.behind.prober_slip(host, slip_ns, now_ns)
 
     def replace_fabric(
         self,
@@ -477,6 +504,7 @@ class LiveController:
             _, w_in, w_out = self._worst(now)
         off, unc = self.clock.offsets(now)
         nic_health = list(self.brain.nic_health())
+        lag = self.behind.state(now)
         if len(nic_health) != n:
             nic_health = [Health.UNKNOWN] * n
         return MeshSnapshot(
@@ -498,6 +526,9 @@ class LiveController:
             throughput_bps=self.rates.average_bps(now, self.config.throughput_stale_ns),
             control_enabled=None if self._control is None else self._control.enabled,
             jobs=None if self._jobs is None else screen_jobs(self._jobs.jobs()),
+            behind_ns=lag.by_ns if lag.behind else 0,
+            status=lag.controller_status(),
+            late_probers=dict(lag.late_probers),
         )
 
     def history(self, nic: int, window_s: float) -> tuple[F64, F64]:

@@ -9,7 +9,9 @@ or good. Boolean tomography with exoneration, solved greedily as a weighted set 
    mostly good is not a cause, however many bad paths it also carries;
 2. repeat: among elements whose still-unexplained bad count is >= ``min_bad`` and whose
    unexplained-bad rate is >= ``min_rate``, pick the one that explains most unexplained bad
-   measurements; mark every bad measurement across it explained;
+   measurements (a tie goes to the higher unexplained-bad rate: the element whose other
+   measurements exonerate it less; only then to the lower id); mark every bad measurement
+   across it explained;
 3. stop when no element qualifies or ``max_picks`` are chosen.
 
 A single faulty link explains all its bad paths at once, so the healthy links those paths share
@@ -87,7 +89,11 @@ def greedy_cover(
         if not ok.any():
             break
         score = np.where(ok, resid, -1)
-        best = int(np.argmax(score))
+        # a tie in count goes to the higher rate, not the lower id: in a window that holds
+        # only some probers' probes two hops can carry the same slow ones, and the one
+        # whose other probes are clean is the healthy one (docs/reliability.md)
+        top = score == score.max()
+        best = int(np.argmax(np.where(top, resid / denom, -1.0)))
         picked.append(best)
         picked_bad.append(int(resid[best]))
         hit = alive & (bad_sets == best).any(axis=1)

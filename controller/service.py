@@ -21,9 +21,12 @@ import socket
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from contract.actionsig import ActionSigner
 from contract.documents import EventDoc
@@ -41,6 +44,9 @@ from controller.fleet.cores import SolverCore, SolveResultLike
 from controller.fleet.solverloop import SolverLoop
 from controller.jobs import JobRegistry
 from controller.live import LiveController
+from controller.openfindings import OpenFindings
+from controller.openfindings import load as load_findings
+from controller.openfindings import save as save_findings
 from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.timeseries.lineproto import Point
 from controller.timeseries.runtime import Observability
@@ -118,7 +124,9 @@ class Wiring:
     the new brain after it (the time series: `Observability.refabric` and `.brain`);
     ``events``: where each tick's findings come from (None: ``live``'s detection; the fleet
     solver's `FleetFeed` with ``[fleet]``, probe batches then come from NATS, not MQTT);
-    ``crosslayer``: hardware signals -> anomalies -> slow jobs' causes (`controller.crosslayer`).
+    ``crosslayer``: hardware signals -> anomalies -> slow jobs' causes (`controller.crosslayer`);
+    ``findings``: the findings open to consumers, kept in ``state_dir`` across restarts
+    (`controller.openfindings`; None: not kept).
     """
 
     broker: Broker
@@ -139,6 +147,8 @@ class Wiring:
     tee: Callable[[BrainLike], BrainLike] = _same
     crosslayer: CrossLayer | None = None
     events: EventSource | None = None
+    findings: OpenFindings | None = None
+    state_dir: Path | None = None
 
 
 def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
@@ -173,16 +183,29 @@ def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
 async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
     """Every ``tick_s``: detection (``w.events``: `LiveController.tick`, or the fleet
     solver's windows), the remediation policy, the API's snapshot, then actions and events
-    out; ``on_tick(now)`` once they are."""
+    out; ``on_tick(now)`` once they are. The coalescing queue is ingested first (a window
+    waits for what is queued otherwise), and how late the tick ran and what judging cost go
+    to the controller's own lateness (`LiveController.loop_lag`, `tick_cost`)."""
     live, topics, clock, log = w.live, w.broker.topics, w.clock, w.log
     source: EventSource = w.events if w.events is not None else live
     api, remediation, on_action = w.api, w.remediation, w.on_action
     last_hooks: dict[str, object] = {}
+    period_ns = round(w.config.tick_s * 1e9)
+    planned = clock() + period_ns
     while True:
-        await asyncio.sleep(w.config.tick_s)
+        await asyncio.sleep(max(0.0, (planned - clock()) / 1e9))
         now = clock()
+        live.loop_lag(planned, now)
+        planned += period_ns
+        if planned <= now:  # a late tick does not bunch up the next ones
+            planned = now + period_ns
+        if w.queue is not None and len(w.queue):
+            _flush(live, w.queue, clock, log, w.counters)
         new = relearn(w, now)
         new += source.tick(now)
+        live.tick_cost(clock() - now, now)
+        if w.findings is not None:
+            new = _kept_open(w, w.findings, new, now)
         actions: list[tuple[str, bytes]] = []
         if remediation is not None:
             remediation.observe(new)
@@ -219,6 +242,31 @@ async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
                 REQUEST_TIMEOUT_S,
             )
         w.on_tick(now)
+
+
+def session_kwargs(config: ServiceConfig) -> dict[str, Any]:
+    """Return the `aiomqtt.Client` arguments of the controller's MQTT session: with
+    ``[mqtt] session`` a persistent one (that client id, ``clean_start`` false, the session
+    kept ``session_expiry_s`` after a disconnect: the broker queues the QoS 1 batches of its
+    subscriptions meanwhile, so a controller that restarts, or reconnects after the broker
+    did, judges them; issue 32); else none (a clean session per connect)."""
+    if not config.mqtt_session:
+        return {}
+    props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    props.SessionExpiryInterval = config.mqtt_session_expiry_s
+    return {"identifier": config.mqtt_session, "clean_start": False, "properties": props}
+
+
+def _kept_open(w: Wiring, findings: OpenFindings, new: list[EventDoc], now: int) -> list[EventDoc]:
+    """``new`` as `OpenFindings.apply` leaves it, the open set saved in ``w.state_dir``
+    when it changed (a failed write is logged, never fatal: the next change writes again)."""
+    out = findings.apply(new, now)
+    if findings.changed and w.state_dir is not None:
+        try:
+            save_findings(w.state_dir, findings)
+        except OSError as exc:
+            w.log(now, "open findings not saved", error=str(exc))
+    return out
 
 
 async def _solver(w: Wiring) -> None:
@@ -270,7 +318,7 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
     host, port = w.broker.host, w.broker.port
     async with aiomqtt.Client(
         host, port, protocol=aiomqtt.ProtocolVersion.V5, timeout=REQUEST_TIMEOUT_S,
-        **client_kwargs(w.config.mqtt_security),
+        **client_kwargs(w.config.mqtt_security), **session_kwargs(w.config),
     ) as client:  # fmt: skip
         learned = (topics.subscription("neighbors"),) if w.topology is not None else ()
         probes = () if w.events is not None else (topics.subscription("probes"),)
@@ -526,12 +574,16 @@ async def run_service(
         sides.append(solver.run)
     xl = crosslayer or CrossLayer(live.fabric)  # signals in; anomaly, root_cause events out
     api = await _start_api(config, live, rem, obs, log, clock, xl)
+    state_dir = config.remediation.state_dir if config.remediation is not None else None
+    findings = OpenFindings(load_findings(state_dir)) if state_dir is not None else None
+    if findings is not None and findings.inherited:
+        log(clock(), "open findings restored", n=len(findings.inherited))
     w = Wiring(
         broker, config, live, clock, log, remediation=rem, api=api,
         queue=ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None,
         on_solve=obs.solve, on_action=on_action, on_tick=on_tick, topology=topology,
         on_fabric=lambda f, t: obs.refabric(f, live, t), tee=obs.brain, events=feed,
-        crosslayer=xl, on_points=obs.points,
+        crosslayer=xl, on_points=obs.points, findings=findings, state_dir=state_dir,
     )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:

@@ -155,6 +155,13 @@ def snapshot_doc(
         "healthy_nics": healthy,
         "unknown_nics": unknown,
         "unhealthy_nics": len(rows) - healthy - unknown,
+        # the controller's own lateness (issue 32): "controller behind by 3.2 s (loop lag)";
+        # which probers say they are late is the operator's (host names)
+        "status": snap.status or "ok",
+        "behind_s": round(snap.behind_ns / 1e9, 3),
+        "late_probers": {h: round(s / 1e9, 3) for h, s in sorted(snap.late_probers.items())}
+        if nics is None
+        else {},
         "nics": rows,
         "hosts": [_host_doc(snap, h, v) for h, v in hosts.items()],
         "groups": groups,
@@ -428,6 +435,11 @@ def snapshot_from_doc(
             flaps[lid] = fl
     tp = _num(doc, "throughput_bps", w)
     running = _maybe(doc, "running_jobs", int, w)
+    status = read(doc, "status", str, w, "ok")  # a controller before issue 32 has none
+    behind = _num(doc, "behind_s", w)
+    late = read(doc, "late_probers", dict, w, {})
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in late.values()):
+        raise DocumentError("snapshot: late_probers: must be an object of numbers")
     dl = delays or DelayPairs.empty()
     return MeshSnapshot(
         t_ns=read(doc, "t_ns", int, w),
@@ -448,4 +460,7 @@ def snapshot_from_doc(
         throughput_bps=None if math.isnan(tp) else tp,
         control_enabled=_maybe(doc, "control_enabled", bool, w),
         jobs=None if running is None else (jobs if jobs is not None else ()),
+        behind_ns=0 if math.isnan(behind) else round(behind * 1e9),
+        status="" if status == "ok" else status,
+        late_probers={str(h): round(v * 1e9) for h, v in late.items()},
     )

@@ -172,6 +172,9 @@ class MeshSnapshot:
     (worst over its paths); ``path_owd`` maps (src, dst) to per-spine delays for drill-down
     (a `PairPaths` from the live controller).
     Delays are NaN where unknown. ``control_enabled``/``jobs`` are None while unavailable.
+    ``behind_ns``/``status``: how far the controller is behind and why ("controller behind
+    by 3.2 s (loop lag)"; "" on time); ``late_probers``: host -> send slip (ns) of the
+    probers that report themselves late (`controller.behind`).
     """
 
     t_ns: int
@@ -192,6 +195,9 @@ class MeshSnapshot:
     throughput_bps: float | None = None
     control_enabled: bool | None = None
     jobs: tuple[Mapping[str, object], ...] | None = None
+    behind_ns: int = 0
+    status: str = ""
+    late_probers: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.fabric.nics)

@@ -63,6 +63,7 @@ from prober.pathsweep import TraceTimer, paths_payload, sweep_flows
 from prober.publish import Publisher
 from prober.schedule import ProbePlan, ScheduledProbe, choose_peers
 from prober.session import Session
+from prober.slip import SlipMeter
 from prober.spool import Spool
 from prober.telemetry.collector import Collector, CollectorConfig
 from prober.telemetry.feed import SignalsFeed, signals_config
@@ -111,8 +112,10 @@ def health_doc(
     previous_gpu: GpuReading | None,
     nics: dict[str, dict[str, Any]],
     counters: dict[str, Any],
+    send_slip_ns: int = 0,
 ) -> dict[str, Any]:
-    """Return the JSON health document of ``host`` (pure)."""
+    """Return the JSON health document of ``host`` (pure); ``send_slip_ns``: the prober's
+    worst lateness since its previous document (`prober.slip`)."""
     g = gpu_health(gpu, previous_gpu)
     return {
         "host": host,
@@ -123,6 +126,7 @@ def health_doc(
         "gpu": g.to_json(),
         "nics": nics,
         "counters": counters,
+        "send_slip_ns": send_slip_ns,
     }
 
 
@@ -178,6 +182,7 @@ class Agent:
         self._link_reader = link_reader
         self._links: dict[str, bool | None] = {}
         self._now_ns = now_ns
+        self.slip = SlipMeter()  # the prober's own lateness, reported in its health
         self._factory = endpoint_factory or udp_endpoint_factory(cfg)
         if publisher is None:
             spool = Spool(
@@ -449,7 +454,8 @@ class Agent:
         }
         if self.peer_book is not None:
             counters["neighbors"] = dict(self.peer_book.counters)
-        doc = health_doc(self.cfg.host, self._now_ns(), gpu, self._gpu_prev, nics, counters)
+        doc = health_doc(self.cfg.host, self._now_ns(), gpu, self._gpu_prev, nics, counters,
+                         self.slip.take())  # fmt: skip
         self._gpu_prev = gpu
         self.publisher.set_health(doc)
 
@@ -608,6 +614,7 @@ class Agent:
         plan_now = self._now_ns()
         lead = max(DRIVEN_LEAD_NS, self.cfg.tick_ms * 1_000_000)
         nxt = self.plan.next_at_ns()
+        self.slip.note(nxt, plan_now)
         if nxt is not None and nxt <= plan_now + lead:
             driver = self._driver
             if driver is not None and driver.batched and self.plan.core is not None:
@@ -639,9 +646,11 @@ class Agent:
         while not stop.is_set():
             if not driven:
                 plan_now = self._now_ns()
+                self.slip.note(self.plan.next_at_ns(), plan_now)
                 self._queue(self.plan.due(plan_now + lead_ns), plan_now)
             now = loop.time()
             if now >= next_batch:
+                self.slip.note(next_batch * 1e9, now * 1e9)
                 self.flush_batch()
                 next_batch += batch_s
                 if next_batch < now:

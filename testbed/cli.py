@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.interrupt import EXIT_INTERRUPTED, finish, interruptible
-from testbed import faults
+from testbed import chaos_cli, faults
 from testbed.netns.apply import check_environment
 from testbed.netns.lifecycle import plan_from_state, up
 from testbed.netns.status import testbed_status
@@ -555,6 +555,7 @@ COMMANDS: tuple[tuple[str, str, Handler, AddArgs, str], ...] = (
      _prober, _prober_args, _PROBER_DESCRIPTION),
     ("run", "run a scenario: fabric, broker, probers, controller, faults -> JSON report",
      _run, _run_args, ""),
+    ("chaos", chaos_cli.HELP, chaos_cli.chaos, chaos_cli.chaos_args, ""),
     ("replay", "replay a 'testbed run' output directory through a fresh controller, offline",
      _replay, _replay_args, _REPLAY_DESCRIPTION),
     ("prober-cpu", "CPU share of one prober process running the default schedule (8 NICs x 32 "

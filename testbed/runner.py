@@ -25,9 +25,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from contract.interrupt import interruptible
 from mesh.fabric import Fabric, NodeKind
@@ -166,6 +166,84 @@ def _spawn(
     return p
 
 
+@dataclass(eq=False)
+class RunContext:
+    """What a running scenario started, for `RunHooks`: its processes by role (``controller``,
+    ``mosquitto``, ``prober:<host>``, and what hooks `spawn`), how each was started (so it can
+    be started again), the monitor, fabric, plan, run directory, the environment its
+    processes get, the broker's address and the scenario's start (``t0``, monotonic s; 0 until
+    it starts)."""
+
+    prefix: str
+    run_dir: Path
+    fabric: Fabric
+    plan: Plan
+    env: dict[str, str]
+    monitor: Monitor | None = None
+    t0: float = 0.0
+    broker: tuple[str, int] = ("", 0)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    argv: dict[str, tuple[list[str], Path]] = field(default_factory=dict)
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)  # all, for the cleanup
+
+    def spawn(self, role: str, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+        """Start ``argv`` as ``role`` (output appended to ``log``, recorded by pid in the
+        testbed state, so teardown ends it); return it."""
+        p = _spawn(argv, log, self.prefix, role, self.env)
+        self.procs[role], self.argv[role] = p, (argv, log)
+        self.started.append(p)
+        return p
+
+    def pid(self, role: str) -> int | None:
+        """Return the pid of ``role`` if it runs, else None."""
+        p = self.procs.get(role)
+        return p.pid if p is not None and p.poll() is None else None
+
+    def kill(self, role: str) -> bool:
+        """SIGKILL ``role`` (its process only: the children it started see their parent
+        gone); return False when it did not run."""
+        p = self.procs.get(role)
+        if p is None or p.poll() is not None:
+            return False
+        p.kill()
+        p.wait()
+        return True
+
+    def restart(self, role: str) -> subprocess.Popen[bytes]:
+        """Start ``role`` again as it was started; raises KeyError for an unknown role."""
+        argv, log = self.argv[role]
+        return self.spawn(role, argv, log)
+
+
+class RunHooks(Protocol):
+    """What `run_scenario` lets another harness (`testbed.chaosrun`) add to a run."""
+
+    def controller_toml(self, run: RunContext) -> str:
+        """Return more controller TOML (tables the scenario's config does not have); the
+        broker runs, the controller starts next."""
+
+    def prober_toml(self, host: str) -> str:
+        """Return more prober TOML for ``host``."""
+
+    def watch(self) -> tuple[str, ...]:
+        """Return more topic kinds for the run's `Monitor` to keep (``Monitor.other``)."""
+
+    def started(self, run: RunContext) -> None:
+        """The broker, the controller and the probers measure; the scenario starts next."""
+
+    def actions(self) -> Sequence[Action]:
+        """Return more timeline actions (``t_s`` from the scenario's start)."""
+
+    def apply(self, act: Action, run: RunContext) -> bool:
+        """Apply ``act`` if it is one of the hook's; return whether it was."""
+
+    def stopping(self, run: RunContext) -> None:
+        """The run ends (also on an error or a signal): undo what must not outlive it."""
+
+    def report(self, report: dict[str, Any], run: RunContext) -> None:
+        """Add the hook's part to the finished run's report (after teardown)."""
+
+
 def run_scenario(
     sc: Scenario,
     prefix: str,
@@ -176,6 +254,7 @@ def run_scenario(
     out_dir: Path | None = None,
     secure: bool = False,
     discover: bool = False,
+    hooks: RunHooks | None = None,
 ) -> dict[str, Any]:
     """Run ``sc`` on a fresh namespace testbed; return the JSON-ready report.
 
@@ -183,8 +262,10 @@ def run_scenario(
     truth and ``report.json`` after teardown. ``secure``: TLS, passwords and the ACL on the
     broker, probe HMAC, and an adversary (`testbed.securerun`); the report gains ``security``.
     ``discover``: probers and controller told nothing of the fabric (module doc); the report
-    gains ``topology``. Raises `testbed.netns.apply.TestbedEnvError` when ``discover`` is
-    asked for without lldpd.
+    gains ``topology``. ``hooks``: more config, processes, timeline actions and report
+    (`RunHooks`; the run's processes are theirs to kill and restart through `RunContext`).
+    Raises `testbed.netns.apply.TestbedEnvError` when ``discover`` is asked for without
+    lldpd.
     """
     if discover and not lldpd_available():
         raise TestbedEnvError("--discover needs lldpd in the namespaces (Debian lldpd)")
@@ -211,6 +292,9 @@ def run_scenario(
     sec: SecureRun | None = None
     t0_wall = 0
     clocks: dict[str, VirtualClock] = {}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = RunContext(prefix, d, fabric, plan, env, started=procs)
+    run.broker = (plan.broker_addr, 1883)
     # SIGTERM or SIGINT end the run early: its finally tears the testbed down (a second
     # signal does not cut that short) and the report covers what ran (contract.interrupt)
     with interruptible() as stop:
@@ -225,17 +309,16 @@ def run_scenario(
             )
             if secure:
                 sec = SecureRun(d, fabric, plan)
-                broker = sec.broker
+                broker = run.broker = sec.broker
                 conf.write_text(sec.broker_conf())
-            procs.append(
-                _spawn([MOSQUITTO, "-c", str(conf)], d / "mosquitto.log", prefix, "mosquitto")
-            )
+            run.spawn("mosquitto", [MOSQUITTO, "-c", str(conf)], d / "mosquitto.log")
             if not wait_port(*broker, timeout_s=5):
                 raise OSError(f"mosquitto did not listen on {broker[0]}:{broker[1]}")
             progress(f"broker on {broker[0]}:{broker[1]}")
-            monitor = sec.monitor() if sec is not None else Monitor(*broker)
+            watch = hooks.watch() if hooks is not None else ()
+            monitor = sec.monitor() if sec is not None else Monitor(*broker, watch=watch)
             monitor.start()
-            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+            run.monitor = monitor
             qp = [sys.executable, "-m", "qpmesh.cli"]
             ctl_log = d / "controller.jsonl"
             ctl_conf = d / "controller.toml"
@@ -244,15 +327,20 @@ def run_scenario(
                 ctl_text = learned_controller_config(plan, PLAN_FILE)
             else:
                 ctl_text = controller_config(fabric, plan)
-            ctl_conf.write_text(ctl_text + (sec.controller_extra() if sec is not None else ""))
-            procs.append(_spawn([*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
-                                 "--config", str(ctl_conf), "--log", str(ctl_log)],
-                                d / "controller.out", prefix, "controller", env))  # fmt: skip
+            ctl_conf.write_text(
+                ctl_text
+                + (sec.controller_extra() if sec is not None else "")
+                + (hooks.controller_toml(run) if hooks is not None else "")
+            )
+            run.spawn("controller", [*qp, "controller", "--broker", f"mqtt://{broker[0]}:{broker[1]}",
+                                     "--config", str(ctl_conf), "--log", str(ctl_log)],
+                      d / "controller.out")  # fmt: skip
             spines = sum(1 for n in fabric.switches if n.kind == NodeKind.SPINE)
             for h in fabric.hosts:
                 cfg = d / f"prober-{h.id}.toml"
                 mqtt_extra = sec.prober_mqtt_lines(h.id) if sec is not None else ()
                 extra = sec.prober_extra() if sec is not None else ""
+                extra += hooks.prober_toml(h.id) if hooks is not None else ""
                 if discover:
                     sock = lldp_socket(lldp_dir(prefix), h.id)
                     cfg.write_text(
@@ -264,7 +352,7 @@ def run_scenario(
                 write_clock(clocks[h.id], clk)
                 argv = ["ip", "netns", "exec", plan.node_ns[h.id], *qp, "testbed", "prober",
                         "--config", str(cfg), "--clock", str(clk)]  # fmt: skip
-                procs.append(_spawn(argv, d / f"prober-{h.id}.log", prefix, f"prober:{h.id}", env))
+                run.spawn(f"prober:{h.id}", argv, d / f"prober-{h.id}.log")
             # the scenario's clock starts once the mesh measures: on a busy machine the probers
             # and the controller took seconds to start, and a fault at 5 s then fell before the
             # controller's first trusted clocks (nothing can localize what nobody measured)
@@ -275,15 +363,21 @@ def run_scenario(
                 f"{len(fabric.hosts)} probers and the controller up after {report['startup_s']:g}s: "
                 f"running {sc.duration_s:g}s, {len(sc.faults)} faults"
             )
-            t0 = time.monotonic()
+            if hooks is not None:
+                hooks.started(run)
+            t0 = run.t0 = time.monotonic()
             t0_wall = time.time_ns()
             if sec is not None:
                 sec.start(monitor, t0, sc.duration_s, progress, env)
-            for act in timeline(sc.faults, _fabric_rate(plan)):
+            acts = timeline(sc.faults, _fabric_rate(plan))
+            if hooks is not None:
+                acts = sorted([*acts, *hooks.actions()], key=lambda a: a.t_s)
+            for act in acts:
                 delay = act.t_s - (time.monotonic() - t0)
                 if delay > 0:
                     time.sleep(delay)
-                _apply(plan, act, congest, sc.duration_s)
+                if hooks is None or not hooks.apply(act, run):
+                    _apply(plan, act, congest, sc.duration_s)
                 applied.append(
                     {
                         "t_s": round(time.monotonic() - t0, 3),
@@ -300,6 +394,8 @@ def run_scenario(
             for ps in congest.values():
                 for p in ps:
                     p.kill()
+            if hooks is not None:
+                hooks.stopping(run)
             if sec is not None:
                 sec.stop()
             if monitor is not None:
@@ -346,6 +442,8 @@ def run_scenario(
         missing += [
             f"security: {k} not tried: {v}" for k, v in report["security"]["not_tried"].items()
         ]
+    if hooks is not None:
+        hooks.report(report, run)
     with contextlib.suppress(OSError):
         (out / "report.json").write_text(json.dumps(report, indent=1))
     return report

@@ -2,8 +2,10 @@
 
 - `Monitor`: a background thread with its own asyncio loop subscribed to ``<prefix>/events/#``,
   ``probes``, ``paths``, ``health``, ``presence`` and ``neighbors`` on the run's broker; keeps every event
-  (JSON) and probe batch, and every message the controller also reads as it arrived
-  (``raw``: arrival ns, topic, payload) so a run can be replayed offline (`testbed.replay`).
+  (JSON, with its arrival time in ``event_at``) and probe batch, and every message the
+  controller also reads as it arrived (``raw``: arrival ns, topic, payload) so a run can be
+  replayed offline (`testbed.replay`); ``watch``: more topic kinds (e.g. ``remediation``),
+  kept as they arrived in ``other``.
 - `sync_report(batches, truth, windows)`: sync error of the probes the probers really sent
   (kernel software stamps through the hosts' virtual clocks) against the clocks' truth, per
   window, with `sync.window` (Huygens) and the NTP-style baseline on the same probes, through
@@ -45,11 +47,19 @@ class Monitor:
     """Subscribe to events and probe batches of a broker in a background thread."""
 
     def __init__(
-        self, host: str, port: int, prefix: str = "qpmesh/v1", security: MqttSecurity | None = None
+        self,
+        host: str,
+        port: int,
+        prefix: str = "qpmesh/v1",
+        security: MqttSecurity | None = None,
+        watch: tuple[str, ...] = (),
     ) -> None:
         self.host, self.port, self.prefix = host, port, prefix
         self.security = security or MqttSecurity()
+        self.watch = watch
         self.events: list[dict[str, Any]] = []
+        self.event_at: list[int] = []  # arrival ns of each of ``events``
+        self.other: list[tuple[int, str, bytes]] = []  # the ``watch`` kinds as they arrived
         self.batches: list[ProbeBatch] = []
         self.errors: list[str] = []
         self.paths: list[dict[str, Any]] = []
@@ -88,6 +98,8 @@ class Monitor:
                     await c.subscribe(f"{self.prefix}/health/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/presence/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/neighbors/#", qos=1, timeout=5)
+                    for kind in self.watch:
+                        await c.subscribe(f"{self.prefix}/{kind}/#", qos=1, timeout=5)
                     # The reader is never cancelled while it runs: cancelling aiomqtt's
                     # ``messages.__anext__`` (e.g. by a wait_for timeout) just after it took a
                     # message off its queue loses that message, which a busy machine hits.
@@ -111,9 +123,13 @@ class Monitor:
     def _take(self, topic: str, payload: Any) -> None:
         data = payload if isinstance(payload, bytes) else b""
         kind = topic[len(self.prefix) + 1 :].split("/", 1)[0]
+        now = time.time_ns()
         if kind in RAW_KINDS:
             with self._lock:
-                self.raw.append((time.time_ns(), topic, data))
+                self.raw.append((now, topic, data))
+        elif kind in self.watch:
+            with self._lock:
+                self.other.append((now, topic, data))
         with contextlib.suppress(RecordError, ValueError), self._lock:
             if kind == "probes":
                 b = decode_batch(data)
@@ -134,6 +150,7 @@ class Monitor:
                 doc = json.loads(data)
                 if isinstance(doc, dict):
                     self.events.append(doc)
+                    self.event_at.append(now)
 
     def bad_auth(self) -> dict[str, int]:
         """Return each host's ``bad_auth`` probe counter from its latest health document."""

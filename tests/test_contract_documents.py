@@ -37,6 +37,9 @@ def test_health_round_trip_from_the_prober() -> None:
     assert dict(doc.nics) == {"nic0": {"up": 1}} and dict(doc.counters) == {"x": 2}
     assert HealthDoc.decode(doc.encode()) == doc
     assert dict(HealthDoc().gpu) == {}  # defaults are per instance, frozen
+    assert doc.send_slip_ns == 0  # on time (and what an older prober's document means)
+    late = HealthDoc(host="h1", send_slip_ns=2_500_000_000)
+    assert HealthDoc.decode(late.encode()).send_slip_ns == 2_500_000_000
 
 
 def test_paths_and_events_round_trip() -> None:
@@ -91,6 +94,7 @@ def test_from_json_names_what_it_read_in_one_line(obj: object, reason: str) -> N
         (PresenceDoc.decode, b"[1]", "presence"),
         (HealthDoc.decode, b'{"gpu_ok": 1}', "health"),
         (HealthDoc.decode, b"not json", "health"),
+        (HealthDoc.decode, b'{"send_slip_ns": -1}', "health"),
         (PathsDoc.decode, b'[{"src": "a", "dst": "b", "sport": 70000, "hops": []}]', r"paths\[0\]"),
         (PathsDoc.decode, b'{"src": "a"}', "paths"),
         (EventDoc.decode, b'{"t_ns": 1, "kind": "", "target": "x"}', "event"),

@@ -42,3 +42,12 @@ def test_unique_rows_and_bounds() -> None:
     assert sorted(int(x) for x in u[0] if x >= 0) == [1, 3]
     with pytest.raises(ValueError):
         greedy_cover(np.zeros(2, np.int64), np.array([[5]]), min_rate=0.1, min_bad=1)
+
+
+def test_a_tie_in_count_goes_to_the_higher_bad_rate_not_the_lower_id() -> None:
+    # element 0 carries the 10 bad measurements and 10 good ones (50 %); element 1 carries
+    # the same 10 bad ones and nothing else (100 %): 1 is the cause, whatever its id
+    total = np.array([20, 10], np.int64)
+    bad = np.tile(np.array([[0, 1]], np.int32), (10, 1))
+    cover = greedy_cover(total, bad, min_rate=0.3, min_bad=2)
+    assert cover.picked.tolist() == [1]

@@ -143,6 +143,6 @@ def test_a_host_whose_prober_stops_goes_unknown_after_stale_s() -> None:
         live.admit(st.batch, runner.now_ns)
         live.tick(runner.now_ns)
     assert live.snapshot().unknown_count == 0
-    for k in range(1, 10):  # nothing arrives any more
-        live.tick(runner.now_ns + k * S // 2)
+    for k in range(1, 16):  # nothing arrives any more (the last windows wait for every
+        live.tick(runner.now_ns + k * S // 2)  # prober's batches: `LiveConfig.wait_ns`, 5 s)
     assert live.snapshot().unknown_count == 16

@@ -5,6 +5,7 @@ same clock offsets and the same events."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -97,7 +98,10 @@ def run_both(
     presence is lost in between; ``model``: the simulator's (default: `ModelKnobs()`)."""
     sim = Simulator(fabric, SimConfig(seed=seed, model=model or ModelKnobs()), faults)
     brain_cfg = BrainConfig(lateness_ns=0)
-    one = LiveController(fabric, LiveConfig(window_ns=STEP), brain=Brain(fabric, brain_cfg))
+    # wait 0: windows close on the grid as the fleet's do (the one process waits for late
+    # probers by default, `controller.fleet.watermark`; the fleet does not)
+    one = LiveController(fabric, LiveConfig(window_ns=STEP, wait_ns=0),
+                         brain=Brain(fabric, brain_cfg))  # fmt: skip
     fleet = Fleet(fabric, n, FleetConfig(grid=WindowGrid(STEP), detection=brain_cfg))
     src, dst, sport, fwd, rev = sim.discovered_paths()
     one.learn_paths(src, dst, sport, fwd, rev)
@@ -229,6 +233,9 @@ class FleetLive:
     def nic_counters(self, counters: Any, t_ns: int, now_ns: int) -> None:
         pass
 
+    def prober_slip(self, host: str, slip_ns: int, now_ns: int) -> None:
+        pass
+
 
 def replay_both(out_dir: Path, n: int = 3) -> tuple[LiveController, FleetLive]:
     """A testbed run's capture (`testbed.replay`: every message the controller read, with its
@@ -242,7 +249,8 @@ def replay_both(out_dir: Path, n: int = 3) -> tuple[LiveController, FleetLive]:
     from testbed.replay import CAPTURE, read_capture
 
     cfg = load_config(out_dir / "controller.toml", out_dir)
-    one = LiveController(cfg.fabric, cfg.live, brain=Brain(cfg.fabric, cfg.brain))
+    live = dataclasses.replace(cfg.live, wait_ns=0)  # on the grid, as the fleet's close
+    one = LiveController(cfg.fabric, live, brain=Brain(cfg.fabric, cfg.brain))
     many = FleetLive(cfg, n)
     for side in (one, many):
         side.use_model_paths(cfg.model_paths)

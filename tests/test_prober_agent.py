@@ -14,6 +14,7 @@ import aiomqtt
 import numpy as np
 import pytest
 
+from contract.documents import HealthDoc
 from contract.records import MISSING, decode_batch
 from contract.signals import Entity, SignalsDoc
 from prober.agent import Agent, batch_seq_start, health_doc, plan_peers, plan_round
@@ -438,3 +439,34 @@ def test_the_agent_plans_around_a_source_port_another_socket_holds() -> None:
     assert set(agent.plan.ports[nic]) - set(first[nic]) != set()
     again = ProbePlan(agent.peers, cfg.schedule, start_ns=5, ports=agent.plan.ports)
     assert again.ports == agent.plan.ports
+
+
+def test_a_late_prober_reports_its_send_slip_in_its_health() -> None:
+    """Issue 32: a starved prober says so. The driver's hook that runs 3 s after the plan's
+    next probe was due notes 3 s of slip; the next health document carries the worst slip
+    since the previous one (`HealthDoc.send_slip_ns`), and the one after that 0."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.counters = {"bad_auth": 0}
+
+        def queue_pair(self, dst: str, dest: Any, sport: int, at: int, spacing: int) -> int:
+            return 0
+
+        def queue_probe(self, dst: str, dest: Any, sport: int, at: int) -> None:
+            pass
+
+    clock = [0]
+    agent = Agent(config(), now_ns=lambda: clock[0])
+    agent.endpoints = {"nic0": FakeEndpoint(0), "nic1": FakeEndpoint(0)}  # type: ignore[dict-item]
+    agent.sessions = {n: Recorder() for n in ("nic0", "nic1")}  # type: ignore[misc]
+    sent: list[dict[str, Any]] = []
+    agent.publisher.set_health = sent.append  # type: ignore[method-assign,assignment]
+    due = agent.plan.next_at_ns()
+    assert due is not None
+    clock[0] = due + 3_000_000_000
+    agent._driver_hook()
+    agent.publish_health()
+    agent.publish_health()
+    assert [d["send_slip_ns"] for d in sent] == [3_000_000_000, 0]
+    assert HealthDoc.decode(json.dumps(sent[0]).encode()).send_slip_ns == 3_000_000_000

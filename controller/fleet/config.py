@@ -21,7 +21,11 @@ class FleetConfig:
     the delays a worker shows (`controller.windows.FlowStore`); ``max_gap``: past this many
     windows without records (a long silence, a clock that jumped) a worker hands out and a
     solver judges only the windows that have records and the last ones, not every empty one
-    between. Raises ValueError on a negative lateness or a max_gap below 1."""
+    between. ``wait_ns``: a window some prober's batches cover waits for every live
+    prober's, at most this long past its end (then it closes short:
+    `controller.fleet.watermark`); 0: windows close at end + lateness whatever arrived (the
+    NATS fleet's default: its solver's deadlines assume it). Raises ValueError on a negative
+    lateness or wait, or a max_gap below 1."""
 
     grid: WindowGrid = field(default_factory=WindowGrid)
     lateness_ns: int = 0
@@ -29,12 +33,15 @@ class FleetConfig:
     detection: BrainConfig = field(default_factory=BrainConfig)
     baseline_bucket_ns: int = 60_000_000_000
     max_gap: int = 3600
+    wait_ns: int = 0
 
     def __post_init__(self) -> None:
         if self.lateness_ns < 0:
             raise ValueError(f"lateness_ns must be >= 0, got {self.lateness_ns}")
         if self.max_gap < 1:
             raise ValueError(f"max_gap must be >= 1, got {self.max_gap}")
+        if self.wait_ns < 0:
+            raise ValueError(f"wait_ns must be >= 0, got {self.wait_ns}")
 
     @property
     def late_windows(self) -> int:

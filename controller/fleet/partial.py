@@ -177,7 +177,9 @@ class RecordCounts:
     windows, this one or others), records dropped (naming an unknown NIC, without stamps,
     sent to a host before its prober was alive, of a batch another worker's partial already
     covers), the window's arrived probes by clock trust (fine, coarse, withheld), and
-    admission verdicts given (by outcome) while the window was the newest open one."""
+    admission verdicts given (by outcome) while the window was the newest open one;
+    ``short``: live probers whose batches did not cover the window when it closed (0: it
+    was whole; `controller.fleet.watermark`)."""
 
     batches: int = 0
     records: int = 0
@@ -188,6 +190,7 @@ class RecordCounts:
     fine: int = 0
     coarse: int = 0
     withheld: int = 0
+    short: int = 0
     verdicts: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:

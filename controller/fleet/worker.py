@@ -48,6 +48,7 @@ from controller.fleet.partial import (
     fabric_id,
 )
 from controller.fleet.state import FleetState, decode_state
+from controller.fleet.watermark import Watermarks
 from controller.ingest import Ingested, Ingestor, IngestStats, PathTable
 from controller.observations import Observations
 from controller.windows import FlowStore
@@ -119,6 +120,7 @@ class FleetWorker:
         self._first_stamp: int | None = None
         self._slots = PairSlots(n)  # directed pairs, numbered once for every window's selection
         self._floor: int | None = None  # oldest window still open (None: nothing yet)
+        self._marks = Watermarks(len(fabric.hosts))  # per host, the newest send time ingested
         self._open: dict[int, _Open] = {}
         self._skip: dict[int, set[tuple[str, int]]] = {}
         self._state_window: int | None = None
@@ -306,6 +308,7 @@ class FleetWorker:
         if stage is not None:
             stage("sync_add")
         obs = self._observations(ing, d, now_ns)
+        self._marks.note(self.fabric.nic_host_index[obs.src], obs.t_ns)
         if stage is not None:
             stage("delays")
         assert self._floor is not None
@@ -387,13 +390,19 @@ class FleetWorker:
 
     # ---- outputs -------------------------------------------------------------------------
     def close(self, upto_ns: int) -> list[Partial]:
-        """Return a `Partial` for every window whose end + ``lateness_ns`` <= ``upto_ns`` and
-        that was not handed out before, oldest first (an empty one for a window without
-        records: the solver knows the worker had nothing); records that arrive later go into
-        the oldest window still open."""
-        grid = self.config.grid
+        """Return a `Partial` for every window whose end + ``lateness_ns`` <= ``upto_ns``,
+        that is whole (every live prober's batches cover it, or a bound passed:
+        `controller.fleet.watermark`; a short one says how short in its counts) and that was
+        not handed out before, oldest first (an empty one for a window without records: the
+        solver knows the worker had nothing); records that arrive later go into the oldest
+        window still open."""
+        grid, cfg = self.config.grid, self.config
         self.now_ns = max(self.now_ns, upto_ns)
-        top = grid.closed_before(upto_ns, self.config.lateness_ns)
+        top = grid.closed_before(upto_ns, cfg.lateness_ns)
+        live = self._live_hosts()
+        until = self._marks.close_until(live, upto_ns, cfg.wait_ns) if cfg.wait_ns else None
+        if until is not None:  # a window waits for every live prober's batches (bounded)
+            top = min(top, grid.closed_before(until))
         if self._floor is None:
             self._floor = top
             return []
@@ -401,9 +410,9 @@ class FleetWorker:
             ks: Sequence[int] = range(self._floor, top)
         else:  # a long silence (or a clock jump): its windows with records, then the last
             ks = sorted({k for k in self._open if self._floor <= k < top} | {top - 1})
-        out = [self._partial(k) for k in ks]
+        out = [self._partial(k, live) for k in ks]
         for k in sorted(k for k in self._open if k < top):  # nothing left behind the floor
-            out.append(self._partial(k))
+            out.append(self._partial(k, live))
         if out and (self._learned or self._verdicts):
             p = out[0]
             v = RecordCounts(verdicts=tuple(sorted(self._verdicts.items())))
@@ -415,20 +424,29 @@ class FleetWorker:
             del self._skip[k]
         return out
 
-    def _partial(self, k: int) -> Partial:
+    def _live_hosts(self) -> npt.NDArray[np.bool_]:
+        """Per host: its prober is not down (some NIC of it not excluded)."""
+        hosts = self.fabric.nic_host_index
+        n = len(self.fabric.hosts)
+        down = np.bincount(hosts[self._excluded], minlength=n)
+        return np.asarray(down < np.bincount(hosts, minlength=n))
+
+    def _partial(self, k: int, live: npt.NDArray[np.bool_]) -> Partial:
+        # short of late probers: only where windows wait for them (wait 0: on the grid)
+        short = self._marks.short(live, self.config.grid.end(k)) if self.config.wait_ns else 0
         w = self._open.pop(k, None)
         if w is None:
             return Partial(
                 k, self.name, self.config.grid.width_ns, self._fabric_id, self._first_stamp,
                 Covers.of([]), ClockPart.empty(), WindowPart.empty(self._width),
-                LearnedPaths.empty(self.max_hops), NicDelays.empty(), RecordCounts(),
+                LearnedPaths.empty(self.max_hops), NicDelays.empty(), RecordCounts(short=short),
             )  # fmt: skip
         sel = w.select.window()
         clock = ClockPart.empty() if sel is None else ClockPart(
             sel.src.astype(np.int32), sel.dst.astype(np.int32), sel.pair, sel.t1, sel.t2,
             sel.t3, sel.t4, sel.sw,
         )  # fmt: skip
-        counts = RecordCounts(batches=len(w.covers))
+        counts = RecordCounts(batches=len(w.covers), short=short)
         counts = dataclasses.replace(counts, **w.counts)  # type: ignore[arg-type]
         return Partial(
             k, self.name, self.config.grid.width_ns, self._fabric_id, self._first_stamp,
@@ -437,6 +455,11 @@ class FleetWorker:
         )  # fmt: skip
 
     # ---- what the one-process controller reads ------------------------------------------
+    @property
+    def newest_send_ns(self) -> int:
+        """Return the newest send time ingested from any host (-1: none)."""
+        return self._marks.newest()
+
     @property
     def max_hops(self) -> int:
         """Return the most hops a learnt path may have."""

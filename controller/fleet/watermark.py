@@ -1,0 +1,62 @@
+"""When a window is whole: per host, the newest send time ingested (its watermark).
+
+A window of the grid holds the probes *sent* in it. Closed at a fixed time after its end, it
+holds what had arrived by then: when the controller is behind on some probers (a busy host,
+a backlog in its socket or queue) or some probers are late (starved), it holds only the
+timely probers' probes, and a window of one leaf's probes blames the hops that leaf's paths
+share (docs/reliability.md, "A busy controller host lies"). So a window that some prober's
+batches already cover waits until every live prober's do (`close_until`): its watermark at
+or past the window's end. A window no prober covers yet is not waited for (every prober is
+as far behind: nothing in it is one-sided; closed on the clock as before), nor is one whose
+end is ``wait_ns`` behind the controller's clock (a prober that stopped without a last will
+must not hold every window). A window closed while a live prober had not covered it is
+short: `Watermarks.short` counts those probers, and its findings are marked degraded.
+
+"Live" is the caller's: the hosts whose prober is not down (presence, or silence judged).
+Hosts never heard from are not waited for (a prober that never sent has nothing late). Pure:
+arrays in, integers out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
+B = npt.NDArray[np.bool_]
+
+WAIT_NS = 5_000_000_000
+"""A window closes, short, once the controller's clock is this far past its end."""
+
+
+class Watermarks:
+    """The newest send time ingested per host (-1: none yet)."""
+
+    def __init__(self, n_hosts: int) -> None:
+        self.t = np.full(n_hosts, -1, np.int64)
+
+    def note(self, host: npt.NDArray[np.integer], t_ns: I64) -> None:
+        """Note records sent at ``t_ns`` by the hosts of index ``host``."""
+        if len(t_ns):
+            np.maximum.at(self.t, host, t_ns)
+
+    def close_until(self, live: B, now_ns: int, wait_ns: int) -> int | None:
+        """Return the time that windows must end at or before to close now (see the module
+        docstring): the slowest live prober's watermark, unless that window is past the wait
+        (``now_ns - wait_ns``); None: no live prober heard from, nothing to wait for. A
+        window past the newest watermark is the caller's to close on its clock."""
+        mark = self.t[live & (self.t >= 0)]
+        if not len(mark):
+            return None
+        return max(int(mark.min()), now_ns - wait_ns)
+
+    def newest(self) -> int:
+        """Return the newest watermark (-1: none)."""
+        return int(self.t.max()) if len(self.t) else -1
+
+    def short(self, live: B, end_ns: int) -> int:
+        """Return how many live hosts heard from had not sent up to ``end_ns`` while another
+        had (0 when none had: every prober as far behind is not a one-sided window)."""
+        if self.newest() < end_ns:
+            return 0
+        return int((live & (self.t >= 0) & (self.t < end_ns)).sum())
