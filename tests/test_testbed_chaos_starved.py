@@ -28,6 +28,7 @@ from mesh.fabric import FabricShape, build_fabric
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.ingest_traffic import host_batches
+from testbed.sim.model import ModelKnobs
 
 FAB = build_fabric(FabricShape(leaves=3, hosts_per_leaf=2, nics_per_host=1, spines=2))
 S = 1_000_000_000
@@ -39,7 +40,13 @@ def _run(seed: int, behind_s: int, wait_ns: int | None = None) -> list[EventDoc]
     """The findings of the run (see the module docstring); ``wait_ns``: the controller's
     (None: `LiveConfig`'s)."""
     congest = Fault(FaultKind.CONGEST, "leaf1-spine0", 20.0, 16.0, 2000.0)  # 2 ms of queue
-    sim = Simulator(FAB, SimConfig(seed=seed, peers=4, timestamps="sw"), [congest])
+    # a background that queues nowhere (the realistic model's own hot spots are real
+    # congestion, scored as truth elsewhere) and NIC stamps: any other finding is the
+    # timing's. (With software stamps the merged main of 2026-11-28 also raises contention on
+    # the NIC uplinks under this 2 ms queue, late probers or not: an open defect, named in
+    # docs/reliability.md.)
+    quiet = ModelKnobs.ideal_model()
+    sim = Simulator(FAB, SimConfig(seed=seed, peers=4, timestamps="hw", model=quiet), [congest])
     cfg = LiveConfig() if wait_ns is None else LiveConfig(wait_ns=wait_ns)
     lc = LiveController(FAB, cfg)
     for h in FAB.hosts:
@@ -81,10 +88,11 @@ def test_behind_on_some_probers_blames_only_the_congested_link(seed: int) -> Non
 
 def test_without_waiting_for_the_late_probers_it_lies() -> None:
     """The reproduction: the same run with windows closed whatever arrived (``wait_ns`` 0,
-    the controller before the fix) blames healthy hosts and a healthy hop."""
+    the controller before the fix) calls the late probers down. (The healthy hop it also
+    blamed, leaf0->spine0, was a tie of the cover's, now broken by bad rate: not here.)"""
     found = _findings(_run(2, 2, wait_ns=0))
     assert {("prober_down", h) for h in LATE} <= found
-    assert ("contention", "leaf0->spine0") in found
+    assert ("contention", "leaf0->spine0") not in found
 
 
 def test_a_window_past_the_wait_is_judged_and_marked_degraded() -> None:

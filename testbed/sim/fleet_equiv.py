@@ -96,7 +96,10 @@ def check(
     ]
     sim = Simulator(fabric, SimConfig(seed=seed), faults)
     brain_cfg = BrainConfig(lateness_ns=0)
-    one = LiveController(fabric, LiveConfig(window_ns=STEP_NS), brain=Brain(fabric, brain_cfg))
+    # windows closed on the grid, as the NATS fleet closes them (no watermark wait)
+    one = LiveController(
+        fabric, LiveConfig(window_ns=STEP_NS, wait_ns=0), brain=Brain(fabric, brain_cfg)
+    )
     fleet = _Fleet(fabric, workers, FleetConfig(grid=WindowGrid(STEP_NS), detection=brain_cfg))
     paths = sim.discovered_paths()
     one.learn_paths(*paths)
