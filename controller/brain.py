@@ -105,6 +105,7 @@ class Brain:
         self._last_src = np.full(n_nics, -1, dtype=np.int64)
         self._presence_down: set[str] = set()
         self._silent: set[str] = set()
+        self._back_at: dict[str, int] = {}  # host -> when its presence last said alive
         self._excluded = np.zeros(n_nics, dtype=bool)
         self._reported_down: set[int] = set()
         self._gpu_bad: dict[str, str] = {}
@@ -174,8 +175,11 @@ class Brain:
         del obs
 
     def presence(self, host: str, alive: bool, now_ns: int) -> None:
-        """Record the prober presence of ``host`` (MQTT last-will / hello)."""
+        """Record the prober presence of ``host`` (MQTT last-will / hello). A presence that
+        says alive at ``now_ns`` is newer news than the silence of any window that ended before
+        it: `_host_silence` does not raise a restarted prober's gap once its hello is in."""
         if alive:
+            self._back_at[host] = max(now_ns, self._back_at.get(host, now_ns))
             if host in self._presence_down:
                 self._presence_down.discard(host)
                 if host not in self._silent:
@@ -583,6 +587,11 @@ class Brain:
             return out
         silent = silent_hosts(self.fabric, self._last_src, now_ns, self.config.silent_ns)
         silent = {h for h in silent if not self._all_reported_down(h)}  # it cannot send
+        # a window judged after the prober said hello again is older than that hello: its gap
+        # is the restart's, already raised and cleared by presence (one prober_down, not two)
+        silent = {
+            h for h in silent if self._back_at.get(h, now_ns - 1) < now_ns or h in self._silent
+        }
         for host in sorted(silent - self._silent):
             if host not in self._presence_down:
                 out.append(EventDoc(now_ns, "prober_down", host, "prober silent", "warning"))

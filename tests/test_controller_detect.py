@@ -182,3 +182,25 @@ def test_flap_with_late_lost_probes_windowed_by_send_time() -> None:
     # the same delivery judged by arrival (no lateness) never sees a dead window
     old = _late_losses(Brain(FAB, CFG), dead, lk, 15, 90)
     assert not {"link_down", "link_flap"} & {e.kind for e in old}
+
+
+def test_a_restarted_prober_is_one_prober_down_not_two() -> None:
+    """A SIGKILLed prober: its will raises prober_down, its hello after the restart clears it.
+    The window that ended before the hello is judged after it (windows close late: the live
+    controller judges each at its end time, `Brain.judge`) and holds the restart's gap; that
+    gap is the same fault, not a second prober_down (the chaos run of 2026-11-28 saw
+    prober_down, clear, prober_down, clear). A prober alive but silent after its hello is
+    still raised."""
+    rng = np.random.default_rng(6)
+    brain = Brain(FAB, dataclasses.replace(CFG, silent_ns=2 * WIN))
+    drive(brain, 0, 10, rng)
+    brain.presence("host7", False, 10 * WIN + 1)
+    ev = brain.take_pending() + drive(brain, 10, 11, rng, silent_nic=7)
+    assert [(e.kind, e.target) for e in ev] == [("prober_down", "host7")]
+    brain.presence("host7", True, 12 * WIN + 50)  # the hello, before window 11 is judged
+    ev = brain.take_pending()
+    brain.observe(window(11, rng, silent_nic=7))  # the restart's gap, judged at its end
+    ev += brain.tick(12 * WIN) + drive(brain, 12, 20, rng)
+    assert [(e.kind, e.target) for e in ev] == [("clear", "host7")]
+    ev = drive(brain, 20, 40, rng, silent_nic=7)  # alive but silent after its hello: raised
+    assert [(e.kind, e.target) for e in ev] == [("prober_down", "host7")]
