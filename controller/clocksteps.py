@@ -20,6 +20,14 @@ extrapolated from its solve drifts off slowly; a step moves the error between tw
 more than ``MOVE_NS`` and ``MOVE_Z`` times its clock uncertainty since the last batch that
 measured it (`moved`). A peer of a moved NIC shows it on one pair of its ~30 only, so its own
 mean barely moves.
+
+The probes into a moved NIC come from its peers' hosts: in a fleet, other workers than the
+one that finds the move ingest them. Each of those probes shows the move itself (`off_probes`):
+its half difference is its source's error (which its source's own probes measure) less its
+destination's, give or take half its excess over its pair's floor; a destination whose error
+that leaves beyond ``MOVE_NS`` (and ``MOVE_Z`` times its uncertainty) is off its model, and the
+probe's delays are not to be judged. Every input is the probe's own or its source's, so any
+worker decides the same for it.
 """
 
 from __future__ import annotations
@@ -74,3 +82,21 @@ def moved(err: F64, agree: F64, before: F64, unc: F64) -> NDArray[np.bool_]:
     jump = np.abs(err - before)
     limit = np.maximum(MOVE_NS, MOVE_Z * np.where(np.isfinite(unc), unc, np.inf))
     return np.asarray((np.nan_to_num(jump, nan=0.0) > limit) & (agree >= MOVE_AGREE), dtype=bool)
+
+
+def off_probes(
+    err_src: F64, owd_fwd: F64, owd_rev: F64, excess: F64, unc_dst: F64
+) -> NDArray[np.bool_]:
+    """Per probe: its destination's clock is off its model (module docstring): the source's
+    error ``err_src`` (`clock_errors`, NaN: not measured) less the probe's half difference
+    of its delays leaves more than ``MOVE_NS`` and ``MOVE_Z`` times the destination's clock
+    uncertainty ``unc_dst``, after half the probe's ``excess`` over its pair's floor (its
+    queueing may explain that much). False where anything is NaN. Raises ValueError on arrays
+    of different lengths."""
+    n = len(err_src)
+    if not all(len(a) == n for a in (owd_fwd, owd_rev, excess, unc_dst)):
+        raise ValueError("every column must have one entry per probe")
+    with np.errstate(invalid="ignore"):
+        left = np.abs(err_src - 0.5 * (owd_rev - owd_fwd)) - 0.5 * np.maximum(excess, 0.0)
+        limit = np.maximum(MOVE_NS, MOVE_Z * np.where(np.isfinite(unc_dst), unc_dst, np.inf))
+        return np.asarray(left > limit, dtype=bool)

@@ -25,6 +25,16 @@ NIC outside the solved part of the probe graph, never a guess.
 batches are ingested and the solve where the selections meet: `add_pairs` folds kept pairs
 selected elsewhere (the bins are the same in every process), and a worker that only computes
 delays adopts the solver's state and trust with `adopt` (`trust` exports them).
+
+Clocks that move between solves (`controller.clocksteps`) show in the probes each NIC sends,
+all in its own host's batches: whichever fleet worker ingests them finds the move the same
+way. A worker's sync (``whole=False``) withholds those probes' delays at once and hands the
+move to its solver (`take_moves`, in its next partial; `note_moves` there), whose state then
+carries it to every worker (`trust`, ``moved_at``), which withhold the NIC's delays both ways
+from then on: the probes a worker withholds do not depend on how hosts are split among
+workers, and one process (`controller.live.LiveController`, one worker) withholds the same.
+A sync that computes every batch's delays and solves them itself (``whole=True``, the
+default) marks its finds at once.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from numpy.typing import NDArray
 
 from controller.clockfloors import EPOCH_RANK, FloorMemory
 from controller.clocksolve import ClockState, ClockSyncConfig, SampleWindow, compute_state
-from controller.clocksteps import clock_errors, moved
+from controller.clocksteps import clock_errors, moved, off_probes
 from controller.ingest import Ingested
 from controller.windows import KeyIndex
 from sync import ClockModels
@@ -98,6 +108,7 @@ class ClockSync:
         slots: PairSlots | None = None,
         remember: bool = True,
         floor_rank: int = EPOCH_RANK,
+        whole: bool = True,
     ) -> None:
         """``leaf``: per NIC index its leaf switch's index (the fabric's ECMP group), which
         lets the solve split the queueing left in the best samples by leaf uplink and NIC
@@ -108,8 +119,11 @@ class ClockSync:
         ``remember``: keep the directed pairs' round-trip floors across windows (`floors`;
         False for a selection that lives one window); ``floor_rank``: which of a window's
         lowest round trips is its floor (`FloorMemory`: ``WINNER_RANK`` where the pairs
-        folded are other selections' winners, `add_pairs` in a fleet solver). Raises
-        ValueError when ``leaf`` does not have ``n_nics`` entries."""
+        folded are other selections' winners, `add_pairs` in a fleet solver); ``whole``:
+        this sync computes the delays of every batch (its clock moves found withhold both
+        ends at once and reach its own solves); False: a fleet worker's, which sees its own
+        hosts' batches only (`moves`). Raises ValueError when ``leaf`` does not have
+        ``n_nics`` entries."""
         if leaf is not None and len(leaf) != n_nics:
             raise ValueError(f"leaf has {len(leaf)} entries for {n_nics} NICs")
         self.leaf = None if leaf is None else np.asarray(leaf, np.int64)
@@ -139,9 +153,14 @@ class ClockSync:
         self.floors = FloorMemory(self.config.window_ns, self.config.floor_epochs, rank=floor_rank)
         self._remember = remember
         # per NIC since when its clock is not to be trusted (NIC clock ns; -1: trusted): it
-        # moved against its model (`controller.clocksteps`) or stepped inside a solve's
-        # window; cleared by a solve of data after that instant only
+        # moved against its model (`controller.clocksteps`, `note_moves`) or stepped inside
+        # a solve's window; cleared by a solve of data after that instant only
         self.stepped_at = np.full(n_nics, _NO_STEP, np.int64)
+        self.whole = whole
+        # not whole: the moves `delays` found (from the NIC's own probes) that no state has
+        # carried back yet, since when (-1: none), and those not taken by `take_moves` yet
+        self.found_at = np.full(n_nics, _NO_STEP, np.int64)
+        self._new_found: dict[int, int] = {}
         self.moves_seen = 0  # NICs found moved between solves
         self._last_err = np.full(n_nics, np.nan)  # per NIC its error in the last batch
         self._suspect = np.zeros(n_nics, bool)  # its error jumped in the last batch
@@ -429,7 +448,10 @@ class ClockSync:
         old = self.state
         if old is not None and state.solved_at_ns < old.solved_at_ns:
             return False
-        self._note_steps(state)
+        if len(state.stepped):
+            at = np.maximum(self.stepped_at[state.stepped], state.step_at_ns)
+            self.stepped_at[state.stepped] = at
+        self.stepped_at[self._resolved(state, self.stepped_at)] = _NO_STEP
         self._last_err = np.full(self.n_nics, np.nan)  # the new models' errors are new
         self._suspect[:] = False
         self.miss_ns, self.drift_err = solve_miss(old, state)
@@ -451,27 +473,67 @@ class ClockSync:
         return True
 
     def trust(self) -> ClockTrust:
-        """Return the per-NIC trust the installed state earned (`install`)."""
-        return ClockTrust(self.miss_ns, self.drift_err, self.trust_ns, self.coarse_trust_ns)
+        """Return the per-NIC trust the installed state earned (`install`) and the clocks
+        moved since (`stepped_at`)."""
+        return ClockTrust(self.miss_ns, self.drift_err, self.trust_ns, self.coarse_trust_ns,
+                          self.stepped_at.copy())  # fmt: skip
 
     def adopt(self, state: ClockState | None, trust: ClockTrust) -> None:
         """Take a state and its trust as another `ClockSync` installed them (a fleet worker
-        computing delays with its solver's models), with the clock steps the state found or
-        cleared (`install`; the moves this sync saw itself between solves stay until a
-        state re-solves them). Raises ValueError on a trust or state of another size."""
-        if len(trust.trust_ns) != self.n_nics or (
-            state is not None and len(state.models) != self.n_nics
+        computing delays with its solver's models), with the clocks it holds moved
+        (``trust.moved_at``: the steps its solves found and the moves its workers found,
+        `note_moves`). A move this sync found (`found_at`) stays until a state carries it
+        (or re-solves the NIC, for a find its solver never took). Raises ValueError on a
+        trust or state of another size."""
+        if (
+            len(trust.trust_ns) != self.n_nics
+            or len(trust.moved_at) != self.n_nics
+            or (state is not None and len(state.models) != self.n_nics)
         ):
             raise ValueError(f"clock state and trust must cover {self.n_nics} NICs")
         old = self.state
+        self.stepped_at = np.array(trust.moved_at, np.int64)
+        found = self.found_at != _NO_STEP
+        done = found & (self.stepped_at >= self.found_at)
         if state is not None and (old is None or state.solved_at_ns != old.solved_at_ns):
             # a new solve (a fleet worker is handed the same one, decoded anew, each window)
-            self._note_steps(state)
+            done |= found & self._resolved(state, self.found_at)
             self._last_err = np.full(self.n_nics, np.nan)  # the new models' errors are new
             self._suspect[:] = False
+        self.found_at[done] = _NO_STEP
         self.state = state
         self.miss_ns, self.drift_err = trust.miss_ns, trust.drift_err
         self.trust_ns, self.coarse_trust_ns = trust.trust_ns, trust.coarse_trust_ns
+
+    def note_moves(self, nics: I64, at_ns: I64) -> None:
+        """Mark the clocks of ``nics`` moved since ``at_ns`` (each its own clock's ns), as
+        found between solves from the NICs' own probes (`take_moves` of the fleet workers
+        that computed their delays): unknown (`offsets`), untrusted and their delays
+        withheld, and their rows from before then left out of the solve (`window`), until
+        a solve of data after the move re-solves them (`install`). A NIC marked already
+        keeps the later instant. Raises ValueError on arrays of unequal lengths or a NIC
+        outside ``n_nics``."""
+        nic, at = np.asarray(nics, np.int64), np.asarray(at_ns, np.int64)
+        if nic.shape != at.shape or nic.ndim != 1:
+            raise ValueError("moves need one instant per NIC")
+        if not len(nic):
+            return
+        if int(nic.min()) < 0 or int(nic.max()) >= self.n_nics:
+            raise ValueError(f"a moved NIC outside the {self.n_nics} NICs")
+        np.maximum.at(self.stepped_at, nic, at)
+        marked = np.zeros(self.n_nics, bool)
+        marked[nic] = True
+        # new arrays: an adopted trust may be its solver's own
+        self.trust_ns = np.where(marked, -1.0, self.trust_ns)
+        self.coarse_trust_ns = np.where(marked, -1.0, self.coarse_trust_ns)
+
+    def take_moves(self) -> tuple[I64, I64]:
+        """Return (and forget) the moves `delays` found since the last call (NICs in order,
+        since when: their own clocks' ns), for the solver's `note_moves` (a fleet worker's
+        next partial). Empty for a ``whole`` sync: its finds are marked at once."""
+        found, self._new_found = self._new_found, {}
+        nic = np.array(sorted(found), np.int64)
+        return nic, np.array([found[k] for k in nic.tolist()], np.int64)
 
     @property
     def first_stamp(self) -> int | None:
@@ -483,23 +545,20 @@ class ClockSync:
         a window, at least ``min_span_ns``."""
         return max(self.config.min_span_ns, self.config.window_ns // 2)
 
-    def _note_steps(self, state: ClockState) -> None:
-        """Adopt the steps a solve found inside its window, and clear the NICs it solved from
-        data after their move only (its window left out their rows from before the move, or
-        began after it; and `_moved_span_ns` of data came after it). Stamps of
-        different NICs are compared as the window's horizon compares them."""
-        if len(state.stepped):
-            at = np.maximum(self.stepped_at[state.stepped], state.step_at_ns)
-            self.stepped_at[state.stepped] = at
-        marked = self.stepped_at != _NO_STEP
-        after = state.end_ns - state.span_ns >= self.stepped_at  # the whole window after it
+    def _resolved(self, state: ClockState, at: I64) -> NDArray[np.bool_]:
+        """Per NIC: marked moved at ``at`` (-1: not) and solved by ``state`` from data after
+        its move only (the window left out its rows from before the move, or began after
+        it; and `_moved_span_ns` of data came after it), and not found stepped by it.
+        Stamps of different NICs are compared as the window's horizon compares them."""
+        marked = at != _NO_STEP
+        after = state.end_ns - state.span_ns >= at  # the whole window after it
         if state.moved_since is not None:  # ... or the NIC's rows from its move on only
             since = state.moved_since
-            after |= (since != _NO_STEP) & (since >= self.stepped_at)
-        clear = marked & after & state.models.known
-        clear &= state.end_ns - self.stepped_at >= self._moved_span_ns()
+            after |= (since != _NO_STEP) & (since >= at)
+        clear: NDArray[np.bool_] = marked & after & state.models.known
+        clear &= state.end_ns - at >= self._moved_span_ns()
         clear[state.stepped] = False
-        self.stepped_at[clear] = _NO_STEP
+        return clear
 
     # ---- models --------------------------------------------------------------------------
     def true_rel(self, nic: I32, t_ns: I64) -> F64:
@@ -553,7 +612,8 @@ class ClockSync:
         src = ing.src.astype(np.int64)
         unc = self._unc_at(_per_nic(self.n_nics, src, rel, np.fmax))
         err, agree = clock_errors(self.n_nics, src, owd_f, owd_r, rtt, floor)
-        jumped = moved(err, agree, self._last_err, unc) & (self.stepped_at == _NO_STEP)
+        jumped = moved(err, agree, self._last_err, unc)
+        jumped &= (self.stepped_at == _NO_STEP) & (self.found_at == _NO_STEP)
         seen = np.isfinite(err)
         # a jump is suspect at once (its delays withheld) and a move once the next batch that
         # measures the NIC shows it again; a suspect the next batch does not confirm is clear
@@ -568,10 +628,12 @@ class ClockSync:
         nics = np.flatnonzero(confirm)
         if len(nics):
             self.moves_seen += len(nics)
-            self.stepped_at[nics] = self._suspect_since[nics]
-            # new arrays: an adopted trust may be its solver's own
-            self.trust_ns = np.where(confirm, -1.0, self.trust_ns)
-            self.coarse_trust_ns = np.where(confirm, -1.0, self.coarse_trust_ns)
+            since = self._suspect_since[nics]
+            if self.whole:
+                self.note_moves(nics, since)
+            else:  # the solver's to mark (`take_moves`); meanwhile the NIC's own probes
+                self.found_at[nics] = since
+                self._new_found.update(zip(nics.tolist(), since.tolist(), strict=True))
 
     def _unc_at(self, rel: F64) -> F64:
         """Per NIC its clock's uncertainty at ``rel`` (its own time from t_ref; NaN where
@@ -598,16 +660,32 @@ class ClockSync:
         owd_f = r2 - r1
         owd_r = self.true_rel(ing.src, ing.t4) - self.true_rel(ing.dst, ing.t3)
         slots = self._slots.of_rows(ing, np.arange(len(ing)))
-        self._find_moves(ing, owd_f, owd_r, rtt, self.floors.floor(slots), r1)
+        floor = self.floors.floor(slots)
+        self._find_moves(ing, owd_f, owd_r, rtt, floor, r1)
         # a delay is only as good as both clocks: withhold it where either is too uncertain,
         # mark it coarse where either is certain only to coarse_unc
         fine = self.trusted(ing.src, r1) & self.trusted(ing.dst, r2)
-        moved = (self.stepped_at != _NO_STEP) | self._suspect
-        if moved.any():  # a moved clock's delays are withheld until a solve re-solves it
-            fine &= ~(np.take(moved, ing.src) | np.take(moved, ing.dst))
         coarse = self.trusted(ing.src, r1, coarse=True) & self.trusted(ing.dst, r2, coarse=True)
-        if moved.any():
-            coarse &= ~(np.take(moved, ing.src) | np.take(moved, ing.dst))
+        # a moved clock's delays are withheld until a solve re-solves it: marked moved both
+        # ways; found moved here (suspect, or not yet marked by a state), the probes of the
+        # NIC's own host, unless this sync sees every batch (`whole`): they are the same
+        # probes in whichever fleet worker computes them (`moves`)
+        marked = self.stepped_at != _NO_STEP
+        seen_out = marked | self._suspect | (self.found_at != _NO_STEP)
+        if seen_out.any():
+            seen_in = seen_out if self.whole else marked
+            gone = np.take(seen_out, ing.src) | np.take(seen_in, ing.dst)
+            fine &= ~gone
+            coarse &= ~gone
+        # ... and a probe whose destination's clock it shows off its model (moved, not yet
+        # marked: `controller.clocksteps.off_probes`), against its source's error
+        err_src = np.take(self._last_err, ing.src)
+        if np.isfinite(err_src).any():
+            at = np.where(lost, np.nan, r2)  # a lost probe's receive stamp is none
+            unc_dst = self._unc_at(_per_nic(self.n_nics, ing.dst.astype(np.int64), at, np.fmax))
+            off = off_probes(err_src, owd_f, owd_r, rtt - floor, np.take(unc_dst, ing.dst))
+            fine &= ~off
+            coarse &= ~off
         # a round trip well under its pair's settled floor is no path: a bad stamp made it
         with np.errstate(invalid="ignore"):
             impossible = rtt < self.floors.floor(slots, settled=True) - BAD_RTT_NS
@@ -650,13 +728,15 @@ class PairSlots:
 @dataclass(frozen=True, eq=False)
 class ClockTrust:
     """Per NIC what `ClockSync.install` concluded of a state: the solve-to-solve miss (ns),
-    the drift error it implies, and the distances from t_ref within which the clock is
-    trusted finely and coarsely (-1: never)."""
+    the drift error it implies, the distances from t_ref within which the clock is trusted
+    finely and coarsely (-1: never), and since when the clock moved (`ClockSync.stepped_at`,
+    its clock's ns; -1: it did not)."""
 
     miss_ns: F64
     drift_err: F64
     trust_ns: F64
     coarse_trust_ns: F64
+    moved_at: I64  # since when each NIC's clock moved, unknown till re-solved (-1: not)
 
 
 def _per_nic(n_nics: int, nic: I64, val: F64, how: np.ufunc) -> F64:

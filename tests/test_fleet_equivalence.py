@@ -126,28 +126,27 @@ def run_both(
     return one, fleet
 
 
-def _compare(
-    one: LiveController, fleet: Fleet, events: list[EventDoc], *, same_trust: bool = True
-) -> None:
+def _compare(one: LiveController, fleet: Fleet, events: list[EventDoc], *, known: int) -> None:
+    """The same offsets (``known`` of them at least: a clock found moved is unknown until
+    re-solved, `controller.clocksync.ClockSync.note_moves`), events, delays by trust, link
+    health and path baselines."""
     off1, _ = one.clock.offsets(one.now_ns)
     off3, _ = fleet.solver.clock.offsets(one.now_ns)
     assert one.solves == fleet.solver.clock.solves >= 3
-    assert np.isfinite(off1).all() and np.isfinite(off3).all()
-    assert np.max(np.abs(off1 - off3)) <= 0.01  # ns
+    assert np.array_equal(np.isfinite(off1), np.isfinite(off3))
+    assert np.isfinite(off1).sum() >= known
+    assert np.nanmax(np.abs(off1 - off3)) <= 0.01  # ns
+    assert np.array_equal(one.clock.stepped_at, fleet.solver.clock.stepped_at)
     assert _as_keys(events) == _as_keys(fleet.events)
     trust = sum(w.delay_trust for w in fleet.workers)
-    assert int(one.delay_trust.sum()) == int(trust.sum())  # every delay counted once
-    if same_trust:
-        assert one.delay_trust.tolist() == trust.tolist()
+    assert one.delay_trust.tolist() == trust.tolist()  # every delay counted once, alike
     assert one.brain.link_health() == fleet.solver.brain.link_health()
     # the paths' baselines, which mix both ends' probes (ingested by different workers)
     sig1, _, base1 = one.brain.baselines()
     sig3, _, base3 = fleet.solver.brain.baselines()
     b1 = dict(zip(sig1.tolist(), base1.tolist(), strict=True))
     b3 = dict(zip(sig3.tolist(), base3.tolist(), strict=True))
-    assert len(sig1) > 100 and b1.keys() == b3.keys()
-    if same_trust:  # withheld delays do not enter a baseline
-        assert b1 == b3
+    assert len(sig1) > 100 and b1 == b3
 
 
 def test_three_workers_and_a_solver_equal_one_controller_on_simulated_faults() -> None:
@@ -166,7 +165,7 @@ def test_three_workers_and_a_solver_equal_one_controller_on_simulated_faults() -
     kinds = {(e.kind, e.target) for e in events}
     assert ("prober_down", "host5") in kinds  # host facts crossed too
     assert {k for k, _ in kinds} >= {"link_down", "link_flap", "loss", "contention", "clear"}
-    _compare(one, fleet, events)
+    _compare(one, fleet, events, known=len(fab.nics))
 
 
 @pytest.mark.slow
@@ -178,12 +177,11 @@ def test_equivalence_on_a_larger_fabric_with_random_faults() -> None:
     one, fleet = run_both(fab, faults, 12.0, n=3)
     events = list(one.events)
     assert len(events) >= 3
-    # Known difference (docs/scale.md, "Not done yet"): a clock found moved between solves
-    # (`controller.clocksteps`, from the batches a worker ingests) has its delays withheld
-    # by the worker that saw it move, not yet by the others until the solver's next state:
-    # here the faults read as 7 moved NICs, and the fine/withheld split of the delays and the
-    # path baselines built from them differ (offsets, events and health do not).
-    _compare(one, fleet, events, same_trust=False)
+    # clocks found moved between solves (`controller.clocksteps`: here 6 NICs, read as moved
+    # during the faults) are found by the worker owning each NIC's host and withheld alike
+    # (the probes into them by their own rule), then marked at the solver: unknown at the end
+    assert (fleet.solver.clock.stepped_at != -1).any()
+    _compare(one, fleet, events, known=len(fab.nics) - 8)
 
 
 class FleetLive:

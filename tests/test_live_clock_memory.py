@@ -1,5 +1,5 @@
 """The live controller's clock sync, worker and solver as the fleet splits them (issue 34):
-a NIC clock that steps is found within one solve, reported unknown until a solve re-solves
+a NIC clock that steps is found within a window, reported unknown until a solve re-solves
 it and never becomes a finding; the solver remembers each directed pair's round-trip floor
 across windows and its workers judge delays against floors of their own."""
 
@@ -50,10 +50,9 @@ def test_a_step_is_found_within_one_solve_unknown_until_re_solved_and_never_a_fi
     # never a finding: the run with the step raised nothing the clean run did not
     assert _keys(events) <= _keys(clean_events)
     assert lc.delay_trust.sum() > 0
-    # found within one solve of the step: unknown from the first state solved after it ...
-    solve_s = lc.clock.config.window_ns / 1e9
-    first = int((solve_s + 1.0) / 0.5)  # batches from the step to one solve period after it
-    assert np.isnan(errs[first : first + 4]).all()
+    # found from the NIC's own probes and marked at the solver when the window of the find
+    # closes: unknown within 1.5 s of the step (not one solve later), until re-solved ...
+    assert np.isnan(errs[3:7]).all()
     # ... never reported off by the step while known, and known again once re-solved
     known = np.isfinite(errs)
     assert known[-1], "NIC 5 is re-solved from its data after the step"

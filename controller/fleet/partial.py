@@ -15,7 +15,10 @@ take the best) and judges the window. A partial holds:
 - ``learned``: paths learned (path discovery) while the window was open (`LearnedPaths`);
 - ``nic_owd``: per NIC the worst fine one-way delay out of and into it (`NicDelays`);
 - ``counts``: records and batches taken, dropped, and the delays by clock trust
-  (`RecordCounts`).
+  (`RecordCounts`);
+- ``moved``: clocks the worker found moved between solves since its last partial
+  (`MovedClocks`, `controller.clocksync.ClockSync.take_moves`), for the solver to mark and
+  hand every worker in its state.
 
 `Partial.encode` writes it in the fleet's columnar frame (`controller.fleet.codec`: a JSON
 head, numpy columns, zlib); `Partial.decode` reads and checks one: every malformed payload
@@ -27,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,7 +45,7 @@ I64 = NDArray[np.int64]
 F32 = NDArray[np.float32]
 
 MAGIC = b"QPFP"
-VERSION = 2  # 2: fine delays and per-flow counts replace the moderate tier's sets
+VERSION = 3  # 2: fine delays and per-flow counts replace the moderate tier's sets; 3: moved
 
 
 class PartialError(CodecError):
@@ -171,6 +174,23 @@ class NicDelays:
         return cls(np.zeros(0, np.int32), f32, f32.copy())
 
 
+@dataclass(frozen=True, eq=False)
+class MovedClocks:
+    """NICs (``nic``) whose clocks a worker found moved between solves, each since when
+    (``since``: its own clock's ns; `controller.clocksync.ClockSync.take_moves`)."""
+
+    nic: I64
+    since: I64
+
+    def __len__(self) -> int:
+        return len(self.nic)
+
+    @classmethod
+    def empty(cls) -> MovedClocks:
+        """Return no moves."""
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
 @dataclass(frozen=True, slots=True)
 class RecordCounts:
     """What a worker did in a window: batches and records taken (their records put into
@@ -221,6 +241,7 @@ _DETECT = {
 _LEARNED = {"src": ("<i8", 1), "dst": ("<i8", 1), "sport": ("<i8", 1), "hops": ("<i4", 2),
             "reply": ("<i4", 2)}  # fmt: skip
 _NIC = {"nic": ("<i4", 1), "worst_out": ("<f4", 1), "worst_in": ("<f4", 1)}
+_MOVED = {"nic": ("<i8", 1), "since": ("<i8", 1)}
 _COUNT_NAMES = tuple(f.name for f in dataclasses.fields(RecordCounts) if f.name != "verdicts")
 
 
@@ -229,7 +250,9 @@ class Partial:
     """One worker's reduction of one window (see the module docstring). ``window``: its
     number on the grid of ``grid_ns``; ``worker``: the worker's name; ``fabric``: the
     fingerprint of the fabric its indices refer to (`fabric_id`); ``first_stamp``: the
-    worker's first send stamp (where its clock bins' warm-up is; None before any)."""
+    worker's first send stamp (where its clock bins' warm-up is; None before any);
+    ``moved``: the clocks it found moved (none, unless it is the first partial a `close`
+    handed out after the finds)."""
 
     window: int
     worker: str
@@ -242,6 +265,7 @@ class Partial:
     learned: LearnedPaths
     nic_owd: NicDelays
     counts: RecordCounts
+    moved: MovedClocks = field(default_factory=MovedClocks.empty)
 
     @property
     def records(self) -> int:
@@ -265,7 +289,7 @@ class Partial:
             "cov.seq": self.covers.seq,
         }
         for group, value in (("clk", self.clock), ("det", self.detection), ("lrn", self.learned),
-                             ("nic", self.nic_owd)):  # fmt: skip
+                             ("nic", self.nic_owd), ("mov", self.moved)):  # fmt: skip
             for f in dataclasses.fields(value):  # type: ignore[arg-type]
                 cols[f"{group}.{f.name}"] = getattr(value, f.name)
         return pack(MAGIC, VERSION, head, cols, compress=compress)
@@ -333,6 +357,7 @@ def _build(head: dict[str, Any], cols: dict[str, NDArray[Any]]) -> Partial:
     det = group("det", _DETECT)
     lrn = group("lrn", _LEARNED)
     nic = group("nic", _NIC)
+    mov = group("mov", _MOVED)
     if cols:
         raise PartialError(f"unknown column {sorted(cols)[0]}")
     _same_len("covers", cov, ("origin", "seq"))
@@ -359,6 +384,7 @@ def _build(head: dict[str, Any], cols: dict[str, NDArray[Any]]) -> Partial:
     if lrn["hops"].shape != lrn["reply"].shape:
         raise PartialError("learned hops and reply hops differ in shape")
     _same_len("NIC delays", nic, tuple(_NIC))
+    _same_len("moved clocks", mov, tuple(_MOVED))
     return Partial(
         window, worker, grid_ns, fab, first,
         Covers(tuple(origins), cov["origin"], cov["seq"]),
@@ -367,6 +393,7 @@ def _build(head: dict[str, Any], cols: dict[str, NDArray[Any]]) -> Partial:
         LearnedPaths(**lrn),
         NicDelays(**nic),
         counts,
+        MovedClocks(**mov),
     )  # fmt: skip
 
 

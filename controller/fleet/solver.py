@@ -224,6 +224,8 @@ class FleetSolver:
             ks = sorted({k for k in self._parts if start <= k <= window} | set(near))
         for k in ks:
             parts = [p for _, p in sorted(self._parts.pop(k, {}).items())]
+            for p in parts:  # clocks found moved: unknown and withheld everywhere from now on
+                self.clock.note_moves(p.moved.nic, p.moved.since)
             self._fold_clock(parts)
             if self.solve_inline:
                 solved |= self.clock.maybe_solve(now_ns)
@@ -380,6 +382,7 @@ def _check_fits(p: Partial, fabric: Fabric) -> None:
         ("fine delay NIC", p.detection.fine_flows[:, :2], n_nics),
         ("flow NIC", p.detection.flow[:, :2], n_nics), ("NIC delay", p.nic_owd.nic, n_nics),
         ("learned hop", p.learned.hops, n_hops), ("learned reply hop", p.learned.reply, n_hops),
+        ("moved clock", p.moved.nic, n_nics),
     ]  # fmt: skip
     for what, a, top in checks:
         if a.size and (int(a.max()) >= top or int(a.min()) < -1):
@@ -390,6 +393,7 @@ def _check_fits(p: Partial, fabric: Fabric) -> None:
         ("NIC", p.detection.nic),
         ("fine delay NIC", p.detection.fine_flows[:, :2]),
         ("flow NIC", p.detection.flow[:, :2]),
+        ("moved clock", p.moved.nic),
     ):
         if a.size and int(a.min()) < 0:
             raise PartialError(f"{what} index outside the fabric")

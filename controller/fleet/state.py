@@ -36,7 +36,7 @@ I64 = NDArray[np.int64]
 F64 = NDArray[np.float64]
 
 MAGIC = b"QPFS"
-VERSION = 1
+VERSION = 2  # 2: the clocks moved (`ClockTrust.moved_at`)
 NONE = -(1 << 62)
 """``since`` of a full state: everything from the beginning."""
 
@@ -142,8 +142,9 @@ def _build(
     if not isinstance(down, list) or not all(isinstance(h, str) for h in down):
         raise StateError("hosts_down must be a list of host ids")
     trust = ClockTrust(
-        *(col(f"trust.{f.name}", "<f8", 1, n_nics) for f in dataclasses.fields(ClockTrust))
-    )
+        *(col(f"trust.{f.name}", "<i8" if f.name == "moved_at" else "<f8", 1, n_nics)
+          for f in dataclasses.fields(ClockTrust))
+    )  # fmt: skip
     learned = LearnedPaths(
         col("lrn.src", "<i8", 1), col("lrn.dst", "<i8", 1), col("lrn.sport", "<i8", 1),
         col("lrn.hops", "<i4", 2), col("lrn.reply", "<i4", 2),

@@ -42,6 +42,7 @@ from controller.fleet.partial import (
     ClockPart,
     Covers,
     LearnedPaths,
+    MovedClocks,
     NicDelays,
     Partial,
     RecordCounts,
@@ -112,7 +113,7 @@ class FleetWorker:
         self._admission = Admission(fabric, owners=owners)
         self._ingestor = Ingestor(fabric, paths)
         self._width = routing_tables(fabric).max_hops
-        self._clock = ClockSync(n, self.config.sync)  # delays only: the solver's state
+        self._clock = ClockSync(n, self.config.sync, whole=False)  # delays: the solver's state
         self._paths = PathIndex(self._width)  # path numbering and the solver's baselines
         self._pairs = PathIndex(2 * self._width)
         self._excluded = np.zeros(n, bool)
@@ -419,6 +420,8 @@ class FleetWorker:
             learned = LearnedPaths.join([p.learned, *self._learned], self.max_hops)
             out[0] = dataclasses.replace(p, learned=learned, counts=p.counts + v)
             self._learned, self._verdicts = [], {}
+        if out:  # clocks found moved, for the solver to mark everywhere
+            out[0] = dataclasses.replace(out[0], moved=MovedClocks(*self._clock.take_moves()))
         self._floor = max(self._floor, top)
         for k in [k for k in self._skip if k < self._floor]:
             del self._skip[k]
