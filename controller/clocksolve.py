@@ -23,8 +23,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -131,10 +132,21 @@ class ClockState:
         return self.models.t_ref_ns
 
 
+SAMPLE_COLUMNS: dict[str, str] = {
+    "src": "<i4", "dst": "<i4", "pair": "<i8", "t1": "<i8", "t2": "<i8", "t3": "<i8",
+    "t4": "<i8", "sw": "|b1",
+}  # fmt: skip
+"""The columns of `SampleRows` and their dtypes (numpy's ``dtype.str``)."""
+
+
 @dataclass(frozen=True, eq=False)
-class SampleWindow:
-    """Raw probe rows of one window (both probes of each kept coded pair), all arrived;
-    ``sw`` marks rows from software-stamped batches."""
+class SampleRows:
+    """Raw probe rows for the clock solve, all arrived: both probes of each kept coded pair
+    on adjacent rows (the earlier send first); ``pair`` -1: an uncoded probe kept as it is;
+    ``sw`` marks rows from software-stamped batches. One shape wherever kept rows travel: a
+    fleet worker's window selection in its partial (`controller.fleet.partial.Partial.clock`,
+    encoded column by column with `SAMPLE_COLUMNS`), what `controller.clocksync.ClockSync`
+    folds (`add_pairs`) and, with the solver's extras, a window to solve (`SampleWindow`)."""
 
     src: I32
     dst: I32
@@ -144,13 +156,56 @@ class SampleWindow:
     t3: I64
     t4: I64
     sw: NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def cols(self) -> dict[str, NDArray[Any]]:
+        """Return the eight columns by name (those of `SAMPLE_COLUMNS`, in its order)."""
+        return {k: getattr(self, k) for k in SAMPLE_COLUMNS}
+
+    def rows(self) -> SampleRows:
+        """Return the eight columns alone (a `SampleWindow` less its extras)."""
+        return SampleRows(**self.cols())
+
+    def take(self, rows: I64) -> SampleRows:
+        """Return rows ``rows`` (indices, in that order)."""
+        return SampleRows(**{k: np.take(v, rows) for k, v in self.cols().items()})
+
+    @classmethod
+    def of(cls, cols: Mapping[str, Any]) -> SampleRows:
+        """Return the rows of ``cols`` (array-likes named as `SAMPLE_COLUMNS`), each in its
+        dtype. Raises ValueError on a column missing or of another length."""
+        missing = [k for k in SAMPLE_COLUMNS if k not in cols]
+        if missing:
+            raise ValueError(f"sample rows need column {missing[0]}")
+        out = {k: np.asarray(cols[k], np.dtype(dt)) for k, dt in SAMPLE_COLUMNS.items()}
+        if len({len(v) for v in out.values()}) > 1:
+            raise ValueError("sample columns of unequal lengths")
+        return cls(**out)
+
+    @classmethod
+    def empty(cls) -> SampleRows:
+        """Return no rows."""
+        return cls.of({k: () for k in SAMPLE_COLUMNS})
+
+    @classmethod
+    def concat(cls, parts: Sequence[SampleRows]) -> SampleRows:
+        """Return ``parts`` one after another (`empty` for none)."""
+        if not parts:
+            return cls.empty()
+        return cls.of({k: np.concatenate([getattr(p, k) for p in parts]) for k in SAMPLE_COLUMNS})
+
+
+@dataclass(frozen=True, eq=False)
+class SampleWindow(SampleRows):
+    """The rows of one window to solve (`SampleRows`) and what the solve needs beside
+    them."""
+
     floor: F64 | None = None  # per row its directed pair's remembered round-trip floor
     # per NIC since when its clock moved (-1: it did not), as the window left out its rows
     # from before then (`controller.clocksync.ClockSync.window`)
     moved_since: I64 | None = None
-
-    def __len__(self) -> int:
-        return len(self.src)
 
 
 def window_summary(

@@ -48,7 +48,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from controller.clockfloors import EPOCH_RANK, FloorMemory
-from controller.clocksolve import ClockState, ClockSyncConfig, SampleWindow, compute_state
+from controller.clocksolve import (
+    SAMPLE_COLUMNS,
+    ClockState,
+    ClockSyncConfig,
+    SampleRows,
+    SampleWindow,
+    compute_state,
+)
 from controller.clocksteps import clock_errors, moved, off_probes
 from controller.ingest import Ingested
 from controller.windows import KeyIndex
@@ -61,6 +68,7 @@ __all__ = [
     "ClockTrust",
     "Delays",
     "PairSlots",
+    "SampleRows",
     "SampleWindow",
     "bin_keys",
     "coded_partners",
@@ -73,8 +81,7 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 I32 = NDArray[np.int32]
 
-_COLS = ("src", "dst", "pair", "t1", "t2", "t3", "t4", "sw")  # sw: a software-stamped row
-_DTYPES: dict[str, type[Any]] = {"src": np.int32, "dst": np.int32, "sw": np.bool_}
+_COLS = tuple(SAMPLE_COLUMNS)  # sw: a software-stamped row
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,22 +210,20 @@ class ClockSync:
         at = np.take(ing.t1, ok) if now_ns is None else now_ns
         self.floors.observe(self._slots.of_rows(ing, ok), rtt, at)
 
-    def add_pairs(self, cols: Mapping[str, NDArray[Any]]) -> int:
+    def add_pairs(self, rows: SampleRows) -> int:
         """Fold kept coded pairs into the per (directed pair, bin) lowest-RTT summary, as
-        `add` folds a batch's: ``cols`` holds the columns of `SampleWindow` (src, dst, pair,
-        t1..t4, sw), both probes of a pair on adjacent rows (the earlier send first), e.g.
-        the winners of a fleet worker's window (`controller.fleet`); rows with ``pair`` -1
-        (uncoded probes, ``use_uncoded``) are kept as they are. Return how many pairs became
-        the best of their bin. Raises ValueError on columns of unequal lengths."""
-        n = len(cols["src"])
-        if any(len(cols[k]) != n for k in _COLS):
-            raise ValueError("kept pairs need every column, of equal lengths")
+        `add` folds a batch's: ``rows`` both probes of a pair on adjacent rows (the earlier
+        send first), e.g. the winners of a fleet worker's window (`controller.fleet`); rows
+        with ``pair`` -1 (uncoded probes, ``use_uncoded``) are kept as they are. Return how
+        many pairs became the best of their bin. Raises ValueError on coded rows that do
+        not come two by two."""
+        cols = rows.cols()
         coded = cols["pair"] >= 0
         if not coded.all():
             loose = np.flatnonzero(~coded)
-            self._push({k: np.asarray(cols[k])[loose] for k in _COLS})
-            cols = {k: np.asarray(cols[k])[coded] for k in _COLS}
-            n = len(cols["src"])
+            self._push({k: v[loose] for k, v in cols.items()})
+            cols = {k: v[coded] for k, v in cols.items()}
+        n = len(cols["src"])
         if n % 2:
             raise ValueError("kept coded pairs come as two rows each")
         if not n:
@@ -430,7 +435,8 @@ class ClockSync:
             return None
         key = cols["src"].astype(np.int64) * self.n_nics + cols["dst"]
         floor = self.floors.floor(self._slots.index.lookup(key))
-        return SampleWindow(**cols, floor=floor, moved_since=self.stepped_at.copy())
+        rows = SampleRows.of(cols)
+        return SampleWindow(**rows.cols(), floor=floor, moved_since=self.stepped_at.copy())
 
     def install(self, state: ClockState | None, cost_ns: int | None = None) -> bool:
         """Adopt a computed clock state (None = the solve found nothing; an older solve than
@@ -766,7 +772,7 @@ class _OpenBin:
         """A bin with room for ``size`` slots, keeping ``old``'s entries."""
         score = np.full(size, _NONE, np.int64)
         cols: dict[str, NDArray[Any]] = {
-            k: np.zeros((size, 2), _DTYPES.get(k, np.int64)) for k in _COLS
+            k: np.zeros((size, 2), np.dtype(dt)) for k, dt in SAMPLE_COLUMNS.items()
         }
         if old is not None:
             n = len(old.score)

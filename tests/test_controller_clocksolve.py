@@ -11,7 +11,9 @@ import pytest
 
 from contract.records import COLUMNS, ProbeBatch
 from controller.clocksolve import (
+    SAMPLE_COLUMNS,
     ClockSyncConfig,
+    SampleRows,
     SampleWindow,
     compute_state,
     solve_window,
@@ -146,3 +148,18 @@ def test_clock_sync_refuses_a_leaf_map_of_the_wrong_length() -> None:
     with pytest.raises(ValueError, match="leaf has 3 entries for 4 NICs"):
         ClockSync(4, leaf=np.zeros(3, np.int64))
     assert ClockSync(4, leaf=np.arange(4) // 2).leaf is not None
+
+
+def test_sample_rows_are_one_shape_for_a_partials_selection_and_a_window_to_solve() -> None:
+    rows = SampleRows.of({k: np.arange(4) for k in SAMPLE_COLUMNS})
+    assert {k: v.dtype.str for k, v in rows.cols().items()} == SAMPLE_COLUMNS
+    both = SampleRows.concat([rows, rows.take(np.array([3, 2]))])
+    assert len(both) == 6 and both.t1.tolist() == [0, 1, 2, 3, 3, 2]
+    assert len(SampleRows.concat([])) == len(SampleRows.empty()) == 0
+    with pytest.raises(ValueError, match="unequal"):
+        SampleRows.of({**rows.cols(), "t4": np.arange(3)})
+    with pytest.raises(ValueError, match="sw"):
+        SampleRows.of({k: v for k, v in rows.cols().items() if k != "sw"})
+    win = SampleWindow(**rows.cols(), floor=np.zeros(4))
+    assert isinstance(win, SampleRows) and type(win.rows()) is SampleRows
+    assert list(win.cols()) == list(SAMPLE_COLUMNS)  # the extras are the window's own

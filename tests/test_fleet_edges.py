@@ -31,7 +31,7 @@ def test_owners_blocks_join_to_the_one_process_summary() -> None:
     bounds = owner_bounds(n, 3)
     stages = [EdgeStage(n, cfg, first_stamp=first) for _ in range(3)]
     for p in parts:
-        one.add_pairs(p.cols())
+        one.add_pairs(p)
         for stage, piece in zip(stages, split_clock(p, bounds), strict=True):
             stage.add(piece)
     since, t_ref = EPOCH + width, EPOCH + 3 * width  # the solver's cut, on the grid

@@ -39,9 +39,8 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from controller.clocksolve import ClockSyncConfig, SampleWindow, window_summary
+from controller.clocksolve import ClockSyncConfig, SampleRows, SampleWindow, window_summary
 from controller.clocksync import ClockSync
-from controller.fleet.partial import ClockPart
 from sync.summarysolve import sync_summary
 
 I64 = npt.NDArray[np.int64]
@@ -96,7 +95,7 @@ def window_part(
     src: I64, dst: I64, k: int, width_ns: int, offset: npt.NDArray[np.float64],
     drift: npt.NDArray[np.float64], floor: npt.NDArray[np.float64], rng: np.random.Generator,
     pair_base: int,
-) -> ClockPart:  # fmt: skip
+) -> SampleRows:  # fmt: skip
     """The clock part of window ``k``: per directed pair one kept coded pair, stamped by
     clocks ``offset`` + ``drift`` (per NIC), delays ``floor`` (per directed pair) plus
     exponential queueing (mean 100 ns; the kept pair is the least queued of its window)."""
@@ -121,7 +120,7 @@ def window_part(
         cols["t4"].append(clock(src, c))
     inter = {k2: np.stack(v, axis=1).reshape(-1) for k2, v in cols.items()}
     pair = np.repeat(pair_base + np.arange(m, dtype=np.int64), 2)
-    return ClockPart(
+    return SampleRows(
         np.repeat(src, 2).astype(np.int32), np.repeat(dst, 2).astype(np.int32), pair,
         inter["t1"], inter["t2"], inter["t3"], inter["t4"], np.zeros(2 * m, bool),
     )  # fmt: skip
@@ -152,7 +151,7 @@ def run(nics: int, peers: int, seed: int = 1, fold_windows: int = 2) -> dict[str
         if k == 0:
             out["window_partials_bytes"] = len(_encode(part))
         t0 = time.process_time()
-        cs.add_pairs(part.cols())
+        cs.add_pairs(part)
         fold_cpu += time.process_time() - t0
         del part
     out["fold_cpu_s_per_window"] = round(fold_cpu / fold_windows, 3)
@@ -202,7 +201,7 @@ def _kept(
                         np.zeros(n, bool))  # fmt: skip
 
 
-def _encode(part: ClockPart) -> bytes:
+def _encode(part: SampleRows) -> bytes:
     """One window's clock parts as the partials carry them (zlib columns)."""
     from controller.fleet.codec import pack
 

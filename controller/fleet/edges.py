@@ -29,9 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from controller.clocksolve import ClockSyncConfig, window_summary
+from controller.clocksolve import ClockSyncConfig, SampleRows, window_summary
 from controller.clocksync import ClockSync
-from controller.fleet.partial import ClockPart
 from sync.summary import Summary
 
 I64 = npt.NDArray[np.int64]
@@ -45,17 +44,12 @@ def owner_bounds(n_nics: int, owners: int) -> I64:
     return np.linspace(0, n_nics, owners + 1).round().astype(np.int64)
 
 
-def split_clock(part: ClockPart, bounds: I64) -> list[ClockPart]:
+def split_clock(part: SampleRows, bounds: I64) -> list[SampleRows]:
     """Return ``part``'s rows by owner of their edge (both probes of a pair share an edge,
     so pairs stay whole and in order)."""
     lo = np.minimum(part.src, part.dst)
     owner = np.searchsorted(bounds, lo, side="right") - 1
-    out = []
-    for k in range(len(bounds) - 1):
-        rows = np.flatnonzero(owner == k)
-        cols = {name: col[rows] for name, col in part.cols().items()}
-        out.append(ClockPart(**cols))
-    return out
+    return [part.take(np.flatnonzero(owner == k)) for k in range(len(bounds) - 1)]
 
 
 class EdgeStage:
@@ -67,10 +61,10 @@ class EdgeStage:
     ) -> None:
         self.clock = ClockSync(n_nics, config, first_stamp=first_stamp)
 
-    def add(self, part: ClockPart) -> int:
+    def add(self, part: SampleRows) -> int:
         """Fold a worker's clock part of this owner's edges; return the pairs that became the
         best of their bin."""
-        return self.clock.add_pairs(part.cols()) if len(part) else 0
+        return self.clock.add_pairs(part) if len(part) else 0
 
     def summary(self, since_ns: int, t_ref: int, coded_tol_ns: int) -> tuple[Summary | None, int]:
         """Return the summary block of this owner's rows sent from ``since_ns`` on, at

@@ -8,8 +8,9 @@ take the best) and judges the window. A partial holds:
 
 - ``covers``: the batches, (origin, batch_seq), that put records into it: what a shell needs
   for exactly-once (a batch may put records into two windows; `Covers.overlaps`);
-- ``clock``: the clock selection (`ClockPart`): per (directed NIC pair, clock bin) the coded
-  probe pair of lowest round trip among the window's records, raw stamps;
+- ``clock``: the clock selection (`controller.clocksolve.SampleRows`, the rows a clock solve
+  reads): per (directed NIC pair, clock bin) the coded probe pair of lowest round trip among
+  the window's records, raw stamps;
 - ``detection``: the brain's accumulators of the window keyed fleet-wide
   (`controller.detect.window.WindowPart`: a path by its signature and hop row);
 - ``learned``: paths learned (path discovery) while the window was open (`LearnedPaths`);
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from controller.clocksolve import SAMPLE_COLUMNS, SampleRows
 from controller.detect.window import WindowPart
 from controller.fleet.codec import CodecError, pack, unpack
 from mesh.fabric import Fabric
@@ -95,35 +97,6 @@ class Covers:
     def overlaps(self, other: Covers) -> bool:
         """Return True if a batch is in both."""
         return bool(self.batches() & other.batches())
-
-
-@dataclass(frozen=True, eq=False)
-class ClockPart:
-    """Kept probes for the clock solve, in the columns of `controller.clocksync.SampleWindow`
-    (src, dst, pair, t1..t4, sw): both probes of each kept coded pair on adjacent rows, the
-    earlier send first; rows with ``pair`` -1 are uncoded probes kept as they are."""
-
-    src: I32
-    dst: I32
-    pair: I64
-    t1: I64
-    t2: I64
-    t3: I64
-    t4: I64
-    sw: NDArray[np.bool_]
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-    def cols(self) -> dict[str, NDArray[Any]]:
-        """Return the columns by name (`controller.clocksync.ClockSync.add_pairs`)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def empty(cls) -> ClockPart:
-        """Return a part with no rows."""
-        i32, i64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
-        return cls(i32, i32, i64, i64, i64, i64, i64, np.zeros(0, np.bool_))
 
 
 @dataclass(frozen=True, eq=False)
@@ -227,8 +200,6 @@ class RecordCounts:
         return dataclasses.replace(RecordCounts(verdicts=tuple(sorted(v.items()))), **summed)
 
 
-_CLOCK = {"src": "<i4", "dst": "<i4", "pair": "<i8", "t1": "<i8", "t2": "<i8", "t3": "<i8",
-          "t4": "<i8", "sw": "|b1"}  # fmt: skip
 _DETECT = {
     "path_sig": ("<i8", 1), "path_hops": ("<i4", 2), "judged": ("<i8", 1),
     "coarse": ("<i8", 1), "wmin": ("<f8", 1), "pair_fwd": ("<i4", 1), "pair_rev": ("<i4", 1),
@@ -260,7 +231,7 @@ class Partial:
     fabric: str
     first_stamp: int | None
     covers: Covers
-    clock: ClockPart
+    clock: SampleRows
     detection: WindowPart
     learned: LearnedPaths
     nic_owd: NicDelays
@@ -353,7 +324,7 @@ def _build(head: dict[str, Any], cols: dict[str, NDArray[Any]]) -> Partial:
         return {k: col(f"{prefix}.{k}", dt, nd) for k, (dt, nd) in spec.items()}
 
     cov = group("cov", {"origin": ("<i4", 1), "seq": ("<i8", 1)})
-    clk = group("clk", {k: (dt, 1) for k, dt in _CLOCK.items()})
+    clk = group("clk", {k: (dt, 1) for k, dt in SAMPLE_COLUMNS.items()})
     det = group("det", _DETECT)
     lrn = group("lrn", _LEARNED)
     nic = group("nic", _NIC)
@@ -363,7 +334,7 @@ def _build(head: dict[str, Any], cols: dict[str, NDArray[Any]]) -> Partial:
     _same_len("covers", cov, ("origin", "seq"))
     if len(cov["origin"]) and not (cov["origin"].min() >= 0 and cov["origin"].max() < len(origins)):
         raise PartialError("a covered batch names no origin")
-    _same_len("clock", clk, tuple(_CLOCK))
+    _same_len("clock", clk, tuple(SAMPLE_COLUMNS))
     coded = clk["pair"] >= 0
     if coded.sum() % 2:
         raise PartialError("clock pairs must come as two rows each")
@@ -388,7 +359,7 @@ def _build(head: dict[str, Any], cols: dict[str, NDArray[Any]]) -> Partial:
     return Partial(
         window, worker, grid_ns, fab, first,
         Covers(tuple(origins), cov["origin"], cov["seq"]),
-        ClockPart(**clk),
+        SampleRows(**clk),
         WindowPart(**det),
         LearnedPaths(**lrn),
         NicDelays(**nic),

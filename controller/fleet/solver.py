@@ -38,7 +38,7 @@ from contract.documents import EventDoc
 from controller.brain import Brain
 from controller.brainlike import BrainLike
 from controller.clockfloors import WINNER_RANK
-from controller.clocksync import ClockState, ClockSync, compute_state
+from controller.clocksync import ClockState, ClockSync, SampleRows, compute_state
 from controller.fleet.config import FleetConfig
 from controller.fleet.partial import (
     LearnedPaths,
@@ -56,7 +56,6 @@ from mesh.fabric.ecmp import routing_tables
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
-_CLOCK_COLS = ("src", "dst", "pair", "t1", "t2", "t3", "t4", "sw")
 
 
 class Added(enum.Enum):
@@ -251,7 +250,8 @@ class FleetSolver:
         clocks = [p.clock for p in parts if len(p.clock)]
         if not clocks:
             return
-        cols = {k: np.concatenate([getattr(c, k) for c in clocks]) for k in _CLOCK_COLS}
+        every = SampleRows.concat(clocks)
+        cols = every.cols()
         coded = np.flatnonzero(cols["pair"] >= 0)
         first = coded[0::2]
         order = np.lexsort((cols["t1"][first], cols["dst"][first], cols["src"][first]))
@@ -260,7 +260,7 @@ class FleetSolver:
         if len(loose):
             lo = np.lexsort((cols["t1"][loose], cols["dst"][loose], cols["src"][loose]))
             rows = np.concatenate([rows, loose[lo]])
-        self.clock.add_pairs({k: v[rows] for k, v in cols.items()})
+        self.clock.add_pairs(every.take(rows))
 
     def _state_after(self, k: int, parts: list[Partial]) -> FleetState:
         """The state after judging window ``k``: its baseline and learned-path changes."""

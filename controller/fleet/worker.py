@@ -32,14 +32,20 @@ import numpy.typing as npt
 
 from contract.records import ProbeBatch
 from controller.admission import Admission, Outcome, Verdict
-from controller.clocksync import ClockSync, ClockTrust, Delays, PairSlots, coded_partners
+from controller.clocksync import (
+    ClockSync,
+    ClockTrust,
+    Delays,
+    PairSlots,
+    SampleRows,
+    coded_partners,
+)
 from controller.coalesce import ProbeQueue
 from controller.detect.causes import excluded_nics
 from controller.detect.paths import PathIndex
 from controller.detect.window import DetectionWindow, WindowPart
 from controller.fleet.config import FleetConfig
 from controller.fleet.partial import (
-    ClockPart,
     Covers,
     LearnedPaths,
     MovedClocks,
@@ -441,14 +447,11 @@ class FleetWorker:
         if w is None:
             return Partial(
                 k, self.name, self.config.grid.width_ns, self._fabric_id, self._first_stamp,
-                Covers.of([]), ClockPart.empty(), WindowPart.empty(self._width),
+                Covers.of([]), SampleRows.empty(), WindowPart.empty(self._width),
                 LearnedPaths.empty(self.max_hops), NicDelays.empty(), RecordCounts(short=short),
             )  # fmt: skip
         sel = w.select.window()
-        clock = ClockPart.empty() if sel is None else ClockPart(
-            sel.src.astype(np.int32), sel.dst.astype(np.int32), sel.pair, sel.t1, sel.t2,
-            sel.t3, sel.t4, sel.sw,
-        )  # fmt: skip
+        clock = SampleRows.empty() if sel is None else sel.rows()
         counts = RecordCounts(batches=len(w.covers), short=short)
         counts = dataclasses.replace(counts, **w.counts)  # type: ignore[arg-type]
         return Partial(
