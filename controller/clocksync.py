@@ -129,7 +129,7 @@ class ClockSync:
         folded are other selections' winners, `add_pairs` in a fleet solver); ``whole``:
         this sync computes the delays of every batch (its clock moves found withhold both
         ends at once and reach its own solves); False: a fleet worker's, which sees its own
-        hosts' batches only (`moves`). Raises ValueError when ``leaf`` does not have
+        hosts' batches only (module docstring). Raises ValueError when ``leaf`` does not have
         ``n_nics`` entries."""
         if leaf is not None and len(leaf) != n_nics:
             raise ValueError(f"leaf has {len(leaf)} entries for {n_nics} NICs")
@@ -675,7 +675,7 @@ class ClockSync:
         # a moved clock's delays are withheld until a solve re-solves it: marked moved both
         # ways; found moved here (suspect, or not yet marked by a state), the probes of the
         # NIC's own host, unless this sync sees every batch (`whole`): they are the same
-        # probes in whichever fleet worker computes them (`moves`)
+        # probes in whichever fleet worker computes them (module docstring)
         marked = self.stepped_at != _NO_STEP
         seen_out = marked | self._suspect | (self.found_at != _NO_STEP)
         if seen_out.any():
