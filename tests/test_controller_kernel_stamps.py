@@ -23,8 +23,9 @@ I32 = npt.NDArray[np.int32]
 HOP = 2 * FAB.link_index["leaf0-spine2"]  # leaf0 -> spine2
 CFG = BrainConfig(lateness_ns=0, queues=QueueParams(warmup_ns=0))  # no warm-up: see delay_tiers
 N_NICS = len(FAB.nics)
-# one NIC on each of leaf0, leaf1, leaf2: paths between them cross leaf0 -> spine2
-FEW = np.array([0, 5, 10])
+# one NIC on each of leaf0, leaf1, leaf2, whose paths up leaf0 -> spine2 come down to both
+# other leaves (so that their delays tell that hop from every other)
+FEW = np.array([0, 5, 9])
 CLOCK_ERR_NS = 700.0
 
 
@@ -108,10 +109,5 @@ def test_kernel_stamp_jitter_is_no_contention(nics: I64 | None) -> None:
 @pytest.mark.parametrize("nics", [None, FEW], ids=["full-mesh", "three-nics"])
 @pytest.mark.parametrize("sw", [True, False], ids=["kernel", "nic"])
 def test_a_2ms_standing_queue_is_contention_on_either_stamps(nics: I64 | None, sw: bool) -> None:
-    """(Among the three NICs every path up leaf0 -> spine2 comes down spine2 -> leaf2: no
-    one-way delay tells those two hops apart, on either stamps.)"""
     ev = run(2_000_000.0, sw=sw, nics=nics)
-    assert ("contention", "leaf0->spine2") in [(e.kind, e.target) for e in ev]
-    assert {e.kind for e in ev} == {"contention"}
-    if nics is None:
-        assert {e.target for e in ev} == {"leaf0->spine2"}
+    assert [(e.kind, e.target) for e in ev] == [("contention", "leaf0->spine2")]
