@@ -130,7 +130,9 @@ class Brain:
         self._switch_link = np.array([lk.lower not in fabric.nic_index for lk in fabric.links])
         self._hop_class = hop_classes(fabric)
         self._queues: QueueEstimate | None = None  # the last window's per-hop queue estimate
-        self._fine: deque[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = deque()
+        self._fine: deque[
+            tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.bool_]]
+        ] = deque()
         self._class_of = np.zeros((0, 0), np.int32)  # per known path: its hop per class
         # per-link queue (both directions) of the windows in the loss horizon: (end, values)
         self._link_q: deque[tuple[int, npt.NDArray[np.float64]]] = deque()
@@ -497,15 +499,16 @@ class Brain:
     def _estimate_queues(self, win: DetectionWindow) -> QueueEstimate:
         """Return the per-hop queue estimate (`controller.detect.queues`) over this window's
         fine delays and those of the windows before it (`QueueParams.windows`, ``enough``),
-        started from the last window's estimate."""
+        with their stamp kinds, started from the last window's estimate."""
         p = self.config.queues
         self._fine.append(win.delay.fine())
         while len(self._fine) > p.windows or (
-            len(self._fine) > 1 and sum(len(e) for _, e in list(self._fine)[1:]) >= p.enough
+            len(self._fine) > 1 and sum(len(e) for _, e, _ in list(self._fine)[1:]) >= p.enough
         ):
             self._fine.popleft()
-        paths = np.concatenate([x for x, _ in self._fine])
-        excess = np.concatenate([e for _, e in self._fine])
+        paths = np.concatenate([x for x, _, _ in self._fine])
+        excess = np.concatenate([e for _, e, _ in self._fine])
+        sw = np.concatenate([k for _, _, k in self._fine])
         warm = None if self._queues is None else self._queues.queue_ns
         self._refresh_aliases()
         if len(self._class_of) < self._paths.size:  # new paths: their hop per class
@@ -514,7 +517,7 @@ class Brain:
                 np.concatenate([self._class_of, fresh]) if len(self._class_of) else fresh
             )
         est = estimate_queues(
-            paths, excess, self._class_of, self._hop_class, p, warm, self._hop_aliases
+            paths, excess, self._class_of, self._hop_class, p, warm, self._hop_aliases, sw
         )
         self._queues = est
         return est

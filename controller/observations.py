@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-_UNSET: NDArray[np.bool_] = np.zeros(0, np.bool_)  # Observations.coarse not given
+_UNSET: NDArray[np.bool_] = np.zeros(0, np.bool_)  # Observations.coarse / .sw not given
 
 
 class ObservationError(ValueError):
@@ -49,6 +49,10 @@ class Observations:
     # True where both delays are known only coarsely: clocks certain to ClockSyncConfig
     # .coarse_unc_ns, not .max_unc_ns (controller.clocksync); not given: all False
     coarse: NDArray[np.bool_] = field(default_factory=lambda: _UNSET)
+    # True where the stamps are the kernel's (the batch's ``stamp`` is "sw",
+    # `contract.records`): their delays carry the hosts' stamp jitter (docs/detection.md,
+    # "Kernel stamps"); not given: all False (NIC stamps)
+    sw: NDArray[np.bool_] = field(default_factory=lambda: _UNSET)
 
     def __post_init__(self) -> None:
         n = len(self.t_ns) if isinstance(self.t_ns, np.ndarray) else -1
@@ -66,11 +70,12 @@ class Observations:
                 raise ObservationError(f"{name} must be a 2-d array with {n} rows")
             if col.dtype != np.int32:
                 raise ObservationError(f"{name} must have dtype int32, got {col.dtype}")
-        c = self.coarse
-        if c is _UNSET:
-            object.__setattr__(self, "coarse", np.zeros(n, np.bool_))
-        elif not isinstance(c, np.ndarray) or c.shape != (n,) or c.dtype != np.bool_:
-            raise ObservationError(f"coarse must be a bool array of length {n}")
+        for name in ("coarse", "sw"):
+            c = getattr(self, name)
+            if c is _UNSET:
+                object.__setattr__(self, name, np.zeros(n, np.bool_))
+            elif not isinstance(c, np.ndarray) or c.shape != (n,) or c.dtype != np.bool_:
+                raise ObservationError(f"{name} must be a bool array of length {n}")
 
     def __len__(self) -> int:
         return len(self.t_ns)
@@ -108,4 +113,5 @@ class Observations:
             self.owd_rev_ns[mask],
             self.rtt_ns[mask],
             self.coarse[mask],
+            self.sw[mask],
         )

@@ -45,6 +45,22 @@ def test_a_hot_hop_is_found_and_its_neighbours_are_not() -> None:
     assert np.nanmax(others) < 700
 
 
+@pytest.mark.parametrize("standing_ns", [2e6, 6e6])
+def test_a_standing_queue_of_milliseconds_stays_on_its_hop(standing_ns: float) -> None:
+    """A queue of a few ms (a software-shaped link, a deep buffer) on one hop, on half the
+    paths of its neighbours: its estimate is exact, not capped at the histogram's end or
+    placed in a 5 % bin, so none of it is left for the neighbours to explain (a 6 ms queue read
+    as 1 ms put the rest on the links beside it)."""
+    rng = np.random.default_rng(4)
+    hops = np.concatenate([FWD, REV]).astype(np.int32)
+    hot = 2 * FAB.link_index["leaf1-spine2"]  # leaf1 -> spine2
+    ex = _excess(hops, {}, rng) + np.where((hops == hot).any(axis=1), standing_ns, 0.0)
+    est = estimate_queues(hops, ex, hop_classes(FAB), QueueParams())
+    assert est.queue_ns[hot] == pytest.approx(standing_ns, rel=0.001)
+    assert list(est.contended()) == [hot]
+    assert np.nanmax(np.delete(est.queue_ns, hot)) < 700
+
+
 def test_a_busy_fabric_is_not_contended_and_a_minority_of_bursts_is_not() -> None:
     """Every hop waits ~0.8 µs (load 0.9): no hop is contended although every path's queueing
     is over 1.5 µs; a fifth of one hop's probes waiting 20 µs (incast) is no standing queue."""

@@ -1,9 +1,11 @@
 """The evidence the queue estimate and the per-flow loss test read crosses the fleet seam
-exactly: a window's fine delays (path, queueing delay, flow) and per-flow counts, split over
+exactly: a window's fine delays (path, queueing delay, flow, stamp kind) and per-flow counts, split over
 workers by host, exported (`DetectionWindow.export`) and absorbed into a window of another
 path numbering (`DetectionWindow.absorb`), equal those of one window holding every probe."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import numpy.typing as npt
@@ -30,12 +32,16 @@ def _fold(win: DetectionWindow, paths: PathIndex, obs: Observations) -> None:
     win.fold(obs, paths, np.zeros(len(FAB.nics), bool), P)
 
 
-def _fine_rows(win: DetectionWindow, paths: PathIndex) -> list[tuple[int, float, int, int, int]]:
-    """Every fine delay as (path signature, queueing delay, src, dst, sport), sorted."""
-    pid, excess, flows = win.delay.fine_sets()
+def _fine_rows(
+    win: DetectionWindow, paths: PathIndex
+) -> list[tuple[int, float, bool, int, int, int]]:
+    """Every fine delay as (path signature, queueing delay, kernel-stamped, src, dst, sport),
+    sorted."""
+    pid, excess, flows, sw = win.delay.fine_sets()
     sig = paths.sigs[pid]
     return sorted(
-        (int(s), float(e), *(int(x) for x in f)) for s, e, f in zip(sig, excess, flows, strict=True)
+        (int(s), float(e), bool(k), *(int(x) for x in f))
+        for s, e, f, k in zip(sig, excess, flows, sw, strict=True)
     )
 
 
@@ -66,6 +72,8 @@ def test_fine_delays_and_flow_counts_merge_exactly_across_workers() -> None:
         _fold(w, learn, obs)
         w.delay.fold_baselines(learn, 0.1, P)
     obs = steps[-1]
+    # a third of the hosts stamp in the kernel (a batch's stamp kind is its host's)
+    obs = dataclasses.replace(obs, sw=FAB.nic_host_index[obs.src] % 3 == 0)
     one_paths = _installed(learn, np.arange(learn.size))
     one = _window(one_paths)
     _fold(one, one_paths, obs)
@@ -80,6 +88,7 @@ def test_fine_delays_and_flow_counts_merge_exactly_across_workers() -> None:
     fine = _fine_rows(one, one_paths)
     flows = _flow_rows(one, one_paths)
     assert len(fine) > 1000 and len(flows) > 500
+    assert 0 < sum(r[2] for r in fine) < len(fine)
     assert sum(r[4] for r in flows) > 0  # some flows lost probes
     assert _fine_rows(merged, merged_paths) == fine
     assert _flow_rows(merged, merged_paths) == flows

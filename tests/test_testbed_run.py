@@ -47,7 +47,8 @@ def test_run_localizes_flap_and_reports_sync(tmp_path: Path) -> None:
         # contention localized to the congested link (discovered paths, not the model's hash);
         # three leaves make its hops identifiable from end-to-end delays
         assert loc["congest"]["localized"], loc["congest"]
-        spurious = loc["congest"]["other_events"]
+        # nothing beside it either (kernel stamps: their jitter is no contention)
+        assert not loc["congest"]["other_events"], loc["congest"]
         # the run's capture replays offline through a fresh controller to the same findings
         rp = _qpmesh("testbed", "replay", str(tmp_path), "--json", timeout=120)
         assert rp.returncode == 0, rp.stderr[-2000:]
@@ -58,11 +59,6 @@ def test_run_localizes_flap_and_reports_sync(tmp_path: Path) -> None:
         assert found & {("contention", "leaf1->spine0"), ("contention", "spine0->leaf1")}, found
         d = doc["delays"]  # most delays judged: the clocks were trusted most of the run
         assert d["fine"] + d["coarse"] > 0.7 * (d["fine"] + d["coarse"] + d["withheld"]), d
-        if spurious:  # everything else above holds; this one is an open defect, shown as such
-            pytest.xfail(
-                f"open defect (issues 32, 34): a contention beside the congested link on "
-                f"kernel stamps since the queue estimate of 2026-11-28: {spurious}"
-            )
     finally:
         _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
         st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)
@@ -92,11 +88,8 @@ def test_run_discover_learns_the_plan_and_localizes(tmp_path: Path) -> None:
         unexplained = [f"{e['kind']}:{e['target']}" for e in rep["events"]
                        if e["kind"] not in ("clear", "topology")
                        and f"{e['kind']}:{e['target']}" not in matched]  # fmt: skip
-        # the open defect of test_run_localizes_flap_and_reports_sync: contention on kernel
-        # stamps where no fault is; any other false alert fails here
-        defect = est["precision"] < 0.95 and all(u.startswith("contention:") for u in unexplained)
-        if not defect:
-            assert est["precision"] >= 0.95, (est, rep["localization"], unexplained)
+        # no false alert, contention on kernel stamps included
+        assert not unexplained and est["precision"] >= 0.95, (est, rep["localization"], unexplained)
         assert est["recall"] >= 0.95, (est, rep["localization"])
         assert all(x["localized"] for x in rep["localization"]), rep["localization"]
         # nothing of the fabric was written for them
@@ -106,8 +99,6 @@ def test_run_discover_learns_the_plan_and_localizes(tmp_path: Path) -> None:
         assert "leaves" not in ctl and "plan = " in ctl
         # the learned fabric's events name the plan's links (spines named by router id)
         assert any(e["kind"] == "topology" for e in rep["events"])
-        if defect:  # everything else above holds
-            pytest.xfail(f"open defect (issues 32, 34): false {unexplained} on kernel stamps")
     finally:
         _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
         st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)

@@ -11,7 +11,9 @@ queueing delay and flow for the per-hop queue estimate (`controller.detect.queue
 finds the hops whose *typical* probe waits: the brain's second tier). A *coarse* delay (clocks
 certain to `ClockSyncConfig.coarse_unc_ns` only) is judged by the slow tier alone and counted
 in its judged measurements, never given to the queue estimate, and sets no baseline: its
-clock error may reach the queue estimate's 1.5 µs floor, not the slow tier's 4 µs.
+clock error may reach the queue estimate's 1.5 µs floor, not the slow tier's 4 µs. Each fine
+delay goes to the queue estimate with its stamp kind (kernel or NIC: `Observations.sw`): the
+hosts' stamp jitter of kernel-stamped delays sets how small a queue the estimate can see.
 
 Two tiers because a queue is a distribution, not a constant: an added queue of mean m puts a
 share exp(-x / m) of its probes above x. Over the 4 µs floor, half of a hop's probes are slow
@@ -65,6 +67,7 @@ class DelayWindow:
     _fine_paths: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
     _fine_excess: list[npt.NDArray[np.float64]] = field(init=False, default_factory=list)
     _fine_flows: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
+    _fine_sw: list[npt.NDArray[np.bool_]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.judged_paths = np.zeros(0, dtype=np.int64)
@@ -87,6 +90,7 @@ class DelayWindow:
         flows: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]],
         params: DelayParams,
         coarse: npt.NDArray[np.bool_] | None = None,
+        sw: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         """Judge one direction's delays (NaN = unknown) against their path baselines.
 
@@ -94,7 +98,8 @@ class DelayWindow:
         (src, dst, sport) of each measurement, for the affected-flow list. ``coarse`` marks
         delays whose clocks are certain only to the coarse bound (`ClockSyncConfig
         .coarse_unc_ns`): they are judged by the slow tier only (their clock error stays under
-        its floor, not under the queue estimate's) and never set a baseline.
+        its floor, not under the queue estimate's) and never set a baseline. ``sw`` marks
+        kernel-stamped delays (None: none are), kept with the fine delays (`fine`).
         """
         if not len(owd):
             return
@@ -123,6 +128,7 @@ class DelayWindow:
         self._fine_paths.append(path[idx])
         self._fine_excess.append(excess[idx])
         self._fine_flows.append(np.column_stack([f[idx] for f in flows]).astype(np.int32))
+        self._fine_sw.append(np.zeros(len(idx), np.bool_) if sw is None else sw[idx])
         slow = np.zeros(len(owd), dtype=bool)
         slow[known] = excess[known] > thr
         if slow.any():
@@ -130,12 +136,16 @@ class DelayWindow:
             self._slow_hops.append(hops[idx])
             self._slow_flows.append(np.column_stack([f[idx] for f in flows]).astype(np.int64))
 
-    def fine(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-        """Return the path numbers and queueing delays (delay over the path's baseline, ns) of
-        this window's judged fine delays (for `controller.detect.queues`)."""
+    def fine(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+        """Return the path numbers, queueing delays (delay over the path's baseline, ns) and
+        whether kernel-stamped, of this window's judged fine delays (for
+        `controller.detect.queues`)."""
         if not self._fine_paths:
-            return np.zeros(0, np.int64), np.zeros(0, np.float64)
-        return np.concatenate(self._fine_paths), np.concatenate(self._fine_excess)
+            return np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.bool_)
+        return (np.concatenate(self._fine_paths), np.concatenate(self._fine_excess),
+                np.concatenate(self._fine_sw))  # fmt: skip
 
     def flows_over(
         self, index: PathIndex, cut_ns: npt.NDArray[np.float64], hops: npt.NDArray[np.int64],
@@ -146,7 +156,7 @@ class DelayWindow:
         out: dict[int, list[tuple[int, int, int]]] = {int(h): [] for h in hops}
         if not self._fine_paths or not len(hops):
             return out
-        paths, excess = self.fine()
+        paths, excess, _ = self.fine()
         low = float(np.min(cut_ns[hops]))
         sel = np.flatnonzero(excess > low)
         if not len(sel):
@@ -175,12 +185,15 @@ class DelayWindow:
 
     def fine_sets(
         self,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int32]]:
-        """Return every judged fine delay's path number, queueing delay (ns) and flow (n, 3:
-        src, dst, sport), in the order `add` was given them."""
-        paths, excess = self.fine()
+    ) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int32],
+        npt.NDArray[np.bool_],
+    ]:  # fmt: skip
+        """Return every judged fine delay's path number, queueing delay (ns), flow (n, 3:
+        src, dst, sport) and whether kernel-stamped, in the order `add` was given them."""
+        paths, excess, sw = self.fine()
         flows = np.concatenate(self._fine_flows) if self._fine_flows else np.zeros((0, 3), np.int32)
-        return paths, excess, flows
+        return paths, excess, flows, sw
 
     def add_counts(
         self,
@@ -205,14 +218,15 @@ class DelayWindow:
 
     def add_fine(
         self, paths: npt.NDArray[np.int64], excess: npt.NDArray[np.float64],
-        flows: npt.NDArray[np.int32],
+        flows: npt.NDArray[np.int32], sw: npt.NDArray[np.bool_],
     ) -> None:  # fmt: skip
-        """Add judged fine delays: path numbers, queueing delays and flows (as `add` keeps
-        them)."""
+        """Add judged fine delays: path numbers, queueing delays, flows and whether
+        kernel-stamped (as `add` keeps them)."""
         if len(paths):
             self._fine_paths.append(np.asarray(paths, np.int64))
             self._fine_excess.append(np.asarray(excess, np.float64))
             self._fine_flows.append(np.asarray(flows, np.int32))
+            self._fine_sw.append(np.asarray(sw, np.bool_))
 
     def slow_sets(self) -> npt.NDArray[np.int32]:
         """Return the hop sets of this window's slow measurements, (m, H), -1 padded."""
@@ -258,3 +272,4 @@ class DelayWindow:
         self._fine_paths.clear()
         self._fine_excess.clear()
         self._fine_flows.clear()
+        self._fine_sw.clear()

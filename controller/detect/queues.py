@@ -14,8 +14,11 @@ estimates the *typical* wait of every directed hop instead, ``q[h]``, the value 
   together exactly: for each hop of the class, ``q[h] = max(0, median over its measurements
   of (excess[m] - sum of the other hops' q))``;
 - per-hop medians from a histogram of those residuals (``bin_ns`` wide up to 10 µs, 5 %
-  wider each beyond; one ``np.bincount`` per class: no sort), interpolated inside the
-  median's bin;
+  wider each beyond, up to 1 ms; one ``np.bincount`` per class: no sort), interpolated
+  inside the median's bin; a median past 10 µs (a hot hop: few) is then taken exactly from
+  its residuals, since a 5 % bin read as uniform misplaces a narrow standing queue by up to
+  its width (100 µs of a 2 ms queue) and the last bin holds every longer wait (a 6 ms queue
+  read as 1 ms), and the hop's neighbours would explain the rest;
 - ``sweeps`` passes over the classes, started from the previous window's estimate.
 
 A median, not a mean: incast bursts and rare long waits hit a minority of a hop's probes and
@@ -119,13 +122,16 @@ def hop_classes(fabric: Fabric) -> npt.NDArray[np.int8]:
 class QueueEstimate:
     """Per directed hop: typical queueing ``queue_ns`` (NaN where fewer than ``min_samples``
     measurements crossed it), ``samples``, the standard error of that median ``stderr_ns``
-    and the contention ``threshold_ns`` of its class; ``z`` (`QueueParams.z`)."""
+    and the contention ``threshold_ns`` of its class (raised on kernel-stamped hops:
+    `kernel_floor`); ``z`` (`QueueParams.z`); ``jitter_ns``: the spread of the
+    kernel-stamped delays the thresholds were raised by (NaN: none were)."""
 
     queue_ns: F64
     samples: I64
     stderr_ns: F64
     threshold_ns: F64
     z: float = 2.0
+    jitter_ns: float = float("nan")
 
     def contended(self) -> I64:
         """Return the hops whose estimate is over their class's threshold by ``z`` standard
@@ -178,6 +184,7 @@ def estimate_queues(
     params: QueueParams,
     warm: F64 | None = None,
     aliases: Sequence[tuple[int, ...]] = (),
+    sw: npt.NDArray[np.bool_] | None = None,
 ) -> QueueEstimate:
     """Return the per-hop queueing that explains ``excess`` (one-way delay over the path's
     baseline, ns, finite) of measurements on paths ``path`` (numbers into ``classes``, each
@@ -185,7 +192,8 @@ def estimate_queues(
     previous estimate to start from (NaN = 0); ``aliases``: groups of hops every path crosses
     together (`controller.detect.paths.alias_groups` with ``directed``), whose queues no
     delay splits: each group's total is put on its first hop, as the slow tier's cover picks
-    the lowest index among equals."""
+    the lowest index among equals; ``sw``: which measurements are kernel-stamped (None:
+    none), whose hops' thresholds `kernel_floor` raises."""
     n_hops = len(hop_class)
     edges = params.edges()
     q = np.zeros(n_hops) if warm is None else np.nan_to_num(np.maximum(warm, 0.0), nan=0.0)
@@ -193,6 +201,8 @@ def estimate_queues(
     iqr = np.full(n_hops, np.nan)
     thr = np.full(n_hops, params.contention_ns)
     samples = np.zeros(n_hops, np.int64)
+    samples_sw = np.zeros(n_hops, np.int64)
+    sw = np.zeros(len(excess), np.bool_) if sw is None else np.asarray(sw, np.bool_)
     if not len(excess):
         return QueueEstimate(np.full(n_hops, np.nan), samples, iqr, thr, params.z)
     # per class: the measurements crossing it, the hop of that class each crossed and its
@@ -209,6 +219,7 @@ def estimate_queues(
         rank = np.zeros(n_hops, np.int64)
         rank[members] = np.arange(len(members))
         samples += np.bincount(hop, minlength=n_hops)
+        samples_sw += np.bincount(hop[sw[on]], minlength=n_hops)
         s[on] += q[hop]
         plan.append((on, hop, rank[hop], members))
     for sweep in range(params.sweeps):
@@ -217,6 +228,7 @@ def estimate_queues(
             r = excess[on] - s[on] + q[hop]
             want = (0.5, 0.25, 0.75) if last else (0.5,)
             qs = _group_quantiles(g, r, len(members), params, edges, want)
+            _exact_large_medians(g, r, qs[:, 0], params.fine_ns)
             seen = np.isfinite(qs[:, 0])  # a class member no measurement crossed keeps its q
             new = np.where(seen, np.maximum(np.nan_to_num(qs[:, 0], nan=0.0), 0.0), q[members])
             s[on] += new[g] - q[hop]
@@ -247,4 +259,66 @@ def estimate_queues(
             params.contention_ns - level, params.noise_k * mad[c], params.contention_ns / 2
         )
         thr[hop_class == c] = m + margin
-    return QueueEstimate(est, samples, stderr, thr, params.z)
+    jitter = float("nan")
+    if np.count_nonzero(sw) >= params.min_samples:
+        floor, jitter = kernel_floor(excess[sw], (excess - s)[sw], hop_class, med, params)
+        kernel = 2 * samples_sw > samples  # hops most of whose delays are kernel-stamped
+        thr = np.where(kernel, np.fmax(thr, floor), thr)
+    return QueueEstimate(est, samples, stderr, thr, params.z, jitter)
+
+
+def _exact_large_medians(g: I64, r: F64, med: F64, over_ns: float) -> None:
+    """Replace in place each group's histogram median ``med`` that is over ``over_ns`` by the
+    exact median of its values of ``r`` (groups ``g``); order-independent."""
+    big = np.flatnonzero(med > over_ns)
+    if not len(big):
+        return
+    is_big = np.zeros(len(med), bool)
+    is_big[big] = True
+    sel = np.flatnonzero(is_big[g])
+    order = sel[np.argsort(g[sel], kind="stable")]
+    gs = g[order]
+    starts = np.searchsorted(gs, big)
+    ends = np.searchsorted(gs, big, side="right")
+    for k, a, b in zip(big.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        med[k] = float(np.median(r[order[a:b]]))
+
+
+def _quantile(r: F64, p: QueueParams, edges: F64, q: float) -> float:
+    """Return the quantile ``q`` of ``r`` from the histogram `estimate_queues` reads medians
+    from (order-independent: a fleet's merged measurements give the same)."""
+    g = np.zeros(len(r), np.int64)
+    return float(_group_quantiles(g, r, 1, p, edges, (q,))[0, 0])
+
+
+def kernel_floor(
+    excess: F64,
+    residual: F64,
+    hop_class: npt.NDArray[np.int8],
+    class_median: dict[int, float],
+    params: QueueParams,
+) -> tuple[F64, float]:
+    """Return per hop the least contention threshold of a hop whose delays are
+    kernel-stamped, and the stamps' jitter it is built from (ns).
+
+    A kernel stamp is taken when the host's driver and kernel get to the packet, later than
+    the wire by a per-stamp, per-host amount (interrupt coalescing, scheduling); a delay
+    carries the receiver's lateness less the sender's. That lateness adds to exactly the
+    delays a queue on the host's own NIC link adds to, and the clock solve on such stamps
+    places each NIC's clock only about as well, so a NIC hop's estimate carries its host's
+    typical lateness and clock error, which differ from host to host by about the per-probe
+    spread of the lateness. ``jitter``: that spread, measured in the window as the robust
+    standard deviation (1.4826 MAD) of the kernel-stamped ``residual`` (each delay's queueing
+    ``excess`` less the sum of the estimate's waits on its path: what no hop's typical wait
+    explains). A kernel-stamped hop is contended only ``noise_k x jitter`` over its
+    reference: its class's median where the class has one (`estimate_queues`), else the
+    median queueing of the kernel-stamped delays (all of a path's lateness, the level a hop
+    of a class too small for a median may carry with no queue of its own)."""
+    edges = params.edges()
+    mid = _quantile(residual, params, edges, 0.5)
+    jitter = 1.4826 * _quantile(np.abs(residual - mid), params, edges, 0.5)
+    level = _quantile(excess, params, edges, 0.5)
+    ref = np.full(len(hop_class), level)
+    for c, m in class_median.items():
+        ref[hop_class == c] = m
+    return ref + params.noise_k * jitter, jitter

@@ -3,7 +3,7 @@
 `DetectionWindow` holds what the brain counts over one window (`LossWindow`: probes per
 (forward, reply) path pair and the link sets of the lost ones; `DelayWindow`: judged delays
 per path, each path's window minimum, the hop sets and flows of the slow ones, and every
-fine delay's path, queueing delay and flow for the queue estimate; `FlowWindow`: probes and
+fine delay's path, queueing delay, flow and stamp kind for the queue estimate; `FlowWindow`: probes and
 losses per flow with its paths, for the per-flow loss test; probes each NIC initiated and
 when it last did). `fold` adds observations (what `controller.brain.Brain`
 does for its own windows and a fleet worker for its windows); `export` turns the window into
@@ -44,8 +44,8 @@ class WindowPart:
     Path pairs (``Q``): rows of ``pair_fwd``/``pair_rev`` index the paths, ``pair_seen``
     probes sent on that (forward, reply) pair. ``lost``: link sets of lost probes (L, K).
     Slow delays (``slow_*``): hop sets (n, H) and their flows (n, 3: src, dst, sport). Fine
-    delays (``fine_*``): each one's path (an index into the paths), queueing delay (ns) and
-    flow. Flows (``flow_*``): (n, 3) src, dst, sport, probes and lost probes, the last
+    delays (``fine_*``): each one's path (an index into the paths), queueing delay (ns),
+    flow and whether kernel-stamped (``fine_sw``). Flows (``flow_*``): (n, 3) src, dst, sport, probes and lost probes, the last
     forward and reply path (indices into the paths). Per NIC that initiated probes: ``nic``,
     ``src_count`` and ``last_src`` (its latest send time, ns)."""
 
@@ -63,6 +63,7 @@ class WindowPart:
     fine_path: I32
     fine_excess: F64
     fine_flows: I32
+    fine_sw: NDArray[np.bool_]
     flow: I64
     flow_probes: I64
     flow_lost: I64
@@ -86,7 +87,8 @@ class WindowPart:
         f64 = np.zeros(0, np.float64)
         return cls(
             i64, hops, i64, i64, f64, i32, i32, i64, np.zeros((0, 1), np.int32), hops, flows,
-            i32, f64, np.zeros((0, 3), np.int32), flows, i64, i64, i32, i32, i32, i64, i64,
+            i32, f64, np.zeros((0, 3), np.int32), np.zeros(0, np.bool_), flows, i64, i64, i32,
+            i32, i32, i64, i64,
         )  # fmt: skip
 
 
@@ -138,11 +140,11 @@ class DetectionWindow:
         self.flows.add(obs.src, obs.dst, obs.sport, pf, pr, obs.lost)
         self.delay.add(
             paths, pf, obs.hops_fwd, obs.owd_fwd_ns, (obs.src, obs.dst, obs.sport), params,
-            obs.coarse,
+            obs.coarse, obs.sw,
         )  # fmt: skip
         self.delay.add(
             paths, pr, obs.hops_rev, obs.owd_rev_ns, (obs.dst, obs.src, obs.sport), params,
-            obs.coarse,
+            obs.coarse, obs.sw,
         )  # fmt: skip
 
     def export(self, paths: PathIndex) -> WindowPart:
@@ -154,7 +156,7 @@ class DetectionWindow:
         mark[: len(judged)] = (judged > 0) | (coarse > 0) | np.isfinite(wmin)
         mark[pf] = True
         mark[pr] = True
-        fine_p, fine_x, fine_f = self.delay.fine_sets()
+        fine_p, fine_x, fine_f, fine_sw = self.delay.fine_sets()
         fc = self.flows.counts()
         for more in (fine_p, fc.fwd, fc.rev):
             mark[more] = True
@@ -188,6 +190,7 @@ class DetectionWindow:
             local[at_fine:at_flow],
             fine_x,
             fine_f,
+            fine_sw,
             fc.flow,
             fc.probes,
             fc.lost,
@@ -205,7 +208,7 @@ class DetectionWindow:
         pid = paths.ids(part.path_sig, lambda sel: hops[sel])
         self.delay.add_counts(paths.size, pid, part.judged, part.coarse, part.wmin)
         self.delay.add_sets(part.slow_hops, part.slow_flows)
-        self.delay.add_fine(pid[part.fine_path], part.fine_excess, part.fine_flows)
+        self.delay.add_fine(pid[part.fine_path], part.fine_excess, part.fine_flows, part.fine_sw)
         if len(part.flow):
             self.flows.add_counts(
                 FlowCounts(part.flow, part.flow_probes, part.flow_lost,

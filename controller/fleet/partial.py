@@ -47,7 +47,9 @@ I64 = NDArray[np.int64]
 F32 = NDArray[np.float32]
 
 MAGIC = b"QPFP"
-VERSION = 3  # 2: fine delays and per-flow counts replace the moderate tier's sets; 3: moved
+# 2: fine delays and per-flow counts replace the moderate tier's sets; 3: moved clocks
+# (`MovedClocks`) and the fine delays' stamp kind
+VERSION = 3
 
 
 class PartialError(CodecError):
@@ -205,7 +207,7 @@ _DETECT = {
     "coarse": ("<i8", 1), "wmin": ("<f8", 1), "pair_fwd": ("<i4", 1), "pair_rev": ("<i4", 1),
     "pair_seen": ("<i8", 1), "lost": ("<i4", 2), "slow_hops": ("<i4", 2),
     "slow_flows": ("<i8", 2), "fine_path": ("<i4", 1), "fine_excess": ("<f8", 1),
-    "fine_flows": ("<i4", 2), "flow": ("<i8", 2), "flow_probes": ("<i8", 1),
+    "fine_flows": ("<i4", 2), "fine_sw": ("|b1", 1), "flow": ("<i8", 2), "flow_probes": ("<i8", 1),
     "flow_lost": ("<i8", 1), "flow_fwd": ("<i4", 1), "flow_rev": ("<i4", 1),
     "nic": ("<i4", 1), "src_count": ("<i8", 1), "last_src": ("<i8", 1),
 }  # fmt: skip
@@ -341,7 +343,7 @@ def _build(head: dict[str, Any], cols: dict[str, NDArray[Any]]) -> Partial:
     _same_len("paths", det, ("path_sig", "path_hops", "judged", "coarse", "wmin"))
     _same_len("path pairs", det, ("pair_fwd", "pair_rev", "pair_seen"))
     _same_len("slow delays", det, ("slow_hops", "slow_flows"))
-    _same_len("fine delays", det, ("fine_path", "fine_excess", "fine_flows"))
+    _same_len("fine delays", det, ("fine_path", "fine_excess", "fine_flows", "fine_sw"))
     _same_len("flows", det, ("flow", "flow_probes", "flow_lost", "flow_fwd", "flow_rev"))
     _same_len("NIC counts", det, ("nic", "src_count", "last_src"))
     n_paths = len(det["path_sig"])

@@ -392,7 +392,7 @@ class FleetWorker:
         self.flows.update(slots, d.t_ns, d.fine()[0], now_ns)  # what the API shows: fine
         return Observations(
             d.t_ns, ing.src, ing.dst, ing.sport, ing.hops_fwd, ing.hops_rev, ing.lost,
-            d.owd_fwd_ns, d.owd_rev_ns, d.rtt_ns, d.coarse,
+            d.owd_fwd_ns, d.owd_rev_ns, d.rtt_ns, d.coarse, np.full(len(ing), ing.stamp == "sw"),
         )  # fmt: skip
 
     # ---- outputs -------------------------------------------------------------------------

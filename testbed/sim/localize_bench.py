@@ -49,7 +49,8 @@ __all__ = ["normalize", "register_localize", "reroute_targets", "run_once", "thr
 
 
 def observations_from_step(sim: Simulator, st: SimStep) -> Observations:
-    """Return the step's probes as `Observations` with delays from the true clock offsets."""
+    """Return the step's probes as `Observations` with delays from the true clock offsets
+    (kernel-stamped when the simulator's stamps are)."""
     b = st.batch
     lost = b.lost.copy()
     t = st.true_t_ns
@@ -71,6 +72,7 @@ def observations_from_step(sim: Simulator, st: SimStep) -> Observations:
         np.where(lost, nan, fwd),
         np.where(lost, nan, rev),
         np.where(lost, nan, rtt),
+        sw=np.full(len(lost), sim.config.timestamps == "sw"),
     )
 
 
