@@ -15,7 +15,8 @@ on the broker and their acks, and when each component fault was applied and undo
 - ``duplicate_actions`` (an action id twice, or a second action of one (kind, target, job)
   within one network fault's occurrence) and ``lost_actions`` (a localized occurrence the
   policy acts on without its action, and NIC actions no agent acknowledged);
-- ``self_inflicted_findings``: findings caused by qpmesh's own faults (`self_inflicted`);
+- ``self_inflicted_findings``: findings caused by qpmesh's own faults (`self_inflicted`),
+  ``self_inflicted_kinds`` how many of each kind;
 - ``estimators.qpmesh``: precision / recall of the network faults in the simulator's shape
   (`testbed.runscore.score_alerts`), the expected ``prober_down`` of a killed prober left out.
 """
@@ -442,6 +443,7 @@ def judge(
             "dropped beyond): a broker outage longer than that loses the excess",
         },
         "self_inflicted_findings": len(found),
+        "self_inflicted_kinds": _count_kinds(found),
         "self_inflicted": found,
         "expected_findings": [
             {
@@ -456,6 +458,15 @@ def judge(
         "lost_actions": acts["lost_actions"],
         "actions": acts,
     }
+
+
+def _count_kinds(found: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Return how many of ``found`` each finding kind has (e.g. the ``contention`` on a
+    healthy hop apart from the rest: on the testbed's kernel stamps, another defect)."""
+    out: dict[str, int] = {}
+    for x in found:
+        out[str(x["kind"])] = out.get(str(x["kind"]), 0) + 1
+    return dict(sorted(out.items()))
 
 
 def _records_per_batch(batches: Sequence[Batch]) -> float:

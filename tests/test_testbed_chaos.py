@@ -156,6 +156,7 @@ def test_self_inflicted_findings() -> None:
     assert [e["target"] for _, e in expected] == ["host1"]
     rep = judge(obs, [flap], spool_batches=10_000, batch_interval_s=0.5)
     assert rep["self_inflicted_findings"] == 4
+    assert rep["self_inflicted_kinds"] == {"loss": 3, "prober_down": 1}
     # the expected prober_down is no alert; the contention at 70 s is a false one
     assert rep["estimators"]["qpmesh"]["recall"] == 1.0
     assert rep["estimators"]["qpmesh"]["false_alerts"] == 4  # (kind, target) pairs
