@@ -14,8 +14,9 @@ States and what moves them (all windows are detection windows, i.e. ticks):
   ("contention");
 - DOWN --CLEAN--> UP ("clear": the link came back), or FLAPPING ("flap") if it already went
   down ``flap_threshold`` times in the window;
-- FLAPPING --DEAD--> FLAPPING (counts one more down, "flap", once per down period: dead
-  windows in a row are one down); FLAPPING --CLEAN/NODATA--> UP
+- FLAPPING --DEAD--> FLAPPING (counts one more down, once per down period: dead windows in
+  a row are one down; no finding: the flap raised is still open, issue 32);
+  FLAPPING --CLEAN/NODATA--> UP
   ("clear") once no down was seen for ``flap_hold_ns``;
 - DEGRADED / CONTENDED --CLEAN x clear_windows--> UP ("clear").
 
@@ -163,7 +164,9 @@ def step(
         downs = (*downs, now_ns)
         st = replace(st, downs=downs, first_down_ns=first, is_down=True)
         if len(downs) >= params.flap_threshold:
-            return _to(st, Health.FLAPPING, now_ns), Finding.FLAP
+            # a flapping link that goes down again is the same flap: counted, not raised again
+            again = cur == Health.FLAPPING
+            return _to(st, Health.FLAPPING, now_ns), None if again else Finding.FLAP
         return _to(st, Health.DOWN, now_ns), Finding.DOWN
     if action in (Action.ARM_DEGRADED, Action.ARM_CONTENDED, Action.ARM_UP):
         st = _arm(st, action)

@@ -347,14 +347,26 @@ class LiveController:
             if nic in self.fabric.nic_index:
                 self.rates.update(nic, rx, tx, t_ns, now_ns)
 
+    def _close_upto(self, now_ns: int) -> int:
+        """Return the time windows close up to: ``now_ns``, or, while the controller itself
+        is behind (batch age at ingest, loop lag, solve overrun: its own backlog, not a late
+        prober's), no further than `BehindMeter.threshold_ns` past the newest send time it
+        ingested: its windows wait for what waits in its own socket instead of closing short
+        of every prober's batches (which the silence rule read as every prober down, issue 32)."""
+        newest = self.worker.newest_send_ns
+        if newest <= 0 or not self.behind.state(now_ns).behind:
+            return now_ns
+        return min(now_ns, newest + self.behind.threshold_ns)
+
     def tick(self, now_ns: int) -> list[EventDoc]:
-        """Close the windows of the grid that are over (their end + lateness <= ``now_ns``):
+        """Close the windows of the grid that are over (their end + lateness <= ``now_ns``;
+        while the controller is behind, ``now_ns`` as far as its ingest got: `_close_upto`):
         the worker's partials to the solver, which judges each (solving clocks when due) and
         whose state the worker takes; record history; return the new events (host facts
         first, then each window's findings, stamped with its end)."""
         self.now_ns = max(self.now_ns, now_ns)
         new = self.solver.pending()
-        closed = self.worker.close(now_ns)
+        closed = self.worker.close(self._close_upto(now_ns))
         for part in closed:
             self.solver.add(part)
         nxt = self.solver.next_window

@@ -5,7 +5,8 @@ from its raise to its ``clear``. A controller that restarts starts with a fresh 
 raised again what its predecessor had open (a second alert for one fault), and never cleared
 what was over by then (open for good). `OpenFindings` sits after detection: it tracks every
 raise and clear by target (a ``clear`` closes its target's finding), and, started with the
-findings its predecessor left open (`load`), it drops a raise of what is already open and,
+findings its predecessor left open (`load`), it drops a raise of what is already open (a
+kind raised on a target since its last clear, by this process or its predecessor) and,
 ``grace_ns`` after its first window, clears what its own detection did not find again
 ("not found again after the controller's restart"). `save` / `load` keep the open set in a
 file of the ``state_dir`` (JSON lines of events, written whole and renamed). Pure but for
@@ -36,6 +37,8 @@ class OpenFindings:
     def __init__(self, inherited: Iterable[EventDoc] = (), grace_ns: int = GRACE_NS) -> None:
         self.open: dict[str, EventDoc] = {}
         self.inherited = {e.target: e for e in inherited if e.kind not in NOT_FINDINGS}
+        # the kinds raised (or inherited) on each target since its last clear
+        self.kinds: dict[str, set[str]] = {t: {e.kind} for t, e in self.inherited.items()}
         self.grace_ns = grace_ns
         self._start: int | None = None
         self.changed = False
@@ -54,8 +57,14 @@ class OpenFindings:
             if e.kind == "clear":
                 self.changed |= self.open.pop(e.target, None) is not None
                 self.changed |= self.inherited.pop(e.target, None) is not None
+                self.kinds.pop(e.target, None)
                 out.append(e)
                 continue
+            held = self.kinds.setdefault(e.target, set())
+            if e.kind in held and e.target not in self.inherited:
+                continue  # open already (raised by this process, or by its predecessor and
+                # found again under another kind first): consumers hold it
+            held.add(e.kind)
             old = self.inherited.pop(e.target, None)
             self.open[e.target] = old if old is not None and old.kind == e.kind else e
             self.changed = True
@@ -63,6 +72,7 @@ class OpenFindings:
                 out.append(e)
         if self.inherited and now_ns - self._start >= self.grace_ns:
             for target, e in sorted(self.inherited.items()):
+                self.kinds.pop(target, None)
                 out.append(EventDoc(now_ns, "clear", target,
                                     f"{e.kind} not found again after the controller's restart",
                                     "info"))  # fmt: skip

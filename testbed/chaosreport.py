@@ -15,9 +15,11 @@ on the broker and their acks, and when each component fault was applied and undo
 - ``duplicate_actions`` (an action id twice, or a second action of one (kind, target, job)
   within one network fault's occurrence) and ``lost_actions`` (a localized occurrence the
   policy acts on without its action, and NIC actions no agent acknowledged);
-- ``self_inflicted_findings``: findings caused by qpmesh's own faults (`self_inflicted`);
+- ``self_inflicted_findings``: findings caused by qpmesh's own faults (`self_inflicted`),
+  ``self_inflicted_kinds`` how many of each kind;
 - ``estimators.qpmesh``: precision / recall of the network faults in the simulator's shape
-  (`testbed.runscore.score_alerts`), the expected ``prober_down`` of a killed prober left out.
+  (`testbed.runscore.score_alerts`), the expected ``prober_down`` of a killed prober left out;
+  ``occurrences``: the same recall per occurrence of a repeated fault (`occurrences_found`).
 """
 
 from __future__ import annotations
@@ -354,6 +356,41 @@ def judge_actions(obs: Observed, faults: Sequence[Fault]) -> dict[str, Any]:
     }
 
 
+def occurrences_found(obs: Observed, faults: Sequence[Fault]) -> dict[str, Any]:
+    """Return each network fault occurrence's localization: found when a finding on its
+    target with a right cause (`testbed.scoring.cause_ok`) was raised between its start and
+    `CLEAR_MARGIN_NS` after its end, or was raised before and still open at its start (the
+    estimators' P/R match findings to faults by target alone, whenever raised: a repeated
+    fault missed once still counts found there). ``found``, ``of``, ``recall``, ``missed``."""
+    found: list[bool] = []
+    missed: list[str] = []
+    stream = sorted(obs.events, key=lambda x: x[0])
+    for f, lo, hi in _occurrences(faults, obs.t0_ns):
+        open_at_lo = False
+        hit = False
+        for at, e in stream:
+            kind, target = str(e.get("kind")), str(e.get("target", ""))
+            if _ends(target) != _ends(f.target) or "action" in e:
+                continue
+            if at < lo:
+                if kind == "clear":
+                    open_at_lo = False
+                elif kind not in NOT_FINDINGS and cause_ok(f.kind, kind):
+                    open_at_lo = True
+            elif at <= hi + CLEAR_MARGIN_NS and kind not in NOT_FINDINGS and cause_ok(f.kind, kind):
+                hit = True
+                break
+        found.append(hit or open_at_lo)
+        if not found[-1]:
+            missed.append(f"{f.kind.value} {f.target} at {f.start_s:g} s")
+    return {
+        "found": sum(found),
+        "of": len(found),
+        "recall": round(sum(found) / len(found), 4) if found else 1.0,
+        "missed": missed,
+    }
+
+
 def forgotten(obs: Observed, a: Applied, rec: int | None, faults: Sequence[Fault]) -> list[str]:
     """Return the links a killed controller had open (not ``up`` in the API's last answer
     before the kill) whose network fault was still on when it had recovered, and that its
@@ -442,6 +479,7 @@ def judge(
             "dropped beyond): a broker outage longer than that loses the excess",
         },
         "self_inflicted_findings": len(found),
+        "self_inflicted_kinds": _count_kinds(found),
         "self_inflicted": found,
         "expected_findings": [
             {
@@ -452,10 +490,20 @@ def judge(
             for at, e in expected
         ],
         "estimators": {"qpmesh": score_alerts(faults, alerts)},
+        "occurrences": occurrences_found(obs, faults),
         "duplicate_actions": acts["duplicate_actions"],
         "lost_actions": acts["lost_actions"],
         "actions": acts,
     }
+
+
+def _count_kinds(found: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Return how many of ``found`` each finding kind has (e.g. the ``contention`` on a
+    healthy hop apart from the rest: on the testbed's kernel stamps, another defect)."""
+    out: dict[str, int] = {}
+    for x in found:
+        out[str(x["kind"])] = out.get(str(x["kind"]), 0) + 1
+    return dict(sorted(out.items()))
 
 
 def _records_per_batch(batches: Sequence[Batch]) -> float:

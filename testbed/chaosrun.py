@@ -5,8 +5,12 @@ parts are killed and starved (thin shell over `testbed.runner`).
 controller gets an API (loopback, an operator token), a time series (a VictoriaMetrics it
 starts, ``interval_s`` 2) and remediation as the recovery demo's controller trigger has it
 (Control on, hold 1 s, ttl 60 s, min interval 5 s) with a state directory (what it sent
-survives its restarts); two recovery agents (`testbed.chaos_agent`, ranks of one job on a
-NIC of leaf 1 and one of the last leaf) follow their NICs' remediation topics. The
+and the findings it had open survive its restarts) and a persistent MQTT session (``[mqtt]
+session``); the broker keeps its sessions on disk across its restarts and the harness's
+monitor holds a persistent session too (`testbed.runner.mosquitto_conf`), so batches
+published while the controller, or the monitor, is away are queued for it. Two recovery
+agents (`testbed.chaos_agent`, ranks of one job on a NIC of leaf 1 and one of the last
+leaf) follow their NICs' remediation topics. The
 scenario's faults repeat every scenario duration over the longer chaos run
 (`testbed.chaos.repeat_faults`) and the component faults of `testbed.chaos.chaos_plan`
 happen among them: SIGKILL by pid and a restart as the part was started, or a CPU limit
@@ -166,6 +170,9 @@ class ChaosHooks:
     def watch(self) -> tuple[str, ...]:
         return ("remediation", "remediation-ack")
 
+    def durable_broker(self) -> bool:
+        return True  # the broker is killed: it keeps the sessions on disk
+
     def prober_toml(self, host: str) -> str:
         return ""
 
@@ -182,6 +189,7 @@ class ChaosHooks:
             "", "[api]", f'listen = "127.0.0.1:{self.api_port}"', f'operator_token = "{self.token}"',
             "", "[timeseries]", f'url = "http://127.0.0.1:{self.vm_port}"', "interval_s = 2.0",
             REMEDIATION.format(state=state),
+            "[mqtt]", f'session = "{run.prefix}controller"',
         ])  # fmt: skip
 
     def started(self, run: RunContext) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -156,6 +157,29 @@ def controller_config(fabric: Fabric, plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+AUTOSAVE_S = 1
+"""A durable broker saves its state this often (a SIGKILL loses at most what came since)."""
+
+
+def mosquitto_conf(listen: tuple[str, int], store: Path | None = None, user: str = "") -> str:
+    """Return the broker config of a run: a listener on ``listen`` (address, port),
+    anonymous clients. Without ``store`` nothing is kept on disk (a restarted broker
+    forgets every session and queued message); with it (a folder, created here) the broker
+    keeps persistent sessions, their subscriptions and queued QoS 1 messages and retained
+    messages there, saved every `AUTOSAVE_S` s, and loads them when it starts again.
+    ``user``: the account the broker runs as when started by root (mosquitto's default,
+    ``mosquitto``, cannot write a store in root's folders; pass the caller's own)."""
+    lines = [f"listener {listen[1]} {listen[0]}", "allow_anonymous true"]
+    if store is None:
+        lines.append("persistence false")
+    else:
+        store.mkdir(parents=True, exist_ok=True)
+        lines += ["persistence true", f"persistence_location {store}/",
+                  f"autosave_interval {AUTOSAVE_S}", "autosave_on_changes false"]  # fmt: skip
+        lines += [f"user {user}"] if user else []
+    return "\n".join(lines) + "\n"
+
+
 def _spawn(
     argv: list[str], log: Path, prefix: str, role: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
@@ -217,6 +241,11 @@ class RunContext:
 
 class RunHooks(Protocol):
     """What `run_scenario` lets another harness (`testbed.chaosrun`) add to a run."""
+
+    def durable_broker(self) -> bool:
+        """Return whether the broker keeps its sessions and queued messages on disk across
+        a restart (`mosquitto_conf` with a store) and the run's monitor holds a persistent
+        session (a harness that kills the broker)."""
 
     def controller_toml(self, run: RunContext) -> str:
         """Return more controller TOML (tables the scenario's config does not have); the
@@ -304,9 +333,9 @@ def run_scenario(
             report["truth_file"] = str(truth)
             broker = (plan.broker_addr, 1883)
             conf = d / "mosquitto.conf"
-            conf.write_text(
-                f"listener {broker[1]} {broker[0]}\nallow_anonymous true\npersistence false\n"
-            )
+            durable = hooks is not None and hooks.durable_broker()
+            store = d / "mosquitto-store" if durable else None
+            conf.write_text(mosquitto_conf(broker, store, pwd.getpwuid(os.geteuid()).pw_name))
             if secure:
                 sec = SecureRun(d, fabric, plan)
                 broker = run.broker = sec.broker
@@ -316,7 +345,10 @@ def run_scenario(
                 raise OSError(f"mosquitto did not listen on {broker[0]}:{broker[1]}")
             progress(f"broker on {broker[0]}:{broker[1]}")
             watch = hooks.watch() if hooks is not None else ()
-            monitor = sec.monitor() if sec is not None else Monitor(*broker, watch=watch)
+            session = f"{prefix}monitor" if durable else ""
+            monitor = (
+                sec.monitor() if sec is not None else Monitor(*broker, watch=watch, session=session)
+            )
             monitor.start()
             run.monitor = monitor
             qp = [sys.executable, "-m", "qpmesh.cli"]

@@ -53,8 +53,14 @@ class Monitor:
         prefix: str = "qpmesh/v1",
         security: MqttSecurity | None = None,
         watch: tuple[str, ...] = (),
+        session: str = "",
     ) -> None:
+        """``session``: a client id for a persistent session (the broker queues what the
+        monitor subscribed to while it is away, e.g. while the broker restarts; a broker
+        that keeps its state on disk keeps the session across its own restart); "": a
+        clean session per connect."""
         self.host, self.port, self.prefix = host, port, prefix
+        self.session = session
         self.security = security or MqttSecurity()
         self.watch = watch
         self.events: list[dict[str, Any]] = []
@@ -90,7 +96,9 @@ class Monitor:
     async def _serve(self) -> None:
         while not self._stop.is_set():
             try:
-                kw = client_kwargs(self.security)
+                kw: dict[str, Any] = dict(client_kwargs(self.security))
+                if self.session:
+                    kw.update(identifier=self.session, clean_session=False)
                 async with aiomqtt.Client(self.host, self.port, timeout=5, **kw) as c:
                     await c.subscribe(f"{self.prefix}/events/#", qos=1, timeout=5)
                     await c.subscribe(f"{self.prefix}/probes/#", qos=1, timeout=5)

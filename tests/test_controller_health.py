@@ -39,7 +39,7 @@ def test_dead_goes_down_at_once_and_revives_with_clear() -> None:
 
 def test_second_down_in_window_is_a_flap_and_counts() -> None:
     st, fs = run(EntityState(), [Signal.DEAD, Signal.CLEAN, Signal.DEAD, Signal.CLEAN, Signal.DEAD])
-    assert fs == [Finding.DOWN, Finding.CLEAR, Finding.FLAP, Finding.FLAP]
+    assert fs == [Finding.DOWN, Finding.CLEAR, Finding.FLAP]  # the third down: same flap
     assert st.state == Health.FLAPPING
     assert st.flap_count(400, P.flap_window_ns) == 3
 
@@ -50,6 +50,8 @@ def test_flapping_clears_after_hold() -> None:
     assert st.state == Health.FLAPPING and f is None
     st, f = step(st, Signal.CLEAN, 200 + 1000, P)
     assert st.state == Health.UP and f == Finding.CLEAR
+    st, f = step(st, Signal.DEAD, 200 + 1100, P)  # cleared: the next flap is raised again
+    assert st.state == Health.FLAPPING and f == Finding.FLAP
 
 
 def test_loss_needs_consecutive_windows_and_clear_needs_three() -> None:
@@ -79,4 +81,5 @@ def test_consecutive_dead_windows_are_one_down() -> None:
     assert st.flap_count(500, P.flap_window_ns) == 2
     assert st.first_down_ns == 0  # the first down of the episode, not the latest
     st, fs = run(st, [Signal.LOSSY, Signal.CLEAN, Signal.DEAD], t0=500)
-    assert fs == [Finding.FLAP] and st.flap_count(800, P.flap_window_ns) == 3
+    assert fs == [] and st.flap_count(800, P.flap_window_ns) == 3  # counted, not raised again
+    assert st.state == Health.FLAPPING

@@ -52,3 +52,22 @@ def test_no_file_is_nothing_open_and_a_torn_line_is_skipped(tmp_path: Path) -> N
     ev = EventDoc(1, "contention", "leaf1->spine0")
     (tmp_path / FILE).write_bytes(ev.encode() + b"\n" + b'{"t_ns": 2, "ki')
     assert load(tmp_path) == [ev]
+
+
+def test_a_raise_of_what_is_open_is_not_sent_again_until_it_is_cleared() -> None:
+    f = OpenFindings()
+    flap = EventDoc(1 * S, "link_flap", "leaf0-spine1", "flapped 2 times")
+    assert _kinds(f.apply([flap], 1 * S)) == [("link_flap", "leaf0-spine1")]
+    assert f.apply([EventDoc(4 * S, "link_flap", "leaf0-spine1", "flapped 3 times")], 4 * S) == []
+    f.apply([EventDoc(9 * S, "clear", "leaf0-spine1", "recovered", "info")], 9 * S)
+    out = f.apply([EventDoc(20 * S, "link_flap", "leaf0-spine1", "flapped 2 times")], 20 * S)
+    assert _kinds(out) == [("link_flap", "leaf0-spine1")]  # a new flap after the clear
+
+
+def test_an_inherited_flap_found_again_after_a_down_is_not_raised_again() -> None:
+    # the successor's fresh brain sees the flapping link's next down as a down first, then
+    # the one after as a flap: the flap its predecessor raised is still open
+    f = OpenFindings([EventDoc(1 * S, "link_flap", "leaf0-spine1", "flapped 2 times")])
+    out = f.apply([EventDoc(5 * S, "link_down", "leaf0-spine1", "all lost")], 5 * S)
+    assert _kinds(out) == [("link_down", "leaf0-spine1")]
+    assert f.apply([EventDoc(8 * S, "link_flap", "leaf0-spine1", "flapped 2 times")], 8 * S) == []

@@ -27,6 +27,7 @@ from testbed.chaosreport import (
     judge,
     judge_actions,
     lost_batches,
+    occurrences_found,
     recovered_ns,
     self_inflicted,
 )
@@ -156,9 +157,28 @@ def test_self_inflicted_findings() -> None:
     assert [e["target"] for _, e in expected] == ["host1"]
     rep = judge(obs, [flap], spool_batches=10_000, batch_interval_s=0.5)
     assert rep["self_inflicted_findings"] == 4
+    assert rep["self_inflicted_kinds"] == {"loss": 3, "prober_down": 1}
     # the expected prober_down is no alert; the contention at 70 s is a false one
     assert rep["estimators"]["qpmesh"]["recall"] == 1.0
     assert rep["estimators"]["qpmesh"]["false_alerts"] == 4  # (kind, target) pairs
+
+
+def test_occurrences_are_found_one_by_one() -> None:
+    obs = _obs()
+    flaps = repeat_faults([Fault(FaultKind.FLAP, "leaf0-spine1", 10, 5)], 40, 160)
+    obs.events = [
+        (12 * S, {"kind": "link_flap", "target": "leaf0-spine1"}),  # the first, found
+        (30 * S, {"kind": "clear", "target": "leaf0-spine1"}),
+        (53 * S, {"kind": "contention", "target": "spine0->leaf0"}),  # not the second's cause
+        (95 * S, {"kind": "link_flap", "target": "leaf0-spine1"}),  # the third, within margin
+        # still open at the fourth's start: consumers hold it, found
+    ]
+    got = occurrences_found(obs, flaps)
+    assert (got["found"], got["of"], got["missed"]) == (3, 4, ["flap leaf0-spine1 at 50 s"])
+    assert got["recall"] == 0.75
+    # the estimators match by target alone: the missed second counts found there
+    rep = judge(obs, flaps, spool_batches=10_000, batch_interval_s=0.5)
+    assert rep["estimators"]["qpmesh"]["recall"] == 1.0 and rep["occurrences"]["recall"] == 0.75
 
 
 def test_actions_duplicate_and_lost() -> None:

@@ -1,7 +1,7 @@
 """`qpmesh testbed chaos` end to end on the namespace fabric (root only, ~2.5 min): a prober
 SIGKILLed and restarted, the controller's API process killed (its controller starts another),
-a prober starved by a cgroup, while netns_small's faults repeat; everything torn down and no
-CPU group left behind."""
+a prober starved by a cgroup, while netns_small's faults repeat, on a broker that keeps its
+sessions on disk; everything torn down and no CPU group left behind."""
 
 from __future__ import annotations
 
@@ -65,6 +65,10 @@ def test_chaos_kills_restarts_and_starves_and_reports(tmp_path: Path) -> None:
         assert est["recall"] >= 0.95, (est, rep["timeline"])
         assert rep["chaos_errors"] == [], rep["chaos_errors"]
         assert (tmp_path / "agent-rank0.jsonl").exists() and (tmp_path / "report.json").exists()
+        # the broker kept its sessions on disk; the controller held a persistent session
+        assert (tmp_path / "mosquitto-store" / "mosquitto.db").stat().st_size > 0
+        assert f'session = "{prefix}controller"' in (tmp_path / "controller.toml").read_text()
+        assert "Permission denied" not in (tmp_path / "mosquitto.log").read_text()
     finally:
         _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
         st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)

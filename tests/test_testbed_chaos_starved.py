@@ -101,3 +101,49 @@ def test_a_window_past_the_wait_is_judged_and_marked_degraded() -> None:
     events = _run(2, 4, wait_ns=S)
     late = [e for e in events if e.kind != "clear" and "degraded" in e.detail]
     assert late and all("late prober" in e.detail for e in late)
+
+
+def _run_starved(seed: int, starve: tuple[float, float], max_age_s: float) -> list[EventDoc]:
+    """The findings of a quiet run whose controller is starved over ``starve`` (wall s): it
+    ticks every second but ingests ever later, every prober alike (a batch sent ``t`` s into
+    the starvation waits ``t * max_age_s / half`` s, ``half`` its first half), then drains
+    the backlog in order when the starvation ends."""
+    quiet = ModelKnobs.ideal_model()
+    sim = Simulator(FAB, SimConfig(seed=seed, peers=4, timestamps="hw", model=quiet), [])
+    lc = LiveController(FAB, LiveConfig())
+    for h in FAB.hosts:
+        lc.presence(h.id, True, EPOCH_NS)
+    t0, t1 = starve
+    half = (t1 - t0) / 2
+    backlog: list[tuple[float, bytes]] = []  # (arrival s, payload), in order
+    out: list[EventDoc] = []
+    tick = EPOCH_NS + S
+    for i, st in enumerate(sim.run(50, 0.25)):
+        sent = st.t1_s
+        for p in host_batches(FAB, st.batch, i + 1)[0]:
+            if t0 <= sent < t0 + half:  # the backlog grows: each waits longer
+                at = sent + (sent - t0) * max_age_s / half
+            elif t0 + half <= sent < t1:  # behind it, drained once the starvation ends
+                at = t1
+            else:
+                at = sent
+            backlog.append((max(at, backlog[-1][0]) if backlog else at, p))  # in order
+        while tick <= EPOCH_NS + round(sent * S):
+            wall = (tick - EPOCH_NS) / S
+            while backlog and backlog[0][0] <= wall:
+                lc.admit(backlog.pop(0)[1], tick)
+            out += lc.tick(tick)
+            tick += S
+    return out
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_a_starved_controller_waits_for_its_own_backlog_instead_of_calling_probers_down(
+    seed: int,
+) -> None:
+    """The whole controller 8 s behind (chaos seed 1's starve:controller, 2 % of a CPU for
+    20 s: 'controller behind by 7.5 s (batch age at ingest)'): past the 5 s wait its windows
+    closed short of every prober's batches and it raised prober_down for all six. It knows
+    it is behind, so its windows wait for what waits in its socket: nothing is raised."""
+    events = _run_starved(seed, (20.0, 36.0), 8.0)
+    assert _findings(events) == set(), [(e.kind, e.target, e.detail) for e in events]
