@@ -283,8 +283,10 @@ def _window_figures(rep: dict[str, Any]) -> dict[str, Any]:
     if tb is not None:
         out["perfect_rx_p99_ns"] = tb["perfect_rx_p99_ns"]
         out["perfect_split_p99_ns"] = tb["perfect_split_p99_ns"]
-        if "expected_split_p99_ns" in tb:
-            out["expected_split_p99_ns"] = tb["expected_split_p99_ns"]
+        for key in ("expected_split_p99_ns", "perfect_direction_p99_ns",
+                    "expected_direction_p99_ns"):  # fmt: skip
+            if key in tb:
+                out[key] = tb[key]
     return out
 
 
@@ -384,7 +386,7 @@ def _score_window(
             tb = breakdown(
                 n_nodes, edges, raw.theta_ns, raw.offset_ns, truth, best.receive_mean(),
                 best.through_split(leaf),
-                None if expected is None else expected.through_split(leaf),
+                None if expected is None else expected.through_split(leaf), best, expected,
             )  # fmt: skip
         n_edges = m
         del sw
