@@ -332,6 +332,8 @@ def test_sim_sync_luck_draws_report_the_expected_excess_oracle(
     assert main([*args, "--luck-draws", "3"]) == 0
     tb = json.loads(capsys.readouterr().out)["truth_breakdown"]
     assert tb["expected_split_p99_ns"] > 0 and tb["perfect_split_p99_ns"] > 0
+    # the per-direction oracles: the realized queueing leaves less than its expectation
+    assert 0 < tb["perfect_direction_p99_ns"] < tb["expected_direction_p99_ns"]
     assert main([*args[:-2], "--luck-draws", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--luck-draws needs --truth-breakdown" in err[0]

@@ -50,6 +50,39 @@ def test_breakdown_separates_node_offsets_from_loop_noise() -> None:
     assert "perfect_split_p99_ns" not in breakdown(n, edges, theta, raw, truth, rx_true)
 
 
+def test_direction_oracle_removes_per_direction_queueing_and_keeps_the_rest() -> None:
+    """Pair offsets high by half the difference of their directions' queueing: corrected pair
+    by pair with that queueing the error is what is left (here a node-like 30 ns on node 7),
+    with another direction's queueing it is not; other edges are refused."""
+    n = 40
+    edges = _ring_edges(n)
+    rng = np.random.default_rng(5)
+    truth = rng.uniform(-1e5, 1e5, n)
+    q = BestQueueing(edges, n)
+    q.best = rng.exponential(200.0, 2 * len(edges))  # per direction, no node structure
+    i, j = edges[:, 0], edges[:, 1]
+    b = np.zeros(n)
+    b[7] = 30.0  # a constant asymmetry of node 7: no queueing explains it
+    theta = truth[j] - truth[i] + b[j] - b[i] + 0.5 * (q.best[0::2] - q.best[1::2])
+    out = breakdown(n, edges, theta, truth, truth, np.zeros(n), best=q, expected=q)
+    assert out["perfect_direction_p99_ns"] == out["expected_direction_p99_ns"]
+    # node 7's 30 ns and nothing more (p99 over 40 nodes: 0.61 of the largest error)
+    assert out["perfect_direction_p99_ns"] == pytest.approx(0.61 * 30.0, abs=0.5)
+    b[7] = 0.0
+    theta = truth[j] - truth[i] + 0.5 * (q.best[0::2] - q.best[1::2])
+    assert (
+        breakdown(n, edges, theta, truth, truth, np.zeros(n), best=q)["perfect_direction_p99_ns"]
+        < 1e-6
+    )
+    other = BestQueueing(edges, n)
+    other.best = rng.exponential(200.0, 2 * len(edges))  # the same size, not these directions
+    worse = breakdown(n, edges, theta, truth, truth, np.zeros(n), expected=other)
+    assert worse["expected_direction_p99_ns"] > 50.0
+    assert "perfect_direction_p99_ns" not in worse
+    with pytest.raises(ValueError, match="other edges"):
+        breakdown(n, edges, theta, truth, truth, np.zeros(n), best=BestQueueing(edges[:5], n))
+
+
 def test_best_queueing_is_each_direction_s_least_queued_sample() -> None:
     fabric = build_fabric(FabricShape.for_nics(32, nics_per_leaf=16))
     sim = Simulator(fabric, SimConfig(load=0.95, peers=4, rate_hz=20.0, seed=5))
@@ -74,8 +107,8 @@ def test_best_queueing_is_each_direction_s_least_queued_sample() -> None:
     assert abs(best.best[2 * e + (a < c)] - min(qs)) > 1.0  # the other direction is another
     rx = best.receive_mean()
     assert np.all(rx[np.isfinite(rx)] >= 0.0) and np.isfinite(rx).sum() > n // 2
-    src, dst, q = best.directions()
-    k = np.flatnonzero((src == a) & (dst == c))
+    d_src, d_dst, q = best.directions()
+    k = np.flatnonzero((d_src == a) & (d_dst == c))
     assert len(k) == 1 and q[k[0]] == best.best[2 * e + (a > c)]
     assert len(q) == np.isfinite(best.best).sum()
 

@@ -22,7 +22,10 @@ the pair's swept paths) pushed through the same network solve. Two-way probes ca
 it; qpmesh's error should be read beside it. With hardware stamps ``receive_luck_sd`` is a
 second such figure, from the data: per NIC the standard deviation of the offset error left by
 the luck of its incoming directions' best samples, which no reading of the window can remove
-(`sync.excess.receive_luck`; docs/sync.md, "The limit of the reading").
+(`sync.excess.receive_luck`; docs/sync.md, "The limit of the reading"). With
+``--truth-breakdown --luck-draws R`` the report adds what no correction of the best samples'
+queueing can beat, from the truth: ``expected_direction_p99_ns`` (docs/sync.md, "CQE send
+stamps: what is observable, and the bound").
 
 Errors are absolute offset errors in ns at the window's middle after removing the common
 offset (no sync can observe it), over the NICs the estimator reports known, centred on their
@@ -283,8 +286,10 @@ def _window_figures(rep: dict[str, Any]) -> dict[str, Any]:
     if tb is not None:
         out["perfect_rx_p99_ns"] = tb["perfect_rx_p99_ns"]
         out["perfect_split_p99_ns"] = tb["perfect_split_p99_ns"]
-        if "expected_split_p99_ns" in tb:
-            out["expected_split_p99_ns"] = tb["expected_split_p99_ns"]
+        for key in ("expected_split_p99_ns", "perfect_direction_p99_ns",
+                    "expected_direction_p99_ns"):  # fmt: skip
+            if key in tb:
+                out[key] = tb[key]
     return out
 
 
@@ -384,7 +389,7 @@ def _score_window(
             tb = breakdown(
                 n_nodes, edges, raw.theta_ns, raw.offset_ns, truth, best.receive_mean(),
                 best.through_split(leaf),
-                None if expected is None else expected.through_split(leaf),
+                None if expected is None else expected.through_split(leaf), best, expected,
             )  # fmt: skip
         n_edges = m
         del sw
@@ -609,8 +614,9 @@ def register_sync(ssub: Any) -> None:
     p.add_argument(
         "--truth-breakdown",
         action="store_true",
-        help="hw stamps only: also split the error against the simulator's truth into its "
-        "node-like and loop parts and report what a perfect receive-side correction would reach "
+        help="NIC stamps (hw or cqe): also split the error against the simulator's truth into "
+        "its node-like and loop parts and report what a perfect receive-side correction would "
+        "reach, and a perfect per-direction one (`perfect_direction_p99_ns`) "
         "(`truth_breakdown`; docs/benchmarks.md; costs one more solve and the truth per probe)",
     )
     p.add_argument(
@@ -619,9 +625,10 @@ def register_sync(ssub: Any) -> None:
         default=0,
         metavar="R",
         help="with --truth-breakdown: simulate each window R - 1 more times with other per-probe "
-        "luck (same fabric, paths, load) and report `expected_split_p99_ns`, the error a perfect "
-        "reading of each direction's expected best-sample queueing would leave (the luck is not "
-        "readable: docs/sync.md); R times the simulation time (default: off)",
+        "luck (same fabric, paths, load) and report `expected_split_p99_ns` and "
+        "`expected_direction_p99_ns`, the error a perfect reading of each direction's expected "
+        "best-sample queueing would leave through the leaf split / pair by pair (the luck is "
+        "not readable: docs/sync.md); R times the simulation time (default: off)",
     )
     add_model_options(p)
     p.set_defaults(func=_cmd)

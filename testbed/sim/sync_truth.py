@@ -7,6 +7,14 @@ Two questions the estimator cannot answer from its data, and the simulator can:
   into a part of the form ``b_j - b_i`` (a node offset: loop closure cannot see it, the
   network solve keeps it) and the rest (what loops see and the solve averages away). Least
   squares over the edges gives ``b``; the rest is the residual.
+* **what a perfect reading of every direction would reach.** Each pair offset the solve got,
+  less half the difference of its two directions' true best-sample queueing, solved again with
+  equal weights (``perfect_direction_p99_ns``): what is left is the constant asymmetry and the
+  fits' noise. With that queueing's *expectation* (`mean_queueing` over luck draws) instead
+  (``expected_direction_p99_ns``), the luck of each direction's best sample is left in: no
+  reading of a window's samples knows more than that expectation (docs/sync.md, "CQE stamps:
+  what is observable"), so this is the bound on any correction of the best samples'
+  queueing, per NIC or per direction.
 * **what a perfect receive-side correction would reach.** Per direction the best sample's
   true queueing (the envelope's excess), averaged per NIC over its incoming directions, is the
   quantity `sync.excess.receive_excess` estimates from the data; subtracting half of the true
@@ -114,6 +122,22 @@ def _p99(x: F64) -> float:
     return round(float(np.percentile(x, 99)), 2) if x.size else float("nan")
 
 
+def _direction_p99(n_nodes: int, edges: I64, theta_ns: F64, truth: F64, q: BestQueueing) -> float:
+    """Node p99 error of the pair offsets ``theta_ns`` (j minus i for ``edges[e] = (i, j)``)
+    less half the difference of their two directions' queueing in ``q`` (a direction's best
+    sample is late by it, so ``theta`` is high by half of ``q(i -> j) - q(j -> i)``), solved
+    with equal weights (Huber, mean pinned); pairs with a direction ``q`` lacks are left out.
+    Raises ValueError when ``q`` has other edges."""
+    if not np.array_equal(q.edges, edges):
+        raise ValueError("queueing of other edges")
+    th = theta_ns - 0.5 * (q.best[0::2] - q.best[1::2])
+    fin = np.isfinite(th)
+    sol = solve_network(
+        n_nodes, edges[fin], th[fin], np.ones(int(fin.sum())), pin="mean", loss="huber"
+    )  # fmt: skip
+    return _p99(node_errors(np.where(sol.known, sol.offset_ns, np.nan), truth))
+
+
 def breakdown(
     n_nodes: int,
     edges: I64,
@@ -123,6 +147,8 @@ def breakdown(
     rx_true: F64,
     split_true: F64 | None = None,
     split_expected: F64 | None = None,
+    best: BestQueueing | None = None,
+    expected: BestQueueing | None = None,
 ) -> dict[str, Any]:
     """The report's ``truth_breakdown``: from the pair offsets the final solve got
     (``theta_ns``, offset of j minus offset of i at the reference instant, before any
@@ -135,7 +161,10 @@ def breakdown(
     of that (``perfect_split_p99_ns``); given ``split_expected`` (the same from the
     directions' *expected* best-sample queueing, `mean_queueing`: the luck of each window's
     best samples left in), ``expected_split_p99_ns``, what a perfect reading of each
-    direction's scale would reach."""
+    direction's scale would reach. Given ``best`` / ``expected`` (per direction the true best
+    sample's queueing / its expectation, on the same ``edges``), ``perfect_direction_p99_ns``
+    / ``expected_direction_p99_ns``: ``theta_ns`` corrected pair by pair (`_direction_p99`).
+    Raises ValueError when ``best`` or ``expected`` has other edges."""
     fin = np.isfinite(theta_ns)
     e = edges[fin]
     err = theta_ns[fin] - (truth[e[:, 1]] - truth[e[:, 0]])
@@ -155,6 +184,12 @@ def breakdown(
         extra["perfect_split_p99_ns"] = corrected_p99(split_true)
     if split_expected is not None:
         extra["expected_split_p99_ns"] = corrected_p99(split_expected)
+    if best is not None:
+        extra["perfect_direction_p99_ns"] = _direction_p99(n_nodes, edges, theta_ns, truth, best)
+    if expected is not None:
+        extra["expected_direction_p99_ns"] = _direction_p99(
+            n_nodes, edges, theta_ns, truth, expected
+        )
     return {
         "edge_error_p99_ns": _p99(np.abs(err)),
         "node_like_p99_ns": _p99(b),
