@@ -39,7 +39,8 @@ from prober.publish import Publisher
 from prober.spool import Spool
 from recovery.follow import Follower
 from testbed.securebroker import Material, agent_user, broker_conf, make_material
-from tests.conftest import MOSQUITTO, _free_port, _wait_listening
+from tests.conftest import MOSQUITTO, _wait_listening
+from tests.ports import free_port
 
 P = "qpmesh/v1"
 AGENT = agent_user("job1", 0)
@@ -56,7 +57,7 @@ def secure_broker(tmp_path: Path) -> Iterator[tuple[int, Material]]:
         pytest.skip("mosquitto not installed")
     m = make_material(tmp_path / "pki", ["127.0.0.1"], ["host0", "host1"],
                       agents={AGENT: ("job1", ["nic0"])})  # fmt: skip
-    port = _free_port()
+    port = free_port()
     conf = tmp_path / "mosquitto.conf"
     conf.write_text(broker_conf("127.0.0.1", port, m))
     with (tmp_path / "mosquitto.log").open("wb") as log:
