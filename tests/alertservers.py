@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import yaml
 
-from tests.ports import free_port
+from tests.servers import free_port, stop_process
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
 VMALERT = shutil.which("vmalert") or "/usr/bin/vmalert"
@@ -38,16 +38,6 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
         except (OSError, urllib.error.HTTPError):
             time.sleep(0.1)
     raise RuntimeError(f"{url} did not answer in {timeout_s:g} s; see {log}")
-
-
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
 
 
 class _Server:
@@ -83,7 +73,7 @@ class _Server:
             raise
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop_process(self.proc, timeout_s=15)
         self.proc = None
 
     def __enter__(self) -> Self:

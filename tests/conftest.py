@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from testbed.rxevm.vm import VmError, vm_unavailable
-from tests.ports import free_port
 from tests.rxe_early import EARLY, start_scenario
+from tests.servers import free_port, stop_process
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 
@@ -106,11 +106,5 @@ def mosquitto(tmp_path: Path) -> Iterator[tuple[str, int]]:
         _wait_listening(port, proc, timeout_s=10.0)
         yield ("127.0.0.1", port)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_process(proc)
         log.close()

@@ -20,7 +20,7 @@ import pytest
 
 from natslink.serverconf import ServerSpec, server_conf
 from natslink.subjects import Subjects
-from tests.ports import free_ports
+from tests.servers import free_ports
 
 NATS_SERVER = "/usr/sbin/nats-server"
 

@@ -24,7 +24,7 @@ from mesh.fabric import FabricShape, build_fabric
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
-from tests.ports import free_port
+from tests.servers import free_port
 
 TOKEN = "controller-operator-token"
 

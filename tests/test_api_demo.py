@@ -13,7 +13,7 @@ import sys
 import aiohttp
 import pytest
 
-from tests.ports import free_port
+from tests.servers import free_port
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ from mesh.fabric import Fabric, FabricShape, build_fabric
 from prober.agent import health_doc
 from prober.telemetry.gpu import GpuReading
 from testbed.sim.engine import SimConfig, Simulator
-from tests.ports import free_port
+from tests.servers import free_port
 
 PREFIX = "qpmesh/v1"
 ROUTERS = {"10.0.0.254": "leaf0", "172.16.0.9": "spine1", "10.0.1.254": "leaf1"}

@@ -32,7 +32,7 @@ from prober.telemetry.gpu import GpuReading
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
-from tests.ports import free_port
+from tests.servers import free_port
 from tests.test_timeseries_vm import VM, VictoriaMetrics
 
 pytestmark = [

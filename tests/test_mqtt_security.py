@@ -40,7 +40,7 @@ from prober.spool import Spool
 from recovery.follow import Follower
 from testbed.securebroker import Material, agent_user, broker_conf, make_material
 from tests.conftest import MOSQUITTO, _wait_listening
-from tests.ports import free_port
+from tests.servers import free_port, stop_process
 
 P = "qpmesh/v1"
 AGENT = agent_user("job1", 0)
@@ -66,12 +66,7 @@ def secure_broker(tmp_path: Path) -> Iterator[tuple[int, Material]]:
         _wait_listening(port, proc, timeout_s=10.0)
         yield port, m
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc)
 
 
 def _client(port: int, sec: MqttSecurity, ident: str) -> aiomqtt.Client:

@@ -122,7 +122,7 @@ async def test_follow_hands_on_every_message_and_reports_errors_in_one_line(
     ``apply``; a broker that is not there is one line per try and the loop goes on."""
     from mqttlink.follow import follow
     from mqttlink.settings import BrokerSettings
-    from tests.ports import free_port
+    from tests.servers import free_port
 
     host, port = mosquitto
     seen: list[tuple[str, bytes]] = []

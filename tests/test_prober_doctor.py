@@ -31,7 +31,7 @@ from prober.doctor import (
 from prober.doctor_cli import port_error
 from qpmesh.cli import main
 from tests.conftest import _wait_listening
-from tests.ports import free_port
+from tests.servers import free_port
 
 ALL_CAPS = (1 << CAP_NET_ADMIN) | (1 << CAP_NET_RAW) | (1 << CAP_IPC_LOCK)
 RDMA_NIC = DiscoveredNic("ens1", True, "has an RDMA port", address="10.0.0.1", mtu=4200, up=True,

@@ -26,7 +26,7 @@ from prober.discover.peers import PeerBook, merge_peers
 from prober.discover.resolve import UNPLACED, LocalNics, NoNicsError, discover_config
 from prober.publish import Publisher
 from prober.spool import Spool
-from tests.ports import free_port
+from tests.servers import free_port
 from tests.test_prober_publish import HOST, FakeBroker, FakeSleep, settings
 
 SEED = secrets.randbelow(1 << 30)

@@ -32,7 +32,7 @@ from controller.timeseries.config import TimeseriesConfig
 from controller.timeseries.runtime import Observability
 from controller.timeseries.writer import TsdbWriter
 from mesh.fabric import FabricShape, build_fabric
-from tests.ports import free_port
+from tests.servers import free_port
 
 TOKEN = "remediation-operator-token"
 ACME = "remediation-acme-token"

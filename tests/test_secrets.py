@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from contract.keys import load_key_file
-from tests.ports import free_port
+from tests.servers import free_port
 
 pytestmark = pytest.mark.broker
 

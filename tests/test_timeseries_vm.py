@@ -26,7 +26,7 @@ from controller.timeseries.recorder import TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter
 from mqttlink.reconnect import Backoff
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
-from tests.ports import free_port
+from tests.servers import free_port
 
 VM = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
 EPOCH_S = 1_700_000_000

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ports import free_port
+from tests.servers import free_port
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),

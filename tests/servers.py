@@ -1,8 +1,10 @@
-"""Free loopback ports for tests that start servers (one helper for every test module)."""
+"""Local servers for tests (one helper for every test module): free loopback ports to start
+them on, and stopping one by its process id."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 
 
 def free_port(kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
@@ -20,3 +22,15 @@ def free_ports(n: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> list[int
     finally:
         for s in socks:
             s.close()
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = 5.0) -> None:
+    """Stop ``proc`` by its id if it still runs: SIGTERM, then SIGKILL after ``timeout_s``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_s)
