@@ -15,7 +15,8 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 
-from mqttlink.settings import BROKER_ERRORS, backoff_delay
+from contract.connection import backoff_delay
+from mqttlink.settings import BROKER_ERRORS
 
 Session = Callable[[Callable[[], None]], Awaitable[None]]
 

@@ -1,8 +1,9 @@
 """Where and how to reach the NATS servers: `NatsSettings`, read from a ``[nats]`` table.
 
-The TLS and credential keys are those of ``[mqtt]`` (`mqttlink.settings.MqttSecurity`, read by
-`mqttlink.settings.read_security`: ``tls``, ``ca_file``, ``cert_file``, ``key_file``,
-``username``, ``password_file``): one shape for a broker client's security, whichever broker.
+The timeout, backoff, drain and the TLS and credential keys are those of ``[mqtt]``
+(`contract.connection.ClientLink` with its `MqttSecurity`, read by `contract.connection.read_link`:
+``tls``, ``ca_file``, ``cert_file``, ``key_file``, ``username``, ``password_file``): one
+shape for a broker client's connection, whichever broker.
 `connect_kwargs` turns them into nats-py's arguments (an `ssl.SSLContext`, user and password);
 the password is read from its file at each connect and never kept.
 """
@@ -10,13 +11,13 @@ the password is read from its file at each connect and never kept.
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from contract.connection import ClientLink, MqttSecurity, read_link, read_password
 from contract.tomlcheck import Table
-from mqttlink.settings import MqttSecurity, backoff_delay, read_password, read_security
 from natslink.subjects import DEFAULT_SUBJECT_PREFIX, Subjects
 
 SCHEMES = ("nats", "tls")
@@ -37,24 +38,19 @@ def check_server(url: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class NatsSettings:
+class NatsSettings(ClientLink):
     """How to reach the NATS servers; validated (ValueError).
 
     ``servers``: the cluster's client URLs (a connection tries them in order);
     ``subject_prefix``: the subjects' first levels (`natslink.subjects.Subjects`);
-    ``connect_timeout_s``: one connect attempt; ``timeout_s``: every request (publish ack,
-    fetch, KV operation); ``backoff_min_s``/``backoff_max_s``: the reconnect loop's waits;
-    ``drain_on_stop_s``: how long a stopping publisher keeps sending what it spooled.
+    ``connect_timeout_s``: one connect attempt. ``timeout_s`` (every request: publish ack,
+    fetch, KV operation), the backoff bounds, ``drain_on_stop_s`` and ``security`` are
+    `contract.connection.ClientLink`'s (keyword-only).
     """
 
     servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
     subject_prefix: str = DEFAULT_SUBJECT_PREFIX
     connect_timeout_s: float = 2.0
-    timeout_s: float = 5.0
-    backoff_min_s: float = 0.2
-    backoff_max_s: float = 5.0
-    drain_on_stop_s: float = 5.0
-    security: MqttSecurity = field(default_factory=MqttSecurity)
 
     def __post_init__(self) -> None:
         if not self.servers:
@@ -62,9 +58,9 @@ class NatsSettings:
         for url in self.servers:
             check_server(url)
         Subjects(self.subject_prefix)  # raises SubjectError (a ValueError)
-        if self.connect_timeout_s <= 0 or self.timeout_s <= 0 or self.drain_on_stop_s < 0:
-            raise ValueError("connect_timeout_s and timeout_s must be positive")
-        backoff_delay(0, self.backoff_min_s, self.backoff_max_s)
+        if self.connect_timeout_s <= 0:
+            raise ValueError("connect_timeout_s must be positive")
+        self.check_link()
 
     @property
     def subjects(self) -> Subjects:
@@ -98,8 +94,9 @@ def connect_kwargs(security: MqttSecurity) -> dict[str, Any]:
 def read_nats(tab: Table, base_dir: Path | None) -> NatsSettings | None:
     """Return the settings of a ``[nats]`` table (None when the config has none): ``servers``
     (a list of ``nats://HOST:PORT``), ``subject_prefix``, ``connect_timeout_s``,
-    ``timeout_s``, ``backoff_min_s``, ``backoff_max_s``, ``drain_on_stop_s`` and the TLS and
-    credential keys of ``[mqtt]`` (files relative to ``base_dir``). Raises the table's error
+    ``drain_on_stop_s`` and the keys every broker's table has (`contract.connection.read_link`:
+    ``timeout_s``, ``backoff_min_s``, ``backoff_max_s``, TLS and credentials; files relative
+    to ``base_dir``). Raises the table's error
     (one line naming the file and key); leaves other keys to the caller (call
     ``tab.finish()`` after reading them)."""
     if not tab.values:
@@ -115,13 +112,10 @@ def read_nats(tab: Table, base_dir: Path | None) -> NatsSettings | None:
         "connect_timeout_s": tab.get(
             "connect_timeout_s", float, 2.0, lambda v: 0 < v <= 600, "in (0, 600]"
         ),
-        "timeout_s": tab.get("timeout_s", float, 5.0, lambda v: 0 < v <= 600, "in (0, 600]"),
-        "backoff_min_s": tab.get("backoff_min_s", float, 0.2, lambda v: 0 < v <= 60, "(0, 60]"),
-        "backoff_max_s": tab.get("backoff_max_s", float, 5.0, lambda v: 0 < v <= 600, "(0, 600]"),
+        **read_link(tab, base_dir),
         "drain_on_stop_s": tab.get(
             "drain_on_stop_s", float, 5.0, lambda v: 0 <= v <= 600, "in [0, 600]"
         ),
-        "security": read_security(tab, base_dir),
     }
     try:
         return NatsSettings(**kw)

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contract.connection import read_link
 from contract.keys import HMAC, KeySet, load_key_file
 from contract.tomlcheck import Table, parse_toml
-from mqttlink.settings import BrokerSettings, read_security
+from mqttlink.settings import BrokerSettings
 from natslink.settings import NatsSettings, read_nats
 from natslink.subjects import SubjectError, check_token
 from prober.discover.nics import nic_id as make_nic_id
@@ -324,18 +325,16 @@ def read_schedule(tab: Table) -> ScheduleConfig:
 
 def read_mqtt(tab: Table, base_dir: Path | None) -> BrokerSettings:
     """Return the broker settings of ``[mqtt]`` (``host``, ``port``, ``prefix``,
-    ``keepalive_s``, ``timeout_s``, ``backoff_min_s``, ``backoff_max_s`` and the TLS and
-    credential keys of `mqttlink.settings.read_security`, files relative to ``base_dir``);
+    ``keepalive_s`` and the keys every broker's table has, `contract.connection.read_link`:
+    ``timeout_s``, ``backoff_min_s``, ``backoff_max_s``, TLS and credentials, files relative
+    to ``base_dir``);
     raises the table's error."""
     kw: dict[str, Any] = {
         "host": tab.get("host", str, "127.0.0.1", bool, "a host name or address"),
         "port": tab.get("port", int, 1883, _port, "an integer in 1..65535"),
         "prefix": tab.get("prefix", str, "qpmesh/v1"),
         "keepalive_s": tab.get("keepalive_s", int, 10, lambda v: 1 <= v <= 3600, "1..3600"),
-        "timeout_s": tab.get("timeout_s", float, 5.0, lambda v: 0 < v <= 600, "in (0, 600]"),
-        "backoff_min_s": tab.get("backoff_min_s", float, 0.2, lambda v: 0 < v <= 60, "(0, 60]"),
-        "backoff_max_s": tab.get("backoff_max_s", float, 5.0, lambda v: 0 < v <= 600, "(0, 600]"),
-        "security": read_security(tab, base_dir),
+        **read_link(tab, base_dir),
     }
     tab.finish()
     try:

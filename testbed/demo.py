@@ -45,18 +45,20 @@ def run_demo(args: argparse.Namespace) -> int:
     listen = getattr(args, "serve", None)
     if args.headless:
         runner = DemoRunner(sc, step_s=args.step)
-        api = _serve(runner, listen, getattr(args, "token", None))
-        writer = demo_timeseries(runner, url)
-        # real time when someone watches (the API) or the points are stamped on the wall
-        # clock (the time series: played faster, they would lie in the future)
-        realtime = api is not None or writer is not None
-        try:  # a signal ends the run between two steps
-            with interruptible(cooperative=True) as stop:
+        # a signal ends the run between two steps; caught from before the API is announced,
+        # so one sent as soon as it is (a test, an operator) cannot leave its thread running
+        with interruptible(cooperative=True) as stop:
+            api = _serve(runner, listen, getattr(args, "token", None))
+            try:
+                writer = demo_timeseries(runner, url)
+                # real time when someone watches (the API) or the points are stamped on the
+                # wall clock (the time series: played faster, they would lie in the future)
+                realtime = api is not None or writer is not None
                 result = run_headless(runner, args.duration or sc.duration_s,
                                       realtime=realtime, stop=stop.event)  # fmt: skip
-        finally:
-            if api is not None:
-                api.stop()
+            finally:
+                if api is not None:
+                    api.stop()
         if api is not None:
             result["api"] = {"url": api.url}
         if writer is not None:

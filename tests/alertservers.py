@@ -10,25 +10,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
+
+from tests.servers import free_port, stop_process
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
 VMALERT = shutil.which("vmalert") or "/usr/bin/vmalert"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
@@ -45,31 +40,60 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
     raise RuntimeError(f"{url} did not answer in {timeout_s:g} s; see {log}")
 
 
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+class _Server:
+    """One private server process on a free loopback port: `start` runs ``argv()`` with its
+    output in ``<dir>/<name>.log`` and waits until ``ready_path`` answers 200 (stopping it if
+    not); `stop` ends it by its PID. Subclasses say what to run."""
 
+    name = ""
+    ready_path = ""
 
-class Alertmanager:
-    """One private Alertmanager; ``webhook`` (URL, optional bearer token) receives every
-    alert group (group_wait 1 s)."""
-
-    def __init__(self, workdir: Path, port: int | None = None,
-                 webhook: tuple[str, str | None] | None = None) -> None:  # fmt: skip
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
-        self.webhook = webhook
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        log = self.dir / f"{self.name}.log"
+        argv = self.argv()
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _wait_http(f"{self.url}{self.ready_path}", self.proc, log, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        stop_process(self.proc, timeout_s=15)
+        self.proc = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Alertmanager(_Server):
+    """One private Alertmanager; ``webhook`` (URL, optional bearer token) receives every
+    alert group (group_wait 1 s)."""
+
+    name, ready_path = "alertmanager", "/-/ready"
+
+    def __init__(self, workdir: Path, port: int | None = None,
+                 webhook: tuple[str, str | None] | None = None) -> None:  # fmt: skip
+        super().__init__(workdir, port)
+        self.webhook = webhook
 
     def config(self) -> dict[str, Any]:
         receiver: dict[str, Any] = {"name": "qpmesh"}
@@ -84,26 +108,12 @@ class Alertmanager:
             "receivers": [receiver],
         }  # fmt: skip
 
-    def start(self, timeout_s: float = 30.0) -> None:
+    def argv(self) -> list[str]:
         conf = self.dir / "alertmanager.yml"
         conf.write_text(yaml.safe_dump(self.config()))
-        log = self.dir / "alertmanager.log"
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [ALERTMANAGER, f"--config.file={conf}", f"--storage.path={self.dir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=",
-                 "--log.level=warn"],
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        try:
-            _wait_http(f"{self.url}/-/ready", self.proc, log, timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        _stop(self.proc)
-        self.proc = None
+        return [ALERTMANAGER, f"--config.file={conf}", f"--storage.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=",
+                "--log.level=warn"]  # fmt: skip
 
     def alerts(self, **filters: str) -> list[dict[str, Any]]:
         """Return ``GET /api/v2/alerts`` (``filters``: its query parameters)."""
@@ -111,55 +121,23 @@ class Alertmanager:
         with urllib.request.urlopen(f"{self.url}/api/v2/alerts?{q}", timeout=10) as r:
             return list(json.loads(r.read()))
 
-    def __enter__(self) -> Alertmanager:
-        self.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class VmAlert:
+class VmAlert(_Server):
     """One private vmalert evaluating ``rules`` against ``datasource``, notifying
     ``notifier`` (an Alertmanager URL)."""
 
+    name, ready_path = "vmalert", "/health"
+
     def __init__(self, workdir: Path, rules: Path, datasource: str, notifier: str) -> None:
-        self.dir, self.rules, self.datasource, self.notifier = workdir, rules, datasource, notifier
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(workdir)
+        self.rules, self.datasource, self.notifier = rules, datasource, notifier
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 30.0) -> None:
-        log = self.dir / "vmalert.log"
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [VMALERT, f"-rule={self.rules}", f"-datasource.url={self.datasource}",
-                 f"-notifier.url={self.notifier}", f"-httpListenAddr=127.0.0.1:{self.port}",
-                 "-evaluationInterval=1s", "-loggerLevel=ERROR"],
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        try:
-            _wait_http(f"{self.url}/health", self.proc, log, timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        _stop(self.proc)
-        self.proc = None
+    def argv(self) -> list[str]:
+        return [VMALERT, f"-rule={self.rules}", f"-datasource.url={self.datasource}",
+                f"-notifier.url={self.notifier}", f"-httpListenAddr=127.0.0.1:{self.port}",
+                "-evaluationInterval=1s", "-loggerLevel=ERROR"]  # fmt: skip
 
     def alerts(self) -> list[dict[str, Any]]:
         """Return vmalert's own view of its alerts (``/api/v1/alerts``)."""
         with urllib.request.urlopen(f"{self.url}/api/v1/alerts", timeout=10) as r:
             return list(json.loads(r.read())["data"]["alerts"] or [])
-
-    def __enter__(self) -> VmAlert:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -28,6 +28,7 @@ import pytest
 
 from testbed.rxevm.vm import VmError, vm_unavailable
 from tests.rxe_early import EARLY, start_scenario
+from tests.servers import free_port, stop_process
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 
@@ -74,12 +75,6 @@ def _rxe_vm_early(
         vm.kill()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -99,7 +94,7 @@ def mosquitto(tmp_path: Path) -> Iterator[tuple[str, int]]:
     binary = MOSQUITTO if os.path.exists(MOSQUITTO) else shutil.which("mosquitto")
     if binary is None:
         pytest.skip("mosquitto binary not installed")
-    port = _free_port()
+    port = free_port()
     conf = tmp_path / "mosquitto.conf"
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
@@ -111,11 +106,5 @@ def mosquitto(tmp_path: Path) -> Iterator[tuple[str, int]]:
         _wait_listening(port, proc, timeout_s=10.0)
         yield ("127.0.0.1", port)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_process(proc)
         log.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import pytest
 
 from natslink.serverconf import ServerSpec, server_conf
 from natslink.subjects import Subjects
+from tests.servers import free_ports
 
 NATS_SERVER = "/usr/sbin/nats-server"
 
@@ -28,18 +28,6 @@ NATS_SERVER = "/usr/sbin/nats-server"
 def binary() -> str | None:
     """Return the nats-server binary, None if not installed."""
     return NATS_SERVER if os.path.exists(NATS_SERVER) else shutil.which("nats-server")
-
-
-def _free_ports(n: int) -> list[int]:
-    """Return ``n`` distinct free loopback ports (held open together while chosen)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Cluster:
@@ -50,7 +38,7 @@ class Cluster:
         if exe is None:
             pytest.skip("nats-server not installed")
         self.exe, self.root, self.partitions = exe, root, partitions
-        ports = _free_ports(3 * n)
+        ports = free_ports(3 * n)
         tag = f"t{os.getpid()}x{ports[0]}"
         self.specs = [
             ServerSpec(f"{tag}n{i}", "127.0.0.1", ports[3 * i], ports[3 * i + 1],

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from controller.timeseries.writer import TsdbWriter
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
 from testbed.sim.engine import EPOCH_NS
 from tests.alertservers import ALERTMANAGER, PROMTOOL, VMALERT, Alertmanager, VmAlert
-from tests.test_timeseries_vm import VM, VictoriaMetrics
+from tests.test_timeseries_vm import VM, VictoriaMetrics, vm  # noqa: F401  (the fixture)
 
 RULES_DIR = Path(__file__).parents[1] / "docs" / "alerting"
 RULES = RULES_DIR / "qpmesh-rules.yml"
@@ -65,17 +64,7 @@ def test_promtool_unit_tests_catch_a_broken_rule(tmp_path: Path) -> None:
     assert out.returncode != 0 and "QpmeshLinkFlapping" in out.stdout + out.stderr
 
 
-@pytest.fixture
-def vm(tmp_path: Path) -> Iterator[VictoriaMetrics]:
-    server = VictoriaMetrics(tmp_path / "vm-data", tmp_path / "vm.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def _write_a_flap_ending_now(vm: VictoriaMetrics, seconds: float) -> DemoRunner:
+def _write_a_flap_ending_now(vm: VictoriaMetrics, seconds: float) -> DemoRunner:  # noqa: F811
     """Play the demo scenario (its flap from 4 s on) for ``seconds``, its time series stamped
     so that the run ends now (1 s intervals), into ``vm``."""
     runner = DemoRunner(demo_scenario(None, nics=None, seed=7), step_s=0.5)
@@ -96,7 +85,8 @@ def _write_a_flap_ending_now(vm: VictoriaMetrics, seconds: float) -> DemoRunner:
 @needs
 @pytest.mark.slow
 def test_vmalert_fires_a_flap_into_a_real_alertmanager_and_on_to_qpmesh(
-    vm: VictoriaMetrics, tmp_path: Path
+    vm: VictoriaMetrics,  # noqa: F811  (the fixture)
+    tmp_path: Path,
 ) -> None:
     runner = _write_a_flap_ending_now(vm, 20.0)
     assert any(e.kind == "link_flap" and e.target == FLAP for e in runner.events)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,14 +24,9 @@ from mesh.fabric import FabricShape, build_fabric
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
+from tests.servers import free_port
 
 TOKEN = "controller-operator-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _until(what: Callable[[], bool], timeout_s: float = 60.0) -> None:
@@ -75,7 +69,7 @@ async def test_flap_reaches_api_events_and_websocket(
     mosquitto: tuple[str, int], tmp_path: Path
 ) -> None:
     host, port = mosquitto
-    api_port = _free_port()
+    api_port = free_port()
     # three leaves: with two, every path over leaf0-spine1 also crosses leaf1-spine1 and the
     # flap could not be told apart from its sibling
     shape = FabricShape(leaves=3, spines=2, hosts_per_leaf=3, nics_per_host=1)

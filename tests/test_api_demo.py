@@ -13,16 +13,12 @@ import sys
 import aiohttp
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.servers import free_port
 
 
 @pytest.mark.slow
 async def test_demo_serves_the_flap_on_api_and_websocket() -> None:
-    port = _free_port()
+    port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "qpmesh.cli", "demo", "--headless", "--duration", "10",
         "--serve", f"127.0.0.1:{port}", "--json",

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import socket
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from mesh.fabric import Fabric, FabricShape, build_fabric
 from prober.agent import health_doc
 from prober.telemetry.gpu import GpuReading
 from testbed.sim.engine import SimConfig, Simulator
+from tests.servers import free_port
 
 PREFIX = "qpmesh/v1"
 ROUTERS = {"10.0.0.254": "leaf0", "172.16.0.9": "spine1", "10.0.1.254": "leaf1"}
@@ -193,12 +193,6 @@ def test_malformed_payloads_are_dropped_counted_and_never_raise(kind: str) -> No
     assert world.live.records > before
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _decode_errors(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out: dict[str, float] = {}
@@ -223,7 +217,7 @@ async def test_garbage_through_mosquitto_is_counted_and_the_service_keeps_ingest
     mosquitto: tuple[str, int], tmp_path: Path
 ) -> None:
     host, port = mosquitto
-    mport = _free_port()
+    mport = free_port()
     conf = ServiceConfig(fabric=FAB, tick_s=0.2, backoff_s=(0.05, 0.2), router_nodes=ROUTERS,
                          metrics_listen=f"127.0.0.1:{mport}")  # fmt: skip
     live = LiveController(FAB)

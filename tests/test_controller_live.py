@@ -2,40 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from contract.documents import EventDoc
 from controller.admission import Outcome, Verdict
-from controller.brain import BrainConfig
 from controller.control import Control
-from controller.detect.window import WindowPart
 from controller.jobs import Job, JobRegistry
 from controller.live import LiveConfig, LiveController
-from mesh.fabric import FabricShape, build_fabric
-from mesh.snapshot import ControlUnavailable, Health
+from controller.observations import Observations
+from mesh.fabric import Fabric, FabricShape, build_fabric
+from mesh.snapshot import ControlUnavailable
 from testbed.sim.engine import SimConfig, Simulator
+from tests.brains import AllUp
 
 BASE = 1_700_000_000_000_000_000
 
 
-class StubBrain:
-    """Records calls; returns fixed health (a `controller.brainlike.BrainLike`)."""
+class StubBrain(AllUp):
+    """Counts the observations tapped; a host's last will is a ``prober_down`` event."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    def __init__(self, fabric: Fabric) -> None:
+        super().__init__(fabric)
         self.seen = 0
         self.pending: list[EventDoc] = []
-        self.config = BrainConfig()
 
-    def tap(self, obs: object) -> None:
-        self.seen += len(obs)  # type: ignore[arg-type]
-
-    def judge(self, end_ns: int, parts: Sequence[WindowPart]) -> list[EventDoc]:
-        return []
+    def tap(self, obs: Observations) -> None:
+        self.seen += len(obs)
 
     def take_pending(self) -> list[EventDoc]:
         out, self.pending = self.pending, []
@@ -44,32 +37,6 @@ class StubBrain:
     def presence(self, host: str, alive: bool, now_ns: int) -> None:
         if not alive:
             self.pending.append(EventDoc(now_ns, "prober_down", host))
-
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
-        pass
-
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
-        pass
-
-    def link_health(self) -> dict[str, Health]:
-        return {}
-
-    def nic_health(self) -> list[Health]:
-        return [Health.UP] * self.n
-
-    def flap_counts(self) -> dict[str, int]:
-        return {}
-
-    def hosts_down(self) -> frozenset[str]:
-        return frozenset()
-
-    def path_baselines(self, sig: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        return np.full(len(sig), np.nan)
-
-    def baselines(
-        self,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.float64]]:
-        return np.zeros(0, np.int64), np.zeros((0, 4), np.int32), np.zeros(0)
 
 
 def _run(lc: LiveController, sim: Simulator, seconds: float) -> list[EventDoc]:
@@ -122,7 +89,7 @@ def test_live_snapshot_delays_history_and_control() -> None:
 def test_live_duplicate_batch_not_reingested_and_events_bounded() -> None:
     fab = build_fabric(FabricShape.for_nics(16))
     sim = Simulator(fab, SimConfig(seed=4, peers=4))
-    brain = StubBrain(len(fab.nics))
+    brain = StubBrain(fab)
     lc = LiveController(fab, LiveConfig(max_events=2), brain=brain)
     st = sim.step(0.0, 0.5)
     assert lc.admit(st.batch, BASE) == Verdict(Outcome.ACCEPTED, records=len(st.batch))
@@ -160,7 +127,7 @@ def test_probes_sent_to_a_host_before_its_prober_was_alive_are_not_evidence() ->
 
     fab = build_fabric(FabricShape.for_nics(16))
     sim = Simulator(fab, SimConfig(seed=4, peers=4))
-    brain = StubBrain(len(fab.nics))
+    brain = StubBrain(fab)
     lc = LiveController(fab, LiveConfig(solve_inline=False), brain=brain)
     st = sim.step(0.0, 0.5)
     ing = Ingestor(fab).ingest(st.batch)

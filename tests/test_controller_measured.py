@@ -3,14 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import numpy as np
-import numpy.typing as npt
 
-from contract.documents import EventDoc
 from controller.api.views import Scope, snapshot_view
-from controller.brain import BrainConfig
 from controller.detect.delay import DelayParams
 from controller.detect.paths import PathIndex
 from controller.detect.window import DetectionWindow, WindowPart
@@ -21,53 +16,10 @@ from mesh.fabric import FabricShape, build_fabric, flow_paths
 from mesh.fabric.ecmp import routing_tables
 from mesh.snapshot import Health
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
+from tests.brains import AllUp
 
 S = 1_000_000_000
 FAB = build_fabric(FabricShape.for_nics(16, nics_per_leaf=8))
-
-
-class AllUp:
-    """A brain whose table says everything is up (as the real one does before evidence)."""
-
-    config = BrainConfig()
-
-    def tap(self, obs: Observations) -> None:
-        pass
-
-    def judge(self, end_ns: int, parts: Sequence[WindowPart]) -> list[EventDoc]:
-        return []
-
-    def take_pending(self) -> list[EventDoc]:
-        return []
-
-    def presence(self, host: str, alive: bool, now_ns: int) -> None:
-        pass
-
-    def gpu(self, host: str, ok: bool, detail: str, now_ns: int) -> None:
-        pass
-
-    def nic_links(self, host: str, up: Mapping[str, bool], now_ns: int) -> None:
-        pass
-
-    def link_health(self) -> dict[str, Health]:
-        return {lk.id: Health.UP for lk in FAB.links}
-
-    def nic_health(self) -> list[Health]:
-        return [Health.UP] * len(FAB.nics)
-
-    def flap_counts(self) -> dict[str, int]:
-        return {}
-
-    def hosts_down(self) -> frozenset[str]:
-        return frozenset()
-
-    def path_baselines(self, sig: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        return np.full(len(sig), np.nan)
-
-    def baselines(
-        self,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.float64]]:
-        return np.zeros(0, np.int64), np.zeros((0, 4), np.int32), np.zeros(0)
 
 
 def _probes(src: int, dst: int, t_ns: int, *, lost: bool = False) -> Observations:
@@ -104,7 +56,7 @@ def test_a_controller_with_a_fabric_and_no_prober_says_unknown_not_healthy() -> 
 
 
 def test_measured_entities_take_the_brains_verdict_until_stale() -> None:
-    m = Measured(AllUp(), FAB, stale_ns=10 * S)
+    m = Measured(AllUp(FAB), FAB, stale_ns=10 * S)
     assert set(m.nic_health()) == {Health.UNKNOWN}  # before any window was judged
     m.judge(1 * S, [])
     assert set(m.nic_health()) == {Health.UNKNOWN}  # an empty window measures nothing

@@ -32,7 +32,7 @@ from prober.telemetry.gpu import GpuReading
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
-from tests.conftest import _free_port
+from tests.servers import free_port
 from tests.test_timeseries_vm import VM, VictoriaMetrics
 
 pytestmark = [
@@ -74,7 +74,7 @@ async def test_a_flap_reaches_api_websocket_time_series_and_tui(
     host, port = mosquitto
     vm = VictoriaMetrics(tmp_path / "vm-data", tmp_path / "vm.log")
     vm.start()
-    api_port = _free_port()
+    api_port = free_port()
     conf = tmp_path / "controller.toml"
     conf.write_text(
         "[fabric]\nleaves = 3\nspines = 2\nhosts_per_leaf = 3\nnics_per_host = 1\n"

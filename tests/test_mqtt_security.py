@@ -39,7 +39,8 @@ from prober.publish import Publisher
 from prober.spool import Spool
 from recovery.follow import Follower
 from testbed.securebroker import Material, agent_user, broker_conf, make_material
-from tests.conftest import MOSQUITTO, _free_port, _wait_listening
+from tests.conftest import MOSQUITTO, _wait_listening
+from tests.servers import free_port, stop_process
 
 P = "qpmesh/v1"
 AGENT = agent_user("job1", 0)
@@ -56,7 +57,7 @@ def secure_broker(tmp_path: Path) -> Iterator[tuple[int, Material]]:
         pytest.skip("mosquitto not installed")
     m = make_material(tmp_path / "pki", ["127.0.0.1"], ["host0", "host1"],
                       agents={AGENT: ("job1", ["nic0"])})  # fmt: skip
-    port = _free_port()
+    port = free_port()
     conf = tmp_path / "mosquitto.conf"
     conf.write_text(broker_conf("127.0.0.1", port, m))
     with (tmp_path / "mosquitto.log").open("wb") as log:
@@ -65,12 +66,7 @@ def secure_broker(tmp_path: Path) -> Iterator[tuple[int, Material]]:
         _wait_listening(port, proc, timeout_s=10.0)
         yield port, m
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc)
 
 
 def _client(port: int, sec: MqttSecurity, ident: str) -> aiomqtt.Client:

@@ -4,6 +4,7 @@ connection, and `run_service` uses it (the bug was a controller that never reset
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 from collections.abc import Callable
 from typing import Any
@@ -105,3 +106,61 @@ def test_run_service_resets_its_backoff_after_a_good_connection(
     assert calls["n"] == 6 and len(retries) == 6
     # every connection worked before it dropped: every wait is the minimum, never doubled
     assert all('"retry_in_s": 0.001' in line for line in retries), retries
+
+
+async def _until(done: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Wait (polling, bounded) until ``done()``; a busy machine may take seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not done() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+
+
+async def test_follow_hands_on_every_message_and_reports_errors_in_one_line(
+    mosquitto: tuple[str, int],
+) -> None:
+    """The one follower session: retained messages arrive after subscribing, each to
+    ``apply``; a broker that is not there is one line per try and the loop goes on."""
+    from mqttlink.follow import follow
+    from mqttlink.settings import BrokerSettings
+    from tests.servers import free_port
+
+    host, port = mosquitto
+    seen: list[tuple[str, bytes]] = []
+    connects: list[int] = []
+    errors: list[str] = []
+
+    def apply(topic: str, payload: bytes | bytearray) -> None:
+        seen.append((topic, bytes(payload)))
+
+    async with aiomqtt.Client(host, port, identifier="qpt-follow-pub") as pub:
+        await pub.publish("qpt/v1/x/h1", b"one", 1, retain=True)
+        await pub.publish("qpt/v1/y/h1", b"other", 1, retain=True)
+        settings = BrokerSettings(host=host, port=port, prefix="qpt/v1", timeout_s=5.0)
+        task = asyncio.create_task(follow(
+            settings, "qpt-follow", "qpt/v1/x/+", apply, what="x subscription",
+            on_connect=lambda: connects.append(1), on_error=errors.append,
+        ))  # fmt: skip
+        try:
+            await _until(lambda: bool(seen))
+            await pub.publish("qpt/v1/x/h2", b"two", 1)
+            await _until(lambda: len(seen) > 1)
+            assert seen == [("qpt/v1/x/h1", b"one"), ("qpt/v1/x/h2", b"two")]
+            assert connects == [1] and errors == []
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    away = BrokerSettings(port=free_port(), timeout_s=2.0, backoff_min_s=0.01, backoff_max_s=0.02)
+    task = asyncio.create_task(follow(
+        away, "qpt-follow-away", "qpt/v1/x/+", apply, what="x subscription",
+        on_connect=lambda: connects.append(1), on_error=errors.append,
+    ))  # fmt: skip
+    try:
+        await _until(lambda: len(errors) >= 2)
+        assert len(errors) >= 2 and connects == [1]
+        assert errors[0].startswith("x subscription: MqttError: ") and "\n" not in errors[0]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -60,6 +60,38 @@ def test_settings_read_and_errors() -> None:
             _read(text)
 
 
+def test_mqtt_and_nats_share_one_connection_shape_and_its_reader() -> None:
+    """The timeout, backoff, drain and security of ``[mqtt]`` and ``[nats]`` are one shape
+    (`contract.connection.ClientLink`), validated and read by one piece of code."""
+    from contract.connection import ClientLink
+    from mqttlink.settings import BrokerSettings
+    from prober.config import read_mqtt
+
+    for cls in (BrokerSettings, NatsSettings):
+        assert issubclass(cls, ClientLink)
+        for bad in ({"timeout_s": 0.0}, {"backoff_min_s": 2.0, "backoff_max_s": 1.0},
+                    {"drain_on_stop_s": -1.0}):  # fmt: skip
+            with pytest.raises(ValueError):
+                cls(**bad)
+
+    def read_mqtt_text(text: str) -> BrokerSettings:
+        return read_mqtt(
+            Table.root(parse_toml(text, "c.toml", _Bad), "c.toml", _Bad).table("mqtt"), None
+        )
+
+    keys = 'timeout_s = 3\nbackoff_min_s = 0.5\nbackoff_max_s = 7\nusername = "u"\n'
+    for got in (
+        read_mqtt_text(f"[mqtt]\n{keys}"),
+        _read(f'[nats]\nservers = ["nats://a:1"]\n{keys}'),
+    ):
+        assert got is not None and got.security.username == "u"
+        assert (got.timeout_s, got.backoff_min_s, got.backoff_max_s) == (3.0, 0.5, 7.0)
+    with pytest.raises(_Bad, match=r"c\.toml: mqtt\.backoff_min_s: must be \(0, 60\]"):
+        read_mqtt_text("[mqtt]\nbackoff_min_s = 0\n")
+    with pytest.raises(_Bad, match=r"c\.toml: nats\.backoff_min_s: must be \(0, 60\]"):
+        _read('[nats]\nservers = ["nats://a:1"]\nbackoff_min_s = 0\n')
+
+
 def test_partition_hash_is_fnv1a_and_hosts_are_one_token() -> None:
     assert fnv1a32(b"") == 0x811C9DC5 and fnv1a32(b"a") == 0xE40C292C  # FNV-1a test vectors
     # the four values nats-server 2.9.10 gave for partition(8,1) (measured here)

@@ -30,7 +30,8 @@ from prober.doctor import (
 )
 from prober.doctor_cli import port_error
 from qpmesh.cli import main
-from tests.conftest import _free_port, _wait_listening
+from tests.conftest import _wait_listening
+from tests.servers import free_port
 
 ALL_CAPS = (1 << CAP_NET_ADMIN) | (1 << CAP_NET_RAW) | (1 << CAP_IPC_LOCK)
 RDMA_NIC = DiscoveredNic("ens1", True, "has an RDMA port", address="10.0.0.1", mtu=4200, up=True,
@@ -117,7 +118,7 @@ def test_doctor_on_this_host_without_rdma(capsys: pytest.CaptureFixture[str]) ->
     assert doc["ok"] is False and doc["checks"][0]["name"] == "nics"
     assert doc["checks"][0]["status"] == "fail" and "no RDMA port" in doc["checks"][0]["detail"]
     name = _probe_ifname()
-    assert main(["doctor", "--nics", name, "--port", str(_free_port())]) == 0
+    assert main(["doctor", "--nics", name, "--port", str(free_port())]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"ok    nics: {name} (")
     assert any(line.startswith(f"skip  rdma {name}: no RDMA device") for line in lines)
@@ -135,7 +136,7 @@ def password_broker(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         pytest.skip("mosquitto and mosquitto_passwd are not installed")
     subprocess.run([passwd, "-b", "-c", str(tmp_path / "passwd"), "probe", "s3cret"], check=True)
     os.chmod(tmp_path / "passwd", 0o600)
-    port = _free_port()
+    port = free_port()
     user = "user root\n" if os.geteuid() == 0 else ""  # keep reading the 0600 file as root
     (tmp_path / "m.conf").write_text(
         f"{user}listener {port} 127.0.0.1\nallow_anonymous false\n"
@@ -156,7 +157,7 @@ def _config(tmp: Path, port: int, secret: str) -> Path:
     pw.write_text(secret + "\n")
     os.chmod(pw, 0o600)
     cfg = tmp / f"prober-{secret}.toml"
-    cfg.write_text(f'[prober]\nhost = "h0"\nport = {_free_port()}\n\n'
+    cfg.write_text(f'[prober]\nhost = "h0"\nport = {free_port()}\n\n'
                    f'[mqtt]\nhost = "127.0.0.1"\nport = {port}\ntimeout_s = 5.0\n'
                    f'username = "probe"\npassword_file = "{pw}"\n\n'
                    '[[nics]]\nid = "n0"\naddress = "127.0.0.1"\n')  # fmt: skip

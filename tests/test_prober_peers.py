@@ -26,6 +26,7 @@ from prober.discover.peers import PeerBook, merge_peers
 from prober.discover.resolve import UNPLACED, LocalNics, NoNicsError, discover_config
 from prober.publish import Publisher
 from prober.spool import Spool
+from tests.servers import free_port
 from tests.test_prober_publish import HOST, FakeBroker, FakeSleep, settings
 
 SEED = secrets.randbelow(1 << 30)
@@ -162,12 +163,6 @@ async def test_neighbours_go_out_retained_before_presence_and_again_on_change() 
     assert [p for t, p, _ in broker.received if "/neighbors/" in t] == [first, moved]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _agent(host: str, address: str, port: int, broker: tuple[str, int],
            lldp: Callable[[str], Any]) -> Agent:  # fmt: skip
     cfg = parse_config({
@@ -187,7 +182,7 @@ async def test_two_probers_find_each_other_through_their_neighbours(
 ) -> None:
     """Nothing listed: each agent's only peer is the other's NIC, learned from its retained
     neighbours document; a recabled NIC (a new LLDP leaf) is published again and replanned."""
-    port = _free_port()
+    port = free_port(socket.SOCK_DGRAM)
     cabling = {"hostA": "leaf0", "hostB": "leaf0"}
 
     def lldp_of(host: str) -> Callable[[str], Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -33,15 +32,10 @@ from controller.timeseries.config import TimeseriesConfig
 from controller.timeseries.runtime import Observability
 from controller.timeseries.writer import TsdbWriter
 from mesh.fabric import FabricShape, build_fabric
+from tests.servers import free_port
 
 TOKEN = "remediation-operator-token"
 ACME = "remediation-acme-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_remediation_table(tmp_path: Path) -> None:
@@ -167,7 +161,7 @@ async def _controller(
     observability: Observability | None = None,
 ) -> AsyncIterator[tuple[str, ScriptedLive, Topics, Path]]:  # fmt: skip
     host, port = mosquitto
-    api_port = _free_port()
+    api_port = free_port()
     (tmp_path / "tokens.txt").write_text(f"operator ops {TOKEN}\ntenant acme {ACME}\n")
     conf = tmp_path / "c.toml"
     conf.write_text(
@@ -419,7 +413,7 @@ async def test_two_controller_runs_on_one_state_send_an_action_once(
     rem = 'control = true\nhold_s = 0\nstate_dir = "state"'
     async with aiomqtt.Client(host, port) as mq:
         got: list[ActionDoc] = []
-        prefix = f"qpmesh/restart{_free_port()}"
+        prefix = f"qpmesh/restart{free_port()}"
         await mq.subscribe(f"{prefix}/remediation/#", qos=1)
         rank = RankDoc("train", 0, ("nic0",), "host0", "acme")
         await mq.publish(rank_topic(prefix, "train", 0), rank.encode(), qos=1, retain=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,11 @@ from pathlib import Path
 import pytest
 
 from contract.keys import load_key_file
+from tests.servers import free_port
 
 pytestmark = pytest.mark.broker
 
 TOKEN = "op-secret-token-1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _qpmesh(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -57,7 +51,7 @@ def test_no_key_material_in_logs_api_dry_run_or_errors(
     outputs += [r.stdout, r.stderr]
 
     host, port = mosquitto
-    api_port = _free_port()
+    api_port = free_port()
     (tmp_path / "ctl.toml").write_text(
         "[fabric]\nleaves = 1\nhosts_per_leaf = 2\nspines = 1\n"
         f'[api]\nlisten = "127.0.0.1:{api_port}"\noperator_token = "{TOKEN}"\n'

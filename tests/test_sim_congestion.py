@@ -91,15 +91,16 @@ def test_a_down_link_s_flows_re_hash_after_routing_converges() -> None:
 def test_discovery_re_learns_paths_and_the_step_says_what_it_found() -> None:
     knobs = dataclasses.replace(ModelKnobs(), ecmp_mismatch=0.5, discovered=0.0, traces_per_s=50)
     sim = Simulator(FAB, SimConfig(seed=4, model=knobs))
-    _, _, sf0, _ = sim._all_paths
-    wrong0 = int((sim._all_paths[0] != sf0).any(axis=2).sum())
+    n = len(sim.discovered_paths()[0])
+    true_f = sim.probed_paths()[:n]  # the probes' rows come first, then the replies'
+    wrong0 = int((true_f != sim.discovered_paths()[3]).any(axis=1).sum())
     found = 0
     for st in sim.run(4.0, 0.1):
         if st.discovered is not None:
             found += len(st.discovered[0])
-    a, _, sf, _ = sim._all_paths
     assert wrong0 > 0 and found >= wrong0
-    assert not (a != sf).any()  # every flow traced once per sweep: all paths known now
+    # every flow traced once per sweep: all paths known now
+    assert not (true_f != sim.discovered_paths()[3]).any()
 
 
 def test_gray_failure_drops_a_fixed_share_of_the_link_s_five_tuples() -> None:

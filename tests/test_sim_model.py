@@ -273,8 +273,7 @@ def test_software_stamp_bias_is_part_of_the_unobservable_floor() -> None:
 def test_discovered_paths_are_the_controllers_view() -> None:
     sim = Simulator(FABRIC, SimConfig(seed=13))
     src, dst, sport, fwd, rev = sim.discovered_paths()
-    true_f, _ = sim._paths
-    true_f = true_f.reshape(len(src), -1)
+    true_f = sim.probed_paths()[: len(src)]  # the probes' rows come first, then the replies'
     assert len(src) == len(dst) == len(sport) == len(fwd) == len(rev) > 0
     wrong = np.mean((fwd != true_f).any(axis=1))
     assert 0 < wrong < 0.1  # mismatched and not discovered: ~5 % by default

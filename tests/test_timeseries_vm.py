@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -27,15 +26,10 @@ from controller.timeseries.recorder import TimeseriesRecorder
 from controller.timeseries.writer import TsdbWriter
 from mqttlink.reconnect import Backoff
 from testbed.sim.demo_runner import DemoRunner, demo_scenario
+from tests.servers import free_port
 
 VM = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
 EPOCH_S = 1_700_000_000
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class VictoriaMetrics:
@@ -54,7 +48,7 @@ class VictoriaMetrics:
     def start(self, port: int | None = None, timeout_s: float = 30.0) -> None:
         """Start on ``port`` (default: a free one; a lost race retries with another)."""
         for _ in range(5):
-            self.port = port or _free_port()
+            self.port = port or free_port()
             with self.log.open("ab") as log:
                 self.proc = subprocess.Popen(
                     [

@@ -19,18 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port
+
 pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
     pytest.mark.slow,
 ]
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "tmux-test-operator-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _controller(port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -96,7 +92,7 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 def test_tui_follows_a_controller_through_a_restart(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "controller.log"
     procs.append(_controller(port, log))
     session = f"qpmesh-tui-api-{uuid.uuid4().hex[:10]}"

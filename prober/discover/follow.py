@@ -3,19 +3,18 @@ transport follows presence: `prober.rdma.presence`).
 
 The documents are retained, so every prober's NICs arrive right after subscribing and later
 changes as they happen. When the peers change, ``on_change()`` is called (the agent plans
-its probes again). Broker errors reconnect through the shared loop (`mqttlink.reconnect`,
-the publisher's backoff bounds); the book is kept across reconnects. Runs until cancelled.
+its probes again). The session and its reconnects are `mqttlink.follow`'s (the one reconnect
+loop, the publisher's backoff bounds); the book is kept across reconnects. Runs until
+cancelled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import aiomqtt
-
 from contract.topics import TopicError, Topics
-from mqttlink.reconnect import Backoff, reconnect_loop
-from mqttlink.settings import BrokerSettings, client_kwargs
+from mqttlink.follow import follow
+from mqttlink.settings import BrokerSettings
 from prober.discover.peers import PeerBook
 
 
@@ -38,27 +37,19 @@ async def follow_neighbors(
     """Subscribe to every host's neighbours document and keep ``book`` current until
     cancelled, calling ``on_change()`` when the peers changed."""
     topics = Topics(settings.prefix)
-    flt = topics.subscription("neighbors")
 
-    async def session(connected: Callable[[], None]) -> None:
-        async with aiomqtt.Client(
-            settings.host, settings.port, identifier=client_id,
-            keepalive=settings.keepalive_s, timeout=settings.timeout_s,
-            **client_kwargs(settings.security),
-        ) as client:  # fmt: skip
-            await client.subscribe(flt, qos=1, timeout=settings.timeout_s)
-            book.counters["connects"] += 1
-            connected()
-            async for msg in client.messages:
-                payload = msg.payload if isinstance(msg.payload, bytes | bytearray) else b""
-                if apply_neighbors(book, topics, str(msg.topic), payload):
-                    on_change()
-        raise aiomqtt.MqttError("neighbours subscription ended")  # reconnect, as on a drop
+    def apply(topic: str, payload: bytes | bytearray) -> None:
+        if apply_neighbors(book, topics, topic, payload):
+            on_change()
 
-    def on_error(exc: BaseException, delay_s: float) -> None:
+    def connected() -> None:
+        book.counters["connects"] += 1
+
+    def failed(line: str) -> None:
         book.counters["errors"] += 1
-        book.last_error = f"neighbours subscription: {type(exc).__name__}: {exc}"
+        book.last_error = line
 
-    await reconnect_loop(
-        session, Backoff(settings.backoff_min_s, settings.backoff_max_s), on_error=on_error
-    )
+    await follow(
+        settings, client_id, topics.subscription("neighbors"), apply,
+        what="neighbours subscription", on_connect=connected, on_error=failed,
+    )  # fmt: skip

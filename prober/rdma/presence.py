@@ -3,20 +3,19 @@
 Presence is retained, so every live prober's document (and every dead one's last will,
 ``alive: false``) arrives right after subscribing; later changes arrive as they happen.
 Each message goes through `RdmaPeerTable.update_payload`; the NIC ids it reports changed are
-handed to ``on_change`` (the transport refreshes those address handles). Broker errors
-reconnect through the shared loop (`mqttlink.reconnect`, the publisher's backoff bounds); the table is kept across reconnects (retained
-messages bring it up to date again). Runs until cancelled.
+handed to ``on_change`` (the transport refreshes those address handles). The session and
+its reconnects are `mqttlink.follow`'s (the one reconnect loop, the publisher's backoff
+bounds); the table is kept across reconnects (retained messages bring it up to date again).
+Runs until cancelled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import aiomqtt
-
 from contract.topics import TopicError, Topics
-from mqttlink.reconnect import Backoff, reconnect_loop
-from mqttlink.settings import BrokerSettings, client_kwargs
+from mqttlink.follow import follow
+from mqttlink.settings import BrokerSettings
 from prober.rdma.peers import RdmaPeerTable
 
 
@@ -48,30 +47,23 @@ async def follow_presence(
     table: RdmaPeerTable,
     on_change: Callable[[frozenset[str]], None],
 ) -> None:
-    """Subscribe to every host's presence and keep ``table`` current until cancelled."""
+    """Subscribe to every host's presence and keep ``table`` current until cancelled,
+    calling ``on_change(nic_ids)`` with the NICs whose addresses changed."""
     topics = Topics(settings.prefix)
-    flt = presence_filter(settings.prefix)
 
-    async def session(connected: Callable[[], None]) -> None:
-        async with aiomqtt.Client(
-            settings.host, settings.port, identifier=client_id,
-            keepalive=settings.keepalive_s, timeout=settings.timeout_s,
-            **client_kwargs(settings.security),
-        ) as client:  # fmt: skip
-            await client.subscribe(flt, qos=1, timeout=settings.timeout_s)
-            table.counters["presence_connects"] += 1
-            connected()
-            async for msg in client.messages:
-                payload = msg.payload if isinstance(msg.payload, bytes | bytearray) else b""
-                changed = apply_presence(table, topics, str(msg.topic), payload)
-                if changed:
-                    on_change(changed)
-        raise aiomqtt.MqttError("presence subscription ended")  # reconnect, as on a drop
+    def apply(topic: str, payload: bytes | bytearray) -> None:
+        changed = apply_presence(table, topics, topic, payload)
+        if changed:
+            on_change(changed)
 
-    def on_error(exc: BaseException, delay_s: float) -> None:
+    def connected() -> None:
+        table.counters["presence_connects"] += 1
+
+    def failed(line: str) -> None:
         table.counters["presence_errors"] += 1
-        table.last_error = f"presence subscription: {type(exc).__name__}: {exc}"
+        table.last_error = line
 
-    await reconnect_loop(
-        session, Backoff(settings.backoff_min_s, settings.backoff_max_s), on_error=on_error
-    )
+    await follow(
+        settings, client_id, presence_filter(settings.prefix), apply,
+        what="presence subscription", on_connect=connected, on_error=failed,
+    )  # fmt: skip

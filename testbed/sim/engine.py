@@ -49,14 +49,12 @@ import numpy.typing as npt
 
 from contract.records import MISSING, ProbeBatch
 from mesh.fabric import Fabric, NodeKind, hop_id
-from mesh.fabric.ecmp import ROCEV2_PORT, flow_paths
 from mesh.fabric.model import hop_links
 from testbed.scenario import Fault, FaultKind, validate_targets
 from testbed.sim.asymmetry import hop_base_ns, nic_txrx_ns, pair_asymmetry_ns
 from testbed.sim.clock_events import ClockEvents
 from testbed.sim.clock_model import ClockWander
 from testbed.sim.congestion_truth import QueueTruth
-from testbed.sim.ecmp_model import true_and_seen_paths
 from testbed.sim.fault_model import gray_drops, optic_drops
 from testbed.sim.load_model import UtilisationModel, redistribution
 from testbed.sim.loss_model import LossModel
@@ -226,7 +224,9 @@ class Simulator:
             self.nic_tx_ns = self.nic_tx_ns + cqe_lead_ns(n, knobs, cfg.seed)
         for f in faults:
             self.add_fault(f)
-        self._paths_moved = MovingPaths(self)
+        self._moving = MovingPaths(
+            fabric, knobs, cfg.seed, self.pairs_src, self.pairs_dst, self.ports
+        )
         self._seq = 0
         self._pair_id = 0
         self._batch_seq = 0
@@ -343,34 +343,10 @@ class Simulator:
         cap = np.repeat([lk.capacity_bps for lk in self.fabric.links], 2)
         return np.asarray(self.config.mtu_bytes * 8 / cap * 1e9, dtype=np.float64)
 
-    @cached_property
-    def _all_paths(self) -> tuple[I32, I32, I32, I32]:
-        """True fwd/rev and the controller's fwd/rev hops per (pair, port slot): (pairs, ports, H)."""
-        n_pairs, k = self.ports.shape
-        src = np.repeat(self.pairs_src, k)
-        dst = np.repeat(self.pairs_dst, k)
-        sp = self.ports.ravel().astype(np.int64)
-        if self.real:
-            out = true_and_seen_paths(
-                self.fabric, src, dst, sp, self.config.model, self.config.seed
-            )
-        else:
-            fwd = flow_paths(self.fabric, src, dst, sp)
-            rev = flow_paths(self.fabric, dst, src, ROCEV2_PORT, sp)
-            out = (fwd, rev, fwd, rev)
-        a, b, c, d = (x.reshape(n_pairs, k, -1) for x in out)
-        return a, b, c, d
-
-    @property
-    def _paths(self) -> tuple[I32, I32]:
-        """True forward and reverse hops per (pair, port slot): shape (pairs, ports, H)."""
-        a, b, _, _ = self._all_paths
-        return a, b
-
     def probed_paths(self) -> I32:
         """Return the true hops of every probed flow's probes and of its replies, one row
         each: ``(2 x pairs x ports, H)``, -1 padding (what end-to-end measurements cover)."""
-        fwd, rev = self._paths
+        fwd, rev = self._moving.truth
         return np.concatenate([fwd.reshape(-1, fwd.shape[-1]), rev.reshape(-1, rev.shape[-1])])
 
     def loss_bursts(self, t0_s: float, t1_s: float) -> list[tuple[int, float, float]]:
@@ -383,7 +359,7 @@ class Simulator:
         flow: (src, dst, sport, forward hops, reply hops) as the controller sees them (the
         model's hash where discovery missed a flow the real hash routes elsewhere)."""
         n_pairs, k = self.ports.shape
-        _, _, sf, sr = self._all_paths
+        sf, sr = self._moving.seen
         return (
             np.repeat(self.pairs_src, k),
             np.repeat(self.pairs_dst, k),
@@ -396,7 +372,7 @@ class Simulator:
         """Return per probed pair half its constant forward-minus-reverse delay (ns), averaged
         over the pair's swept paths (with software stamps, the hosts' stamp biases included):
         the bias a two-way estimator cannot observe."""
-        fwd, rev = self._paths
+        fwd, rev = self._moving.truth
         tx, rx = self.nic_tx_ns, self.nic_rx_ns
         if self.real and self.config.timestamps == "sw":  # host stamp bias acts the same way
             host = self.fabric.nic_host_index
@@ -444,17 +420,17 @@ class Simulator:
         src = self.pairs_src[pidx2]
         dst = self.pairs_dst[pidx2]
         sport = self.ports[pidx2, slot]
-        fwd_paths, rev_paths = self._paths
+        fwd_paths, rev_paths = self._moving.truth
         hops_f = fwd_paths[pidx2, slot]
         hops_r = rev_paths[pidx2, slot]
         seen_f = seen_r = None
-        found = self._paths_moved.discover(t0_s, t1_s) if self.real else None
+        found = self._moving.discover(t0_s, t1_s, self.faults) if self.real else None
         if self.real:  # the controller's view: discovered at the start or traced since
-            seen_f, seen_r = self._paths_moved.known(pidx2, slot)
+            seen_f, seen_r = self._moving.known(pidx2, slot)
         # faults active in this step; flows of a down switch link re-hash (reroute_model)
         active = [ft for ft in self.faults if ft.start_s < t1_s and ft.end_s > t0_s]
         t_s = t_ns / 1e9
-        hops_f, hops_r, lost = self._paths_moved.route(active, t_s, pidx2, slot, hops_f, hops_r)
+        hops_f, hops_r, lost = self._moving.route(active, t_s, pidx2, slot, hops_f, hops_r)
         del slot
 
         n = len(t_ns)
@@ -480,7 +456,7 @@ class Simulator:
             hop_ids = (hop_id(li, False), hop_id(li, True))
             crosses = np.isin(hops_f, hop_ids).any(axis=1) | np.isin(hops_r, hop_ids).any(axis=1)
             if ft.kind in (FaultKind.FLAP, FaultKind.LINK_DOWN, FaultKind.NIC_DOWN):
-                if not self._paths_moved.reroutes(li):  # else handled by `route` above
+                if not self._moving.reroutes(li):  # else handled by `route` above
                     lost |= crosses & on
                 if on.mean() >= 0.5:
                     down_links.append(li)

@@ -1,6 +1,7 @@
 """The simulator's paths over time: where switches send each flow now (ECMP re-hash around
 down links) and which path the controller holds for it (discovered at the start, or traced
-since by the probers' sweep). The state behind `Simulator.step`'s paths; the models are in
+since by the probers' sweep). `MovingPaths` owns the path arrays behind `Simulator.step`'s
+paths and answers the engine's questions about them; the models are in
 `testbed.sim.reroute_model` and `testbed.sim.ecmp_model`.
 """
 
@@ -8,17 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
+from mesh.fabric import Fabric
+from mesh.fabric.ecmp import ROCEV2_PORT, flow_paths
 from testbed.scenario import Fault
-from testbed.sim.ecmp_model import mismatched
+from testbed.sim.ecmp_model import mismatched, true_and_seen_paths
+from testbed.sim.model import ModelKnobs
 from testbed.sim.reroute_model import PathSweep, Rerouter, Router, outages
-
-if TYPE_CHECKING:
-    from testbed.sim.engine import Simulator
 
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
@@ -27,34 +27,79 @@ B = npt.NDArray[np.bool_]
 
 
 class MovingPaths:
-    """Re-hash and discovery for one simulator (realistic model; inert in the ideal one)."""
+    """The paths of one simulator's probed flows, per (pair, port slot): the true ones, the
+    controller's view of them, re-hash around down links (realistic model; inert in the ideal
+    one) and discovery by the probers' sweep."""
 
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-        k = sim.config.model
-        self.on = sim.real and k.rehash
+    def __init__(
+        self,
+        fabric: Fabric,
+        knobs: ModelKnobs,
+        seed: int,
+        pairs_src: I64,
+        pairs_dst: I64,
+        ports: I64,
+    ) -> None:
+        """Paths of the directed pairs (``pairs_src``, ``pairs_dst``) over their source
+        ``ports`` (pairs, port slots); ``knobs.ideal``: the model's hash, known to the
+        controller, no re-hash."""
+        self.fabric = fabric
+        self.knobs = knobs
+        self.seed = seed
+        self.pairs_src = pairs_src
+        self.pairs_dst = pairs_dst
+        self.ports = ports
+        self.real = not knobs.ideal
+        self.on = self.real and knobs.rehash
         self._router = (
-            Router(sim.fabric, k.reroute_local_ms / 1e3, k.reroute_remote_ms / 1e3)
+            Router(fabric, knobs.reroute_local_ms / 1e3, knobs.reroute_remote_ms / 1e3)
             if self.on
             else None
         )
-        self._switch_link = np.array(
-            [lk.lower not in sim.fabric.nic_index for lk in sim.fabric.links]
-        )
+        self._switch_link = np.array([lk.lower not in fabric.nic_index for lk in fabric.links])
+
+    @cached_property
+    def _arrays(self) -> tuple[I32, I32, I32, I32]:
+        """True fwd/rev and the controller's fwd/rev hops per (pair, port slot): (pairs, ports,
+        H). The controller's pair is the truth's own arrays until discovery changes one."""
+        n_pairs, k = self.ports.shape
+        src = np.repeat(self.pairs_src, k)
+        dst = np.repeat(self.pairs_dst, k)
+        sp = self.ports.ravel().astype(np.int64)
+        if self.real:
+            out = true_and_seen_paths(self.fabric, src, dst, sp, self.knobs, self.seed)
+        else:
+            fwd = flow_paths(self.fabric, src, dst, sp)
+            rev = flow_paths(self.fabric, dst, src, ROCEV2_PORT, sp)
+            out = (fwd, rev, fwd, rev)
+        a, b, c, d = (x.reshape(n_pairs, k, -1) for x in out)
+        return a, b, c, d
+
+    @property
+    def truth(self) -> tuple[I32, I32]:
+        """Return the true forward and reverse hops per (pair, port slot), before any re-hash:
+        shape (pairs, ports, H), -1 padding."""
+        a, b, _, _ = self._arrays
+        return a, b
+
+    @property
+    def seen(self) -> tuple[I32, I32]:
+        """Return the forward and reverse hops the controller holds now per (pair, port slot):
+        shape (pairs, ports, H), -1 padding."""
+        _, _, sf, sr = self._arrays
+        return sf, sr
 
     @cached_property
     def _mismatched(self) -> B:
         """Per (pair, port slot): whether the switches hash the flow salted (`ecmp_model`)."""
-        n_pairs, k = self.sim.ports.shape
-        return mismatched(n_pairs * k, self.sim.config.model, self.sim.config.seed).reshape(
-            n_pairs, k
-        )
+        n_pairs, k = self.ports.shape
+        return mismatched(n_pairs * k, self.knobs, self.seed).reshape(n_pairs, k)
 
     @cached_property
     def _sweep(self) -> PathSweep:
-        k = self.sim.ports.shape[1]
-        src = np.repeat(self.sim.pairs_src, k)
-        return PathSweep(src, self.sim.config.model.traces_per_s, self.sim.config.seed)
+        k = self.ports.shape[1]
+        src = np.repeat(self.pairs_src, k)
+        return PathSweep(src, self.knobs.traces_per_s, self.seed)
 
     def reroutes(self, link: int) -> bool:
         """Return True if a down ``link``'s flows are re-routed (`route`), not simply lost."""
@@ -75,15 +120,14 @@ class MovingPaths:
         lost = np.zeros(len(t_s), dtype=bool)
         if self._router is None:
             return hops_f, hops_r, lost
-        outs = outages(self.sim.fabric, list(active))
+        outs = outages(self.fabric, list(active))
         if not outs:
             return hops_f, hops_r, lost
-        sim = self.sim
         return Rerouter(self._router, outs).apply(
             t_s,
-            sim.pairs_src[pidx],
-            sim.pairs_dst[pidx],
-            sim.ports[pidx, slot],
+            self.pairs_src[pidx],
+            self.pairs_dst[pidx],
+            self.ports[pidx, slot],
             self._mismatched[pidx, slot],
             hops_f,
             hops_r,
@@ -91,36 +135,38 @@ class MovingPaths:
 
     def known(self, pidx: I64, slot: I64) -> tuple[I32, I32]:
         """Return the forward and reply hops the controller holds for probes of (pair, slot)."""
-        _, _, sf, sr = self.sim._all_paths
+        sf, sr = self.seen
         return sf[pidx, slot], sr[pidx, slot]
 
-    def discover(self, t0_s: float, t1_s: float) -> tuple[I64, I64, I64, I32, I32] | None:
+    def discover(
+        self, t0_s: float, t1_s: float, faults: Sequence[Fault]
+    ) -> tuple[I64, I64, I64, I32, I32] | None:
         """Trace the flows whose turn in the probers' sweep falls in [t0_s, t1_s): the
-        controller's paths for them become their paths at ``t0_s``. Return the traces that
-        changed a path (src, dst, sport, forward hops, reply hops), or None."""
+        controller's paths for them become their paths at ``t0_s`` (re-hashed around the
+        ``faults`` active then). Return the traces that changed a path (src, dst, sport,
+        forward hops, reply hops), or None."""
         due = self._sweep.due(t0_s, t1_s)
         if not len(due):
             return None
-        sim = self.sim
-        k = sim.ports.shape[1]
+        k = self.ports.shape[1]
         pidx, slot = due // k, due % k
-        a, b, sf, sr = sim._all_paths
+        a, b, sf, sr = self._arrays
         fwd, rev = a[pidx, slot], b[pidx, slot]
         if self._router is not None:
-            active = [f for f in sim.faults if f.start_s <= t0_s < f.end_s]
+            active = [f for f in faults if f.start_s <= t0_s < f.end_s]
             fwd, rev, _ = self.route(active, np.full(len(due), t0_s), pidx, slot, fwd, rev)
         changed = (fwd != sf[pidx, slot]).any(axis=1) | (rev != sr[pidx, slot]).any(axis=1)
         if not changed.any():
             return None
         if sf is a or sr is b:  # no wrong paths at the start: the view shares the truth's arrays
             sf, sr = sf.copy(), sr.copy()
-            sim._all_paths = (a, b, sf, sr)
+            self._arrays = (a, b, sf, sr)
         pidx, slot = pidx[changed], slot[changed]
         sf[pidx, slot], sr[pidx, slot] = fwd[changed], rev[changed]
         return (
-            sim.pairs_src[pidx],
-            sim.pairs_dst[pidx],
-            sim.ports[pidx, slot].astype(np.int64),
+            self.pairs_src[pidx],
+            self.pairs_dst[pidx],
+            self.ports[pidx, slot].astype(np.int64),
             fwd[changed],
             rev[changed],
         )
