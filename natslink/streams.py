@@ -306,6 +306,21 @@ async def restart_from_ack_floor(
     return start
 
 
+async def stored_at(link: Link, stream: str, seq: int) -> int | None:
+    """Return when ``stream`` stored its message ``seq`` (UNIX ns), None when ``seq`` is
+    below 1 or the message is gone (its age or the stream's size). Raises `NatsUnavailable`
+    when the stream does not answer."""
+    if seq < 1:
+        return None
+    with translate(f"stream {stream} message {seq}"):
+        try:
+            msg = await link.js.get_msg(stream, seq)
+        except nats.js.errors.NotFoundError:
+            return None
+    ts = msg.time
+    return int(ts.timestamp()) * 1_000_000_000 + ts.microsecond * 1000 if ts else None
+
+
 async def open_reader(
     link: Link, stream: str, subject: str, start_seq: int = 1, *, start_ns: int | None = None
 ) -> Pull:

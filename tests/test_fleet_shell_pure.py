@@ -67,12 +67,27 @@ def test_chunks_reassemble_and_only_committed_builds_count() -> None:
 def test_window_book_complete_deadline_late() -> None:
     plane = Plane(partitions=2, window_ns=10, grace_ns=3, solver_wait_ns=2, duplicate_window_s=1)
     book = WindowBook(plane)
-    assert book.add(5, 0) and book.add(6, 0) and book.add(6, 1)
+    assert book.add(5, 0, 53) and book.add(6, 0, 63) and book.add(6, 1, 63)
     assert book.due(55) == []  # window 5 waits for partition 1 until its deadline (65)
-    assert book.add(5, 1) and book.due(55) == [5, 6]  # complete: in order
+    assert book.add(5, 1, 54) and book.due(55) == [5, 6]  # complete: in order
     book.mark_solved(6)
-    assert not book.add(5, 0) and book.late == 1  # a window solved already: late, dropped
-    assert book.add(7, 0) and book.due(84) == [] and book.due(85) == [7]  # deadline 85
+    assert not book.add(5, 0, 56) and book.late == 1  # a window solved already: late, dropped
+    assert book.add(7, 0, 83) and book.due(84) == [] and book.due(85) == [7]  # deadline 85
+    book.mark_solved(7)
+    # a partial stored in time (read late, as a standby does): the deadline alone
+    assert book.add(8, 0, 91) and book.due(94) == [] and book.due(95) == [8]
+
+
+def test_window_book_waits_after_the_first_of_partials_all_late() -> None:
+    """The streams stored nothing for a while (a server that led them died): every
+    partition's partial of window 5 comes after its deadline (65), the first stored at 70;
+    solved on the first alone, the others would be late and dropped. It waits the solver's
+    wait (2) after the first, or until complete."""
+    plane = Plane(partitions=2, window_ns=10, grace_ns=3, solver_wait_ns=2, duplicate_window_s=1)
+    book = WindowBook(plane)
+    assert book.add(5, 0, 70) and book.due(70) == [] and book.due(71) == []
+    assert book.due(72) == [5]  # partition 1 never came: solved without it
+    assert book.add(5, 1, 71) and book.due(71) == [5]  # it came: complete
 
 
 def test_reader_watch_reopens_after_a_window_without_deliveries() -> None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from natslink.streams import BucketSpec, StreamSpec
 from natslink.subjects import Subjects
 
+STREAM_GAP_MIN_NS = 1_000_000_000
+
 
 @dataclass(frozen=True, slots=True)
 class Plane:
@@ -73,6 +75,14 @@ class Plane:
         """Return the first window a worker may not close yet at ``now_ns`` (every window
         below it ended at least ``grace_ns`` ago)."""
         return (now_ns - self.grace_ns) // self.window_ns
+
+    @property
+    def stream_gap_ns(self) -> int:
+        """Return how long a partition's stream time may jump between two messages before
+        a worker takes the jump for an outage of the stream and holds its windows open
+        (`controller.fleet.watermark.StreamClock`): the grace, at least 1 s (an owned
+        partition stores a tick every half second when no batch comes)."""
+        return max(self.grace_ns, STREAM_GAP_MIN_NS)
 
     def deadline(self, window: int) -> int:
         """Return when the solver stops waiting for ``window``'s missing partitions."""

@@ -40,7 +40,7 @@ from controller.fleet.cores import SolverCore, SolveResultLike
 from controller.fleet.partials import Assembler, PartialWireError
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, SOLVER_KEY, Plane
 from mqttlink.reconnect import Backoff, reconnect_loop
-from natslink.errors import LINK_ERRORS
+from natslink.errors import LINK_ERRORS, NatsUnavailable
 from natslink.lease import LeaseClock, Leases
 from natslink.link import Link, connect
 from natslink.settings import NatsSettings
@@ -151,8 +151,7 @@ class SolverLoop:
         first = solved + 1 if solved is not None else self.plane.closable(self.clock_ns()) - 1
         # partials of window w are sent from its end + grace on: read from one window before
         start_ns = self.plane.window_end(first) - self.plane.window_ns
-        reader = await open_reader(link, self.plane.partial_stream,
-                                   self.settings.subjects.partials_all(), start_ns=start_ns)  # fmt: skip
+        reader = await self._open_reader(link, start_ns)
         self.log(self.clock_ns(), "solver active", solver=self.solver_id, from_window=first)
         asm = Assembler()
         watch = ReaderWatch(self.plane.window_ns / 1e9, self.mono())
@@ -174,7 +173,7 @@ class SolverLoop:
                         continue
                     if c is None:
                         continue
-                    if book.add(c.window, c.partition):
+                    if book.add(c.window, c.partition, d.stored_ns):
                         if c.body:
                             core.add(c.body)
                     else:
@@ -188,6 +187,25 @@ class SolverLoop:
         finally:
             with contextlib.suppress(*LINK_ERRORS):
                 await reader.close()
+
+    async def _open_reader(self, link: Link, start_ns: int) -> Pull:
+        """Open the partial reader at ``start_ns``. Its ephemeral consumer lives on one
+        server, which for a while after a server died can be the dead one (the request then
+        times out): tried again at once while the lease holds, instead of giving the lease
+        up with the connection. Raises `NatsUnavailable` when the lease is gone or the
+        connection lost."""
+        subject = self.settings.subjects.partials_all()
+        while True:
+            try:
+                return await open_reader(link, self.plane.partial_stream, subject,
+                                         start_ns=start_ns)  # fmt: skip
+            except NatsUnavailable as exc:
+                link.check()
+                await self.lease.renew()
+                if not self.lease.valid(SOLVER_KEY):
+                    raise
+                self.log(self.clock_ns(), "partial reader failed", solver=self.solver_id,
+                         error=str(exc))  # fmt: skip
 
     async def _reopen(self, link: Link, old: Pull, last_seq: int | None, start_ns: int) -> Pull:
         """Open the partial reader again just after ``last_seq`` (or at ``start_ns``)."""

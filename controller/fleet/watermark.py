@@ -15,9 +15,20 @@ short: `Watermarks.short` counts those probers, and its findings are marked degr
 "Live" is the caller's: the hosts whose prober is not down (presence, or silence judged).
 Hosts never heard from are not waited for (a prober that never sent has nothing late). Pure:
 arrays in, integers out.
+
+`StreamClock` is the same question for a fleet worker, which closes windows on stream time
+(when the stream stored each message of its partition): a window is whole once the stream
+has *taken batches* for its grace after its end. An outage of the stream (the server that led
+it died: electing a new leader takes 4-9 s) stores nothing while the probers spool; the first
+message after it has a stored time past windows whose grace ran out meanwhile, and the
+spooled batches stored after it would be late for them (counted in a later window). So a jump
+of stream time longer than ``gap_ns`` between two messages holds the close point where it was
+before the jump until ``grace_ns`` of stream time has passed after it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -60,3 +71,41 @@ class Watermarks:
         if self.newest() < end_ns:
             return 0
         return int((live & (self.t >= 0) & (self.t < end_ns)).sum())
+
+
+@dataclass
+class StreamClock:
+    """The close point of one partition's messages (see the module docstring): ``at`` each
+    message's stored time (UNIX ns) in stream order; windows close on what it returns. A jump
+    of more than ``gap_ns`` holds the point at its value before the jump until ``grace_ns``
+    after the jump (a jump during a hold does not prolong it: the point lags stored time by
+    at most one outage and one grace). Deterministic in the stored times: an owner that
+    replays the stream from its ack floor, `seed`-ed with the stored time of the message
+    before it, returns what its predecessor returned."""
+
+    grace_ns: int
+    gap_ns: int
+    last: int | None = None  # the newest stored time seen
+    point: int | None = None  # the close point so far (never goes back)
+    frozen: int = 0  # the point held during a hold
+    until: int = 0  # the stored time a hold ends at
+
+    def seed(self, stored_ns: int) -> None:
+        """Note the stored time of the message before the first one this clock will see."""
+        self.last = stored_ns if self.last is None else max(self.last, stored_ns)
+
+    def at(self, stored_ns: int) -> int:
+        """Return the close point for a message stored at ``stored_ns``: ``stored_ns``, or
+        during a hold the point before the outage (never less than it returned before)."""
+        prev = self.last
+        self.last = stored_ns if prev is None else max(prev, stored_ns)
+        if prev is not None and stored_ns - prev > self.gap_ns and stored_ns >= self.until:
+            self.frozen = prev if self.point is None else self.point
+            self.until = stored_ns + self.grace_ns
+        point = self.frozen if stored_ns < self.until else stored_ns
+        self.point = point if self.point is None else max(self.point, point)
+        return self.point
+
+    def holding(self) -> bool:
+        """Return True while the close point is held after an outage."""
+        return self.last is not None and self.last < self.until

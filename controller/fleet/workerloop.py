@@ -16,10 +16,14 @@ One connection's lifetime (`WorkerLoop.run` reconnects through the project's one
    ``core.admit(host, payload, stored_ns)``: a batch's arrival is when the stream stored it,
    the same for every owner, so a new owner replaying a batch puts its records in the windows
    its predecessor did (refused batches are acked at once). Windows are closed on stream
-   time only: before a message is admitted, ``core.close(its stored time)`` (in a thread:
-   ingest of other partitions goes on); when nothing comes for `FETCH_WAIT_S`, the owner
-   stores a tick in the partition (``<prefix>.probes.<p>.~tick``), whose stored time closes
-   the windows when it is read back. Each closed window's partial is sent (`controller.fleet.partials`: chunks, then
+   time only: before a message is admitted, ``core.close(its close point)`` (in a thread:
+   ingest of other partitions goes on), the message's stored time through the partition's
+   `StreamClock`: after a jump of stream time (the stream could store nothing: a server
+   that led it died, and the probers spooled meanwhile) the point stays where it was until
+   a grace has passed after the jump, so the spooled batches are stored before their
+   windows close. When nothing comes for `FETCH_WAIT_S`, the owner stores a tick in the
+   partition (``<prefix>.probes.<p>.~tick``), whose stored time closes the windows when it
+   is read back; a tick is acked with its window, as a batch is. Each closed window's partial is sent (`controller.fleet.partials`: chunks, then
    the commit ``partial:<p>:<window>``). A window with no partial gets an empty commit, so the
    solver knows it is complete. A batch is acked once every window that can hold its records
    (those up to its arrival's) is committed;
@@ -30,8 +34,9 @@ owner replays from the ack floor; a window it rebuilds that its predecessor had 
 a duplicate ack (dropped whole: nothing counted twice), one that was not is committed now
 (no batch lost). The rebuilt windows are the predecessor's: arrivals are stream times and the
 closes happen at the same points of the stream, ticks included (a fresh core's first close,
-before the first replayed message, puts its floor where the predecessor's was then), so every
-record lands in the window it landed in before. Giving a partition back, losing it and
+before the first replayed message, puts its floor where the predecessor's was then; its
+stream clock is seeded with the stored time of the ack floor's message, and a held outage
+keeps the ack floor before it), so every record lands in the window it landed in before. Giving a partition back, losing it and
 crashing are the same transition.
 """
 
@@ -49,6 +54,7 @@ from controller.admission import Outcome
 from controller.fleet.cores import PartialLike, WorkerCore
 from controller.fleet.partials import chunk_messages, commit_message
 from controller.fleet.plane import MODELS_KEY, Plane, partition_key
+from controller.fleet.watermark import StreamClock
 from mqttlink.reconnect import Backoff, reconnect_loop
 from natslink.errors import LINK_ERRORS, NatsUnavailable
 from natslink.lease import LeaseClock, Leases
@@ -61,6 +67,7 @@ from natslink.streams import (
     ensure_stream,
     open_pull,
     restart_from_ack_floor,
+    stored_at,
 )
 from natslink.subjects import fnv1a32
 
@@ -75,11 +82,13 @@ def _host_of(subject: str) -> str:
 
 @dataclass
 class PartitionState:
-    """One owned partition: its core, the deliveries held until every window that can hold
-    their records is committed (per arrival window), the first window whose (possibly
-    empty) commit is still to be sent."""
+    """One owned partition: its core, the stream clock its windows close on (the stored
+    times of its messages, outages held: `StreamClock`), the deliveries held until every
+    window that can hold their records is committed (per arrival window), the first window
+    whose (possibly empty) commit is still to be sent."""
 
     core: WorkerCore
+    clock: StreamClock
     next_window: int | None = None  # None: the core was never closed (its floor not set)
     held: dict[int, list[Delivery]] = field(default_factory=dict)
     models: bytes | None = None  # the clock models installed in ``core``
@@ -124,6 +133,7 @@ class WorkerLoop:
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.models: bytes | None = None
         self.stats = WorkerStats()
+        self.failed: dict[int, tuple[int, float]] = {}  # p: (failures in a row, retry at)
 
     def owned(self) -> list[int]:
         """Return the partitions this worker consumes now."""
@@ -176,7 +186,23 @@ class WorkerLoop:
                     del self.tasks[p]
                     self.parts.pop(p, None)
                     exc = None if task.cancelled() else task.exception()
-                    if exc is not None and not isinstance(exc, _LeaseGone):
+                    if isinstance(exc, NatsUnavailable) and not (
+                        link.lost.is_set() or link.nc.is_closed
+                    ):
+                        # one consumer timed out (its raft group electing a leader): that
+                        # partition starts again below at its ack floor, the others go on
+                        # (ending the session would re-create every consumer at once)
+                        n = self.failed.get(p, (0, 0.0))[0] + 1
+                        delay = min(tick_s * 2 ** (n - 1), self.leases.clock.ttl_s)
+                        self.failed[p] = (n, self.mono() + delay)  # backs off: each start
+                        self.log(
+                            self.clock_ns(),
+                            "partition failed",
+                            partition=p,  # re-creates
+                            error=str(exc),
+                            retry_in_s=round(delay, 3),
+                        )  # its consumer
+                    elif exc is not None and not isinstance(exc, _LeaseGone):
                         raise exc
             await bucket.put(f"worker.{self.worker_id}", b"1")
             workers = max(1, await bucket.count("worker."))
@@ -198,13 +224,14 @@ class WorkerLoop:
                     self.log(self.clock_ns(), "partition claimed", partition=p)
             for key in self.leases.held:
                 p = int(key.split(".")[1])
-                if p not in self.tasks:
+                if p not in self.tasks and self.mono() >= self.failed.get(p, (0, 0.0))[1]:
                     self.tasks[p] = asyncio.create_task(self._partition(link, p))
             await asyncio.sleep(tick_s)
 
     async def _stop(self, p: int, why: str) -> None:
         task = self.tasks.pop(p, None)
         self.parts.pop(p, None)
+        self.failed.pop(p, None)
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -239,8 +266,13 @@ class WorkerLoop:
         ack_wait = (self.plane.window_ns + 2 * self.plane.grace_ns) / 1e9 + 30.0
         start = await restart_from_ack_floor(link, stream, durable, subject, ack_wait_s=ack_wait)
         pull = await open_pull(link, stream, durable, subject, ack_wait_s=ack_wait)
-        st = PartitionState(self.make_core(p))
+        st = PartitionState(self.make_core(p),
+                            StreamClock(self.plane.grace_ns, self.plane.stream_gap_ns))  # fmt: skip
+        before = await stored_at(link, stream, start - 1)  # the ack floor: a jump after it
+        if before is not None:  # is an outage for this owner as it was for its predecessor
+            st.clock.seed(before)
         self.parts[p] = st
+        self.failed.pop(p, None)
         self.log(self.clock_ns(), "partition consuming", partition=p, from_seq=start)
         try:
             while True:
@@ -250,9 +282,9 @@ class WorkerLoop:
                     st.models = self.models
                 got = await pull.fetch(self.plane.fetch_batch, FETCH_WAIT_S)
                 for d in got:
-                    await self._advance(link, p, st, d.stored_ns)
-                    if d.subject == tick:
-                        await d.ack()
+                    await self._advance(link, p, st, st.clock.at(d.stored_ns))
+                    if d.subject == tick:  # acked with its window, as a batch: the ack
+                        self._hold(st, d)  # floor stays before an outage being held
                     else:
                         await self._admit(st, d)
                 if not got:  # idle: store a tick, whose stored time closes windows
@@ -270,15 +302,20 @@ class WorkerLoop:
         verdict = st.core.admit(_host_of(d.subject), d.data, arrival)
         if verdict.accepted or verdict.outcome is Outcome.DUPLICATE:
             # a duplicate is acked with the windows of its first copy, never before them
-            st.held.setdefault(self.plane.window_of(arrival), []).append(d)
+            self._hold(st, d)
             self.stats.admitted += verdict.accepted
             return
         self.stats.refused += 1
         await d.ack()
 
+    def _hold(self, st: PartitionState, d: Delivery) -> None:
+        """Hold ``d`` until every window up to its arrival's is committed."""
+        st.held.setdefault(self.plane.window_of(d.stored_ns), []).append(d)
+
     async def _advance(self, link: Link, p: int, st: PartitionState, upto: int) -> None:
-        """Close (and commit) the windows that end ``grace`` before ``upto`` (the stream time
-        of the next message, a batch or a tick), once per window boundary."""
+        """Close (and commit) the windows that end ``grace`` before ``upto`` (the close
+        point of the next message, a batch or a tick: its stored time, or the time before an
+        outage the stream clock holds), once per window boundary."""
         first_open = self.plane.closable(upto)
         if st.next_window is not None and first_open <= st.next_window:
             return
