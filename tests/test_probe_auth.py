@@ -266,7 +266,7 @@ async def _run_pair(keys_a: Path, keys_b: Path, swap: bool = False) -> tuple[Age
     stop = asyncio.Event()
     task = asyncio.create_task(b.run(stop))
     try:
-        for _ in range(500):
+        for _ in range(3000):  # up to ~30 s on a busy machine
             if b.endpoints:
                 break
             await asyncio.sleep(0.01)
