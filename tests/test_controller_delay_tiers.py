@@ -9,8 +9,7 @@ import numpy.typing as npt
 from contract.documents import EventDoc
 from controller.brain import Brain, BrainConfig
 from controller.detect.queues import QueueParams
-from controller.observations import Observations
-from tests.fullmesh import DST, FAB, FWD, REV, SPORT, SRC, WIN
+from tests.fullmesh import DST, FAB, FWD, REV, SRC, WIN, mesh_window
 
 HOP = 2 * FAB.link_index["leaf0-spine2"]  # leaf0 -> spine2
 # queues measured from the first window, no warm-up (tested apart below)
@@ -53,21 +52,7 @@ def run(
         if k in coarse:  # a late initiator clock: its probes look fast, its replies slow
             f -= np.where(leaf0[SRC], clock_err_ns, 0.0)
             r += np.where(leaf0[SRC], clock_err_ns, 0.0)
-        brain.observe(
-            Observations(
-                (k * WIN + rng.integers(0, WIN, n)).astype(np.int64),
-                SRC.astype(np.int32),
-                DST.astype(np.int32),
-                SPORT.astype(np.int32),
-                FWD,
-                REV,
-                np.zeros(n, dtype=bool),
-                f,
-                r,
-                f + r,
-                is_coarse,
-            )
-        )
+        brain.observe(mesh_window(k, rng, f, r, coarse=is_coarse))
         out += brain.tick((k + 1) * WIN)
     return out
 
@@ -139,13 +124,7 @@ def test_the_moderate_tier_goes_on_from_the_slow_tiers_picks() -> None:
                           2_500.0, 0.0)  # fmt: skip
             r += np.where(np.equal(REV, down).any(axis=1) & (b != 0) & (rng.random(n) < 0.35),
                           2_500.0, 0.0)  # fmt: skip
-        brain.observe(
-            Observations(
-                (k * WIN + rng.integers(0, WIN, n)).astype(np.int64),
-                SRC.astype(np.int32), DST.astype(np.int32), SPORT.astype(np.int32),
-                FWD, REV, np.zeros(n, dtype=bool), f, r, f + r, coarse & (k >= 10),
-            )
-        )  # fmt: skip
+        brain.observe(mesh_window(k, rng, f, r, coarse=coarse & (k >= 10)))
         events += brain.tick((k + 1) * WIN)
     assert [(e.kind, e.target) for e in events] == [("contention", "leaf0->spine2")]
 
@@ -164,13 +143,7 @@ def test_a_link_queued_both_ways_says_so() -> None:
         if k >= 10:
             f += np.where(np.isin(FWD, both_ways).any(axis=1), rng.exponential(20_000.0, n), 0.0)
             r += np.where(np.isin(REV, both_ways).any(axis=1), rng.exponential(20_000.0, n), 0.0)
-        brain.observe(
-            Observations(
-                (k * WIN + rng.integers(0, WIN, n)).astype(np.int64),
-                SRC.astype(np.int32), DST.astype(np.int32), SPORT.astype(np.int32),
-                FWD, REV, np.zeros(n, dtype=bool), f, r, f + r, np.zeros(n, dtype=bool),
-            )
-        )  # fmt: skip
+        brain.observe(mesh_window(k, rng, f, r, coarse=np.zeros(n, dtype=bool)))
         events += brain.tick((k + 1) * WIN)
     assert [(e.kind, e.target in ("leaf0->spine2", "spine2->leaf0")) for e in events] == [
         ("contention", True)

@@ -14,8 +14,7 @@ import pytest
 from contract.documents import EventDoc
 from controller.brain import Brain, BrainConfig
 from controller.detect.queues import QueueParams
-from controller.observations import Observations
-from tests.fullmesh import DST, FAB, FWD, REV, SPORT, SRC, WIN
+from tests.fullmesh import DST, FAB, FWD, REV, SRC, WIN, mesh_window
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -82,21 +81,7 @@ def run(standing_ns: float, sw: bool = True, nics: I64 | None = None) -> list[Ev
         q = standing_ns if k >= 10 else 0.0
         f = np.where(keep, owd(rng, FWD, src, dst, q, st), np.nan)
         r = np.where(keep, owd(rng, REV, dst, src, q, st), np.nan)
-        brain.observe(
-            Observations(
-                (k * WIN + rng.integers(0, WIN, n)).astype(np.int64),
-                SRC.astype(np.int32),
-                DST.astype(np.int32),
-                SPORT.astype(np.int32),
-                FWD,
-                REV,
-                np.zeros(n, dtype=bool),
-                f,
-                r,
-                f + r,
-                sw=np.full(n, sw),
-            )
-        )
+        brain.observe(mesh_window(k, rng, f, r, sw=np.full(n, sw)))
         out += brain.tick((k + 1) * WIN)
     return out
 
