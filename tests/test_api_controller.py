@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -25,19 +24,9 @@ from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
 from tests.servers import free_port
+from tests.waiting import until as _until
 
 TOKEN = "controller-operator-token"
-
-
-async def _until(what: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    """Return once ``what()`` holds; raise AssertionError after ``timeout_s`` (a real broker
-    and a real service: nothing to pass time into, so poll what they signal)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not what():
-        if loop.time() > deadline:
-            raise AssertionError("not reached within the deadline")
-        await asyncio.sleep(0.01)
 
 
 def test_api_table_validation(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import aiomqtt
@@ -37,6 +36,7 @@ from prober.agent import health_doc
 from prober.telemetry.gpu import GpuReading
 from testbed.sim.engine import SimConfig, Simulator
 from tests.servers import free_port
+from tests.waiting import until
 
 PREFIX = "qpmesh/v1"
 ROUTERS = {"10.0.0.254": "leaf0", "172.16.0.9": "spine1", "10.0.1.254": "leaf1"}
@@ -203,15 +203,6 @@ def _decode_errors(port: int) -> dict[str, float]:
     return out
 
 
-async def _until(what: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not what():
-        if loop.time() > deadline:
-            raise AssertionError("not reached within the deadline")
-        await asyncio.sleep(0.1)  # a real broker and service: nothing to pass time into
-
-
 @pytest.mark.slow
 async def test_garbage_through_mosquitto_is_counted_and_the_service_keeps_ingesting(
     mosquitto: tuple[str, int], tmp_path: Path
@@ -231,7 +222,7 @@ async def test_garbage_through_mosquitto_is_counted_and_the_service_keeps_ingest
             judge = World()
             async with aiomqtt.Client(host, port) as c:
                 # the service logs "connected" once its subscriptions are in place
-                await _until(lambda: '"msg": "connected"' in log_path.read_text())
+                await until(lambda: '"msg": "connected"' in log_path.read_text(), every_s=0.1)
                 for kind in ("probes", "presence", "health", "paths"):
                     topic, seed = VALID[kind]
                     for p in (*NASTY[:-1], seed[: len(seed) // 2], rng.bytes(300),
@@ -242,14 +233,17 @@ async def test_garbage_through_mosquitto_is_counted_and_the_service_keeps_ingest
                     await c.publish(topic.replace("host0", "host1"), b"\x00garbage", qos=1)
                     sent[kind] += 1
                 assert min(sent.values()) >= 15
-                await _until(lambda: len(_decode_errors(mport)) >= 4)
-                await _until(lambda: all(_decode_errors(mport).get(k, 0) >= sent[k] for k in sent))
+                await until(lambda: len(_decode_errors(mport)) >= 4, every_s=0.1)
+                await until(
+                    lambda: all(_decode_errors(mport).get(k, 0) >= sent[k] for k in sent),
+                    every_s=0.1,
+                )
                 assert not svc.done()
                 before = live.records
                 for seq, t_s in enumerate((1.0, 1.5, 2.0), start=10**6):
                     await c.publish(VALID["probes"][0],
                                     encode_batch(_host_batch(FAB, t_s, seq=seq)), qos=1)  # fmt: skip
-                await _until(lambda: live.records > before)
+                await until(lambda: live.records > before, every_s=0.1)
             errs = _decode_errors(mport)  # the service's own counters, per kind: exact
             assert {k: errs.get(k) for k in sent} == {k: float(v) for k, v in sent.items()}
             assert not svc.done()

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from controller.remediation.runtime import RemediationRuntime
 from controller.remediation.webhook import Delivery, HookSender
 from mesh.fabric import FabricShape, build_fabric
 from tests.alertservers import ALERTMANAGER, Alertmanager
+from tests.waiting import until as _until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,17 +56,6 @@ class FlakyReceiver:
             await asyncio.sleep(3600)
         self.ok.append((request.headers.get("Idempotency-Key", ""), body))
         return web.json_response({"ok": True})
-
-
-async def _until(done: Callable[[], bool], limit_s: float = 60.0) -> None:
-    """Return once ``done()`` holds, polling; fail after ``limit_s`` (a bound for a stuck
-    sender, not a timing claim: the slow URL hangs for an hour, so passing here proves the
-    fine one was not held up by it)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit_s
-    while not done():
-        assert loop.time() < end, "condition not reached"
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager
