@@ -36,6 +36,7 @@ import functools
 import numpy as np
 from numpy.typing import NDArray
 
+from sync.runs import runs_of, sorted_rows
 from sync.summary import RX_K, Summary
 
 F64 = NDArray[np.float64]
@@ -70,18 +71,30 @@ def leading_outliers(group: I64, vals: F64, k: int = RX_K) -> NDArray[np.bool_]:
         return drop
     first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
     kk = np.minimum(np.diff(np.r_[first, n]), k)
-    has = kk >= 4
-    first, kk = first[has], kk[has]
-    ref = np.maximum(OUTLIER_MIN_NS, OUTLIER_RATIO * (vals[first + kk - 1] - vals[first + kk - 3]))
-    cut = np.zeros(len(first), np.int64)  # values below the highest big gap are dropped
-    for r in range(MAX_DROPS):
-        ok = r < kk - 3
-        f = np.minimum(first + r, n - 2)
-        cut = np.where(ok & (vals[f + 1] - vals[f] > ref), r + 1, cut)
+    width = max(k, MAX_DROPS + 1)
+    col = np.arange(width)
+    low = np.where(
+        col[None, :] < kk[:, None], vals[np.minimum(first[:, None] + col, n - 1)], np.nan
+    )
+    cut = _cuts(low, kk)
     for r in range(MAX_DROPS):
         sel = cut > r
         drop[first[sel] + r] = True
     return drop
+
+
+def _cuts(low: F64, kk: I64) -> I64:
+    """Per group how many of its lowest values `leading_outliers` drops, from ``low`` (per
+    group its lowest values ascending, at least ``max(k, MAX_DROPS + 1)`` columns) and ``kk``
+    (how many of them it reads, ``min(k, count)``)."""
+    rows = np.arange(len(kk))
+    kq = np.maximum(kk, 3)
+    ref = np.maximum(OUTLIER_MIN_NS, OUTLIER_RATIO * (low[rows, kq - 1] - low[rows, kq - 3]))
+    cut = np.zeros(len(kk), np.int64)  # values below the highest big gap are dropped
+    for r in range(MAX_DROPS):
+        ok = (kk >= 4) & (r < kk - 3)
+        cut = np.where(ok & (low[:, r + 1] - low[:, r] > ref), r + 1, cut)
+    return cut
 
 
 @functools.cache
@@ -108,21 +121,27 @@ def without_bad(s: Summary, slope: F64) -> tuple[Summary, I64, I64]:
     e = g // 2
     sl = np.nan_to_num(slope)
     v = s.all_d + np.where(g % 2 == 0, -sl[e], sl[e]) * s.all_t
-    order = np.lexsort((v, g))
-    bad_p = np.zeros(len(g), dtype=bool)
-    bad_p[order] = leading_outliers(g[order], v[order])
-    bad_p &= s.n_all[g] >= MIN_SAMPLES
+    runs = runs_of(s.all_g, presorted=True)  # hull points come sorted by group
+    low = sorted_rows(runs, v, max(RX_K, MAX_DROPS + 1))
+    cut = _cuts(low, np.minimum(runs.counts, RX_K))
+    cut = np.where(s.n_all[runs.keys] >= MIN_SAMPLES, cut, 0)
+    # the dropped are the ``cut`` lowest of a group: below its value of rank ``cut``, with a
+    # gap of over a microsecond between
+    rows = np.arange(len(cut))
+    below = np.where(cut > 0, low[rows, cut], -np.inf)
+    bad_p = v < np.repeat(below, runs.counts)
     # an exchange is bad where either of its samples lies below its direction's floor (the
     # lowest value left): a genuine sample of the direction cannot, at the same slope
     floor = np.full(2 * len(s.edges), np.inf)
-    np.minimum.at(floor, g[~bad_p], v[~bad_p])
+    floor[runs.keys] = low[rows, cut]
     xe = s.x_edge
     half = 0.5 * s.x_rtt
     v_f = half + s.x_off - sl[xe] * s.x_mid  # forward sample, at the exchange's mid-time
     v_r = half - s.x_off + sl[xe] * s.x_mid
     tol = FLOOR_TOL_NS + np.abs(sl[xe]) * 0.5 * (np.abs(s.x_rtt) + TURN_NS)
     bad_x = (v_f < floor[2 * xe] - tol) | (v_r < floor[2 * xe + 1] - tol)
-    lost = np.bincount(g[bad_p], minlength=2 * len(s.edges)).astype(np.int64)
+    lost = np.zeros(2 * len(s.edges), np.int64)
+    lost[runs.keys] = cut
     lost_x = np.bincount(s.x_edge[bad_x], minlength=len(s.edges)).astype(np.int64)
     if not bad_p.any() and not bad_x.any():
         return s, lost, lost_x

@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import gammaln
 
+from sync.runs import Runs, compact, runs_of, sorted_rows
 from sync.summary import RX_K, Summary
 
 F64 = NDArray[np.float64]
@@ -145,17 +146,17 @@ def _readings(
         g = s.all_g[a:b]
         e = g // 2
         v = s.all_d[a:b] + np.where(g % 2 == 0, -slope[e], slope[e]) * s.all_t[a:b]
-        order = np.lexsort((v, g))
-        g, v = g[order], v[order]
-        first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-        grp = g[first]
+        runs = runs_of(g, presorted=True)  # sorted by group: per group its lowest k values
+        low = sorted_rows(runs, v, k)
+        grp = runs.keys
         near = np.maximum(s.n_all[grp] // RX_SAMPLES_PER_K, 3)  # the floor's neighbourhood
-        kd = np.minimum(np.minimum(np.diff(np.r_[first, len(g)]), k), near)
+        kd = np.minimum(np.minimum(runs.counts, k), near)
         if lost is not None:
             kd = np.minimum(kd, k - lost[grp])
         ok = kd >= 3
-        f, kd, grp = first[ok], kd[ok], grp[ok].astype(np.int64)
-        parts.append((grp, kd, v[f + 1] - v[f], v[f + kd - 1] - v[f]))
+        low, kd, grp = low[ok], kd[ok], grp[ok]
+        rows = np.arange(len(kd))
+        parts.append((grp, kd, low[:, 1] - low[:, 0], low[rows, kd - 1] - low[:, 0]))
     if not parts:
         empty = np.zeros(0, np.int64)
         return empty, empty.copy(), np.zeros(0), 1.0
@@ -239,10 +240,11 @@ def split_excess(
     inter = out_leaf != leaf[dst]
     send = np.zeros(n_leaves)
     recv = np.full(n_nodes, np.nan)
+    by_dst, by_leaf = runs_of(dst), runs_of(out_leaf[inter])  # the same every round
     for _ in range(max(1, rounds)):
-        recv = node_midmean(n_nodes, dst, val - np.where(inter, send[out_leaf], 0.0))
+        recv = node_midmean(n_nodes, dst, val - np.where(inter, send[out_leaf], 0.0), by_dst)
         rest = val - recv[dst]
-        part = node_midmean(n_leaves, out_leaf[inter], rest[inter])
+        part = node_midmean(n_leaves, out_leaf[inter], rest[inter], by_leaf)
         send = np.where(np.isfinite(part), part, 0.0)
     return recv, send
 
@@ -270,7 +272,8 @@ def split_sides(
     inter = out_leaf != leaf[dst]
     leaf_part = np.where(inter, send_leaf[out_leaf], 0.0)
     rest = val - np.nan_to_num(recv[dst]) - leaf_part
-    own = node_midmean(n_nodes, src, rest)
+    by_src = runs_of(src)
+    own = node_midmean(n_nodes, src, rest, by_src)
     cnt = np.bincount(src, minlength=n_nodes)
     has = (cnt >= 3) & np.isfinite(own)
     if has.sum() < 2:
@@ -283,31 +286,47 @@ def split_sides(
         return recv, send_leaf[leaf], shrink
     own = np.where(has, own, 0.0)
     n_leaves = len(send_leaf)
+    by_dst, by_leaf = runs_of(dst), runs_of(out_leaf[inter])
     for _ in range(max(1, rounds)):
         mine = shrink * own[src]
-        recv = node_midmean(n_nodes, dst, val - leaf_part - mine)
-        part = node_midmean(n_leaves, out_leaf[inter], (val - recv[dst] - mine)[inter])
+        recv = node_midmean(n_nodes, dst, val - leaf_part - mine, by_dst)
+        part = node_midmean(n_leaves, out_leaf[inter], (val - recv[dst] - mine)[inter], by_leaf)
         send_leaf = np.where(np.isfinite(part), part, 0.0)
         leaf_part = np.where(inter, send_leaf[out_leaf], 0.0)
-        own = np.nan_to_num(node_midmean(n_nodes, src, val - recv[dst] - leaf_part))
+        own = np.nan_to_num(node_midmean(n_nodes, src, val - recv[dst] - leaf_part, by_src))
     return recv, send_leaf[leaf] + shrink * own, shrink
 
 
-def node_midmean(n_nodes: int, node: I64, val: F64) -> F64:
+def node_midmean(n_nodes: int, node: I64, val: F64, runs: Runs | None = None) -> F64:
     """Per node the interquartile mean of its values: the mean of those ranked in
     ``[floor(c / 4), c - floor(c / 4))`` of its ``c`` (all of them for ``c < 4``); NaN where
     none. Robust to the few wild per-direction extrapolations like a median, and it averages
-    ~15 of a NIC's ~30 instead of reading one or two."""
-    order = np.lexsort((val, node))
-    node, val = node[order], val[order]
-    cnt = np.bincount(node, minlength=n_nodes)
-    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-    rank = np.arange(len(node)) - first[node]
-    cut = cnt[node] // 4
-    keep = (rank >= cut) & (rank < cnt[node] - cut)
-    num = np.bincount(node[keep], minlength=n_nodes)
-    tot = np.bincount(node[keep], val[keep], n_nodes)
-    return np.where(num > 0, tot / np.maximum(num, 1), np.nan)
+    ~15 of a NIC's ~30 instead of reading one or two. ``runs``: `sync.runs.runs_of` ``node``,
+    when the caller has it (the same nodes over many calls); the result does not depend on
+    it. The kept values are summed in ascending order, one after another."""
+    r = runs_of(node) if runs is None else runs
+    out = np.full(n_nodes, np.nan)
+    if not len(r.counts):
+        return out
+    if not compact(r):  # a few nodes with far more values than the rest: one sort of all
+        order = np.lexsort((val, node))
+        node, val = node[order], val[order]
+        cnt = np.bincount(node, minlength=n_nodes)
+        first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+        rank = np.arange(len(node)) - first[node]
+        cut = cnt[node] // 4
+        keep = (rank >= cut) & (rank < cnt[node] - cut)
+        num = np.bincount(node[keep], minlength=n_nodes)
+        tot = np.bincount(node[keep], val[keep], n_nodes)
+        return np.where(num > 0, tot / np.maximum(num, 1), np.nan)
+    rows = sorted_rows(r, val)
+    col = np.arange(rows.shape[1])[None, :]
+    cut = (r.counts // 4)[:, None]
+    keep = (col >= cut) & (col < r.counts[:, None] - cut)
+    tot = np.cumsum(np.where(keep, rows, 0.0), axis=1)[:, -1]  # in order, as bincount adds
+    num = keep.sum(axis=1)
+    out[r.keys] = np.where(num > 0, tot / np.maximum(num, 1), np.nan)
+    return out
 
 
 def _node_median(n_nodes: int, node: I64, val: F64) -> F64:
