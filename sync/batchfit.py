@@ -32,16 +32,43 @@ def _bin_minima(key: NDArray[np.int64], resid: F64, u: F64, n_cells: int) -> tup
 
 
 def _bisect(rf: F64, tf: F64, rr: F64, tr: F64, lo: F64, hi: F64, iters: int) -> F64:
-    """Row-wise argmax over dm in [lo, hi] of min(rf - dm tf) + min(rr + dm tr) (concave)."""
-    rows: _ROWS = np.arange(rf.shape[0])
+    """Row-wise argmax over dm in [lo, hi] of min(rf - dm tf) + min(rr + dm tr) (concave).
+    The rows' empty cells (inf) are moved to the end first, in order, and the columns
+    that only hold those dropped: the first minimum of a row is the same cell, in fewer
+    columns (a direction of a few kept exchanges fills few of its bins)."""
+    rf, tf = _finite_first(rf, tf)
+    rr, tr = _finite_first(rr, tr)
+    n = rf.shape[0]
+    at_f, at_r = np.arange(n) * rf.shape[1], np.arange(n) * rr.shape[1]
+    tf_flat, tr_flat = tf.reshape(-1), tr.reshape(-1)
+    buf_f, buf_r = np.empty_like(rf), np.empty_like(rr)
+    lo, hi = lo.copy(), hi.copy()
+    mid = np.empty(n)
     for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        i_f = np.argmin(rf - mid[:, None] * tf, axis=1)
-        i_r = np.argmin(rr + mid[:, None] * tr, axis=1)
-        up = tr[rows, i_r] - tf[rows, i_f] > 0  # subgradient of the margin
-        lo = np.where(up, mid, lo)
-        hi = np.where(up, hi, mid)
+        np.add(lo, hi, out=mid)
+        mid *= 0.5
+        np.subtract(rf, np.multiply(mid[:, None], tf, out=buf_f), out=buf_f)
+        np.add(rr, np.multiply(mid[:, None], tr, out=buf_r), out=buf_r)
+        i_f, i_r = buf_f.argmin(axis=1), buf_r.argmin(axis=1)
+        up = tr_flat[at_r + i_r] - tf_flat[at_f + i_f] > 0  # subgradient of the margin
+        np.copyto(lo, mid, where=up)
+        np.copyto(hi, mid, where=~up)
     return 0.5 * (lo + hi)
+
+
+def _finite_first(r: F64, t: F64) -> tuple[F64, F64]:
+    """``r`` and ``t`` with each row's finite cells of ``r`` first (in their order) and the
+    rest inf (``t`` 0), as wide as the row with the most finite cells."""
+    fin = np.isfinite(r)
+    width = max(int(fin.sum(axis=1).max()), 1) if len(r) else 1
+    if width == r.shape[1]:
+        return r, t
+    col = np.cumsum(fin, axis=1) - 1
+    row = np.broadcast_to(np.arange(len(r))[:, None], r.shape)
+    r2, t2 = np.full((len(r), width), np.inf), np.zeros((len(r), width))
+    r2[row[fin], col[fin]] = r[fin]
+    t2[row[fin], col[fin]] = t[fin]
+    return r2, t2
 
 
 def _spread(e: F64) -> F64:
