@@ -85,11 +85,16 @@ def coded_probe_mask(
     out = np.zeros(n, dtype=bool)
     if n < 2:
         return out
-    order = np.lexsort((send, pid))
+    # by pair id (stable: a pair's probes come adjacent, so this sort is nearly free), then
+    # the two of each pair by send stamp, the earlier row first where they tie: as
+    # ``np.lexsort((send, pid))`` orders them
+    order = np.argsort(pid, kind="stable")
     sp = pid[order]
-    _, start, count = np.unique(sp, return_index=True, return_counts=True)
-    first = order[start[count == 2]]
-    second = order[start[count == 2] + 1]
+    start = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1]])
+    count = np.diff(np.r_[start, n])
+    a, b = order[start[count == 2]], order[start[count == 2] + 1]
+    swap = send[b] < send[a]
+    first, second = np.where(swap, b, a), np.where(swap, a, b)
     ok = coded_pair_mask(
         send[first],
         send[second],

@@ -72,3 +72,15 @@ def sorted_rows(runs: Runs, val: F64, width: int | None = None) -> F64:
     out = np.full((g, w), np.nan)
     out[take] = vs[(runs.starts[:, None] + col[None, :])[take]]
     return out
+
+
+def key_order(key: NDArray[np.integer], val: F64) -> I64:
+    """``np.lexsort((val, key))``: the stable order by (key, val). Through one sort of
+    complex numbers ``key + i val`` (numpy sorts them by real part, then imaginary: 2-3x
+    faster than lexsort) when every value is finite and every key exact as a float."""
+    k = np.asarray(key)
+    if len(k) and (np.abs(k).max() < 2**53) and np.isfinite(val).all():
+        z = np.empty(len(k), np.complex128)
+        z.real, z.imag = k, val
+        return np.argsort(z, kind="stable")
+    return np.lexsort((val, k))
