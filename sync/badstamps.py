@@ -128,8 +128,11 @@ def without_bad(s: Summary, slope: F64) -> tuple[Summary, I64, I64]:
     # the dropped are the ``cut`` lowest of a group: below its value of rank ``cut``, with a
     # gap of over a microsecond between
     rows = np.arange(len(cut))
-    below = np.where(cut > 0, low[rows, cut], -np.inf)
-    bad_p = v < np.repeat(below, runs.counts)
+    if cut.any():
+        below = np.where(cut > 0, low[rows, cut], -np.inf)
+        bad_p = v < np.repeat(below, runs.counts)
+    else:
+        bad_p = np.zeros(len(v), dtype=bool)
     # an exchange is bad where either of its samples lies below its direction's floor (the
     # lowest value left): a genuine sample of the direction cannot, at the same slope
     floor = np.full(2 * len(s.edges), np.inf)

@@ -24,7 +24,11 @@ _ROWS = NDArray[np.intp]
 def _bin_minima(key: NDArray[np.int64], resid: F64, u: F64, n_cells: int) -> tuple[F64, F64]:
     """Minimum residual per cell and the (centred) time of that minimum; empty cells: inf, 0."""
     mins = np.full(n_cells, np.inf)
-    np.minimum.at(mins, key, resid)
+    if len(key) and bool(np.all(key[1:] >= key[:-1])):  # hull points come sorted by (pair, t)
+        start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        mins[key[start]] = np.minimum.reduceat(resid, start)
+    else:
+        np.minimum.at(mins, key, resid)
     hit = resid == mins[key]
     t = np.zeros(n_cells)
     t[key[hit]] = u[hit]
