@@ -43,12 +43,26 @@ EXIT_INTERRUPTED = 130
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+class _SignalSafeEvent(threading.Event):
+    """A `threading.Event` that a signal handler may set while its own thread is inside
+    `wait` (the demo's paced loop waits on it between steps). The standard one guards its
+    flag with a plain `threading.Lock`, and `wait` holds it for a few bytecodes on either
+    side of the wait proper: a handler run there (Python runs handlers between two bytecodes
+    of the main thread) blocks on the lock its own thread holds, for ever (a headless demo
+    stopped by SIGINT hung so once). A re-entrant lock lets the handler in: it sets the
+    flag and wakes the waiter, or the waiter, not yet queued, wakes at its timeout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cond = threading.Condition(threading.RLock())
+
+
 @dataclass
 class Stop:
     """What the signals did to a block: ``event`` is set by the first one, ``signals``
     counts them."""
 
-    event: threading.Event = field(default_factory=threading.Event)
+    event: threading.Event = field(default_factory=_SignalSafeEvent)
     signals: int = 0
 
     @property

@@ -14,8 +14,9 @@ most half the probe's round trip above its pair's remembered floor
 small; over the probes a NIC sent (to its ~K peers: what the fleet worker owning the NIC's
 host sees, however hosts are split among workers), it is that NIC's clock error against its
 model
-(`clock_errors`: the mean over at least ``MIN_PROBES`` such probes, whose values are
-bounded, and the share of them on its side, ``MOVE_AGREE`` at least for a move). A model
+(`clock_errors`: the median over at least ``MIN_PROBES`` such probes, which the few pairs
+whose floor a standing queue raised cannot move, and the share of them on its side,
+``MOVE_AGREE`` at least for a move). A model
 extrapolated from its solve drifts off slowly; a step moves the error between two batches: a NIC moved when its error changed by
 more than ``MOVE_NS`` and ``MOVE_Z`` times its clock uncertainty since the last batch that
 measured it (`moved`). A peer of a moved NIC shows it on one pair of its ~30 only, so its own
@@ -52,7 +53,7 @@ def clock_errors(
     n_nics: int, src: I64, owd_fwd: F64, owd_rev: F64, rtt: F64, floor: F64
 ) -> tuple[F64, F64]:
     """Per NIC its clock's error against its model in one batch (ns, + : ahead), from the
-    probes near their pairs' floors (module docstring): the mean over them, NaN where fewer
+    probes near their pairs' floors (module docstring): the median of them, NaN where fewer
     than ``MIN_PROBES``; and the share of them on the mean's side (a moved clock puts nearly
     all on one side, and a peer's own trouble is one pair of a NIC's ~30). Raises ValueError
     on arrays of different lengths."""
@@ -68,12 +69,32 @@ def clock_errors(
     node = np.asarray(src, np.int64)[ok]
     val = 0.5 * (owd_rev[ok] - owd_fwd[ok])  # + : src ahead of its model (or dst behind)
     cnt = np.bincount(node, minlength=n_nics)
-    # a mean, for its cost on the ingest path: the values are bounded (half the excess plus
-    # the model's error), and a moved clock shifts them all
-    out = np.bincount(node, val, n_nics) / np.maximum(cnt, 1)
+    out = _medians(node, val, cnt)
     side = np.bincount(node, np.sign(val) == np.sign(out[node]), n_nics)
     enough = cnt >= MIN_PROBES
     return np.where(enough, out, np.nan), side / np.maximum(cnt, 1)
+
+
+def _medians(node: I64, val: F64, cnt: I64) -> F64:
+    """Per NIC the median of its values ``val`` (``cnt``: how many each has; NaN where
+    none). A median, not a mean: a pair whose path queues one way for the floor's whole
+    memory (a standing queue) has its floor raised by that queue, so its probes at the floor
+    are tens of µs off; two such pairs of a NIC's ~30 moved its mean by over 1 µs between
+    two batches (issue 34: 6 of 64 NICs read as moved with no clock step). One sort of the
+    values keyed by NIC (numbered within the batch, so the key keeps ns precision)."""
+    out = np.full(len(cnt), np.nan)
+    has = cnt > 0
+    if not has.any():
+        return out
+    local = np.cumsum(has) - 1  # NIC -> its number among those with values
+    span = 2.0**32  # key = local NIC * span + value (clipped to a quarter span: a rank only)
+    key = local[node] * span + np.clip(val, -span / 4, span / 4)
+    srt = np.sort(key)
+    c = cnt[has]
+    start = np.cumsum(c) - c
+    mid = 0.5 * (srt[start + (c - 1) // 2] + srt[start + c // 2])
+    out[has] = mid - np.arange(len(c)) * span
+    return out
 
 
 def moved(err: F64, agree: F64, before: F64, unc: F64) -> NDArray[np.bool_]:

@@ -85,6 +85,30 @@ def test_clock_errors_show_a_moved_nic_and_not_its_peers() -> None:
     assert MOVE_NS < 3_000
 
 
+def test_a_standing_queue_on_a_few_pairs_moves_no_clock() -> None:
+    """Two of NIC 4's ~19 pairs queue 80 us one way for the floor's whole memory (their
+    floors raised by it, so their probes sit at the floor 40 us off either way): NIC 4's
+    error stays its clock's, and it is not read as moved (a 64-NIC run read 6 NICs so)."""
+    rng = np.random.default_rng(2)
+    n, m = 20, 4000
+    src = rng.integers(0, n, m)
+    dst = (src + rng.integers(1, n, m)) % n
+    floor = np.full(m, 20_000.0)
+    rtt = floor + rng.uniform(0, 1_500, m)
+    q = rng.normal(0, 100, m)
+    fwd, rev = 5_000.0 + q, 5_000.0 - q
+    before, _ = clock_errors(n, src, fwd, rev, rtt, floor)
+    # the paths 4 -> 7 and 4 -> 9 now queue: every probe on them at its (raised) floor
+    out4 = (src == 4) & np.isin(dst, [7, 9])
+    in4 = np.isin(src, [7, 9]) & (dst == 4)
+    fwd2 = fwd + np.where(out4, 80_000.0, 0.0)
+    rev2 = rev + np.where(in4, 80_000.0, 0.0)
+    rtt2 = np.where(out4 | in4, floor, rtt)
+    after, agree = clock_errors(n, src, fwd2, rev2, rtt2, floor)
+    assert abs(after[4] - before[4]) < 100.0
+    assert not moved(after, agree, before, np.full(n, 50.0)).any()
+
+
 def _run(faults: list[Fault] = (), step: tuple[int, float, float] | None = None, *,
          load: float = 0.6, seconds: float = 45.0, knobs: ModelKnobs | None = None):  # type: ignore[no-untyped-def]  # fmt: skip
     fab = build_fabric(FabricShape.for_nics(32, nics_per_leaf=8))

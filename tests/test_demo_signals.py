@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -27,14 +28,18 @@ def test_a_stopped_headless_demo_still_prints_its_json(sig: signal.Signals) -> N
     )  # fmt: skip
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline()  # "API on ..." once it runs
+        # "API on ..." once it runs; bounded, as every wait here (a stuck child fails the
+        # test, never hangs it)
+        ready, _, _ = select.select([proc.stderr], [], [], 120)
+        assert ready, "the demo announced no API within 120 s"
+        line = proc.stderr.readline()
         assert "API on" in line, line
         time.sleep(1.0)  # a few steps
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.kill(proc.pid, signal.SIGKILL)  # by pid: a deadlocked child ignores SIGTERM
             proc.wait(10)
     assert proc.returncode == 130, err
     doc = json.loads(out)

@@ -69,6 +69,32 @@ def test_cooperative_work_is_asked_to_stop_and_never_cut() -> None:
     assert stop.interrupted and stop.signals == 2 and 5 <= steps <= 6
 
 
+def test_a_signal_while_the_loop_is_inside_its_wait_sets_the_event() -> None:
+    """A paced loop (the headless demo's) waits on `Stop.event` between steps; a signal
+    handled while that wait holds the event's lock (a few bytecodes each side of the wait)
+    set it without deadlocking its own thread: the handler runs here with the lock held, as
+    Python runs it there. In a subprocess, killed by pid at the bound if it hangs."""
+    code = (
+        "import signal\n"
+        "from contract.interrupt import interruptible\n"
+        "with interruptible(cooperative=True) as stop:\n"
+        "    handler = signal.getsignal(signal.SIGINT)\n"
+        "    with stop.event._cond:  # held, as inside Event.wait\n"
+        "        handler(signal.SIGINT, None)\n"
+        "    print(stop.event.wait(5), stop.signals)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)  # a deadlocked child ignores SIGTERM
+            proc.wait(10)
+    assert proc.returncode == 0 and out.split() == ["True", "1"], err
+
+
 def _catches_sigterm(pid: int) -> bool:
     """Return True once ``pid`` has a SIGTERM handler (its work is inside `interruptible`:
     Python catches no SIGTERM before)."""

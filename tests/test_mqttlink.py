@@ -13,6 +13,7 @@ import aiomqtt
 import pytest
 
 from mqttlink.reconnect import Backoff, reconnect_loop
+from tests.waiting import until
 
 
 def test_backoff_doubles_caps_and_resets() -> None:
@@ -108,13 +109,6 @@ def test_run_service_resets_its_backoff_after_a_good_connection(
     assert all('"retry_in_s": 0.001' in line for line in retries), retries
 
 
-async def _until(done: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    """Wait (polling, bounded) until ``done()``; a busy machine may take seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not done() and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
-
-
 async def test_follow_hands_on_every_message_and_reports_errors_in_one_line(
     mosquitto: tuple[str, int],
 ) -> None:
@@ -141,9 +135,9 @@ async def test_follow_hands_on_every_message_and_reports_errors_in_one_line(
             on_connect=lambda: connects.append(1), on_error=errors.append,
         ))  # fmt: skip
         try:
-            await _until(lambda: bool(seen))
+            await until(lambda: bool(seen), 20.0)
             await pub.publish("qpt/v1/x/h2", b"two", 1)
-            await _until(lambda: len(seen) > 1)
+            await until(lambda: len(seen) > 1, 20.0)
             assert seen == [("qpt/v1/x/h1", b"one"), ("qpt/v1/x/h2", b"two")]
             assert connects == [1] and errors == []
         finally:
@@ -157,7 +151,7 @@ async def test_follow_hands_on_every_message_and_reports_errors_in_one_line(
         on_connect=lambda: connects.append(1), on_error=errors.append,
     ))  # fmt: skip
     try:
-        await _until(lambda: len(errors) >= 2)
+        await until(lambda: len(errors) >= 2, 20.0)
         assert len(errors) >= 2 and connects == [1]
         assert errors[0].startswith("x subscription: MqttError: ") and "\n" not in errors[0]
     finally:

@@ -12,6 +12,7 @@ import pytest
 
 from prober.compiled import CompiledUdpEndpoint
 from prober.drive import CompiledDriver
+from tests.waiting import until
 
 
 class _Ep:
@@ -48,20 +49,12 @@ def _driver(*eps: _Ep, hook: Any = None) -> CompiledDriver:
     return CompiledDriver(cast(list[CompiledUdpEndpoint], list(eps)), before_tick=hook)
 
 
-async def _until(cond: Any, timeout_s: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not cond():
-        assert loop.time() < end, "timed out"
-        await asyncio.sleep(0.005)
-
-
 async def test_run_turns_every_tick_until_stop_or_all_closed() -> None:
     a, b = _Ep(), _Ep()
     hooks: list[int] = []
     drv = _driver(a, b, hook=lambda: hooks.append(a.ticks))
     task = asyncio.create_task(drv.run())
-    await _until(lambda: drv.ticks >= 5)
+    await until(lambda: drv.ticks >= 5, 20.0, 0.005)
     assert a.ticks == b.ticks == drv.ticks and hooks[:3] == [0, 1, 2]  # hook first, each turn
     drv.stop()
     await asyncio.wait_for(task, 20)
@@ -72,7 +65,7 @@ async def test_run_turns_every_tick_until_stop_or_all_closed() -> None:
     c, d = _Ep(), _Ep()
     drv2 = _driver(c, d)
     task2 = asyncio.create_task(drv2.run())
-    await _until(lambda: drv2.ticks >= 2)
+    await until(lambda: drv2.ticks >= 2, 20.0, 0.005)
     c.closed = True
     await asyncio.sleep(0.01)
     assert not task2.done()  # one endpoint still open
@@ -89,7 +82,7 @@ async def test_turns_are_timer_callbacks_on_the_tick_grid() -> None:
     seen: list[tuple[float, bool]] = []
     drv = _driver(_Ep(), hook=lambda: seen.append((loop.time(), asyncio.current_task() is None)))
     task = asyncio.create_task(drv.run())
-    await _until(lambda: drv.ticks >= 12)
+    await until(lambda: drv.ticks >= 12, 20.0, 0.005)
     drv.stop()
     await asyncio.wait_for(task, 20)
     assert seen[0][1] is False and all(cb for _, cb in seen[1:])
@@ -108,7 +101,7 @@ async def test_an_error_in_a_turn_ends_run_with_it_and_cancel_stops_the_timer() 
     ep = _Ep()
     drv2 = _driver(ep)
     task = asyncio.create_task(drv2.run())
-    await _until(lambda: drv2.ticks >= 2)
+    await until(lambda: drv2.ticks >= 2, 20.0, 0.005)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

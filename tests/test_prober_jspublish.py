@@ -21,6 +21,7 @@ from prober.jspublish import JetStreamBatches, LinkLike
 from prober.publish import Publisher
 from prober.spool import Spool
 from tests.natscluster import Cluster, nats_cluster
+from tests.waiting import until
 
 __all__ = ["nats_cluster"]
 
@@ -72,13 +73,6 @@ class FakeStream:
         return make
 
 
-async def _until(cond, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 def test_spool_forgets_only_on_ack_and_duplicates_count_as_delivered() -> None:
     stream = FakeStream(max_payload=4096)
     spool = Spool()
@@ -100,15 +94,15 @@ def test_spool_forgets_only_on_ack_and_duplicates_count_as_delivered() -> None:
         for seq in (1, 2, 3):
             spool.put(seq, b"b%d" % seq)
             sender.wake()
-        await _until(lambda: len(spool) == 0)
+        await until(lambda: len(spool) == 0, 10.0)
         spool.put(4, bytes(5000))  # over max_payload: dropped, counted, not blocking
         spool.put(5, b"b5")
         sender.wake()
-        await _until(lambda: len(spool) == 0)
+        await until(lambda: len(spool) == 0, 10.0)
         stream.up = False  # servers away: the batch stays spooled, in order
         spool.put(6, b"b6")
         sender.wake()
-        await _until(lambda: len(delays) >= 1 and len(spool) == 0)
+        await until(lambda: len(delays) >= 1 and len(spool) == 0, 10.0)
         stop.set()
         await asyncio.wait_for(task, 5)
 
@@ -187,11 +181,11 @@ def test_cluster_server_killed_every_batch_stored_once(
             spool.put(seq, b"batch-%d" % seq)
             sender.wake()
             if seq == 15:
-                await _until(lambda: len(spool) == 0)
+                await until(lambda: len(spool) == 0, 10.0)
                 port = int(sender.server.rsplit(":", 1)[1])  # the server the sender is on
                 nats_cluster.kill([s.port for s in nats_cluster.specs].index(port))
             await asyncio.sleep(0.02)
-        await _until(lambda: len(spool) == 0, 30)
+        await until(lambda: len(spool) == 0, 30.0)
         stop.set()
         await asyncio.wait_for(task, 10)
         async with connect(settings, "check") as link:
