@@ -30,8 +30,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from contract.documents import PathsDoc, TracedPath
-from contract.jsondoc import DocumentError
+from contract.documents import TracedPath
 
 FILE = "learned_paths.jsonl"
 
@@ -39,8 +38,12 @@ MAX_AGE_NS = 600_000_000_000
 """A kept path older than this when loaded is dropped (`LearnConfig.path_max_age_ns`'s
 default)."""
 
-SAVE_EVERY_NS = 2_000_000_000
-"""Changed paths are written at most this often (a sweep's documents come a second apart)."""
+SAVE_EVERY_NS = 5_000_000_000
+"""Changed paths are written at most this often (a sweep's documents come a second apart;
+writing 51,200 paths took ~1 s of CPU on this busy machine, in a worker thread)."""
+
+REFRESH_NS = 60_000_000_000
+"""Paths that came again unchanged are written this often (their times on disk)."""
 
 _Flow = tuple[str, str, int]
 
@@ -57,7 +60,8 @@ class KeptPaths:
         self.paths: dict[_Flow, tuple[TracedPath, int]] = {}
         for p, t in restored:
             self._put(p, t)
-        self.changed = False
+        self.changed = False  # a flow's path is new or different since the last save
+        self.touched = False  # a path came again since the last save (its time moved)
         self.saved_ns: int | None = None
 
     def _put(self, p: TracedPath, t_ns: int) -> bool:
@@ -77,6 +81,7 @@ class KeptPaths:
             if owners.get(p.src) != host or not complete(p):
                 continue
             self.changed |= self._put(p, now_ns)
+            self.touched = True
             kept += 1
         return kept
 
@@ -89,20 +94,36 @@ class KeptPaths:
         return [p.to_json() for p, _ in self.paths.values()]
 
     def due(self, now_ns: int, every_ns: int = SAVE_EVERY_NS) -> bool:
-        """Return True when the paths changed and none were saved for ``every_ns``."""
-        return self.changed and (self.saved_ns is None or now_ns - self.saved_ns >= every_ns)
+        """Return True when the paths changed and none were saved for ``every_ns``, or came
+        again unchanged and none were saved for `REFRESH_NS` (so that the times on disk stay
+        within the age bound of a path the probers keep tracing)."""
+        since = None if self.saved_ns is None else now_ns - self.saved_ns
+        return (self.changed and (since is None or since >= every_ns)) or (
+            self.touched and (since is None or since >= REFRESH_NS)
+        )
+
+    def take(self, now_ns: int) -> list[tuple[TracedPath, int]]:
+        """Return every kept path with its time, to be written (`write`), and count them as
+        saved at ``now_ns``."""
+        self.changed = self.touched = False
+        self.saved_ns = now_ns
+        return self.restored()
 
 
 def save(directory: Path, kept: KeptPaths, now_ns: int) -> None:
-    """Write the kept paths to ``directory``/`FILE` (JSON lines ``{"t_ns", "src", "dst",
-    "sport", "hops", "reached"}``, whole: a temporary file renamed); raises OSError."""
+    """Write the kept paths to ``directory`` (`write` of `KeptPaths.take`); raises OSError."""
+    write(directory, kept.take(now_ns))
+
+
+def write(directory: Path, paths: Iterable[tuple[TracedPath, int]]) -> None:
+    """Write ``paths`` to ``directory``/`FILE` (JSON lines ``{"t_ns", "src", "dst", "sport",
+    "hops", "reached"}``, whole: a temporary file renamed); raises OSError. Reads nothing
+    shared: it may run in a worker thread."""
     path = directory / FILE
     tmp = path.with_suffix(".tmp")
-    lines = (json.dumps({"t_ns": t, **p.to_json()}).encode() + b"\n" for p, t in kept.restored())
+    lines = (json.dumps({"t_ns": t, **p.to_json()}).encode() + b"\n" for p, t in paths)
     tmp.write_bytes(b"".join(lines))
     os.replace(tmp, path)
-    kept.changed = False
-    kept.saved_ns = now_ns
 
 
 def load(
@@ -119,15 +140,12 @@ def load(
     for line in lines:
         try:
             e = json.loads(line)
-            t = e.pop("t_ns")
-            (p,) = PathsDoc.decode(json.dumps([e]).encode()).paths
-        except (ValueError, KeyError, TypeError, AttributeError, DocumentError):
+            t, hops = e["t_ns"], e["hops"]
+            hops = tuple(hops) if isinstance(hops, list) else hops  # else refused below
+            p = TracedPath(e["src"], e["dst"], e["sport"], hops, e["reached"])
+        except (ValueError, KeyError, TypeError):  # a torn line, a bad field (DocumentError)
             continue
-        if (
-            isinstance(t, int)
-            and not isinstance(t, bool)
-            and now_ns - t <= max_age_ns
-            and complete(p)
-        ):
+        fresh = type(t) is int and now_ns - t <= max_age_ns
+        if fresh and complete(p):
             out.append((p, t))
     return out

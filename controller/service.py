@@ -47,7 +47,7 @@ from controller.fleet.solverloop import SolverLoop
 from controller.jobs import JobRegistry
 from controller.keptpaths import MAX_AGE_NS, KeptPaths
 from controller.keptpaths import load as load_paths
-from controller.keptpaths import save as save_paths
+from controller.keptpaths import write as write_paths
 from controller.live import LiveController
 from controller.openfindings import OpenFindings
 from controller.openfindings import load as load_findings
@@ -213,12 +213,6 @@ async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
         live.tick_cost(clock() - now, now)
         if w.findings is not None:
             new = _kept_open(w, w.findings, new, now)
-        if w.kept is not None and w.state_dir is not None and w.kept.due(now):
-            try:
-                save_paths(w.state_dir, w.kept, now)
-            except OSError as exc:
-                w.log(now, "learned paths not saved", error=str(exc))
-                w.kept.saved_ns = now  # tried: the next try after the period
         actions: list[tuple[str, bytes]] = []
         if remediation is not None:
             remediation.observe(new)
@@ -313,6 +307,37 @@ def restore_paths(
     return apply_paths(live, router_nodes, kept.entries())
 
 
+def _beside(client: aiomqtt.Client, w: Wiring) -> list[Coroutine[Any, Any, None]]:
+    """Return what runs beside a connection's message loop: the ticker, the clock solver
+    (not in the fleet, whose solver solves them), the coalescing queue's flusher, the kept
+    paths' writer."""
+    out = [_ticker(client, w)]
+    if w.events is None:  # the fleet's clocks are solved by its solver (controller.fleet)
+        out.append(_solver(w))
+    if w.queue is not None:
+        out.append(_flusher(w.live, w.queue, w.clock, w.log, w.counters))
+    if w.kept is not None and w.state_dir is not None:
+        out.append(_path_keeper(w, w.kept, w.state_dir))
+    return out
+
+
+async def _path_keeper(w: Wiring, kept: KeptPaths, state_dir: Path) -> None:
+    """Every ``tick_s``: when the kept paths are due (`KeptPaths.due`), write them to
+    ``state_dir`` in a worker thread (encoding tens of thousands of paths takes a second of
+    CPU: not on the loop that ticks). A failed write is logged, never fatal; the paths are
+    written again when next due."""
+    while True:
+        await asyncio.sleep(w.config.tick_s)
+        now = w.clock()
+        if not kept.due(now):
+            continue
+        try:
+            await asyncio.to_thread(write_paths, state_dir, kept.take(now))
+        except OSError as exc:
+            kept.changed = True
+            w.log(now, "learned paths not saved", error=str(exc))
+
+
 async def _solver(w: Wiring) -> None:
     """Run due clock solves in a worker thread so ingest goes on meanwhile; ``on_solve``
     gets each solve's wall time in s. The cadence (`ClockSync.solve_period_ns`) is set by the
@@ -378,11 +403,7 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
         log(clock(), "connected", broker=f"{host}:{port}")
         connected()
-        tasks = [asyncio.create_task(_ticker(client, w))]
-        if w.events is None:  # the fleet's clocks are solved by its solver (controller.fleet)
-            tasks.append(asyncio.create_task(_solver(w)))
-        if queue is not None:
-            tasks.append(asyncio.create_task(_flusher(live, queue, clock, log, counters)))
+        tasks = [asyncio.create_task(c) for c in _beside(client, w)]
         try:
             async for msg in client.messages:
                 for task in tasks:
