@@ -17,12 +17,14 @@ import pytest
 from contract.documents import TracedPath
 from contract.neighbors import LldpNeighbor, NeighborsDoc, NicNeighbors
 from contract.topics import Topics
-from controller.config import ServiceConfig, load_config
+from controller.config import EMPTY_FABRIC, ServiceConfig, load_config
 from controller.dispatch import JsonLog
 from controller.keptpaths import FILE, KeptPaths, load, save
 from controller.remediation.config import RemediationConfig
 from controller.service import Broker, run_service
-from controller.topology import TopologyLearner
+from controller.topology import LearnConfig, TopologyLearner
+from mesh.fabric import FabricShape, build_fabric
+from tests.fabricobs import by_router_id, neighbors, router_ids, traces
 from tests.waiting import until
 
 SPINE0 = ["10.0.0.254", "172.16.0.9", "10.0.1.254"]
@@ -153,3 +155,31 @@ async def test_a_restarted_controller_starts_with_its_predecessors_paths(
             30,
         )
     assert _spine_of(live.paths(*FLOW), conf) == "leaf0->spine1"
+
+
+def test_a_learned_fabric_comes_back_from_the_kept_paths_and_the_retained_neighbours(
+    tmp_path: Path,
+) -> None:
+    plan = build_fabric(FabricShape(leaves=3, hosts_per_leaf=2, spines=2))
+    names = {rid: sw for sw, rid in router_ids(plan).items() if sw.startswith("spine")}
+    docs = {d.host: d for d in neighbors(plan)}
+    cfg = LearnConfig(plan=plan, names=names, relearn_ns=0)
+    first, kept = TopologyLearner(cfg), KeptPaths()
+    for host, d in docs.items():
+        first.neighbors(host, d)
+    for host in docs:
+        mine = [p for p in traces(plan, by_router_id(plan)) if plan.nic(p.src).host == host]
+        first.paths(host, mine, 10)
+        kept.add(host, mine, first.owners, 10)
+    save(tmp_path, kept, 10)
+    successor = TopologyLearner(cfg)
+    assert successor.restore(load(tmp_path, 20)) == len(kept.paths)
+    for host, d in docs.items():  # the retained neighbours documents, right after subscribing
+        successor.neighbors(host, d)
+    change = successor.relearn(30, EMPTY_FABRIC)
+    assert change is not None and change.plan is not None and change.plan.matches_plan
+    bare = TopologyLearner(cfg)  # without the kept paths: no spine is known yet
+    for host, d in docs.items():
+        bare.neighbors(host, d)
+    change = bare.relearn(30, EMPTY_FABRIC)
+    assert change is None or change.plan is None or not change.plan.matches_plan
