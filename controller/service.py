@@ -19,7 +19,7 @@ import dataclasses
 import os
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,8 +29,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from contract.actionsig import ActionSigner
-from contract.documents import EventDoc
+from contract.documents import EventDoc, PathsDoc
+from contract.jsondoc import DocumentError
 from contract.topics import Topics
+from controller.admission import nic_hosts
 from controller.api.runtime import ApiRuntime
 from controller.brain import Brain
 from controller.brainlike import BrainLike
@@ -39,10 +41,13 @@ from controller.coalesce import ProbeQueue
 from controller.config import ServiceConfig
 from controller.control import ControlChange
 from controller.crosslayer import CrossLayer, slowdowns, with_root_cause
-from controller.dispatch import JsonLog, handle_message, message_kind
+from controller.dispatch import JsonLog, apply_paths, handle_message, message_kind
 from controller.fleet.cores import SolverCore, SolveResultLike
 from controller.fleet.solverloop import SolverLoop
 from controller.jobs import JobRegistry
+from controller.keptpaths import MAX_AGE_NS, KeptPaths
+from controller.keptpaths import load as load_paths
+from controller.keptpaths import write as write_paths
 from controller.live import LiveController
 from controller.openfindings import OpenFindings
 from controller.openfindings import load as load_findings
@@ -126,7 +131,8 @@ class Wiring:
     solver's `FleetFeed` with ``[fleet]``, probe batches then come from NATS, not MQTT);
     ``crosslayer``: hardware signals -> anomalies -> slow jobs' causes (`controller.crosslayer`);
     ``findings``: the findings open to consumers, kept in ``state_dir`` across restarts
-    (`controller.openfindings`; None: not kept).
+    (`controller.openfindings`; None: not kept); ``kept``: the traced paths learned, kept
+    there too (`controller.keptpaths`; None: not kept).
     """
 
     broker: Broker
@@ -149,6 +155,7 @@ class Wiring:
     events: EventSource | None = None
     findings: OpenFindings | None = None
     state_dir: Path | None = None
+    kept: KeptPaths | None = None
 
 
 def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
@@ -269,6 +276,68 @@ def _kept_open(w: Wiring, findings: OpenFindings, new: list[EventDoc], now: int)
     return out
 
 
+def _keep_paths(w: Wiring, outcome: str, topic: str, payload: bytes, now_ns: int) -> None:
+    """With ``w.kept``: keep the complete paths of a ``paths/<host>`` document the live state
+    took (``outcome`` "paths"; those whose source NICs its host owns: the learner's owners,
+    else the declared fabric's)."""
+    kept = w.kept
+    if kept is None or outcome != "paths":
+        return
+    try:
+        doc = PathsDoc.decode(payload)
+    except DocumentError:  # the declared fabric's ingest takes what it can of a bad one
+        return
+    host = w.broker.topics.parse(topic)[1]
+    owners = w.topology.owners if w.topology is not None else nic_hosts(w.live.fabric)
+    kept.add(host, doc.paths, owners, now_ns)
+
+
+def restore_paths(
+    live: LiveController,
+    topology: TopologyLearner | None,
+    router_nodes: Mapping[str, str],
+    kept: KeptPaths,
+) -> int:
+    """Install the paths a predecessor kept (``kept``, before the first message: what comes
+    afterwards replaces them): into the learner of a learned fabric (its next relearn fills
+    the live state's path tables), else into the live state's path tables through
+    ``router_nodes``. Return how many were taken."""
+    if topology is not None:
+        return topology.restore(kept.restored())
+    return apply_paths(live, router_nodes, kept.entries())
+
+
+def _beside(client: aiomqtt.Client, w: Wiring) -> list[Coroutine[Any, Any, None]]:
+    """Return what runs beside a connection's message loop: the ticker, the clock solver
+    (not in the fleet, whose solver solves them), the coalescing queue's flusher, the kept
+    paths' writer."""
+    out = [_ticker(client, w)]
+    if w.events is None:  # the fleet's clocks are solved by its solver (controller.fleet)
+        out.append(_solver(w))
+    if w.queue is not None:
+        out.append(_flusher(w.live, w.queue, w.clock, w.log, w.counters))
+    if w.kept is not None and w.state_dir is not None:
+        out.append(_path_keeper(w, w.kept, w.state_dir))
+    return out
+
+
+async def _path_keeper(w: Wiring, kept: KeptPaths, state_dir: Path) -> None:
+    """Every ``tick_s``: when the kept paths are due (`KeptPaths.due`), write them to
+    ``state_dir`` in a worker thread (encoding tens of thousands of paths takes a second of
+    CPU: not on the loop that ticks). A failed write is logged, never fatal; the paths are
+    written again when next due."""
+    while True:
+        await asyncio.sleep(w.config.tick_s)
+        now = w.clock()
+        if not kept.due(now):
+            continue
+        try:
+            await asyncio.to_thread(write_paths, state_dir, kept.take(now))
+        except OSError as exc:
+            kept.changed = True
+            w.log(now, "learned paths not saved", error=str(exc))
+
+
 async def _solver(w: Wiring) -> None:
     """Run due clock solves in a worker thread so ingest goes on meanwhile; ``on_solve``
     gets each solve's wall time in s. The cadence (`ClockSync.solve_period_ns`) is set by the
@@ -334,11 +403,7 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
             await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
         log(clock(), "connected", broker=f"{host}:{port}")
         connected()
-        tasks = [asyncio.create_task(_ticker(client, w))]
-        if w.events is None:  # the fleet's clocks are solved by its solver (controller.fleet)
-            tasks.append(asyncio.create_task(_solver(w)))
-        if queue is not None:
-            tasks.append(asyncio.create_task(_flusher(live, queue, clock, log, counters)))
+        tasks = [asyncio.create_task(c) for c in _beside(client, w)]
         try:
             async for msg in client.messages:
                 for task in tasks:
@@ -362,6 +427,7 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
                 else:
                     out = handle_message(live, topics, str(msg.topic), payload, clock(),
                                          router_nodes, queue, w.topology)  # fmt: skip
+                    _keep_paths(w, out, str(msg.topic), payload, clock())
                 key = "bad" if out.startswith("bad:") else out
                 counters[key] = counters.get(key, 0) + 1
                 if key == "bad":
@@ -578,12 +644,20 @@ async def run_service(
     findings = OpenFindings(load_findings(state_dir)) if state_dir is not None else None
     if findings is not None and findings.inherited:
         log(clock(), "open findings restored", n=len(findings.inherited))
+    kept: KeptPaths | None = None
+    if state_dir is not None:
+        max_age = config.learn.path_max_age_ns if config.learn is not None else MAX_AGE_NS
+        kept = KeptPaths(load_paths(state_dir, clock(), max_age))
+        if kept.paths:
+            n = restore_paths(live, topology, config.router_nodes, kept)
+            log(clock(), "learned paths restored", n=len(kept.paths), taken=n)
     w = Wiring(
         broker, config, live, clock, log, remediation=rem, api=api,
         queue=ProbeQueue(config.ingest) if config.ingest.coalesce_ms > 0 else None,
         on_solve=obs.solve, on_action=on_action, on_tick=on_tick, topology=topology,
         on_fabric=lambda f, t: obs.refabric(f, live, t), tee=obs.brain, events=feed,
         crosslayer=xl, on_points=obs.points, findings=findings, state_dir=state_dir,
+        kept=kept,
     )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:

@@ -148,6 +148,21 @@ class TopologyLearner:
         self.counters["paths"] += kept
         return kept
 
+    def restore(self, paths: Iterable[tuple[TracedPath, int]]) -> int:
+        """Keep the paths a predecessor kept (`controller.keptpaths`) with the times they
+        came, each unless its flow has a path here already (what came since wins); their
+        origin was judged when they came. Return how many were kept."""
+        kept = 0
+        for p, t in paths:
+            key = (p.src, p.dst, p.sport)
+            if key in self._paths:
+                continue
+            self._oldest_ns = t if not self._paths else min(self._oldest_ns, t)
+            self._paths[key] = (p, t)
+            self._dirty = True
+            kept += 1
+        return kept
+
     def traced(self) -> list[dict[str, Any]]:
         """Return every kept path as a ``paths/<host>`` document's entries (to refill a
         live state's path tables after a change: `controller.pathmap.path_rows`)."""

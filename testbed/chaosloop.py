@@ -94,28 +94,44 @@ def run_loop(
     nice: int = 0,
     extra: Sequence[str] = (),
     progress: Any = None,
+    interleave: bool = False,
 ) -> list[Outcome]:
-    """Run every test of ``tests`` ``runs`` times (test by test) beside the burners; return
-    the outcomes. A failed run's output goes to ``out/<test>-<run>.log``."""
+    """Run every test of ``tests`` ``runs`` times beside the burners; return the outcomes.
+
+    Test by test, or with ``interleave`` round by round (run 1 of each test, then run 2 ...),
+    so a loop stopped early has the same count of each. A failed run's output goes to
+    ``out/<test>-<run>.log``; every run appends one JSON line (test, run, rc, seconds, the load
+    average at its end, its end time) to ``out/runs.jsonl`` as it ends."""
     done: list[Outcome] = []
     with burners(n_burners, nice):
-        for test in tests:
+        for test, i in run_order(tests, runs, interleave=interleave):
             safe = test.replace("/", "_").replace(":", "_")
-            for i in range(1, runs + 1):
-                t0 = time.monotonic()
-                p = subprocess.run(
-                    pytest_argv(sys.executable, test, out / f"{safe}-{i}", extra),
-                    capture_output=True, text=True, check=False,
-                )  # fmt: skip
-                o = Outcome(test, i, p.returncode, time.monotonic() - t0,
-                            (p.stdout + p.stderr)[-TAIL:])  # fmt: skip
-                if not o.passed:
-                    (out / f"{safe}-{i}.log").write_text(p.stdout + p.stderr)
-                done.append(o)
-                if progress is not None:
-                    progress(f"{test} run {i}/{runs}: {'pass' if o.passed else 'FAIL'} "
-                             f"in {o.seconds:.0f} s")  # fmt: skip
+            t0 = time.monotonic()
+            p = subprocess.run(
+                pytest_argv(sys.executable, test, out / f"{safe}-{i}", extra),
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            o = Outcome(test, i, p.returncode, time.monotonic() - t0,
+                        (p.stdout + p.stderr)[-TAIL:])  # fmt: skip
+            if not o.passed:
+                (out / f"{safe}-{i}.log").write_text(p.stdout + p.stderr)
+            done.append(o)
+            line = {"test": test, "run": i, "rc": o.rc, "seconds": round(o.seconds, 1),
+                    "load_avg": os.getloadavg(), "ended": time.time()}  # fmt: skip
+            with (out / "runs.jsonl").open("a") as f:
+                f.write(json.dumps(line) + "\n")
+            if progress is not None:
+                progress(f"{test} run {i}/{runs}: {'pass' if o.passed else 'FAIL'} "
+                         f"in {o.seconds:.0f} s")  # fmt: skip
     return done
+
+
+def run_order(tests: Sequence[str], runs: int, *, interleave: bool) -> list[tuple[str, int]]:
+    """Return the (test, run number) pairs in the order they run: test by test, or round by
+    round with ``interleave``."""
+    if interleave:
+        return [(t, i) for i in range(1, runs + 1) for t in tests]
+    return [(t, i) for t in tests for i in range(1, runs + 1)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -128,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--burner-nice", type=int, default=0, help="their niceness (default 0)")
     p.add_argument("--out", default="/var/tmp/qpmesh/chaosloop",
                    help="kept files and failed runs' logs (default %(default)s)")  # fmt: skip
+    p.add_argument("--interleave", action="store_true",
+                   help="run round by round (each test once, then again) instead of test by test")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     a = p.parse_args(argv)
     if a.runs < 1 or a.burners < 0:
@@ -136,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     outcomes = run_loop(a.tests, a.runs, out, n_burners=a.burners, nice=a.burner_nice,
+                        interleave=a.interleave,
                         progress=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
     summary = summarize(outcomes)
     doc = {"burners": a.burners, "burner_nice": a.burner_nice, "started": t0,

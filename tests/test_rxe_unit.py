@@ -11,6 +11,7 @@ from prober.events import ProbeLost, ProbeResult
 from prober.rdma.flowlabel import rxe_sport_of_qpn
 from prober.rdma.transport import full_gid, rewrite_sports, sweep_assignment
 from testbed.rxevm.guest import RxePair, setup_script
+from testbed.rxevm.scenario import read_skew_s
 from testbed.rxevm.vm import find_kernel, vng_command
 
 
@@ -155,3 +156,11 @@ def test_a_started_vm_run_is_waited_for_or_killed_by_its_process_group(tmp_path:
     res = done.wait(30.0)
     assert (res.returncode, res.stdout) == (0, "hello\n") and res.seconds >= 0.0
     done.kill()
+
+
+def test_read_skew_spans_both_devices_reads_at_each_end() -> None:
+    ms = 1_000_000
+    start = {"rxe0": [0, 40 * ms], "rxe1": [40 * ms, 90 * ms]}  # read one after the other
+    end = {"rxe0": [1000 * ms, 1010 * ms], "rxe1": [1010 * ms, 1030 * ms]}
+    assert read_skew_s(start, end, "rxe0", "rxe1") == pytest.approx(0.12)
+    assert read_skew_s({}, {}, "rxe0", "rxe1") == 0.0  # a result from before the reads were timed

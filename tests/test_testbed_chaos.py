@@ -18,7 +18,7 @@ from testbed.chaos import (
     needed_s,
     repeat_faults,
 )
-from testbed.chaosloop import Outcome, pytest_argv, summarize
+from testbed.chaosloop import Outcome, pytest_argv, run_order, summarize
 from testbed.chaosreport import (
     Applied,
     Batch,
@@ -214,3 +214,5 @@ def test_flaky_loop_summary() -> None:
     assert s["t.py::b"]["passed"] == 1
     argv = pytest_argv("py", "t.py::a", Path("/tmp/x"))
     assert argv[-1] == "t.py::a" and "--basetemp=/tmp/x" in argv and "no:cacheprovider" in argv
+    assert run_order(["a", "b"], 2, interleave=False) == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    assert run_order(["a", "b"], 2, interleave=True) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]

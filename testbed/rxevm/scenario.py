@@ -18,7 +18,8 @@
 Everything observed goes to ``DIR/result.json`` (records as rows, phase times in the guest's
 clock, which is also the clock of the "sw" stamps, presence history, wire ports, exit codes,
 rxe and link counters at the end, both rxe devices' counters as the prober's RDMA collector
-reads them at the start and end of the clean and fault phases (``signals``),
+reads them at the start and end of the clean and fault phases (``signals``; when each
+device was read: ``signal_reads``),
 log tails); the tests (tests/test_rxe.py) judge it. Processes started here are stopped by PID.
 """
 
@@ -212,20 +213,37 @@ async def wait_for(cond: Any, timeout_s: float, what: str) -> float:
     return time.monotonic() - began
 
 
-def rdma_signals(pair: RxePair) -> dict[str, dict[str, float]]:
+def rdma_signals(pair: RxePair, reads: dict[str, list[int]]) -> dict[str, dict[str, float]]:
     """Return both rxe devices' counters as the prober's collector reads them (catalogue
-    names, `prober.telemetry.rdma`); a device that cannot be read is left out."""
+    names, `prober.telemetry.rdma`); a device that cannot be read is left out. ``reads``
+    gets, per device, the monotonic ns before and after its read (``signal_reads``: the two
+    devices are read one after the other while probes flow, `read_skew_s`)."""
     out = {}
     for dev in (pair.rxe_a, pair.rxe_b):
+        t0 = time.monotonic_ns()
         with contextlib.suppress(OSError):
             out[dev] = rdma_values(*read_rdma_port(dev, 1))
+        reads[dev] = [t0, time.monotonic_ns()]
     return out
+
+
+def read_skew_s(start: dict[str, list[int]], end: dict[str, list[int]], a: str, b: str) -> float:
+    """Return the most by which the counting windows of devices ``a`` and ``b`` can differ
+    (s): at each reading, the span from the first device's read beginning to the last one's
+    ending, summed over the start and end readings. A counter of ``b`` may count this long
+    more or less traffic than one of ``a`` over "the same" phase (0 when not recorded)."""
+    total = 0
+    for r in (start, end):
+        if a in r and b in r:
+            total += max(r[a][1], r[b][1]) - min(r[a][0], r[b][0])
+    return total / 1e9
 
 
 async def run(out: Path, phase_s: float) -> dict[str, Any]:
     """Run the three phases; return the observations (see the module docstring)."""
     pair = RxePair()
-    res: dict[str, Any] = {"phases": {}, "waits": {}, "signals": {}}
+    res: dict[str, Any] = {"phases": {}, "waits": {}, "signals": {}, "signal_reads": {}}
+    reads = res["signal_reads"]
     sh(setup_script(pair))
     res["rdma_link"] = subprocess.run(["rdma", "link", "show"], check=False, capture_output=True,
                                       text=True).stdout  # fmt: skip
@@ -248,10 +266,10 @@ async def run(out: Path, phase_s: float) -> dict[str, Any]:
             lambda: obs.results("a0", "b0") and obs.results("b0", "a0"), 420, "first results"
         )
         t = time.time_ns()
-        res["signals"]["clean_start"] = rdma_signals(pair)
+        res["signals"]["clean_start"] = rdma_signals(pair, reads.setdefault("clean_start", {}))
         await asyncio.sleep(phase_s)
         res["phases"]["clean"] = [t, time.time_ns()]
-        res["signals"]["clean_end"] = rdma_signals(pair)
+        res["signals"]["clean_end"] = rdma_signals(pair, reads.setdefault("clean_end", {}))
 
         qpn_a = obs.qpn("ha")
         assert qpn_a is not None
@@ -266,10 +284,10 @@ async def run(out: Path, phase_s: float) -> dict[str, Any]:
            f"tc filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff "
            f"match ip sport {fault} 0xffff flowid 1:1")  # fmt: skip
         t = time.time_ns()
-        res["signals"]["fault_start"] = rdma_signals(pair)
+        res["signals"]["fault_start"] = rdma_signals(pair, reads.setdefault("fault_start", {}))
         await asyncio.sleep(phase_s)
         t_end = time.time_ns()
-        res["signals"]["fault_end"] = rdma_signals(pair)
+        res["signals"]["fault_end"] = rdma_signals(pair, reads.setdefault("fault_end", {}))
         sh(f"tc qdisc del dev {dev} root")
         # [add begun, add done, delete begun, delete done]: surely faulty between the middle two
         res["phases"]["fault"] = [t_add, t, t_end, time.time_ns()]
