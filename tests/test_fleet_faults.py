@@ -213,32 +213,10 @@ def test_worker_server_and_solver_killed_nothing_lost_nothing_twice(
 
         stop.set()
         await pub
-        last_window = PLANE.window_of(time.time_ns())
         await asyncio.sleep(0.5)
         sender_stop.set()
         await asyncio.gather(*tasks)
-
-        async with connect(settings, "check") as link:
-            reader = await _retry(lambda: open_reader(
-                link, PLANE.partial_stream, settings.subjects.partials_all(), 1))  # fmt: skip
-            asm, commits = Assembler(keep_windows=1000), Counter[tuple[int, int]]()
-            covered = Counter[tuple[str, int]]()
-            t0 = time.monotonic()
-            while not all((p, last_window) in commits for p in range(PLANE.partitions)):
-                assert time.monotonic() - t0 < 30, "the last window not committed in 30 s"
-                for d in await reader.fetch(500, 1.0):
-                    c = asm.feed(d.headers, d.data)
-                    if c is not None:
-                        commits[(c.partition, c.window)] += 1
-                        for origin, seq in json.loads(c.body)["covers"] if c.body else ():
-                            covered[(origin, seq)] += 1
-        assert max(commits.values()) == 1, "a partition's window committed twice"
-        assert asm.incomplete == 0
-        twice = [k for k, n in covered.items() if n > 1]
-        lost = [k for k in published if k not in covered]
-        assert not twice, f"{len(twice)} batches counted twice: {twice[:5]}"
-        assert not lost, f"{len(lost)} of {len(published)} batches lost: {lost[:5]}"
-        assert all(len(s) == 0 and s.dropped_batches == 0 for s in spools.values())
+        await _check(settings, published, spools)
 
     try:
         asyncio.run(main())
@@ -255,3 +233,102 @@ async def _retry(fn, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
             if time.monotonic() - t0 > timeout_s:
                 raise
             await asyncio.sleep(0.2)
+
+
+async def _check(
+    settings: NatsSettings, published: list[tuple[str, int]], spools: dict[str, Spool]
+) -> None:  # fmt: skip
+    """Assert that every published batch is covered by exactly one committed partial, each
+    partition's window committed once, and every spool empty (read up to the last window)."""
+    last_window = PLANE.window_of(time.time_ns())
+    async with connect(settings, "check") as link:
+        reader = await _retry(lambda: open_reader(
+            link, PLANE.partial_stream, settings.subjects.partials_all(), 1))  # fmt: skip
+        asm, commits = Assembler(keep_windows=1000), Counter[tuple[int, int]]()
+        covered = Counter[tuple[str, int]]()
+        t0 = time.monotonic()
+        while not all((p, last_window) in commits for p in range(PLANE.partitions)):
+            assert time.monotonic() - t0 < 30, "the last window not committed in 30 s"
+            for d in await reader.fetch(500, 1.0):
+                c = asm.feed(d.headers, d.data)
+                if c is not None:
+                    commits[(c.partition, c.window)] += 1
+                    for origin, seq in json.loads(c.body)["covers"] if c.body else ():
+                        covered[(origin, seq)] += 1
+    assert max(commits.values()) == 1, "a partition's window committed twice"
+    assert asm.incomplete == 0
+    twice = [k for k, n in covered.items() if n > 1]
+    lost = [k for k in published if k not in covered]
+    assert not twice, f"{len(twice)} batches counted twice: {twice[:5]}"
+    assert not lost, f"{len(lost)} of {len(published)} batches lost: {lost[:5]}"
+    assert all(len(s) == 0 and s.dropped_batches == 0 for s in spools.values())
+
+
+async def _at_window_fraction(fraction: float) -> None:
+    now = time.time_ns()
+    at = (now // PLANE.window_ns) * PLANE.window_ns + int(PLANE.window_ns * fraction)
+    await asyncio.sleep(((at - now) % PLANE.window_ns) / 1e9)
+
+
+@pytest.mark.slow
+def test_the_probe_streams_leader_killed_before_a_windows_end_nothing_lost(
+    nats_cluster: Cluster, tmp_path: Path
+) -> None:
+    """kill -9 the server that leads the probe stream a quarter window before a window's
+    end: its election outlasts that window's grace while the probers spool; the workers'
+    stream clocks hold the window open, so every batch is in exactly one partial."""
+    settings = NatsSettings(servers=nats_cluster.urls, timeout_s=2.0, connect_timeout_s=1.0,
+                            backoff_min_s=0.1, backoff_max_s=0.5)  # fmt: skip
+    procs = Procs(tmp_path, nats_cluster.urls)
+    spools = {h: Spool(directory=tmp_path / "spool" / h) for h in HOSTS}
+    senders = {h: JetStreamBatches(settings, h, spools[h]) for h in HOSTS}
+    published: list[tuple[str, int]] = []
+
+    async def publish(stop: asyncio.Event) -> None:
+        seq = 0
+        while not stop.is_set():
+            seq += 1
+            for h in HOSTS:
+                spools[h].put(seq, batch(h, seq, time.time_ns()))
+                senders[h].wake()
+                published.append((h, seq))
+            await asyncio.sleep(0.25)
+
+    async def main() -> None:
+        async with connect(settings, "test") as link:
+            leases = await _retry(lambda: _setup(link, settings))
+            for ident in ("w1", "w2"):
+                procs.start("worker", ident)
+            procs.start("solver", "s1")
+
+            async def all_owned() -> bool:
+                return len(await _owners(leases)) == PLANE.partitions
+
+            await _wait(all_owned, 60, "every partition owned")
+            info = await _retry(lambda: link.js.stream_info(PLANE.probe_stream))
+            leader = info.cluster.leader if info.cluster is not None else None
+            names = [s.name for s in nats_cluster.specs]
+            assert leader in names, f"probe stream leader {leader!r} not one of {names}"
+        stop, sender_stop = asyncio.Event(), asyncio.Event()
+        tasks = [asyncio.create_task(s.run(sender_stop)) for s in senders.values()]
+        pub = asyncio.create_task(publish(stop))
+        await asyncio.sleep(2 * PLANE.window_ns / 1e9)
+        await _at_window_fraction(0.75)
+        nats_cluster.kill(names.index(leader))
+        await asyncio.sleep(4 * PLANE.window_ns / 1e9)
+        stop.set()
+        await pub
+        await asyncio.sleep(0.5)
+        sender_stop.set()
+        await asyncio.gather(*tasks)
+        await _check(settings, published, spools)
+
+    try:
+        asyncio.run(main())
+    finally:
+        procs.stop()
+
+
+async def _setup(link, settings: NatsSettings) -> Bucket:  # type: ignore[no-untyped-def]
+    await ensure_stream(link, PLANE.probe_stream_spec(settings.subjects))
+    return await ensure_bucket(link, PLANE.lease_bucket_spec())

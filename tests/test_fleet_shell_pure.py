@@ -99,3 +99,53 @@ def test_reader_watch_reopens_after_a_window_without_deliveries() -> None:
     assert not w.stalled(107.8) and w.last_seq == 17
     assert w.stalled(107.9)  # a whole window without a delivery: reopen after seq 17
     assert not w.stalled(108.0)  # and count again from the reopening
+
+
+def test_a_reopened_reader_that_times_out_is_tried_again_with_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a server kill the reader's new ephemeral consumer can be placed on the dead
+    server and its creation times out: `SolverLoop._reopen` tries again after the backoff
+    while the lease holds (before, the error ended the solver's connection), from just
+    after the last message delivered."""
+    import asyncio
+
+    from controller.fleet import solverloop
+    from natslink.errors import NatsUnavailable
+    from natslink.settings import NatsSettings
+
+    calls: list[tuple[int, int | None]] = []
+    slept: list[float] = []
+
+    async def open_reader(link, stream, subject, start_seq=1, *, start_ns=None):  # type: ignore[no-untyped-def]
+        calls.append((start_seq, start_ns))
+        if len(calls) < 3:
+            raise NatsUnavailable("reader QPMESH_PARTIALS: TimeoutError")
+        return "reader"
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+
+    class Link:
+        def check(self) -> None:
+            pass
+
+    class Old:
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(solverloop, "open_reader", open_reader)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    settings = NatsSettings(servers=("nats://127.0.0.1:1",), backoff_min_s=0.1, backoff_max_s=1.0)
+    loop = solverloop.SolverLoop(Plane(), settings, "s1", lambda: None, lambda w, r: None,  # type: ignore[arg-type,return-value]
+                                 log=lambda *a, **k: None)  # fmt: skip
+
+    async def renew() -> list[str]:
+        return []
+
+    monkeypatch.setattr(loop.lease, "renew", renew)
+    monkeypatch.setattr(loop.lease, "valid", lambda key: True)
+    got = asyncio.run(loop._reopen(Link(), Old(), 41, 0))  # type: ignore[arg-type]
+    assert str(got) == "reader" and loop.reopened == 1
+    assert calls == [(42, None)] * 3  # just after the last delivered, every time
+    assert len(slept) == 2 and 0.08 <= slept[0] <= 0.1 and 0.16 <= slept[1] <= 0.2

@@ -188,15 +188,21 @@ class SolverLoop:
             with contextlib.suppress(*LINK_ERRORS):
                 await reader.close()
 
-    async def _open_reader(self, link: Link, start_ns: int) -> Pull:
-        """Open the partial reader at ``start_ns``. Its ephemeral consumer lives on one
-        server, which for a while after a server died can be the dead one (the request then
-        times out): tried again at once while the lease holds, instead of giving the lease
-        up with the connection. Raises `NatsUnavailable` when the lease is gone or the
-        connection lost."""
+    async def _open_reader(
+        self, link: Link, start_ns: int, start_seq: int | None = None
+    ) -> Pull:  # fmt: skip
+        """Open the partial reader just after ``start_seq - 1`` (or at ``start_ns``). Its
+        ephemeral consumer lives on one server, which for a while after a server died can be
+        the dead one (the request then times out): tried again after the project's backoff
+        (`mqttlink.reconnect.Backoff`, ``[nats]``'s bounds) while the lease holds, instead of
+        giving the lease up with the connection. Raises `NatsUnavailable` when the lease is
+        gone or the connection lost."""
         subject = self.settings.subjects.partials_all()
+        backoff = Backoff(self.settings.backoff_min_s, self.settings.backoff_max_s, jitter=0.2)
         while True:
             try:
+                if start_seq is not None:
+                    return await open_reader(link, self.plane.partial_stream, subject, start_seq)
                 return await open_reader(link, self.plane.partial_stream, subject,
                                          start_ns=start_ns)  # fmt: skip
             except NatsUnavailable as exc:
@@ -204,21 +210,21 @@ class SolverLoop:
                 await self.lease.renew()
                 if not self.lease.valid(SOLVER_KEY):
                     raise
+                delay = backoff.next_delay()
                 self.log(self.clock_ns(), "partial reader failed", solver=self.solver_id,
-                         error=str(exc))  # fmt: skip
+                         error=str(exc), retry_in_s=round(delay, 3))  # fmt: skip
+                await asyncio.sleep(delay)
 
     async def _reopen(self, link: Link, old: Pull, last_seq: int | None, start_ns: int) -> Pull:
-        """Open the partial reader again just after ``last_seq`` (or at ``start_ns``)."""
+        """Open the partial reader again just after ``last_seq`` (or at ``start_ns``); its
+        creation is retried as the first one's is (`_open_reader`)."""
         with contextlib.suppress(*LINK_ERRORS):
             await old.close()
-        subject = self.settings.subjects.partials_all()
-        if last_seq is None:
-            reader = await open_reader(link, self.plane.partial_stream, subject, start_ns=start_ns)
-        else:
-            reader = await open_reader(link, self.plane.partial_stream, subject, last_seq + 1)
+        start_seq = last_seq + 1 if last_seq is not None else None
+        reader = await self._open_reader(link, start_ns, start_seq)
         self.reopened += 1
         self.log(self.clock_ns(), "partial reader reopened", solver=self.solver_id,
-                 from_seq=last_seq + 1 if last_seq is not None else None)  # fmt: skip
+                 from_seq=start_seq)  # fmt: skip
         return reader
 
     async def _solve(self, core: SolverCore, clocks: Bucket, book: WindowBook, w: int) -> None:

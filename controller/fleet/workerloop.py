@@ -133,7 +133,7 @@ class WorkerLoop:
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.models: bytes | None = None
         self.stats = WorkerStats()
-        self.failed: dict[int, tuple[int, float]] = {}  # p: (failures in a row, retry at)
+        self.failed: dict[int, tuple[Backoff, float]] = {}  # p: (its backoff, retry at)
 
     def owned(self) -> list[int]:
         """Return the partitions this worker consumes now."""
@@ -192,9 +192,13 @@ class WorkerLoop:
                         # one consumer timed out (its raft group electing a leader): that
                         # partition starts again below at its ack floor, the others go on
                         # (ending the session would re-create every consumer at once)
-                        n = self.failed.get(p, (0, 0.0))[0] + 1
-                        delay = min(tick_s * 2 ** (n - 1), self.leases.clock.ttl_s)
-                        self.failed[p] = (n, self.mono() + delay)  # backs off: each start
+                        backoff = (
+                            self.failed[p][0]
+                            if p in self.failed
+                            else Backoff(tick_s, self.leases.clock.ttl_s, jitter=0.2)
+                        )  # the project's one backoff, per partition: each start
+                        delay = backoff.next_delay()
+                        self.failed[p] = (backoff, self.mono() + delay)
                         self.log(
                             self.clock_ns(),
                             "partition failed",
@@ -224,7 +228,9 @@ class WorkerLoop:
                     self.log(self.clock_ns(), "partition claimed", partition=p)
             for key in self.leases.held:
                 p = int(key.split(".")[1])
-                if p not in self.tasks and self.mono() >= self.failed.get(p, (0, 0.0))[1]:
+                if p not in self.tasks and (
+                    p not in self.failed or self.mono() >= self.failed[p][1]
+                ):
                     self.tasks[p] = asyncio.create_task(self._partition(link, p))
             await asyncio.sleep(tick_s)
 
