@@ -26,11 +26,11 @@ unlearn a path). Pure but for `save` and `load`.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from contract.documents import TracedPath
+from controller.statefile import read_lines, write_lines
 
 FILE = "learned_paths.jsonl"
 
@@ -119,11 +119,10 @@ def write(directory: Path, paths: Iterable[tuple[TracedPath, int]]) -> None:
     """Write ``paths`` to ``directory``/`FILE` (JSON lines ``{"t_ns", "src", "dst", "sport",
     "hops", "reached"}``, whole: a temporary file renamed); raises OSError. Reads nothing
     shared: it may run in a worker thread."""
-    path = directory / FILE
-    tmp = path.with_suffix(".tmp")
-    lines = (json.dumps({"t_ns": t, **p.to_json()}).encode() + b"\n" for p, t in paths)
-    tmp.write_bytes(b"".join(lines))
-    os.replace(tmp, path)
+    write_lines(
+        directory / FILE,
+        (json.dumps({"t_ns": t, **p.to_json()}).encode() + b"\n" for p, t in paths),
+    )
 
 
 def load(
@@ -132,12 +131,8 @@ def load(
     """Return the paths a predecessor kept in ``directory`` with the times they came, less
     those older than ``max_age_ns`` at ``now_ns`` and the incomplete ones (none: no file; a
     line that is not a path is skipped: the file is ours, a torn one is not fatal)."""
-    try:
-        lines = (directory / FILE).read_bytes().splitlines()
-    except FileNotFoundError:
-        return []
     out = []
-    for line in lines:
+    for line in read_lines(directory / FILE):
         try:
             e = json.loads(line)
             t, hops = e["t_ns"], e["hops"]

@@ -15,11 +15,11 @@ those two.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from contract.documents import EventDoc
+from controller.statefile import read_lines, write_lines
 
 NOT_FINDINGS = frozenset({"clear", "topology", "remediation", "remediation_ack"})
 """Events that are not findings a consumer holds open."""
@@ -89,22 +89,15 @@ class OpenFindings:
 def save(directory: Path, findings: OpenFindings) -> None:
     """Write the open findings to ``directory``/`FILE` (whole: a temporary file renamed);
     raises OSError."""
-    path = directory / FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(b"".join(e.encode() + b"\n" for e in findings.held()))
-    os.replace(tmp, path)
+    write_lines(directory / FILE, (e.encode() + b"\n" for e in findings.held()))
     findings.changed = False
 
 
 def load(directory: Path) -> list[EventDoc]:
     """Return the findings a predecessor left open in ``directory`` (none: no file; a line
     that is not an event is skipped: the file is ours, a torn one is not fatal)."""
-    try:
-        lines = (directory / FILE).read_bytes().splitlines()
-    except FileNotFoundError:
-        return []
     out = []
-    for line in lines:
+    for line in read_lines(directory / FILE):
         try:
             out.append(EventDoc.decode(line))
         except ValueError:  # DocumentError, a torn line
