@@ -112,6 +112,24 @@ async def _at_mid_window() -> None:
     await asyncio.sleep(((mid - now) % PLANE.window_ns) / 1e9)
 
 
+async def _publish(
+    spools: dict[str, Spool],
+    senders: dict[str, JetStreamBatches],
+    published: list[tuple[str, int]],
+    stop: asyncio.Event,
+) -> None:
+    """Every host's prober: a batch every 0.25 s into its spool and its sender woken, each
+    noted in ``published``, until ``stop``."""
+    seq = 0
+    while not stop.is_set():
+        seq += 1
+        for h in HOSTS:
+            spools[h].put(seq, batch(h, seq, time.time_ns()))
+            senders[h].wake()
+            published.append((h, seq))
+        await asyncio.sleep(0.25)
+
+
 @pytest.mark.slow
 def test_worker_server_and_solver_killed_nothing_lost_nothing_twice(
     nats_cluster: Cluster, tmp_path: Path
@@ -122,16 +140,6 @@ def test_worker_server_and_solver_killed_nothing_lost_nothing_twice(
     spools = {h: Spool(directory=tmp_path / "spool" / h) for h in HOSTS}
     senders = {h: JetStreamBatches(settings, h, spools[h]) for h in HOSTS}
     published: list[tuple[str, int]] = []
-
-    async def publish(stop: asyncio.Event) -> None:
-        seq = 0
-        while not stop.is_set():
-            seq += 1
-            for h in HOSTS:
-                spools[h].put(seq, batch(h, seq, time.time_ns()))
-                senders[h].wake()
-                published.append((h, seq))
-            await asyncio.sleep(0.25)
 
     async def main() -> None:
         async with connect(settings, "test") as link:
@@ -154,7 +162,7 @@ def test_worker_server_and_solver_killed_nothing_lost_nothing_twice(
             stop = asyncio.Event()
             sender_stop = asyncio.Event()
             tasks = [asyncio.create_task(s.run(sender_stop)) for s in senders.values()]
-            pub = asyncio.create_task(publish(stop))
+            pub = asyncio.create_task(_publish(spools, senders, published, stop))
             await asyncio.sleep(2 * PLANE.window_ns / 1e9)
 
             # 1. kill -9 the worker that owns most partitions, mid-window
@@ -284,16 +292,6 @@ def test_the_probe_streams_leader_killed_before_a_windows_end_nothing_lost(
     senders = {h: JetStreamBatches(settings, h, spools[h]) for h in HOSTS}
     published: list[tuple[str, int]] = []
 
-    async def publish(stop: asyncio.Event) -> None:
-        seq = 0
-        while not stop.is_set():
-            seq += 1
-            for h in HOSTS:
-                spools[h].put(seq, batch(h, seq, time.time_ns()))
-                senders[h].wake()
-                published.append((h, seq))
-            await asyncio.sleep(0.25)
-
     async def main() -> None:
         async with connect(settings, "test") as link:
             leases = await _retry(lambda: _setup(link, settings))
@@ -311,7 +309,7 @@ def test_the_probe_streams_leader_killed_before_a_windows_end_nothing_lost(
             assert leader in names, f"probe stream leader {leader!r} not one of {names}"
         stop, sender_stop = asyncio.Event(), asyncio.Event()
         tasks = [asyncio.create_task(s.run(sender_stop)) for s in senders.values()]
-        pub = asyncio.create_task(publish(stop))
+        pub = asyncio.create_task(_publish(spools, senders, published, stop))
         await asyncio.sleep(2 * PLANE.window_ns / 1e9)
         await _at_window_fraction(0.75)
         nats_cluster.kill(names.index(leader))
