@@ -22,11 +22,8 @@ has *taken batches* for its grace after its end. An outage of the stream (the se
 it died: electing a new leader takes 4-9 s) stores nothing while the probers spool; the first
 message after it has a stored time past windows whose grace ran out meanwhile, and the
 spooled batches stored after it would be late for them (counted in a later window). So a jump
-of stream time of ``gap_ns`` or more between two messages holds the close point where it was
-before the jump until ``grace_ns`` of stream time has passed after it. A hold ends only after
-the stream stored for a whole grace without stalling: a step longer than ``stall_ns`` during
-a hold (a second outage, however short, before the first one's spool was read; an owned
-partition stores a tick every half second) starts its grace again, the point still where it was before the first jump.
+of stream time longer than ``gap_ns`` between two messages holds the close point where it was
+before the jump until ``grace_ns`` of stream time has passed after it.
 """
 
 from __future__ import annotations
@@ -80,16 +77,14 @@ class Watermarks:
 class StreamClock:
     """The close point of one partition's messages (see the module docstring): ``at`` each
     message's stored time (UNIX ns) in stream order; windows close on what it returns. A jump
-    of ``gap_ns`` or more holds the point at its value before the jump until ``grace_ns``
-    after the jump; during a hold a step of ``stall_ns`` or more (another outage) holds it
-    until ``grace_ns`` after that step (the point lags stored time by the outages and one
-    grace). Deterministic in the stored times: an owner that replays the stream from its ack
-    floor, `seed`-ed with the stored time of the message before it, returns what its
-    predecessor returned."""
+    of more than ``gap_ns`` holds the point at its value before the jump until ``grace_ns``
+    after the jump (a jump during a hold does not prolong it: the point lags stored time by
+    at most one outage and one grace). Deterministic in the stored times: an owner that
+    replays the stream from its ack floor, `seed`-ed with the stored time of the message
+    before it, returns what its predecessor returned."""
 
     grace_ns: int
     gap_ns: int
-    stall_ns: int = 1_000_000_000
     last: int | None = None  # the newest stored time seen
     point: int | None = None  # the close point so far (never goes back)
     frozen: int = 0  # the point held during a hold
@@ -104,12 +99,9 @@ class StreamClock:
         during a hold the point before the outage (never less than it returned before)."""
         prev = self.last
         self.last = stored_ns if prev is None else max(prev, stored_ns)
-        if prev is not None:
-            held = prev < self.until  # holding until this message
-            if stored_ns - prev >= (min(self.stall_ns, self.gap_ns) if held else self.gap_ns):
-                if not held:  # another outage during a hold: its spool needs a grace too
-                    self.frozen = prev if self.point is None else self.point
-                self.until = stored_ns + self.grace_ns
+        if prev is not None and stored_ns - prev > self.gap_ns and stored_ns >= self.until:
+            self.frozen = prev if self.point is None else self.point
+            self.until = stored_ns + self.grace_ns
         point = self.frozen if stored_ns < self.until else stored_ns
         self.point = point if self.point is None else max(self.point, point)
         return self.point
