@@ -6,12 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.detect.congestion import (
-    CongestionParams,
-    link_queue_ns,
-    own_loss_rates,
-    significant_loss,
-)
+from controller.detect.congestion import CongestionParams, link_queue_ns, own_loss_rates
 from controller.detect.flowloss import FlowLoss, FlowLossParams, poisson_tail
 from controller.detect.queues import QueueEstimate, QueueParams, class_table, hop_classes
 from controller.detect.queues import estimate_queues as _estimate
@@ -101,22 +96,6 @@ def test_own_loss_takes_out_what_other_links_lose() -> None:
     assert own[0] == pytest.approx(0.2, abs=0.02)
     assert own[1] < 0.005 and own[2] < 0.005  # their share of the background is tiny
     assert own[3] == pytest.approx(0.01, abs=0.005)
-
-
-def test_significant_loss_is_over_what_the_others_and_the_floor_explain() -> None:
-    """Link 0 (a NIC's access link) shares its 600 probes' paths with links 1-3, which drop
-    0.2 % of each probe each (overflow on three hot switch egresses): ~4 of its probes lost
-    by them. 13 lost (a chance cluster) is 1.5 % of its own by the estimate, over a 0.5 %
-    floor, but within 3 Poisson deviations of the 4 + 3 expected; 40 lost is not."""
-    totals = np.array([600, 6000, 6000, 6000], dtype=np.int64)
-    for lost, want in ((13, False), (40, True)):
-        sets = np.array([[0, 1, 2, 3]] * lost + [[1, -1, -1, -1], [2, 3, -1, -1]] * 4, np.int32)
-        own = np.array([(lost - 4) / 600, 0.002, 0.002, 0.002])
-        assert own[0] > 0.005
-        assert significant_loss(0, totals, sets, own, 0.005, 3.0) is want
-    assert not significant_loss(0, totals, np.zeros((0, 1), np.int32), np.zeros(4), 0.005, 3.0)
-    with pytest.raises(ValueError):
-        CongestionParams(z=-1.0)
 
 
 def test_link_queue_adds_both_directions_and_nan_when_unmeasured() -> None:
