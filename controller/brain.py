@@ -23,12 +23,7 @@ import numpy.typing as npt
 
 from contract.documents import EventDoc
 from controller.detect.causes import excluded_nics, host_quiet, silent_hosts
-from controller.detect.congestion import (
-    CongestionParams,
-    link_queue_ns,
-    own_loss_rates,
-    significant_loss,
-)
+from controller.detect.congestion import CongestionParams, link_queue_ns, own_loss_rates
 from controller.detect.delay import DelayParams
 from controller.detect.flowloss import FlowLoss, FlowLossParams, Spread, poisson_tail
 from controller.detect.loss import LossParams, LossVerdict
@@ -560,11 +555,9 @@ class Brain:
         now_ns: int,
     ) -> dict[int, float]:
         """Return the links of ``blamed`` (link -> loss rate) whose loss is a finding: dead
-        ones, and those whose own loss (`own_loss_rates`) is over ``floor``, significantly
-        (`significant_loss`: more lost probes than the other links and the floor explain, by
-        ``CongestionParams.z`` Poisson deviations), and is not overflow on a congested link:
-        own loss not significantly over ``CongestionParams.max_loss`` (3 binomial standard
-        deviations) with a standing queue
+        ones, and those whose own loss (`own_loss_rates`) is over ``floor`` and is not
+        overflow on a congested link: own loss not significantly over
+        ``CongestionParams.max_loss`` (3 binomial standard deviations) with a standing queue
         (remembered in ``_overflow`` for the link's contention finding). Such a small loss on
         a link whose queue is not known (`_standing` NaN: no judged delay crossed it, as in
         the controller's first seconds or while its NICs' clocks are not trusted) is held
@@ -579,8 +572,8 @@ class Brain:
             small = own[lk] * n <= n * cp.max_loss + 3.0 * np.sqrt(n * cp.max_loss)
             if rate >= dead:
                 out[lk] = rate
-            elif own[lk] < floor or not significant_loss(lk, totals, lost_sets, own, floor, cp.z):
-                continue  # the loss of its probes elsewhere, or a chance cluster of it
+            elif own[lk] < floor:
+                continue  # the loss of its probes elsewhere
             elif small and standing[lk] >= cp.standing_ns:
                 self._overflow[lk] = max(self._overflow.get(lk, 0.0), float(own[lk]))
             elif small and np.isnan(standing[lk]) and self._states[lk].state != Health.DEGRADED:

@@ -9,11 +9,7 @@ Two observations the loss tomography alone cannot make:
   taken out: the expectation-maximisation of loss tomography (a lost probe is charged to the
   links it crossed in proportion to their current estimates; each link's estimate is what it
   was charged over the probes that crossed it; repeated). A link the cover blames is a loss
-  finding only when its own rate is over the same floor, and significantly so
-  (`significant_loss`): on a busy fabric a NIC's probes cross half a dozen hot switch
-  egresses, and a chance cluster of their overflow drops (13 lost of 600 probes in a second
-  where ~4 are expected) is charged by the estimate to the one link they all share, its
-  access link, at a rate over the floor although nothing on it drops.
+  finding only when its own rate is over the same floor.
 - **Overflow.** A drop-tail buffer drops only when it is full, so congestion loss comes with
   a standing queue on the same link: a link whose own loss is at most ``max_loss`` while its
   probes show a standing queue (its two directions' typical waits together at least
@@ -46,21 +42,16 @@ class CongestionParams:
     """``max_loss``: the most a congested link's own loss rate may be and still be read as
     overflow; ``standing_ns``: a link whose two directions' typical waits add up to this has
     a standing queue; ``hold_ns``: how long a small loss on a link whose queue no judged delay
-    shows is held before it is reported; ``iterations`` of `own_loss_rates`; ``z``: Poisson
-    standard deviations by which a link's lost probes must exceed what the other links and
-    the floor explain (`significant_loss`)."""
+    shows is held before it is reported; ``iterations`` of `own_loss_rates`."""
 
     max_loss: float = 0.03
     standing_ns: float = 300.0
     hold_ns: int = 5_000_000_000
     iterations: int = 30
-    z: float = 3.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_loss <= 1 or self.standing_ns < 0 or self.iterations < 1:
             raise ValueError("max_loss must be in [0, 1], standing_ns >= 0, iterations >= 1")
-        if self.z < 0:
-            raise ValueError("z must be >= 0")
         if self.hold_ns < 0:
             raise ValueError("hold_ns must be >= 0")
 
@@ -85,37 +76,6 @@ def own_loss_rates(
         w = np.divide(w, tot, out=np.full_like(w, 0.0), where=tot > 0)
         p = np.bincount(links, weights=w[valid], minlength=n)[:n] / denom
     return np.asarray(np.minimum(p, 1.0), dtype=np.float64)
-
-
-def significant_loss(
-    link: int,
-    totals: npt.NDArray[np.int64],
-    lost_sets: npt.NDArray[np.int32],
-    own: F64,
-    floor: float,
-    z: float,
-) -> bool:
-    """Return True if the lost probes that crossed ``link`` are more than the other links'
-    losses and ``floor`` of its probes explain, by ``z`` Poisson standard deviations.
-
-    ``totals``: probes across each link; ``lost_sets`` (m, K): the links of each lost probe
-    (-1 padded); ``own``: each link's own loss rate (`own_loss_rates`). What the others
-    explain: the link's ``n`` probes times the loss the other links of its lost probes' paths
-    cause (the mean of their own rates' sum; the paths of the lost ones, so an upper
-    estimate where loss clusters on some paths). Under that expectation ``e`` plus the floor's
-    ``floor * n`` the link's lost count is Poisson, so it is significant when
-    ``lost - e - floor * n >= z * sqrt(e + floor * n)``. A fault's loss (tens of percent, or
-    a few percent held for a second) clears this by far; the spread of a busy fabric's
-    overflow over a NIC's few hundred probes a second does not."""
-    n = int(totals[link])
-    rows = np.flatnonzero((lost_sets == link).any(axis=1))
-    if n <= 0 or not len(rows):
-        return False
-    sets = lost_sets[rows]
-    valid = (sets >= 0) & (sets != link)
-    others = np.where(valid, own[np.maximum(sets, 0)], 0.0).sum(axis=1)
-    expected = n * float(np.mean(np.minimum(others, 1.0))) + floor * n
-    return bool(len(rows) - expected >= z * np.sqrt(expected))
 
 
 def link_queue_ns(queue_ns: F64) -> F64:
