@@ -7,33 +7,20 @@ false``)."""
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [
-    pytest.mark.netns,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not Path("/proc/self/ns/net").exists(),
-        reason="needs root and network namespaces",
-    ),
-]
+from tests.testbedcli import NETNS_MARKS
+from tests.testbedcli import qpmesh as _qpmesh
+
+pytestmark = NETNS_MARKS
 
 SEED = 25
 """With ``--faults kill:controller --duration 80``: the kill at 6.02 s, the restart 1.48 s
 later, before netns_small's flap of leaf0-spine1 at 12-21 s; the probers' sweeps fall at
 about -3 s and 26 s, so a successor without kept paths has none during the flap."""
-
-
-def _qpmesh(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qpmesh.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
 
 
 @pytest.mark.timeout(420)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.testbedcli import qpmesh as _qpmesh
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
     pytest.mark.netns,
@@ -20,11 +22,6 @@ pytestmark = [
         reason="needs root and network namespaces",
     ),
 ]
-
-
-def _qpmesh(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qpmesh.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
 
 
 @pytest.mark.timeout(150)

@@ -4,28 +4,15 @@
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [
-    pytest.mark.netns,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not Path("/proc/self/ns/net").exists(),
-        reason="needs root and network namespaces",
-    ),
-]
+from tests.testbedcli import NETNS_MARKS
+from tests.testbedcli import qpmesh as _qpmesh
 
-
-def _qpmesh(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qpmesh.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+pytestmark = NETNS_MARKS
 
 
 @pytest.mark.timeout(200)
