@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed.scenario import FaultKind
+from testbed.scoring import CAUSES
 from tests.testbedcli import NETNS_MARKS
 from tests.testbedcli import qpmesh as _qpmesh
 
@@ -20,7 +22,13 @@ pytestmark = NETNS_MARKS
 SEED = 25
 """With ``--faults kill:controller --duration 80``: the kill at 6.02 s, the restart 1.48 s
 later, before netns_small's flap of leaf0-spine1 at 12-21 s; the probers' sweeps fall at
-about -3 s and 26 s, so a successor without kept paths has none during the flap."""
+about -3 s and 26 s, so a successor without kept paths has none during the flap.
+
+The flap's downs last 1.5 s and the detection windows 1 s: whether one window falls wholly
+inside a down (``dead_rate`` 0.9: ``link_down``) or every window straddles an edge (75-77 %
+lost: ``loss``) depends on the windows' phase against the fault schedule, which no seed fixes
+(CI saw ``loss``, 75.4 %). Either names the flapping link, so the test takes every cause the
+testbed's own scoring accepts for a flap (`testbed.scoring.CAUSES`)."""
 
 
 @pytest.mark.timeout(420)
@@ -40,7 +48,7 @@ def test_a_flap_right_after_the_controllers_restart_is_localized(tmp_path: Path)
         assert restored and restored[0]["taken"] > 0, "the successor restored no path"
         t0 = rep["t0_ns"]
         flap = [(e["t_ns"] - t0) / 1e9 for e in rep["events"]
-                if e["target"] == "leaf0-spine1" and e["kind"] in ("link_down", "link_flap")]  # fmt: skip
+                if e["target"] == "leaf0-spine1" and e["kind"] in CAUSES[FaultKind.FLAP]]  # fmt: skip
         assert any(12.0 <= t <= 24.0 for t in flap), (flap, rep["timeline"])
     finally:
         _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
