@@ -34,6 +34,7 @@ from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.model import ModelKnobs
 from tests.servers import free_port
 from tests.test_timeseries_vm import VM, VictoriaMetrics
+from tests.waiting import until
 
 pytestmark = [
     pytest.mark.slow,
@@ -51,21 +52,6 @@ def _capture(session: str) -> str:
     return subprocess.run(
         ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
     ).stdout
-
-
-async def _until(what: object, timeout_s: float, every_s: float = 0.25) -> None:
-    """Await ``what()`` (a callable returning bool or an awaitable bool) until true."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        got = what()  # type: ignore[operator]
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"not reached within {timeout_s} s")
-        await asyncio.sleep(every_s)  # real processes: no simulated time to pass in here
 
 
 async def test_a_flap_reaches_api_websocket_time_series_and_tui(
@@ -104,7 +90,7 @@ async def test_a_flap_reaches_api_websocket_time_series_and_tui(
                         return r.status == 200
                 return False
 
-            await _until(api_up, 60)
+            await until(api_up, 60, every_s=0.25)
             # the TUI attached over the API, in a real terminal
             cmd = (f"env -u COLUMNS -u LINES {sys.executable} -m qpmesh.cli tui --api "
                    f"http://127.0.0.1:{api_port} --token {TOKEN}; echo TUI-EXITED $?; sleep 120")  # fmt: skip
@@ -112,7 +98,7 @@ async def test_a_flap_reaches_api_websocket_time_series_and_tui(
                             "-c", str(ROOT), cmd], check=True)  # fmt: skip
             subprocess.run(["tmux", "resize-window", "-t", session, "-x", "150", "-y", "50"],
                            check=True)  # fmt: skip
-            await _until(lambda: "● live" in _capture(session), 60)
+            await until(lambda: "● live" in _capture(session), 60, every_s=0.25)
             ws = await http.ws_connect(base + "ws")
             # the simulator, each host's batches on its own topic, in real time from now
             fab = build_fabric(FabricShape(leaves=3, spines=2, hosts_per_leaf=3))
@@ -157,7 +143,7 @@ async def test_a_flap_reaches_api_websocket_time_series_and_tui(
                     await asyncio.sleep(max(0.0, start + t - time.monotonic()))
                     if ("link_flap", FLAP) in ws_events:
                         break
-                await _until(lambda: ("link_flap", FLAP) in ws_events, 60)
+                await until(lambda: ("link_flap", FLAP) in ws_events, 60, every_s=0.25)
             reader.cancel()
             await ws.close()
             async with http.get(base + "snapshot") as r:
@@ -173,7 +159,7 @@ async def test_a_flap_reaches_api_websocket_time_series_and_tui(
             assert links[FLAP]["flaps"] >= 1
         # the TUI attached over the API shows it in its events pane, and the controller's
         # throughput, Control and jobs in its header
-        await _until(lambda: f"link_flap {FLAP}" in _capture(session), 60)
+        await until(lambda: f"link_flap {FLAP}" in _capture(session), 60, every_s=0.25)
         screen = _capture(session)
         assert "Control Disabled" in screen and "Running jobs 0" in screen, screen
         assert "Avg NIC throughput 100.0 Gb/s" in screen, screen
@@ -183,7 +169,7 @@ async def test_a_flap_reaches_api_websocket_time_series_and_tui(
             rows = vm.export('{__name__=~"qpmesh_event.*", kind="link_flap"}')
             return any(r["metric"].get("target") == FLAP for r in rows)
 
-        await _until(in_vm, 60, every_s=1.0)
+        await until(in_vm, 60, every_s=1.0)
         flaps = vm.export(f'{{__name__="qpmesh_link_flaps", link="{FLAP}"}}')
         assert flaps and max(max(r["values"]) for r in flaps) >= 1
     finally:

@@ -5,8 +5,7 @@ controller comes back (same instance: events since; a new instance: the new log)
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -25,6 +24,7 @@ from controller.tenancy import Grants
 from mesh.documents import event_from_doc, fabric_from_doc, snapshot_from_doc
 from mesh.fabric import FabricShape, build_fabric
 from mesh.snapshot import ControlUnavailable, GpuHealth, Health, MeshSnapshot
+from tests.waiting import until_blocking
 from tui.apiclient import ApiSource, ApiTokenRefused, ApiUnreachable, api_base
 from tui.apimodel import HistoryRing, merge_events
 from tui.panes import Connection, connection_text, pair_vectors, path_breakdown
@@ -205,14 +205,6 @@ def _source(made: list[ApiSource], srv: Server, token: str = OP) -> ApiSource:
     return s
 
 
-def _until(what: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not what():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached within the deadline")
-        time.sleep(0.02)  # a real client thread on a real socket: nothing to pass time into
-
-
 def test_source_shows_what_the_controller_has(server: Server, sources: list[ApiSource]) -> None:
     src = _source(sources, server)
     orig = server.hub.snapshot()
@@ -225,7 +217,7 @@ def test_source_shows_what_the_controller_has(server: Server, sources: list[ApiS
     assert src.connection().connected
     # the selected NIC's delay row/column and per-spine breakdown come from /delays?nic=
     src.focus(2)
-    _until(lambda: len(src.snapshot().owd_ns) == 4)
+    until_blocking(lambda: len(src.snapshot().owd_ns) == 4)
     got = src.snapshot()
     for a, b in zip(pair_vectors(got, 2), pair_vectors(orig, 2), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -233,7 +225,7 @@ def test_source_shows_what_the_controller_has(server: Server, sources: list[ApiS
     # websocket: a new snapshot and a new event arrive without asking
     server.hub.publish(replace(orig, t_ns=orig.t_ns + 2_000_000_000,
                                nic_health=(Health.DOWN,) * 16), (_event(101, "nic_down", "nic0"),))  # fmt: skip
-    _until(lambda: src.snapshot().healthy_count == 0 and len(src.snapshot().events) == 2)
+    until_blocking(lambda: src.snapshot().healthy_count == 0 and len(src.snapshot().events) == 2)
     t, v = src.history(11, 120.0)
     assert t.tolist() == [-2.0, 0.0] and v.tolist() == [9000.0, 9000.0]
 
@@ -264,7 +256,7 @@ def test_reconnects_and_catches_up_on_the_same_controller(
 ) -> None:
     src = _source(sources, server)
     server.stop()
-    _until(lambda: not src.connection().connected)
+    until_blocking(lambda: not src.connection().connected)
     down = src.connection()
     assert down.reason and down.retry_at_s is not None
     assert len(src.snapshot().events) == 1  # the last data stays on screen
@@ -278,7 +270,7 @@ def test_reconnects_and_catches_up_on_the_same_controller(
     server.app = server.new_app()  # an aiohttp app is bound to its first loop
     server.app[STATE].instance = instance  # type: ignore[index]
     server.start()
-    _until(lambda: src.connection().connected and len(src.snapshot().events) == 3)
+    until_blocking(lambda: src.connection().connected and len(src.snapshot().events) == 3)
     kinds = [e.kind for e in src.snapshot().events]
     assert kinds == ["link_flap", "contention", "link_flap"]  # nothing repeated, nothing lost
     assert src.snapshot().t_ns == snap.t_ns + 5_000_000_000
@@ -289,14 +281,14 @@ def test_a_restarted_controller_replaces_the_event_log(
 ) -> None:
     src = _source(sources, server)
     server.stop()
-    _until(lambda: not src.connection().connected)
+    until_blocking(lambda: not src.connection().connected)
     # a new controller process: new hub (sequence numbers from 1 again), new instance id
     server.hub = ApiHub(_snapshot(t_s=5.0))
     server.hub.publish(None, (_event(4.0, "nic_down", "nic7"),))
     server.app = server.new_app()
     server.start()
-    _until(lambda: src.connection().connected and src.snapshot().t_ns == 5_000_000_000)
-    _until(lambda: [e.target for e in src.snapshot().events] == ["nic7"])
+    until_blocking(lambda: src.connection().connected and src.snapshot().t_ns == 5_000_000_000)
+    until_blocking(lambda: [e.target for e in src.snapshot().events] == ["nic7"])
 
 
 def test_bad_token_unreachable_and_bad_url(server: Server) -> None:

@@ -9,7 +9,7 @@
 - `prober.discover.resolve`: the NICs to probe from (found ones, ``[[nics]]`` over them,
   groups from the LLDP leaf) and the neighbours document the prober publishes;
 - `prober.discover.peers` and `prober.discover.follow`: the peers, learned from the other
-  probers' neighbours documents (``<prefix>/neighbors/+``).
+  probers' neighbours documents (``<prefix>/neighbors/#``).
 
 Readers are thin and take their roots (a sysfs tree, an NVML module, an lldpd socket) as
 parameters; everything that decides is pure and tested on recorded values.

@@ -1,4 +1,4 @@
-"""Follow ``<prefix>/neighbors/+`` into a `PeerBook` (the thin MQTT shell, as the RDMA
+"""Follow ``<prefix>/neighbors/#`` into a `PeerBook` (the thin MQTT shell, as the RDMA
 transport follows presence: `prober.rdma.presence`).
 
 The documents are retained, so every prober's NICs arrive right after subscribing and later

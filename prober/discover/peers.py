@@ -3,7 +3,7 @@
 Without a fabric file a prober does not know which NICs exist; every prober publishes its
 own NICs (id, address) and each NIC's LLDP neighbour, retained, on
 ``<prefix>/neighbors/<host>`` (`contract.neighbors.NeighborsDoc`). A prober that follows
-``<prefix>/neighbors/+`` (`prober.discover.follow`) therefore has the whole fleet's NICs as
+``<prefix>/neighbors/#`` (`prober.discover.follow`) therefore has the whole fleet's NICs as
 soon as it subscribes, and every change after. `PeerBook` turns those documents into peers
 (`prober.config.PeerConfig`): each NIC of another host with one LLDP neighbour, in the ECMP
 group of that leaf (`contract.neighbors.leaf_group`, the same group the controller learns);
