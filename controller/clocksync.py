@@ -280,9 +280,23 @@ class ClockSync:
             for bb in keys.tolist():
                 sel = np.flatnonzero(b == bb)
                 improved += self._fold(cols, sw, bb, dp[sel], score[sel], first[sel], second[sel])
-        self._flush(self._latest_bin - 1)
+        self._flush(self._grace_bin())
         self._expire()
         return improved
+
+    def _grace_bin(self) -> int:
+        """Return the key of the oldest bin still open: the bin before the latest one on the
+        grid (`bin_keys`: a warm-up sub-bin's key is one more than the one before it, a whole
+        bin's ``warmup_bins`` more). Older candidates are late (their own chunk); a bin is
+        closed once two newer bins have begun. Stamps are on their NICs' own clocks, so the
+        latest bin is any NIC's: a grace of one key (a key step of a warm-up sub-bin) closed
+        every whole bin as soon as the next began, and whether a NIC's last candidates of a
+        bin were folded or late then depended on which other hosts' batches the same
+        process had seen first (a fleet worker's selection differed from one process's at
+        every bin edge, and the solver's floors with it)."""
+        k = self.config.warmup_bins
+        step = k if self._latest_bin % k == k - 1 else 1
+        return self._latest_bin - step
 
     def bin_keys(self, t1: I64) -> I64:
         """Return the bin of each send stamp (`bin_keys` with this sync's first stamp)."""
@@ -300,7 +314,7 @@ class ClockSync:
         second: I64,
     ) -> int:
         """Update open bin ``bb`` with candidate pairs; return how many became its best."""
-        if bb < self._latest_bin - 1:  # late data for a bin already flushed: its own chunk
+        if bb < self._grace_bin():  # late data for a bin already flushed: its own chunk
             self._push(_rows_of(cols, sw, np.stack([first, second], axis=1).reshape(-1)))
             return len(first)
         self._latest_bin = max(self._latest_bin, bb)
