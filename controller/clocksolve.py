@@ -352,7 +352,6 @@ def state_of(
     points: int = 0,
     window: SampleWindow | None = None,
     bounds: tuple[F64 | None, F64 | None] | None = None,
-    moved_since: I64 | None = None,
 ) -> ClockState | None:
     """The `ClockState` of a window's estimate ``ws`` at reference instant ``t_ref`` (its
     samples: ``n_samples`` rows sent between ``span`` = (first, last) initiator stamps, a
@@ -360,7 +359,7 @@ def state_of(
     whose remembered floors bound the NICs behind raised ones (`floor_bounds`: the bound
     joins each NIC's offset uncertainty) and whose ``moved_since`` the state keeps. Without
     the rows (a fleet's edge owners summarized them: `controller.fleet.edges`): ``bounds``,
-    the (bound, queued) `floor_bounds` gives, and ``moved_since``."""
+    the (bound, queued) `floor_bounds` gives."""
     n_nics = len(ws.known)
     t_lo, t_hi = span
     fits = ws.fits
@@ -397,7 +396,7 @@ def state_of(
         step_at_ns=np.rint(ws.step_at_ns).astype(np.int64) + t_ref,
         bound_ns=bound_ns,
         queued_ns=queued_ns,
-        moved_since=moved_since if window is None else window.moved_since,
+        moved_since=None if window is None else window.moved_since,
     )
 
 

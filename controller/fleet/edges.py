@@ -346,5 +346,6 @@ def solve_blocks(
     bounds = (None, None) if not len(e) else (node_bounds(n_nics, e, 0.5 * raised),
                                               split_raise(n_nics, e, raised))  # fmt: skip
     span = (min(b.t_lo for b in blocks if b.rows), max(b.t_hi for b in blocks if b.rows))
-    return state_of(ws, t_ref, now_ns, n_samples=rows, span=span, points=s.n_points,
-                    bounds=bounds, moved_since=moved_since)  # fmt: skip
+    state = state_of(ws, t_ref, now_ns, n_samples=rows, span=span, points=s.n_points,
+                     bounds=bounds)  # fmt: skip
+    return None if state is None else dataclasses.replace(state, moved_since=moved_since)
