@@ -98,7 +98,10 @@ def test_solve_cadence_doubles_then_follows_the_grid() -> None:
 
 
 def test_owner_bounds_and_join_refuse_what_cannot_be_laid_end_to_end() -> None:
-    assert owner_bounds(10, 3).tolist() == [0, 3, 7, 10]
+    assert owner_bounds(10, 3).tolist() == [0, 2, 4, 10]  # lower ends lie low
+    for n, k in ((4, 4), (10, 8), (100_000, 64)):
+        b = owner_bounds(n, k)
+        assert b[0] == 0 and b[-1] == n and (np.diff(b) > 0).all()
     with pytest.raises(ValueError):
         owner_bounds(4, 5)
     with pytest.raises(ValueError):

@@ -71,10 +71,17 @@ class BlockError(CodecError):
 
 def owner_bounds(n_nics: int, owners: int) -> I64:
     """Return ``owners + 1`` bounds: owner k holds edges whose lower NIC is in
-    [bounds[k], bounds[k + 1]). Raises ValueError unless 1 <= owners <= n_nics."""
+    [bounds[k], bounds[k + 1]), about as many edges each where peers are spread evenly (the
+    lower end of an edge between two NICs taken at random lies at x of the NICs with density
+    2 (1 - x): the bounds are its quantiles). Raises ValueError unless 1 <= owners <=
+    n_nics."""
     if not 1 <= owners <= n_nics:
         raise ValueError(f"need 1 to {n_nics} edge owners, got {owners}")
-    return np.linspace(0, n_nics, owners + 1).round().astype(np.int64)
+    q = 1.0 - np.sqrt(1.0 - np.linspace(0.0, 1.0, owners + 1))
+    b = np.round(q * n_nics).astype(np.int64)
+    for k in range(1, owners):  # every owner at least one NIC
+        b[k] = min(max(b[k], b[k - 1] + 1), n_nics - (owners - k))
+    return b
 
 
 def split_clock(part: SampleRows, bounds: I64) -> list[SampleRows]:
