@@ -141,16 +141,15 @@ def split_partial(p: Partial, bounds: I64) -> list[EdgeInput]:
 
 def solve_due(k: int, first_window: int, grid: WindowGrid, config: ClockSyncConfig) -> bool:
     """Return True when window ``k`` ends with a clock solve, counted from
-    ``first_window``, the first window with clock rows: while the data span is shorter than
-    the clock window, each time it doubles (1, 2, 4, ... windows); then every
-    ``solve_every_ns`` on the grid."""
+    ``first_window``, the first window with clock rows: every ``solve_every_ns`` on the grid,
+    and while the data span is shorter than the clock window each time it doubles (1, 2, 4,
+    ... windows), as `controller.clocksync.ClockSync.due` does on its own clock."""
     j = k - first_window
     if j < 0:
         return False
-    if (j + 1) * grid.width_ns < config.window_ns:
-        return (j + 1) & j == 0
-    every = max(1, config.solve_every_ns // grid.width_ns)
-    return k % every == 0
+    if (j + 1) * grid.width_ns < config.window_ns and (j + 1) & j == 0:
+        return True
+    return k % max(1, config.solve_every_ns // grid.width_ns) == 0
 
 
 def solve_cut(
