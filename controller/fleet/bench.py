@@ -26,7 +26,8 @@ With ``--edge-owners K`` (`controller.fleet.edges`, ``FleetConfig.edge_owners``)
 the summary are an edge stage's: each window's clock part split by owner
 (``split_cpu_s_per_window``, a worker's work), each owner's share folded
 (`EdgeStage.add`) and its rows of the clock window summarized, timed owner by owner
-(``owners``: per owner CPU s, they run in parallel), and the solver's part is the join of the
+(``owners``: per owner CPU s, they run in parallel; ``block_bytes``: its block as it travels,
+`controller.fleet.edges.SummaryBlock.encode`, zlib), and the solver's part is the join of the
 blocks (``join_cpu_s``) and ``fit_and_solve``.
 """
 
@@ -48,7 +49,15 @@ import numpy.typing as npt
 
 from controller.clocksolve import ClockSyncConfig, SampleRows, SampleWindow, window_summary
 from controller.clocksync import ClockSync
-from controller.fleet.edges import EdgeInput, EdgeStage, first_send, join, owner_bounds, split_clock
+from controller.fleet.edges import (
+    EdgeInput,
+    EdgeStage,
+    SummaryBlock,
+    first_send,
+    join,
+    owner_bounds,
+    split_clock,
+)
 from controller.fleet.partial import MovedClocks
 from sync.summary import Summary
 from sync.summarysolve import sync_summary
@@ -220,8 +229,12 @@ def _owners(
         t0 = time.process_time()
         blocks.append(window_summary(SampleWindow(**rows.cols()), t_ref, cfg.coded_tol_hw_ns))
         cpu = time.process_time() - t0
+        t0 = time.process_time()
+        size = len(SummaryBlock(o, 0, len(rows), 0, 0, False, blocks[-1], np.zeros((0, 2), np.int64),
+                                np.zeros(0)).encode())  # fmt: skip
         per.append({"owner": o, "rows": len(rows), "fold_cpu_s_per_window": round(fold[o], 3),
-                    "summary_cpu_s": round(cpu, 3)})  # fmt: skip
+                    "summary_cpu_s": round(cpu, 3), "block_bytes": size,
+                    "encode_cpu_s": round(time.process_time() - t0, 3)})  # fmt: skip
         del rows
     out["owners"] = per
     out["summary_cpu_s"] = round(max(p["summary_cpu_s"] for p in per), 3)  # in parallel
