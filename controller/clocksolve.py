@@ -351,12 +351,15 @@ def state_of(
     span: tuple[int, int],
     points: int = 0,
     window: SampleWindow | None = None,
+    bounds: tuple[F64 | None, F64 | None] | None = None,
 ) -> ClockState | None:
     """The `ClockState` of a window's estimate ``ws`` at reference instant ``t_ref`` (its
     samples: ``n_samples`` rows sent between ``span`` = (first, last) initiator stamps, a
     summary of ``points``); None when no pair could be fitted. ``window``: the rows solved,
     whose remembered floors bound the NICs behind raised ones (`floor_bounds`: the bound
-    joins each NIC's offset uncertainty) and whose ``moved_since`` the state keeps."""
+    joins each NIC's offset uncertainty) and whose ``moved_since`` the state keeps. Without
+    the rows (a fleet's edge owners summarized them: `controller.fleet.edges`): ``bounds``,
+    the (bound, queued) `floor_bounds` gives."""
     n_nics = len(ws.known)
     t_lo, t_hi = span
     fits = ws.fits
@@ -367,6 +370,8 @@ def state_of(
     known = ws.known & np.isfinite(ws.offset_ns) & np.isfinite(ws.drift)
     nan = np.full(n_nics, np.nan)
     bound_ns, queued_ns = (None, None) if window is None else floor_bounds(window, n_nics)
+    if bounds is not None:
+        bound_ns, queued_ns = bounds
     std = np.maximum(ws.offset_std_ns, 0.0)
     if bound_ns is not None:  # the queueing the paths carry now, against their floors
         std = np.hypot(std, np.nan_to_num(bound_ns, nan=0.0))

@@ -1,7 +1,10 @@
 """Equivalence (issue 29 item 4): the same recorded input through one controller
 (`LiveController`: one worker and the solver in one process) and through three workers
 (hosts split by partition, every partial and state crossing as bytes) and a solver gives the
-same clock offsets and the same events."""
+same clock offsets and the same events; with edge owners (`controller.fleet.edges`) too: one
+controller whose solver runs its owners in process, and three workers, the owners apart (their
+inputs, blocks and the states they install crossing as bytes) and a solver that joins the
+blocks."""
 
 from __future__ import annotations
 
@@ -20,9 +23,19 @@ from contract.documents import EventDoc
 from contract.records import decode_batch
 from controller.brain import Brain, BrainConfig
 from controller.fleet.config import FleetConfig
+from controller.fleet.edges import (
+    EdgeInput,
+    EdgeStage,
+    SummaryBlock,
+    owner_bounds,
+    solve_cut,
+    solve_due,
+    split_partial,
+)
 from controller.fleet.grid import WindowGrid
 from controller.fleet.partial import Partial
 from controller.fleet.solver import Added, FleetSolver
+from controller.fleet.state import decode_state
 from controller.fleet.worker import FleetWorker
 from controller.live import LiveConfig, LiveController
 from mesh.fabric import Fabric, FabricShape, build_fabric
@@ -37,14 +50,22 @@ STEP = 100_000_000
 class Fleet:
     """N workers and a solver joined in lock-step, as a shell would join them: each step's
     batches to the worker owning their host, every closed window's partials (as bytes) to
-    the solver, each judged window's state (as bytes) back to every worker."""
+    the solver, each judged window's state (as bytes) back to every worker. With
+    ``config.edge_owners``: the edge owners apart from the solver, each partial split among
+    them, each owner's block of a solve window to the solver and each solved clock state back
+    to the owners (as bytes), window by window."""
 
     def __init__(self, fabric: Fabric, n: int, config: FleetConfig, *, strict: bool = True) -> None:
         self.config = config
         self.strict = strict  # every worker's partial of a window in before it is judged
         self.owner = {h.id: i % n for i, h in enumerate(fabric.hosts)}
         self.workers = [FleetWorker(fabric, config, name=f"w{i}") for i in range(n)]
-        self.solver = FleetSolver(fabric, config)
+        self.solver = FleetSolver(fabric, config, local_edges=False)
+        n_nics = len(fabric.nics)
+        self.edges = [EdgeStage(n_nics, config.sync, k) for k in range(config.edge_owners)]
+        self.bounds = owner_bounds(n_nics, config.edge_owners) if config.edge_owners else None
+        self.sizes = (n_nics, len(fabric.hosts))
+        self.inputs: dict[int, list[list[EdgeInput]]] = {}
         self.events: list[EventDoc] = []
 
     def admit(self, host: str, payload: bytes, now: int) -> None:
@@ -60,7 +81,12 @@ class Fleet:
         self.events += self.solver.pending()
         for w in self.workers:
             for part in w.close(now):
-                assert self.solver.add(Partial.decode(part.encode())) is Added.TAKEN
+                p = Partial.decode(part.encode())
+                assert self.solver.add(p) is Added.TAKEN
+                if self.bounds is not None:
+                    ins = self.inputs.setdefault(p.window, [[] for _ in self.edges])
+                    for o, i in enumerate(split_partial(p, self.bounds)):
+                        ins[o].append(i)
         top = self.config.grid.closed_before(now, self.config.lateness_ns) - 1
         assert not self.strict or all(self.solver.complete(k, [w.name for w in self.workers])
                                       for k in self.solver.pending_windows() if k <= top)  # fmt: skip
@@ -68,11 +94,33 @@ class Fleet:
         if nxt is None:
             waiting = self.solver.pending_windows()
             nxt = waiting[0] if waiting else top + 1
-        if top >= nxt:
+        if top >= nxt and not self.edges:
             res = self.solver.solve(top, now)
             self.events += res.events
             for w in self.workers:
                 w.install_clock(res.clock)
+        for k in range(nxt, top + 1) if self.edges else ():
+            ins = self.inputs.pop(k, None)
+            for o, stage in enumerate(self.edges):
+                if ins is not None:
+                    stage.add(ins[o])
+            due = [s.first_window is not None and s.first_stamp is not None
+                   and solve_due(k, s.first_window, self.config.grid, self.config.sync)
+                   for s in self.edges]  # fmt: skip
+            assert due == [self.solver.needs_blocks(k)] * len(self.edges)
+            for stage in self.edges if due[0] else ():
+                assert stage.first_stamp is not None
+                since, t_ref = solve_cut(k, stage.first_stamp, self.config.grid, self.config.sync)
+                block = SummaryBlock.decode(stage.block(k, since, t_ref).encode())
+                assert self.solver.add_block(block) is Added.TAKEN
+            res = self.solver.solve(k, now)
+            self.events += res.events
+            for w in self.workers:
+                w.install_clock(res.clock)
+            if res.solved:
+                n_nics, n_hosts = self.sizes
+                for stage in self.edges:
+                    stage.install(decode_state(res.clock, n_nics, n_hosts).clock)
 
 
 def _encode_host_state(solver: FleetSolver) -> bytes:
@@ -94,17 +142,23 @@ def run_both(
     n: int = 3,
     down: tuple[str, float, float] | None = None,
     model: ModelKnobs | None = None,
+    owners: int = 0,
 ) -> tuple[LiveController, Fleet]:
     """One controller and ``n`` workers + solver fed the same per-host batches (as the
     probers publish them) of a simulated run; ``down``: (host, from s, to s) whose prober
-    presence is lost in between; ``model``: the simulator's (default: `ModelKnobs()`)."""
+    presence is lost in between; ``model``: the simulator's (default: `ModelKnobs()`);
+    ``owners``: edge owners (the one controller's in its solver, the fleet's apart)."""
     sim = Simulator(fabric, SimConfig(seed=seed, model=model or ModelKnobs()), faults)
     brain_cfg = BrainConfig(lateness_ns=0)
     # wait 0: windows close on the grid as the fleet's do (the one process waits for late
     # probers by default, `controller.fleet.watermark`; the fleet does not)
     one = LiveController(fabric, LiveConfig(window_ns=STEP, wait_ns=0),
                          brain=Brain(fabric, brain_cfg))  # fmt: skip
-    fleet = Fleet(fabric, n, FleetConfig(grid=WindowGrid(STEP), detection=brain_cfg))
+    if owners:  # the one controller's solver with its edge owners in process
+        one.solver = FleetSolver(fabric, dataclasses.replace(one.fleet, edge_owners=owners),
+                                 brain=one.solver.brain, solve_inline=one.config.solve_inline)  # fmt: skip
+    cfg = FleetConfig(grid=WindowGrid(STEP), detection=brain_cfg, edge_owners=owners)
+    fleet = Fleet(fabric, n, cfg)
     src, dst, sport, fwd, rev = sim.discovered_paths()
     one.learn_paths(src, dst, sport, fwd, rev)
     for w in fleet.workers:  # each worker holds the discovered paths, as the shell hands them
@@ -168,6 +222,31 @@ def test_three_workers_and_a_solver_equal_one_controller_on_simulated_faults() -
     assert ("prober_down", "host5") in kinds  # host facts crossed too
     assert {k for k, _ in kinds} >= {"link_down", "link_flap", "loss", "contention", "clear"}
     _compare(one, fleet, events, known=len(fab.nics))
+
+
+def test_with_edge_owners_the_fleet_equals_one_controller_and_the_solver_folds_nothing() -> None:
+    fab = build_fabric(FabricShape.for_nics(32, nics_per_leaf=8, spines=2))
+    faults = [
+        Fault(FaultKind.FLAP, "leaf1-spine0", 2.0, 2.5, down_s=0.3, up_s=0.3),
+        Fault(FaultKind.CONGEST, "leaf3-spine1", 2.0, 3.0, magnitude=20.0),
+    ]
+    one, fleet = run_both(fab, faults, 6.0, down=("host5", 3.0, 4.0),
+                          model=ModelKnobs(rehash=False), owners=2)  # fmt: skip
+    events = list(one.events)
+    assert {e.kind for e in events} >= {"link_down", "contention", "prober_down"}
+    _compare(one, fleet, events, known=len(fab.nics))
+    assert fleet.solver.clock.window() is None  # the solver folded no pair: the owners did
+    assert fleet.solver.missing_blocks == 0 and all(s.first_window is not None for s in fleet.edges)
+    # the edge stage's cadence is the grid's, not the folding solver's (now and solve cost):
+    # other solves, so other clocks, but within what the two say they may err
+    plain, _ = run_both(fab, faults, 6.0, down=("host5", 3.0, 4.0), model=ModelKnobs(rehash=False))
+    a, ua = plain.clock.offsets(plain.now_ns)
+    b, ub = one.clock.offsets(one.now_ns)
+    print(
+        "edge stage vs folding solver", np.nanmax(np.abs(a - b)), np.nanmedian(ua), np.nanmedian(ub)
+    )
+    assert np.array_equal(np.isfinite(a), np.isfinite(b))
+    assert (np.abs(a - b) <= 3 * np.hypot(ua, ub))[np.isfinite(a)].all()
 
 
 @pytest.mark.slow

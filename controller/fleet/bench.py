@@ -21,6 +21,14 @@ different workers). It then times what the solver does with them, stage by stage
 
 and reports each stage's CPU seconds and the peak RSS the process reached in it, the rows and
 summary points, the bytes of one window's partials, and whether the solve knows every NIC.
+
+With ``--edge-owners K`` (`controller.fleet.edges`, ``FleetConfig.edge_owners``) the fold and
+the summary are an edge stage's: each window's clock part split by owner
+(``split_cpu_s_per_window``, a worker's work), each owner's share folded
+(`EdgeStage.add`) and its rows of the clock window summarized, timed owner by owner
+(``owners``: per owner CPU s, they run in parallel; ``block_bytes``: its block as it travels,
+`controller.fleet.edges.SummaryBlock.encode`, zlib), and the solver's part is the join of the
+blocks (``join_cpu_s``) and ``fit_and_solve``.
 """
 
 from __future__ import annotations
@@ -41,6 +49,17 @@ import numpy.typing as npt
 
 from controller.clocksolve import ClockSyncConfig, SampleRows, SampleWindow, window_summary
 from controller.clocksync import ClockSync
+from controller.fleet.edges import (
+    EdgeInput,
+    EdgeStage,
+    SummaryBlock,
+    first_send,
+    join,
+    owner_bounds,
+    split_clock,
+)
+from controller.fleet.partial import MovedClocks
+from sync.summary import Summary
 from sync.summarysolve import sync_summary
 
 I64 = npt.NDArray[np.int64]
@@ -126,12 +145,15 @@ def window_part(
     )  # fmt: skip
 
 
-def run(nics: int, peers: int, seed: int = 1, fold_windows: int = 2) -> dict[str, Any]:
+def run(
+    nics: int, peers: int, seed: int = 1, fold_windows: int = 2, owners: int = 0
+) -> dict[str, Any]:
     """Measure the solver's clock stages on synthetic partials (see the module docstring):
     the fold on ``fold_windows`` windows' partials, then the summary and the solve on what a
     clock window keeps (``ClockSyncConfig.bins`` kept pairs per directed pair, made directly:
     holding every window's folded selection at once takes ~20 GB at 100,000 NICs, more than
-    this shared machine gives); returns the figures as a JSON-ready dict."""
+    this shared machine gives); ``owners``: that many edge owners fold and summarize
+    (module docstring). Returns the figures as a JSON-ready dict."""
     cfg = ClockSyncConfig(capacity=max(4_000_000, 16 * nics * peers))
     width = 1_000_000_000
     rng = np.random.default_rng(seed)
@@ -144,23 +166,38 @@ def run(nics: int, peers: int, seed: int = 1, fold_windows: int = 2) -> dict[str
     out: dict[str, Any] = {"nics": nics, "peers": peers, "directed_pairs": len(src),
                            "edges": len(src) // 2}  # fmt: skip
     cs = ClockSync(nics, cfg, leaf=leaf)
-    fold_cpu = 0.0
+    bounds = owner_bounds(nics, owners) if owners else None
+    stages = [EdgeStage(nics, cfg, k) for k in range(owners)]
+    fold_cpu, split_cpu = 0.0, 0.0
+    owner_fold = np.zeros(owners)
     _reset_peak()
     for k in range(fold_windows):
         part = window_part(src, dst, k, width, offset, drift, floor, rng, k * len(src))
         if k == 0:
             out["window_partials_bytes"] = len(_encode(part))
         t0 = time.process_time()
-        cs.add_pairs(part)
+        if bounds is None:
+            cs.add_pairs(part)
+        else:
+            pieces = split_clock(part, bounds)
+            split_cpu += time.process_time() - t0
+            for o, stage in enumerate(stages):
+                t1 = time.process_time()
+                stage.add([EdgeInput(k, "w", pieces[o], MovedClocks.empty(), first_send(part))])
+                owner_fold[o] += time.process_time() - t1
         fold_cpu += time.process_time() - t0
         del part
     out["fold_cpu_s_per_window"] = round(fold_cpu / fold_windows, 3)
     out["fold_peak_rss_mb"] = round(_hwm_mb())
-    del cs
+    del cs, stages
     w = _kept(src, dst, cfg, offset, drift, floor, rng)
     out["kept_rows"] = len(w)
     t_ref = cfg.window_ns // 2 + EPOCH
-    s = _timed(out, "summary", functools.partial(window_summary, w, t_ref, cfg.coded_tol_hw_ns))
+    if bounds is None:
+        s = _timed(out, "summary", functools.partial(window_summary, w, t_ref, cfg.coded_tol_hw_ns))
+    else:
+        out["split_cpu_s_per_window"] = round(split_cpu / fold_windows, 3)
+        s = _owners(out, w, bounds, t_ref, cfg, owner_fold / fold_windows)
     out["summary_points"] = s.n_points
     del w  # the solve holds the summary, not the rows
     ws = _timed(
@@ -177,6 +214,32 @@ def run(nics: int, peers: int, seed: int = 1, fold_windows: int = 2) -> dict[str
     out["estimator"] = ws.estimator
     out["max_rss_mb"] = round(_peak_mb())
     return out
+
+
+def _owners(
+    out: dict[str, Any], w: SampleWindow, bounds: I64, t_ref: int, cfg: ClockSyncConfig,
+    fold: npt.NDArray[np.float64],
+) -> Summary:  # fmt: skip
+    """Each owner's rows of the clock window summarized, timed owner by owner, and the
+    solver's join of the blocks; returns the joined summary."""
+    blocks: list[Summary] = []
+    per: list[dict[str, Any]] = []
+    _reset_peak()
+    for o, rows in enumerate(split_clock(w, bounds)):
+        t0 = time.process_time()
+        blocks.append(window_summary(SampleWindow(**rows.cols()), t_ref, cfg.coded_tol_hw_ns))
+        cpu = time.process_time() - t0
+        t0 = time.process_time()
+        size = len(SummaryBlock(o, 0, len(rows), 0, 0, False, blocks[-1], np.zeros((0, 2), np.int64),
+                                np.zeros(0)).encode())  # fmt: skip
+        per.append({"owner": o, "rows": len(rows), "fold_cpu_s_per_window": round(fold[o], 3),
+                    "summary_cpu_s": round(cpu, 3), "block_bytes": size,
+                    "encode_cpu_s": round(time.process_time() - t0, 3)})  # fmt: skip
+        del rows
+    out["owners"] = per
+    out["summary_cpu_s"] = round(max(p["summary_cpu_s"] for p in per), 3)  # in parallel
+    out["summary_peak_rss_mb"] = round(_hwm_mb())
+    return _timed(out, "join", lambda: join(blocks))
 
 
 def _kept(
@@ -215,12 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", type=int, default=32)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fold-windows", type=int, default=2, help="windows folded (default 2)")
+    ap.add_argument("--edge-owners", type=int, default=0,
+                    help="edge owners that fold and summarize (default 0: the solver)")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    if a.nics < 16 or a.peers < 2 or a.fold_windows < 1:
-        print("bad options: need --nics >= 16, --peers >= 2, --fold-windows >= 1", file=sys.stderr)
+    if a.nics < 16 or a.peers < 2 or a.fold_windows < 1 or not 0 <= a.edge_owners <= a.nics:
+        print("bad options: need --nics >= 16, --peers >= 2, --fold-windows >= 1, "
+              "0 <= --edge-owners <= --nics", file=sys.stderr)  # fmt: skip
         return 2
-    rep = run(a.nics, a.peers, a.seed, a.fold_windows)
+    rep = run(a.nics, a.peers, a.seed, a.fold_windows, a.edge_owners)
     print(json.dumps(rep) if a.json else "\n".join(f"{k}: {v}" for k, v in rep.items()))
     return 0
 

@@ -24,8 +24,11 @@ class FleetConfig:
     between. ``wait_ns``: a window some prober's batches cover waits for every live
     prober's, at most this long past its end (then it closes short:
     `controller.fleet.watermark`); 0: windows close at end + lateness whatever arrived (the
-    NATS fleet's default: its solver's deadlines assume it). Raises ValueError on a negative
-    lateness or wait, or a max_gap below 1."""
+    NATS fleet's default: its solver's deadlines assume it). ``edge_owners``: 0, the solver
+    folds the workers' clock parts and summarizes its solve windows itself; k >= 1, k edge
+    owners do (`controller.fleet.edges`: the solver joins their summary blocks, on a solve
+    cadence of the grid). Raises ValueError on a negative lateness, wait or edge_owners, or a
+    max_gap below 1."""
 
     grid: WindowGrid = field(default_factory=WindowGrid)
     lateness_ns: int = 0
@@ -34,6 +37,7 @@ class FleetConfig:
     baseline_bucket_ns: int = 60_000_000_000
     max_gap: int = 3600
     wait_ns: int = 0
+    edge_owners: int = 0
 
     def __post_init__(self) -> None:
         if self.lateness_ns < 0:
@@ -42,6 +46,8 @@ class FleetConfig:
             raise ValueError(f"max_gap must be >= 1, got {self.max_gap}")
         if self.wait_ns < 0:
             raise ValueError(f"wait_ns must be >= 0, got {self.wait_ns}")
+        if self.edge_owners < 0:
+            raise ValueError(f"edge_owners must be >= 0, got {self.edge_owners}")
 
     @property
     def late_windows(self) -> int:

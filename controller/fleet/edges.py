@@ -6,42 +6,82 @@ its kept pairs meet where the edge is owned. At 100,000 NICs x 32 peers the work
 (folding each window's kept pairs into the selection, and reducing a solve window's rows to
 hulls and lowest-RTT exchanges) is ~56 % of the clock work of a solve window and needs no
 other edge (docs/architecture.md, "The fleet seam"), so it can run on as many cores as there
-are owners, each owning the edges whose lower NIC lies in its range:
+are owners, each owning the edges whose lower NIC lies in its range
+(``FleetConfig.edge_owners`` of them, `owner_bounds`):
 
-- a worker splits each window's clock part by owner (`split_clock`);
-- an owner (`EdgeStage`) folds the parts it gets (`controller.clocksync.ClockSync.add_pairs`,
-  the warm-up bins where the solver has them: ``first_stamp``) and, when the solver asks for a
-  solve window (its start and reference instant, on the grid), reduces its rows to a
-  `sync.summary.Summary` block (`controller.clocksolve.window_summary`);
+- a worker's partial is split by owner (`split_partial`: each owner's `EdgeInput` holds the
+  clock rows of its edges, the clocks the worker found moved and where the worker's whole
+  clock part starts, so every owner places the warm-up bins where one process does);
+- an owner (`EdgeStage`) takes every worker's input of a window at once (`EdgeStage.add`: the
+  moves marked, the rows folded in `fold_order`, the order that does not depend on which
+  worker sent what), installs the solver's clock states (`EdgeStage.install`: what they
+  re-solved after a move), and at a solve window (`solve_due`: a cadence on the grid every
+  owner and the solver compute alike) reduces its rows sent from the window's cut on
+  (`solve_cut`) to a `SummaryBlock` (`EdgeStage.block`: the `sync.summary.Summary` of its
+  edges, its rows' span, and its edges' floor raises);
 - the solver lays the blocks end to end in owner order (`join`) and solves the whole
-  (`controller.clocksolve.solve_summary`, `state_of`).
+  (`solve_blocks`: `controller.clocksolve.solve_summary`, `state_of`).
 
 The joined summary is the summary one process holding every row makes (a window's summary is
-per edge, and edges sorted by (lower, upper) NIC are the owners' blocks in order):
-tests/test_fleet_edges.py checks it. Pure: arrays in, values out.
+per edge, and edges sorted by (lower, upper) NIC are the owners' blocks in order). Two things
+an owner computes on its own rows (the floor raises' time bins, `edge_raises`; a moved clock's
+"enough data since" against its latest stamp) depend on which rows it holds, so solves agree to
+the bit between processes with the same number of owners (tests/test_fleet_equivalence.py,
+tests/test_fleet_edges.py), and to within those between different numbers. A window with a
+software-stamped row is not summarized (`EdgeStage.block` counts it; the solve waits).
+`SummaryBlock.encode`/`decode`: the fleet's one columnar frame (`controller.fleet.codec`).
+Pure: arrays in, values out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from controller.clocksolve import ClockSyncConfig, SampleRows, window_summary
+from controller.clockfloors import WINNER_RANK, edge_raises, node_bounds, split_raise
+from controller.clocksolve import (
+    ClockState,
+    ClockSyncConfig,
+    SampleRows,
+    solve_summary,
+    state_of,
+    window_summary,
+)
 from controller.clocksync import ClockSync
+from controller.fleet.codec import CodecError, pack, unpack
+from controller.fleet.grid import WindowGrid
+from controller.fleet.partial import MovedClocks, Partial
 from sync.summary import Summary
 
 I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+BLOCK_MAGIC = b"QPSB"
+BLOCK_VERSION = 1
+
+
+class BlockError(CodecError):
+    """A payload that is not a summary block this version reads (the reason in one line)."""
 
 
 def owner_bounds(n_nics: int, owners: int) -> I64:
     """Return ``owners + 1`` bounds: owner k holds edges whose lower NIC is in
-    [bounds[k], bounds[k + 1]). Raises ValueError unless 1 <= owners <= n_nics."""
+    [bounds[k], bounds[k + 1]), about as many edges each where peers are spread evenly (the
+    lower end of an edge between two NICs taken at random lies at x of the NICs with density
+    2 (1 - x): the bounds are its quantiles). Raises ValueError unless 1 <= owners <=
+    n_nics."""
     if not 1 <= owners <= n_nics:
         raise ValueError(f"need 1 to {n_nics} edge owners, got {owners}")
-    return np.linspace(0, n_nics, owners + 1).round().astype(np.int64)
+    q = 1.0 - np.sqrt(1.0 - np.linspace(0.0, 1.0, owners + 1))
+    b = np.round(q * n_nics).astype(np.int64)
+    for k in range(1, owners):  # every owner at least one NIC
+        b[k] = min(max(b[k], b[k - 1] + 1), n_nics - (owners - k))
+    return b
 
 
 def split_clock(part: SampleRows, bounds: I64) -> list[SampleRows]:
@@ -52,27 +92,212 @@ def split_clock(part: SampleRows, bounds: I64) -> list[SampleRows]:
     return [part.take(np.flatnonzero(owner == k)) for k in range(len(bounds) - 1)]
 
 
+def fold_order(parts: Sequence[SampleRows]) -> SampleRows | None:
+    """Return the rows of a window's clock parts in the order they are folded whatever the
+    split: coded pairs sorted by (src, dst, first send), uncoded rows after (None: no rows)."""
+    clocks = [p for p in parts if len(p)]
+    if not clocks:
+        return None
+    every = SampleRows.concat(clocks)
+    cols = every.cols()
+    coded = np.flatnonzero(cols["pair"] >= 0)
+    first = coded[0::2]
+    order = np.lexsort((cols["t1"][first], cols["dst"][first], cols["src"][first]))
+    rows = np.stack([first[order], first[order] + 1], axis=1).reshape(-1)
+    loose = np.flatnonzero(cols["pair"] < 0)
+    if len(loose):
+        lo = np.lexsort((cols["t1"][loose], cols["dst"][loose], cols["src"][loose]))
+        rows = np.concatenate([rows, loose[lo]])
+    return every.take(rows)
+
+
+def first_send(part: SampleRows) -> int | None:
+    """Return the earliest send stamp of ``part``'s coded pairs (where a clock that folds
+    it first puts its warm-up bins; None: no coded pair)."""
+    coded = part.pair >= 0
+    return int(part.t1[coded].min()) if coded.any() else None
+
+
+@dataclass(frozen=True, eq=False)
+class EdgeInput:
+    """One worker's share of one window for one owner: the clock ``rows`` of the owner's
+    edges, the clocks the worker found moved (``moved``, every owner gets them) and the
+    earliest send of the worker's whole clock part (``first``: None without a coded pair)."""
+
+    window: int
+    worker: str
+    rows: SampleRows
+    moved: MovedClocks
+    first: int | None
+
+
+def split_partial(p: Partial, bounds: I64) -> list[EdgeInput]:
+    """Return ``p``'s input for each owner of ``bounds`` (an empty one where it holds none
+    of the owner's edges: the owner knows the window is complete)."""
+    first = first_send(p.clock)
+    return [EdgeInput(p.window, p.worker, rows, p.moved, first)
+            for rows in split_clock(p.clock, bounds)]  # fmt: skip
+
+
+def solve_due(k: int, first_window: int, grid: WindowGrid, config: ClockSyncConfig) -> bool:
+    """Return True when window ``k`` ends with a clock solve, counted from
+    ``first_window``, the first window with clock rows: every ``solve_every_ns`` on the grid,
+    and while the data span is shorter than the clock window each time it doubles (1, 2, 4,
+    ... windows), as `controller.clocksync.ClockSync.due` does on its own clock."""
+    j = k - first_window
+    if j < 0:
+        return False
+    if (j + 1) * grid.width_ns < config.window_ns and (j + 1) & j == 0:
+        return True
+    return k % max(1, config.solve_every_ns // grid.width_ns) == 0
+
+
+def solve_cut(
+    k: int, first_stamp: int, grid: WindowGrid, config: ClockSyncConfig
+) -> tuple[int, int]:
+    """Return (since, t_ref) of window ``k``'s solve: the rows sent from ``since`` on (the
+    clock window before the window's end, not before the first stamp), reduced at the middle
+    of that span."""
+    end = grid.end(k)
+    since = max(end - config.window_ns, first_stamp)
+    return since, since + max(0, end - since) // 2
+
+
+@dataclass(frozen=True, eq=False)
+class SummaryBlock:
+    """One owner's reduction of a solve window: ``summary`` of its rows (None: none, or
+    some software-stamped: ``sw``), how many ``rows``, their send span (``t_lo``,
+    ``t_hi``), and its edges' floor raises (``raise_edges`` (m, 2), ``raised`` ns:
+    `controller.clockfloors.edge_raises`)."""
+
+    owner: int
+    window: int
+    rows: int
+    t_lo: int
+    t_hi: int
+    sw: bool
+    summary: Summary | None
+    raise_edges: I64
+    raised: F64
+
+    def encode(self, *, compress: bool = True) -> bytes:
+        """Return the block as bytes (`decode` reads them back to an equal block)."""
+        head = {"owner": self.owner, "window": self.window, "rows": self.rows,
+                "t_lo": self.t_lo, "t_hi": self.t_hi, "sw": self.sw,
+                "summary": self.summary is not None}  # fmt: skip
+        cols: dict[str, npt.NDArray[Any]] = {"raise_edges": self.raise_edges,
+                                             "raised": self.raised}  # fmt: skip
+        if self.summary is not None:
+            for f in dataclasses.fields(Summary):
+                cols[f"s.{f.name}"] = getattr(self.summary, f.name)
+        return pack(BLOCK_MAGIC, BLOCK_VERSION, head, cols, compress=compress)
+
+    @classmethod
+    def decode(cls, data: bytes) -> SummaryBlock:
+        """Return the block of ``data``. Raises `BlockError` (one line) on any payload that
+        is not a well-formed block of a version this code reads."""
+        try:
+            _, head, cols = unpack(data, BLOCK_MAGIC, frozenset({BLOCK_VERSION}))
+        except CodecError as exc:
+            raise BlockError(str(exc)) from None
+        ints: dict[str, int] = {}
+        for k in ("owner", "window", "rows", "t_lo", "t_hi"):
+            v = head.get(k)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise BlockError(f"head field {k!r} is missing or not an integer")
+            ints[k] = v
+        if not isinstance(head.get("sw"), bool) or not isinstance(head.get("summary"), bool):
+            raise BlockError("head fields sw and summary must be booleans")
+        edges = _col(cols, "raise_edges", "<i8", 2)
+        raised = _col(cols, "raised", "<f8", 1)
+        if edges.shape[1:] != (2,) or len(edges) != len(raised):
+            raise BlockError("raise_edges must be (m, 2) beside m raises")
+        summary = None
+        if head["summary"]:
+            kw = {}
+            for f in dataclasses.fields(Summary):
+                a = cols.pop(f"s.{f.name}", None)
+                if a is None:
+                    raise BlockError(f"column s.{f.name} is missing")
+                kw[f.name] = a
+            try:
+                summary = Summary(**kw)
+            except (TypeError, ValueError) as exc:
+                raise BlockError(f"bad summary ({exc})") from None
+        if cols:
+            raise BlockError(f"unknown column {sorted(cols)[0]}")
+        return cls(ints["owner"], ints["window"], ints["rows"], ints["t_lo"], ints["t_hi"],
+                   head["sw"], summary, edges, raised)  # fmt: skip
+
+
+def _col(cols: dict[str, npt.NDArray[Any]], name: str, dt: str, ndim: int) -> npt.NDArray[Any]:
+    a = cols.pop(name, None)
+    if a is None or a.dtype.str != dt or a.ndim != ndim:
+        raise BlockError(f"column {name} missing or not {dt} {ndim}-d")
+    return a
+
+
 class EdgeStage:
-    """One edge owner: the kept pairs of its edges from every worker, one `Summary` block
-    per solve window. ``first_stamp``: the solver's (where the warm-up's bins are)."""
+    """One edge owner (``owner`` of the fleet's): every worker's kept pairs of its edges, one
+    `SummaryBlock` per solve window (module docstring). Not thread-safe."""
 
-    def __init__(
-        self, n_nics: int, config: ClockSyncConfig, first_stamp: int | None = None
-    ) -> None:
-        self.clock = ClockSync(n_nics, config, first_stamp=first_stamp)
+    def __init__(self, n_nics: int, config: ClockSyncConfig, owner: int = 0) -> None:
+        self.n_nics, self.config, self.owner = n_nics, config, owner
+        self.clock: ClockSync | None = None  # made at the first window with clock rows
+        self.first_window: int | None = None
+        self._moves: list[MovedClocks] = []  # moves before the clock was made
+        self.sw_windows = 0  # solve windows not summarized: a software-stamped row
 
-    def add(self, part: SampleRows) -> int:
-        """Fold a worker's clock part of this owner's edges; return the pairs that became the
-        best of their bin."""
-        return self.clock.add_pairs(part) if len(part) else 0
+    @property
+    def first_stamp(self) -> int | None:
+        """Return where the warm-up bins are (the fleet's first coded send; None: not yet)."""
+        return None if self.clock is None else self.clock.first_stamp
 
-    def summary(self, since_ns: int, t_ref: int, coded_tol_ns: int) -> tuple[Summary | None, int]:
-        """Return the summary block of this owner's rows sent from ``since_ns`` on, at
-        reference instant ``t_ref`` (None: no rows) and how many rows it reduced."""
-        w = self.clock.window(since_ns)
+    def add(self, inputs: Sequence[EdgeInput]) -> int:
+        """Take every worker's input of one window (windows in order): their moves marked,
+        their rows folded at once in `fold_order`. Return the pairs that became the best of
+        their bin. Raises ValueError on inputs of different windows."""
+        if len({i.window for i in inputs}) > 1:
+            raise ValueError("inputs of one window at a time")
+        ordered = sorted(inputs, key=lambda i: i.worker)
+        firsts = [i.first for i in ordered if i.first is not None]
+        if self.clock is None and firsts:
+            self.clock = ClockSync(self.n_nics, self.config, first_stamp=min(firsts),
+                                   floor_rank=WINNER_RANK)  # fmt: skip
+            self.first_window = ordered[0].window
+        self._moves += [i.moved for i in ordered if len(i.moved)]
+        if self.clock is None:
+            return 0
+        for m in self._moves:
+            self.clock.note_moves(m.nic, m.since)
+        self._moves = []
+        rows = fold_order([i.rows for i in ordered])
+        return self.clock.add_pairs(rows) if rows is not None else 0
+
+    def install(self, state: ClockState | None) -> None:
+        """Install a state the solver solved (the clocks it re-solved after a move)."""
+        if self.clock is not None:
+            self.clock.install(state)
+
+    def block(self, window: int, since_ns: int, t_ref: int) -> SummaryBlock:
+        """Return the block of this owner's rows sent from ``since_ns`` on, reduced at
+        ``t_ref`` (`solve_cut`)."""
+        none = SummaryBlock(self.owner, window, 0, 0, 0, False, None,
+                            np.zeros((0, 2), np.int64), np.zeros(0))  # fmt: skip
+        w = None if self.clock is None else self.clock.window(since_ns)
         if w is None:
-            return None, 0
-        return window_summary(w, t_ref, coded_tol_ns), len(w)
+            return none
+        t_lo, t_hi = int(w.t1.min()), int(w.t1.max())
+        if w.sw.any():
+            self.sw_windows += 1
+            return dataclasses.replace(none, rows=len(w), t_lo=t_lo, t_hi=t_hi, sw=True)
+        s = window_summary(w, t_ref, self.config.coded_tol_hw_ns)
+        e, raised = np.zeros((0, 2), np.int64), np.zeros(0)
+        if w.floor is not None:
+            rtt = ((w.t4 - w.t1) - (w.t3 - w.t2)).astype(np.float64)
+            e, raised = edge_raises(self.n_nics, w.src.astype(np.int64),
+                                    w.dst.astype(np.int64), rtt, w.floor, w.t1)  # fmt: skip
+        return SummaryBlock(self.owner, window, len(w), t_lo, t_hi, False, s, e, raised)
 
 
 def join(blocks: Sequence[Summary | None]) -> Summary:
@@ -100,3 +325,33 @@ def join(blocks: Sequence[Summary | None]) -> Summary:
     kw["all_g"] = cat("all_g", 2).astype(np.int32)
     kw["x_edge"] = cat("x_edge", 1)
     return Summary(edges, **kw)
+
+
+def solve_blocks(
+    blocks: Sequence[SummaryBlock],
+    n_nics: int,
+    config: ClockSyncConfig,
+    t_ref: int,
+    now_ns: int,
+    *,
+    leaf: I64 | None = None,
+    moved_since: I64 | None = None,
+) -> ClockState | None:
+    """Return the clock state of a solve window from every owner's block (owner order),
+    reduced at ``t_ref``, as `controller.clocksolve.compute_state` makes it from the rows
+    (``moved_since``: the solver's moved clocks, kept in the state). None: fewer than two
+    rows, a software-stamped row, or no pair could be fitted."""
+    rows = sum(b.rows for b in blocks)
+    if rows < 2 or any(b.sw for b in blocks):
+        return None
+    ordered = sorted(blocks, key=lambda b: b.owner)
+    s = join([b.summary for b in ordered])
+    ws = solve_summary(s, n_nics, config, leaf)
+    e = np.concatenate([b.raise_edges for b in ordered])
+    raised = np.concatenate([b.raised for b in ordered])
+    bounds = (None, None) if not len(e) else (node_bounds(n_nics, e, 0.5 * raised),
+                                              split_raise(n_nics, e, raised))  # fmt: skip
+    span = (min(b.t_lo for b in blocks if b.rows), max(b.t_hi for b in blocks if b.rows))
+    state = state_of(ws, t_ref, now_ns, n_samples=rows, span=span, points=s.n_points,
+                     bounds=bounds)  # fmt: skip
+    return None if state is None else dataclasses.replace(state, moved_since=moved_since)

@@ -19,6 +19,15 @@ probes i -> j in host(i)'s batches, j -> i in host(j)'s) meet here, in the selec
 solve reads: docs/architecture.md ("The fleet") says why the pair work is not split further
 and what it costs at 100,000 NICs.
 
+With ``FleetConfig.edge_owners`` (k >= 1) the solver neither folds the clock parts nor
+summarizes: k edge owners (`controller.fleet.edges.EdgeStage`) do, and at each solve window
+(`controller.fleet.edges.solve_due`) the solver joins their `SummaryBlock`s and solves the
+whole (`solve_blocks`). ``local_edges``: the owners run inside the solver, fed the window's
+partials split by owner (one process); otherwise the shell runs them and hands their blocks
+to `add_block` (`needs_blocks` says for which windows); a solve window whose blocks are not
+all in is judged without a clock solve (counted in ``missing_blocks``). The solve cadence is
+then the grid's, and clock solves always run inline.
+
 Host facts (`presence`, `gpu`, `nic_links`) are the solver's: its brain judges them, and
 the hosts whose prober is down, with since when each prober is alive, travel to the workers
 in the state. Pure: time is passed in.
@@ -38,8 +47,19 @@ from contract.documents import EventDoc
 from controller.brain import Brain
 from controller.brainlike import BrainLike
 from controller.clockfloors import WINNER_RANK
-from controller.clocksync import ClockState, ClockSync, SampleRows, compute_state
+from controller.clocksync import ClockState, ClockSync, compute_state
 from controller.fleet.config import FleetConfig
+from controller.fleet.edges import (
+    EdgeStage,
+    SummaryBlock,
+    first_send,
+    fold_order,
+    owner_bounds,
+    solve_blocks,
+    solve_cut,
+    solve_due,
+    split_partial,
+)
 from controller.fleet.partial import (
     LearnedPaths,
     NicDelays,
@@ -104,6 +124,7 @@ class FleetSolver:
         *,
         brain: BrainLike | None = None,
         solve_inline: bool = True,
+        local_edges: bool = True,
     ) -> None:
         self.fabric = fabric
         self.config = config or FleetConfig()
@@ -124,6 +145,15 @@ class FleetSolver:
         self._last: FleetState | None = None
         self._learned: dict[tuple[int, int, int], tuple[I32, I32]] = {}
         self.late_partials = 0
+        self._owners = self.config.edge_owners
+        self._bounds = owner_bounds(n, self._owners) if self._owners else None
+        self.edges: list[EdgeStage] | None = None
+        if self._owners and local_edges:
+            self.edges = [EdgeStage(n, self.config.sync, k) for k in range(self._owners)]
+        self._blocks: dict[int, dict[int, SummaryBlock]] = {}
+        self._first_stamp: int | None = None  # with edge owners: the fleet's first coded send
+        self._first_window: int | None = None  # and the window it came in
+        self.missing_blocks = 0
 
     # ---- partials ------------------------------------------------------------------------
     def add(self, partial: Partial) -> Added:
@@ -150,6 +180,35 @@ class FleetSolver:
             return Added.OVERLAP
         have[partial.worker] = partial
         return Added.TAKEN
+
+    def add_block(self, block: SummaryBlock) -> Added:
+        """Take an edge owner's summary block of a window not judged yet: `Added` as for
+        partials (a second block of the same owner and window is a duplicate). Raises
+        ValueError when this solver has no edge owners or ``block.owner`` is not one."""
+        if not 0 <= block.owner < self._owners:
+            raise ValueError(f"block of owner {block.owner}, not one of {self._owners}")
+        if self._next is not None and block.window < self._next:
+            return Added.LATE
+        have = self._blocks.setdefault(block.window, {})
+        if block.owner in have:
+            return Added.DUPLICATE
+        have[block.owner] = block
+        return Added.TAKEN
+
+    def needs_blocks(self, window: int) -> bool:
+        """Return True when ``window`` ends with a clock solve whose blocks come from edge
+        owners outside this solver (known once the partials of the windows up to it are
+        in: the first window with clock rows starts the cadence)."""
+        if not self._owners or self.edges is not None:
+            return False
+        first = self._first_window
+        if first is None:
+            have = [k for k in sorted(self._parts) if k <= window and any(
+                first_send(p.clock) is not None for p in self._parts[k].values())]  # fmt: skip
+            if not have:
+                return False
+            first = have[0]
+        return solve_due(window, first, self.config.grid, self.config.sync)
 
     def complete(self, window: int, expected_workers: Collection[str] | int) -> bool:
         """Return True when the partials of ``window`` from every worker named in
@@ -225,9 +284,12 @@ class FleetSolver:
             parts = [p for _, p in sorted(self._parts.pop(k, {}).items())]
             for p in parts:  # clocks found moved: unknown and withheld everywhere from now on
                 self.clock.note_moves(p.moved.nic, p.moved.since)
-            self._fold_clock(parts)
-            if self.solve_inline:
-                solved |= self.clock.maybe_solve(now_ns)
+            if self._owners:
+                solved |= self._edge_window(k, parts, now_ns)
+            else:
+                self._fold_clock(parts)
+                if self.solve_inline:
+                    solved |= self.clock.maybe_solve(now_ns)
             events += self.brain.judge(self.config.grid.end(k), [p.detection for p in parts])
             self._last = self._state_after(k, parts)
             last = (parts, k)
@@ -245,22 +307,42 @@ class FleetSolver:
         )  # fmt: skip
 
     def _fold_clock(self, parts: list[Partial]) -> None:
-        """Fold the window's clock selections into the clock, in one order whatever the split:
-        coded pairs sorted by (src, dst, first send), uncoded rows after."""
-        clocks = [p.clock for p in parts if len(p.clock)]
-        if not clocks:
-            return
-        every = SampleRows.concat(clocks)
-        cols = every.cols()
-        coded = np.flatnonzero(cols["pair"] >= 0)
-        first = coded[0::2]
-        order = np.lexsort((cols["t1"][first], cols["dst"][first], cols["src"][first]))
-        rows = np.stack([first[order], first[order] + 1], axis=1).reshape(-1)
-        loose = np.flatnonzero(cols["pair"] < 0)
-        if len(loose):
-            lo = np.lexsort((cols["t1"][loose], cols["dst"][loose], cols["src"][loose]))
-            rows = np.concatenate([rows, loose[lo]])
-        self.clock.add_pairs(every.take(rows))
+        """Fold the window's clock selections into the clock, in one order whatever the split
+        (`controller.fleet.edges.fold_order`)."""
+        rows = fold_order([p.clock for p in parts])
+        if rows is not None:
+            self.clock.add_pairs(rows)
+
+    def _edge_window(self, k: int, parts: list[Partial], now_ns: int) -> bool:
+        """Window ``k``'s clock work with edge owners: the parts to the owners in this
+        process, and at a solve window the owners' blocks joined and solved; return True on
+        a new clock state."""
+        firsts = [f for p in parts if (f := first_send(p.clock)) is not None]
+        if self._first_stamp is None and firsts:
+            self._first_stamp, self._first_window = min(firsts), k
+        if self.edges is not None:
+            assert self._bounds is not None
+            inputs = [split_partial(p, self._bounds) for p in parts]
+            for o, stage in enumerate(self.edges):
+                stage.add([i[o] for i in inputs])
+        blocks = self._blocks.pop(k, {})
+        first, t0, grid = self._first_window, self._first_stamp, self.config.grid
+        if first is None or t0 is None or not solve_due(k, first, grid, self.config.sync):
+            return False
+        since, t_ref = solve_cut(k, t0, grid, self.config.sync)
+        if self.edges is not None:
+            got = [stage.block(k, since, t_ref) for stage in self.edges]
+        else:
+            got = [blocks[o] for o in sorted(blocks)]
+        if len(got) < self._owners:
+            self.missing_blocks += 1
+            return False
+        state = solve_blocks(got, self.clock.n_nics, self.config.sync, t_ref, now_ns,
+                             leaf=self.clock.leaf, moved_since=self.clock.stepped_at.copy())  # fmt: skip
+        new = self.clock.install(state)
+        for stage in self.edges or ():
+            stage.install(state)
+        return new
 
     def _state_after(self, k: int, parts: list[Partial]) -> FleetState:
         """The state after judging window ``k``: its baseline and learned-path changes."""
@@ -292,7 +374,8 @@ class FleetSolver:
     ) -> FleetState:
         st = self.clock.state
         return FleetState(
-            k, since, full, st, self.clock.trust(), self.clock.first_stamp,
+            k, since, full, st, self.clock.trust(),
+            self._first_stamp if self._owners else self.clock.first_stamp,
             tuple(sorted(self.brain.hosts_down())), self._alive_since.copy(), sig, hops,
             np.asarray(base, np.float64), learned,
         )  # fmt: skip

@@ -20,7 +20,12 @@ Stages, each measured here, none extrapolated from another size:
    ``solver.window_seconds`` = merge + judge + fold + summary + fit_and_solve (CPU s): a
    window in which the clocks are solved (``amortized_window_seconds``: the solve spread
    over the windows between two solves, ``windows_per_clock_solve``);
-   ``solver.max_rss_mb``: the highest resident set of the solver's stages.
+   ``solver.max_rss_mb``: the highest resident set of the solver's stages. With
+   ``--edge-owners K`` (K >= 1, the default 4; `controller.fleet.edges`) the fold and the
+   summary are the edge owners', measured owner by owner and reported apart
+   (``edges.owners``: per owner its fold per window and its summary per clock solve, CPU s;
+   ``edges.max_owner_window_seconds``: the busiest owner's solve window), and the solver's
+   window is merge + judge + join (the owners' blocks laid end to end) + fit_and_solve.
 4. **broker**: a 3-server JetStream cluster (R3 file stream, `testbed.brokerbench`) stores
    ``--broker-messages`` batches of a full-rate host batch's size (the bytes a record takes
    in the encoded batches of stage 1 times 5,120 records: 64 M records/s over 12,500 hosts);
@@ -220,14 +225,27 @@ def summarize(parts: Mapping[str, Any]) -> dict[str, Any]:
         stages = {"merge_s": det["merge_s"], "judge_s": det["judge_s"],
                   "fold_s": clk["fold_cpu_s_per_window"], "summary_s": clk["summary_cpu_s"],
                   "fit_and_solve_s": clk["fit_and_solve_cpu_s"]}  # fmt: skip
+        if clk.get("owners"):  # the fold and the summary are the edge owners'
+            own = clk["owners"]
+            solver["edges"] = {
+                "owners": own, "split_s_per_window": clk["split_cpu_s_per_window"],
+                "max_owner_window_seconds": round(max(o["fold_cpu_s_per_window"]
+                                                      + o["summary_cpu_s"] for o in own), 3),
+                "total_cpu_s": round(sum(o["fold_cpu_s_per_window"] + o["summary_cpu_s"]
+                                         for o in own), 3),
+            }  # fmt: skip
+            stages = {"merge_s": det["merge_s"], "judge_s": det["judge_s"],
+                      "join_s": clk["join_cpu_s"], "fit_and_solve_s": clk["fit_and_solve_cpu_s"]}  # fmt: skip
         every = ClockSyncConfig().solve_every_ns // WINDOW_NS  # windows per clock solve
-        solve = stages["summary_s"] + stages["fit_and_solve_s"]
+        solve = stages.get("summary_s", 0.0) + stages.get("join_s", 0.0) + stages["fit_and_solve_s"]
         amortized = sum(stages.values()) - solve + solve / every
         solver |= {"window_seconds": round(sum(stages.values()), 3), **stages,
                    "windows_per_clock_solve": every,
                    "amortized_window_seconds": round(amortized, 3),
-                   "max_rss_mb": max(det["peak_rss_mb"], clk["fold_peak_rss_mb"],
-                                     clk["summary_peak_rss_mb"], clk["fit_and_solve_peak_rss_mb"]),
+                   "max_rss_mb": max(det["peak_rss_mb"], clk.get("join_peak_rss_mb", 0),
+                                     clk["fit_and_solve_peak_rss_mb"]) if clk.get("owners")
+                   else max(det["peak_rss_mb"], clk["fold_peak_rss_mb"],
+                            clk["summary_peak_rss_mb"], clk["fit_and_solve_peak_rss_mb"]),
                    "offset_err_p99_ns": clk["offset_err_p99_ns"],
                    "known_nics": clk["known_nics"]}  # fmt: skip
     rate = wk["records_per_core_second"] if wk else None
@@ -275,7 +293,7 @@ def run(args: argparse.Namespace, progress: Progress, parts: dict[str, Any]) -> 
     parts["detection"] = detection_stage(args.nics, args.peers, args.rate_hz, args.workers,
                                          args.seed, progress)  # fmt: skip
     progress(f"clocks: synthetic partials at {args.nics} NICs x {args.peers} peers")
-    parts["clocks"] = clockbench.run(args.nics, args.peers, args.seed)
+    parts["clocks"] = clockbench.run(args.nics, args.peers, args.seed, owners=args.edge_owners)
     if args.broker_messages > 0:
         bpr = parts["worker"]["bytes_per_record"] or 40.0
         size = min(1 << 20, round(bpr * RECORDS_PER_HOST_BATCH))
@@ -291,10 +309,12 @@ def run(args: argparse.Namespace, progress: Progress, parts: dict[str, Any]) -> 
 def _cmd(args: argparse.Namespace) -> int:
     bad = (args.nics < 64 or args.peers < 2 or args.workers < 1 or args.windows < 1
            or args.partitions < 1 or not 0 < args.rate_hz <= 100
+           or not 0 <= args.edge_owners <= args.nics
            or not 0 < args.worker_rate_hz <= 100 or args.broker_messages < 0)  # fmt: skip
     if bad:
         print("qpmesh sim fleet: need --nics >= 64, --peers >= 2, --workers >= 1, --windows >= 1, "
-              "--partitions >= 1, rates in (0, 100] Hz, --broker-messages >= 0", file=sys.stderr)  # fmt: skip
+              "--partitions >= 1, rates in (0, 100] Hz, --broker-messages >= 0, "
+              "0 <= --edge-owners <= --nics", file=sys.stderr)  # fmt: skip
         return 2
 
     def progress(line: str) -> None:
@@ -312,6 +332,10 @@ def _cmd(args: argparse.Namespace) -> int:
 def _show(r: Mapping[str, Any]) -> None:
     s = r["solver"]
     print(f"solver: {s['window_seconds']} CPU s per window, peak RSS {s['max_rss_mb']} MB")
+    if s.get("edges"):
+        e = s["edges"]
+        print(f"edge owners: {len(e['owners'])}, the busiest {e['max_owner_window_seconds']} "
+              f"CPU s per solve window, {e['total_cpu_s']} in all")  # fmt: skip
     print(f"worker: {r['worker']['records_per_core_second']} records per core-second")
     print(f"cores for 64 M records/s: {r['cores_for_64M_records_per_second']} ({r['cores']})")
     print(f"equivalent: {r['equivalent']}")
@@ -366,6 +390,13 @@ def register_fleet(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=200,
         help="batches the broker stage stores (0: skip it; default %(default)s)",
+    )
+    p.add_argument(
+        "--edge-owners",
+        type=int,
+        default=4,
+        help="edge owners that fold and summarize the clock parts, measured apart from the "
+        "solver (0: the solver does; default %(default)s)",
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print one JSON object")
