@@ -183,6 +183,17 @@ def test_a_stall_during_the_hold_holds_a_grace_after_it_but_not_past_two_graces(
     # its own, from the point before the first: to 151
 
 
+def test_an_outage_inside_a_hold_that_stalls_prolonged_is_held_a_grace_after_it() -> None:
+    """Every jump past the gap is an outage with its own grace, as it was before stalls
+    prolonged holds: one that ends inside a hold already prolonged to its bound moves the
+    bound too."""
+    c = StreamClock(grace_ns=10, gap_ns=5, stall_ns=3)
+    assert [c.at(t) for t in (100, 120, 124, 128, 131)] == [100] * 5  # held to 140
+    assert c.at(138) == 100  # a jump of 7: an outage, held to 148 (158 at the latest)
+    assert [c.at(t) for t in range(140, 148, 2)] == [100] * 4  # steps under a stall
+    assert c.at(148) == 148 and not c.holding()
+
+
 def test_an_owner_seeded_at_its_ack_floor_closes_where_its_predecessor_did() -> None:
     """A takeover replays from the message after the ack floor, which stays before the
     outage while its hold lasts (a tick is acked with its window, as a batch: the last

@@ -26,10 +26,10 @@ of stream time longer than ``gap_ns`` between two messages holds the close point
 before the jump until ``grace_ns`` of stream time has passed after it. A second outage while
 the hold lasts (a step of ``stall_ns`` or more: the stream stalled again, say its new leader
 lost its quorum once more, before the first outage's spool was stored) holds it until a grace
-after that step too, but never past ``HOLD_GRACES`` graces after the first jump: a stream that
-keeps stalling (a starved owner's ticks come a second or more apart) still lets go, so the
-point lags stored time by at most one outage and two graces (more only when an outage longer
-than ``gap_ns`` ends after that bound: a new hold, as after the first).
+after that step too, but never past ``HOLD_GRACES`` graces after the outage's jump: a stream that
+keeps stalling (a starved owner's ticks come a second or more apart) still lets go. Every
+jump longer than ``gap_ns`` is an outage of its own, held a grace after it (two at the
+latest), as before; so the point lags stored time by at most the outages and two graces.
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ class StreamClock:
     """The close point of one partition's messages (see the module docstring): ``at`` each
     message's stored time (UNIX ns) in stream order; windows close on what it returns. A jump
     of more than ``gap_ns`` holds the point at its value before the jump until ``grace_ns``
-    after the jump; during the hold a step of ``min(stall_ns, gap_ns)`` or more (another
-    outage) holds it until ``grace_ns`` after that step, but not past ``HOLD_GRACES *
-    grace_ns`` after the first jump. Deterministic in the stored times: an owner that
+    after the jump; during the hold a step of ``min(stall_ns, gap_ns)`` or more (a stall)
+    holds it until ``grace_ns`` after that step, but not past ``HOLD_GRACES * grace_ns``
+    after the last jump. Deterministic in the stored times: an owner that
     replays the stream from its ack floor, `seed`-ed with the stored time of the message
     before it, returns what its predecessor returned."""
 
@@ -117,12 +117,13 @@ class StreamClock:
         self.last = stored_ns if prev is None else max(prev, stored_ns)
         if prev is not None:
             step = stored_ns - prev
-            if step > self.gap_ns and stored_ns >= self.until:  # an outage: a hold
-                self.frozen = prev if self.point is None else self.point
-                self.until = stored_ns + self.grace_ns
-                self.bound = stored_ns + HOLD_GRACES * self.grace_ns
+            if step > self.gap_ns:  # an outage: held a grace after it, two at the latest
+                if stored_ns >= self.until:  # (no hold lasts: held where the point is)
+                    self.frozen = prev if self.point is None else self.point
+                self.until = max(self.until, stored_ns + self.grace_ns)
+                self.bound = max(self.bound, stored_ns + HOLD_GRACES * self.grace_ns)
             elif prev < self.until and step >= min(self.stall_ns, self.gap_ns):
-                # another outage during the hold: a grace after it too, up to the bound
+                # a stall during the hold: a grace after it too, up to the bound
                 self.until = max(self.until, min(stored_ns + self.grace_ns, self.bound))
         point = self.frozen if stored_ns < self.until else stored_ns
         self.point = point if self.point is None else max(self.point, point)
