@@ -25,11 +25,11 @@ spooled batches stored after it would be late for them (counted in a later windo
 of stream time longer than ``gap_ns`` between two messages holds the close point where it was
 before the jump until ``grace_ns`` of stream time has passed after it. A second outage while
 the hold lasts (a step of ``stall_ns`` or more: the stream stalled again, say its new leader
-lost its quorum once more, before the first outage's spool was stored) holds it until a grace
-after that step too, but never past ``HOLD_GRACES`` graces after the outage's jump: a stream that
-keeps stalling (a starved owner's ticks come a second or more apart) still lets go. Every
-jump longer than ``gap_ns`` is an outage of its own, held a grace after it (two at the
-latest), as before; so the point lags stored time by at most the outages and two graces.
+lost its quorum once more, before the first outage's spool was stored) holds it until a
+grace after that step too, but never past ``HOLD_GRACES`` graces after the outage's jump: a
+stream that keeps stalling (a starved owner's ticks come a second or more apart) still lets
+go. Every jump longer than ``gap_ns`` is an outage of its own, held a grace after it (two at
+the latest), as before; so the point lags stored time by at most the outages and two graces.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ STALL_NS = 1_000_000_000
 stores a tick every half second when no batch comes)."""
 
 HOLD_GRACES = 2
-"""A hold ends at the latest this many graces after the jump that started it."""
+"""A hold ends at the latest this many graces after the last outage's jump (docs/scale.md:
+a stall under the gap that starts within the first grace ends within two)."""
 
 
 class Watermarks:
@@ -118,7 +119,7 @@ class StreamClock:
         if prev is not None:
             step = stored_ns - prev
             if step > self.gap_ns:  # an outage: held a grace after it, two at the latest
-                if stored_ns >= self.until:  # (no hold lasts: held where the point is)
+                if stored_ns >= self.until:  # no hold lasts: held where the point is
                     self.frozen = prev if self.point is None else self.point
                 self.until = max(self.until, stored_ns + self.grace_ns)
                 self.bound = max(self.bound, stored_ns + HOLD_GRACES * self.grace_ns)
