@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -263,6 +264,7 @@ async def _check(
                     commits[(c.partition, c.window)] += 1
                     for origin, seq in json.loads(c.body)["covers"] if c.body else ():
                         covered[(origin, seq)] += 1
+        print("stream stalls (partition, at s, for s):", await _stalls(link, settings))
     assert max(commits.values()) == 1, "a partition's window committed twice"
     assert asm.incomplete == 0
     twice = [k for k, n in covered.items() if n > 1]
@@ -270,6 +272,23 @@ async def _check(
     assert not twice, f"{len(twice)} batches counted twice: {twice[:5]}"
     assert not lost, f"{len(lost)} of {len(published)} batches lost: {lost[:5]}"
     assert all(len(s) == 0 and s.dropped_batches == 0 for s in spools.values())
+
+
+async def _stalls(link, settings: NatsSettings) -> list[tuple[int, float, float]]:  # type: ignore[no-untyped-def]
+    """Return (partition, s since the first message, s stored nothing) for each step of
+    1 s or more between two stored messages of a partition (the numbers the stream clock's
+    hold is sized by: server kills, leader elections, a starved machine)."""
+    reader = await _retry(lambda: open_reader(link, PLANE.probe_stream,
+                                              settings.subjects.probes_mapped(), 1))  # fmt: skip
+    times: dict[int, list[int]] = {}
+    end = time.time_ns()  # the owners still store ticks: read up to now
+    while (got := await reader.fetch(1000, 1.0)) and got[-1].stored_ns < end:
+        for d in got:
+            times.setdefault(int(d.subject.split(".")[-2]), []).append(d.stored_ns)
+    t0 = min((t[0] for t in times.values()), default=0)
+    return [(p, round((a - t0) / 1e9, 1), round((b - a) / 1e9, 2))
+            for p, ts in sorted(times.items()) for a, b in itertools.pairwise(ts)
+            if b - a >= 1_000_000_000]  # fmt: skip
 
 
 async def _at_window_fraction(fraction: float) -> None:

@@ -23,7 +23,13 @@ it died: electing a new leader takes 4-9 s) stores nothing while the probers spo
 message after it has a stored time past windows whose grace ran out meanwhile, and the
 spooled batches stored after it would be late for them (counted in a later window). So a jump
 of stream time longer than ``gap_ns`` between two messages holds the close point where it was
-before the jump until ``grace_ns`` of stream time has passed after it.
+before the jump until ``grace_ns`` of stream time has passed after it. A second outage while
+the hold lasts (a step of ``stall_ns`` or more: the stream stalled again, say its new leader
+lost its quorum once more, before the first outage's spool was stored) holds it until a
+grace after that step too, but never past ``HOLD_GRACES`` graces after the outage's jump: a
+stream that keeps stalling (a starved owner's ticks come a second or more apart) still lets
+go. Every jump longer than ``gap_ns`` is an outage of its own, held a grace after it (two at
+the latest), as before; so the point lags stored time by at most the outages and two graces.
 """
 
 from __future__ import annotations
@@ -38,6 +44,14 @@ B = npt.NDArray[np.bool_]
 
 WAIT_NS = 5_000_000_000
 """A window closes, short, once the controller's clock is this far past its end."""
+
+STALL_NS = 1_000_000_000
+"""A step of stored time this long during a hold is another outage (an owned partition
+stores a tick every half second when no batch comes)."""
+
+HOLD_GRACES = 2
+"""A hold ends at the latest this many graces after the last outage's jump (docs/scale.md:
+a stall under the gap that starts within the first grace ends within two)."""
 
 
 class Watermarks:
@@ -78,17 +92,20 @@ class StreamClock:
     """The close point of one partition's messages (see the module docstring): ``at`` each
     message's stored time (UNIX ns) in stream order; windows close on what it returns. A jump
     of more than ``gap_ns`` holds the point at its value before the jump until ``grace_ns``
-    after the jump (a jump during a hold does not prolong it: the point lags stored time by
-    at most one outage and one grace). Deterministic in the stored times: an owner that
+    after the jump; during the hold a step of ``min(stall_ns, gap_ns)`` or more (a stall)
+    holds it until ``grace_ns`` after that step, but not past ``HOLD_GRACES * grace_ns``
+    after the last jump. Deterministic in the stored times: an owner that
     replays the stream from its ack floor, `seed`-ed with the stored time of the message
     before it, returns what its predecessor returned."""
 
     grace_ns: int
     gap_ns: int
+    stall_ns: int = STALL_NS
     last: int | None = None  # the newest stored time seen
     point: int | None = None  # the close point so far (never goes back)
     frozen: int = 0  # the point held during a hold
     until: int = 0  # the stored time a hold ends at
+    bound: int = 0  # the stored time a hold ends at the latest, however often it stalls
 
     def seed(self, stored_ns: int) -> None:
         """Note the stored time of the message before the first one this clock will see."""
@@ -99,9 +116,16 @@ class StreamClock:
         during a hold the point before the outage (never less than it returned before)."""
         prev = self.last
         self.last = stored_ns if prev is None else max(prev, stored_ns)
-        if prev is not None and stored_ns - prev > self.gap_ns and stored_ns >= self.until:
-            self.frozen = prev if self.point is None else self.point
-            self.until = stored_ns + self.grace_ns
+        if prev is not None:
+            step = stored_ns - prev
+            if step > self.gap_ns:  # an outage: held a grace after it, two at the latest
+                if stored_ns >= self.until:  # no hold lasts: held where the point is
+                    self.frozen = prev if self.point is None else self.point
+                self.until = max(self.until, stored_ns + self.grace_ns)
+                self.bound = max(self.bound, stored_ns + HOLD_GRACES * self.grace_ns)
+            elif prev < self.until and step >= min(self.stall_ns, self.gap_ns):
+                # a stall during the hold: a grace after it too, up to the bound
+                self.until = max(self.until, min(stored_ns + self.grace_ns, self.bound))
         point = self.frozen if stored_ns < self.until else stored_ns
         self.point = point if self.point is None else max(self.point, point)
         return self.point
