@@ -20,7 +20,9 @@ One connection's lifetime (`WorkerLoop.run` reconnects through the project's one
    ingest of other partitions goes on), the message's stored time through the partition's
    `StreamClock`: after a jump of stream time (the stream could store nothing: a server
    that led it died, and the probers spooled meanwhile) the point stays where it was until
-   a grace has passed after the jump, so the spooled batches are stored before their
+   a grace has passed after the jump (a stall of the stream during that hold, a leader
+   election settling, holds it a grace after the stall, at most two graces after the jump:
+   `controller.fleet.watermark.StreamClock`), so the spooled batches are stored before their
    windows close. When nothing comes for `FETCH_WAIT_S`, the owner stores a tick in the
    partition (``<prefix>.probes.<p>.~tick``), whose stored time closes the windows when it
    is read back; a tick is acked with its window, as a batch is. Each closed window's partial is sent (`controller.fleet.partials`: chunks, then
