@@ -36,6 +36,7 @@ from controller.detect.queues import (
     estimate_queues,
     hop_classes,
 )
+from controller.detect.significance import ProbedPairs, loss_excess
 from controller.detect.window import DetectionWindow, WindowPart
 from controller.health import EntityState, Finding, HealthParams, Signal, step
 from controller.localize import Cover
@@ -112,6 +113,7 @@ class Brain:
         self._pending: list[EventDoc] = []
         self._last_tick: int | None = None
         self._horizon = LossHorizon(n_links, self.config.horizon)
+        self._probed = ProbedPairs(self.config.horizon.span_ns)  # the horizon's every probe
         self._last_dead = np.full(n_links, np.iinfo(np.int64).min // 2, dtype=np.int64)  # ns
         self._last_heavy = self._last_dead.copy()  # last window it lost >= heavy_loss (ns)
         self._flows = FlowLoss(n_nics, self.config.flow_loss)
@@ -282,8 +284,12 @@ class Brain:
         self._spread = {}
         loss = win.loss.verdict(cfg.loss)
         self._horizon.push(now_ns, loss.cover.total, win.loss.lost_sets())
+        pair_ids, pair_probes, _, _ = win.loss.pairs_seen()
+        self._probed.push(now_ns, pair_ids, pair_probes)
         signals, slow_hop, two_way, flows_of = self._delay_signals(win, est, now_ns)
-        rates = self._loss_signals(win, loss, signals, standing, now_ns, round(dt_s * 1e9))
+        rates = self._loss_signals(
+            win, loss, signals, standing, now_ns, round(dt_s * 1e9), (pair_ids, pair_probes)
+        )
         blamed = set()
         for lk in signals:
             nic = self._nic_of_link.get(lk)
@@ -362,16 +368,18 @@ class Brain:
         standing: npt.NDArray[np.float64],
         now_ns: int,
         dt_ns: int,
+        probed: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
     ) -> dict[int, float]:
         """Mark in ``signals`` the links the window's loss (``loss``) and the loss horizon
-        blame (DEAD, LOSSY), less overflow on congested links, leaks of wrong paths and
-        losses held undecided; drop the SLOW of links that lost heavily within ``moved_ns``
-        (their flows moved); return the loss rate of every link blamed for loss."""
+        blame (DEAD, LOSSY), less overflow on congested links, chance clusters, leaks of
+        wrong paths and losses held undecided; drop the SLOW of links that lost heavily
+        within ``moved_ns`` (their flows moved); return the loss rate of every link blamed
+        for loss. ``probed``: the window's path pairs and probes on each."""
         cfg = self.config
         hz = self._horizon.verdict()
         blamed_loss = self._not_congestion(
-            loss.blamed, loss.cover.total, win.loss.lost_sets(), cfg.loss.min_rate, standing,
-            now_ns,
+            loss.blamed, loss.cover.total, win.loss.lost_sets(), probed, cfg.loss.min_rate,
+            standing, now_ns,
         )  # fmt: skip
         leaks = mispath_leaks(
             loss.cover, self._link_nodes, self._switch_link, cfg.horizon.sibling_leak,
@@ -420,8 +428,8 @@ class Brain:
         for lk in [k for k in self._held if k not in picked and k not in signals]:
             del self._held[lk]  # no longer blamed: a later loss is held afresh
         out = self._not_congestion(
-            picked, self._horizon.totals, self._horizon.lost_sets(), hp.min_rate, standing,
-            now_ns,
+            picked, self._horizon.totals, self._horizon.lost_sets(), self._probed.pairs(),
+            hp.min_rate, standing, now_ns,
         )  # fmt: skip
         leaks = mispath_leaks(
             hz, self._link_nodes, self._switch_link, hp.sibling_leak,
@@ -550,12 +558,17 @@ class Brain:
         blamed: Mapping[int, float],
         totals: npt.NDArray[np.int64],
         lost_sets: npt.NDArray[np.int32],
+        probed: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
         floor: float,
         standing: npt.NDArray[np.float64],
         now_ns: int,
     ) -> dict[int, float]:
         """Return the links of ``blamed`` (link -> loss rate) whose loss is a finding: dead
-        ones, and those whose own loss (`own_loss_rates`) is over ``floor`` and is not
+        ones, and those whose own loss (`own_loss_rates`) is over ``floor``, significantly
+        (`loss_excess` over the ``probed`` path pairs and probes on each: more lost probes
+        than the other links and the floor explain, by ``CongestionParams.z`` Poisson
+        deviations; the probes that crossed a link dead now, within the loss horizon, or of
+        a NIC reported down, are left out of the test), and is not
         overflow on a congested link: own loss not significantly over
         ``CongestionParams.max_loss`` (3 binomial standard deviations) with a standing queue
         (remembered in ``_overflow`` for the link's contention finding). Such a small loss on
@@ -566,15 +579,24 @@ class Brain:
             return {}
         cp, dead = self.config.congestion, self.config.loss.dead_rate
         own = own_loss_rates(totals, lost_sets, cp.iterations)
+        gone = (own >= dead) | (self._last_dead > now_ns - self.config.horizon.span_ns)
+        gone[self.fabric.nic_link[list(self._reported_down)]] = True
+        pair_links: npt.NDArray[np.int32] | None = None  # gathered once, if a link needs it
         out = {}
         for lk, rate in blamed.items():
             n = int(totals[lk])
             small = own[lk] * n <= n * cp.max_loss + 3.0 * np.sqrt(n * cp.max_loss)
             if rate >= dead:
                 out[lk] = rate
-            elif own[lk] < floor:
+                continue
+            if own[lk] < floor:
                 continue  # the loss of its probes elsewhere
-            elif small and standing[lk] >= cp.standing_ns:
+            if pair_links is None:
+                pair_links = self._pairs.hops[probed[0]]
+            test = loss_excess(lk, pair_links, probed[1], lost_sets, own, gone, floor=floor, z=cp.z)
+            if not test.significant:
+                continue  # a chance cluster of the losses its probes meet elsewhere
+            if small and standing[lk] >= cp.standing_ns:
                 self._overflow[lk] = max(self._overflow.get(lk, 0.0), float(own[lk]))
             elif small and np.isnan(standing[lk]) and self._states[lk].state != Health.DEGRADED:
                 since = self._held.setdefault(lk, now_ns)

@@ -9,7 +9,10 @@ Two observations the loss tomography alone cannot make:
   taken out: the expectation-maximisation of loss tomography (a lost probe is charged to the
   links it crossed in proportion to their current estimates; each link's estimate is what it
   was charged over the probes that crossed it; repeated). A link the cover blames is a loss
-  finding only when its own rate is over the same floor.
+  finding only when its own rate is over the same floor, and its lost probes are more than
+  the other links' rates and the floor explain, by ``z`` Poisson deviations
+  (`controller.detect.significance`): a chance cluster of a busy fabric's overflow drops on
+  one NIC's paths is charged by the estimate to the one link they all share.
 - **Overflow.** A drop-tail buffer drops only when it is full, so congestion loss comes with
   a standing queue on the same link: a link whose own loss is at most ``max_loss`` while its
   probes show a standing queue (its two directions' typical waits together at least
@@ -42,18 +45,21 @@ class CongestionParams:
     """``max_loss``: the most a congested link's own loss rate may be and still be read as
     overflow; ``standing_ns``: a link whose two directions' typical waits add up to this has
     a standing queue; ``hold_ns``: how long a small loss on a link whose queue no judged delay
-    shows is held before it is reported; ``iterations`` of `own_loss_rates`."""
+    shows is held before it is reported; ``iterations`` of `own_loss_rates`; ``z``: Poisson
+    standard deviations by which a link's lost probes must exceed what the other links and
+    the floor explain (`controller.detect.significance.loss_excess`)."""
 
     max_loss: float = 0.03
     standing_ns: float = 300.0
     hold_ns: int = 5_000_000_000
     iterations: int = 30
+    z: float = 3.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_loss <= 1 or self.standing_ns < 0 or self.iterations < 1:
             raise ValueError("max_loss must be in [0, 1], standing_ns >= 0, iterations >= 1")
-        if self.hold_ns < 0:
-            raise ValueError("hold_ns must be >= 0")
+        if self.hold_ns < 0 or self.z < 0:
+            raise ValueError("hold_ns and z must be >= 0")
 
 
 def own_loss_rates(
