@@ -117,3 +117,19 @@ def test_sim_day_refuses_bad_input_in_one_line(
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
     assert says in err[-1] and captured.out == ""
+
+
+@pytest.mark.slow
+def test_the_same_day_through_the_wire_finds_the_same() -> None:
+    """The live controller fed as the service is (per-host encoded batches, coalesced):
+    the fault and the restart found, nothing false (~15 CPU-s)."""
+    rss = _counter([100 * 2**20, 100 * 2**20])
+    out = run_day(
+        FAB16,
+        DayPlan(hours=2, hour_s=50, faults=1, restarts=1, seed=3, pipeline="wire"),
+        rss=lambda: int(next(rss)),
+        cpu=lambda: 0.0,
+    )
+    assert out["found"] == 1 and out["restarts_found"] == 1
+    assert out["restart_link_findings"] == 0 and out["false_alerts"] == 0
+    assert out["rss_growth_after_hour1_pct"] == 0.0

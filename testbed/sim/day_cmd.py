@@ -132,10 +132,12 @@ def register_day(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--step", type=_positive, default=0.1, help="detection window, s (default 0.1)")
     p.add_argument(
         "--pipeline",
-        choices=("ingest", "truth-clocks"),
+        choices=("ingest", "wire", "truth-clocks"),
         default="ingest",
-        help="ingest: the controller's ingest + clock sync (default); truth-clocks: the "
-        "simulator's true clock offsets",
+        help="ingest: the controller's ingest + clock sync, a step's probes admitted at "
+        "once (default); wire: the same controller fed as the service is (one encoded batch "
+        "per host at its phase, admitted as bytes, coalesced, flushed before each tick); "
+        "truth-clocks: the simulator's true clock offsets",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -25,8 +25,10 @@ import numpy.typing as npt
 
 from contract.documents import EventDoc
 from contract.interrupt import finish, interruptible
+from contract.records import COLUMNS, encode_batch
 from controller.brain import Brain, BrainConfig
 from controller.brainlike import TeeBrain
+from controller.coalesce import CoalesceConfig, ProbeQueue
 from controller.detect.paths import alias_groups
 from controller.live import LiveConfig, LiveController
 from controller.observations import Observations
@@ -34,6 +36,7 @@ from controller.voting import VotingBaseline
 from mesh.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimStep, Simulator
+from testbed.sim.ingest_traffic import split_hosts
 from testbed.sim.localize_score import (
     GRACE_S,
     Alert,
@@ -166,7 +169,11 @@ class LocalizeRun:
     """One ``sim localize`` run fed step by step: the simulator, the controller's detection
     (the brain, or a `LiveController` in front of it), the voting baseline (unless
     ``voting`` is False: it then sees nothing and raises nothing) and what they raised.
-    `run_once` feeds every step of ``sim.run``; `testbed.sim.day` feeds a day in hours."""
+    `run_once` feeds every step of ``sim.run``; `testbed.sim.day` feeds a day in hours.
+
+    ``pipeline``: as `run_once`'s, or "wire": the `LiveController` of "ingest" fed as the
+    service is (`_arrive`): each host's batch encoded, admitted as bytes at the host's
+    phase in the step into a coalescing queue, flushed when due and before each tick."""
 
     def __init__(
         self,
@@ -192,7 +199,13 @@ class LocalizeRun:
         self.epoch = 0
         self._seen: list[Observations] = []  # what the live pipeline handed the brain in a step
         self.clock_err = ClockError()
-        if pipeline == "ingest":
+        self._queue: ProbeQueue | None = None
+        if pipeline == "wire":  # each host's batch encoded, at its own phase in the step
+            self._queue = ProbeQueue(CoalesceConfig())
+            rng = np.random.default_rng([seed, 32, 5])
+            self._phase_ns = rng.uniform(0, step_s * 1e9, len(fabric.hosts)).astype(np.int64)
+            self._host_pos = {h.id: i for i, h in enumerate(fabric.hosts)}
+        if pipeline in ("ingest", "wire"):
             # the voting baseline sees what the brain sees
             taps = (
                 [self._seen.append]
@@ -249,7 +262,10 @@ class LocalizeRun:
             seen = self._seen
             if st.discovered is not None:  # the probers' traces of this step (path discovery)
                 live.learn_paths(*st.discovered)
-            live.admit(st.batch, now)
+            if self._queue is None:
+                live.admit(st.batch, now)
+            else:
+                self._arrive(live, self._queue, st, now)
             events = live.tick(now)
             if len(seen) == 1 and len(seen[0]) == len(st.batch):  # rows in batch order
                 self.clock_err.add(st.t1_s, seen[0].owd_fwd_ns, st.true_fwd_ns)
@@ -272,6 +288,27 @@ class LocalizeRun:
                     self.theirs.append(Alert(st.t1_s, ev.target, ev.kind))
         _track_blamed(brain, fabric, self.faults, st.t1_s, self.blamed_first)
         return events
+
+    def _arrive(self, live: LiveController, queue: ProbeQueue, st: SimStep, now: int) -> None:
+        """Hand the step's probes to ``live`` as the service gets them: one encoded batch per
+        probing host (`split_hosts`), arriving at the host's phase within the step, through
+        `LiveController.admit` (decoded, checked against the host, queued) with ``queue``
+        flushed when due and, as the service's ticker does, before the tick."""
+        b = st.batch
+        cols = {name: getattr(b, name) for name, _ in COLUMNS}
+        batches, _ = split_hosts(self.fabric, b.nic_ids, cols, b.batch_seq, b.stamp)
+        t0 = self.epoch + round(st.t0_s * 1e9)
+        arrivals = sorted(
+            (t0 + int(self._phase_ns[self._host_pos[x.origin]]), x.origin, encode_batch(x))
+            for x in batches
+        )
+        del batches
+        for at, host, payload in arrivals:
+            if queue.due(at):
+                live.flush(queue, at)
+            live.admit(payload, at, host=host, queue=queue)
+        if len(queue):
+            live.flush(queue, now)
 
     def scorer(self, duration_s: float) -> Scorer:
         """Close the congestion truth and return the scorer of a run of ``duration_s`` (call
