@@ -117,8 +117,7 @@ class FloorMemory:
         self._grow(int(slot.max()) + 1)
         self._roll(t_ns)
         # the batch's lowest ``rank`` per slot, merged with the epoch's
-        order = np.lexsort((r, slot))
-        s, v = slot[order], r[order]
+        s, v = _by_slot_then_value(slot, r)
         first = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
         u = s[first]  # the slots this batch touches
         count = np.diff(np.r_[first, len(s)])
@@ -149,6 +148,27 @@ class FloorMemory:
             second = np.where(c <= h1, h1, np.where(c <= h2, c, h2))
             f = np.where(np.isfinite(second), second, np.minimum(c, h1))
         return np.where(np.isfinite(f), f, np.nan)
+
+
+def _by_slot_then_value(slot: I64, r: F64) -> tuple[I64, F64]:
+    """Return ``slot`` and ``r`` sorted by slot, then value: ``np.lexsort((r, slot))``'s
+    order, the same values. Probes arrive nearly in slot order, a few per slot: one stable
+    sort of the slots, then one of a key that orders each slot's values (slot rank times
+    more than their range, plus the value); where that key moves a value out of its slot or
+    ties two different values of one, or a value is not positive and finite, the lexsort
+    itself (3-4x slower)."""
+    o = np.argsort(slot, kind="stable")
+    s, v = slot[o], r[o]
+    lo, hi = float(v.min()), float(v.max())
+    if lo > 0 and np.isfinite(hi):
+        new = np.r_[True, s[1:] != s[:-1]]
+        g = np.cumsum(new) - 1
+        o2 = np.argsort(g * (2.0 * (hi - lo) + 1.0) + (v - lo), kind="stable")
+        v2, same = v[o2], ~new[1:]
+        if np.array_equal(g[o2], g) and bool(np.all(v2[1:][same] >= v2[:-1][same])):
+            return s, v2
+    order = np.lexsort((r, slot))
+    return slot[order], r[order]
 
 
 TIGHT_NS = 200.0  # edges whose floor is raised by at most this tie NICs into the core

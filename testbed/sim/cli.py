@@ -1,5 +1,5 @@
-"""``qpmesh sim ...``: the vectorized simulator's commands (topology, sync, localize, ingest, run,
-rootcause)."""
+"""``qpmesh sim ...``: the vectorized simulator's commands (topology, sync, localize, day, ingest,
+run, rootcause)."""
 
 from __future__ import annotations
 
@@ -98,6 +98,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from testbed.sim.localize_bench import register_localize
 
     register_localize(ssub)
+
+    from testbed.sim.day_cmd import register_day
+
+    register_day(ssub)
 
     from testbed.sim.api_bench import register_api_bench
     from testbed.sim.ingest_bench import register_ingest

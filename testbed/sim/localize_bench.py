@@ -23,9 +23,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from contract.documents import EventDoc
 from contract.interrupt import finish, interruptible
+from contract.records import COLUMNS, encode_batch
 from controller.brain import Brain, BrainConfig
 from controller.brainlike import TeeBrain
+from controller.coalesce import CoalesceConfig, ProbeQueue
 from controller.detect.paths import alias_groups
 from controller.live import LiveConfig, LiveController
 from controller.observations import Observations
@@ -33,6 +36,7 @@ from controller.voting import VotingBaseline
 from mesh.fabric import Fabric, FabricError, FabricShape, NodeKind, build_fabric
 from testbed.scenario import Fault, FaultKind, load_scenario, random_faults
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimStep, Simulator
+from testbed.sim.ingest_traffic import split_hosts
 from testbed.sim.localize_score import (
     GRACE_S,
     Alert,
@@ -145,67 +149,131 @@ def run_once(
     the brain's thresholds (default `BrainConfig` with ``lateness_ns`` 0: each step is
     delivered complete).
     """
-    knobs = ModelKnobs() if model is None else model
-    cfg = SimConfig(load=load, seed=seed, timestamps=timestamps, model=knobs)
-    sim = Simulator(fabric, cfg, faults)
-    brain = Brain(fabric, brain_config or BrainConfig(lateness_ns=0))
-    voter = VotingBaseline(fabric)
-    live = None
-    epoch = 0
-    seen: list[Observations] = []  # what the live pipeline handed the brain in this step
-    clock_err = ClockError()
-    if pipeline == "ingest":
-        # the voting baseline sees what the brain sees
-        live = LiveController(  # a detection window per step, as the truth-clocks brain's
-            fabric,
-            LiveConfig(window_ns=round(step_s * 1e9)),
-            brain=TeeBrain(brain, voter.observe, seen.append),
-        )
-        epoch = EPOCH_NS
-        # the paths the probers discovered (TTL probes), as a real controller holds them
-        src, dst, sport, fwd, rev = sim.discovered_paths()
-        live.learn_paths(src, dst, sport, fwd, rev)
-    hosts = {h.id for h in fabric.hosts}
-    alive, gpu_bad = set(hosts), set[str]()
-    ours: list[Alert] = []
-    theirs: list[Alert] = []
-    truth = CongestionTruth(fabric.n_hops)
-    raised: dict[str, int] = {}  # target -> index in ``ours`` of its standing alert
-    blamed_first: dict[str, float] = {}
-    n_probes = 0
-    t_brain = 0.0
-    for st in sim.run(duration_s, step_s):
-        now = epoch + round(st.t1_s * 1e9)
+    run = LocalizeRun(
+        fabric,
+        faults,
+        load=load,
+        seed=seed,
+        step_s=step_s,
+        timestamps=timestamps,
+        pipeline=pipeline,
+        model=model,
+        brain_config=brain_config,
+    )
+    for st in run.sim.run(duration_s, step_s):
+        run.feed(st)
+    return run.report(duration_s)
+
+
+class LocalizeRun:
+    """One ``sim localize`` run fed step by step: the simulator, the controller's detection
+    (the brain, or a `LiveController` in front of it), the voting baseline (unless
+    ``voting`` is False: it then sees nothing and raises nothing) and what they raised.
+    `run_once` feeds every step of ``sim.run``; `testbed.sim.day` feeds a day in hours.
+
+    ``pipeline``: as `run_once`'s, or "wire": the `LiveController` of "ingest" fed as the
+    service is (`_arrive`): each host's batch encoded, admitted as bytes at the host's
+    phase in the step into a coalescing queue, flushed when due and before each tick."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        faults: Sequence[Fault],
+        *,
+        load: float,
+        seed: int,
+        step_s: float,
+        timestamps: str = "hw",
+        pipeline: str = "truth-clocks",
+        model: ModelKnobs | None = None,
+        brain_config: BrainConfig | None = None,
+        voting: bool = True,
+    ) -> None:
+        self.fabric, self.faults = fabric, tuple(faults)
+        self.knobs = knobs = ModelKnobs() if model is None else model
+        cfg = SimConfig(load=load, seed=seed, timestamps=timestamps, model=knobs)
+        self.sim = Simulator(fabric, cfg, faults)
+        self.brain = Brain(fabric, brain_config or BrainConfig(lateness_ns=0))
+        self.voter = VotingBaseline(fabric) if voting else None
+        self.live: LiveController | None = None
+        self.epoch = 0
+        self._seen: list[Observations] = []  # what the live pipeline handed the brain in a step
+        self.clock_err = ClockError()
+        self._queue: ProbeQueue | None = None
+        if pipeline == "wire":  # each host's batch encoded, at its own phase in the step
+            self._queue = ProbeQueue(CoalesceConfig())
+            rng = np.random.default_rng([seed, 32, 5])
+            self._phase_ns = rng.uniform(0, step_s * 1e9, len(fabric.hosts)).astype(np.int64)
+            self._host_pos = {h.id: i for i, h in enumerate(fabric.hosts)}
+        if pipeline in ("ingest", "wire"):
+            # the voting baseline sees what the brain sees
+            taps = (
+                [self._seen.append]
+                if self.voter is None
+                else [self.voter.observe, self._seen.append]
+            )
+            self.live = LiveController(  # a detection window per step, as the truth-clocks brain's
+                fabric,
+                LiveConfig(window_ns=round(step_s * 1e9)),
+                brain=TeeBrain(self.brain, *taps),
+            )
+            self.epoch = EPOCH_NS
+            # the paths the probers discovered (TTL probes), as a real controller holds them
+            src, dst, sport, fwd, rev = self.sim.discovered_paths()
+            self.live.learn_paths(src, dst, sport, fwd, rev)
+        self.hosts = {h.id for h in fabric.hosts}
+        self._alive, self._gpu_bad = set(self.hosts), set[str]()
+        self.ours: list[Alert] = []
+        self.theirs: list[Alert] = []
+        self.truth = CongestionTruth(fabric.n_hops)
+        self._raised: dict[str, int] = {}  # target -> index in ``ours`` of its standing alert
+        self.blamed_first: dict[str, float] = {}
+        self.n_probes = 0
+        self.t_brain = 0.0
+
+    def feed(self, st: SimStep) -> list[EventDoc]:
+        """Hand one simulator step to the detection and the baseline; return the events the
+        controller raised or cleared at its end."""
+        brain, voter, live, fabric = self.brain, self.voter, self.live, self.fabric
+        now = self.epoch + round(st.t1_s * 1e9)
         sink: Brain | LiveController = brain if live is None else live
+        alive, gpu_bad = self._alive, self._gpu_bad
         for h in sorted(alive - st.alive_hosts):
             sink.presence(h, False, now)
         for h in sorted(st.alive_hosts - alive):
             sink.presence(h, True, now)
-        alive = set(st.alive_hosts)
+        self._alive = set(st.alive_hosts)
         for h in sorted(st.gpu_faults - gpu_bad):
             sink.gpu(h, False, "NVML errors", now)
         for h in sorted(gpu_bad - st.gpu_faults):
             sink.gpu(h, True, "", now)
-        gpu_bad = set(st.gpu_faults)
-        voter.exclude(hosts - alive)
-        n_probes += len(st.batch)
+        self._gpu_bad = set(st.gpu_faults)
+        if voter is not None:
+            voter.exclude(self.hosts - self._alive)
+        self.n_probes += len(st.batch)
         c0 = time.perf_counter()
         if live is None:
-            obs = observations_from_step(sim, st)
+            obs = observations_from_step(self.sim, st)
             brain.observe(obs)
-            voter.observe(obs)
+            if voter is not None:
+                voter.observe(obs)
             events = brain.tick(now)
         else:
+            seen = self._seen
             if st.discovered is not None:  # the probers' traces of this step (path discovery)
                 live.learn_paths(*st.discovered)
-            live.admit(st.batch, now)
+            if self._queue is None:
+                live.admit(st.batch, now)
+            else:
+                self._arrive(live, self._queue, st, now)
             events = live.tick(now)
             if len(seen) == 1 and len(seen[0]) == len(st.batch):  # rows in batch order
-                clock_err.add(st.t1_s, seen[0].owd_fwd_ns, st.true_fwd_ns)
-                clock_err.add(st.t1_s, seen[0].owd_rev_ns, st.true_rev_ns)
+                self.clock_err.add(st.t1_s, seen[0].owd_fwd_ns, st.true_fwd_ns)
+                self.clock_err.add(st.t1_s, seen[0].owd_rev_ns, st.true_rev_ns)
             seen.clear()
-        t_brain += time.perf_counter() - c0
-        truth.add(st.t0_s, st.t1_s, st.hop_queue_ns)
+        self.t_brain += time.perf_counter() - c0
+        self.truth.add(st.t0_s, st.t1_s, st.hop_queue_ns)
+        ours, raised = self.ours, self._raised
         for ev in events:
             if ev.kind != "clear":
                 raised[ev.target] = len(ours)
@@ -213,62 +281,98 @@ def run_once(
             elif ev.target in raised:
                 i = raised.pop(ev.target)
                 ours[i] = dataclasses.replace(ours[i], until_s=st.t1_s)
-        theirs += [Alert(st.t1_s, lk) for lk in voter.tick(now)]
-        for ev in events:  # host findings come from presence / NVML: give them to both
-            if ev.kind in ("prober_down", "gpu_fault"):
-                theirs.append(Alert(st.t1_s, ev.target, ev.kind))
-        _track_blamed(brain, fabric, faults, st.t1_s, blamed_first)
-    truth.close()
-    scorer = Scorer(
-        fabric,
-        faults,
-        truth,
-        sim.loss_bursts(0.0, duration_s),
-        reroute_targets(fabric, faults, sim.real and knobs.redistribute),
-        warmup_s=min(5.0, duration_s * 0.2),  # random faults start no earlier either
-    )
-    ours_s, theirs_s = scorer.evaluate(ours), scorer.evaluate(theirs)
-    fault_rows = []
-    for i, f in enumerate(faults):
-        first = ours_s["_first"][i]  # type: ignore[index]
-        det = blamed_first.get(f"fault{i}")
-        det = first if det is None or (first is not None and first < det) else det
-        fault_rows.append(
-            {
-                "kind": str(f.kind),
-                "target": f.target,
-                "start_s": round(f.start_s, 3),
-                "end_s": round(f.end_s, 3),
-                "detected_s": None if det is None else round(det, 3),
-                "localized_s": None if first is None else round(first, 3),
-                "latency_s": None if first is None else round(first - f.start_s, 3),
-                "found": bool(ours_s["_found"][i]),  # type: ignore[index]
-                "found_by_voting": bool(theirs_s["_found"][i]),  # type: ignore[index]
-            }
+        if voter is not None:
+            self.theirs += [Alert(st.t1_s, lk) for lk in voter.tick(now)]
+            for ev in events:  # host findings come from presence / NVML: give them to both
+                if ev.kind in ("prober_down", "gpu_fault"):
+                    self.theirs.append(Alert(st.t1_s, ev.target, ev.kind))
+        _track_blamed(brain, fabric, self.faults, st.t1_s, self.blamed_first)
+        return events
+
+    def _arrive(self, live: LiveController, queue: ProbeQueue, st: SimStep, now: int) -> None:
+        """Hand the step's probes to ``live`` as the service gets them: one encoded batch per
+        probing host (`split_hosts`), arriving at the host's phase within the step, through
+        `LiveController.admit` (decoded, checked against the host, queued) with ``queue``
+        flushed when due and, as the service's ticker does, before the tick."""
+        b = st.batch
+        cols = {name: getattr(b, name) for name, _ in COLUMNS}
+        batches, _ = split_hosts(self.fabric, b.nic_ids, cols, b.batch_seq, b.stamp)
+        t0 = self.epoch + round(st.t0_s * 1e9)
+        arrivals = sorted(
+            (t0 + int(self._phase_ns[self._host_pos[x.origin]]), x.origin, encode_batch(x))
+            for x in batches
         )
-    missed, false = ours_s["_missed"], ours_s["_false"]
-    for s in (ours_s, theirs_s):
-        for k in ("_found", "_first", "_missed", "_false"):
-            s.pop(k)
-    aliases = alias_groups(len(fabric.links), sim.probed_paths())
-    return {
-        "estimators": {"qpmesh": ours_s, "voting_baseline": theirs_s},
-        "faults": fault_rows,
-        "unidentifiable": [[fabric.links[i].id for i in g] for g in aliases],
-        "false_alerts": ours_s["false_alerts"],
-        "false": [
-            {"t_s": round(a.t_s, 3), "target": a.target, "kind": a.kind}
-            for a in false[:20]  # type: ignore[index]
-        ],
-        "congestion_missed": [
-            {"hop": fabric.hop_name(h), "start_s": round(a, 2), "end_s": round(b, 2)}
-            for h, a, b in missed[:20]  # type: ignore[index]
-        ],
-        "clock": clock_err.to_dict() if live is not None else None,
-        "probes": n_probes,
-        "pipeline_probes_per_s": round(n_probes / t_brain) if t_brain else None,
-        "alerts": [{"t_s": round(a.t_s, 3), "target": a.target, "kind": a.kind} for a in ours[:50]],
-    }
+        del batches
+        for at, host, payload in arrivals:
+            if queue.due(at):
+                live.flush(queue, at)
+            live.admit(payload, at, host=host, queue=queue)
+        if len(queue):
+            live.flush(queue, now)
+
+    def scorer(self, duration_s: float) -> Scorer:
+        """Close the congestion truth and return the scorer of a run of ``duration_s`` (call
+        once, after the last step)."""
+        self.truth.close()
+        return Scorer(
+            self.fabric,
+            self.faults,
+            self.truth,
+            self.sim.loss_bursts(0.0, duration_s),
+            reroute_targets(self.fabric, self.faults, self.sim.real and self.knobs.redistribute),
+            warmup_s=min(5.0, duration_s * 0.2),  # random faults start no earlier either
+        )
+
+    def report(self, duration_s: float) -> dict[str, object]:
+        """Return `run_once`'s report of the steps fed (call once, after the last step)."""
+        fabric, faults, sim = self.fabric, self.faults, self.sim
+        scorer = self.scorer(duration_s)
+        ours, theirs = self.ours, self.theirs
+        ours_s, theirs_s = scorer.evaluate(ours), scorer.evaluate(theirs)
+        fault_rows = []
+        for i, f in enumerate(faults):
+            first = ours_s["_first"][i]  # type: ignore[index]
+            det = self.blamed_first.get(f"fault{i}")
+            det = first if det is None or (first is not None and first < det) else det
+            fault_rows.append(
+                {
+                    "kind": str(f.kind),
+                    "target": f.target,
+                    "start_s": round(f.start_s, 3),
+                    "end_s": round(f.end_s, 3),
+                    "detected_s": None if det is None else round(det, 3),
+                    "localized_s": None if first is None else round(first, 3),
+                    "latency_s": None if first is None else round(first - f.start_s, 3),
+                    "found": bool(ours_s["_found"][i]),  # type: ignore[index]
+                    "found_by_voting": bool(theirs_s["_found"][i]),  # type: ignore[index]
+                }
+            )
+        missed, false = ours_s["_missed"], ours_s["_false"]
+        for s in (ours_s, theirs_s):
+            for k in ("_found", "_first", "_missed", "_false"):
+                s.pop(k)
+        aliases = alias_groups(len(fabric.links), sim.probed_paths())
+        t_brain, n_probes = self.t_brain, self.n_probes
+        return {
+            "estimators": {"qpmesh": ours_s, "voting_baseline": theirs_s},
+            "faults": fault_rows,
+            "unidentifiable": [[fabric.links[i].id for i in g] for g in aliases],
+            "false_alerts": ours_s["false_alerts"],
+            "false": [
+                {"t_s": round(a.t_s, 3), "target": a.target, "kind": a.kind}
+                for a in false[:20]  # type: ignore[index]
+            ],
+            "congestion_missed": [
+                {"hop": fabric.hop_name(h), "start_s": round(a, 2), "end_s": round(b, 2)}
+                for h, a, b in missed[:20]  # type: ignore[index]
+            ],
+            "clock": self.clock_err.to_dict() if self.live is not None else None,
+            "probes": n_probes,
+            "pipeline_probes_per_s": round(n_probes / t_brain) if t_brain else None,
+            "alerts": [
+                {"t_s": round(a.t_s, 3), "target": a.target, "kind": a.kind} for a in ours[:50]
+            ],
+        }
 
 
 def _track_blamed(
