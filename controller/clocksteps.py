@@ -26,7 +26,10 @@ The probes into a moved NIC come from its peers' hosts: in a fleet, other worker
 one that finds the move ingest them. Each of those probes shows the move itself (`off_probes`):
 its half difference is its source's error (which its source's own probes measure) less its
 destination's, give or take half its queueing (at most its excess over its pair's floor plus
-``FLOOR_SLACK_NS``); a destination whose error that leaves beyond ``MOVE_NS`` (and ``MOVE_Z``
+``FLOOR_SLACK_NS``: a queue raises the round trip by what it adds to one direction, a clock
+move shifts the two directions oppositely and leaves the round trip at its floor; the floor is
+the lowest the pair has on an epoch's evidence, `queue_floor`, for `clock_errors` too); a
+destination whose error that leaves beyond ``MOVE_NS`` (and ``MOVE_Z``
 times its uncertainty) is off its model, and the probe's delays are not to be judged: a step
 of a few µs is caught on the probes queued less than a few µs. Every input is the probe's own or its source's, so any
 worker decides the same for it.
