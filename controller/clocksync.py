@@ -56,7 +56,7 @@ from controller.clocksolve import (
     SampleWindow,
     compute_state,
 )
-from controller.clocksteps import clock_errors, moved, off_probes
+from controller.clocksteps import clock_errors, moved, off_probes, queue_floor
 from controller.ingest import Ingested
 from controller.windows import KeyIndex
 from sync import ClockModels
@@ -680,7 +680,10 @@ class ClockSync:
         owd_f = r2 - r1
         owd_r = self.true_rel(ing.src, ing.t4) - self.true_rel(ing.dst, ing.t3)
         slots = self._slots.of_rows(ing, np.arange(len(ing)))
-        floor = self.floors.floor(slots)
+        settled = self.floors.floor(slots, settled=True)
+        # the clock-move checks read a probe's queueing from its round trip over the lowest
+        # floor its pair has on a closed epoch's evidence (`controller.clocksteps.queue_floor`)
+        floor = queue_floor(self.floors.floor(slots), settled)
         self._find_moves(ing, owd_f, owd_r, rtt, floor, r1)
         # a delay is only as good as both clocks: withhold it where either is too uncertain,
         # mark it coarse where either is certain only to coarse_unc
@@ -708,7 +711,7 @@ class ClockSync:
             coarse &= ~off
         # a round trip well under its pair's settled floor is no path: a bad stamp made it
         with np.errstate(invalid="ignore"):
-            impossible = rtt < self.floors.floor(slots, settled=True) - BAD_RTT_NS
+            impossible = rtt < settled - BAD_RTT_NS
         bad = lost | impossible | ~(fine | coarse)
         owd_f[bad] = np.nan
         owd_r[bad] = np.nan

@@ -5,10 +5,12 @@ floors per directed pair (`controller.clockfloors`), clocks that moved between s
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
+import controller.clocksync as csync
 from controller.clockfloors import WINNER_RANK, FloorMemory, edge_raises, node_bounds, split_raise
-from controller.clocksteps import MOVE_NS, clock_errors, moved
+from controller.clocksteps import MOVE_NS, clock_errors, moved, off_probes, queue_floor
 from controller.clocksync import ClockSync, ClockSyncConfig
 from controller.ingest import Ingestor
 from mesh.fabric import FabricShape, build_fabric
@@ -109,6 +111,39 @@ def test_a_standing_queue_on_a_few_pairs_moves_no_clock() -> None:
     assert not moved(after, agree, before, np.full(n, 50.0)).any()
 
 
+def test_a_queue_on_one_direction_is_no_clock_move_and_a_step_of_its_size_is() -> None:
+    """A directed pair's hop turns hot as the floor memory's second epoch starts: the first
+    four round trips of the epoch queue 8 us on the forward direction only. A probe queued so
+    raises its round trip by the 8 us its forward delay rose; a step of the destination's
+    clock by 8 us raises the forward delay and lowers the reverse one by as much, and keeps
+    the round trip at the floor. The queue is read against the first epoch's floor (not the
+    current epoch's fourth lowest, which is that queue): only the step is off its model."""
+    rng = np.random.default_rng(3)
+    base, q, err_src = 5_000.0, 8_000.0, 100.0  # each direction's fixed delay; source ahead
+    mem = FloorMemory(epoch_ns=10 * S)
+    mem.observe(np.zeros(200, np.int64), 2 * base + rng.uniform(0, 300, 200), S)
+    mem.observe(np.zeros(4, np.int64), 2 * base + q + rng.uniform(0, 300, 4), 10 * S)
+    slot = np.zeros(2, np.int64)
+    floor = queue_floor(mem.floor(slot), mem.floor(slot, settled=True))
+    # probe 0: queued forward; probe 1: the destination's clock stepped 8 us ahead
+    fwd = np.array([base + q, base + q]) - err_src
+    rev = np.array([base, base - q]) + err_src
+    rtt = np.array([2 * base + q, 2 * base])  # a round trip needs no clock
+    unc = np.full(2, 50.0)
+    src_err = np.full(2, err_src)
+    assert off_probes(src_err, fwd, rev, rtt - floor, unc).tolist() == [False, True]
+    # the same with a NIC's true clock uncertainty of 1 us: the step still shows (4 x 1 us)
+    assert off_probes(src_err, fwd, rev, rtt - floor, np.full(2, 1_000.0)).tolist() == [
+        False,
+        True,
+    ]
+    # a round trip under its floor says the floor is above the unqueued one: its queueing is
+    # at most the slack, as at the floor (2.5 us queued one way, the floor 1 us too high)
+    under = off_probes(np.zeros(1), np.array([7_500.0]), np.array([5_000.0]),
+                       np.array([-1_000.0]), np.full(1, 50.0))  # fmt: skip
+    assert not under[0]
+
+
 def _run(faults: list[Fault] = (), step: tuple[int, float, float] | None = None, *,
          load: float = 0.6, seconds: float = 45.0, knobs: ModelKnobs | None = None):  # type: ignore[no-untyped-def]  # fmt: skip
     fab = build_fabric(FabricShape.for_nics(32, nics_per_leaf=8))
@@ -161,6 +196,37 @@ def test_a_leaf_whose_uplinks_all_queue_gets_an_honest_bound_and_its_delays_are_
                                          d.owd_rev_ns[cross] - st.true_rev_ns[cross]]))  # fmt: skip
             assert not (err[np.isfinite(err)] > 1_000).any()
     assert bound_seen > 500.0
+
+
+def test_hot_hops_through_the_floor_memorys_first_epoch_edge_move_no_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Load 0.7 (hot hops queue one direction for seconds) and no clock steps, through the
+    end of the floor memory's first epoch (10 s): the second epoch's first round trips of a
+    hot pair are no floor, so no NIC is read as moved and no probe as off its model. Against
+    the memory's floor alone 3 NICs were read as moved and 6 % of the probes of the 11th
+    second withheld (`controller.clocksteps.queue_floor`)."""
+    seen = {"off": 0, "probes": 0}
+    real = csync.off_probes
+
+    def count(*args: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+        off = real(*args)
+        seen["off"] += int(off.sum())
+        seen["probes"] += len(off)
+        return off
+
+    monkeypatch.setattr(csync, "off_probes", count)
+    fab = build_fabric(FabricShape.for_nics(32, nics_per_leaf=8))
+    sim = Simulator(fab, SimConfig(seed=1, load=0.7))
+    ing = Ingestor(fab)
+    cs = ClockSync(32, ClockSyncConfig(), leaf=fab.nic_group_index)
+    for st in sim.run(12.0, 0.1):
+        b = ing.ingest(st.batch)
+        cs.add(b)
+        cs.maybe_solve(int(b.t1.max()))
+        cs.delays(b)
+    assert seen["probes"] > 100_000  # the check ran through the epoch's edge
+    assert cs.moves_seen == 0 and seen["off"] == 0
 
 
 def test_delays_with_a_round_trip_under_their_floor_are_withheld() -> None:
