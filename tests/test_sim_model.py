@@ -11,7 +11,7 @@ import pytest
 from mesh.fabric import FabricShape, build_fabric
 from qpmesh.cli import main
 from testbed.scenario import Fault, FaultKind
-from testbed.sim.clock_model import ClockWander
+from testbed.sim.clock_model import CHUNK, HISTORY_S, ClockWander
 from testbed.sim.engine import SimConfig, SimStep, Simulator
 from testbed.sim.load_model import UtilisationModel, redistribution
 from testbed.sim.loss_model import LossModel
@@ -120,6 +120,25 @@ def test_wander_has_the_configured_random_walk_spectrum() -> None:
     jumps = np.abs(np.diff(ws.freq_ppb[:, :101], axis=1))
     assert set(np.unique(np.round(jumps))) <= {0.0, 50.0, 100.0}
     assert 0.5 * 500 < (jumps > 0).sum() < 1.5 * 500  # 36/h x 100 s = 1 per NIC
+
+
+def test_wander_holds_a_bounded_grid_over_a_day() -> None:
+    # a simulated day queries ever later times: the grid behind HISTORY_S is dropped, so the
+    # held knots stay bounded (they grew by 2 x 8 B per NIC per second before: issue 32's day)
+    w = ClockWander(4, ModelKnobs(), seed=7)
+    idx = np.arange(4)
+    widths = []
+    for t_s in range(0, 86_400, 20):
+        w.offset_ns(np.full(4, t_s * 1e9), idx)
+        widths.append(w.freq_ppb.shape[1])
+    assert max(widths) <= HISTORY_S + 2 * CHUNK + 1
+    assert w.base > 86_400 - HISTORY_S - 2 * CHUNK
+    # the values do not depend on the order of queries: one jump to the end gives the same
+    at = np.array([86_399.5e9, 86_399.5e9 - (HISTORY_S - 1) * 1e9, 86_380.25e9, 86_000e9])
+    whole = ClockWander(4, ModelKnobs(), seed=7)
+    assert np.array_equal(whole.offset_ns(at, idx), w.offset_ns(at, idx))
+    with pytest.raises(ValueError, match="no longer held"):
+        w.offset_ns(np.array([1e9]), np.array([0]))
 
 
 def test_software_stamps_carry_a_per_host_bias() -> None:
