@@ -102,11 +102,14 @@ async def test_workers_and_solver_take_every_record_once(
     (tmp_path / "fabric.json").write_text(json.dumps(fab.to_dict()))
     servers = ", ".join(f'"{u}"' for u in nats_cluster.urls)
     conf = tmp_path / "controller.toml"
+    # grace 2 s (the default), so the stream gap (the grace, >= 1 s) is four tick periods: at
+    # load ~12 an idle partition's ticks were stored up to 1.7 s apart, and with a gap of 1 s
+    # each such step is an "outage" the StreamClock holds its windows a grace for
     conf.write_text(
         '[fabric]\nfile = "fabric.json"\n[controller]\ntick_s = 0.5\n'
         f"[nats]\nservers = [{servers}]\ntimeout_s = 2\nconnect_timeout_s = 1\n"
         "backoff_min_s = 0.1\nbackoff_max_s = 0.5\n"
-        "[fleet]\npartitions = 8\ngrace_s = 1\nsolver_wait_s = 2\nmax_bytes = 67108864\n"
+        "[fleet]\npartitions = 8\ngrace_s = 2\nsolver_wait_s = 2\nmax_bytes = 67108864\n"
         "duplicate_window_s = 60\n"
     )
     config = load_config(conf)
