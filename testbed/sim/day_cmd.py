@@ -11,9 +11,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mesh.fabric import FabricShape, build_fabric
 from testbed.sim.day import DayPlan, run_day
-from testbed.sim.options import add_model_options, model_from_args
+from testbed.sim.options import add_model_options, model_from_args, nics_fabric, positive
 
 
 def rss_bytes() -> int:
@@ -21,16 +20,6 @@ def rss_bytes() -> int:
     OSError where there is no /proc."""
     with open("/proc/self/statm", encoding="ascii") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
-    return v
 
 
 def _count(text: str) -> int:
@@ -65,8 +54,7 @@ def _day(args: argparse.Namespace) -> int:
         step_s=args.step,
         pipeline=args.pipeline,
     )
-    per_leaf = min(32, max(2, args.nics // 4))  # the fabric of `sim localize --nics`
-    fabric = build_fabric(FabricShape.for_nics(args.nics, nics_per_leaf=per_leaf, spines=4))
+    fabric = nics_fabric(args.nics)  # the fabric of `sim localize --nics`
     wall = time.perf_counter()
     out = run_day(
         fabric,
@@ -112,10 +100,10 @@ def register_day(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "restarts and random faults spread over them through the controller's detection; "
         "sample resident memory each simulated hour; score every fault and false alert.",
     )
-    p.add_argument("--hours", type=_positive, default=24.0, help="simulated hours (default 24)")
+    p.add_argument("--hours", type=positive, default=24.0, help="simulated hours (default 24)")
     p.add_argument(
         "--hour-s",
-        type=_positive,
+        type=positive,
         default=3600.0,
         help="seconds in a simulated hour (default 3600; less for short checks)",
     )
@@ -129,7 +117,7 @@ def register_day(ssub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.add_argument("--seed", type=int, default=1, help="seed (default 1)")
     p.add_argument("--load", type=float, default=0.4, help="background load (default 0.4)")
-    p.add_argument("--step", type=_positive, default=0.1, help="detection window, s (default 0.1)")
+    p.add_argument("--step", type=positive, default=0.1, help="detection window, s (default 0.1)")
     p.add_argument(
         "--pipeline",
         choices=("ingest", "wire", "truth-clocks"),

@@ -47,7 +47,7 @@ from testbed.sim.localize_score import (
     reroute_targets,
 )
 from testbed.sim.model import ModelKnobs
-from testbed.sim.options import add_model_options, model_from_args
+from testbed.sim.options import add_model_options, model_from_args, nics_fabric, number, positive
 
 __all__ = ["normalize", "register_localize", "reroute_targets", "run_once", "three_tier_shape"]
 
@@ -393,8 +393,7 @@ def _fabric(args: argparse.Namespace) -> Fabric:
     if args.pods > 1 or args.superspines:
         return build_fabric(three_tier_shape(args.nics or 32, args.pods, args.superspines or 8))
     if args.nics:
-        per_leaf = min(32, max(2, args.nics // 4))
-        return build_fabric(FabricShape.for_nics(args.nics, nics_per_leaf=per_leaf, spines=4))
+        return nics_fabric(args.nics)
     return build_fabric(FabricShape())
 
 
@@ -572,29 +571,15 @@ def _show(out: Mapping[str, Any]) -> None:
     )
 
 
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-
-
-def _positive(text: str) -> float:
-    v = _number(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
-    return v
-
-
 def _percent(text: str) -> float:
-    v = _positive(text)
+    v = positive(text)
     if v > 100:
         raise argparse.ArgumentTypeError(f"a percent in (0, 100]: {text}")
     return v
 
 
 def _queue_us(text: str) -> float:
-    v = _number(text)
+    v = number(text)
     if not v > 1:
         raise argparse.ArgumentTypeError(f"must be > 1 µs (<= 1 is extra utilisation): {text}")
     return v
@@ -660,7 +645,7 @@ def register_localize(ssub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument(
         "--flap-down-ms",
-        type=_positive,
+        type=positive,
         default=1000.0,
         help="random flaps go down this long, ms, every 2 s up (default %(default)s)",
     )

@@ -1,10 +1,35 @@
-"""Command-line options shared by the ``qpmesh sim`` commands: the fabric model."""
+"""Command-line options shared by the ``qpmesh sim`` commands: the fabric model, the
+fabric ``--nics`` builds, and number parsers."""
 
 from __future__ import annotations
 
 import argparse
 
+from mesh.fabric import Fabric, FabricShape, build_fabric
 from testbed.sim.model import ModelKnobs
+
+
+def number(text: str) -> float:
+    """Parse an option's number; raises `argparse.ArgumentTypeError` (one line) if not one."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def positive(text: str) -> float:
+    """Parse an option's number > 0; raises `argparse.ArgumentTypeError` otherwise."""
+    v = number(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    return v
+
+
+def nics_fabric(nics: int) -> Fabric:
+    """Return the two-tier fabric ``--nics`` names: up to 32 NICs per leaf (a quarter of
+    them, at least 2), four spines."""
+    per_leaf = min(32, max(2, nics // 4))
+    return build_fabric(FabricShape.for_nics(nics, nics_per_leaf=per_leaf, spines=4))
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
