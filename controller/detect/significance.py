@@ -85,25 +85,27 @@ def loss_excess(
         raise ValueError("need one row of links per pair count, and 2-d lost sets")
     if not 0 <= floor <= 1 or z < 0:
         raise ValueError("floor must be in [0, 1] and z >= 0")
-    probes, q = _kept(link, pair_links, own, gone)
-    counts = pair_probes[(pair_links == link).any(axis=1)][probes]
+    on, probes, q = _kept(link, pair_links, own, gone)
+    counts = pair_probes[on][probes]
     n = int(counts.sum())
-    lost_rows, _ = _kept(link, lost_sets, own, gone)
+    _, lost_rows, _ = _kept(link, lost_sets, own, gone)
     k = int(lost_rows.sum())
     expected = float((counts * q[probes]).sum()) + floor * n
     hit = n > 0 and k > expected and k - expected >= z * float(np.sqrt(expected))
     return LossExcess(n, k, expected, bool(hit))
 
 
-def _kept(link: int, rows: I32, own: F64, gone: B) -> tuple[B, F64]:
-    """Of the ``rows`` (link sets) that contain ``link``: which cross no other gone link,
-    and each one's probability of loss on its other links (1 - prod (1 - own))."""
-    sets = rows[(rows == link).any(axis=1)]
+def _kept(link: int, rows: I32, own: F64, gone: B) -> tuple[B, B, F64]:
+    """Return which ``rows`` (link sets) contain ``link`` and, of those, which cross no
+    other gone link and each one's probability of loss on its other links
+    (1 - prod (1 - own))."""
+    on = (rows == link).any(axis=1)
+    sets = rows[on]
     other = (sets >= 0) & (sets != link)
     idx = np.maximum(sets, 0)
     kept = ~(other & gone[idx]).any(axis=1)
     through = np.where(other, 1.0 - np.clip(own[idx], 0.0, 1.0), 1.0).prod(axis=1)
-    return kept, np.asarray(1.0 - through, dtype=np.float64)
+    return on, kept, np.asarray(1.0 - through, dtype=np.float64)
 
 
 class ProbedPairs:
