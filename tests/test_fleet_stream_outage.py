@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 from controller.fleet.plane import Plane
-from controller.fleet.watermark import StreamClock
+from controller.fleet.watermark import MAX_HOLD_NS, StreamClock
 from tests.fleetstub import StubWorker, batch
 
 S = 1_000_000_000
@@ -153,6 +153,39 @@ def test_a_stream_that_keeps_stalling_lets_go_of_the_hold_two_graces_after_the_j
     assert held and max(held) < resume + 2 * PLANE.grace_ns, "held past the bound"
     assert max(held) > resume + PLANE.grace_ns, "the stalls did not hold on"
     assert all(p == t for t, p in points if t >= resume + 2 * PLANE.grace_ns)
+
+
+def test_an_outage_over_the_gap_that_begins_in_the_hold_loses_no_spooled_batch() -> None:
+    """The election after the kill outlasts the window's grace and its first message (a
+    tick) is all the stream stores before it is down again for 4 s (over the gap: an outage
+    of its own, begun while the first's hold lasts), so the first outage's spool is read
+    after the second. The first outage's point is kept a grace after the second's end (the
+    chain is well inside `MAX_HOLD_NS`): nothing is late, nothing twice. Held at the stored
+    time before the second jump instead, the end of the killed window is late."""
+    stream = _stream(KILL, OUTAGE, 16 * WINDOW, more=((KILL + OUTAGE, 4 * S),),
+                     drain_ns=20_000_000)  # fmt: skip
+    covered = _covered(stream, _clock())
+    assert set(covered) == set(_sent(stream)), "a spooled batch lost"
+    assert max(covered.values()) == 1
+    unchained = StreamClock(PLANE.grace_ns, PLANE.stream_gap_ns, max_hold_ns=0)
+    assert set(_sent(stream)) - set(_covered(stream, unchained)), "the chain kept nothing"
+
+
+def test_a_stream_whose_every_step_is_over_the_gap_is_not_held_for_ever() -> None:
+    """A partition whose owner is starved stores only its ticks, 3 s apart (over the 2.5 s
+    gap) for ten minutes: each step is an outage begun while the last one's hold lasts. The
+    chain keeps the first point for `MAX_HOLD_NS` at most, then holds each jump at the
+    stored time before it: the point lags stored time by at most that and two graces, and
+    every window of the steady stream after it closes. Before the bound, the point stayed
+    where the first step found it for as long as the steps did."""
+    step = 3 * S
+    times = list(range(0, 10 * S, S // 2)) + list(range(10 * S, 610 * S, step))
+    clock = _clock()
+    points = [clock.at(t) for t in times]
+    lag = max(t - p for t, p in zip(times, points, strict=True))
+    assert lag <= MAX_HOLD_NS + 2 * PLANE.grace_ns + step, lag
+    assert points[-1] >= times[-1] - MAX_HOLD_NS - 2 * PLANE.grace_ns - step
+    assert points == sorted(points)  # never goes back
 
 
 def test_stream_clock_holds_after_a_jump_and_lets_go_after_a_grace() -> None:

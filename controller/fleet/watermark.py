@@ -29,7 +29,13 @@ lost its quorum once more, before the first outage's spool was stored) holds it 
 grace after that step too, but never past ``HOLD_GRACES`` graces after the outage's jump: a
 stream that keeps stalling (a starved owner's ticks come a second or more apart) still lets
 go. Every jump longer than ``gap_ns`` is an outage of its own, held a grace after it (two at
-the latest), as before; so the point lags stored time by at most the outages and two graces.
+the latest), as before; an outage that begins while a hold lasts keeps that hold's point
+(the first outage's spool may not be stored yet), but a chain of such outages keeps it for at
+most ``max_hold_ns`` of stored time after the chain's first jump (`MAX_HOLD_NS`): past that, a
+jump holds at the stored time before it, as a lone outage does. So the point lags stored time
+by at most ``max_hold_ns`` and two graces; without the bound a partition whose every message
+came more than a gap after the one before (its owner's ticks starved, no batch in between)
+was held for as long as that lasted.
 """
 
 from __future__ import annotations
@@ -52,6 +58,12 @@ stores a tick every half second when no batch comes)."""
 HOLD_GRACES = 2
 """A hold ends at the latest this many graces after the last outage's jump (docs/scale.md:
 a stall under the gap that starts within the first grace ends within two)."""
+
+MAX_HOLD_NS = 20_000_000_000
+"""Outages chained within a hold keep its point for at most this long after the chain's first
+jump: two leader elections back to back (4.2-8.3 s each, measured: docs/scale.md) and a grace
+fit; a hold of it plus two graces stays inside the consumers' ack wait (a window, two graces
+and 30 s: `controller.fleet.workerloop`), so held deliveries are not redelivered."""
 
 
 class Watermarks:
@@ -94,18 +106,22 @@ class StreamClock:
     of more than ``gap_ns`` holds the point at its value before the jump until ``grace_ns``
     after the jump; during the hold a step of ``min(stall_ns, gap_ns)`` or more (a stall)
     holds it until ``grace_ns`` after that step, but not past ``HOLD_GRACES * grace_ns``
-    after the last jump. Deterministic in the stored times: an owner that
-    replays the stream from its ack floor, `seed`-ed with the stored time of the message
-    before it, returns what its predecessor returned."""
+    after the last jump; a jump that comes while a hold lasts keeps its point, for at most
+    ``max_hold_ns`` after the first jump of that chain. Deterministic in the stored times:
+    an owner that replays the stream from its ack floor, `seed`-ed with the stored time of
+    the message before it, returns what its predecessor returned (a chain's first jump
+    before that floor is not seen: the replay's chain may let go later)."""
 
     grace_ns: int
     gap_ns: int
     stall_ns: int = STALL_NS
+    max_hold_ns: int = MAX_HOLD_NS
     last: int | None = None  # the newest stored time seen
     point: int | None = None  # the close point so far (never goes back)
     frozen: int = 0  # the point held during a hold
     until: int = 0  # the stored time a hold ends at
     bound: int = 0  # the stored time a hold ends at the latest, however often it stalls
+    since: int = 0  # the stored time of the jump that began the chain of outages held
 
     def seed(self, stored_ns: int) -> None:
         """Note the stored time of the message before the first one this clock will see."""
@@ -119,8 +135,10 @@ class StreamClock:
         if prev is not None:
             step = stored_ns - prev
             if step > self.gap_ns:  # an outage: held a grace after it, two at the latest
-                if stored_ns >= self.until:  # no hold lasts: held where the point is
-                    self.frozen = prev if self.point is None else self.point
+                chained = prev < self.until  # it began while a hold lasted: keep its point
+                if not chained or stored_ns - self.since > self.max_hold_ns:
+                    self.frozen, self.since = prev, stored_ns  # held at the time before it
+                    self.until = self.bound = 0
                 self.until = max(self.until, stored_ns + self.grace_ns)
                 self.bound = max(self.bound, stored_ns + HOLD_GRACES * self.grace_ns)
             elif prev < self.until and step >= min(self.stall_ns, self.gap_ns):
