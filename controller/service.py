@@ -607,7 +607,10 @@ async def run_service(
     read from MQTT; `controller.fleet.solverloop.SolverLoop` (on ``config.nats``, lease id
     ``config.fleet.member``) solves the windows with the core ``fleet_core(live)`` (the live
     state's own `FleetSolver`, so host facts, the snapshot and the time series are the live
-    state's), and their events go out through the same ticker, remediation, API and log.
+    state's; with a learned fabric a core that follows ``live.solver``, which a change
+    replaces), and their events go out through the same ticker, remediation, API and log;
+    with a learned fabric the solver publishes each version to the workers
+    (`controller.fleet.fabricwire`).
     Raises ValueError if ``config.fleet`` is set without ``fleet_core`` or ``config.nats``.
     """
     topology = TopologyLearner(config.learn) if config.learn is not None else None
@@ -635,8 +638,10 @@ async def run_service(
         feed = FleetFeed()
         core = fleet_core(live)
         member = config.fleet.member or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
-        solver = SolverLoop(config.fleet.plane, config.nats, member, lambda: core,
-                            feed.add, log=log, clock_ns=clock, solve_in_thread=False)  # fmt: skip
+        learned = (lambda: live.fabric) if config.learn is not None else None
+        solver = SolverLoop(config.fleet.plane, config.nats, member, lambda: core, feed.add,
+                            log=log, clock_ns=clock, solve_in_thread=False,
+                            fabric_of=learned)  # fmt: skip
         sides.append(solver.run)
     xl = crosslayer or CrossLayer(live.fabric)  # signals in; anomaly, root_cause events out
     api = await _start_api(config, live, rem, obs, log, clock, xl)
