@@ -107,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, fleet=fleet)
 
         def fleet_core(live: LiveController) -> SolverCore:
-            return SolverCore(live.solver, follow=lambda: live.solver)
+            return SolverCore(live.solver, follow=lambda: live.solver, paths=lambda: live.worker)
 
     return _serve(args.log, lambda log: run_service(broker, config, log=log,
                                                    fleet_core=fleet_core))  # fmt: skip

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
 import pytest
 
-from controller.config import EMPTY_FABRIC
+from controller.config import EMPTY_FABRIC, ServiceConfig
+from controller.fleet.compose import SolverCore, worker_cores
 from controller.fleet.config import FleetConfig
 from controller.fleet.fabricwire import (
     MAGIC,
@@ -26,13 +28,18 @@ from controller.fleet.plane import Plane
 from controller.fleet.solver import Added, FleetSolver
 from controller.fleet.state import StateError
 from controller.fleet.watermark import StreamClock
+from controller.fleet.worker import FleetWorker
 from controller.fleet.workerloop import PartitionState, WorkerLoop
+from controller.pathmap import PathRows, path_rows
+from controller.topology import LearnConfig
 from mesh.fabric import Fabric, FabricShape, build_fabric
+from mesh.fabric.ecmp import routing_tables
 from mesh.fabric.learn import learn_fabric
 from natslink.settings import NatsSettings
 from tests.fabricobs import by_router_id, neighbors, traces
 from tests.fleetstub import StubWorker
 
+MS = 1_000_000
 PLAN = build_fabric(FabricShape(leaves=2, hosts_per_leaf=2, spines=2, nics_per_host=2))
 
 
@@ -40,12 +47,26 @@ def _learned() -> Fabric:
     return learn_fabric(neighbors(PLAN), traces(PLAN, by_router_id(PLAN))).fabric
 
 
+def _rows(fab: Fabric) -> PathRows:
+    lf = learn_fabric(neighbors(PLAN), traces(PLAN, by_router_id(PLAN)))
+    assert lf.fabric.to_dict() == fab.to_dict()
+    paths = [p.to_json() for p in traces(PLAN, by_router_id(PLAN))]
+    return path_rows(lf.fabric, lf.router_nodes, paths, routing_tables(fab).max_hops)
+
+
 def test_a_version_round_trips_through_the_fabrics_one_description() -> None:
     for fab in (PLAN, _learned()):
         data = encode_fabric(fab)
         assert data.startswith(MAGIC) and version_of(data) == fabric_id(fab)
         back = decode_fabric(data)
-        assert back.to_dict() == fab.to_dict()  # (a Fabric equals only itself)
+        assert back.fabric.to_dict() == fab.to_dict()  # (a Fabric equals only itself)
+        assert len(back.paths.src) == 0
+    learned = _learned()
+    rows = _rows(learned)
+    assert len(rows.src) > 100
+    back = decode_fabric(encode_fabric(learned, rows)).paths
+    for a, b in zip(back, rows, strict=True):
+        assert np.array_equal(a, b) and a.dtype == b.dtype
     learned = _learned()  # a learned fabric has no shape, but every link of the plan
     assert learned.shape == {} and len(learned.links) == len(PLAN.links)
     assert any(n.kind == "spine" for n in learned.nodes)
@@ -62,6 +83,8 @@ def test_malformed_versions_are_one_line_errors() -> None:
         good[:20] + zlib.compress(b"[1, 2]"),
         good[:20] + zlib.compress(b'{"nodes": 3}'),
         good[:20] + other[20:],  # the id names another fabric than the body
+        encode_fabric(PLAN)[:20] + encode_fabric(_learned(), _rows(_learned()))[20:],
+        encode_fabric(build_fabric(FabricShape(leaves=2, spines=1)), _rows(_learned())),  # misfit
     ]
     for data in bad:
         with pytest.raises(FabricWireError) as exc:
@@ -71,20 +94,19 @@ def test_malformed_versions_are_one_line_errors() -> None:
 
 def test_the_solver_publishes_each_new_fabric_once_and_never_an_empty_one() -> None:
     pub = FabricPublisher()
-    assert pub.due(EMPTY_FABRIC) is None  # nothing learned yet: workers keep waiting
-    data = pub.due(PLAN)
-    assert data is not None and decode_fabric(data).to_dict() == PLAN.to_dict()
+    assert not pub.due(EMPTY_FABRIC)  # nothing learned yet: workers keep waiting
+    assert pub.due(PLAN)
     assert not pub.current(PLAN)  # models of PLAN wait until it is published
     pub.published(PLAN)
-    assert pub.current(PLAN) and pub.due(PLAN) is None
+    assert pub.current(PLAN) and not pub.due(PLAN)
     equal = Fabric.from_dict(PLAN.to_dict())  # an equal fabric, another object: not again
-    assert pub.due(equal) is None and pub.current(equal)
+    assert not pub.due(equal) and pub.current(equal)
     learned = _learned()
-    assert pub.due(learned) is not None and not pub.current(learned)
+    assert pub.due(learned) and not pub.current(learned)
     # a standby taking over: what the bucket holds is not published again
     standby = FabricPublisher()
     standby.seen(encode_fabric(learned))
-    assert standby.due(learned) is None and standby.due(PLAN) is not None
+    assert not standby.due(learned) and standby.due(PLAN)
     with pytest.raises(FabricWireError):
         standby.seen(b"junk")
 
@@ -99,7 +121,8 @@ def test_a_worker_follows_new_versions_and_installs_only_models_written_after_th
     assert not follow.take(encode_fabric(PLAN), revision=12)  # same fabric written again
     assert follow.revision == 7 and follow.fits(9)
     learned = _learned()
-    assert follow.take(encode_fabric(learned), revision=20)
+    assert follow.take(encode_fabric(learned, _rows(learned)), revision=20)
+    assert np.array_equal(follow.paths.hops, _rows(learned).hops)
     assert follow.fabric is not None and follow.fabric.to_dict() == learned.to_dict()
     assert not follow.fits(19) and follow.fits(21)
     with pytest.raises(FabricWireError):
@@ -108,7 +131,7 @@ def test_a_worker_follows_new_versions_and_installs_only_models_written_after_th
 
 
 def test_the_solver_drops_partials_of_another_fabric_as_stale() -> None:
-    from tests.test_fleet_codec import MS, _partials
+    from tests.test_fleet_codec import _partials
 
     parts, _ = _partials(0.5)
     small = build_fabric(FabricShape.for_nics(8, nics_per_leaf=4, spines=2))
@@ -167,3 +190,30 @@ def test_the_worker_shell_swaps_a_partitions_core_and_filters_models() -> None:
     loop.models, loop.models_revision = fabric_id(learned).encode(), 12
     loop._install(st)
     assert made[1].clocks == [fabric_id(learned).encode()]
+
+
+def test_traced_paths_reach_every_worker_core_with_the_version_and_through_the_solver() -> None:
+    """Published with the fabric: a core built on the version knows them, and sends none of
+    them back; learned where the solver runs later: in the next judged window's state."""
+    learned = _learned()
+    rows = _rows(learned)
+    follow = FabricFollow()
+    follow.take(encode_fabric(learned, rows), revision=1)
+    cfg = ServiceConfig(fabric=EMPTY_FABRIC, learn=LearnConfig())
+    plane = Plane(partitions=2, window_ns=100 * MS, grace_ns=0, duplicate_window_s=1)
+    core = worker_cores(cfg, plane, follow)(0)
+    fwd, _, known = core.paths(rows.src[:5], rows.dst[:5], rows.sport[:5])
+    assert known.all() and np.array_equal(fwd[:, : rows.hops.shape[1]], rows.hops[:5])
+    assert not core._ingestor.use_model_paths  # a learned fabric's ECMP model is no one's
+    assert len(core.take_learned()) == 0  # nothing to send back to the solver
+    # the solver process: paths its own worker learned go out in the next state
+    here = FleetWorker(learned, core.config, name="local")
+    here.learn_paths(rows.src[:3], rows.dst[:3], rows.sport[:3], rows.hops[:3])
+    solver = FleetSolver(learned, core.config)
+    adapter = SolverCore(solver, paths=lambda: here)
+    state = adapter.solve(0, 100 * MS).state
+    assert len(state.learned) == 3 and len(here.take_learned()) == 0
+    other = FleetWorker(learned, core.config, name="p1")
+    other.install(state)
+    _, _, known = other.paths(rows.src[:3], rows.dst[:3], rows.sport[:3])
+    assert known.all()

@@ -48,7 +48,10 @@ def worker_cores(
         if follow is not None and follow.fabric is not None:
             fabric = follow.fabric
         core = FleetWorker(fabric, shared, name=f"p{partition}")
-        core.use_model_paths(config.model_paths)
+        if follow is not None and follow.fabric is fabric and len(follow.paths.src):
+            core.know_paths(*follow.paths)  # the traced paths published with the fabric
+        # a learned fabric's ECMP model is no one's: only traced paths (as one process)
+        core.use_model_paths(config.model_paths and config.learn is None)
         return core
 
     return make
@@ -58,12 +61,19 @@ class SolverCore:
     """A `FleetSolver` behind the shell's `controller.fleet.cores.SolverCore`: ``add``
     decodes the partial; what `FleetSolver.add` made of each is counted in ``added``.
     ``follow``: where the solver in use is read at each call (a live state whose learned
-    fabric changes replaces its solver: ``lambda: live.solver``); None: ``solver`` always."""
+    fabric changes replaces its solver: ``lambda: live.solver``); None: ``solver`` always.
+    ``paths``: the worker whose learned paths (the probers' traced paths the service reads)
+    go to the solver before each solve, and from it to every worker (``lambda:
+    live.worker``, which makes no partials in a fleet: `FleetWorker.take_learned`)."""
 
     def __init__(
-        self, solver: FleetSolver, *, follow: Callable[[], FleetSolver] | None = None
+        self,
+        solver: FleetSolver,
+        *,
+        follow: Callable[[], FleetSolver] | None = None,
+        paths: Callable[[], FleetWorker] | None = None,
     ) -> None:
-        self._solver, self._follow = solver, follow
+        self._solver, self._follow, self._paths = solver, follow, paths
         self.added = dict.fromkeys(Added, 0)
 
     @property
@@ -77,5 +87,8 @@ class SolverCore:
         self.added[self.solver.add(Partial.decode(partial))] += 1
 
     def solve(self, window: int, now_ns: int) -> SolveResult:
-        """Judge ``window`` (`FleetSolver.solve`)."""
+        """Judge ``window`` (`FleetSolver.solve`), first handing it the paths learned
+        meanwhile (``paths``)."""
+        if self._paths is not None:
+            self.solver.learn(self._paths().take_learned())
         return self.solver.solve(window, now_ns)

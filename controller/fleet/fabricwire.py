@@ -8,7 +8,10 @@ the key and build their cores on it (docs/scale.md, "A learned fabric").
 
 - `encode_fabric` / `decode_fabric`: a version as it travels, the fabric's one description
   (`mesh.fabric.Fabric.to_dict`, the fabric files' JSON) behind a magic and the fabric's
-  fingerprint (`controller.fleet.partial.fabric_id`, the id partials carry), zlib'd;
+  fingerprint (`controller.fleet.partial.fabric_id`, the id partials carry), zlib'd with the
+  traced paths mapped onto it (`controller.pathmap.PathRows`: the path table one process
+  refills at a change, `controller.topology.relearn_live`; paths traced later reach the
+  workers in the solver's states, `controller.fleet.solver.FleetSolver.learn`);
 - `FabricPublisher` (the solver's side): which version is due to be published;
 - `FabricFollow` (a worker's side): the newest version taken, and which clock models may be
   installed on cores of it (models name no fabric: a version's models are those written
@@ -18,11 +21,15 @@ the key and build their cores on it (docs/scale.md, "A learned fabric").
 from __future__ import annotations
 
 import json
+import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from controller.fleet.codec import CodecError
 from controller.fleet.partial import fabric_id
+from controller.pathmap import PathRows
 from mesh.fabric import Fabric, FabricError
 
 FABRIC_KEY = "fabric"
@@ -30,17 +37,30 @@ FABRIC_KEY = "fabric"
 
 MAGIC = b"QPF1"
 _ID_LEN = 16
+_HEAD = struct.Struct("<III")  # fabric JSON bytes, path rows, hop width
+
+
+def no_paths() -> PathRows:
+    """Return no path rows."""
+    z = np.zeros(0, np.int64)
+    return PathRows(z, z.copy(), z.copy(), np.zeros((0, 0), np.int32))
 
 
 class FabricWireError(CodecError):
     """A payload that is not a fabric version this release reads (the reason in one line)."""
 
 
-def encode_fabric(fabric: Fabric) -> bytes:
+def encode_fabric(fabric: Fabric, paths: PathRows | None = None) -> bytes:
     """Return ``fabric`` as it is published: `MAGIC`, its `fabric_id` (16 ASCII characters)
-    and its `Fabric.to_dict` description as zlib'd JSON."""
+    and, zlib'd, its `Fabric.to_dict` description as JSON and ``paths`` (rows in its NIC
+    indices and hop ids; None: none) as little-endian columns."""
+    paths = paths if paths is not None else no_paths()
     body = json.dumps(fabric.to_dict(), separators=(",", ":"), sort_keys=True).encode()
-    return MAGIC + fabric_id(fabric).encode() + zlib.compress(body, 6)
+    hops = np.ascontiguousarray(paths.hops, "<i4")
+    n, width = (hops.shape[0], hops.shape[1]) if hops.ndim == 2 else (0, 0)
+    cols = [np.ascontiguousarray(c, "<i8").tobytes() for c in paths[:3]]
+    blob = _HEAD.pack(len(body), n, width) + body + b"".join(cols) + hops.tobytes()
+    return MAGIC + fabric_id(fabric).encode() + zlib.compress(blob, 6)
 
 
 def version_of(data: bytes) -> str:
@@ -54,18 +74,39 @@ def version_of(data: bytes) -> str:
         raise FabricWireError("fabric version: id is not ASCII") from None
 
 
-def decode_fabric(data: bytes) -> Fabric:
-    """Return the fabric of an encoded version; raise `FabricWireError` (one line) when it
-    is malformed, not a fabric, or not the fabric its id names."""
+@dataclass(frozen=True, eq=False)
+class FabricVersion:
+    """A decoded version: the ``fabric`` and the traced ``paths`` mapped onto it."""
+
+    fabric: Fabric
+    paths: PathRows = field(default_factory=no_paths)
+
+
+def decode_fabric(data: bytes) -> FabricVersion:
+    """Return the version ``data`` encodes; raise `FabricWireError` (one line) when it is
+    malformed, not a fabric, not the fabric its id names, or its paths do not fit it."""
     named = version_of(data)
     try:
-        doc = json.loads(zlib.decompress(data[len(MAGIC) + _ID_LEN :]))
-        fabric = Fabric.from_dict(doc)
-    except (zlib.error, ValueError, TypeError, AttributeError, FabricError) as exc:
-        raise FabricWireError(f"fabric version {named}: {exc}") from None
+        blob = zlib.decompress(data[len(MAGIC) + _ID_LEN :])
+        size, n, width = _HEAD.unpack_from(blob)
+        at = _HEAD.size + size
+        fabric = Fabric.from_dict(json.loads(blob[_HEAD.size : at]))
+        if len(blob) != at + n * (24 + 4 * width):
+            raise ValueError(f"paths of {len(blob) - at} bytes, not {n} rows of width {width}")
+        cols = [np.frombuffer(blob, "<i8", n, at + 8 * n * i).astype(np.int64) for i in range(3)]
+        hops = np.frombuffer(blob, "<i4", n * width, at + 24 * n).astype(np.int32)
+    except (zlib.error, struct.error, ValueError, TypeError, AttributeError, FabricError) as e:
+        raise FabricWireError(f"fabric version {named}: {e}") from None
     if fabric_id(fabric) != named:
         raise FabricWireError(f"fabric version {named}: its fabric is {fabric_id(fabric)}")
-    return fabric
+    paths = PathRows(cols[0], cols[1], cols[2], hops.reshape(n, width))
+    nics, n_hops = len(fabric.nics), fabric.n_hops
+    for c in paths[:2]:
+        if n and (c.min() < 0 or c.max() >= nics):
+            raise FabricWireError(f"fabric version {named}: a path's NIC is not in the fabric")
+    if n and (hops.min() < -1 or hops.max() >= n_hops):
+        raise FabricWireError(f"fabric version {named}: a path's hop is not in the fabric")
+    return FabricVersion(fabric, paths)
 
 
 class FabricPublisher:
@@ -82,14 +123,15 @@ class FabricPublisher:
         """Note the version the bucket holds (``data``; raises `FabricWireError`)."""
         self.id, self._last = version_of(data), None
 
-    def due(self, fabric: Fabric) -> bytes | None:
-        """Return ``fabric`` encoded if it is to be published (see the class doc)."""
+    def due(self, fabric: Fabric) -> bool:
+        """Return True if ``fabric`` is to be published (see the class doc; encode it with
+        its paths: `encode_fabric`)."""
         if fabric is self._last or not fabric.nics:
-            return None
+            return False
         if fabric_id(fabric) == self.id:
             self._last = fabric
-            return None
-        return encode_fabric(fabric)
+            return False
+        return True
 
     def published(self, fabric: Fabric) -> None:
         """Note that ``fabric`` is now the bucket's version."""
@@ -103,12 +145,13 @@ class FabricPublisher:
 
 @dataclass
 class FabricFollow:
-    """A worker's side: ``fabric`` (None until a version came), its ``id`` and the
-    bucket ``revision`` it was written at. Clock models written before that revision are
+    """A worker's side: ``fabric`` (None until a version came), the traced ``paths`` mapped
+    onto it, its ``id`` and the bucket ``revision`` it was written at. Clock models written before that revision are
     of an older fabric (the solver writes a version before any models solved on it), so
     they are not installed (`fits`)."""
 
     fabric: Fabric | None = None
+    paths: PathRows = field(default_factory=no_paths)
     id: str = ""
     revision: int = 0
 
@@ -118,7 +161,8 @@ class FabricFollow:
         that took over) changes nothing. Raises `FabricWireError` on a malformed version."""
         if version_of(data) == self.id:
             return False
-        self.fabric = decode_fabric(data)
+        version = decode_fabric(data)
+        self.fabric, self.paths = version.fabric, version.paths
         self.id, self.revision = fabric_id(self.fabric), revision
         return True
 
@@ -132,8 +176,10 @@ __all__ = [
     "FABRIC_KEY",
     "FabricFollow",
     "FabricPublisher",
+    "FabricVersion",
     "FabricWireError",
     "decode_fabric",
     "encode_fabric",
+    "no_paths",
     "version_of",
 ]

@@ -145,6 +145,7 @@ class FleetSolver:
         self._alive_at: dict[str, int] = {}  # since when each prober is alive, by host id
         self._last: FleetState | None = None
         self._learned: dict[tuple[int, int, int], tuple[I32, I32]] = {}
+        self._learned_here: list[LearnedPaths] = []  # `learn`ed, for the next state
         self.late_partials = 0
         self.stale_partials = 0
         self._owners = self.config.edge_owners
@@ -368,12 +369,25 @@ class FleetSolver:
                 np.zeros((0, self._width), np.int32),
                 np.zeros(0),
             )
-        learned = LearnedPaths.join([p.learned for p in parts if len(p.learned)], self._width)
+        learned = LearnedPaths.join(
+            [*(p.learned for p in parts if len(p.learned)), *self._learned_here], self._width
+        )
+        self._learned_here = []
         for i in range(len(learned)):
             key = (int(learned.src[i]), int(learned.dst[i]), int(learned.sport[i]))
             self._learned[key] = (learned.hops[i], learned.reply[i])
         since = self._last.window if self._last is not None else NONE
         return self._state(k, since, False, b_sig, b_hops, b_ns, learned)
+
+    def learn(self, paths: LearnedPaths) -> None:
+        """Take paths learned where the solver runs (the probers' traced paths, which the
+        controller service reads from MQTT): they go to every worker with the next judged
+        window's state, as paths in a worker's partial do. Raises ValueError on rows of
+        another width than this fabric's."""
+        if len(paths) and paths.hops.shape[1] != self._width:
+            raise ValueError(f"learned paths of width {paths.hops.shape[1]}, not {self._width}")
+        if len(paths):
+            self._learned_here.append(paths)
 
     def _state(
         self, k: int, since: int, full: bool, sig: I64, hops: I32, base: F64, learned: LearnedPaths

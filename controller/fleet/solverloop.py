@@ -43,9 +43,15 @@ from dataclasses import dataclass
 
 from controller.fleet.book import WindowBook
 from controller.fleet.cores import SolverCore, SolveResultLike
-from controller.fleet.fabricwire import FABRIC_KEY, FabricPublisher, FabricWireError
+from controller.fleet.fabricwire import (
+    FABRIC_KEY,
+    FabricPublisher,
+    FabricWireError,
+    encode_fabric,
+)
 from controller.fleet.partials import Assembler, PartialWireError
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, SOLVER_KEY, Plane
+from controller.pathmap import PathRows
 from mesh.fabric import Fabric
 from mqttlink.reconnect import Backoff, reconnect_loop
 from natslink.errors import LINK_ERRORS, NatsUnavailable
@@ -86,7 +92,8 @@ class SolverLoop:
     ns (windows, deadlines); ``mono``: monotonic s (the lease); ``solve_in_thread``: solve in
     a worker thread (False: on the loop, for a core the loop's other tasks touch too);
     ``fabric_of``: with a learned fabric, the fabric the core solves on now (published to
-    the workers, module doc); None: a declared fabric, which every process reads itself."""
+    the workers, module doc); None: a declared fabric, which every process reads itself;
+    ``paths_of(fabric)``: the traced paths mapped onto it, published with it (None: none)."""
 
     def __init__(
         self,
@@ -101,6 +108,7 @@ class SolverLoop:
         mono: Callable[[], float] = time.monotonic,
         solve_in_thread: bool = True,
         fabric_of: Callable[[], Fabric] | None = None,
+        paths_of: Callable[[Fabric], PathRows] | None = None,
     ) -> None:
         self.plane, self.settings, self.solver_id = plane, settings, solver_id
         self.solve_in_thread = solve_in_thread
@@ -113,7 +121,7 @@ class SolverLoop:
         self.takeovers = 0
         self.reopened = 0
         self.book: WindowBook | None = None
-        self.fabric_of = fabric_of
+        self.fabric_of, self.paths_of = fabric_of, paths_of
         self.publisher = FabricPublisher()
 
     async def run(self, *, max_attempts: int | None = None) -> None:
@@ -261,9 +269,9 @@ class SolverLoop:
         if self.fabric_of is None:
             return
         fabric = self.fabric_of()
-        data = self.publisher.due(fabric)
-        if data is None:
+        if not self.publisher.due(fabric):
             return
+        data = encode_fabric(fabric, self.paths_of(fabric) if self.paths_of else None)
         revision = await clocks.put(FABRIC_KEY, data)
         self.publisher.published(fabric)
         self.log(self.clock_ns(), "fabric published", fabric=self.publisher.id,
