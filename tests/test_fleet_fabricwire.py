@@ -109,6 +109,8 @@ def test_the_solver_publishes_each_new_fabric_once_and_never_an_empty_one() -> N
     assert not standby.due(learned) and standby.due(PLAN)
     with pytest.raises(FabricWireError):
         standby.seen(b"junk")
+    standby.refused(PLAN)  # over the servers' max_payload: not again, a later one is
+    assert not standby.due(PLAN) and standby.due(build_fabric(FabricShape(leaves=3)))
 
 
 def test_a_worker_follows_new_versions_and_installs_only_models_written_after_them() -> None:

@@ -118,6 +118,7 @@ class FabricPublisher:
     def __init__(self) -> None:
         self.id = ""  # the bucket's version ("" none)
         self._last: Fabric | None = None  # the fabric object last compared (identity)
+        self._refused: Fabric | None = None  # the last one the servers refused
 
     def seen(self, data: bytes) -> None:
         """Note the version the bucket holds (``data``; raises `FabricWireError`)."""
@@ -126,12 +127,17 @@ class FabricPublisher:
     def due(self, fabric: Fabric) -> bool:
         """Return True if ``fabric`` is to be published (see the class doc; encode it with
         its paths: `encode_fabric`)."""
-        if fabric is self._last or not fabric.nics:
+        if fabric is self._last or fabric is self._refused or not fabric.nics:
             return False
         if fabric_id(fabric) == self.id:
             self._last = fabric
             return False
         return True
+
+    def refused(self, fabric: Fabric) -> None:
+        """Note that the servers refused ``fabric`` (over their ``max_payload``): it is not
+        due again (retrying cannot help); a later fabric is."""
+        self._refused = fabric
 
     def published(self, fabric: Fabric) -> None:
         """Note that ``fabric`` is now the bucket's version."""

@@ -56,7 +56,7 @@ from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, SOLVER_KEY, Plane
 from controller.pathmap import PathRows
 from mesh.fabric import Fabric
 from mqttlink.reconnect import Backoff, reconnect_loop
-from natslink.errors import LINK_ERRORS, NatsUnavailable
+from natslink.errors import LINK_ERRORS, NatsRefused, NatsUnavailable
 from natslink.lease import LeaseClock, Leases
 from natslink.link import Link, connect
 from natslink.settings import NatsSettings
@@ -275,7 +275,12 @@ class SolverLoop:
         if not self.publisher.due(fabric):
             return
         data = encode_fabric(fabric, self.paths_of(fabric) if self.paths_of else None)
-        revision = await clocks.put(FABRIC_KEY, data)
+        try:
+            revision = await clocks.put(FABRIC_KEY, data)
+        except NatsRefused as exc:  # over max_payload: the workers keep their version
+            self.publisher.refused(fabric)
+            self.log(self.clock_ns(), "fabric refused", error=str(exc), bytes=len(data))
+            return
         self.publisher.published(fabric)
         self.log(self.clock_ns(), "fabric published", fabric=self.publisher.id,
                  nics=len(fabric.nics), links=len(fabric.links), revision=revision,
