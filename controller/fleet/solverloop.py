@@ -15,12 +15,12 @@
    its events on MQTT, feeds the API and the time series: `controller.service`).
 
 With a learned fabric (``fabric_of``: the fabric the core solves on now, which the service's
-learner replaces) the solver is the fleet's one learner: between fetches and before each
-solve (after reading the bucket's version when it became active), it publishes a version the bucket does
-not hold as ``fabric`` (`controller.fleet.fabricwire`); models solved on a fabric go out only
-once that fabric is the published one, so a worker knows them by revision. (Workers with no
-fabric commit nothing, so no window comes due: the version is also published between
-fetches, not only at solves.)
+learner replaces) the solver is the fleet's one learner: it publishes a version the bucket
+does not hold as ``fabric`` (`controller.fleet.fabricwire`), with the traced paths mapped
+onto it (``paths_of``), between fetches (workers with no fabric commit nothing, so no window
+comes due) and before each solve, after reading the bucket's version when it became active;
+models solved on a fabric go out only once that fabric is the published one, so a worker
+knows them by revision.
 
 A partial for a window already solved is late: counted (``late``) and dropped. A solver that
 restarts (or a standby that takes over) starts from ``solved + 1``: the partials of the
