@@ -139,9 +139,6 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     fleet = read_fleet(fl := root.table("fleet"), live.window_ns)
     if fleet is not None and nats is None:
         raise ConfigError(f"{fl.source}: fleet: needs a [nats] table (its servers)")
-    if fleet is not None and learn is not None:
-        raise ConfigError(f"{fl.source}: fleet: needs a declared fabric ([fabric] shape keys "
-                          "or file): the fleet's workers do not follow a learned fabric yet")  # fmt: skip
     key_file = read_action_key_file(root.table("auth"), base_dir)
     root.finish()
     return ServiceConfig(

@@ -52,6 +52,7 @@ from controller.live import LiveController
 from controller.openfindings import OpenFindings
 from controller.openfindings import load as load_findings
 from controller.openfindings import save as save_findings
+from controller.pathmap import PathRows, path_rows
 from controller.remediation.runtime import RemediationRuntime, action_event
 from controller.timeseries.lineproto import Point
 from controller.timeseries.runtime import Observability
@@ -564,6 +565,21 @@ async def _start_api(
     return api
 
 
+def _traced_on(
+    topology: TopologyLearner | None, live: LiveController
+) -> Callable[[Fabric], PathRows] | None:
+    """Return what maps the learner's traced paths onto a learned fabric (the fleet's
+    solver publishes them with it: `controller.fleet.fabricwire`); None without one."""
+    if topology is None:
+        return None
+    learner = topology
+
+    def traced_on(fabric: Fabric) -> PathRows:
+        return path_rows(fabric, learner.router_nodes, learner.traced(), live.max_hops)
+
+    return traced_on
+
+
 async def run_service(
     broker: Broker,
     config: ServiceConfig,
@@ -607,7 +623,10 @@ async def run_service(
     read from MQTT; `controller.fleet.solverloop.SolverLoop` (on ``config.nats``, lease id
     ``config.fleet.member``) solves the windows with the core ``fleet_core(live)`` (the live
     state's own `FleetSolver`, so host facts, the snapshot and the time series are the live
-    state's), and their events go out through the same ticker, remediation, API and log.
+    state's; with a learned fabric a core that follows ``live.solver``, which a change
+    replaces), and their events go out through the same ticker, remediation, API and log;
+    with a learned fabric the solver publishes each version to the workers
+    (`controller.fleet.fabricwire`).
     Raises ValueError if ``config.fleet`` is set without ``fleet_core`` or ``config.nats``.
     """
     topology = TopologyLearner(config.learn) if config.learn is not None else None
@@ -635,8 +654,10 @@ async def run_service(
         feed = FleetFeed()
         core = fleet_core(live)
         member = config.fleet.member or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
-        solver = SolverLoop(config.fleet.plane, config.nats, member, lambda: core,
-                            feed.add, log=log, clock_ns=clock, solve_in_thread=False)  # fmt: skip
+        learned = (lambda: live.fabric) if topology is not None else None
+        solver = SolverLoop(config.fleet.plane, config.nats, member, lambda: core, feed.add,
+                            log=log, clock_ns=clock, solve_in_thread=False, fabric_of=learned,
+                            paths_of=_traced_on(topology, live))  # fmt: skip
         sides.append(solver.run)
     xl = crosslayer or CrossLayer(live.fabric)  # signals in; anomaly, root_cause events out
     api = await _start_api(config, live, rem, obs, log, clock, xl)

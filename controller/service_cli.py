@@ -107,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, fleet=fleet)
 
         def fleet_core(live: LiveController) -> SolverCore:
-            return SolverCore(live.solver)
+            return SolverCore(live.solver, follow=lambda: live.solver, paths=lambda: live.worker)
 
     return _serve(args.log, lambda log: run_service(broker, config, log=log,
                                                    fleet_core=fleet_core))  # fmt: skip
@@ -116,6 +116,7 @@ def _run(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     from controller.config import ConfigError, load_config
     from controller.fleet.compose import worker_cores
+    from controller.fleet.fabricwire import FabricFollow
     from controller.fleet.workerloop import WorkerLoop
 
     config = load_config(Path(args.config))
@@ -123,8 +124,10 @@ def _worker(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.config}: a worker needs [fleet] and [nats] tables")
     plane, nats = config.fleet.plane, config.nats
     member = _member(config.fleet.member, args.id)
-    cores = worker_cores(config, plane)
-    return _serve(args.log, lambda log: WorkerLoop(plane, nats, member, cores, log=log).run())
+    follow = FabricFollow() if config.learn is not None else None  # the solver's versions
+    cores = worker_cores(config, plane, follow)
+    return _serve(args.log, lambda log: WorkerLoop(plane, nats, member, cores, log=log,
+                                                   fabric=follow).run())  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

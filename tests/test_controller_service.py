@@ -92,7 +92,7 @@ def test_config_validation(tmp_path: Path) -> None:
         ("[fabric]\nrouters = {'10.0.0.1' = 'a b'}\n", r"fabric\.routers\.10\.0\.0\.1: must be a"),
         ("[fabric]\nrelearn_s = -1\n", r"c\.toml: fabric\.relearn_s: must be 0\.\.3600"),
         ("[fabric]\nleaves = 2\nplan = 'p.json'\n", r"c\.toml: fabric\.plan: unknown key"),
-        ("[nats]\nservers = ['nats://a:1']\n[fleet]\npartitions = 4\n", r"fleet: needs a declared"),
+        ("[fleet]\npartitions = 4\n", r"c\.toml: fleet: needs a \[nats\] table"),
         ("[sync]\nmax_unc_ns = 0\n", r"c\.toml: sync\.max_unc_ns: must be a number of ns > 0"),
         ("[sync]\nmax_unc_ns = inf\n", r"c\.toml: sync\.max_unc_ns: must be"),
         ('[sync]\nmax_unc_ns = "1000"\n', r"c\.toml: sync\.max_unc_ns: must be"),

@@ -44,14 +44,17 @@ def test_fleet_tables(tmp_path: Path) -> None:
         ('[nats]\nservers = ["nats://a:1"]\n[fleet]\npartitions = 0\n', "fleet.partitions"),
         ('[nats]\nservers = ["nats://a:1"]\n[fleet]\ngrace_s = -1\n', "fleet.grace_s"),
         ('[nats]\nservers = ["nats://a:1"]\n[fleet]\nid = "a.b"\n', "fleet: invalid fleet id"),
-        (
-            '[nats]\nservers = ["nats://a:1"]\n[fleet]\npartitions = 4\n',
-            "fleet: needs a declared fabric",
-        ),
     ]:
-        f.write_text(text if "declared" in msg else fabric + text)
+        f.write_text(fabric + text)
         with pytest.raises(ConfigError, match=msg.replace("[", r"\[").replace("]", r"\]")):
             load_config(f)
+    # a learned fabric (no shape keys, no file), with a cabling plan: the fleet follows it
+    (tmp_path / "plan.json").write_text(json.dumps(build_fabric(FabricShape(leaves=2)).to_dict()))
+    f.write_text('[fabric]\nplan = "plan.json"\n[nats]\nservers = ["nats://a:1"]\n'
+                 "[fleet]\npartitions = 4\n")  # fmt: skip
+    learned = load_config(f)
+    assert learned.fleet is not None and learned.learn is not None
+    assert learned.learn.plan is not None and not learned.fabric.nics
 
 
 async def _publish(link: Link, subject: str, payload: bytes, msg_id: str) -> None:

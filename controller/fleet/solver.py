@@ -85,6 +85,7 @@ class Added(enum.Enum):
     DUPLICATE = "duplicate"  # the same worker's partial of that window came before
     LATE = "late"  # its window was solved already
     OVERLAP = "overlap"  # another worker's partial of the window covers one of its batches
+    STALE = "stale"  # of another fabric (a learned fabric changed since: its indices differ)
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,7 +145,9 @@ class FleetSolver:
         self._alive_at: dict[str, int] = {}  # since when each prober is alive, by host id
         self._last: FleetState | None = None
         self._learned: dict[tuple[int, int, int], tuple[I32, I32]] = {}
+        self._learned_here: list[LearnedPaths] = []  # `learn`ed, for the next state
         self.late_partials = 0
+        self.stale_partials = 0
         self._owners = self.config.edge_owners
         self._bounds = owner_bounds(n, self._owners) if self._owners else None
         self.edges: list[EdgeStage] | None = None
@@ -161,14 +164,18 @@ class FleetSolver:
         partial of the same worker and window is a duplicate (a redelivery: dropped), one of a
         judged window is late (dropped, counted in ``late_partials``), one that covers a batch
         another worker's partial of the window covers overlaps (dropped: counting it would
-        count that batch twice). Raises `PartialError` on a partial of another grid or fabric,
-        or whose indices do not fit this fabric."""
+        count that batch twice), one of another fabric is stale (dropped, counted in
+        ``stale_partials``: a learned fabric changed and its worker had not followed yet;
+        one process drops its open windows at a change too, `FleetWorker.refabric`). Raises
+        `PartialError` on a partial of another grid, or whose indices do not fit this
+        fabric."""
         if partial.grid_ns != self.config.grid.width_ns:
             raise PartialError(
                 f"partial on a grid of {partial.grid_ns} ns, not {self.config.grid.width_ns}"
             )
         if partial.fabric != self._fabric_id:
-            raise PartialError(f"partial of fabric {partial.fabric}, not {self._fabric_id}")
+            self.stale_partials += 1
+            return Added.STALE
         _check_fits(partial, self.fabric)
         if self._next is not None and partial.window < self._next:
             self.late_partials += 1
@@ -362,12 +369,25 @@ class FleetSolver:
                 np.zeros((0, self._width), np.int32),
                 np.zeros(0),
             )
-        learned = LearnedPaths.join([p.learned for p in parts if len(p.learned)], self._width)
+        learned = LearnedPaths.join(
+            [*(p.learned for p in parts if len(p.learned)), *self._learned_here], self._width
+        )
+        self._learned_here = []
         for i in range(len(learned)):
             key = (int(learned.src[i]), int(learned.dst[i]), int(learned.sport[i]))
             self._learned[key] = (learned.hops[i], learned.reply[i])
         since = self._last.window if self._last is not None else NONE
         return self._state(k, since, False, b_sig, b_hops, b_ns, learned)
+
+    def learn(self, paths: LearnedPaths) -> None:
+        """Take paths learned where the solver runs (the probers' traced paths, which the
+        controller service reads from MQTT): they go to every worker with the next judged
+        window's state, as paths in a worker's partial do. Raises ValueError on rows of
+        another width than this fabric's."""
+        if len(paths) and paths.hops.shape[1] != self._width:
+            raise ValueError(f"learned paths of width {paths.hops.shape[1]}, not {self._width}")
+        if len(paths):
+            self._learned_here.append(paths)
 
     def _state(
         self, k: int, since: int, full: bool, sig: I64, hops: I32, base: F64, learned: LearnedPaths

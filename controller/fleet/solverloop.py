@@ -14,6 +14,14 @@
    workers watch ``models``) and hand the result to ``on_result`` (the service publishes
    its events on MQTT, feeds the API and the time series: `controller.service`).
 
+With a learned fabric (``fabric_of``: the fabric the core solves on now, which the service's
+learner replaces) the solver is the fleet's one learner: it publishes a version the bucket
+does not hold as ``fabric`` (`controller.fleet.fabricwire`), with the traced paths mapped
+onto it (``paths_of``), between fetches (workers with no fabric commit nothing, so no window
+comes due) and before each solve, after reading the bucket's version when it became active;
+models solved on a fabric go out only once that fabric is the published one, so a worker
+knows them by revision.
+
 A partial for a window already solved is late: counted (``late``) and dropped. A solver that
 restarts (or a standby that takes over) starts from ``solved + 1``: the partials of the
 windows since are still in the stream (its max age), so it is whole again within one window.
@@ -37,10 +45,18 @@ from dataclasses import dataclass
 
 from controller.fleet.book import WindowBook
 from controller.fleet.cores import SolverCore, SolveResultLike
+from controller.fleet.fabricwire import (
+    FABRIC_KEY,
+    FabricPublisher,
+    FabricWireError,
+    encode_fabric,
+)
 from controller.fleet.partials import Assembler, PartialWireError
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, SOLVER_KEY, Plane
+from controller.pathmap import PathRows
+from mesh.fabric import Fabric
 from mqttlink.reconnect import Backoff, reconnect_loop
-from natslink.errors import LINK_ERRORS, NatsUnavailable
+from natslink.errors import LINK_ERRORS, NatsRefused, NatsUnavailable
 from natslink.lease import LeaseClock, Leases
 from natslink.link import Link, connect
 from natslink.settings import NatsSettings
@@ -76,7 +92,10 @@ class SolverLoop:
     """The solver ``solver_id``; ``make_core()`` gives the core each time it becomes
     active; ``on_result(window, result)`` gets every solve (on the loop). ``clock_ns``: UNIX
     ns (windows, deadlines); ``mono``: monotonic s (the lease); ``solve_in_thread``: solve in
-    a worker thread (False: on the loop, for a core the loop's other tasks touch too)."""
+    a worker thread (False: on the loop, for a core the loop's other tasks touch too);
+    ``fabric_of``: with a learned fabric, the fabric the core solves on now (published to
+    the workers, module doc); None: a declared fabric, which every process reads itself;
+    ``paths_of(fabric)``: the traced paths mapped onto it, published with it (None: none)."""
 
     def __init__(
         self,
@@ -90,6 +109,8 @@ class SolverLoop:
         clock_ns: Callable[[], int] = time.time_ns,
         mono: Callable[[], float] = time.monotonic,
         solve_in_thread: bool = True,
+        fabric_of: Callable[[], Fabric] | None = None,
+        paths_of: Callable[[Fabric], PathRows] | None = None,
     ) -> None:
         self.plane, self.settings, self.solver_id = plane, settings, solver_id
         self.solve_in_thread = solve_in_thread
@@ -102,6 +123,8 @@ class SolverLoop:
         self.takeovers = 0
         self.reopened = 0
         self.book: WindowBook | None = None
+        self.fabric_of, self.paths_of = fabric_of, paths_of
+        self.publisher = FabricPublisher()
 
     async def run(self, *, max_attempts: int | None = None) -> None:
         """Run until cancelled, reconnecting with backoff on link errors."""
@@ -153,6 +176,7 @@ class SolverLoop:
         start_ns = self.plane.window_end(first) - self.plane.window_ns
         reader = await self._open_reader(link, start_ns)
         self.log(self.clock_ns(), "solver active", solver=self.solver_id, from_window=first)
+        await self._fabric_seen(clocks)
         asm = Assembler()
         watch = ReaderWatch(self.plane.window_ns / 1e9, self.mono())
         try:
@@ -160,6 +184,7 @@ class SolverLoop:
                 await self.lease.renew()
                 if not self.lease.valid(SOLVER_KEY):
                     return
+                await self._publish_fabric(clocks)  # workers wait for it: not only at solves
                 got = await reader.fetch(self.plane.fetch_batch, READ_WAIT_S)
                 if got:
                     watch.delivered(got[-1].stream_seq, self.mono())
@@ -227,8 +252,47 @@ class SolverLoop:
                  from_seq=start_seq)  # fmt: skip
         return reader
 
+    # ---- a learned fabric ----------------------------------------------------------------
+
+    async def _fabric_seen(self, clocks: Bucket) -> None:
+        """On becoming active: note the bucket's fabric version (a predecessor's), so only
+        another one is published."""
+        self.publisher = FabricPublisher()
+        if self.fabric_of is None:
+            return
+        entry = await clocks.get(FABRIC_KEY)
+        if entry is not None and entry.value:
+            try:
+                self.publisher.seen(entry.value)
+            except FabricWireError as exc:  # not ours to read: ours replaces it
+                self.log(self.clock_ns(), "bad fabric version", error=str(exc))
+
+    async def _publish_fabric(self, clocks: Bucket) -> None:
+        """Publish the fabric the core solves on if the bucket does not hold it."""
+        if self.fabric_of is None:
+            return
+        fabric = self.fabric_of()
+        if not self.publisher.due(fabric):
+            return
+        data = encode_fabric(fabric, self.paths_of(fabric) if self.paths_of else None)
+        try:
+            revision = await clocks.put(FABRIC_KEY, data)
+        except NatsRefused as exc:  # over max_payload: the workers keep their version
+            self.publisher.refused(fabric)
+            self.log(self.clock_ns(), "fabric refused", error=str(exc), bytes=len(data))
+            return
+        self.publisher.published(fabric)
+        self.log(self.clock_ns(), "fabric published", fabric=self.publisher.id,
+                 nics=len(fabric.nics), links=len(fabric.links), revision=revision,
+                 bytes=len(data))  # fmt: skip
+
+    def _models_current(self) -> bool:
+        """Return True when models solved now belong to the published fabric."""
+        return self.fabric_of is None or self.publisher.current(self.fabric_of())
+
     async def _solve(self, core: SolverCore, clocks: Bucket, book: WindowBook, w: int) -> None:
         missing = self.plane.partitions - len(book.pending.get(w, ()))
+        await self._publish_fabric(clocks)
         now = self.clock_ns()
         if self.solve_in_thread:
             result = await asyncio.to_thread(core.solve, w, now)
@@ -236,7 +300,7 @@ class SolverLoop:
             result = core.solve(w, now)
         book.mark_solved(w)
         self.solves += 1
-        if result.clock:
+        if result.clock and self._models_current():
             await clocks.put(MODELS_KEY, result.clock)
         await clocks.put(SOLVED_KEY, str(w).encode())
         self.log(self.clock_ns(), "window solved", window=w, missing_partitions=missing,

@@ -221,6 +221,20 @@ class FleetWorker:
         if len(learned):
             self._learned.append(learned)
 
+    def know_paths(self, src: I64, dst: I64, sport: I64, hops: I32) -> None:
+        """Learn flows' forward hops (as `learn_paths`, replies mirrored) that every worker
+        knows already (a learned fabric's traced paths, published with it): they are not
+        sent to the solver again. Raises `controller.ingest.IngestError` on bad rows."""
+        self._apply_learned(_learned(src, dst, sport, hops, None, self.max_hops))
+
+    def take_learned(self) -> LearnedPaths:
+        """Return the paths learned since the last partial and forget them (they will not
+        travel in one): for a solver process, whose own worker makes no partials, to hand
+        them to its solver (`controller.fleet.solver.FleetSolver.learn`)."""
+        learned = LearnedPaths.join(self._learned, self.max_hops)
+        self._learned = []
+        return learned
+
     def _apply_learned(self, lp: LearnedPaths) -> None:
         if len(lp):
             self._ingestor.paths.update(lp.src, lp.dst, lp.sport, lp.hops)

@@ -29,7 +29,16 @@ One connection's lifetime (`WorkerLoop.run` reconnects through the project's one
    the commit ``partial:<p>:<window>``). A window with no partial gets an empty commit, so the
    solver knows it is complete. A batch is acked once every window that can hold its records
    (those up to its arrival's) is committed;
-4. clock models: the clock bucket's ``models`` key is watched and installed in every core.
+4. clock models: the clock bucket's ``models`` key is watched and installed in every core;
+5. a learned fabric (``fabric``: a `controller.fleet.fabricwire.FabricFollow`): the clock
+   bucket's ``fabric`` key (the solver's newest version) is watched as the models are. Until
+   a version came, an owned partition opens no consumer: its batches stay unacked in the
+   probe stream (its max age) instead of being refused on an empty fabric and acked. A new
+   version replaces each partition's core between two fetches by a fresh one on it
+   (``make_core``, as a new owner's: what the old core held in open windows is dropped, as
+   one process drops its open windows at a change), and models written before the version
+   are not installed on it (`FabricFollow.fits`; models that do not fit a core's size are
+   skipped and logged).
 
 Exactly once: each partition's window is committed once (the commit's message id). A new
 owner replays from the ack floor; a window it rebuilds that its predecessor had committed gets
@@ -54,8 +63,10 @@ from dataclasses import dataclass, field
 
 from controller.admission import Outcome
 from controller.fleet.cores import PartialLike, WorkerCore
+from controller.fleet.fabricwire import FABRIC_KEY, FabricFollow, FabricWireError
 from controller.fleet.partials import chunk_messages, commit_message
 from controller.fleet.plane import MODELS_KEY, Plane, partition_key
+from controller.fleet.state import StateError
 from controller.fleet.watermark import StreamClock
 from mqttlink.reconnect import Backoff, reconnect_loop
 from natslink.errors import LINK_ERRORS, NatsUnavailable
@@ -94,6 +105,7 @@ class PartitionState:
     next_window: int | None = None  # None: the core was never closed (its floor not set)
     held: dict[int, list[Delivery]] = field(default_factory=dict)
     models: bytes | None = None  # the clock models installed in ``core``
+    fabric: str = ""  # the learned fabric version ``core`` is on ("": the declared one)
 
 
 @dataclass
@@ -114,7 +126,8 @@ class WorkerLoop:
     """The worker ``worker_id``: owns partitions of ``plane`` on the servers of ``settings``;
     ``make_core(p)`` makes a fresh core for partition ``p`` (its partials name ``p``, not
     the worker: a partition's partial of a window is the same whoever builds it). ``clock_ns``: UNIX ns (windows);
-    ``mono``: monotonic s (leases)."""
+    ``mono``: monotonic s (leases); ``fabric``: a learned fabric's versions, taken from the
+    clock bucket (``make_core`` builds on the newest; None: a declared fabric)."""
 
     def __init__(
         self,
@@ -126,8 +139,11 @@ class WorkerLoop:
         log: Log,
         clock_ns: Callable[[], int] = time.time_ns,
         mono: Callable[[], float] = time.monotonic,
+        fabric: FabricFollow | None = None,
     ) -> None:
         self.plane, self.settings, self.worker_id = plane, settings, worker_id
+        self.fabric = fabric
+        self.models_revision = 0
         self.subjects = settings.subjects
         self.make_core, self.log, self.clock_ns, self.mono = make_core, log, clock_ns, mono
         self.leases = Leases(worker_id, LeaseClock(plane.lease_ttl_s), now=mono)
@@ -167,6 +183,8 @@ class WorkerLoop:
             connected()
             side = [asyncio.create_task(self._leases_loop(link, leases)),
                     asyncio.create_task(self._watch_models(link, clocks))]  # fmt: skip
+            if self.fabric is not None:
+                side.append(asyncio.create_task(self._watch_fabric(link, clocks, self.fabric)))
             try:
                 await _first_error(side, link)
             finally:
@@ -261,13 +279,73 @@ class WorkerLoop:
                 async for entry in clocks.watch(MODELS_KEY, timeout_s=self.settings.timeout_s):
                     if entry is not None and entry.value:
                         self.models = entry.value  # each partition installs it between steps
+                        self.models_revision = entry.revision
             except NatsUnavailable as exc:
                 self.log(self.clock_ns(), "models watch failed", error=str(exc))
                 await asyncio.sleep(self.leases.clock.renew_s)
 
+    # ---- a learned fabric ----------------------------------------------------------------
+
+    async def _watch_fabric(self, link: Link, clocks: Bucket, follow: FabricFollow) -> None:
+        """Take each fabric version the solver writes (``fabric`` in the clock bucket; the
+        newest first, so a worker that starts late builds on it); a failed watch is set up
+        again as the models' is. Raises `NatsUnavailable` once the connection is gone."""
+        while True:
+            link.check()
+            try:
+                async for entry in clocks.watch(FABRIC_KEY, timeout_s=self.settings.timeout_s):
+                    if entry is None or not entry.value:
+                        continue
+                    try:
+                        if follow.take(entry.value, entry.revision):
+                            fab = follow.fabric
+                            self.log(self.clock_ns(), "fabric followed", fabric=follow.id,
+                                     revision=entry.revision,
+                                     nics=len(fab.nics) if fab is not None else 0)  # fmt: skip
+                    except FabricWireError as exc:
+                        self.log(self.clock_ns(), "bad fabric version", error=str(exc))
+            except NatsUnavailable as exc:
+                self.log(self.clock_ns(), "fabric watch failed", error=str(exc))
+                await asyncio.sleep(self.leases.clock.renew_s)
+
+    async def _fabric_known(self, p: int) -> None:
+        """Return once a learned fabric's first version came (at once with a declared
+        fabric); meanwhile the partition opens nothing. Raises `_LeaseGone` when its lease
+        is lost while waiting."""
+        logged = False
+        while self.fabric is not None and self.fabric.fabric is None:
+            self._check_lease(p)
+            if not logged:
+                self.log(self.clock_ns(), "partition waits for a fabric", partition=p)
+                logged = True
+            await asyncio.sleep(FETCH_WAIT_S)
+
+    def _follow(self, p: int, st: PartitionState) -> None:
+        """Rebuild ``st``'s core on a new fabric version (module doc, step 5)."""
+        if self.fabric is None or st.fabric == self.fabric.id:
+            return
+        st.core, st.fabric, st.models = self.make_core(p), self.fabric.id, None
+        if st.next_window is not None:  # its floor where the old core's was (nothing to send)
+            st.core.close(self.plane.window_end(st.next_window - 1) + self.plane.grace_ns)
+        self.log(self.clock_ns(), "partition refabric", partition=p, fabric=st.fabric)
+
+    def _install(self, st: PartitionState) -> None:
+        """Install the newest clock models in ``st``'s core when they are new to it and (a
+        learned fabric) written after its version."""
+        if self.models is None or self.models is st.models:
+            return
+        if self.fabric is not None and not self.fabric.fits(self.models_revision):
+            return
+        try:
+            st.core.install_clock(self.models)  # never while close runs in its thread
+        except StateError as exc:  # of another fabric's size: the next models will fit
+            self.log(self.clock_ns(), "models skipped", error=str(exc))
+        st.models = self.models
+
     # ---- one partition -------------------------------------------------------------------
 
     async def _partition(self, link: Link, p: int) -> None:
+        await self._fabric_known(p)
         stream, durable = self.plane.probe_stream, f"part-{p}"
         subject = self.subjects.probes_partition(p)
         tick = self.subjects.probes_tick(p)
@@ -275,7 +353,8 @@ class WorkerLoop:
         start = await restart_from_ack_floor(link, stream, durable, subject, ack_wait_s=ack_wait)
         pull = await open_pull(link, stream, durable, subject, ack_wait_s=ack_wait)
         st = PartitionState(self.make_core(p),
-                            StreamClock(self.plane.grace_ns, self.plane.stream_gap_ns))  # fmt: skip
+                            StreamClock(self.plane.grace_ns, self.plane.stream_gap_ns),
+                            fabric=self.fabric.id if self.fabric is not None else "")  # fmt: skip
         before = await stored_at(link, stream, start - 1)  # the ack floor: a jump after it
         if before is not None:  # is an outage for this owner as it was for its predecessor
             st.clock.seed(before)
@@ -285,9 +364,8 @@ class WorkerLoop:
         try:
             while True:
                 self._check_lease(p)
-                if self.models is not None and self.models is not st.models:
-                    st.core.install_clock(self.models)  # never while close runs in its thread
-                    st.models = self.models
+                self._follow(p, st)
+                self._install(st)
                 got = await pull.fetch(self.plane.fetch_batch, FETCH_WAIT_S)
                 for d in got:
                     await self._advance(link, p, st, st.clock.at(d.stored_ns))
