@@ -1,6 +1,7 @@
 """``qpmesh controller``: run the controller service against an MQTT broker (with ``[fleet]``
 in its config: the fleet's solver); ``qpmesh controller worker``: one of the fleet's ingest
-workers on NATS JetStream (docs/scale.md)."""
+workers on NATS JetStream; ``qpmesh controller owner``: one of its edge owner processes
+(docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,15 @@ def _run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, fleet=fleet)
 
         def fleet_core(live: LiveController) -> SolverCore:
+            owners = fleet.plane.edge_owners
+            if owners:  # the clock work per edge is the owner processes' (docs/scale.md)
+                from controller.fleet.solver import FleetSolver
+
+                live.solver = FleetSolver(
+                    live.fabric, dataclasses.replace(live.fleet, edge_owners=owners),
+                    brain=live.solver.brain, solve_inline=live.solver.solve_inline,
+                    local_edges=False,
+                )  # fmt: skip
             return SolverCore(live.solver)
 
     return _serve(args.log, lambda log: run_service(broker, config, log=log,
@@ -125,6 +135,24 @@ def _worker(args: argparse.Namespace) -> int:
     member = _member(config.fleet.member, args.id)
     cores = worker_cores(config, plane)
     return _serve(args.log, lambda log: WorkerLoop(plane, nats, member, cores, log=log).run())
+
+
+def _owner(args: argparse.Namespace) -> int:
+    from controller.config import ConfigError, load_config
+    from controller.fleet.compose import owner_cores
+    from controller.fleet.ownerloop import OwnerLoop
+
+    config = load_config(Path(args.config))
+    if config.fleet is None or config.nats is None:
+        raise ConfigError(f"{args.config}: an edge owner needs [fleet] and [nats] tables")
+    plane, nats = config.fleet.plane, config.nats
+    if plane.edge_owners < 1:
+        raise ConfigError(f"{args.config}: an edge owner needs [fleet] edge_owners >= 1")
+    if not config.fabric.nics:
+        raise ConfigError(f"{args.config}: edge owners need a fixed [fabric] (not learned)")
+    member = _member(config.fleet.member, args.id)
+    cores = owner_cores(config, plane)
+    return _serve(args.log, lambda log: OwnerLoop(plane, nats, member, cores, log=log).run())
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -155,3 +183,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w.add_argument("--id", help="this worker's lease id (default [fleet] id, else HOSTNAME-PID)")
     w.add_argument("--log", help="append JSON-lines log here (default stderr)")
     w.set_defaults(func=_worker)
+    o = roles.add_parser(
+        "owner",
+        help="one of the fleet's edge owner processes (NATS JetStream, docs/scale.md)",
+        description="Hold [fleet] edge_owners indices through KV leases, fold each window's "
+        "kept clock pairs of their edges and send the solver one summary block per index "
+        "and solve window.",
+    )
+    o.add_argument("--config", required=True, help="TOML config with [nats] and [fleet]")
+    o.add_argument("--id", help="this owner's lease id (default [fleet] id, else HOSTNAME-PID)")
+    o.add_argument("--log", help="append JSON-lines log here (default stderr)")
+    o.set_defaults(func=_owner)

@@ -4,7 +4,8 @@
 (the grid and lateness of ``[fleet]``'s `Plane`, the ``[sync]`` and ``[thresholds]`` of the
 config): the workers' and the solver's windows, clock bins and thresholds agree.
 `worker_cores` makes a partition's `FleetWorker` (named ``p<partition>``: a partition's
-partial of a window is the same whoever builds it); `SolverCore` adapts a `FleetSolver` to
+partial of a window is the same whoever builds it); `owner_cores` an edge owner index's
+`OwnerCore`; `SolverCore` adapts a `FleetSolver` to
 the shell (partials arrive encoded).
 """
 
@@ -14,7 +15,9 @@ from collections.abc import Callable
 
 from controller.config import ServiceConfig
 from controller.fleet.config import FleetConfig
+from controller.fleet.edges import SummaryBlock
 from controller.fleet.grid import WindowGrid
+from controller.fleet.owner import OwnerCore
 from controller.fleet.partial import Partial
 from controller.fleet.plane import Plane
 from controller.fleet.solver import Added, FleetSolver, SolveResult
@@ -29,6 +32,7 @@ def core_config(config: ServiceConfig, plane: Plane) -> FleetConfig:
         sync=config.live.sync,
         detection=config.brain,
         baseline_bucket_ns=config.live.baseline_bucket_ns,
+        edge_owners=plane.edge_owners,
     )
 
 
@@ -44,13 +48,28 @@ def worker_cores(config: ServiceConfig, plane: Plane) -> Callable[[int], FleetWo
     return make
 
 
+def owner_cores(config: ServiceConfig, plane: Plane) -> Callable[[int, int | None], OwnerCore]:
+    """Return ``make_core(index, solved)`` for `controller.fleet.ownerloop.OwnerLoop` (the
+    fabric's NIC and host counts, the fleet's shared settings)."""
+    shared = core_config(config, plane)
+    n_nics, n_hosts = len(config.fabric.nics), len(config.fabric.hosts)
+
+    def make(index: int, solved: int | None) -> OwnerCore:
+        return OwnerCore(n_nics, n_hosts, shared, index, solved)
+
+    return make
+
+
 class SolverCore:
-    """A `FleetSolver` behind the shell's `controller.fleet.cores.SolverCore`: ``add``
-    decodes the partial; what `FleetSolver.add` made of each is counted in ``added``."""
+    """A `FleetSolver` behind the shell's `controller.fleet.cores.SolverCore` (and
+    `controller.fleet.cores.BlockSink`, for a solver with edge owners apart): ``add``
+    decodes the partial; what `FleetSolver.add` made of each is counted in ``added``, of each
+    summary block in ``blocks``."""
 
     def __init__(self, solver: FleetSolver) -> None:
         self.solver = solver
         self.added = dict.fromkeys(Added, 0)
+        self.blocks = dict.fromkeys(Added, 0)
 
     def add(self, partial: bytes) -> None:
         """Merge one encoded partial (raises `controller.fleet.partial.PartialError` on one
@@ -60,3 +79,17 @@ class SolverCore:
     def solve(self, window: int, now_ns: int) -> SolveResult:
         """Judge ``window`` (`FleetSolver.solve`)."""
         return self.solver.solve(window, now_ns)
+
+    def add_block(self, block: bytes) -> None:
+        """Take one encoded summary block (raises `controller.fleet.edges.BlockError` on a
+        malformed one, ValueError on one of an owner this solver does not have)."""
+        self.blocks[self.solver.add_block(SummaryBlock.decode(block))] += 1
+
+    def needs_blocks(self, window: int) -> bool:
+        """Return True when ``window`` is a solve window whose blocks come from owners apart
+        (`FleetSolver.needs_blocks`)."""
+        return self.solver.needs_blocks(window)
+
+    def blocks_in(self, window: int) -> int:
+        """Return how many owners' blocks of ``window`` are in."""
+        return self.solver.blocks_in(window)

@@ -14,6 +14,12 @@
    workers watch ``models``) and hand the result to ``on_result`` (the service publishes
    its events on MQTT, feeds the API and the time series: `controller.service`).
 
+With edge owners apart (``plane.edge_owners`` k >= 1, ``blocks``: the core's
+`controller.fleet.cores.BlockSink`) their summary blocks come in the same stream
+(`controller.fleet.ownerloop`); a solve window (``blocks.needs_blocks``) otherwise due waits
+for all k blocks, at most ``plane.edge_wait_ns``: then it is judged without a clock solve
+(counted in ``blocks_missing``), never solved on some of them.
+
 A partial for a window already solved is late: counted (``late``) and dropped. A solver that
 restarts (or a standby that takes over) starts from ``solved + 1``: the partials of the
 windows since are still in the stream (its max age), so it is whole again within one window.
@@ -32,11 +38,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from controller.fleet.book import WindowBook
-from controller.fleet.cores import SolverCore, SolveResultLike
+from controller.fleet.cores import BlockSink, SolverCore, SolveResultLike
+from controller.fleet.edges import BlockError
 from controller.fleet.partials import Assembler, PartialWireError
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, SOLVER_KEY, Plane
 from mqttlink.reconnect import Backoff, reconnect_loop
@@ -76,7 +83,8 @@ class SolverLoop:
     """The solver ``solver_id``; ``make_core()`` gives the core each time it becomes
     active; ``on_result(window, result)`` gets every solve (on the loop). ``clock_ns``: UNIX
     ns (windows, deadlines); ``mono``: monotonic s (the lease); ``solve_in_thread``: solve in
-    a worker thread (False: on the loop, for a core the loop's other tasks touch too)."""
+    a worker thread (False: on the loop, for a core the loop's other tasks touch too);
+    ``blocks``: where the edge owners' blocks go (with ``plane.edge_owners``)."""
 
     def __init__(
         self,
@@ -90,6 +98,7 @@ class SolverLoop:
         clock_ns: Callable[[], int] = time.time_ns,
         mono: Callable[[], float] = time.monotonic,
         solve_in_thread: bool = True,
+        blocks: BlockSink | None = None,
     ) -> None:
         self.plane, self.settings, self.solver_id = plane, settings, solver_id
         self.solve_in_thread = solve_in_thread
@@ -102,6 +111,9 @@ class SolverLoop:
         self.takeovers = 0
         self.reopened = 0
         self.book: WindowBook | None = None
+        self.blocks = blocks if plane.edge_owners else None
+        self.blocks_missing = 0
+        self._block_wait: dict[int, int] = {}  # solve window: since when it waits for blocks
 
     async def run(self, *, max_attempts: int | None = None) -> None:
         """Run until cancelled, reconnecting with backoff on link errors."""
@@ -153,7 +165,7 @@ class SolverLoop:
         start_ns = self.plane.window_end(first) - self.plane.window_ns
         reader = await self._open_reader(link, start_ns)
         self.log(self.clock_ns(), "solver active", solver=self.solver_id, from_window=first)
-        asm = Assembler()
+        asm, basm = Assembler(), Assembler()
         watch = ReaderWatch(self.plane.window_ns / 1e9, self.mono())
         try:
             while True:
@@ -166,6 +178,9 @@ class SolverLoop:
                 elif watch.stalled(self.mono()):
                     reader = await self._reopen(link, reader, watch.last_seq, start_ns)
                 for d in got:
+                    if self.blocks is not None and self.settings.subjects.is_block(d.subject):
+                        self._block(basm, d.headers, d.data)
+                        continue
                     try:
                         c = asm.feed(d.headers, d.data)
                     except PartialWireError as exc:
@@ -183,6 +198,8 @@ class SolverLoop:
                 for w in book.due(self.clock_ns()):
                     if not self.lease.valid(SOLVER_KEY):
                         return  # never publish for a lease no longer ours
+                    if not self._blocks_ready(w):
+                        break
                     await self._solve(core, clocks, book, w)
         finally:
             with contextlib.suppress(*LINK_ERRORS):
@@ -226,6 +243,36 @@ class SolverLoop:
         self.log(self.clock_ns(), "partial reader reopened", solver=self.solver_id,
                  from_seq=start_seq)  # fmt: skip
         return reader
+
+    def _block(self, basm: Assembler, headers: Mapping[str, str], data: bytes) -> None:
+        """Take one message of an edge owner's block (a chunk or its commit)."""
+        assert self.blocks is not None
+        try:
+            c = basm.feed(headers, data)
+            if c is not None:
+                self.blocks.add_block(c.body)
+        except (PartialWireError, BlockError, ValueError) as exc:
+            self.log(self.clock_ns(), "bad summary block", error=str(exc))
+
+    def _blocks_ready(self, w: int) -> bool:
+        """Return True when window ``w`` may be solved: no blocks needed, all in, or waited
+        for ``edge_wait_ns`` (then counted in ``blocks_missing``: judged without a clock
+        solve)."""
+        if self.blocks is None or not self.blocks.needs_blocks(w):
+            return True
+        have = self.blocks.blocks_in(w)
+        if have >= self.plane.edge_owners:
+            self._block_wait.pop(w, None)
+            return True
+        now = self.clock_ns()
+        since = self._block_wait.setdefault(w, now)
+        if now - since < self.plane.edge_wait_ns:
+            return False
+        del self._block_wait[w]
+        self.blocks_missing += 1
+        self.log(now, "summary blocks missing", window=w, have=have,
+                 owners=self.plane.edge_owners)  # fmt: skip
+        return True
 
     async def _solve(self, core: SolverCore, clocks: Bucket, book: WindowBook, w: int) -> None:
         missing = self.plane.partitions - len(book.pending.get(w, ()))
