@@ -35,6 +35,7 @@ from mesh.fabric import FabricShape, build_fabric
 from natslink.errors import NatsUnavailable
 from natslink.link import Link, connect
 from natslink.streams import ensure_bucket
+from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from tests.natscluster import Cluster, nats_cluster
 
@@ -146,7 +147,8 @@ async def test_workers_owners_and_solver_equal_one_process(
                 assert time.monotonic() < t_end, ("never started", names, loop.active)
                 await asyncio.sleep(0.2)
             await asyncio.sleep(3.0)  # the workers share the partitions
-            sim = Simulator(fab, SimConfig(peers=4, seed=7))
+            down = Fault(FaultKind.LINK_DOWN, "leaf0-spine0", 4.0, 5.0)  # findings to compare
+            sim = Simulator(fab, SimConfig(peers=4, seed=7), [down])
             shift = time.time_ns() - EPOCH_NS - 500_000_000  # the simulator's time: now
             t_end = time.monotonic() + RUN_S
             killed_at: int | None = None
@@ -196,6 +198,7 @@ async def test_workers_owners_and_solver_equal_one_process(
                    and d["t_ns"] > kill_ns for d in o2), ("no takeover", logs)  # fmt: skip
         print("owner killed after window", core.results[killed_at - 1].window,
               "solves after it", later)  # fmt: skip
+    assert any(r.events for r in mine), "no findings to compare"
     for got, want in zip(core.results, mine, strict=True):
         assert (got.window, got.solved) == (want.window, want.solved)
         assert (np.isnan(got.offsets_ns) == np.isnan(want.offsets_ns)).all(), got.window
