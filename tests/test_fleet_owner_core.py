@@ -1,14 +1,18 @@
 """The edge owner process's pure parts: `OwnerCore` (partials in, summary blocks out) joined in
 lock-step with two workers and a solver equals one process; a replaying owner that skips the
 solve windows already solved makes the same later blocks; blocks on the wire; the solver's
-bounded wait for a solve window's blocks."""
+bounded wait for a solve window's blocks; ``[fleet] edge_owners``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from contract.records import decode_batch
 from controller.brain import BrainConfig
+from controller.config import ConfigError, load_config
 from controller.fleet.config import FleetConfig
 from controller.fleet.edges import SummaryBlock
 from controller.fleet.grid import WindowGrid
@@ -22,6 +26,7 @@ from controller.fleet.solverloop import SolverLoop
 from controller.fleet.worker import FleetWorker
 from mesh.fabric import FabricShape, build_fabric
 from natslink.settings import NatsSettings
+from qpmesh.cli import main
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.ingest_traffic import host_batches
@@ -130,3 +135,23 @@ def test_a_solve_window_waits_for_its_blocks_at_most_edge_wait() -> None:
     assert loop._blocks_ready(2) and loop.blocks_missing == 1  # judged without the solve
     sink.have = 2
     assert loop._blocks_ready(4) and loop.blocks_missing == 1
+
+
+def test_edge_owners_in_the_fleet_table_and_the_owner_command_refuses_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "c.toml"
+    head = '[fabric]\nleaves = 2\n[nats]\nservers = ["nats://n1:4222"]\n[fleet]\n'
+    f.write_text(head + "edge_owners = 3\nedge_wait_s = 4.5\n")
+    plane = load_config(f).fleet.plane  # type: ignore[union-attr]
+    assert (plane.edge_owners, plane.edge_wait_ns) == (3, 4_500_000_000)
+    for text, key in [("edge_owners = -1\n", "fleet.edge_owners"),
+                      ("edge_owners = 2000\n", "fleet.edge_owners"),
+                      ("edge_wait_s = -1\n", "fleet.edge_wait_s")]:  # fmt: skip
+        f.write_text(head + text)
+        with pytest.raises(ConfigError, match=key):
+            load_config(f)
+    f.write_text(head + "partitions = 8\n")
+    assert main(["controller", "owner", "--config", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "edge_owners >= 1" in err

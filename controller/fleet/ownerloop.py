@@ -25,7 +25,9 @@ the project's one loop, `mqttlink.reconnect`, with ``[nats]``'s backoff):
    block);
 4. the clock bucket's ``models`` key is watched; each new value is installed in every core.
 
-No acks: the reader keeps its own place, and a new holder of an index replays. The solver
+No acks: the reader keeps its own place (reopened after its last delivery when it stays
+silent for two windows, as the solver's is: `ReaderWatch`; a reopen that fails ends the
+session, and the next one replays), and a new holder of an index replays. The solver
 waits for a solve window's K blocks at most ``edge_wait_ns`` (`SolverLoop`), so a takeover
 that replays longer than that costs the solves on the way (judged without a clock solve),
 never a wrong one.
@@ -47,6 +49,7 @@ from controller.fleet.owner import OwnerCore
 from controller.fleet.partial import Partial, PartialError
 from controller.fleet.partials import Assembler, PartialWireError, chunk_messages, commit_message
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, Plane, edge_key
+from controller.fleet.solverloop import ReaderWatch
 from controller.fleet.state import StateError
 from controller.fleet.workerloop import first_error
 from mqttlink.reconnect import Backoff, reconnect_loop
@@ -225,6 +228,9 @@ class OwnerLoop:
         self.log(self.clock_ns(), "edge owner replaying", index=k, solved=solved)
         asm = Assembler()
         caught_up = False
+        # every partition commits every window: a reader silent for two windows sits on a dead
+        # server (an ephemeral consumer lives on one): opened again after its last delivery
+        watch = ReaderWatch(2 * self.plane.window_ns / 1e9, self.mono())
         try:
             while True:
                 self._check(k)
@@ -235,6 +241,15 @@ class OwnerLoop:
                         self.log(self.clock_ns(), "bad clock models", error=str(exc))
                     installed = self.models
                 got = await reader.fetch(self.plane.fetch_batch, READ_WAIT_S)
+                if got:
+                    watch.delivered(got[-1].stream_seq, self.mono())
+                elif watch.stalled(self.mono()):
+                    with contextlib.suppress(*LINK_ERRORS):
+                        await reader.close()
+                    start = watch.last_seq + 1 if watch.last_seq is not None else 1
+                    reader = await open_reader(link, self.plane.partial_stream,
+                                               self.settings.subjects.partials_all(), start)  # fmt: skip
+                    self.log(self.clock_ns(), "partial reader reopened", index=k, from_seq=start)
                 caught_up = not got or got[-1].pending == 0
                 for d in got:
                     if self.settings.subjects.is_block(d.subject):

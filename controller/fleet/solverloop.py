@@ -156,6 +156,7 @@ class SolverLoop:
         """Solve while the lease holds; return when it is lost (raises link errors)."""
         self.active = True
         self.takeovers += 1
+        self._block_wait = {}
         core = self.make_core()
         solved_entry = await clocks.get(SOLVED_KEY)
         solved = int(solved_entry.value) if solved_entry is not None else None
