@@ -102,22 +102,13 @@ def _run(args: argparse.Namespace) -> int:
     broker = Broker(host, port, Topics(args.prefix))
     fleet_core = None
     if config.fleet is not None:  # the fleet's solver
-        from controller.fleet.compose import SolverCore
+        from controller.fleet.compose import SolverCore, service_core
 
         fleet = dataclasses.replace(config.fleet, member=_member(config.fleet.member, args.id))
         config = dataclasses.replace(config, fleet=fleet)
 
         def fleet_core(live: LiveController) -> SolverCore:
-            owners = fleet.plane.edge_owners
-            if owners:  # the clock work per edge is the owner processes' (docs/scale.md)
-                from controller.fleet.solver import FleetSolver
-
-                live.solver = FleetSolver(
-                    live.fabric, dataclasses.replace(live.fleet, edge_owners=owners),
-                    brain=live.solver.brain, solve_inline=live.solver.solve_inline,
-                    local_edges=False,
-                )  # fmt: skip
-            return SolverCore(live.solver)
+            return service_core(live, fleet.plane)
 
     return _serve(args.log, lambda log: run_service(broker, config, log=log,
                                                    fleet_core=fleet_core))  # fmt: skip

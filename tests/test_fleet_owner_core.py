@@ -13,6 +13,7 @@ import pytest
 from contract.records import decode_batch
 from controller.brain import BrainConfig
 from controller.config import ConfigError, load_config
+from controller.fleet.compose import service_core
 from controller.fleet.config import FleetConfig
 from controller.fleet.edges import SummaryBlock
 from controller.fleet.grid import WindowGrid
@@ -24,6 +25,7 @@ from controller.fleet.plane import Plane
 from controller.fleet.solver import Added, FleetSolver
 from controller.fleet.solverloop import SolverLoop
 from controller.fleet.worker import FleetWorker
+from controller.live import LiveController
 from mesh.fabric import FabricShape, build_fabric
 from natslink.settings import NatsSettings
 from qpmesh.cli import main
@@ -155,3 +157,16 @@ def test_edge_owners_in_the_fleet_table_and_the_owner_command_refuses_none(
     assert main(["controller", "owner", "--config", str(f)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "edge_owners >= 1" in err
+
+
+def test_the_service_solver_with_edge_owners_joins_their_blocks() -> None:
+    fab = build_fabric(FabricShape.for_nics(16))
+    live = LiveController(fab)
+    same, brain = live.solver, live.brain
+    assert service_core(live, Plane()).solver is same  # no owners: the live state's own
+    core = service_core(live, Plane(edge_owners=2))
+    assert core.solver is live.solver is not same and live.brain is brain
+    assert live.solver.edges is None and live.solver.config.edge_owners == 2
+    empty = SummaryBlock(1, 5, 0, 0, 0, False, None, np.zeros((0, 2), np.int64), np.zeros(0))
+    core.add_block(empty.encode())
+    assert core.blocks[Added.TAKEN] == 1 and core.blocks_in(5) == 1

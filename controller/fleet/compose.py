@@ -5,13 +5,16 @@
 config): the workers' and the solver's windows, clock bins and thresholds agree.
 `worker_cores` makes a partition's `FleetWorker` (named ``p<partition>``: a partition's
 partial of a window is the same whoever builds it); `owner_cores` an edge owner index's
-`OwnerCore`; `SolverCore` adapts a `FleetSolver` to
+`OwnerCore`; `service_core` the controller service's solver core (with edge owners: one that
+joins their blocks); `SolverCore` adapts a `FleetSolver` to
 the shell (partials arrive encoded).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from controller.config import ServiceConfig
 from controller.fleet.config import FleetConfig
@@ -22,6 +25,9 @@ from controller.fleet.partial import Partial
 from controller.fleet.plane import Plane
 from controller.fleet.solver import Added, FleetSolver, SolveResult
 from controller.fleet.worker import FleetWorker
+
+if TYPE_CHECKING:
+    from controller.live import LiveController
 
 
 def core_config(config: ServiceConfig, plane: Plane) -> FleetConfig:
@@ -93,3 +99,16 @@ class SolverCore:
     def blocks_in(self, window: int) -> int:
         """Return how many owners' blocks of ``window`` are in."""
         return self.solver.blocks_in(window)
+
+
+def service_core(live: LiveController, plane: Plane) -> SolverCore:
+    """Return the solver core of the controller service with ``[fleet]`` (`run_service`'s
+    ``fleet_core``): the live state's own `FleetSolver`, or with ``plane.edge_owners`` one
+    that leaves the clock work per edge to the owner processes (``local_edges`` off), put in
+    the live state's hands (its brain kept)."""
+    if plane.edge_owners:
+        live.solver = FleetSolver(
+            live.fabric, dataclasses.replace(live.fleet, edge_owners=plane.edge_owners),
+            brain=live.solver.brain, solve_inline=live.solver.solve_inline, local_edges=False,
+        )  # fmt: skip
+    return SolverCore(live.solver)
