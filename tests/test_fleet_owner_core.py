@@ -1,6 +1,7 @@
 """The edge owner process's pure parts: `OwnerCore` (partials in, summary blocks out) joined in
 lock-step with two workers and a solver equals one process; a replaying owner that skips the
-solve windows already solved makes the same later blocks; blocks on the wire; the solver's
+solve windows already solved makes the same later blocks (its warm-up bins where the
+fleet's are, also from a stream cut after the first rows); blocks on the wire; the solver's
 bounded wait for a solve window's blocks; ``[fleet] edge_owners``."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from controller.fleet.compose import service_core
 from controller.fleet.config import FleetConfig
 from controller.fleet.edges import SummaryBlock
 from controller.fleet.grid import WindowGrid
-from controller.fleet.owner import OwnerCore
+from controller.fleet.owner import OwnerCore, origin
 from controller.fleet.ownerloop import block_messages
 from controller.fleet.partial import Partial
 from controller.fleet.partials import Assembler
@@ -93,6 +94,17 @@ def test_owner_cores_apart_equal_one_process_and_a_replay_makes_the_same_blocks(
             replay.install(got.clock)
             assert replay.advance(top) == [] and replay.counts.skipped == solved
             assert not replay.add(history[0])  # a window advanced past
+            # a stream that no longer holds the first clock rows: the bins where they were,
+            # from the solver's published state
+            t0 = origin(got.clock, n, hosts)
+            assert t0 is not None and t0 == cores[1].stage.first_stamp
+            later = history[len(history) // 2 :]
+            for seed, same in ((t0, True), (None, False)):
+                cut = OwnerCore(n, hosts, cfg, 1, top, seed)
+                for p in later:
+                    cut.add(p)
+                cut.advance(top)
+                assert (cut.stage.first_stamp == t0) is same
             mark = len(blocks[1])
     assert solved >= 4 and events > 0
     assert replayed and replayed == blocks[1][mark:]  # the same bytes as the first holder's

@@ -20,7 +20,7 @@ from controller.config import ServiceConfig
 from controller.fleet.config import FleetConfig
 from controller.fleet.edges import SummaryBlock
 from controller.fleet.grid import WindowGrid
-from controller.fleet.owner import OwnerCore
+from controller.fleet.owner import OwnerCore, origin
 from controller.fleet.partial import Partial
 from controller.fleet.plane import Plane
 from controller.fleet.solver import Added, FleetSolver, SolveResult
@@ -54,14 +54,19 @@ def worker_cores(config: ServiceConfig, plane: Plane) -> Callable[[int], FleetWo
     return make
 
 
-def owner_cores(config: ServiceConfig, plane: Plane) -> Callable[[int, int | None], OwnerCore]:
-    """Return ``make_core(index, solved)`` for `controller.fleet.ownerloop.OwnerLoop` (the
-    fabric's NIC and host counts, the fleet's shared settings)."""
+def owner_cores(
+    config: ServiceConfig, plane: Plane
+) -> Callable[[int, int | None, bytes | None], OwnerCore]:
+    """Return ``make_core(index, solved, models)`` for `controller.fleet.ownerloop.OwnerLoop`
+    (the fabric's NIC and host counts, the fleet's shared settings; the first coded send of
+    the solver's ``models``, `controller.fleet.owner.origin`). Raises
+    `controller.fleet.state.StateError` on models of another fabric."""
     shared = core_config(config, plane)
     n_nics, n_hosts = len(config.fabric.nics), len(config.fabric.hosts)
 
-    def make(index: int, solved: int | None) -> OwnerCore:
-        return OwnerCore(n_nics, n_hosts, shared, index, solved)
+    def make(index: int, solved: int | None, models: bytes | None) -> OwnerCore:
+        t0 = origin(models, n_nics, n_hosts)
+        return OwnerCore(n_nics, n_hosts, shared, index, solved, t0)
 
     return make
 

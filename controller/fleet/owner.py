@@ -11,7 +11,9 @@ empty, as the solver judges it) and returns the `SummaryBlock` of each solve win
 installs the clock state the solver published (the clocks it re-solved after a move).
 
 ``skip_upto``: solve windows up to it are folded but not summarized (an owner replaying the
-stream after a takeover: the solver is past them). Not thread-safe.
+stream after a takeover: the solver is past them); ``first_stamp``: the fleet's first coded
+send from the solver's published state (`origin`), where the warm-up bins are, for an owner
+whose replay no longer starts at the fleet's first clock rows. Not thread-safe.
 """
 
 from __future__ import annotations
@@ -55,13 +57,19 @@ class OwnerCore:
     config.edge_owners."""
 
     def __init__(
-        self, n_nics: int, n_hosts: int, config: FleetConfig, owner: int, skip_upto: int | None
+        self,
+        n_nics: int,
+        n_hosts: int,
+        config: FleetConfig,
+        owner: int,
+        skip_upto: int | None,
+        first_stamp: int | None = None,
     ) -> None:
         if not 0 <= owner < config.edge_owners:
             raise ValueError(f"owner {owner} is not one of {config.edge_owners}")
         self.n_nics, self.n_hosts, self.config, self.owner = n_nics, n_hosts, config, owner
         self.bounds = owner_bounds(n_nics, config.edge_owners)
-        self.stage = EdgeStage(n_nics, config.sync, owner)
+        self.stage = EdgeStage(n_nics, config.sync, owner, first_stamp)
         self.skip_upto = skip_upto
         self.next: int | None = None  # the next window to fold
         self._pending: dict[int, _Window] = {}
@@ -112,3 +120,10 @@ class OwnerCore:
         `controller.fleet.state.FleetState`). Raises `controller.fleet.state.StateError` on
         a payload that is not one of this fabric."""
         self.stage.install(decode_state(models, self.n_nics, self.n_hosts).clock)
+
+
+def origin(models: bytes | None, n_nics: int, n_hosts: int) -> int | None:
+    """Return the fleet's first coded send in the solver's published ``models`` (None: no
+    models, or none yet). Raises `controller.fleet.state.StateError` on a payload that is not
+    a state of this fabric."""
+    return None if not models else decode_state(models, n_nics, n_hosts).first_stamp

@@ -13,7 +13,8 @@ the project's one loop, `mqttlink.reconnect`, with ``[nats]``'s backoff):
    once (its task cancelled, nothing of it published);
 3. per held index a task: a fresh `controller.fleet.owner.OwnerCore` told the last window the
    solver solved (``solved`` in the clock bucket: solve windows up to it are folded, not
-   summarized), an ephemeral reader of the partial stream **from its first message kept**
+   summarized) and the fleet's first coded send (in ``models``: where the warm-up bins are,
+   also when the stream no longer holds the first clock rows), an ephemeral reader of the partial stream **from its first message kept**
    (the owner's state is the selection of every window's pairs, with floor memory over past
    clock windows: rebuilt exactly by replaying what the stream keeps, `Plane.max_age_s`).
    Committed partials (`controller.fleet.partials.Assembler`) go to ``core.add`` and are
@@ -91,8 +92,9 @@ def block_messages(
 
 class OwnerLoop:
     """The owner process ``owner_id``: holds edge owner indices of ``plane`` on the servers
-    of ``settings``; ``make_core(k, solved)`` makes a fresh core for index ``k`` (``solved``:
-    the last window the solver solved, None: none). ``clock_ns``: UNIX ns (deadlines);
+    of ``settings``; ``make_core(k, solved, models)`` makes a fresh core for index ``k``
+    (``solved``: the last window the solver solved, None: none; ``models``: the solver's
+    published state, which has the fleet's first coded send). ``clock_ns``: UNIX ns (deadlines);
     ``mono``: monotonic s (leases)."""
 
     def __init__(
@@ -100,7 +102,7 @@ class OwnerLoop:
         plane: Plane,
         settings: NatsSettings,
         owner_id: str,
-        make_core: Callable[[int, int | None], OwnerCore],
+        make_core: Callable[[int, int | None, bytes | None], OwnerCore],
         *,
         log: Log,
         clock_ns: Callable[[], int] = time.time_ns,
@@ -220,7 +222,13 @@ class OwnerLoop:
     async def _index(self, link: Link, clocks: Bucket, k: int) -> None:
         entry = await clocks.get(SOLVED_KEY)
         solved = int(entry.value) if entry is not None else None
-        core = self.cores[k] = self.make_core(k, solved)
+        models = await clocks.get(MODELS_KEY)
+        try:
+            core = self.make_core(k, solved, models.value if models else None)
+        except StateError as exc:  # bins placed by the replay's first rows instead
+            self.log(self.clock_ns(), "bad clock models", error=str(exc))
+            core = self.make_core(k, solved, None)
+        self.cores[k] = core
         installed: bytes | None = None
         book = WindowBook(self.plane)
         reader = await open_reader(link, self.plane.partial_stream,
