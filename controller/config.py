@@ -139,6 +139,9 @@ def load_config(path: Path | None, base_dir: Path | None = None) -> ServiceConfi
     fleet = read_fleet(fl := root.table("fleet"), live.window_ns)
     if fleet is not None and nats is None:
         raise ConfigError(f"{fl.source}: fleet: needs a [nats] table (its servers)")
+    if fleet is not None and learn is not None and fleet.plane.edge_owners:
+        raise ConfigError(f"{fl.source}: fleet: edge_owners need a declared fabric ([fabric] "
+                          "shape keys or file): edge owners do not follow a learned one")  # fmt: skip
     key_file = read_action_key_file(root.table("auth"), base_dir)
     root.finish()
     return ServiceConfig(
@@ -169,8 +172,9 @@ def read_fleet(tab: Table, window_ns: int) -> FleetShellConfig | None:
     controller's tick, ``[controller] tick_s``: the fleet grid): ``partitions`` (equal to the
     servers' ``partition(n,1)`` mapping), ``grace_s`` (the workers' lateness),
     ``solver_wait_s``, ``lease_ttl_s``, ``replicas``, ``max_age_s``, ``max_bytes``,
-    ``duplicate_window_s``, ``chunk_bytes``, ``fetch_batch``, ``id`` (`controller.fleet.plane.
-    Plane`, docs/scale.md). Raises the table's error."""
+    ``duplicate_window_s``, ``chunk_bytes``, ``fetch_batch``, ``edge_owners`` (0..1024: the
+    edge owners, `controller.fleet.ownerloop`), ``edge_wait_s``, ``id``
+    (`controller.fleet.plane.Plane`, docs/scale.md). Raises the table's error."""
     if not tab.values:
         return None
     d = Plane()
@@ -199,6 +203,12 @@ def read_fleet(tab: Table, window_ns: int) -> FleetShellConfig | None:
         ),
         "fetch_batch": tab.get(
             "fetch_batch", int, d.fetch_batch, lambda v: v > 0, "an integer > 0"
+        ),
+        "edge_owners": tab.get(
+            "edge_owners", int, d.edge_owners, lambda v: 0 <= v <= 1024, "0..1024"
+        ),
+        "edge_wait_ns": _ns(
+            tab, "edge_wait_s", d.edge_wait_ns, lambda v: v >= 0, "a number of s >= 0"
         ),
     }
     member = tab.get("id", str, "")

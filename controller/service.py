@@ -42,7 +42,7 @@ from controller.config import ServiceConfig
 from controller.control import ControlChange
 from controller.crosslayer import CrossLayer, slowdowns, with_root_cause
 from controller.dispatch import JsonLog, apply_paths, handle_message, message_kind
-from controller.fleet.cores import SolverCore, SolveResultLike
+from controller.fleet.cores import FleetCore, SolveResultLike
 from controller.fleet.solverloop import SolverLoop
 from controller.jobs import JobRegistry
 from controller.keptpaths import MAX_AGE_NS, KeptPaths
@@ -590,7 +590,7 @@ async def run_service(
     observability: Observability | None = None,
     max_attempts: int | None = None,
     on_tick: Callable[[int], None] = _ignore,
-    fleet_core: Callable[[LiveController], SolverCore] | None = None,
+    fleet_core: Callable[[LiveController], FleetCore] | None = None,
     crosslayer: CrossLayer | None = None,
 ) -> LiveController:
     """Run until cancelled, reconnecting with exponential backoff on broker errors.
@@ -657,7 +657,7 @@ async def run_service(
         learned = (lambda: live.fabric) if topology is not None else None
         solver = SolverLoop(config.fleet.plane, config.nats, member, lambda: core, feed.add,
                             log=log, clock_ns=clock, solve_in_thread=False, fabric_of=learned,
-                            paths_of=_traced_on(topology, live))  # fmt: skip
+                            paths_of=_traced_on(topology, live), blocks=core)  # fmt: skip
         sides.append(solver.run)
     xl = crosslayer or CrossLayer(live.fabric)  # signals in; anomaly, root_cause events out
     api = await _start_api(config, live, rem, obs, log, clock, xl)

@@ -1,6 +1,7 @@
 """``qpmesh controller``: run the controller service against an MQTT broker (with ``[fleet]``
 in its config: the fleet's solver); ``qpmesh controller worker``: one of the fleet's ingest
-workers on NATS JetStream (docs/scale.md)."""
+workers on NATS JetStream; ``qpmesh controller owner``: one of its edge owner processes
+(docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -101,13 +102,13 @@ def _run(args: argparse.Namespace) -> int:
     broker = Broker(host, port, Topics(args.prefix))
     fleet_core = None
     if config.fleet is not None:  # the fleet's solver
-        from controller.fleet.compose import SolverCore
+        from controller.fleet.compose import SolverCore, service_core
 
         fleet = dataclasses.replace(config.fleet, member=_member(config.fleet.member, args.id))
         config = dataclasses.replace(config, fleet=fleet)
 
         def fleet_core(live: LiveController) -> SolverCore:
-            return SolverCore(live.solver, follow=lambda: live.solver, paths=lambda: live.worker)
+            return service_core(live, fleet.plane)
 
     return _serve(args.log, lambda log: run_service(broker, config, log=log,
                                                    fleet_core=fleet_core))  # fmt: skip
@@ -128,6 +129,22 @@ def _worker(args: argparse.Namespace) -> int:
     cores = worker_cores(config, plane, follow)
     return _serve(args.log, lambda log: WorkerLoop(plane, nats, member, cores, log=log,
                                                    fabric=follow).run())  # fmt: skip
+
+
+def _owner(args: argparse.Namespace) -> int:
+    from controller.config import ConfigError, load_config
+    from controller.fleet.compose import owner_cores
+    from controller.fleet.ownerloop import OwnerLoop
+
+    config = load_config(Path(args.config))
+    if config.fleet is None or config.nats is None:
+        raise ConfigError(f"{args.config}: an edge owner needs [fleet] and [nats] tables")
+    plane, nats = config.fleet.plane, config.nats
+    if plane.edge_owners < 1:
+        raise ConfigError(f"{args.config}: an edge owner needs [fleet] edge_owners >= 1")
+    member = _member(config.fleet.member, args.id)
+    cores = owner_cores(config, plane)
+    return _serve(args.log, lambda log: OwnerLoop(plane, nats, member, cores, log=log).run())
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -158,3 +175,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w.add_argument("--id", help="this worker's lease id (default [fleet] id, else HOSTNAME-PID)")
     w.add_argument("--log", help="append JSON-lines log here (default stderr)")
     w.set_defaults(func=_worker)
+    o = roles.add_parser(
+        "owner",
+        help="one of the fleet's edge owner processes (NATS JetStream, docs/scale.md)",
+        description="Hold [fleet] edge_owners indices through KV leases, fold each window's "
+        "kept clock pairs of their edges and send the solver one summary block per index "
+        "and solve window.",
+    )
+    o.add_argument("--config", required=True, help="TOML config with [nats] and [fleet]")
+    o.add_argument("--id", help="this owner's lease id (default [fleet] id, else HOSTNAME-PID)")
+    o.add_argument("--log", help="append JSON-lines log here (default stderr)")
+    o.set_defaults(func=_owner)

@@ -91,6 +91,18 @@ class Subjects:
             raise SubjectError(f"partition must be >= 0, got {partition}")
         return f"{self.prefix}.partials.{partition}"
 
+    def blocks(self, owner: int) -> str:
+        """Return the subject edge owner ``owner``'s summary blocks go to: in the partial
+        stream (``partials.e<owner>``), so the solver reads them in order with the
+        partials."""
+        if owner < 0:
+            raise SubjectError(f"owner must be >= 0, got {owner}")
+        return f"{self.prefix}.partials.e{owner}"
+
+    def is_block(self, subject: str) -> bool:
+        """Return True when ``subject`` is an edge owner's (`blocks`)."""
+        return subject.startswith(f"{self.prefix}.partials.e")
+
     def partials_all(self) -> str:
         """Return the filter of every partition's partials (the partial stream's)."""
         return f"{self.prefix}.partials.*"

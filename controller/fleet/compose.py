@@ -5,23 +5,31 @@
 config): the workers' and the solver's windows, clock bins and thresholds agree.
 `worker_cores` makes a partition's `FleetWorker` (named ``p<partition>``: a partition's
 partial of a window is the same whoever builds it), on the declared fabric or, with a learned
-one, on the newest version a `controller.fleet.fabricwire.FabricFollow` took; `SolverCore`
-adapts a `FleetSolver` to the shell (partials arrive encoded), also one that a learned
-fabric's change replaces (``follow``).
+one, on the newest version a `controller.fleet.fabricwire.FabricFollow` took; `owner_cores`
+an edge owner index's `OwnerCore`; `service_core` the controller service's solver core (with
+edge owners: one that joins their blocks); `SolverCore` adapts a `FleetSolver` to the shell
+(partials arrive encoded), also one that a learned fabric's change replaces (``follow``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from controller.config import ServiceConfig
 from controller.fleet.config import FleetConfig
+from controller.fleet.edges import SummaryBlock
 from controller.fleet.fabricwire import FabricFollow
 from controller.fleet.grid import WindowGrid
+from controller.fleet.owner import OwnerCore, origin
 from controller.fleet.partial import Partial
 from controller.fleet.plane import Plane
 from controller.fleet.solver import Added, FleetSolver, SolveResult
 from controller.fleet.worker import FleetWorker
+
+if TYPE_CHECKING:
+    from controller.live import LiveController
 
 
 def core_config(config: ServiceConfig, plane: Plane) -> FleetConfig:
@@ -32,6 +40,7 @@ def core_config(config: ServiceConfig, plane: Plane) -> FleetConfig:
         sync=config.live.sync,
         detection=config.brain,
         baseline_bucket_ns=config.live.baseline_bucket_ns,
+        edge_owners=plane.edge_owners,
     )
 
 
@@ -57,6 +66,23 @@ def worker_cores(
     return make
 
 
+def owner_cores(
+    config: ServiceConfig, plane: Plane
+) -> Callable[[int, int | None, bytes | None], OwnerCore]:
+    """Return ``make_core(index, solved, models)`` for `controller.fleet.ownerloop.OwnerLoop`
+    (the fabric's NIC and host counts, the fleet's shared settings; the first coded send of
+    the solver's ``models``, `controller.fleet.owner.origin`). Raises
+    `controller.fleet.state.StateError` on models of another fabric."""
+    shared = core_config(config, plane)
+    n_nics, n_hosts = len(config.fabric.nics), len(config.fabric.hosts)
+
+    def make(index: int, solved: int | None, models: bytes | None) -> OwnerCore:
+        t0 = origin(models, n_nics, n_hosts)
+        return OwnerCore(n_nics, n_hosts, shared, index, solved, t0)
+
+    return make
+
+
 class SolverCore:
     """A `FleetSolver` behind the shell's `controller.fleet.cores.SolverCore`: ``add``
     decodes the partial; what `FleetSolver.add` made of each is counted in ``added``.
@@ -64,7 +90,9 @@ class SolverCore:
     fabric changes replaces its solver: ``lambda: live.solver``); None: ``solver`` always.
     ``paths``: the worker whose learned paths (the probers' traced paths the service reads)
     go to the solver before each solve, and from it to every worker (``lambda:
-    live.worker``, which makes no partials in a fleet: `FleetWorker.take_learned`)."""
+    live.worker``, which makes no partials in a fleet: `FleetWorker.take_learned`). Also
+    the shell's `controller.fleet.cores.BlockSink`, for a solver with edge owners apart:
+    what `FleetSolver.add_block` made of each summary block is counted in ``blocks``."""
 
     def __init__(
         self,
@@ -75,6 +103,7 @@ class SolverCore:
     ) -> None:
         self._solver, self._follow, self._paths = solver, follow, paths
         self.added = dict.fromkeys(Added, 0)
+        self.blocks = dict.fromkeys(Added, 0)
 
     @property
     def solver(self) -> FleetSolver:
@@ -92,3 +121,33 @@ class SolverCore:
         if self._paths is not None:
             self.solver.learn(self._paths().take_learned())
         return self.solver.solve(window, now_ns)
+
+    def add_block(self, block: bytes) -> None:
+        """Take one encoded summary block (raises `controller.fleet.edges.BlockError` on a
+        malformed one, ValueError on one of an owner this solver does not have)."""
+        self.blocks[self.solver.add_block(SummaryBlock.decode(block))] += 1
+
+    def needs_blocks(self, window: int) -> bool:
+        """Return True when ``window`` is a solve window whose blocks come from owners apart
+        (`FleetSolver.needs_blocks`)."""
+        return self.solver.needs_blocks(window)
+
+    def blocks_in(self, window: int) -> int:
+        """Return how many owners' blocks of ``window`` are in."""
+        return self.solver.blocks_in(window)
+
+
+def service_core(live: LiveController, plane: Plane) -> SolverCore:
+    """Return the solver core of the controller service with ``[fleet]`` (`run_service`'s
+    ``fleet_core``): the live state's own `FleetSolver`, or with ``plane.edge_owners`` one
+    that leaves the clock work per edge to the owner processes (``local_edges`` off), put in
+    the live state's hands (its brain kept). The core follows the live state's solver (a
+    learned fabric's change replaces it; `controller.config` refuses edge owners on a learned
+    fabric, whose replaced solver would have none) and hands it the paths the service's
+    worker learned."""
+    if plane.edge_owners:
+        live.solver = FleetSolver(
+            live.fabric, dataclasses.replace(live.fleet, edge_owners=plane.edge_owners),
+            brain=live.solver.brain, solve_inline=live.solver.solve_inline, local_edges=False,
+        )  # fmt: skip
+    return SolverCore(live.solver, follow=lambda: live.solver, paths=lambda: live.worker)

@@ -59,3 +59,19 @@ class SolverCore(Protocol):
     def add(self, partial: bytes) -> None: ...
 
     def solve(self, window: int, now_ns: int) -> SolveResultLike: ...
+
+
+class BlockSink(Protocol):
+    """A solver core with edge owners apart (`controller.fleet.ownerloop`): takes their
+    encoded summary blocks, says which windows need them and how many are in."""
+
+    def add_block(self, block: bytes) -> None: ...
+
+    def needs_blocks(self, window: int) -> bool: ...
+
+    def blocks_in(self, window: int) -> int: ...
+
+
+class FleetCore(SolverCore, BlockSink, Protocol):
+    """The solver core the controller service runs (`controller.fleet.compose.SolverCore`):
+    partials, and with edge owners apart their blocks."""

@@ -241,8 +241,14 @@ class EdgeStage:
     """One edge owner (``owner`` of the fleet's): every worker's kept pairs of its edges, one
     `SummaryBlock` per solve window (module docstring). Not thread-safe."""
 
-    def __init__(self, n_nics: int, config: ClockSyncConfig, owner: int = 0) -> None:
+    def __init__(
+        self, n_nics: int, config: ClockSyncConfig, owner: int = 0, first_stamp: int | None = None
+    ) -> None:
+        """``first_stamp``: the fleet's first coded send when known already (an owner that
+        replays a stream no longer holding it: the solver's published state has it), where
+        the warm-up bins are; None: the first window with clock rows sets it."""
         self.n_nics, self.config, self.owner = n_nics, config, owner
+        self._seed = first_stamp
         self.clock: ClockSync | None = None  # made at the first window with clock rows
         self.first_window: int | None = None
         self._moves: list[MovedClocks] = []  # moves before the clock was made
@@ -262,7 +268,8 @@ class EdgeStage:
         ordered = sorted(inputs, key=lambda i: i.worker)
         firsts = [i.first for i in ordered if i.first is not None]
         if self.clock is None and firsts:
-            self.clock = ClockSync(self.n_nics, self.config, first_stamp=min(firsts),
+            t0 = min(firsts) if self._seed is None else self._seed
+            self.clock = ClockSync(self.n_nics, self.config, first_stamp=t0,
                                    floor_rank=WINNER_RANK)  # fmt: skip
             self.first_window = ordered[0].window
         self._moves += [i.moved for i in ordered if len(i.moved)]

@@ -32,7 +32,10 @@ class Plane:
     bucket; ``max_age_s``/``max_bytes``: the probe stream's replay buffer (the partial
     stream keeps ``max_age_s`` too); ``duplicate_window_s``: how long a message id is
     remembered (must cover a takeover's replay); ``chunk_bytes``: partials are sent in
-    chunks of at most this; ``fetch_batch``: messages per pull.
+    chunks of at most this; ``fetch_batch``: messages per pull; ``edge_owners``: 0, the
+    solver does the clock work per edge itself; k >= 1, k edge owners do
+    (`controller.fleet.ownerloop`); ``edge_wait_ns``: how long a solve window, otherwise
+    due, waits for the owners' summary blocks (then it is judged without a clock solve).
     """
 
     partitions: int = 8
@@ -46,6 +49,8 @@ class Plane:
     duplicate_window_s: float = 300.0
     chunk_bytes: int = 512 << 10
     fetch_batch: int = 256
+    edge_owners: int = 0
+    edge_wait_ns: int = 10_000_000_000
     probe_stream: str = "QPMESH_PROBES"
     partial_stream: str = "QPMESH_PARTIALS"
     lease_bucket: str = "qpmesh_leases"
@@ -60,6 +65,8 @@ class Plane:
             raise ValueError("duplicate_window_s must cover two windows and their grace")
         if not 1 << 10 <= self.chunk_bytes <= 8 << 20 or self.fetch_batch < 1:
             raise ValueError("chunk_bytes must be in 1 KiB..8 MiB, fetch_batch >= 1")
+        if not 0 <= self.edge_owners <= 1024 or self.edge_wait_ns < 0:
+            raise ValueError("edge_owners must be in 0..1024, edge_wait_s >= 0")
         StreamSpec(self.probe_stream, ("x",), self.replicas, self.max_age_s, self.max_bytes,
                    self.duplicate_window_s)  # fmt: skip
 
@@ -110,6 +117,11 @@ class Plane:
 def partition_key(partition: int) -> str:
     """Return the lease key of ``partition``."""
     return f"part.{partition}"
+
+
+def edge_key(owner: int) -> str:
+    """Return the lease key of edge owner ``owner`` (`controller.fleet.ownerloop`)."""
+    return f"edge.{owner}"
 
 
 SOLVER_KEY = "solver"

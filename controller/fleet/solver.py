@@ -202,6 +202,10 @@ class FleetSolver:
         have[block.owner] = block
         return Added.TAKEN
 
+    def blocks_in(self, window: int) -> int:
+        """Return how many edge owners' blocks of ``window`` are in (`add_block`)."""
+        return len(self._blocks.get(window, {}))
+
     def needs_blocks(self, window: int) -> bool:
         """Return True when ``window`` ends with a clock solve whose blocks come from edge
         owners outside this solver (known once the partials of the windows up to it are

@@ -21,6 +21,11 @@ onto it (``paths_of``), between fetches (workers with no fabric commit nothing, 
 comes due) and before each solve, after reading the bucket's version when it became active;
 models solved on a fabric go out only once that fabric is the published one, so a worker
 knows them by revision.
+With edge owners apart (``plane.edge_owners`` k >= 1, ``blocks``: the core's
+`controller.fleet.cores.BlockSink`) their summary blocks come in the same stream
+(`controller.fleet.ownerloop`); a solve window (``blocks.needs_blocks``) otherwise due waits
+for all k blocks, at most ``plane.edge_wait_ns``: then it is judged without a clock solve
+(counted in ``blocks_missing``), never solved on some of them.
 
 A partial for a window already solved is late: counted (``late``) and dropped. A solver that
 restarts (or a standby that takes over) starts from ``solved + 1``: the partials of the
@@ -40,11 +45,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from controller.fleet.book import WindowBook
-from controller.fleet.cores import SolverCore, SolveResultLike
+from controller.fleet.cores import BlockSink, SolverCore, SolveResultLike
+from controller.fleet.edges import BlockError
 from controller.fleet.fabricwire import (
     FABRIC_KEY,
     FabricPublisher,
@@ -95,7 +101,8 @@ class SolverLoop:
     a worker thread (False: on the loop, for a core the loop's other tasks touch too);
     ``fabric_of``: with a learned fabric, the fabric the core solves on now (published to
     the workers, module doc); None: a declared fabric, which every process reads itself;
-    ``paths_of(fabric)``: the traced paths mapped onto it, published with it (None: none)."""
+    ``paths_of(fabric)``: the traced paths mapped onto it, published with it (None: none);
+    ``blocks``: where the edge owners' blocks go (with ``plane.edge_owners``)."""
 
     def __init__(
         self,
@@ -111,6 +118,7 @@ class SolverLoop:
         solve_in_thread: bool = True,
         fabric_of: Callable[[], Fabric] | None = None,
         paths_of: Callable[[Fabric], PathRows] | None = None,
+        blocks: BlockSink | None = None,
     ) -> None:
         self.plane, self.settings, self.solver_id = plane, settings, solver_id
         self.solve_in_thread = solve_in_thread
@@ -125,6 +133,9 @@ class SolverLoop:
         self.book: WindowBook | None = None
         self.fabric_of, self.paths_of = fabric_of, paths_of
         self.publisher = FabricPublisher()
+        self.blocks = blocks if plane.edge_owners else None
+        self.blocks_missing = 0
+        self._block_wait: dict[int, int] = {}  # solve window: since when it waits for blocks
 
     async def run(self, *, max_attempts: int | None = None) -> None:
         """Run until cancelled, reconnecting with backoff on link errors."""
@@ -167,6 +178,7 @@ class SolverLoop:
         """Solve while the lease holds; return when it is lost (raises link errors)."""
         self.active = True
         self.takeovers += 1
+        self._block_wait = {}
         core = self.make_core()
         solved_entry = await clocks.get(SOLVED_KEY)
         solved = int(solved_entry.value) if solved_entry is not None else None
@@ -177,7 +189,7 @@ class SolverLoop:
         reader = await self._open_reader(link, start_ns)
         self.log(self.clock_ns(), "solver active", solver=self.solver_id, from_window=first)
         await self._fabric_seen(clocks)
-        asm = Assembler()
+        asm, basm = Assembler(), Assembler()
         watch = ReaderWatch(self.plane.window_ns / 1e9, self.mono())
         try:
             while True:
@@ -191,6 +203,9 @@ class SolverLoop:
                 elif watch.stalled(self.mono()):
                     reader = await self._reopen(link, reader, watch.last_seq, start_ns)
                 for d in got:
+                    if self.blocks is not None and self.settings.subjects.is_block(d.subject):
+                        self._block(basm, d.headers, d.data)
+                        continue
                     try:
                         c = asm.feed(d.headers, d.data)
                     except PartialWireError as exc:
@@ -208,6 +223,8 @@ class SolverLoop:
                 for w in book.due(self.clock_ns()):
                     if not self.lease.valid(SOLVER_KEY):
                         return  # never publish for a lease no longer ours
+                    if not self._blocks_ready(w):
+                        break
                     await self._solve(core, clocks, book, w)
         finally:
             with contextlib.suppress(*LINK_ERRORS):
@@ -289,6 +306,36 @@ class SolverLoop:
     def _models_current(self) -> bool:
         """Return True when models solved now belong to the published fabric."""
         return self.fabric_of is None or self.publisher.current(self.fabric_of())
+
+    def _block(self, basm: Assembler, headers: Mapping[str, str], data: bytes) -> None:
+        """Take one message of an edge owner's block (a chunk or its commit)."""
+        assert self.blocks is not None
+        try:
+            c = basm.feed(headers, data)
+            if c is not None:
+                self.blocks.add_block(c.body)
+        except (PartialWireError, BlockError, ValueError) as exc:
+            self.log(self.clock_ns(), "bad summary block", error=str(exc))
+
+    def _blocks_ready(self, w: int) -> bool:
+        """Return True when window ``w`` may be solved: no blocks needed, all in, or waited
+        for ``edge_wait_ns`` (then counted in ``blocks_missing``: judged without a clock
+        solve)."""
+        if self.blocks is None or not self.blocks.needs_blocks(w):
+            return True
+        have = self.blocks.blocks_in(w)
+        if have >= self.plane.edge_owners:
+            self._block_wait.pop(w, None)
+            return True
+        now = self.clock_ns()
+        since = self._block_wait.setdefault(w, now)
+        if now - since < self.plane.edge_wait_ns:
+            return False
+        del self._block_wait[w]
+        self.blocks_missing += 1
+        self.log(now, "summary blocks missing", window=w, have=have,
+                 owners=self.plane.edge_owners)  # fmt: skip
+        return True
 
     async def _solve(self, core: SolverCore, clocks: Bucket, book: WindowBook, w: int) -> None:
         missing = self.plane.partitions - len(book.pending.get(w, ()))

@@ -186,7 +186,7 @@ class WorkerLoop:
             if self.fabric is not None:
                 side.append(asyncio.create_task(self._watch_fabric(link, clocks, self.fabric)))
             try:
-                await _first_error(side, link)
+                await first_error(side, link)
             finally:
                 for t in side:
                     t.cancel()
@@ -436,7 +436,7 @@ class _LeaseGone(Exception):
     """This worker may no longer use partition ``p``'s lease (ends its task quietly)."""
 
 
-async def _first_error(tasks: list[asyncio.Task[None]], link: Link) -> None:
+async def first_error(tasks: list[asyncio.Task[None]], link: Link) -> None:
     """Wait until a task fails or the link is lost; raise that error. The link is also
     checked every `LINK_POLL_S`: nats-py marks a connection closed before it runs the
     callbacks that set ``link.lost``, and a close that stalls on a dead server's socket

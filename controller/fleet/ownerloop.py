@@ -1,0 +1,317 @@
+"""``qpmesh controller owner``: an edge owner process's shell on NATS JetStream.
+
+With ``[fleet] edge_owners = K`` the clock work per edge (folding each window's kept pairs,
+reducing a solve window's rows to a summary: `controller.fleet.edges`) runs in K owner
+indices instead of the solver. Any number of owner processes share them through leases, as
+workers share partitions. One connection's lifetime (`OwnerLoop.run` reconnects through
+the project's one loop, `mqttlink.reconnect`, with ``[nats]``'s backoff):
+
+1. set up the partial stream and the buckets of the `Plane` (idempotent);
+2. every lease tick: renew the ``edge.<k>`` leases held (`natslink.lease.Leases`), register
+   this process (``owner.<id>``, same TTL), claim free indices up to a fair share,
+   ``ceil(K / live owner processes)``, give back those above it. An index lost stops at
+   once (its task cancelled, nothing of it published);
+3. per held index a task: a fresh `controller.fleet.owner.OwnerCore` told the last window the
+   solver solved (``solved`` in the clock bucket: solve windows up to it are folded, not
+   summarized) and the fleet's first coded send (in ``models``: where the warm-up bins are,
+   also when the stream no longer holds the first clock rows), an ephemeral reader of the partial stream **from its first message kept**
+   (the owner's state is the selection of every window's pairs, with floor memory over past
+   clock windows: rebuilt exactly by replaying what the stream keeps, `Plane.max_age_s`).
+   Committed partials (`controller.fleet.partials.Assembler`) go to ``core.add`` and are
+   noted in a `WindowBook`; a window is folded when every partition committed it, or, once
+   the reader has caught up with the stream, when the solver's deadline rule makes it due
+   (`WindowBook.due`: the solver judges it then). Each solve window's block is published to
+   ``<prefix>.partials.e<k>`` (chunks and a commit, message ids ``block:<k>:<window>...``: a
+   second owner of index k rebuilding the same window gets a duplicate ack, the solver one
+   block);
+4. the clock bucket's ``models`` key is watched; each new value is installed in every core.
+
+No acks: the reader keeps its own place (reopened after its last delivery when it stays
+silent for two windows, as the solver's is: `ReaderWatch`; a reopen that fails ends the
+session, and the next one replays), and a new holder of an index replays. The solver
+waits for a solve window's K blocks at most ``edge_wait_ns`` (`SolverLoop`), so a takeover
+that replays longer than that costs the solves on the way (judged without a clock solve),
+never a wrong one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controller.fleet.book import WindowBook
+from controller.fleet.edges import SummaryBlock
+from controller.fleet.owner import OwnerCore
+from controller.fleet.partial import Partial, PartialError
+from controller.fleet.partials import Assembler, PartialWireError, chunk_messages, commit_message
+from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, Plane, edge_key
+from controller.fleet.solverloop import ReaderWatch
+from controller.fleet.state import StateError
+from controller.fleet.workerloop import first_error
+from mqttlink.reconnect import Backoff, reconnect_loop
+from natslink.errors import LINK_ERRORS
+from natslink.lease import LeaseClock, Leases
+from natslink.link import Link, connect
+from natslink.settings import NatsSettings
+from natslink.streams import Bucket, ensure_bucket, ensure_stream, open_reader
+from natslink.subjects import fnv1a32
+
+Log = Callable[..., None]
+READ_WAIT_S = 0.25
+
+
+@dataclass
+class OwnerStats:
+    """Counters of one owner process."""
+
+    claimed: int = 0
+    lost: int = 0
+    released: int = 0
+    blocks: int = 0
+    duplicate_blocks: int = 0
+    bad: int = 0
+    folded: dict[int, int] = field(default_factory=dict)  # index: its newest folded window
+
+
+def block_messages(
+    block: SummaryBlock, build: str, owner_id: str, chunk_bytes: int
+) -> list[tuple[str, bytes, dict[str, str]]]:
+    """Return (message id, payload, headers) of ``block``'s chunks and commit: the partials'
+    wire (`controller.fleet.partials`) with ids ``block:<owner>:<window>...``, so one block
+    per owner index and window counts."""
+    body = block.encode()
+    out = chunk_messages(block.owner, block.window, build, body, chunk_bytes)
+    out.append(commit_message(block.owner, block.window, build, len(out), owner_id, 0))
+    return [("block" + mid.removeprefix("partial"), data, hdr) for mid, data, hdr in out]
+
+
+class OwnerLoop:
+    """The owner process ``owner_id``: holds edge owner indices of ``plane`` on the servers
+    of ``settings``; ``make_core(k, solved, models)`` makes a fresh core for index ``k``
+    (``solved``: the last window the solver solved, None: none; ``models``: the solver's
+    published state, which has the fleet's first coded send). ``clock_ns``: UNIX ns (deadlines);
+    ``mono``: monotonic s (leases)."""
+
+    def __init__(
+        self,
+        plane: Plane,
+        settings: NatsSettings,
+        owner_id: str,
+        make_core: Callable[[int, int | None, bytes | None], OwnerCore],
+        *,
+        log: Log,
+        clock_ns: Callable[[], int] = time.time_ns,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if plane.edge_owners < 1:
+            raise ValueError("an owner process needs [fleet] edge_owners >= 1")
+        self.plane, self.settings, self.owner_id = plane, settings, owner_id
+        self.make_core, self.log, self.clock_ns, self.mono = make_core, log, clock_ns, mono
+        self.leases = Leases(owner_id, LeaseClock(plane.lease_ttl_s), now=mono)
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.cores: dict[int, OwnerCore] = {}
+        self.models: bytes | None = None
+        self.stats = OwnerStats()
+
+    def held(self) -> list[int]:
+        """Return the owner indices this process works on now."""
+        return sorted(self.tasks)
+
+    async def run(self, *, max_attempts: int | None = None) -> None:
+        """Run until cancelled, reconnecting with backoff on link errors."""
+
+        def on_error(exc: BaseException, delay_s: float) -> None:
+            self.log(self.clock_ns(), "nats error", error=str(exc), retry_in_s=round(delay_s, 3))
+
+        backoff = Backoff(self.settings.backoff_min_s, self.settings.backoff_max_s, jitter=0.2)
+        try:
+            await reconnect_loop(self._session, backoff, on_error=on_error,
+                                 max_attempts=max_attempts, errors=LINK_ERRORS)  # fmt: skip
+        finally:
+            await self._stop_all()
+
+    async def _session(self, connected: Callable[[], None]) -> None:
+        async with connect(self.settings, f"qpmesh-owner-{self.owner_id}") as link:
+            await ensure_stream(link, self.plane.partial_stream_spec(self.settings.subjects))
+            leases = await ensure_bucket(link, self.plane.lease_bucket_spec())
+            clocks = await ensure_bucket(link, self.plane.clock_bucket_spec())
+            if abs(leases.ttl_s - self.plane.lease_ttl_s) > 1e-6:
+                self.leases.clock = LeaseClock(leases.ttl_s)
+            self.leases.bind(leases)
+            self.log(self.clock_ns(), "connected", server=link.server, owner=self.owner_id)
+            connected()
+            side = [asyncio.create_task(self._leases_loop(link, leases, clocks)),
+                    asyncio.create_task(self._watch_models(link, clocks))]  # fmt: skip
+            try:
+                await first_error(side, link)
+            finally:
+                for t in side:
+                    t.cancel()
+                await asyncio.gather(*side, return_exceptions=True)
+                await self._stop_all()  # the next connection replays
+
+    # ---- leases --------------------------------------------------------------------------
+
+    async def _leases_loop(self, link: Link, bucket: Bucket, clocks: Bucket) -> None:
+        tick_s = self.leases.clock.renew_s / 2
+        k_all = self.plane.edge_owners
+        while True:
+            for key in await self.leases.renew():
+                self.stats.lost += 1
+                await self._stop(int(key.split(".")[1]), "lost")
+            for k, task in list(self.tasks.items()):
+                if task.done():  # its lease went, or its link failed: the session ends
+                    del self.tasks[k]
+                    self.cores.pop(k, None)
+                    exc = None if task.cancelled() else task.exception()
+                    if exc is not None and not isinstance(exc, _LeaseGone):
+                        raise exc
+            await bucket.put(f"owner.{self.owner_id}", b"1")
+            share = math.ceil(k_all / max(1, await bucket.count("owner.")))
+            held = sorted(int(key.split(".")[1]) for key in self.leases.held)
+            for k in held[share:]:
+                await self._stop(k, "released")
+                await self.leases.release(edge_key(k))
+                self.stats.released += 1
+            start = fnv1a32(self.owner_id.encode()) % k_all
+            for i in range(k_all):
+                if len(self.leases.held) >= share:
+                    break
+                k = (start + i) % k_all
+                if edge_key(k) not in self.leases.held and await self.leases.claim(edge_key(k)):
+                    self.stats.claimed += 1
+                    self.log(self.clock_ns(), "edge owner claimed", index=k)
+            for key in self.leases.held:
+                k = int(key.split(".")[1])
+                if k not in self.tasks:
+                    self.tasks[k] = asyncio.create_task(self._index(link, clocks, k))
+            await asyncio.sleep(tick_s)
+
+    async def _stop(self, k: int, why: str) -> None:
+        task = self.tasks.pop(k, None)
+        self.cores.pop(k, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self.log(self.clock_ns(), f"edge owner {why}", index=k)
+
+    async def _stop_all(self) -> None:
+        for k in list(self.tasks):
+            await self._stop(k, "stopped")
+
+    async def _watch_models(self, link: Link, clocks: Bucket) -> None:
+        """Keep ``models`` current (each index installs it between steps); a failed watch is
+        set up again after a pause, as the worker's is."""
+        while True:
+            link.check()
+            try:
+                async for entry in clocks.watch(MODELS_KEY, timeout_s=self.settings.timeout_s):
+                    if entry is not None and entry.value:
+                        self.models = entry.value
+            except LINK_ERRORS as exc:
+                self.log(self.clock_ns(), "models watch failed", error=str(exc))
+                await asyncio.sleep(self.leases.clock.renew_s)
+
+    # ---- one owner index -----------------------------------------------------------------
+
+    async def _index(self, link: Link, clocks: Bucket, k: int) -> None:
+        entry = await clocks.get(SOLVED_KEY)
+        solved = int(entry.value) if entry is not None else None
+        models = await clocks.get(MODELS_KEY)
+        try:
+            core = self.make_core(k, solved, models.value if models else None)
+        except StateError as exc:  # bins placed by the replay's first rows instead
+            self.log(self.clock_ns(), "bad clock models", error=str(exc))
+            core = self.make_core(k, solved, None)
+        self.cores[k] = core
+        installed: bytes | None = None
+        book = WindowBook(self.plane)
+        reader = await open_reader(link, self.plane.partial_stream,
+                                   self.settings.subjects.partials_all(), 1)  # fmt: skip
+        self.log(self.clock_ns(), "edge owner replaying", index=k, solved=solved)
+        asm = Assembler()
+        caught_up = False
+        # every partition commits every window: a reader silent for two windows sits on a dead
+        # server (an ephemeral consumer lives on one): opened again after its last delivery
+        watch = ReaderWatch(2 * self.plane.window_ns / 1e9, self.mono())
+        try:
+            while True:
+                self._check(k)
+                if self.models is not None and self.models is not installed:
+                    try:
+                        core.install(self.models)
+                    except StateError as exc:
+                        self.log(self.clock_ns(), "bad clock models", error=str(exc))
+                    installed = self.models
+                got = await reader.fetch(self.plane.fetch_batch, READ_WAIT_S)
+                if got:
+                    watch.delivered(got[-1].stream_seq, self.mono())
+                elif watch.stalled(self.mono()):
+                    with contextlib.suppress(*LINK_ERRORS):
+                        await reader.close()
+                    start = watch.last_seq + 1 if watch.last_seq is not None else 1
+                    reader = await open_reader(link, self.plane.partial_stream,
+                                               self.settings.subjects.partials_all(), start)  # fmt: skip
+                    self.log(self.clock_ns(), "partial reader reopened", index=k, from_seq=start)
+                caught_up = not got or got[-1].pending == 0
+                for d in got:
+                    if self.settings.subjects.is_block(d.subject):
+                        continue
+                    try:
+                        c = asm.feed(d.headers, d.data)
+                        if c is None or not book.add(c.window, c.partition, d.stored_ns):
+                            continue
+                        if c.body:
+                            core.add(Partial.decode(c.body))
+                    except (PartialWireError, PartialError) as exc:
+                        self.stats.bad += 1
+                        self.log(self.clock_ns(), "bad partial", seq=d.stream_seq, error=str(exc))
+                ready = book.due(self.clock_ns()) if caught_up else _complete(book)
+                if ready:
+                    w = ready[-1]
+                    blocks = await asyncio.to_thread(core.advance, w)
+                    book.mark_solved(w)
+                    self.stats.folded[k] = w
+                    for b in blocks:
+                        await self._publish(link, k, b)
+        finally:
+            with contextlib.suppress(*LINK_ERRORS):
+                await reader.close()
+
+    def _check(self, k: int) -> None:
+        if not self.leases.valid(edge_key(k)):
+            raise _LeaseGone(k)
+
+    async def _publish(self, link: Link, k: int, block: SummaryBlock) -> None:
+        build = uuid.uuid4().hex[:16]
+        subject = self.settings.subjects.blocks(k)
+        for mid, payload, hdr in block_messages(block, build, self.owner_id,
+                                                self.plane.chunk_bytes):  # fmt: skip
+            self._check(k)  # never publish for an index no longer ours
+            ack = await link.publish(subject, payload, msg_id=mid, headers=hdr)
+        self.stats.blocks += 1
+        self.stats.duplicate_blocks += ack.duplicate
+        self.log(self.clock_ns(), "summary block", index=k, window=block.window,
+                 rows=block.rows, duplicate=ack.duplicate)  # fmt: skip
+
+
+def _complete(book: WindowBook) -> list[int]:
+    """Return the lowest pending windows every partition committed, in order."""
+    out = []
+    for w in sorted(book.pending):
+        if not book.complete(w):
+            break
+        out.append(w)
+    return out
+
+
+class _LeaseGone(Exception):
+    """This process may no longer use edge owner index ``k``'s lease."""
+
+
+__all__ = ["OwnerLoop", "OwnerStats", "block_messages"]
