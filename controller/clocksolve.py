@@ -51,15 +51,13 @@ BLOCK_ROWS = 1 << 17  # rows reduced at a time into the summary (bounds the sort
 class ClockSyncConfig:
     """Window and solve cadence (ns), coded-pair tolerances, bins per window, ring bound (rows).
 
-    An owner that reports each solve's cost (the service: the CPU time of the thread that ran
-    it, `timed_solve`) gets solves as often as ``solve_budget`` of a core allows, between
-    ``min_solve_every_ns`` and ``solve_every_ns`` (once per window, 10 s: each sample solved
-    once): on a small fabric a solve takes milliseconds, and a model extrapolated 2 s instead
-    of 10-15 s stays within the clock-trust bounds (docs/controller.md, "Clock trust"); at
-    10,000 NICs it stays once per window. An owner that does not (solving inline: the
-    simulator, the benchmarks) solves every ``min_solve_every_ns``: clocks wander, and a
-    model extrapolated 10 s errs by hundreds of ns whatever its drift estimate
-    (`controller.clocksync.ClockSync.solve_period_ns`). Until the first window is full, a solve is also due whenever the data span has
+    The default solves once per window (10 s), so each sample is solved once: the solve's cost
+    is amortized over every probe of the window. An owner that reports each solve's cost
+    (the service: the CPU time of the thread that ran it, `timed_solve`) gets solves as often
+    as ``solve_budget`` of a core allows, down to ``min_solve_every_ns``: on a small fabric a
+    solve takes milliseconds, and a model extrapolated 2 s instead of 10-15 s stays within the
+    clock-trust bounds (docs/controller.md, "Clock trust"); at 10,000 NICs it stays once per
+    window. Until the first window is full, a solve is also due whenever the data span has
     doubled since the last one (warm-up: a model from the first 0.1 s would otherwise be
     extrapolated for a whole window). ``coded_tol_ns`` is the
     coded-pair tolerance of software stamps, ``coded_tol_hw_ns`` of hardware stamps (both as

@@ -11,7 +11,7 @@ record into `sync.summary` costs ~2.7 us per record (orientation, hull sorts) ag
 of ~1 us for the whole controller, and a bin's summary at live probe rates holds about as many
 points as the bin has records (docs/controller.md, "Clock sync").
 
-`ClockSync.maybe_solve(now_ns)` (when due: `ClockSync.solve_period_ns`) runs `controller.clocksolve` on the
+`ClockSync.maybe_solve(now_ns)` (every ``solve_every_ns``) runs `controller.clocksolve` on the
 rows of the last ``window_ns``: hardware-stamped windows are streamed into a bounded
 `sync.summary.Summary` and solved by `sync.summarysolve.sync_summary` (hull fits, drifts from
 the envelopes and lowest-RTT lines, receive-side correction), software-stamped ones by
@@ -381,16 +381,11 @@ class ClockSync:
         return now_ns - last >= self.solve_period_ns()
 
     def solve_period_ns(self) -> int:
-        """Return the time between solves: the solve cost / ``solve_budget`` clamped to
-        [``min_solve_every_ns``, ``solve_every_ns``]; ``min_solve_every_ns`` while no cost
-        was reported (an owner that solves inline, as the simulator and the benchmarks do,
-        and does not meter them). Clocks wander: a model extrapolated further than
-        ``min_solve_every_ns`` past its data errs by what the clock's frequency did since
-        (random-walk FM of q ppb/sqrt(s) alone: q * sqrt(tau^3 / 3) ns at tau s, which no
-        drift estimate removes), so only a reported cost over the budget stretches it."""
+        """Return the time between solves: ``solve_every_ns``, or with a reported solve cost
+        the cost / ``solve_budget``, clamped to [``min_solve_every_ns``, ``solve_every_ns``]."""
         cfg = self.config
         if self.solve_cost_ns is None:
-            return cfg.min_solve_every_ns
+            return cfg.solve_every_ns
         by_cost = round(self.solve_cost_ns / cfg.solve_budget)
         return min(cfg.solve_every_ns, max(cfg.min_solve_every_ns, by_cost))
 
@@ -895,11 +890,11 @@ def rebased_errors(err: F64, old: ClockState | None, new: ClockState) -> F64:
     median of that over NICs (the two solves' reference timescales differ by a common
     offset). NaN where either state does not know the NIC, or without an old state.
 
-    Clocks are solved every few seconds (they wander: `ClockSync.solve_period_ns`), so a
-    move often straddles a solve: a solve of the batches just after a step fits part of it,
-    and errors dropped at each solve left nothing to compare the next batch with (a 5 us
-    step at 20 s of a 32-NIC run went unseen between solves and raised a ``contention``
-    on its NIC link). Carried over, the move shows against the last error the NIC had."""
+    A solve every 2 s (the service's on a small fabric, `ClockSync.solve_period_ns`) often
+    comes between the batch that shows a step and the one that confirms it, or fits part
+    of the step; errors dropped at each solve left nothing to compare the next batch with
+    (a 5 us step at 20 s of a 32-NIC run went unseen and raised a ``contention`` on its NIC
+    link). Carried over, the move shows against the last error the NIC had."""
     n = len(new.models)
     if old is None or len(old.models) != n or len(err) != n:
         return np.full(n, np.nan)
