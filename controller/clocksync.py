@@ -472,8 +472,8 @@ class ClockSync:
             at = np.maximum(self.stepped_at[state.stepped], state.step_at_ns)
             self.stepped_at[state.stepped] = at
         self.stepped_at[self._resolved(state, self.stepped_at)] = _NO_STEP
-        self._last_err = np.full(self.n_nics, np.nan)  # the new models' errors are new
-        self._suspect[:] = False
+        self._last_err = rebased_errors(self._last_err, old, state)
+        self._suspect &= self.stepped_at == _NO_STEP  # a suspect the solve found stepped
         self.miss_ns, self.drift_err = solve_miss(old, state)
         if state.span_ns < self.config.min_span_ns:
             self.drift_err = np.full(self.n_nics, np.inf)  # one instant: drift unobservable
@@ -518,8 +518,8 @@ class ClockSync:
         if state is not None and (old is None or state.solved_at_ns != old.solved_at_ns):
             # a new solve (a fleet worker is handed the same one, decoded anew, each window)
             done |= found & self._resolved(state, self.found_at)
-            self._last_err = np.full(self.n_nics, np.nan)  # the new models' errors are new
-            self._suspect[:] = False
+            self._last_err = rebased_errors(self._last_err, old, state)
+            self._suspect &= self.stepped_at == _NO_STEP  # a suspect its solver found moved
         self.found_at[done] = _NO_STEP
         self.state = state
         self.miss_ns, self.drift_err = trust.miss_ns, trust.drift_err
@@ -618,8 +618,9 @@ class ClockSync:
         (`controller.clocksteps`, on the probes near their pairs' remembered floors, beyond the
         clocks' uncertainty at the batch's time ``rel`` from t_ref): suspect at once (their
         delays withheld), moved from the first suspect batch's first stamp on once the next
-        batch that measures them confirms it. Not while the models are from a warm-up solve
-        (less than ``min_span_ns`` of data)."""
+        batch that measures them confirms it (errors and suspects are carried over a new
+        solve, `rebased_errors`). Not while the models are from a warm-up solve (less than
+        ``min_span_ns`` of data)."""
         st = self.state
         if not len(ing) or st is None or not np.isfinite(rel).any():
             return
@@ -880,6 +881,33 @@ def solve_miss(old: ClockState | None, new: ClockState) -> tuple[F64, F64]:
     miss = np.abs(d - np.median(d[ok]))
     dist = max(abs(float(new.end_ns - old.models.t_ref_ns)), 1.0)
     return miss, np.where(ok, miss / dist, np.inf)
+
+
+def rebased_errors(err: F64, old: ClockState | None, new: ClockState) -> F64:
+    """Return the per-NIC clock errors ``err`` (`controller.clocksteps.clock_errors`, + :
+    ahead, measured against ``old``'s models) as ``new``'s models would have measured them:
+    plus what ``old`` put each clock ahead of ``new`` at ``new``'s latest samples, less the
+    median of that over NICs (the two solves' reference timescales differ by a common
+    offset). NaN where either state does not know the NIC, or without an old state.
+
+    A solve every 2 s (the service's on a small fabric, `ClockSync.solve_period_ns`) often
+    comes between the batch that shows a step and the one that confirms it, or fits part
+    of the step; errors dropped at each solve left nothing to compare the next batch with
+    (a 5 us step at 20 s of a 32-NIC run went unseen and raised a ``contention`` on its NIC
+    link). Carried over, the move shows against the last error the NIC had."""
+    n = len(new.models)
+    if old is None or len(old.models) != n or len(err) != n:
+        return np.full(n, np.nan)
+    at = float(new.end_ns)
+    om, nm = old.models, new.models
+    d = (om.offset_ns + om.drift * (at - om.t_ref_ns)) - (
+        nm.offset_ns + nm.drift * (at - nm.t_ref_ns)
+    )
+    ok = np.isfinite(d)
+    if not ok.any():
+        return np.full(n, np.nan)
+    out: F64 = err + (d - np.median(d[ok]))
+    return out
 
 
 def trust_horizon(models: ClockModels, drift_err: F64, max_unc_ns: float) -> F64:
