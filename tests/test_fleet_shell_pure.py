@@ -149,3 +149,36 @@ def test_a_reopened_reader_that_times_out_is_tried_again_with_backoff(
     assert str(got) == "reader" and loop.reopened == 1
     assert calls == [(42, None)] * 3  # just after the last delivered, every time
     assert len(slept) == 2 and 0.08 <= slept[0] <= 0.1 and 0.16 <= slept[1] <= 0.2
+
+
+def test_a_partial_the_core_refuses_is_counted_not_fatal() -> None:
+    """A committed partial the core cannot take (another grid or fabric, a corrupt body:
+    `PartialError`) is logged and counted in ``bad``; the session goes on with the next
+    message (before, the error ended the solver's session)."""
+    from controller.fleet import solverloop
+    from controller.fleet.partial import PartialError
+    from natslink.settings import NatsSettings
+    from natslink.streams import Delivery
+
+    plane = Plane()
+    taken: list[bytes] = []
+
+    class Core:
+        def add(self, body: bytes) -> None:
+            if body == b"other grid":
+                raise PartialError("a partial of another grid")
+            taken.append(body)
+
+    logged: list[str] = []
+    loop = solverloop.SolverLoop(plane, NatsSettings(), "s1", lambda: None, lambda w, r: None,  # type: ignore[arg-type,return-value]
+                                 log=lambda t, what, **k: logged.append(what))  # fmt: skip
+    book, asm = WindowBook(plane), Assembler()
+    window = plane.window_of(10**18)
+    for partition, body in ((0, b"other grid"), (1, b"fine")):
+        msgs = chunk_messages(partition, window, "b1", body, 1024)
+        msgs.append(commit_message(partition, window, "b1", len(msgs), "w1", 1))
+        for seq, (_, data, hdr) in enumerate(msgs):
+            d = Delivery("qpmesh.v1.partials.0", data, hdr, seq, 10**18, 0, False, None)  # type: ignore[arg-type]
+            loop._take(Core(), book, asm, d)  # type: ignore[arg-type]
+    assert loop.bad == 1 and logged == ["bad partial"] and taken == [b"fine"]
+    assert book.pending[window] == {0, 1}  # the refused one's partition counts as committed

@@ -57,6 +57,7 @@ from controller.fleet.fabricwire import (
     FabricWireError,
     encode_fabric,
 )
+from controller.fleet.partial import PartialError
 from controller.fleet.partials import Assembler, PartialWireError
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, SOLVER_KEY, Plane
 from controller.pathmap import PathRows
@@ -66,7 +67,7 @@ from natslink.errors import LINK_ERRORS, NatsRefused, NatsUnavailable
 from natslink.lease import LeaseClock, Leases
 from natslink.link import Link, connect
 from natslink.settings import NatsSettings
-from natslink.streams import Bucket, Pull, ensure_bucket, ensure_stream, open_reader
+from natslink.streams import Bucket, Delivery, Pull, ensure_bucket, ensure_stream, open_reader
 
 Log = Callable[..., None]
 READ_WAIT_S = 0.25
@@ -130,6 +131,7 @@ class SolverLoop:
         self.solves = 0
         self.takeovers = 0
         self.reopened = 0
+        self.bad = 0  # partials the wire or the core refused
         self.book: WindowBook | None = None
         self.fabric_of, self.paths_of = fabric_of, paths_of
         self.publisher = FabricPublisher()
@@ -205,21 +207,8 @@ class SolverLoop:
                 for d in got:
                     if self.blocks is not None and self.settings.subjects.is_block(d.subject):
                         self._block(basm, d.headers, d.data)
-                        continue
-                    try:
-                        c = asm.feed(d.headers, d.data)
-                    except PartialWireError as exc:
-                        self.log(self.clock_ns(), "bad partial", seq=d.stream_seq, error=str(exc))
-                        continue
-                    if c is None:
-                        continue
-                    if book.add(c.window, c.partition, d.stored_ns):
-                        if c.body:
-                            core.add(c.body)
                     else:
-                        self.late += 1
-                        self.log(self.clock_ns(), "late partial", window=c.window,
-                                 partition=c.partition, worker=c.worker)  # fmt: skip
+                        self._take(core, book, asm, d)
                 for w in book.due(self.clock_ns()):
                     if not self.lease.valid(SOLVER_KEY):
                         return  # never publish for a lease no longer ours
@@ -306,6 +295,26 @@ class SolverLoop:
     def _models_current(self) -> bool:
         """Return True when models solved now belong to the published fabric."""
         return self.fabric_of is None or self.publisher.current(self.fabric_of())
+
+    def _take(self, core: SolverCore, book: WindowBook, asm: Assembler, d: Delivery) -> None:
+        """Take one message of a worker's partial (a chunk or its commit): a committed one
+        goes to the core unless its window was solved (``late``); one the wire or the core
+        refuses (malformed, another grid or fabric) is logged and counted in ``bad``, its
+        window's partition taken as committed (its worker will not send it again)."""
+        try:
+            c = asm.feed(d.headers, d.data)
+            if c is None:
+                return
+            if not book.add(c.window, c.partition, d.stored_ns):
+                self.late += 1
+                self.log(self.clock_ns(), "late partial", window=c.window,
+                         partition=c.partition, worker=c.worker)  # fmt: skip
+                return
+            if c.body:
+                core.add(c.body)
+        except (PartialWireError, PartialError) as exc:
+            self.bad += 1
+            self.log(self.clock_ns(), "bad partial", seq=d.stream_seq, error=str(exc))
 
     def _block(self, basm: Assembler, headers: Mapping[str, str], data: bytes) -> None:
         """Take one message of an edge owner's block (a chunk or its commit)."""
