@@ -299,8 +299,9 @@ class SolverLoop:
     def _take(self, core: SolverCore, book: WindowBook, asm: Assembler, d: Delivery) -> None:
         """Take one message of a worker's partial (a chunk or its commit): a committed one
         goes to the core unless its window was solved (``late``); one the wire or the core
-        refuses (malformed, another grid or fabric) is logged and counted in ``bad``, its
-        window's partition taken as committed (its worker will not send it again)."""
+        refuses (malformed, another grid; one of another fabric is the core's ``stale``) is
+        logged and counted in ``bad``, its window's partition taken as committed (its worker
+        will not send it again)."""
         try:
             c = asm.feed(d.headers, d.data)
             if c is None:
