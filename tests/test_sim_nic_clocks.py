@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mesh.fabric import FabricShape, build_fabric
-from testbed.sim.clock_events import ClockEvents
+from testbed.sim.clock_events import SERVO_CHUNK, SERVO_HISTORY_S, ClockEvents
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimError, Simulator
 from testbed.sim.model import ModelError, ModelKnobs
 
@@ -132,6 +132,25 @@ def test_servo_steering_changes_the_frequency_at_each_update_and_nothing_without
     assert np.max(np.abs(off)) < 200.0  # the servo keeps its own offset small
     quiet = ClockEvents(8, dataclasses.replace(knobs, servo_noise_ns=0.0), seed=10)
     assert np.all(quiet.offset_ns(t, np.zeros(len(t), np.int64)) == 0.0)
+
+
+def test_servo_steering_holds_a_bounded_grid_over_a_day() -> None:
+    # a simulated day queries ever later times: the servo's updates behind SERVO_HISTORY_S are
+    # dropped, so its grid stays bounded (it grew by 2 x 8 B per NIC per update: issue 32's day)
+    knobs = dataclasses.replace(QUIET, servo_interval_s=1.0)
+    ev = ClockEvents(4, knobs, seed=11)
+    idx = np.arange(4)
+    widths = []
+    for t_s in range(0, 86_400, 20):
+        ev.offset_ns(np.full(4, t_s * 1e9), idx)
+        widths.append(ev.servo_held)
+    assert max(widths) <= SERVO_HISTORY_S + 2 * SERVO_CHUNK + 1
+    # the values do not depend on the order of queries: one jump to the end gives the same
+    at = np.array([86_399.5e9, 86_399.5e9 - (SERVO_HISTORY_S - 1) * 1e9, 86_380.25e9, 86_000e9])
+    whole = ClockEvents(4, knobs, seed=11)
+    assert np.array_equal(whole.offset_ns(at, idx), ev.offset_ns(at, idx))
+    with pytest.raises(ValueError, match="no longer held"):
+        ev.offset_ns(np.array([1e9]), np.array([0]))
 
 
 def test_the_ideal_model_and_the_defaults_have_none_of_it() -> None:

@@ -15,7 +15,10 @@ offset, drift and wander), each an offset (ns) added to a NIC's clock at true ti
   running drift is left to the engine's model (the sync fits a constant drift anyway); what
   the servo adds is its closed-loop response to the noise, a frequency that changes at every
   update (``servo_noise_ns`` 20 and linuxptp's hardware-stamp constants 0.7 / 0.3 at 1 s:
-  ~15 ppb steps). Off when ``servo_interval_s`` is 0.
+  ~15 ppb steps). Off when ``servo_interval_s`` is 0. Its grid (a frequency and a start
+  offset per NIC per update) keeps the updates of the last ``SERVO_HISTORY_S`` behind the
+  latest one reached, so a day's run holds a bounded grid (a query that far back raises
+  ValueError); the values do not depend on the order of queries.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 STEP_CHUNK_S = 64.0  # random steps are drawn per chunk of this many seconds
 SERVO_CHUNK = 64  # servo updates simulated per chunk
+SERVO_HISTORY_S = 600.0  # servo updates kept behind the latest one reached (as the wander's)
 
 
 class ClockEvents:
@@ -46,6 +50,7 @@ class ClockEvents:
         self._size = np.zeros(0)
         t = knobs.servo_interval_s
         self._servo_t = t
+        self._servo_base = 0  # the update of column 0 of ``_adj`` and ``_off``
         self._adj = np.zeros((n_nics, 0))  # servo: frequency (ppb) per update interval
         self._off = np.zeros((n_nics, 0))  # offset (ns) at each interval's start
         self._x = np.zeros(n_nics)  # the servo's own offset and integrator
@@ -56,6 +61,11 @@ class ClockEvents:
         """True when any step or steering is in force."""
         k = self.knobs
         return k.clock_step_per_h > 0 or k.servo_interval_s > 0 or len(self._nic) > 0
+
+    @property
+    def servo_held(self) -> int:
+        """The servo updates held (bounded by ``SERVO_HISTORY_S`` plus a chunk or two)."""
+        return int(self._adj.shape[1])
 
     def add_step(self, nic: int, at_s: float, step_ns: float) -> None:
         """Schedule a step of ``step_ns`` on NIC ``nic`` at true time ``at_s`` (s). Raises
@@ -92,7 +102,7 @@ class ClockEvents:
 
     def _run_servo(self, updates: int) -> None:
         k, dt = self.knobs, self._servo_t
-        while self._adj.shape[1] < updates + 1:
+        while self._servo_base + self._adj.shape[1] < updates + 1:
             noise = self._servo_rng.normal(0.0, k.servo_noise_ns, (self.n, SERVO_CHUNK))
             adj = np.empty((self.n, SERVO_CHUNK))
             off = np.empty((self.n, SERVO_CHUNK))
@@ -106,12 +116,17 @@ class ClockEvents:
                 off[:, c] = last
                 last = last + adj[:, c] * dt
                 self._x = self._x + adj[:, c] * dt
-            self._adj = np.concatenate([self._adj, adj], axis=1)
-            self._off = np.concatenate([self._off, off], axis=1)
+            held = self._adj.shape[1]
+            keep = math.ceil(SERVO_HISTORY_S / dt)
+            drop = min(held, max(0, updates - keep - self._servo_base))
+            self._adj = np.concatenate([self._adj[:, drop:], adj], axis=1)
+            self._off = np.concatenate([self._off[:, drop:], off], axis=1)
+            self._servo_base += drop
 
     def offset_ns(self, t_ns: F64 | float, idx: I64) -> F64:
         """Return the offset (ns) of NICs ``idx`` at true times ``t_ns`` (broadcast; times
-        before 0 count as 0)."""
+        before 0 count as 0). Raises ValueError, with servo steering on, for a time more than
+        ``SERVO_HISTORY_S`` before the latest update reached."""
         t = np.maximum(np.asarray(t_ns, dtype=np.float64), 0.0)
         tb, ib = np.broadcast_arrays(t, np.asarray(idx, dtype=np.int64))
         out = np.zeros(tb.shape)
@@ -128,5 +143,10 @@ class ClockEvents:
             dt = self._servo_t
             kn = np.floor(tb / 1e9 / dt).astype(np.int64)
             self._run_servo(int(kn.max()) if kn.size else 0)
-            out += self._off[ib, kn] + self._adj[ib, kn] * (tb / 1e9 - kn * dt)
+            if kn.size and int(kn.min()) < self._servo_base:
+                raise ValueError(
+                    f"servo steering before {self._servo_base * dt:g} s is no longer held"
+                )
+            col = kn - self._servo_base
+            out += self._off[ib, col] + self._adj[ib, col] * (tb / 1e9 - kn * dt)
         return out
