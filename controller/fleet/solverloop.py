@@ -60,9 +60,10 @@ from controller.fleet.fabricwire import (
 from controller.fleet.partial import PartialError
 from controller.fleet.partials import Assembler, PartialWireError
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, SOLVER_KEY, Plane
+from controller.fleet.sessions import run_sessions
 from controller.pathmap import PathRows
 from mesh.fabric import Fabric
-from mqttlink.reconnect import Backoff, reconnect_loop
+from mqttlink.reconnect import Backoff
 from natslink.errors import LINK_ERRORS, NatsRefused, NatsUnavailable
 from natslink.lease import LeaseClock, Leases
 from natslink.link import Link, connect
@@ -142,12 +143,8 @@ class SolverLoop:
     async def run(self, *, max_attempts: int | None = None) -> None:
         """Run until cancelled, reconnecting with backoff on link errors."""
 
-        def on_error(exc: BaseException, delay_s: float) -> None:
-            self.log(self.clock_ns(), "nats error", error=str(exc), retry_in_s=round(delay_s, 3))
-
-        backoff = Backoff(self.settings.backoff_min_s, self.settings.backoff_max_s, jitter=0.2)
-        await reconnect_loop(self._session, backoff, on_error=on_error,
-                             max_attempts=max_attempts, errors=LINK_ERRORS)  # fmt: skip
+        await run_sessions(self.settings, self._session, self.log, self.clock_ns,
+                           max_attempts=max_attempts)  # fmt: skip
 
     async def _session(self, connected: Callable[[], None]) -> None:
         async with connect(self.settings, f"qpmesh-solver-{self.solver_id}") as link:

@@ -66,9 +66,10 @@ from controller.fleet.cores import PartialLike, WorkerCore
 from controller.fleet.fabricwire import FABRIC_KEY, FabricFollow, FabricWireError
 from controller.fleet.partials import chunk_messages, commit_message
 from controller.fleet.plane import MODELS_KEY, Plane, partition_key
+from controller.fleet.sessions import run_sessions
 from controller.fleet.state import StateError
 from controller.fleet.watermark import StreamClock
-from mqttlink.reconnect import Backoff, reconnect_loop
+from mqttlink.reconnect import Backoff
 from natslink.errors import LINK_ERRORS, NatsUnavailable
 from natslink.lease import LeaseClock, Leases
 from natslink.link import Link, connect
@@ -160,13 +161,9 @@ class WorkerLoop:
     async def run(self, *, max_attempts: int | None = None) -> None:
         """Run until cancelled, reconnecting with backoff on link errors."""
 
-        def on_error(exc: BaseException, delay_s: float) -> None:
-            self.log(self.clock_ns(), "nats error", error=str(exc), retry_in_s=round(delay_s, 3))
-
-        backoff = Backoff(self.settings.backoff_min_s, self.settings.backoff_max_s, jitter=0.2)
         try:
-            await reconnect_loop(self._session, backoff, on_error=on_error,
-                                 max_attempts=max_attempts, errors=LINK_ERRORS)  # fmt: skip
+            await run_sessions(self.settings, self._session, self.log, self.clock_ns,
+                               max_attempts=max_attempts)  # fmt: skip
         finally:
             await self._stop_all()
 
