@@ -42,6 +42,13 @@ class ServerSpec:
     listen: str = ""
 
 
+MAX_PAYLOAD = "8MB"
+"""The largest message the servers take: a learned fabric's version travels as one value of
+the clock bucket (`controller.fleet.fabricwire`, ~27 B per NIC: 2.7 MB at 100,000 NICs), over
+nats-server's default of 1 MB past ~35,000 NICs; 8 MB is the most nats-server's docs advise
+(it warns above it; 64 MB is its hard limit)."""
+
+
 def server_conf(
     me: ServerSpec,
     peers: Sequence[ServerSpec],
@@ -51,13 +58,16 @@ def server_conf(
     cluster: str = "qpmesh",
     max_file: str = "8G",
     max_mem: str = "256M",
+    max_payload: str = MAX_PAYLOAD,
 ) -> str:
     """Return the configuration file of server ``me`` in a cluster with ``peers`` (the other
-    servers; none: a single server without routes). Raises `SubjectError` like `mapping`."""
+    servers; none: a single server without routes), messages up to ``max_payload``
+    (`MAX_PAYLOAD`). Raises `SubjectError` like `mapping`."""
     bind = me.listen or me.host
     lines = [
         f"server_name: {me.name}",
         f"listen: {bind}:{me.port}",
+        f"max_payload: {max_payload}",
     ]
     if me.monitor_port:
         lines.append(f"http: {bind}:{me.monitor_port}")

@@ -5,6 +5,7 @@ their ack floor, errors translated at the boundary."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,9 @@ def test_cluster_stream_dedup_leases_and_ack_floor(nats_cluster: Cluster) -> Non
             assert not a1.duplicate and a2.duplicate and a2.seq == a1.seq and a3.seq == a1.seq + 1
             with pytest.raises(NatsRefused, match="max_payload"):
                 await link.publish(subj.probes("host0"), bytes(link.max_payload + 1))
+            # the servers' max_payload (natslink.serverconf.MAX_PAYLOAD): a learned fabric's
+            # version at 100,000 NICs (~2.7 MB) is one value; nats-server's default is 1 MB
+            assert link.max_payload == 8 << 20
 
             # host0 -> partition 5: its consumer sees only its batch
             p5 = subj.probes_partition(partition_of("host0", 8))
@@ -194,6 +198,9 @@ def test_cluster_stream_dedup_leases_and_ack_floor(nats_cluster: Cluster) -> Non
             assert await w1.renew() == ["part.0"] and not w1.valid("part.0")
             await w2.release("part.0")
             assert await bucket.get("part.0") is None
+            big = os.urandom(3 << 20)  # over the default 1 MB, as a 100,000-NIC fabric version
+            await bucket.put("fabric", big)
+            assert (await bucket.get("fabric")).value == big  # type: ignore[union-attr]
 
     asyncio.run(main())
 
