@@ -152,9 +152,9 @@ class FabricPublisher:
 @dataclass
 class FabricFollow:
     """A worker's side: ``fabric`` (None until a version came), the traced ``paths`` mapped
-    onto it, its ``id`` and the bucket ``revision`` it was written at. Clock models written before that revision are
-    of an older fabric (the solver writes a version before any models solved on it), so
-    they are not installed (`fits`)."""
+    onto it, its ``id`` and the bucket ``revision`` it was written at. Clock models written
+    before that revision are of an older fabric (the solver writes a version before any
+    models solved on it), so they are not installed (`fits`)."""
 
     fabric: Fabric | None = None
     paths: PathRows = field(default_factory=no_paths)

@@ -14,8 +14,8 @@ the project's one loop, `mqttlink.reconnect`, with ``[nats]``'s backoff):
 3. per held index a task: a fresh `controller.fleet.owner.OwnerCore` told the last window the
    solver solved (``solved`` in the clock bucket: solve windows up to it are folded, not
    summarized) and the fleet's first coded send (in ``models``: where the warm-up bins are,
-   also when the stream no longer holds the first clock rows), an ephemeral reader of the partial stream **from its first message kept**
-   (the owner's state is the selection of every window's pairs, with floor memory over past
+   also when the stream no longer holds the first clock rows), an ephemeral reader of the
+   partial stream **from its first message kept** (the owner's state is the selection of every window's pairs, with floor memory over past
    clock windows: rebuilt exactly by replaying what the stream keeps, `Plane.max_age_s`).
    Committed partials (`controller.fleet.partials.Assembler`) go to ``core.add`` and are
    noted in a `WindowBook`; a window is folded when every partition committed it, or, once
