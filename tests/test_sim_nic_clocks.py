@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from mesh.fabric import FabricShape, build_fabric
-from testbed.sim.clock_events import SERVO_CHUNK, SERVO_HISTORY_S, ClockEvents
+from testbed.sim import clock_events
+from testbed.sim.clock_events import SERVO_CHUNK, SERVO_HISTORY_S, STEP_HISTORY_S, ClockEvents
 from testbed.sim.engine import EPOCH_NS, SimConfig, SimError, Simulator
 from testbed.sim.model import ModelError, ModelKnobs
 
@@ -114,9 +115,30 @@ def test_random_steps_come_at_their_rate_with_their_sizes_and_any_query_order() 
     # log-uniform: as many steps below 10 us as above
     assert 0.4 < np.mean(sizes < 10_000) < 0.6
     late_first = ClockEvents(64, knobs, seed=9)
-    t = np.array([900e9, 10e9])
+    t = np.array([590e9, 10e9])  # (within STEP_HISTORY_S of each other: both held)
     idx = np.array([5, 5])
     assert np.array_equal(late_first.offset_ns(t, idx), ev.offset_ns(t, idx))
+
+
+def test_random_steps_over_a_day_hold_minutes_not_the_day(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a day of steps at 6 per NIC-hour would hold ~9,000 steps one by one and loop over every
+    # NIC that ever stepped at each query; the old ones are summed per NIC instead
+    knobs = dataclasses.replace(QUIET, clock_step_per_h=6.0, clock_step_us=(1.0, 100.0))
+    ev = ClockEvents(64, knobs, seed=12)
+    idx = np.arange(64)
+    held = []
+    for t_s in range(0, 86_400, 300):
+        ev.offset_ns(np.full(64, t_s * 1e9), idx)
+        held.append(ev.steps_held)
+    # 64 NICs x 6 / h over STEP_HISTORY_S plus a draw chunk ahead: ~75 expected
+    assert max(held) < 64 * 6 * (STEP_HISTORY_S + 2 * clock_events.STEP_CHUNK_S) / 3600 * 2
+    monkeypatch.setattr(clock_events, "STEP_HISTORY_S", float("inf"))
+    every = ClockEvents(64, knobs, seed=12)  # the same steps, every one held
+    at = np.full(64, 86_399e9)
+    assert np.allclose(ev.offset_ns(at, idx), every.offset_ns(at, idx), rtol=0, atol=1e-6)
+    assert every.steps_held > 8_000
+    with pytest.raises(ValueError, match="no longer held"):
+        ev.offset_ns(np.array([1e9]), np.array([0]))
 
 
 def test_servo_steering_changes_the_frequency_at_each_update_and_nothing_without_noise() -> None:

@@ -8,7 +8,10 @@ offset, drift and wander), each an offset (ns) added to a NIC's clock at true ti
   its offset exceeds ``step_threshold``, phc2sys likewise with ``-S``. Random steps are a
   Poisson process per NIC (``clock_step_per_h``) of log-uniform size in ``clock_step_us``
   with a random sign, drawn lazily in fixed chunks of time (values do not depend on the order
-  of queries); `ClockEvents.add_step` schedules one for a scenario or a test.
+  of queries); `ClockEvents.add_step` schedules one for a scenario or a test. Steps more than
+  ``STEP_HISTORY_S`` behind the latest time reached are folded into a per-NIC sum, so a day's
+  run holds the steps of the last minutes, not of the day (a query that far back raises
+  ValueError).
 * **servo steering**: a PI servo (linuxptp's ``pi.c``: ``ki_term = ki * offset * interval``,
   ``drift += ki_term``, frequency ``-(kp * offset + drift)``) adjusts the NIC's frequency every
   ``servo_interval_s`` from an offset measured with Gaussian noise ``servo_noise_ns``. The free-
@@ -35,6 +38,7 @@ I64 = npt.NDArray[np.int64]
 STEP_CHUNK_S = 64.0  # random steps are drawn per chunk of this many seconds
 SERVO_CHUNK = 64  # servo updates simulated per chunk
 SERVO_HISTORY_S = 600.0  # servo updates kept behind the latest one reached (as the wander's)
+STEP_HISTORY_S = 600.0  # steps kept one by one behind the latest time reached; older ones summed
 
 
 class ClockEvents:
@@ -48,6 +52,8 @@ class ClockEvents:
         self._nic = np.zeros(0, np.int64)  # steps: NIC, true time (ns), size (ns)
         self._t_ns = np.zeros(0)
         self._size = np.zeros(0)
+        self._base = np.zeros(n_nics)  # per NIC, the sum of the steps folded (older than held)
+        self._folded_ns = -math.inf  # steps at or before this true time are in ``_base``
         t = knobs.servo_interval_s
         self._servo_t = t
         self._servo_base = 0  # the update of column 0 of ``_adj`` and ``_off``
@@ -67,17 +73,25 @@ class ClockEvents:
         """The servo updates held (bounded by ``SERVO_HISTORY_S`` plus a chunk or two)."""
         return int(self._adj.shape[1])
 
+    @property
+    def steps_held(self) -> int:
+        """The steps held one by one (those of the last ``STEP_HISTORY_S`` and later)."""
+        return len(self._nic)
+
     def add_step(self, nic: int, at_s: float, step_ns: float) -> None:
         """Schedule a step of ``step_ns`` on NIC ``nic`` at true time ``at_s`` (s). Raises
-        ValueError for a NIC index out of range or a negative time."""
-        if not 0 <= nic < self.n or at_s < 0:
+        ValueError for a NIC index out of range, a negative time or a time already folded
+        (more than ``STEP_HISTORY_S`` behind the latest time reached)."""
+        if not 0 <= nic < self.n or at_s < 0 or at_s * 1e9 <= self._folded_ns:
             raise ValueError(f"bad clock step: NIC {nic}, at {at_s} s")
         self._nic = np.append(self._nic, nic)
         self._t_ns = np.append(self._t_ns, at_s * 1e9)
         self._size = np.append(self._size, float(step_ns))
 
     def steps(self, until_s: float) -> list[tuple[int, float, float]]:
-        """Every step up to true time ``until_s``: (NIC, time s, size ns), by time."""
+        """The steps held up to true time ``until_s``: (NIC, time s, size ns), by time (every
+        step of a run shorter than ``STEP_HISTORY_S``; in a longer one those older than that
+        behind the latest time reached are summed per NIC and no longer listed)."""
         self._draw_steps(until_s * 1e9)
         sel = np.flatnonzero(self._t_ns <= until_s * 1e9)
         sel = sel[np.argsort(self._t_ns[sel], kind="stable")]
@@ -99,6 +113,18 @@ class ClockEvents:
             self._t_ns = np.concatenate([self._t_ns, at])
             self._size = np.concatenate([self._size, size])
             self._chunks += 1
+
+    def _fold(self, until_ns: float) -> None:
+        """Sum the steps at or before true time ``until_ns`` into ``_base`` and drop them
+        (nothing, and no horizon, while no step is held and none are drawn)."""
+        if until_ns <= self._folded_ns or (self.knobs.clock_step_per_h <= 0 and not len(self._nic)):
+            return
+        old = self._t_ns <= until_ns
+        if old.any():
+            self._base += np.bincount(self._nic[old], self._size[old], self.n)
+            keep = ~old
+            self._nic, self._t_ns, self._size = self._nic[keep], self._t_ns[keep], self._size[keep]
+        self._folded_ns = until_ns
 
     def _run_servo(self, updates: int) -> None:
         k, dt = self.knobs, self._servo_t
@@ -132,6 +158,10 @@ class ClockEvents:
         out = np.zeros(tb.shape)
         top = float(tb.max()) if tb.size else 0.0
         self._draw_steps(top)
+        self._fold(top - STEP_HISTORY_S * 1e9)
+        if tb.size and float(tb.min()) <= self._folded_ns:
+            raise ValueError(f"clock steps before {self._folded_ns / 1e9:g} s are no longer held")
+        out += self._base[ib]
         for nic in np.unique(self._nic):  # the NICs with steps (few): their steps by time
             mine = np.flatnonzero(self._nic == nic)
             mine = mine[np.argsort(self._t_ns[mine], kind="stable")]
