@@ -15,8 +15,8 @@ STEPPED, STEP_NS = 37, 20_000
 
 def stepped_window() -> tuple[SampleWindow, ClockSyncConfig, np.ndarray]:
     """(rows, config, leaf per NIC) of a window of the fleet bench's kept rows with gross
-    bad stamps, NIC ``STEPPED``'s
-    clock stepping ``STEP_NS`` ahead half way, and NICs 5 and 6 cut off."""
+    bad stamps, NIC ``STEPPED``'s clock stepping ``STEP_NS`` ahead half way, and NICs 5
+    and 6 cut off."""
     cfg = ClockSyncConfig(capacity=4_000_000, bins=8)
     rng = np.random.default_rng(SEED)
     src, dst = probe_graph(NICS, PEERS, SEED)
