@@ -5,7 +5,7 @@ with bad stamps and a clock step."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -18,6 +18,7 @@ from controller.clocksolve import (
     window_summary,
 )
 from controller.fleet.edges import EdgeStage, SummaryBlock, owner_bounds, solve_blocks, split_clock
+from controller.fleet.stagewire import RemoteRange, StageCall, StageError, StageServer
 from sync.edgestage import Candidates, EdgeFit, RangeStages, Residuals
 from sync.excess import DirectionLows
 from tests.edgewindow import NICS, STEPPED, stepped_window
@@ -130,3 +131,49 @@ def test_blocks_out_of_order_are_refused(
         solve_blocks([a, b], NICS, cfg, t_ref, 7, leaf=leaf)
     with pytest.raises(ValueError, match="one edge range per block"):
         solve_blocks([a, b], NICS, cfg, t_ref, 7, leaf=leaf, ranges=[None])
+
+
+def test_the_rounds_over_bytes_solve_as_one_process_and_retries_are_answered_once(
+    one: tuple[SampleWindow, ClockSyncConfig, np.ndarray, ClockState, int],
+) -> None:
+    w, cfg, leaf, want, t_ref = one
+    blocks = _blocks(w, cfg, 4, t_ref)
+    servers = [StageServer(3, s) for b in blocks if (s := EdgeStage(NICS, cfg, b.owner).stages(b))]
+
+    def twice(server: StageServer) -> Callable[[bytes], bytes]:
+        def send(call: bytes) -> bytes:  # every call sent again, as a retry after a time-out
+            first = server.answer(call)
+            assert server.answer(call) == first
+            return first
+
+        return send
+
+    remote = [RemoteRange(3, b.summary.edges, twice(s))
+              for b, s in zip(blocks, servers, strict=True) if b.summary is not None]  # fmt: skip
+    got = solve_blocks(blocks, NICS, cfg, t_ref, 7, leaf=leaf, ranges=remote)
+    assert got is not None
+    _same_state(got, want)
+    assert all(r.bytes_in > 0 for r in remote)
+
+
+def test_stage_calls_that_cannot_be_answered_are_refused(
+    one: tuple[SampleWindow, ClockSyncConfig, np.ndarray, ClockState, int],
+) -> None:
+    w, cfg, _, _, t_ref = one
+    (b,) = _blocks(w, cfg, 1, t_ref)
+    stages = EdgeStage(NICS, cfg, 0).stages(b)
+    assert stages is not None
+    server = StageServer(3, stages)
+    z, no = np.zeros(0), np.zeros(0, np.int64)
+    with pytest.raises(StageError, match="missed"):
+        server.answer(StageCall(3, 1, "lows", z, z, no).encode())
+    with pytest.raises(StageError, match="window"):
+        server.answer(StageCall(4, 0, "fit", z, z, no).encode())
+    with pytest.raises(StageError):
+        server.answer(b"QPSC garbage")
+    fit = StageCall(3, 0, "fit", z, z, no, (0.1,))
+    assert StageCall.decode(fit.encode()).rtt_fractions == (0.1,)
+    remote = RemoteRange(3, stages.edges, lambda _: server.answer(fit.encode()))
+    remote.fit()  # call 0, answered
+    with pytest.raises(StageError, match="not to call 1"):
+        remote.lows()  # the transport answers call 0 again: not this call's reply
