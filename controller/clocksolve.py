@@ -32,8 +32,9 @@ from numpy.typing import NDArray
 
 from controller.clockfloors import edge_raises, node_bounds, split_raise
 from sync import ClockModels
+from sync.edgestage import FitParams, RangeStages
 from sync.summary import Summary, reduce_chunk, rtt_cap
-from sync.summarysolve import sync_summary
+from sync.summarysolve import solve_ranges, sync_summary
 from sync.window import (
     WindowSync,
     drift_std_per_node,
@@ -306,6 +307,21 @@ def solve_summary(
         n_nics, s, quant_ns=config.quant_hw_ns, min_samples=config.min_samples,
         min_coded=config.min_coded, leaf=leaf,
     )  # fmt: skip
+
+
+def fit_params(config: ClockSyncConfig) -> FitParams:
+    """The pair fits' parameters of the hardware-stamp estimator (`solve_summary`)."""
+    return FitParams(config.quant_hw_ns, config.min_samples, config.min_coded)
+
+
+def solve_edge_ranges(
+    ranges: Sequence[RangeStages], n_nics: int, leaf: I64 | None = None
+) -> WindowSync:
+    """`solve_summary` of the window whose edges are the ``ranges``' laid end to end (each a
+    `sync.edgestage.EdgeRange` made with `fit_params`, which carries the config's part, or a
+    stand-in for one an edge owner holds): `sync.summarysolve.solve_ranges`, the same to the
+    bit. Raises ValueError as `solve_ranges`."""
+    return solve_ranges(n_nics, ranges, leaf=leaf)
 
 
 def compute_state(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -134,6 +134,27 @@ def _readings(
 ) -> tuple[I64, I64, F64, float]:
     """`direction_excess` and the pooled ``beta`` it used (1 when no direction has ``k``
     samples). Raises ValueError as `direction_excess`."""
+    low = direction_lows(s, slope, k, block, lost)
+    return readings(s.edges, low, k)
+
+
+class DirectionLows(NamedTuple):
+    """Per edge direction with at least 3 usable samples (`direction_lows`): its group
+    (``2 edge + dir``), how many lowest values it reads (``kd``), and ``x2 - x1`` and
+    ``x_kd - x1`` of them. Per direction, so edge ranges' lows laid end to end (groups
+    shifted by the edges before) are the lows of their union."""
+
+    grp: I64
+    kd: I64
+    low: F64
+    high: F64
+
+
+def direction_lows(
+    s: Summary, slope: F64, k: int = RX_K, block: int = 1 << 20, lost: I64 | None = None
+) -> DirectionLows:
+    """The per-direction half of `direction_excess` (each direction reads only its own
+    points): see there. Raises ValueError as `direction_excess`."""
     if not 3 <= k <= RX_K:
         raise ValueError(f"k must be in [3, {RX_K}], got {k}")
     n_groups = 2 * len(s.edges)
@@ -159,11 +180,21 @@ def _readings(
         parts.append((grp, kd, low[:, 1] - low[:, 0], low[rows, kd - 1] - low[:, 0]))
     if not parts:
         empty = np.zeros(0, np.int64)
-        return empty, empty.copy(), np.zeros(0), 1.0
+        return DirectionLows(empty, empty.copy(), np.zeros(0), np.zeros(0))
     grp, kd, low, high = (np.concatenate(c) for c in zip(*parts, strict=True))
-    full = kd == k
-    beta = pooled_tail_index(low[full], high[full], k)
-    return (*direction_ends(s.edges, grp), high * tail_factor(kd, beta), beta)
+    return DirectionLows(grp, kd, low, high)
+
+
+def readings(edges: I64, lows: DirectionLows, k: int = RX_K) -> tuple[I64, I64, F64, float]:
+    """The window-wide half of `direction_excess` from every direction's `DirectionLows` on
+    ``edges``: (sender, receiver, excess ns, the pooled ``beta``; 1 when no direction has
+    ``k`` samples). Raises ValueError for ``k < 3``."""
+    if not len(lows.grp):
+        empty = np.zeros(0, np.int64)
+        return empty, empty.copy(), np.zeros(0), 1.0
+    full = lows.kd == k
+    beta = pooled_tail_index(lows.low[full], lows.high[full], k)
+    return (*direction_ends(edges, lows.grp), lows.high * tail_factor(lows.kd, beta), beta)
 
 
 def receive_excess(

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from sync.runs import key_order
 from sync.summary import Summary
 
 F64 = NDArray[np.float64]
@@ -70,7 +71,7 @@ def exchange_residuals(
     med = np.full(m, np.nan)
     if ok.any():
         e, v = x_edge[ok], r[ok]
-        order = np.lexsort((v, e))
+        order = key_order(e, v)  # np.lexsort((v, e)), faster: every value is finite
         e, v = e[order], v[order]
         cnt = np.bincount(e, minlength=m)
         start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
@@ -109,7 +110,7 @@ def find_steps(
     b = np.minimum(((tt - lo) / (hi - lo) * STEP_BINS).astype(np.int64), STEP_BINS - 1)
     # per (NIC, bin) the median and count of the oriented residuals
     key = node * STEP_BINS + b
-    order = np.lexsort((val, key))
+    order = key_order(key, val)  # np.lexsort((val, key)), faster: every value is finite
     key, v = key[order], val[order]
     cells = n_nodes * STEP_BINS
     cnt = np.bincount(key, minlength=cells)

@@ -52,18 +52,21 @@ def test_targets_are_judged_from_the_figures() -> None:
     assert summarize({})["cores_for_64M_records_per_second"] is None  # nothing measured
 
 
-def test_with_edge_owners_the_solver_window_leaves_the_fold_and_summary_to_them() -> None:
+def test_with_edge_owners_the_solver_window_leaves_the_per_edge_work_to_them() -> None:
     det = {"merge_s": 1.0, "judge_s": 1.0, "peak_rss_mb": 100}
-    own = [{"owner": o, "rows": 10, "fold_cpu_s_per_window": 0.5, "summary_cpu_s": 1.0 + o}
-           for o in range(2)]  # fmt: skip
+    own = [{"owner": o, "rows": 10, "fold_cpu_s_per_window": 0.5, "summary_cpu_s": 1.0 + o,
+            "stages_cpu_s": 0.5} for o in range(2)]  # fmt: skip
     clk = {"fold_cpu_s_per_window": 1.0, "summary_cpu_s": 2.0, "fit_and_solve_cpu_s": 2.0,
-           "fold_peak_rss_mb": 200, "summary_peak_rss_mb": 13000, "fit_and_solve_peak_rss_mb": 1,
-           "offset_err_p99_ns": 1.0, "known_nics": 10, "owners": own, "join_cpu_s": 0.25,
-           "join_peak_rss_mb": 300, "split_cpu_s_per_window": 0.1}  # fmt: skip
+           "fold_peak_rss_mb": 200, "summary_peak_rss_mb": 13000, "fit_and_solve_peak_rss_mb": 300,
+           "offset_err_p99_ns": 1.0, "known_nics": 10, "owners": own, "network_cpu_s": 0.25,
+           "split_cpu_s_per_window": 0.1, "stage_rounds": 5,
+           "stages_critical_cpu_s": 0.5}  # fmt: skip
     s = summarize({"detection": det, "clocks": clk})["solver"]
-    assert s["window_seconds"] == 4.25 and "fold_s" not in s and s["join_s"] == 0.25
-    assert s["max_rss_mb"] == 300  # the owners' peaks are theirs
-    assert s["edges"]["max_owner_window_seconds"] == 2.5 and s["edges"]["total_cpu_s"] == 4.0
+    assert s["window_seconds"] == 2.25 and "fold_s" not in s and s["network_s"] == 0.25
+    assert "fit_and_solve_s" not in s and "join_s" not in s  # the per-edge work is the owners'
+    assert s["max_rss_mb"] == 300  # the owners' fold and summary peaks are theirs
+    assert s["edges"]["max_owner_window_seconds"] == 3.0 and s["edges"]["total_cpu_s"] == 5.0
+    assert s["edges"]["stages_critical_s"] == 0.5
 
 
 @pytest.mark.parametrize(

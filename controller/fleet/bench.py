@@ -27,40 +27,53 @@ the summary are an edge stage's: each window's clock part split by owner
 (``split_cpu_s_per_window``, a worker's work), each owner's share folded
 (`EdgeStage.add`) and its rows of the clock window summarized, timed owner by owner
 (``owners``: per owner CPU s, they run in parallel; ``block_bytes``: its block as it travels,
-`controller.fleet.edges.SummaryBlock.encode`, zlib), and the solver's part is the join of the
-blocks (``join_cpu_s``) and ``fit_and_solve``.
+`controller.fleet.edges.SummaryBlock.encode`, zlib), and the solve is staged
+(`sync.summarysolve.solve_ranges`, as `controller.fleet.edges.solve_blocks` runs it): each
+owner's per-edge stages on its block timed apart (``owners[*].stages_cpu_s``, and per round
+the slowest owner: ``stages_critical_cpu_s``), the solver's part the network stages
+(``network_cpu_s``); no block is joined.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from controller.clocksolve import ClockSyncConfig, SampleRows, SampleWindow, window_summary
+from controller.clocksolve import (
+    ClockSyncConfig,
+    SampleRows,
+    SampleWindow,
+    fit_params,
+    solve_edge_ranges,
+    window_summary,
+)
 from controller.clocksync import ClockSync
 from controller.fleet.edges import (
     EdgeInput,
     EdgeStage,
     SummaryBlock,
     first_send,
-    join,
     owner_bounds,
     split_clock,
 )
 from controller.fleet.partial import MovedClocks
+from sync.edgestage import Candidates, EdgeFit, EdgeRange, Residuals
+from sync.excess import DirectionLows
 from sync.summary import Summary
 from sync.summarysolve import sync_summary
+from sync.window import WindowSync
 
 I64 = npt.NDArray[np.int64]
 T = TypeVar("T")
@@ -193,18 +206,24 @@ def run(
     w = _kept(src, dst, cfg, offset, drift, floor, rng)
     out["kept_rows"] = len(w)
     t_ref = cfg.window_ns // 2 + EPOCH
+    s: Summary | list[Summary]
     if bounds is None:
         s = _timed(out, "summary", functools.partial(window_summary, w, t_ref, cfg.coded_tol_hw_ns))
     else:
         out["split_cpu_s_per_window"] = round(split_cpu / fold_windows, 3)
         s = _owners(out, w, bounds, t_ref, cfg, owner_fold / fold_windows)
-    out["summary_points"] = s.n_points
     del w  # the solve holds the summary, not the rows
-    ws = _timed(
-        out, "fit_and_solve",
-        lambda: sync_summary(nics, s, quant_ns=cfg.quant_hw_ns, min_samples=cfg.min_samples,
-                             min_coded=cfg.min_coded, leaf=leaf),
-    )  # fmt: skip
+    if isinstance(s, Summary):
+        out["summary_points"] = s.n_points
+        one = s
+        ws = _timed(
+            out, "fit_and_solve",
+            lambda: sync_summary(nics, one, quant_ns=cfg.quant_hw_ns,
+                                 min_samples=cfg.min_samples, min_coded=cfg.min_coded, leaf=leaf),
+        )  # fmt: skip
+    else:
+        out["summary_points"] = sum(b.n_points for b in s)
+        ws = _staged(out, nics, s, cfg, leaf)
     known = ws.known & np.isfinite(ws.offset_ns)
     out["known_nics"] = int(known.sum())
     truth = offset + drift * (t_ref - EPOCH)  # the clocks at the solve's reference instant
@@ -216,12 +235,100 @@ def run(
     return out
 
 
+class _Rounds:
+    """The CPU each owner spends in each round of the staged solve (a round: one stage
+    called on every owner, the first owner first) and the bytes its results take."""
+
+    def __init__(self, owners: int) -> None:
+        self.cpu: list[npt.NDArray[np.float64]] = []
+        self.bytes = np.zeros(owners, np.int64)
+
+    def add(self, owner: int, cpu: float, result: object) -> None:
+        if owner == 0 or not self.cpu:
+            self.cpu.append(np.zeros(len(self.bytes)))
+        self.cpu[-1][owner] += cpu
+        self.bytes[owner] += _nbytes(result)
+
+
+def _nbytes(x: object) -> int:
+    """Bytes of the arrays in a stage's result (tuples, lists and dataclasses opened)."""
+    if isinstance(x, np.ndarray):
+        return int(x.nbytes)
+    if isinstance(x, (tuple, list)):
+        return sum(_nbytes(v) for v in x)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return sum(_nbytes(getattr(x, f.name)) for f in dataclasses.fields(x))
+    return 0
+
+
+class _TimedRange:
+    """An owner's `sync.edgestage.EdgeRange`, each stage's CPU counted apart (the owners
+    run in parallel, the solver waits for the slowest of each round)."""
+
+    def __init__(self, inner: EdgeRange, owner: int, rounds: _Rounds) -> None:
+        self.inner, self.owner, self.rounds = inner, owner, rounds
+
+    @property
+    def edges(self) -> I64:
+        return self.inner.edges
+
+    def _run(self, fn: Callable[[], T]) -> T:
+        t0 = time.process_time()
+        res = fn()
+        self.rounds.add(self.owner, time.process_time() - t0, res)
+        return res
+
+    def fit(self) -> EdgeFit:
+        return self._run(self.inner.fit)
+
+    def drop_bad(self, drift: npt.NDArray[np.float64]) -> bool:
+        return self._run(lambda: self.inner.drop_bad(drift))
+
+    def candidates(
+        self, drift: npt.NDArray[np.float64], offset: npt.NDArray[np.float64],
+        rtt_fractions: Sequence[float],
+    ) -> Candidates:  # fmt: skip
+        return self._run(lambda: self.inner.candidates(drift, offset, rtt_fractions))
+
+    def residuals(
+        self, offset: npt.NDArray[np.float64], drift: npt.NDArray[np.float64]
+    ) -> Residuals:
+        return self._run(lambda: self.inner.residuals(offset, drift))
+
+    def cut_nodes(self, nodes: I64) -> None:
+        self._run(lambda: self.inner.cut_nodes(nodes))
+
+    def lows(self) -> DirectionLows:
+        return self._run(self.inner.lows)
+
+
+def _staged(
+    out: dict[str, Any], nics: int, blocks: list[Summary], cfg: ClockSyncConfig, leaf: I64
+) -> WindowSync:
+    """The staged solve of the owners' blocks (`sync.summarysolve.solve_ranges`): each
+    owner's stages timed apart (``owners[*].stages_cpu_s``, ``stage_bytes``: what its
+    results take), the rounds' critical path (``stages_critical_cpu_s``: per round the
+    slowest owner) and the solver's network stages (``network_cpu_s``: the whole solve's
+    CPU less every owner's)."""
+    rounds = _Rounds(len(blocks))
+    ranges = [_TimedRange(EdgeRange(b, fit_params(cfg)), o, rounds) for o, b in enumerate(blocks)]
+    ws = _timed(out, "fit_and_solve", lambda: solve_edge_ranges(ranges, nics, leaf))
+    per = np.sum(rounds.cpu, axis=0) if rounds.cpu else np.zeros(len(blocks))
+    for o, own in enumerate(out["owners"]):
+        own["stages_cpu_s"] = round(float(per[o]), 3)
+        own["stage_bytes"] = int(rounds.bytes[o])
+    out["stage_rounds"] = len(rounds.cpu)
+    out["stages_critical_cpu_s"] = round(float(sum(r.max() for r in rounds.cpu)), 3)
+    out["network_cpu_s"] = round(max(0.0, out["fit_and_solve_cpu_s"] - float(per.sum())), 3)
+    return ws
+
+
 def _owners(
     out: dict[str, Any], w: SampleWindow, bounds: I64, t_ref: int, cfg: ClockSyncConfig,
     fold: npt.NDArray[np.float64],
-) -> Summary:  # fmt: skip
-    """Each owner's rows of the clock window summarized, timed owner by owner, and the
-    solver's join of the blocks; returns the joined summary."""
+) -> list[Summary]:  # fmt: skip
+    """Each owner's rows of the clock window summarized, timed owner by owner; returns the
+    owners' blocks (their summaries: the staged solve runs on them, no join)."""
     blocks: list[Summary] = []
     per: list[dict[str, Any]] = []
     _reset_peak()
@@ -239,7 +346,7 @@ def _owners(
     out["owners"] = per
     out["summary_cpu_s"] = round(max(p["summary_cpu_s"] for p in per), 3)  # in parallel
     out["summary_peak_rss_mb"] = round(_hwm_mb())
-    return _timed(out, "join", lambda: join(blocks))
+    return blocks
 
 
 def _kept(

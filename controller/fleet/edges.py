@@ -19,11 +19,16 @@ are owners, each owning the edges whose lower NIC lies in its range
   owner and the solver compute alike) reduces its rows sent from the window's cut on
   (`solve_cut`) to a `SummaryBlock` (`EdgeStage.block`: the `sync.summary.Summary` of its
   edges, its rows' span, and its edges' floor raises);
-- the solver lays the blocks end to end in owner order (`join`) and solves the whole
-  (`solve_blocks`: `controller.clocksolve.solve_summary`, `state_of`).
+- the solver solves the window in rounds with the owners (`solve_blocks`:
+  `controller.clocksolve.solve_edge_ranges`, `state_of`): each owner runs the per-edge
+  stages on its block (`EdgeStage.stages`, a `sync.edgestage.EdgeRange`: pair fits,
+  bad-stamp rounds, candidates, residuals, lowest values) with the node vectors the solver
+  sends, and returns small per-edge arrays; the solver runs the network stages on them laid
+  end to end. No block of rows is joined (`join` stays, for a check and for tools).
 
-The joined summary is the summary one process holding every row makes (a window's summary is
-per edge, and edges sorted by (lower, upper) NIC are the owners' blocks in order). Two things
+The blocks laid end to end are the summary one process holding every row makes (a window's
+summary is per edge, and edges sorted by (lower, upper) NIC are the owners' blocks in order),
+and the staged solve of the blocks is `sync_summary` of that summary, to the bit. Two things
 an owner computes on its own rows (the floor raises' time bins, `edge_raises`; a moved clock's
 "enough data since" against its latest stamp) depend on which rows it holds, so solves agree to
 the bit between processes with the same number of owners (tests/test_fleet_equivalence.py,
@@ -48,7 +53,8 @@ from controller.clocksolve import (
     ClockState,
     ClockSyncConfig,
     SampleRows,
-    solve_summary,
+    fit_params,
+    solve_edge_ranges,
     state_of,
     window_summary,
 )
@@ -56,6 +62,7 @@ from controller.clocksync import ClockSync
 from controller.fleet.codec import CodecError, pack, unpack
 from controller.fleet.grid import WindowGrid
 from controller.fleet.partial import MovedClocks, Partial
+from sync.edgestage import EdgeRange, RangeStages
 from sync.summary import Summary
 
 I64 = npt.NDArray[np.int64]
@@ -306,6 +313,12 @@ class EdgeStage:
                                     w.dst.astype(np.int64), rtt, w.floor, w.t1)  # fmt: skip
         return SummaryBlock(self.owner, window, len(w), t_lo, t_hi, False, s, e, raised)
 
+    def stages(self, block: SummaryBlock) -> RangeStages | None:
+        """Return the per-edge stages of this owner's ``block`` (`sync.edgestage.EdgeRange`
+        on its summary), which the solver's rounds call (`solve_blocks`); None: no summary
+        or no edge."""
+        return edge_ranges([block], self.config)[0]
+
 
 def join(blocks: Sequence[Summary | None]) -> Summary:
     """Lay the owners' blocks end to end, in owner order (their edges are disjoint and
@@ -334,6 +347,16 @@ def join(blocks: Sequence[Summary | None]) -> Summary:
     return Summary(edges, **kw)
 
 
+def edge_ranges(
+    blocks: Sequence[SummaryBlock], config: ClockSyncConfig
+) -> list[RangeStages | None]:
+    """Return per block (same order) the per-edge stages of its summary
+    (`sync.edgestage.EdgeRange`: what its owner runs in the rounds of `solve_blocks`; None:
+    a block without a summary or edges)."""
+    return [None if b.summary is None or not len(b.summary.edges)
+            else EdgeRange(b.summary, fit_params(config)) for b in blocks]  # fmt: skip
+
+
 def solve_blocks(
     blocks: Sequence[SummaryBlock],
     n_nics: int,
@@ -343,22 +366,46 @@ def solve_blocks(
     *,
     leaf: I64 | None = None,
     moved_since: I64 | None = None,
+    ranges: Sequence[RangeStages | None] | None = None,
 ) -> ClockState | None:
-    """Return the clock state of a solve window from every owner's block (owner order),
-    reduced at ``t_ref``, as `controller.clocksolve.compute_state` makes it from the rows
-    (``moved_since``: the solver's moved clocks, kept in the state). None: fewer than two
-    rows, a software-stamped row, or no pair could be fitted."""
+    """Return the clock state of a solve window from every owner's block, reduced at
+    ``t_ref``, as `controller.clocksolve.compute_state` makes it from the rows
+    (``moved_since``: the solver's moved clocks, kept in the state). The blocks' summaries
+    are not joined: each owner's per-edge stages (``ranges``, one per block, its owner's
+    `EdgeStage.stages`; by default made here from the blocks, `edge_ranges`) run in rounds
+    with the solver's network stages (`controller.clocksolve.solve_edge_ranges`), and the
+    result is the whole window's to the bit. None: fewer than two rows, a software-stamped
+    row, or no pair could be fitted. Raises ValueError when the blocks' edges are not
+    disjoint and in owner order."""
     rows = sum(b.rows for b in blocks)
     if rows < 2 or any(b.sw for b in blocks):
         return None
-    ordered = sorted(blocks, key=lambda b: b.owner)
-    s = join([b.summary for b in ordered])
-    ws = solve_summary(s, n_nics, config, leaf)
+    if ranges is None:
+        ranges = edge_ranges(blocks, config)
+    if len(ranges) != len(blocks):
+        raise ValueError("one edge range per block")
+    by_owner = sorted(range(len(blocks)), key=lambda i: blocks[i].owner)
+    ordered = [blocks[i] for i in by_owner]
+    stages = [r for i in by_owner if (r := ranges[i]) is not None]
+    if not stages:
+        raise ValueError("no summary blocks to solve")
+    _check_order([r.edges for r in stages])
+    ws = solve_edge_ranges(stages, n_nics, leaf)
+    points = sum(b.summary.n_points for b in ordered if b.summary is not None)
     e = np.concatenate([b.raise_edges for b in ordered])
     raised = np.concatenate([b.raised for b in ordered])
     bounds = (None, None) if not len(e) else (node_bounds(n_nics, e, 0.5 * raised),
                                               split_raise(n_nics, e, raised))  # fmt: skip
     span = (min(b.t_lo for b in blocks if b.rows), max(b.t_hi for b in blocks if b.rows))
-    state = state_of(ws, t_ref, now_ns, n_samples=rows, span=span, points=s.n_points,
+    state = state_of(ws, t_ref, now_ns, n_samples=rows, span=span, points=points,
                      bounds=bounds)  # fmt: skip
     return None if state is None else dataclasses.replace(state, moved_since=moved_since)
+
+
+def _check_order(parts: Sequence[I64]) -> None:
+    """Raise ValueError unless the ranges' edges, laid end to end, are sorted and distinct
+    (the owners' blocks of one window, in owner order)."""
+    edges = np.concatenate(parts)
+    key = edges[:, 0] * (int(edges.max(initial=0)) + 1) + edges[:, 1]
+    if len(key) > 1 and not (np.diff(key) > 0).all():
+        raise ValueError("summary blocks' edges are not disjoint and in order")

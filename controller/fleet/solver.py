@@ -21,11 +21,15 @@ and what it costs at 100,000 NICs.
 
 With ``FleetConfig.edge_owners`` (k >= 1) the solver neither folds the clock parts nor
 summarizes: k edge owners (`controller.fleet.edges.EdgeStage`) do, and at each solve window
-(`controller.fleet.edges.solve_due`) the solver joins their `SummaryBlock`s and solves the
-whole (`solve_blocks`). ``local_edges``: the owners run inside the solver, fed the window's
-partials split by owner (one process); otherwise the shell runs them and hands their blocks
-to `add_block` (`needs_blocks` says for which windows); a solve window whose blocks are not
-all in is judged without a clock solve (counted in ``missing_blocks``). The solve cadence is
+(`controller.fleet.edges.solve_due`) the solver solves the window in rounds with them
+(`solve_blocks`): the owners run the per-edge stages on their blocks
+(`controller.fleet.edges.EdgeStage.stages`), the solver the network stages on what they
+return; no block is joined. ``local_edges``: the owners run inside the solver, fed the
+window's partials split by owner (one process); otherwise the shell runs them and hands
+their blocks to `add_block` (`needs_blocks` says for which windows), and the blocks' stages
+run here until the shell carries the rounds (docs/scale.md, "Edge owners"); a solve window
+whose blocks are not all in is judged without a clock solve (counted in
+``missing_blocks``). The solve cadence is
 then the grid's, and clock solves always run inline.
 
 Host facts (`presence`, `gpu`, `nic_links`) are the solver's: its brain judges them, and
@@ -341,15 +345,18 @@ class FleetSolver:
         if first is None or t0 is None or not solve_due(k, first, grid, self.config.sync):
             return False
         since, t_ref = solve_cut(k, t0, grid, self.config.sync)
+        ranges = None  # the shell's blocks carry their summaries: their stages run here
         if self.edges is not None:
             got = [stage.block(k, since, t_ref) for stage in self.edges]
+            ranges = [stage.stages(b) for stage, b in zip(self.edges, got, strict=True)]
         else:
             got = [blocks[o] for o in sorted(blocks)]
         if len(got) < self._owners:
             self.missing_blocks += 1
             return False
         state = solve_blocks(got, self.clock.n_nics, self.config.sync, t_ref, now_ns,
-                             leaf=self.clock.leaf, moved_since=self.clock.stepped_at.copy())  # fmt: skip
+                             leaf=self.clock.leaf, moved_since=self.clock.stepped_at.copy(),
+                             ranges=ranges)  # fmt: skip
         new = self.clock.install(state)
         for stage in self.edges or ():
             stage.install(state)

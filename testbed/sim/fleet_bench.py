@@ -23,9 +23,11 @@ Stages, each measured here, none extrapolated from another size:
    ``solver.max_rss_mb``: the highest resident set of the solver's stages. With
    ``--edge-owners K`` (K >= 1, the default 4; `controller.fleet.edges`) the fold and the
    summary are the edge owners', measured owner by owner and reported apart
-   (``edges.owners``: per owner its fold per window and its summary per clock solve, CPU s;
-   ``edges.max_owner_window_seconds``: the busiest owner's solve window), and the solver's
-   window is merge + judge + join (the owners' blocks laid end to end) + fit_and_solve.
+   (``edges.owners``: per owner its fold per window, its summary per clock solve and its
+   per-edge stages of the staged solve, CPU s; ``edges.max_owner_window_seconds``: the
+   busiest owner's solve window; ``edges.stages_critical_s``: per round of the staged solve
+   the slowest owner, summed), and the solver's window is merge + judge + its network stages
+   (``network_s``: no join of the owners' blocks; `controller.fleet.edges.solve_blocks`).
 4. **broker**: a 3-server JetStream cluster (R3 file stream, `testbed.brokerbench`) stores
    ``--broker-messages`` batches of a full-rate host batch's size (the bytes a record takes
    in the encoded batches of stage 1 times 5,120 records: 64 M records/s over 12,500 hosts);
@@ -225,25 +227,30 @@ def summarize(parts: Mapping[str, Any]) -> dict[str, Any]:
         stages = {"merge_s": det["merge_s"], "judge_s": det["judge_s"],
                   "fold_s": clk["fold_cpu_s_per_window"], "summary_s": clk["summary_cpu_s"],
                   "fit_and_solve_s": clk["fit_and_solve_cpu_s"]}  # fmt: skip
-        if clk.get("owners"):  # the fold and the summary are the edge owners'
+        if clk.get("owners"):  # the fold, the summary and the per-edge stages: the owners'
             own = clk["owners"]
+
+            def owner_s(o: Mapping[str, Any]) -> float:
+                return float(o["fold_cpu_s_per_window"] + o["summary_cpu_s"] + o["stages_cpu_s"])
+
             solver["edges"] = {
                 "owners": own, "split_s_per_window": clk["split_cpu_s_per_window"],
-                "max_owner_window_seconds": round(max(o["fold_cpu_s_per_window"]
-                                                      + o["summary_cpu_s"] for o in own), 3),
-                "total_cpu_s": round(sum(o["fold_cpu_s_per_window"] + o["summary_cpu_s"]
-                                         for o in own), 3),
+                "max_owner_window_seconds": round(max(owner_s(o) for o in own), 3),
+                "total_cpu_s": round(sum(owner_s(o) for o in own), 3),
+                "stage_rounds": clk["stage_rounds"],
+                "stages_critical_s": clk["stages_critical_cpu_s"],
             }  # fmt: skip
             stages = {"merge_s": det["merge_s"], "judge_s": det["judge_s"],
-                      "join_s": clk["join_cpu_s"], "fit_and_solve_s": clk["fit_and_solve_cpu_s"]}  # fmt: skip
+                      "network_s": clk["network_cpu_s"]}  # fmt: skip
         every = ClockSyncConfig().solve_every_ns // WINDOW_NS  # windows per clock solve
-        solve = stages.get("summary_s", 0.0) + stages.get("join_s", 0.0) + stages["fit_and_solve_s"]
+        solve = (stages.get("summary_s", 0.0) + stages.get("network_s", 0.0)
+                 + stages.get("fit_and_solve_s", 0.0))  # fmt: skip
         amortized = sum(stages.values()) - solve + solve / every
         solver |= {"window_seconds": round(sum(stages.values()), 3), **stages,
                    "windows_per_clock_solve": every,
                    "amortized_window_seconds": round(amortized, 3),
-                   "max_rss_mb": max(det["peak_rss_mb"], clk.get("join_peak_rss_mb", 0),
-                                     clk["fit_and_solve_peak_rss_mb"]) if clk.get("owners")
+                   "max_rss_mb": max(det["peak_rss_mb"], clk["fit_and_solve_peak_rss_mb"])
+                   if clk.get("owners")
                    else max(det["peak_rss_mb"], clk["fold_peak_rss_mb"],
                             clk["summary_peak_rss_mb"], clk["fit_and_solve_peak_rss_mb"]),
                    "offset_err_p99_ns": clk["offset_err_p99_ns"],
