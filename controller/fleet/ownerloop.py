@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -50,7 +49,15 @@ from controller.fleet.owner import OwnerCore
 from controller.fleet.partial import Partial, PartialError
 from controller.fleet.partials import Assembler, PartialWireError, chunk_messages, commit_message
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, Plane, edge_key
-from controller.fleet.sessions import Follow, fleet_link, follow_key, run_sessions, run_side
+from controller.fleet.sessions import (
+    FairShare,
+    Follow,
+    fleet_link,
+    follow_key,
+    lease_index,
+    run_sessions,
+    run_side,
+)
 from controller.fleet.solverloop import ReaderWatch
 from controller.fleet.state import StateError
 from natslink.bigkv import ChunkedKV
@@ -60,7 +67,6 @@ from natslink.lease import LeaseClock, Leases
 from natslink.link import Link
 from natslink.settings import NatsSettings
 from natslink.streams import Bucket, Entry, open_reader
-from natslink.subjects import fnv1a32
 
 Log = Callable[..., None]
 READ_WAIT_S = 0.25
@@ -152,11 +158,11 @@ class OwnerLoop:
 
     async def _leases_loop(self, link: Link, bucket: Bucket, clocks: ChunkedKV) -> None:
         tick_s = self.leases.clock.renew_s / 2
-        k_all = self.plane.edge_owners
+        share = FairShare("owner", self.owner_id, self.plane.edge_owners, edge_key)
         while True:
             for key in await self.leases.renew():
                 self.stats.lost += 1
-                await self._stop(int(key.split(".")[1]), "lost")
+                await self._stop(lease_index(key), "lost")
             for k, task in list(self.tasks.items()):
                 if task.done():  # its lease went, or its link failed: the session ends
                     del self.tasks[k]
@@ -164,26 +170,20 @@ class OwnerLoop:
                     exc = None if task.cancelled() else task.exception()
                     if exc is not None and not isinstance(exc, _LeaseGone):
                         raise exc
-            await bucket.put(f"owner.{self.owner_id}", b"1")
-            share = math.ceil(k_all / max(1, await bucket.count("owner.")))
-            held = sorted(int(key.split(".")[1]) for key in self.leases.held)
-            for k in held[share:]:
-                await self._stop(k, "released")
-                await self.leases.release(edge_key(k))
-                self.stats.released += 1
-            start = fnv1a32(self.owner_id.encode()) % k_all
-            for i in range(k_all):
-                if len(self.leases.held) >= share:
-                    break
-                k = (start + i) % k_all
-                if edge_key(k) not in self.leases.held and await self.leases.claim(edge_key(k)):
-                    self.stats.claimed += 1
-                    self.log(self.clock_ns(), "edge owner claimed", index=k)
+            got, gave = await share.step(self.leases, bucket, self._released, self._claimed)
+            self.stats.claimed += got
+            self.stats.released += gave
             for key in self.leases.held:
-                k = int(key.split(".")[1])
+                k = lease_index(key)
                 if k not in self.tasks:
                     self.tasks[k] = asyncio.create_task(self._index(link, clocks, k))
             await asyncio.sleep(tick_s)
+
+    async def _released(self, k: int) -> None:
+        await self._stop(k, "released")
+
+    def _claimed(self, k: int) -> None:
+        self.log(self.clock_ns(), "edge owner claimed", index=k)
 
     async def _stop(self, k: int, why: str) -> None:
         task = self.tasks.pop(k, None)

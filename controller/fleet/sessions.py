@@ -9,13 +9,16 @@
   (`natslink.bigkv.ChunkedKV`: the models and a learned fabric's versions);
 - `run_side`: a connection's side tasks until one fails or the link is lost (`first_error`);
 - `follow_key`: a clock bucket key's whole versions, each to a callback (the models, a
-  learned fabric), its watch set up again after a failure.
+  learned fabric), its watch set up again after a failure;
+- `FairShare.step`: the worker's partitions and the owner's indices held alike: register,
+  give back what is above a fair share, claim free ones up to it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +32,7 @@ from natslink.lease import LeaseClock, Leases
 from natslink.link import Link, connect
 from natslink.settings import NatsSettings
 from natslink.streams import Bucket, Entry, ensure_bucket, ensure_stream
+from natslink.subjects import fnv1a32
 
 Log = Callable[..., None]
 LINK_POLL_S = 0.5
@@ -152,13 +156,58 @@ async def follow_key(
             await asyncio.sleep(how.pause_s)
 
 
+def lease_index(key: str) -> int:
+    """Return the index a lease key names (``part.<p>``, ``edge.<k>``)."""
+    return int(key.split(".")[1])
+
+
+@dataclass(frozen=True, slots=True)
+class FairShare:
+    """How a process holds ``total`` indices (partitions, edge owner indices) with its
+    peers: it registers as ``<kind>.<me>`` in the lease bucket (same TTL), and its lease
+    of index ``i`` is ``key_of(i)``."""
+
+    kind: str
+    me: str
+    total: int
+    key_of: Callable[[int], str]
+
+    async def step(
+        self, leases: Leases, bucket: Bucket, release: Callable[[int], Awaitable[None]],
+        claimed: Callable[[int], None],
+    ) -> tuple[int, int]:  # fmt: skip
+        """Register, give back the indices held above the fair share
+        ``ceil(total / live processes)`` (each stopped by ``release(i)`` first, then its
+        lease released: a clean crash), and claim free ones up to it, from
+        ``fnv1a32(me) mod total`` on (each told to ``claimed(i)``); return (claimed,
+        released). Raises `natslink.errors.NatsLinkError` as the bucket does."""
+        await bucket.put(f"{self.kind}.{self.me}", b"1")
+        share = math.ceil(self.total / max(1, await bucket.count(f"{self.kind}.")))
+        held = sorted(lease_index(key) for key in leases.held)
+        for i in held[share:]:
+            await release(i)
+            await leases.release(self.key_of(i))
+        got = 0
+        start = fnv1a32(self.me.encode()) % self.total
+        for n in range(self.total):
+            if len(leases.held) >= share:
+                break
+            i = (start + n) % self.total
+            if self.key_of(i) not in leases.held and await leases.claim(self.key_of(i)):
+                got += 1
+                claimed(i)
+        return got, len(held[share:])
+
+
 __all__ = [
     "LINK_POLL_S",
+    "FairShare",
     "FleetLink",
     "Follow",
     "first_error",
     "fleet_link",
     "follow_key",
+    "lease_index",
     "run_sessions",
     "run_side",
 ]

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -66,7 +65,15 @@ from controller.fleet.cores import PartialLike, WorkerCore
 from controller.fleet.fabricwire import FABRIC_KEY, FabricFollow, FabricWireError
 from controller.fleet.partials import chunk_messages, commit_message
 from controller.fleet.plane import MODELS_KEY, Plane, partition_key
-from controller.fleet.sessions import Follow, fleet_link, follow_key, run_sessions, run_side
+from controller.fleet.sessions import (
+    FairShare,
+    Follow,
+    fleet_link,
+    follow_key,
+    lease_index,
+    run_sessions,
+    run_side,
+)
 from controller.fleet.state import StateError
 from controller.fleet.watermark import StreamClock
 from mqttlink.reconnect import Backoff
@@ -82,7 +89,6 @@ from natslink.streams import (
     restart_from_ack_floor,
     stored_at,
 )
-from natslink.subjects import fnv1a32
 
 Log = Callable[..., None]
 FETCH_WAIT_S = 0.5
@@ -187,10 +193,11 @@ class WorkerLoop:
 
     async def _leases_loop(self, link: Link, bucket: Bucket) -> None:
         tick_s = self.leases.clock.renew_s / 2
+        share = FairShare("worker", self.worker_id, self.plane.partitions, partition_key)
         while True:
             for key in await self.leases.renew():
                 self.stats.lost += 1
-                await self._stop(int(key.split(".")[1]), "lost")
+                await self._stop(lease_index(key), "lost")
             for p, task in list(self.tasks.items()):
                 if task.done():  # a partition task ended: its lease went, or its link failed
                     del self.tasks[p]
@@ -218,31 +225,22 @@ class WorkerLoop:
                         )  # its consumer
                     elif exc is not None and not isinstance(exc, _LeaseGone):
                         raise exc
-            await bucket.put(f"worker.{self.worker_id}", b"1")
-            workers = max(1, await bucket.count("worker."))
-            share = math.ceil(self.plane.partitions / workers)
-            held = sorted(int(k.split(".")[1]) for k in self.leases.held)
-            for p in held[share:]:  # above the fair share: give back (a clean crash)
-                await self._stop(p, "released")
-                await self.leases.release(partition_key(p))
-                self.stats.released += 1
-            start = fnv1a32(self.worker_id.encode()) % self.plane.partitions
-            for i in range(self.plane.partitions):
-                if len(self.leases.held) >= share:
-                    break
-                p = (start + i) % self.plane.partitions
-                if partition_key(p) not in self.leases.held and await self.leases.claim(
-                    partition_key(p)
-                ):
-                    self.stats.claimed += 1
-                    self.log(self.clock_ns(), "partition claimed", partition=p)
+            got, gave = await share.step(self.leases, bucket, self._released, self._claimed)
+            self.stats.claimed += got
+            self.stats.released += gave
             for key in self.leases.held:
-                p = int(key.split(".")[1])
+                p = lease_index(key)
                 if p not in self.tasks and (
                     p not in self.failed or self.mono() >= self.failed[p][1]
                 ):
                     self.tasks[p] = asyncio.create_task(self._partition(link, p))
             await asyncio.sleep(tick_s)
+
+    async def _released(self, p: int) -> None:
+        await self._stop(p, "released")
+
+    def _claimed(self, p: int) -> None:
+        self.log(self.clock_ns(), "partition claimed", partition=p)
 
     async def _stop(self, p: int, why: str) -> None:
         task = self.tasks.pop(p, None)
