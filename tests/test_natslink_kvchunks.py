@@ -75,6 +75,10 @@ def test_a_torn_write_is_never_assembled() -> None:
     cut[-1] = cut[-1][:-1]  # a chunk short of a byte
     with pytest.raises(ChunkError, match="do not hash"):
         assemble(s.manifest, cut)
+    flipped = [msg for _, msg in s.chunks]
+    flipped[1] = flipped[1][:-1] + bytes([flipped[1][-1] ^ 1])  # its head intact, a bit off
+    with pytest.raises(ChunkError, match="do not hash"):
+        assemble(s.manifest, flipped)
 
 
 def test_a_chunk_of_another_digest_or_place_is_refused() -> None:
