@@ -8,6 +8,8 @@
   reconnection off, so the services reconnect through `mqttlink.reconnect`'s one loop and
   `Backoff`) and `Link` (publish with a message id, pull consumers, KV buckets);
 - `natslink.streams`: stream, consumer and KV bucket specs and their idempotent setup;
+- `natslink.kvchunks` (pure) and `natslink.bigkv`: KV values past the server's
+  ``max_payload`` as chunks and a manifest written last (`ChunkedKV`);
 - `natslink.lease`: leases on a KV bucket (one owner per key, TTL and renewal; `LeaseClock`,
   the pure part, says when a lease must be renewed and when it is no longer safe to use);
 - `natslink.subjects` and `natslink.serverconf`: subjects, the host -> partition hash, and

@@ -43,10 +43,10 @@ class ServerSpec:
 
 
 MAX_PAYLOAD = "8MB"
-"""The largest message the servers take: a learned fabric's version travels as one value of
-the clock bucket (`controller.fleet.fabricwire`, ~27 B per NIC: 2.7 MB at 100,000 NICs), over
-nats-server's default of 1 MB past ~35,000 NICs; 8 MB is the most nats-server's docs advise
-(it warns above it; 64 MB is its hard limit)."""
+"""The largest message the servers take; 8 MB is the most nats-server's docs advise (it warns
+above it; 64 MB is its hard limit; its default is 1 MB). Larger KV values (the clock models,
+7.7 MB at 100,000 NICs; a learned fabric's version, 3.9 MB without paths) travel as chunks
+under it (`natslink.bigkv`), so fewer, larger chunks, not whether they fit, is what it sets."""
 
 
 def server_conf(

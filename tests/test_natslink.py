@@ -150,8 +150,8 @@ def test_cluster_stream_dedup_leases_and_ack_floor(nats_cluster: Cluster) -> Non
             assert not a1.duplicate and a2.duplicate and a2.seq == a1.seq and a3.seq == a1.seq + 1
             with pytest.raises(NatsRefused, match="max_payload"):
                 await link.publish(subj.probes("host0"), bytes(link.max_payload + 1))
-            # the servers' max_payload (natslink.serverconf.MAX_PAYLOAD): a learned fabric's
-            # version at 100,000 NICs (~2.7 MB) is one value; nats-server's default is 1 MB
+            # the servers' max_payload (natslink.serverconf.MAX_PAYLOAD; nats-server's default
+            # is 1 MB): larger KV values travel as chunks under it (natslink.bigkv)
             assert link.max_payload == 8 << 20
 
             # host0 -> partition 5: its consumer sees only its batch

@@ -135,8 +135,9 @@ class FabricPublisher:
         return True
 
     def refused(self, fabric: Fabric) -> None:
-        """Note that the servers refused ``fabric`` (over their ``max_payload``): it is not
-        due again (retrying cannot help); a later fabric is."""
+        """Note that the servers refused ``fabric`` (a bucket's limit; its size no longer:
+        large values go in chunks): it is not due again (retrying cannot help); a later
+        fabric is."""
         self._refused = fabric
 
     def published(self, fabric: Fabric) -> None:
