@@ -25,27 +25,28 @@ summary points, the bytes of one window's partials, and whether the solve knows 
 With ``--edge-owners K`` (`controller.fleet.edges`, ``FleetConfig.edge_owners``) the fold and
 the summary are an edge stage's: each window's clock part split by owner
 (``split_cpu_s_per_window``, a worker's work), each owner's share folded
-(`EdgeStage.add`) and its rows of the clock window summarized, timed owner by owner
-(``owners``: per owner CPU s, they run in parallel; ``block_bytes``: its block as it travels,
-`controller.fleet.edges.SummaryBlock.encode`, zlib), and the solve is staged
-(`sync.summarysolve.solve_ranges`, as `controller.fleet.edges.solve_blocks` runs it): each
-owner's per-edge stages on its block timed apart (``owners[*].stages_cpu_s``, and per round
-the slowest owner: ``stages_critical_cpu_s``), the solver's part the network stages
-(``network_cpu_s``); no block is joined.
+(`EdgeStage.add`, timed owner by owner), and the clock window's rows summarized and the solve
+staged (`sync.summarysolve.solve_ranges`, as `controller.fleet.edges.solve_blocks` runs it)
+with each owner a process of its own (`controller.fleet.benchowners`): it summarizes its rows
+(``owners[*].summary_cpu_s``; ``block_bytes``: its block as it would travel,
+`controller.fleet.edges.SummaryBlock.encode`, zlib) and answers the rounds' calls over a pipe
+as the fleet's stage frames (``owners[*].stages_cpu_s``, ``stage_bytes``: its replies;
+``stages_critical_cpu_s``: per round the slowest owner; ``owners[*].peak_rss_mb``). The
+solver's part is measured in its own process, which holds no rows and no block:
+``network_cpu_s`` (the network stages, encoding the calls and decoding the replies) and
+``network_peak_rss_mb`` (= ``fit_and_solve_peak_rss_mb``).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import functools
+import gc
 import json
 import resource
 import sys
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -60,18 +61,9 @@ from controller.clocksolve import (
     window_summary,
 )
 from controller.clocksync import ClockSync
-from controller.fleet.edges import (
-    EdgeInput,
-    EdgeStage,
-    SummaryBlock,
-    first_send,
-    owner_bounds,
-    split_clock,
-)
+from controller.fleet.benchowners import OwnerProcs, hwm_mb, reset_peak
+from controller.fleet.edges import EdgeInput, EdgeStage, first_send, owner_bounds, split_clock
 from controller.fleet.partial import MovedClocks
-from sync.edgestage import Candidates, EdgeFit, EdgeRange, Residuals
-from sync.excess import DirectionLows
-from sync.summary import Summary
 from sync.summarysolve import sync_summary
 from sync.window import WindowSync
 
@@ -84,29 +76,13 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _reset_peak() -> None:
-    """Reset the process's peak RSS (Linux: ``/proc/self/clear_refs`` 5); best effort."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def _hwm_mb() -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return _peak_mb()
-
-
 def _timed(out: dict[str, Any], name: str, fn: Callable[[], T]) -> T:
-    _reset_peak()
+    reset_peak()
     t0, w0 = time.process_time(), time.perf_counter()
     res = fn()
     out[f"{name}_cpu_s"] = round(time.process_time() - t0, 3)
     out[f"{name}_wall_s"] = round(time.perf_counter() - w0, 3)
-    out[f"{name}_peak_rss_mb"] = round(_hwm_mb())
+    out[f"{name}_peak_rss_mb"] = round(hwm_mb())
     return res
 
 
@@ -183,7 +159,7 @@ def run(
     stages = [EdgeStage(nics, cfg, k) for k in range(owners)]
     fold_cpu, split_cpu = 0.0, 0.0
     owner_fold = np.zeros(owners)
-    _reset_peak()
+    reset_peak()
     for k in range(fold_windows):
         part = window_part(src, dst, k, width, offset, drift, floor, rng, k * len(src))
         if k == 0:
@@ -201,29 +177,26 @@ def run(
         fold_cpu += time.process_time() - t0
         del part
     out["fold_cpu_s_per_window"] = round(fold_cpu / fold_windows, 3)
-    out["fold_peak_rss_mb"] = round(_hwm_mb())
+    out["fold_peak_rss_mb"] = round(hwm_mb())
     del cs, stages
     w = _kept(src, dst, cfg, offset, drift, floor, rng)
     out["kept_rows"] = len(w)
     t_ref = cfg.window_ns // 2 + EPOCH
-    s: Summary | list[Summary]
     if bounds is None:
         s = _timed(out, "summary", functools.partial(window_summary, w, t_ref, cfg.coded_tol_hw_ns))
-    else:
-        out["split_cpu_s_per_window"] = round(split_cpu / fold_windows, 3)
-        s = _owners(out, w, bounds, t_ref, cfg, owner_fold / fold_windows)
-    del w  # the solve holds the summary, not the rows
-    if isinstance(s, Summary):
+        del w  # the solve holds the summary, not the rows
         out["summary_points"] = s.n_points
-        one = s
         ws = _timed(
             out, "fit_and_solve",
-            lambda: sync_summary(nics, one, quant_ns=cfg.quant_hw_ns,
+            lambda: sync_summary(nics, s, quant_ns=cfg.quant_hw_ns,
                                  min_samples=cfg.min_samples, min_coded=cfg.min_coded, leaf=leaf),
         )  # fmt: skip
     else:
-        out["summary_points"] = sum(b.n_points for b in s)
-        ws = _staged(out, nics, s, cfg, leaf)
+        out["split_cpu_s_per_window"] = round(split_cpu / fold_windows, 3)
+        pieces = split_clock(w, bounds)  # the owners' rows: OwnerProcs empties the list
+        del w
+        with OwnerProcs(pieces, t_ref, cfg.coded_tol_hw_ns, fit_params(cfg)) as procs:
+            ws = _staged(out, nics, procs, leaf, owner_fold / fold_windows)
     known = ws.known & np.isfinite(ws.offset_ns)
     out["known_nics"] = int(known.sum())
     truth = offset + drift * (t_ref - EPOCH)  # the clocks at the solve's reference instant
@@ -235,118 +208,43 @@ def run(
     return out
 
 
-class _Rounds:
-    """The CPU each owner spends in each round of the staged solve (a round: one stage
-    called on every owner, the first owner first) and the bytes its results take."""
-
-    def __init__(self, owners: int) -> None:
-        self.cpu: list[npt.NDArray[np.float64]] = []
-        self.bytes = np.zeros(owners, np.int64)
-
-    def add(self, owner: int, cpu: float, result: object) -> None:
-        if owner == 0 or not self.cpu:
-            self.cpu.append(np.zeros(len(self.bytes)))
-        self.cpu[-1][owner] += cpu
-        self.bytes[owner] += _nbytes(result)
-
-
-def _nbytes(x: object) -> int:
-    """Bytes of the arrays in a stage's result (tuples, lists and dataclasses opened)."""
-    if isinstance(x, np.ndarray):
-        return int(x.nbytes)
-    if isinstance(x, (tuple, list)):
-        return sum(_nbytes(v) for v in x)
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return sum(_nbytes(getattr(x, f.name)) for f in dataclasses.fields(x))
-    return 0
-
-
-class _TimedRange:
-    """An owner's `sync.edgestage.EdgeRange`, each stage's CPU counted apart (the owners
-    run in parallel, the solver waits for the slowest of each round)."""
-
-    def __init__(self, inner: EdgeRange, owner: int, rounds: _Rounds) -> None:
-        self.inner, self.owner, self.rounds = inner, owner, rounds
-
-    @property
-    def edges(self) -> I64:
-        return self.inner.edges
-
-    def _run(self, fn: Callable[[], T]) -> T:
-        t0 = time.process_time()
-        res = fn()
-        self.rounds.add(self.owner, time.process_time() - t0, res)
-        return res
-
-    def fit(self) -> EdgeFit:
-        return self._run(self.inner.fit)
-
-    def drop_bad(self, drift: npt.NDArray[np.float64]) -> bool:
-        return self._run(lambda: self.inner.drop_bad(drift))
-
-    def candidates(
-        self, drift: npt.NDArray[np.float64], offset: npt.NDArray[np.float64],
-        rtt_fractions: Sequence[float],
-    ) -> Candidates:  # fmt: skip
-        return self._run(lambda: self.inner.candidates(drift, offset, rtt_fractions))
-
-    def residuals(
-        self, offset: npt.NDArray[np.float64], drift: npt.NDArray[np.float64]
-    ) -> Residuals:
-        return self._run(lambda: self.inner.residuals(offset, drift))
-
-    def cut_nodes(self, nodes: I64) -> None:
-        self._run(lambda: self.inner.cut_nodes(nodes))
-
-    def lows(self) -> DirectionLows:
-        return self._run(self.inner.lows)
-
-
 def _staged(
-    out: dict[str, Any], nics: int, blocks: list[Summary], cfg: ClockSyncConfig, leaf: I64
-) -> WindowSync:
-    """The staged solve of the owners' blocks (`sync.summarysolve.solve_ranges`): each
-    owner's stages timed apart (``owners[*].stages_cpu_s``, ``stage_bytes``: what its
-    results take), the rounds' critical path (``stages_critical_cpu_s``: per round the
-    slowest owner) and the solver's network stages (``network_cpu_s``: the whole solve's
-    CPU less every owner's)."""
-    rounds = _Rounds(len(blocks))
-    ranges = [_TimedRange(EdgeRange(b, fit_params(cfg)), o, rounds) for o, b in enumerate(blocks)]
-    ws = _timed(out, "fit_and_solve", lambda: solve_edge_ranges(ranges, nics, leaf))
-    per = np.sum(rounds.cpu, axis=0) if rounds.cpu else np.zeros(len(blocks))
-    for o, own in enumerate(out["owners"]):
-        own["stages_cpu_s"] = round(float(per[o]), 3)
-        own["stage_bytes"] = int(rounds.bytes[o])
-    out["stage_rounds"] = len(rounds.cpu)
-    out["stages_critical_cpu_s"] = round(float(sum(r.max() for r in rounds.cpu)), 3)
-    out["network_cpu_s"] = round(max(0.0, out["fit_and_solve_cpu_s"] - float(per.sum())), 3)
-    return ws
-
-
-def _owners(
-    out: dict[str, Any], w: SampleWindow, bounds: I64, t_ref: int, cfg: ClockSyncConfig,
+    out: dict[str, Any], nics: int, procs: OwnerProcs, leaf: I64,
     fold: npt.NDArray[np.float64],
-) -> list[Summary]:  # fmt: skip
-    """Each owner's rows of the clock window summarized, timed owner by owner; returns the
-    owners' blocks (their summaries: the staged solve runs on them, no join)."""
-    blocks: list[Summary] = []
-    per: list[dict[str, Any]] = []
-    _reset_peak()
-    for o, rows in enumerate(split_clock(w, bounds)):
-        t0 = time.process_time()
-        blocks.append(window_summary(SampleWindow(**rows.cols()), t_ref, cfg.coded_tol_hw_ns))
-        cpu = time.process_time() - t0
-        t0 = time.process_time()
-        size = len(SummaryBlock(o, 0, len(rows), 0, 0, False, blocks[-1], np.zeros((0, 2), np.int64),
-                                np.zeros(0)).encode())  # fmt: skip
-        per.append({"owner": o, "rows": len(rows), "fold_cpu_s_per_window": round(fold[o], 3),
-                    "summary_cpu_s": round(cpu, 3), "block_bytes": size,
-                    "encode_cpu_s": round(time.process_time() - t0, 3)})  # fmt: skip
-        del rows
-    out["owners"] = per
+) -> WindowSync:  # fmt: skip
+    """The staged solve (`sync.summarysolve.solve_ranges`) with each owner a process of its
+    own (`controller.fleet.benchowners`): per owner its rows, fold per window, summary and
+    block bytes, stages' CPU and results' bytes and peak resident set (``owners``); per round
+    the slowest owner (``stages_critical_cpu_s``); the solver's part measured in its own
+    process (``network_cpu_s``: the network stages plus encoding the calls and decoding the
+    replies; ``fit_and_solve_peak_rss_mb``: its peak while solving)."""
+    per: list[dict[str, Any]] = [
+        {"owner": o, "rows": h["rows"], "fold_cpu_s_per_window": round(float(fold[o]), 3),
+         "summary_cpu_s": round(h["summary_cpu_s"], 3), "block_bytes": h["block_bytes"],
+         "encode_cpu_s": round(h["encode_cpu_s"], 3)}
+        for o, h in enumerate(procs.hello)
+    ]  # fmt: skip
+    out["summary_points"] = sum(int(h["points"]) for h in procs.hello)
     out["summary_cpu_s"] = round(max(p["summary_cpu_s"] for p in per), 3)  # in parallel
-    out["summary_peak_rss_mb"] = round(_hwm_mb())
-    return blocks
+    ranges = procs.ranges()
+    gc.collect()
+    ws = _timed(out, "network", lambda: solve_edge_ranges(ranges, nics, leaf))
+    done = procs.finish()
+    n_calls = max(len(d["calls"]) for d in done)
+    cpu = np.zeros((n_calls, len(done)))
+    for o, (own, d) in enumerate(zip(per, done, strict=True)):
+        calls = np.asarray(d["calls"], np.float64).reshape(-1, 2)
+        cpu[: len(calls), o] = calls[:, 0]
+        own["stages_cpu_s"] = round(float(calls[:, 0].sum()), 3)
+        own["stage_bytes"] = int(calls[:, 1].sum())
+        own["peak_rss_mb"] = round(float(d["peak_rss_mb"]))
+    out["owners"] = per
+    out["summary_peak_rss_mb"] = max(p["peak_rss_mb"] for p in per)
+    out["stage_rounds"] = n_calls
+    out["stages_critical_cpu_s"] = round(float(cpu.max(axis=1).sum()), 3)
+    out["fit_and_solve_cpu_s"] = round(out["network_cpu_s"] + float(cpu.sum()), 3)
+    out["fit_and_solve_peak_rss_mb"] = out["network_peak_rss_mb"]
+    return ws
 
 
 def _kept(

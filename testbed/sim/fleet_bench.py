@@ -27,7 +27,10 @@ Stages, each measured here, none extrapolated from another size:
    per-edge stages of the staged solve, CPU s; ``edges.max_owner_window_seconds``: the
    busiest owner's solve window; ``edges.stages_critical_s``: per round of the staged solve
    the slowest owner, summed), and the solver's window is merge + judge + its network stages
-   (``network_s``: no join of the owners' blocks; `controller.fleet.edges.solve_blocks`).
+   (``network_s``: no join of the owners' blocks; `controller.fleet.edges.solve_blocks`; the
+   owners are processes of their own there, `controller.fleet.benchowners`, so ``network_s``
+   includes the rounds' bytes and ``solver.max_rss_mb`` is the solver's process without any
+   owner's rows or block).
 4. **broker**: a 3-server JetStream cluster (R3 file stream, `testbed.brokerbench`) stores
    ``--broker-messages`` batches of a full-rate host batch's size (the bytes a record takes
    in the encoded batches of stage 1 times 5,120 records: 64 M records/s over 12,500 hosts);
