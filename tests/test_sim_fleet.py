@@ -61,7 +61,13 @@ def test_with_edge_owners_the_solver_window_leaves_the_per_edge_work_to_them() -
            "offset_err_p99_ns": 1.0, "known_nics": 10, "owners": own, "network_cpu_s": 0.25,
            "split_cpu_s_per_window": 0.1, "stage_rounds": 5,
            "stages_critical_cpu_s": 0.5}  # fmt: skip
-    s = summarize({"detection": det, "clocks": clk})["solver"]
+    worker = {"records_per_core_second": 1e6}
+    r = summarize({"worker": worker, "detection": det, "clocks": clk,
+                   "broker": {"server_cpu_us_per_record": 0.5}})  # fmt: skip
+    s = r["solver"]
+    # the owners' cores are counted: split 0.1 + folds 1.0 + (summaries 3.0 + stages 1.0) / 10
+    assert s["edges"]["sustained_cores"] == 1.5 and r["cores"]["edge_owners"] == 1.5
+    assert r["cores"]["total"] == round(32.0 + 64.0 + s["amortized_window_seconds"] + 1.5, 1)
     assert s["window_seconds"] == 2.25 and "fold_s" not in s and s["network_s"] == 0.25
     assert "fit_and_solve_s" not in s and "join_s" not in s  # the per-edge work is the owners'
     assert s["max_rss_mb"] == 300  # the owners' fold and summary peaks are theirs
