@@ -95,9 +95,10 @@ class KeyIndex:
         while len(keys):
             free = self._kv[pos, 0] == _EMPTY
             cand = np.flatnonzero(free)
-            _, first = np.unique(pos[cand], return_index=True)  # one key per free slot a round
-            win = cand[first]
-            self._kv[pos[win], 0] = keys[win]
+            # one key per free slot a round: every candidate writes its key, the one read back
+            # holds the slot (keys are distinct; which one wins does not change any lookup)
+            self._kv[pos[cand], 0] = keys[cand]
+            win = cand[self._kv[pos[cand], 0] == keys[cand]]
             self._kv[pos[win], 1] = val[win]
             rest = np.ones(len(keys), dtype=bool)
             rest[win] = False
