@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.detect.paths import PathIndex, alias_groups, expand, path_signature
+from controller.windows import KeyIndex
 from mesh.fabric import build_fabric
 from testbed.sim.engine import SimConfig, Simulator
 from testbed.sim.localize_bench import three_tier_shape
@@ -122,3 +123,19 @@ def test_path_numbers_are_first_seen_sorted_per_call_and_survive_growth(n: int, 
             seen[r] = len(seen)
         assert got.tolist() == [seen[tuple(r)] for r in hops.tolist()]
         assert [tuple(r) for r in idx.hops.tolist()] == list(seen)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 3000), st.integers(0, 2**31 - 1))
+def test_key_index_numbers_new_keys_in_key_order_after_the_known(n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    idx = KeyIndex(16)
+    known: list[int] = []
+    for _ in range(3):  # repeats within and across calls, negative keys, table growth
+        keys = rng.integers(-(2**40), 2**40, n) // int(rng.integers(1, 2**30))
+        slots, n_new = idx.insert(keys)
+        new = sorted(set(keys.tolist()) - set(known))
+        known += new
+        assert n_new == len(new)
+        assert slots.tolist() == [known.index(k) for k in keys.tolist()]
+        assert idx.lookup(np.array(known, np.int64)).tolist() == list(range(len(known)))
