@@ -165,7 +165,10 @@ def alias_groups(
         raise ValueError(f"a hop names link {int(links.max())} of {n_links}")
     rng = np.random.default_rng(0x5EED)
     keys = [
-        np.bincount(links, np.asarray(rng.random(h.shape[0]), np.float64)[rows], n_links)
+        np.asarray(
+            np.bincount(links, np.asarray(rng.random(h.shape[0]), np.float64)[rows], n_links),
+            np.float64,
+        )
         for _ in range(2)
     ]
     crossed = np.flatnonzero(np.bincount(links, minlength=n_links) > 0)
