@@ -109,6 +109,7 @@ class Brain:
         self._back_at: dict[str, int] = {}  # host -> when its presence last said alive
         self._excluded = np.zeros(n_nics, dtype=bool)
         self._reported_down: set[int] = set()
+        self._host_nics: dict[str, list[int]] | None = None  # `_all_reported_down`
         self._gpu_bad: dict[str, str] = {}
         self._pending: list[EventDoc] = []
         self._last_tick: int | None = None
@@ -223,7 +224,13 @@ class Brain:
                 self._reported_down.add(i)
 
     def _all_reported_down(self, host: str) -> bool:
-        idx = [n.index for n in self.fabric.nics if n.host == host]
+        if not self._reported_down:
+            return False
+        if self._host_nics is None:  # once: a host's NICs, not a scan of the fabric per host
+            self._host_nics = {}
+            for n in self.fabric.nics:
+                self._host_nics.setdefault(n.host, []).append(n.index)
+        idx = self._host_nics.get(host, [])
         return bool(idx) and all(i in self._reported_down for i in idx)
 
     # ---- the window ----------------------------------------------------------------------

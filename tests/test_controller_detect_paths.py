@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.detect.paths import PathIndex, alias_groups, expand, path_signature
+from controller.windows import KeyIndex
 from mesh.fabric import build_fabric
 from testbed.sim.engine import SimConfig, Simulator
 from testbed.sim.localize_bench import three_tier_shape
@@ -73,3 +74,68 @@ def test_two_pods_leave_each_super_spine_s_two_links_unidentifiable() -> None:
         for g in groups:  # the super-spine's link into each pod
             ends = {fab.links[i].upper for i in g}
             assert len(g) == 2 and len(ends) == 1 and next(iter(ends)).startswith("super")
+
+
+def _alias_reference(n_links: int, hops: np.ndarray, directed: bool) -> list[tuple[int, ...]]:
+    """Groups by the exact set of rows crossing each element (the definition), in order of
+    their first element."""
+    rows_of: dict[int, set[int]] = {}
+    for r, row in enumerate(hops.tolist()):
+        for h in row:
+            if h >= 0:
+                rows_of.setdefault(h if directed else h // 2, set()).add(r)
+    groups: dict[frozenset[int], list[int]] = {}
+    for el in sorted(rows_of):
+        groups.setdefault(frozenset(rows_of[el]), []).append(el)
+    return [tuple(g) for g in groups.values() if len(g) > 1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 60), st.integers(0, 2**31 - 1), st.booleans())
+def test_alias_groups_match_the_definition(n: int, seed: int, directed: bool) -> None:
+    # few elements, few rows: many groups, of every size, in shuffled first-element order
+    rng = np.random.default_rng(seed)
+    n_links = 12
+    hops = np.full((n, 4), -1, np.int32)
+    for r in range(n):
+        k = int(rng.integers(1, 5))
+        links = rng.choice(n_links, k, replace=False)
+        hops[r, :k] = 2 * links + rng.integers(0, 2, k)
+    n_el = 2 * n_links if directed else n_links
+    assert alias_groups(n_el, hops, directed=directed) == _alias_reference(n_el, hops, directed)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 5000), st.integers(0, 2**31 - 1))
+def test_path_numbers_are_first_seen_sorted_per_call_and_survive_growth(n: int, seed: int) -> None:
+    # many keys on one home slot (tiny table, then doubled): every key found at its number
+    rng = np.random.default_rng(seed)
+    idx = PathIndex(2)
+    seen: dict[tuple[int, int], int] = {}
+    for _ in range(3):
+        hops = rng.integers(0, 40, (n, 2)).astype(np.int32)
+        got = idx.paths(hops)
+        new = sorted(
+            {tuple(r) for r in hops.tolist()} - set(seen),
+            key=lambda r: (r[0] + 1) | ((r[1] + 1) << 16),
+        )
+        for r in new:
+            seen[r] = len(seen)
+        assert got.tolist() == [seen[tuple(r)] for r in hops.tolist()]
+        assert [tuple(r) for r in idx.hops.tolist()] == list(seen)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 3000), st.integers(0, 2**31 - 1))
+def test_key_index_numbers_new_keys_in_key_order_after_the_known(n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    idx = KeyIndex(16)
+    known: list[int] = []
+    for _ in range(3):  # repeats within and across calls, negative keys, table growth
+        keys = rng.integers(-(2**40), 2**40, n) // int(rng.integers(1, 2**30))
+        slots, n_new = idx.insert(keys)
+        new = sorted(set(keys.tolist()) - set(known))
+        known += new
+        assert n_new == len(new)
+        assert slots.tolist() == [known.index(k) for k in keys.tolist()]
+        assert idx.lookup(np.array(known, np.int64)).tolist() == list(range(len(known)))

@@ -92,3 +92,35 @@ def test_fine_delays_and_flow_counts_merge_exactly_across_workers() -> None:
     assert sum(r[4] for r in flows) > 0  # some flows lost probes
     assert _fine_rows(merged, merged_paths) == fine
     assert _flow_rows(merged, merged_paths) == flows
+
+
+def _unaligned(a: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+    """A copy of ``a`` at an odd byte offset of a buffer (as a decoded partial's columns)."""
+    buf = np.zeros(a.nbytes + 1, np.uint8)
+    out = np.frombuffer(buf.data, a.dtype, a.size, 1).reshape(a.shape)
+    out[...] = a
+    assert a.itemsize == 1 or a.size == 0 or not out.flags.aligned
+    return out
+
+
+def test_a_part_at_odd_byte_offsets_absorbs_as_an_aligned_one() -> None:
+    sim = Simulator(FAB, SimConfig(seed=4, load=0.7))
+    steps = [observations_from_step(sim, st) for st in sim.run(0.3, 0.1)]
+    paths = PathIndex(WIDTH)
+    w = _window(paths)
+    for obs in steps:
+        _fold(w, paths, obs)
+    part = w.export(paths)
+    odd = dataclasses.replace(
+        part, **{f.name: _unaligned(getattr(part, f.name)) for f in dataclasses.fields(part)}
+    )
+    out = []
+    for p in (part, odd):
+        into = PathIndex(WIDTH)
+        win = _window(into)
+        win.absorb(p, into)
+        out.append(win.export(into))
+    assert len(part.path_sig) > 50 and len(part.pair_seen) > 50
+    for f in dataclasses.fields(part):
+        a, b = getattr(out[0], f.name), getattr(out[1], f.name)
+        assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), f.name

@@ -110,8 +110,8 @@ class PathIndex:
         out, n_new = self._index.insert(sig)
         if n_new:
             fresh = np.flatnonzero(out >= old)
-            _, first = np.unique(out[fresh], return_index=True)  # one record per new path, in order
-            pos = fresh[first]
+            pos = np.empty(n_new, np.intp)  # one record per new path, in order: records of
+            pos[out[fresh] - old] = fresh  # one signature are one path: any of them will do
             self.base = np.concatenate([self.base, np.full(n_new, np.inf)])
             self.hops = np.concatenate([self.hops, rows(pos).astype(np.int32)])
             self.sigs = np.concatenate([self.sigs, sig[pos]])
@@ -165,11 +165,32 @@ def alias_groups(
         raise ValueError(f"a hop names link {int(links.max())} of {n_links}")
     rng = np.random.default_rng(0x5EED)
     keys = [
-        np.bincount(links, np.asarray(rng.random(h.shape[0]), np.float64)[rows], n_links)
+        np.asarray(
+            np.bincount(links, np.asarray(rng.random(h.shape[0]), np.float64)[rows], n_links),
+            np.float64,
+        )
         for _ in range(2)
     ]
-    crossed = np.bincount(links, minlength=n_links) > 0
-    groups: dict[tuple[float, float], list[int]] = {}
-    for li in np.flatnonzero(crossed).tolist():
-        groups.setdefault((float(keys[0][li]), float(keys[1][li])), []).append(li)
-    return [tuple(g) for g in groups.values() if len(g) > 1]
+    crossed = np.flatnonzero(np.bincount(links, minlength=n_links) > 0)
+    return _same_keys(crossed, keys[0][crossed], keys[1][crossed])
+
+
+def _same_keys(
+    ids: npt.NDArray[np.intp], k0: npt.NDArray[np.float64], k1: npt.NDArray[np.float64]
+) -> list[tuple[int, ...]]:
+    """Return the groups (two or more, ascending) of ``ids`` (ascending) whose two keys are
+    equal, in order of their first id: one stable sort by the keys, no loop over ids."""
+    order = np.lexsort((k1, k0))  # stable: equal keys keep ascending ids
+    a, b = k0[order], k1[order]
+    cut = np.flatnonzero((a[1:] != a[:-1]) | (b[1:] != b[:-1])) + 1
+    starts = np.concatenate([[0], cut])
+    sizes = np.diff(np.concatenate([starts, [len(order)]]))
+    big = np.flatnonzero(sizes > 1)
+    if not len(big):
+        return []
+    firsts = ids[order[starts[big]]]
+    members = ids[order].tolist()
+    return [
+        tuple(members[starts[g] : starts[g] + sizes[g]])
+        for g in big[np.argsort(firsts, kind="stable")].tolist()
+    ]

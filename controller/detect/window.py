@@ -18,6 +18,7 @@ holding every host would have made. Pure: arrays in, arrays out.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -204,6 +205,7 @@ class DetectionWindow:
     def absorb(self, part: WindowPart, paths: PathIndex) -> None:
         """Add a part (of any process) into this window, its paths numbered in ``paths``
         (paths new to ``paths`` are added, with no baseline)."""
+        part = _aligned(part)
         hops = part.path_hops
         pid = paths.ids(part.path_sig, lambda sel: hops[sel])
         self.delay.add_counts(paths.size, pid, part.judged, part.coarse, part.wmin)
@@ -220,3 +222,12 @@ class DetectionWindow:
         self.loss.add_lost(part.lost)
         self.src_count[part.nic] += part.src_count
         np.maximum.at(self.last_src, part.nic, part.last_src)
+
+
+def _aligned(part: WindowPart) -> WindowPart:
+    """Return ``part`` with every column aligned to its type (copies of the columns that
+    are not: a decoded partial's columns are views at any byte offset of its buffer, and
+    numpy's ``ufunc.at`` takes a slow path on those, ~15x at 200,000 paths)."""
+    cols = {f.name: getattr(part, f.name) for f in dataclasses.fields(part)}
+    bad = {k: v.copy() for k, v in cols.items() if not v.flags.aligned}
+    return dataclasses.replace(part, **bad) if bad else part
