@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from sync.runs import key_order
+from sync.runs import PAD_FACTOR, key_order
 from sync.summary import Summary
 
 F64 = NDArray[np.float64]
@@ -41,6 +41,7 @@ STEP_MIN_NS = 300.0  # smaller level shifts are not called steps (hot spots: ten
 STEP_Z = 8.0  # ... nor shifts within this many times the trace's noise
 STEP_SPREAD = 3.0  # ... nor within this many times the 90th percentile of all NICs' shifts
 MIN_PER_SIDE = 8  # residuals on each side of a split, at least
+CELL_CHUNK = 1 << 16  # cells per block of `cell_medians`' dense rows
 SPLIT_CHUNK = 8192  # NICs per block of `best_split` (its temporaries: NICs x 15 x 16 floats)
 
 
@@ -110,15 +111,8 @@ def find_steps(
         return empty
     b = np.minimum(((tt - lo) / (hi - lo) * STEP_BINS).astype(np.int64), STEP_BINS - 1)
     # per (NIC, bin) the median and count of the oriented residuals
-    key = node * STEP_BINS + b
-    order = key_order(key, val)  # np.lexsort((val, key)), faster: every value is finite
-    key, v = key[order], val[order]
     cells = n_nodes * STEP_BINS
-    cnt = np.bincount(key, minlength=cells)
-    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-    has = cnt > 0
-    flat = np.full(cells, np.nan)
-    flat[has] = 0.5 * (v[start[has] + (cnt[has] - 1) // 2] + v[start[has] + cnt[has] // 2])
+    flat, cnt = cell_medians(node * STEP_BINS + b, val, cells)
     med = flat.reshape(n_nodes, STEP_BINS)
     cnt2 = cnt.reshape(n_nodes, STEP_BINS).astype(np.float64)
     # each split: a weighted least-squares line plus a level shift at the split through the
@@ -137,6 +131,37 @@ def find_steps(
     nodes = np.flatnonzero(step)
     when = lo + at[nodes] / STEP_BINS * (hi - lo)
     return Steps(nodes.astype(np.int64), when.astype(np.float64), best[nodes])
+
+
+def cell_medians(key: I64, val: F64, cells: int) -> tuple[F64, I64]:
+    """Per cell ``0 .. cells - 1`` the median of the finite ``val``s whose ``key`` it is (NaN
+    where none) and their count. The values of a cell are what matter, not their order: the
+    keys are sorted alone (an unstable integer sort) and each cell's values sorted as a row of
+    a dense (cells, most in a cell) array; when the rows would be mostly padding, one sort by
+    (key, value) (`sync.runs.key_order`). Either way the same medians, to the bit."""
+    cnt = np.bincount(key, minlength=cells)
+    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    has = cnt > 0
+    out = np.full(cells, np.nan)
+    width = int(cnt.max()) if len(key) else 0
+    if cells * width <= PAD_FACTOR * len(key) + 4096 and cells < 2**31:
+        order = np.argsort(key.astype(np.int32))
+        ks, vs = key[order], val[order]
+        bounds = np.concatenate([start, [len(ks)]])
+        for c0 in range(0, cells, CELL_CHUNK):  # bounded temporaries: (chunk, width)
+            c1 = min(c0 + CELL_CHUNK, cells)
+            a, b = int(bounds[c0]), int(bounds[c1])
+            dense = np.full((c1 - c0, width), np.nan)
+            dense[ks[a:b] - c0, np.arange(a, b) - start[ks[a:b]]] = vs[a:b]
+            dense.sort(axis=1)
+            c = np.arange(c0, c1)[has[c0:c1]]
+            m = cnt[c]
+            out[c] = 0.5 * (dense[c - c0, (m - 1) // 2] + dense[c - c0, m // 2])
+    else:
+        order = key_order(key, val)  # np.lexsort((val, key)): every value is finite
+        v, lo, hi = val[order], start[has] + (cnt[has] - 1) // 2, start[has] + cnt[has] // 2
+        out[has] = 0.5 * (v[lo] + v[hi])
+    return out, cnt
 
 
 def best_split(w: F64, y: F64, cnt: F64) -> tuple[F64, I64, F64]:

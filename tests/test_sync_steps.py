@@ -7,11 +7,45 @@ import numpy as np
 import pytest
 
 from mesh.fabric import FabricShape, build_fabric
-from sync.steps import MIN_PER_SIDE, best_split, exchange_residuals, find_steps
+from sync import steps
+from sync.steps import MIN_PER_SIDE, best_split, cell_medians, exchange_residuals, find_steps
 from sync.summarysolve import sync_summary
 from testbed.clockerr import error_figures
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.sync_stream import collect_window, window_batches, window_edges
+
+
+@pytest.mark.parametrize("uneven", [False, True])
+def test_cell_medians_are_the_medians_of_a_sort_by_key_and_value(
+    uneven: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # dense rows over several blocks of cells (even counts, ties) and, when one cell holds
+    # most values, the one sort by (key, value): the same medians to the bit either way
+    monkeypatch.setattr(steps, "CELL_CHUNK", 64)
+    rng = np.random.default_rng(5)
+    cells = 1000
+    key = rng.integers(0, cells, 6000)
+    key[key % 7 == 0] += 1  # cells 0, 7, 14, ... empty
+    if uneven:
+        key = np.concatenate([key, np.full(200_000, 11)])
+    else:  # the dense rows alone
+
+        def no_sort(*_: object) -> None:
+            raise AssertionError("sorted by (key, value)")
+
+        monkeypatch.setattr(steps, "key_order", no_sort)
+    val = np.round(rng.normal(0, 50.0, len(key)), 1)
+    got, cnt = cell_medians(key, val, cells)
+    order = np.lexsort((val, key))
+    k, v = key[order], val[order]
+    want = np.full(cells, np.nan)
+    for c in range(cells):
+        x = v[k == c]
+        if len(x):
+            want[c] = 0.5 * (x[(len(x) - 1) // 2] + x[len(x) // 2])
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(cnt, np.bincount(key, minlength=cells))
+    assert np.isnan(got[0]) and np.isfinite(got[3])
 
 
 def _split_loop(w: np.ndarray, y: np.ndarray, cnt: np.ndarray) -> tuple[np.ndarray, ...]:
