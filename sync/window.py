@@ -256,7 +256,7 @@ def first_stage(n_nodes: int, edges: I64, fits: PairFits, ref: int) -> tuple[Win
     std = np.maximum(fits.offset_std_ns[ok], 0.5)
     w = 1.0 / std**2
     r = pick_ref(e, ref)
-    first = solve_network(n_nodes, e, theta0, w, drift=drift, pin="mean", ref=r)
+    first = solve_network(n_nodes, e, theta0, w, pin="mean", ref=r)  # its offsets only
     # re-evaluate each edge line at the reference instant: clock i reads ~ t_ref + offset_i then
     shift = np.nan_to_num(first.offset_ns[e[:, 0]])
     theta = theta0 + drift * shift
