@@ -27,6 +27,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from sync._arrays import as_edges, as_float, as_index
+from sync.runs import key_order
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -183,7 +184,7 @@ def floor_excess_std(
     ok = np.isfinite(fl)
     node = np.concatenate([i[ok], j[ok]])
     val = np.concatenate([fl[ok], fl[ok]])
-    order = np.lexsort((val, node))
+    order = key_order(node, val)  # np.lexsort((val, node)), faster: every value is finite
     node, val = node[order], val[order]
     count = np.bincount(node, minlength=n_nodes)
     start = np.concatenate([[0], np.cumsum(count)[:-1]])

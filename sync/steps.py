@@ -15,8 +15,8 @@ edges where it is the second end, - where the first) and pooled over the NIC's ~
 the median of the residuals in each of ``STEP_BINS`` equal time bins traces the NIC's clock
 against its fitted line: flat but for noise, or a level shift where it stepped.
 `find_steps` fits each NIC's trace (bin medians weighted by their counts) with a line plus a
-level shift at each bin edge in turn (the solve tilted the NIC's line to straddle the step,
-so both sides slope), keeps the split whose shift stands out most from what the fit leaves
+level shift at each bin edge (`best_split`, every split at once; the solve tilted the NIC's
+line to straddle the step, so both sides slope), keeps the split whose shift stands out most from what the fit leaves
 (a robust scale of the residual bin medians), and calls a step where the shift is more than
 ``STEP_MIN_NS``, ``STEP_Z`` times that scale and ``STEP_SPREAD`` times the 90th percentile
 of every NIC's best shift (steps are rare: the others' shifts are the window's noise; at
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from sync.runs import key_order
+from sync.runs import PAD_FACTOR, key_order
 from sync.summary import Summary
 
 F64 = NDArray[np.float64]
@@ -41,6 +41,8 @@ STEP_MIN_NS = 300.0  # smaller level shifts are not called steps (hot spots: ten
 STEP_Z = 8.0  # ... nor shifts within this many times the trace's noise
 STEP_SPREAD = 3.0  # ... nor within this many times the 90th percentile of all NICs' shifts
 MIN_PER_SIDE = 8  # residuals on each side of a split, at least
+CELL_CHUNK = 1 << 16  # cells per block of `cell_medians`' dense rows
+SPLIT_CHUNK = 8192  # NICs per block of `best_split` (its temporaries: NICs x 15 x 16 floats)
 
 
 @dataclass(frozen=True)
@@ -109,51 +111,19 @@ def find_steps(
         return empty
     b = np.minimum(((tt - lo) / (hi - lo) * STEP_BINS).astype(np.int64), STEP_BINS - 1)
     # per (NIC, bin) the median and count of the oriented residuals
-    key = node * STEP_BINS + b
-    order = key_order(key, val)  # np.lexsort((val, key)), faster: every value is finite
-    key, v = key[order], val[order]
     cells = n_nodes * STEP_BINS
-    cnt = np.bincount(key, minlength=cells)
-    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-    has = cnt > 0
-    flat = np.full(cells, np.nan)
-    flat[has] = 0.5 * (v[start[has] + (cnt[has] - 1) // 2] + v[start[has] + cnt[has] // 2])
+    flat, cnt = cell_medians(node * STEP_BINS + b, val, cells)
     med = flat.reshape(n_nodes, STEP_BINS)
     cnt2 = cnt.reshape(n_nodes, STEP_BINS).astype(np.float64)
     # each split: a weighted least-squares line plus a level shift at the split through the
     # NIC's trace (the solve tilted the NIC's line to straddle the step, so the trace has a
     # slope on both sides); the shift that stands out most from what is left is the step
-    tb = (np.arange(STEP_BINS) + 0.5) / STEP_BINS
     y = np.nan_to_num(med)
     w = np.where(np.isfinite(med), cnt2, 0.0)
-    best = np.zeros(n_nodes)
-    at = np.zeros(n_nodes, np.int64)
-    noise = np.full(n_nodes, np.inf)
-    score = np.zeros(n_nodes)
-    for split in range(1, STEP_BINS):
-        side = (np.arange(STEP_BINS) >= split).astype(np.float64)
-        x = np.stack([np.ones(STEP_BINS), tb - 0.5, side], axis=1)  # (bins, 3)
-        a = np.einsum("nb,bi,bj->nij", w, x, x) + 1e-9 * np.eye(3)
-        rhs = np.einsum("nb,bi,nb->ni", w, x, y)
-        coef = np.linalg.solve(a, rhs[..., None])[..., 0]
-        res = np.where(w > 0, np.abs(y - coef @ x.T), np.inf)  # inf: an empty bin
-        k = (w > 0).sum(axis=1)
-        srt = np.sort(res, axis=1)
-        rows = np.arange(n_nodes)
-        mid = 0.5 * (srt[rows, np.maximum(k - 1, 0) // 2] + srt[rows, np.maximum(k, 1) // 2])
-        scale = np.where(k > 0, 1.4826 * mid, np.nan)
-        enough = (
-            (cnt2[:, :split].sum(axis=1) >= MIN_PER_SIDE)
-            & (cnt2[:, split:].sum(axis=1) >= MIN_PER_SIDE)
-            & ((w > 0).sum(axis=1) >= 5)
-        )
-        jump = np.where(enough, coef[:, 2], 0.0)
-        z = np.abs(jump) / np.maximum(np.nan_to_num(scale, nan=np.inf), 1.0)
-        better = enough & (z > score)
-        best = np.where(better, jump, best)
-        at = np.where(better, split, at)
-        noise = np.where(better, scale, noise)
-        score = np.where(better, z, score)
+    best, at, score = np.zeros(n_nodes), np.zeros(n_nodes, np.int64), np.zeros(n_nodes)
+    for a in range(0, n_nodes, SPLIT_CHUNK):  # bounded temporaries: (chunk, splits, bins)
+        blk = slice(a, min(a + SPLIT_CHUNK, n_nodes))
+        best[blk], at[blk], score[blk] = best_split(w[blk], y[blk], cnt2[blk])
     # what the other NICs' traces shift by is the window's noise (steps are rare): a step
     # must stand well out of it too (load 0.9, 128 NICs, 12 peers: p90 244 ns, max 639 ns)
     typical = float(np.quantile(np.abs(best), 0.9)) if n_nodes >= 10 else 0.0
@@ -161,6 +131,91 @@ def find_steps(
     nodes = np.flatnonzero(step)
     when = lo + at[nodes] / STEP_BINS * (hi - lo)
     return Steps(nodes.astype(np.int64), when.astype(np.float64), best[nodes])
+
+
+def cell_medians(key: I64, val: F64, cells: int) -> tuple[F64, I64]:
+    """Per cell ``0 .. cells - 1`` the median of the finite ``val``s whose ``key`` it is (NaN
+    where none) and their count. The values of a cell are what matter, not their order: the
+    keys are sorted alone (an unstable integer sort) and each cell's values sorted as a row of
+    a dense (cells, most in a cell) array; when the rows would be mostly padding, one sort by
+    (key, value) (`sync.runs.key_order`). Either way the same medians, to the bit."""
+    cnt = np.bincount(key, minlength=cells)
+    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    has = cnt > 0
+    out = np.full(cells, np.nan)
+    width = int(cnt.max()) if len(key) else 0
+    if cells * width <= PAD_FACTOR * len(key) + 4096 and cells < 2**31:
+        order = np.argsort(key.astype(np.int32))
+        ks, vs = key[order], val[order]
+        bounds = np.concatenate([start, [len(ks)]])
+        for c0 in range(0, cells, CELL_CHUNK):  # bounded temporaries: (chunk, width)
+            c1 = min(c0 + CELL_CHUNK, cells)
+            a, b = int(bounds[c0]), int(bounds[c1])
+            dense = np.full((c1 - c0, width), np.nan)
+            dense[ks[a:b] - c0, np.arange(a, b) - start[ks[a:b]]] = vs[a:b]
+            dense.sort(axis=1)
+            c = np.arange(c0, c1)[has[c0:c1]]
+            m = cnt[c]
+            out[c] = 0.5 * (dense[c - c0, (m - 1) // 2] + dense[c - c0, m // 2])
+    else:
+        order = key_order(key, val)  # np.lexsort((val, key)): every value is finite
+        v, lo, hi = val[order], start[has] + (cnt[has] - 1) // 2, start[has] + cnt[has] // 2
+        out[has] = 0.5 * (v[lo] + v[hi])
+    return out, cnt
+
+
+def best_split(w: F64, y: F64, cnt: F64) -> tuple[F64, I64, F64]:
+    """Per NIC trace (rows of ``y``: bin medians, ``w``: their weights, 0 where a bin is
+    empty; ``cnt``: residuals per bin) the split at each inner bin edge that stands out most:
+    a weighted least-squares fit of a line plus a level shift at the split, all splits at
+    once (the normal equations from the rows' suffix sums, one batched 3 x 3 solve), scored
+    by the shift over a robust scale (1.4826 x the median absolute residual of the filled
+    bins). A split needs `MIN_PER_SIDE` residuals on each side and the trace 5 filled bins.
+    Returns per row (shift, split, score): the first split of the highest score when it is
+    > 0, else (0, 0, 0)."""
+    n, nb = y.shape
+    u = (np.arange(nb) + 0.5) / nb - 0.5  # bin centres, centred
+    filled = w > 0
+    k = filled.sum(axis=1)
+    wu, wy = w * u, w * y
+    t0, t1, ty = _after(w), _after(wu), _after(wy)  # the shift's column, per split
+    s0, s1, s2 = w.sum(axis=1), wu.sum(axis=1), (wu * u).sum(axis=1)
+    y0, y1 = wy.sum(axis=1), (wy * u).sum(axis=1)
+    ns = nb - 1
+    a = np.empty((n, ns, 3, 3))
+    a[:, :, 0, 0], a[:, :, 1, 1], a[:, :, 2, 2] = s0[:, None], s2[:, None], t0
+    a[:, :, 0, 1] = a[:, :, 1, 0] = s1[:, None]
+    a[:, :, 0, 2] = a[:, :, 2, 0] = t0
+    a[:, :, 1, 2] = a[:, :, 2, 1] = t1
+    a += 1e-9 * np.eye(3)
+    rhs = np.stack([np.broadcast_to(y0[:, None], (n, ns)), np.broadcast_to(y1[:, None], (n, ns)),
+                    ty], axis=-1)  # fmt: skip
+    coef = np.linalg.solve(a, rhs[..., None])[..., 0]  # (n, splits, 3)
+    side = (np.arange(nb)[None, :] >= np.arange(1, nb)[:, None]).astype(np.float64)
+    fit = coef[..., 0:1] + coef[..., 1:2] * u + coef[..., 2:3] * side  # (n, splits, bins)
+    res = np.where(filled[:, None, :], np.abs(y[:, None, :] - fit), np.inf)  # inf: empty bin
+    res.sort(axis=2)
+    lo = np.broadcast_to((np.maximum(k - 1, 0) // 2)[:, None, None], (n, ns, 1))
+    hi = np.broadcast_to((np.maximum(k, 1) // 2)[:, None, None], (n, ns, 1))
+    mid = 0.5 * (np.take_along_axis(res, lo, 2) + np.take_along_axis(res, hi, 2))[..., 0]
+    scale = np.where(k[:, None] > 0, 1.4826 * mid, np.nan)
+    left = np.cumsum(cnt, axis=1)[:, :-1]  # residuals before each split (whole numbers: exact)
+    right = cnt.sum(axis=1)[:, None] - left
+    enough = (left >= MIN_PER_SIDE) & (right >= MIN_PER_SIDE) & (k[:, None] >= 5)
+    jump = np.where(enough, coef[..., 2], 0.0)
+    z = np.abs(jump) / np.maximum(np.nan_to_num(scale, nan=np.inf), 1.0)
+    z = np.where(enough & (z > 0), z, 0.0)  # NaN and unsupported splits score nothing
+    pick = np.argmax(z, axis=1)  # the first of the highest
+    rows = np.arange(n)
+    top = z[rows, pick]
+    won = top > 0
+    split = np.where(won, pick + 1, 0).astype(np.int64)
+    return np.where(won, jump[rows, pick], 0.0), split, np.where(won, top, 0.0)
+
+
+def _after(v: F64) -> F64:
+    """Per row and split s (1 .. bins - 1) the sum of the row's bins at and after s."""
+    return np.asarray(np.cumsum(v[:, ::-1], axis=1)[:, ::-1][:, 1:])
 
 
 def without_nodes(s: Summary, nodes: I64) -> Summary:
