@@ -29,6 +29,7 @@ from controller.detect.flowloss import FlowLoss, FlowLossParams, Spread, poisson
 from controller.detect.loss import LossParams, LossVerdict
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
 from controller.detect.paths import PathIndex, alias_groups
+from controller.detect.pooled import PooledContention, PooledParams
 from controller.detect.queues import (
     QueueEstimate,
     QueueParams,
@@ -56,7 +57,8 @@ class BrainConfig:
     they were sent in; 0 = judge at the next tick (callers that deliver each step complete).
     ``horizon``: loss over the last few windows, for losses too small or short for one
     (`controller.detect.loss_horizon`). ``queues``: the per-hop queue estimate
-    (`controller.detect.queues`); ``congestion``: which losses are overflow on a congested link
+    (`controller.detect.queues`); ``pooled``: its estimates pooled over windows for a queue near
+    the threshold (`controller.detect.pooled`); ``congestion``: which losses are overflow on a congested link
     (`controller.detect.congestion`); ``flow_loss``: a link's loss spread over its flows or
     concentrated on a few (`controller.detect.flowloss`: gray failures, wrong paths).
     ``moved_ns``, ``heavy_loss``: a link that lost at least
@@ -68,6 +70,7 @@ class BrainConfig:
     loss: LossParams = field(default_factory=LossParams)
     delay: DelayParams = field(default_factory=DelayParams)
     queues: QueueParams = field(default_factory=QueueParams)
+    pooled: PooledParams = field(default_factory=PooledParams)
     congestion: CongestionParams = field(default_factory=CongestionParams)
     flow_loss: FlowLossParams = field(default_factory=FlowLossParams)
     health: HealthParams = field(default_factory=HealthParams)
@@ -132,6 +135,7 @@ class Brain:
         self._switch_link = np.array([lk.lower not in fabric.nic_index for lk in fabric.links])
         self._hop_class = hop_classes(fabric)
         self._queues: QueueEstimate | None = None  # the last window's per-hop queue estimate
+        self._pooled = PooledContention(self.config.pooled)  # contention over windows
         self._fine: deque[
             tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.bool_]]
         ] = deque()
@@ -327,7 +331,8 @@ class Brain:
         dict[int, Signal], dict[int, int], set[int], Callable[[int], list[tuple[int, int, int]]]
     ]:
         """Return the window's SLOW links (the slow tier's cover, then the hops the queue
-        estimate finds contended, past its warm-up), per link the hop blamed, the links blamed
+        estimate finds contended past its warm-up, in this window or pooled over the last
+        few: `controller.detect.pooled`), per link the hop blamed, the links blamed
         in both directions, and a function: a blamed hop -> its affected flows (computed only
         for an event raised)."""
         cfg = self.config
@@ -342,7 +347,8 @@ class Brain:
                 two_way.add(lk)
             if lk not in slow_hop or nbad > slow_cover.bad[slow_hop[lk]]:
                 slow_hop[lk] = int(hop)
-        queued = est.contended() if not self._warming(now_ns) else np.zeros(0, np.int64)
+        warming = self._warming(now_ns)
+        queued = np.zeros(0, np.int64) if warming else self._pooled.contended(est, len(self._fine))
         margin = est.queue_ns - est.threshold_ns
         for hop in queued[np.argsort(-margin[queued], kind="stable")]:  # the larger first
             lk = hop_link(int(hop))
