@@ -136,6 +136,7 @@ class Brain:
         self._hop_class = hop_classes(fabric)
         self._queues: QueueEstimate | None = None  # the last window's per-hop queue estimate
         self._pooled = PooledContention(self.config.pooled)  # contention over windows
+        self._turns: dict[int, int] = {}  # contended link -> windows its queue is reversed
         self._fine: deque[
             tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.bool_]]
         ] = deque()
@@ -315,6 +316,12 @@ class Brain:
                 sig = Signal.CLEAN if enough[lk] and not quiet else Signal.NODATA
             new, finding = step(st, sig, now_ns, cfg.health)
             self._states[lk] = new
+            if finding is None and new.state == Health.CONTENDED:
+                finding = self._turned(lk, sig, slow_hop, two_way)
+                if finding is not None:
+                    events.append(
+                        EventDoc(now_ns, "clear", self._raised.pop(lk), "recovered", "info")
+                    )
             if finding is not None:
                 ev = self._event(
                     lk, finding, new, now_ns, rates.get(lk), slow_hop, flows_of, lk in two_way
@@ -365,6 +372,29 @@ class Brain:
             return slow_flows[hop]
 
         return signals, slow_hop, two_way, flows_of
+
+    def _turned(
+        self, lk: int, sig: Signal, slow_hop: dict[int, int], two_way: set[int]
+    ) -> Finding | None:
+        """Return CONTENTION when contended link ``lk``'s queue has moved to the direction its
+        standing alert does not name for ``raise_windows`` windows running (the hop blamed
+        this window, not both), else None. Health is per link, so a queue that turns while the
+        link stays contended would otherwise be reported on the old direction until it clears
+        (a queue pooled over windows, `controller.detect.pooled`, holds a link long enough
+        for that)."""
+        raised = self._raised.get(lk)
+        hop = slow_hop.get(lk)
+        if sig != Signal.SLOW or hop is None or lk in two_way or raised is None:
+            self._turns.pop(lk, None)
+            return None
+        if raised == self.fabric.hop_name(hop) or raised != self.fabric.hop_name(reverse_hop(hop)):
+            self._turns.pop(lk, None)
+            return None
+        self._turns[lk] = self._turns.get(lk, 0) + 1
+        if self._turns[lk] < self.config.health.raise_windows:
+            return None
+        del self._turns[lk]
+        return Finding.CONTENTION
 
     def _loss_signals(
         self,
