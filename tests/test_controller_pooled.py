@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from controller.brain import Brain, BrainConfig
 from controller.detect.pooled import PooledContention, PooledParams
-from controller.detect.queues import QueueEstimate
+from controller.detect.queues import QueueEstimate, QueueParams
 from controller.health import EntityState, Finding, HealthParams, Signal, step
 from mesh.snapshot import Health
+from tests.fullmesh import FAB, FWD, REV, WIN, mesh_window
 
 THR = 1500.0
 SE = 200.0  # a 1,024-NIC fabric's hop: ~190 delays a window, standard error 160-250 ns
@@ -147,3 +149,30 @@ def test_a_window_with_no_estimate_ends_the_pool_and_params_are_checked() -> Non
         PooledParams(z=0)
     with pytest.raises(ValueError):
         PooledParams(max_windows=-1)
+
+
+def _owd(hops: np.ndarray, rng: np.random.Generator, hot_hop: int) -> np.ndarray:
+    """Delays: 300 ns per hop, Exp(100 ns) of queueing per hop, Exp(3 µs) more on ``hot_hop``."""
+    base = 1000.0 + 300.0 * (hops >= 0).sum(axis=1)
+    q = rng.exponential(100.0, hops.shape).sum(axis=1)
+    hot = np.equal(hops, hot_hop).any(axis=1)
+    return np.asarray(base + q + np.where(hot, rng.exponential(3000.0, len(hops)), 0.0))
+
+
+def test_a_contended_link_whose_queue_turns_is_re_raised_on_the_new_direction() -> None:
+    """A 3 µs queue on leaf0 -> spine2 from window 10, moved to spine2 -> leaf0 at window 25
+    with the link never clean in between: the standing alert is cleared and raised again on
+    the direction that queues (`Brain._turned`), not left naming the old one."""
+    fwd_hop = 2 * FAB.link_index["leaf0-spine2"]
+    rng = np.random.default_rng(7)
+    brain = Brain(FAB, BrainConfig(lateness_ns=0, queues=QueueParams(warmup_ns=0)))
+    events = []
+    for k in range(45):
+        hop = (fwd_hop if k < 25 else fwd_hop + 1) if k >= 10 else -2
+        brain.observe(mesh_window(k, rng, _owd(FWD, rng, hop), _owd(REV, rng, hop)))
+        events += [(e.kind, e.target) for e in brain.tick((k + 1) * WIN)]
+    assert events == [
+        ("contention", "leaf0->spine2"),
+        ("clear", "leaf0->spine2"),
+        ("contention", "spine2->leaf0"),
+    ]
