@@ -29,6 +29,7 @@ from controller.detect.flowloss import FlowLoss, FlowLossParams, Spread, poisson
 from controller.detect.loss import LossParams, LossVerdict
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
 from controller.detect.paths import PathIndex, alias_groups
+from controller.detect.pooled import PooledContention, PooledParams
 from controller.detect.queues import (
     QueueEstimate,
     QueueParams,
@@ -56,7 +57,8 @@ class BrainConfig:
     they were sent in; 0 = judge at the next tick (callers that deliver each step complete).
     ``horizon``: loss over the last few windows, for losses too small or short for one
     (`controller.detect.loss_horizon`). ``queues``: the per-hop queue estimate
-    (`controller.detect.queues`); ``congestion``: which losses are overflow on a congested link
+    (`controller.detect.queues`); ``pooled``: its estimates pooled over windows for a queue near
+    the threshold (`controller.detect.pooled`); ``congestion``: which losses are overflow on a congested link
     (`controller.detect.congestion`); ``flow_loss``: a link's loss spread over its flows or
     concentrated on a few (`controller.detect.flowloss`: gray failures, wrong paths).
     ``moved_ns``, ``heavy_loss``: a link that lost at least
@@ -68,6 +70,7 @@ class BrainConfig:
     loss: LossParams = field(default_factory=LossParams)
     delay: DelayParams = field(default_factory=DelayParams)
     queues: QueueParams = field(default_factory=QueueParams)
+    pooled: PooledParams = field(default_factory=PooledParams)
     congestion: CongestionParams = field(default_factory=CongestionParams)
     flow_loss: FlowLossParams = field(default_factory=FlowLossParams)
     health: HealthParams = field(default_factory=HealthParams)
@@ -133,6 +136,8 @@ class Brain:
         self._switch_link = np.array([lk.lower not in fabric.nic_index for lk in fabric.links])
         self._hop_class = hop_classes(fabric)
         self._queues: QueueEstimate | None = None  # the last window's per-hop queue estimate
+        self._pooled = PooledContention(self.config.pooled)  # contention over windows
+        self._turns: dict[int, int] = {}  # contended link -> windows its queue is reversed
         self._fine: deque[
             tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.bool_]]
         ] = deque()
@@ -318,6 +323,12 @@ class Brain:
                 sig = Signal.CLEAN if enough[lk] and not quiet else Signal.NODATA
             new, finding = step(st, sig, now_ns, cfg.health)
             self._states[lk] = new
+            if finding is None and new.state == Health.CONTENDED:
+                finding = self._turned(lk, sig, slow_hop, two_way)
+                if finding is not None:
+                    events.append(
+                        EventDoc(now_ns, "clear", self._raised.pop(lk), "recovered", "info")
+                    )
             if finding is not None:
                 ev = self._event(
                     lk, finding, new, now_ns, rates.get(lk), slow_hop, flows_of, lk in two_way
@@ -334,7 +345,8 @@ class Brain:
         dict[int, Signal], dict[int, int], set[int], Callable[[int], list[tuple[int, int, int]]]
     ]:
         """Return the window's SLOW links (the slow tier's cover, then the hops the queue
-        estimate finds contended, past its warm-up), per link the hop blamed, the links blamed
+        estimate finds contended past its warm-up, in this window or pooled over the last
+        few: `controller.detect.pooled`), per link the hop blamed, the links blamed
         in both directions, and a function: a blamed hop -> its affected flows (computed only
         for an event raised)."""
         cfg = self.config
@@ -349,7 +361,8 @@ class Brain:
                 two_way.add(lk)
             if lk not in slow_hop or nbad > slow_cover.bad[slow_hop[lk]]:
                 slow_hop[lk] = int(hop)
-        queued = est.contended() if not self._warming(now_ns) else np.zeros(0, np.int64)
+        warming = self._warming(now_ns)
+        queued = np.zeros(0, np.int64) if warming else self._pooled.contended(est, len(self._fine))
         margin = est.queue_ns - est.threshold_ns
         for hop in queued[np.argsort(-margin[queued], kind="stable")]:  # the larger first
             lk = hop_link(int(hop))
@@ -366,6 +379,29 @@ class Brain:
             return slow_flows[hop]
 
         return signals, slow_hop, two_way, flows_of
+
+    def _turned(
+        self, lk: int, sig: Signal, slow_hop: dict[int, int], two_way: set[int]
+    ) -> Finding | None:
+        """Return CONTENTION when contended link ``lk``'s queue has moved to the direction its
+        standing alert does not name for ``raise_windows`` windows running (the hop blamed
+        this window, not both), else None. Health is per link, so a queue that turns while the
+        link stays contended would otherwise be reported on the old direction until it clears
+        (a queue pooled over windows, `controller.detect.pooled`, holds a link long enough
+        for that)."""
+        raised = self._raised.get(lk)
+        hop = slow_hop.get(lk)
+        if sig != Signal.SLOW or hop is None or lk in two_way or raised is None:
+            self._turns.pop(lk, None)
+            return None
+        if raised == self.fabric.hop_name(hop) or raised != self.fabric.hop_name(reverse_hop(hop)):
+            self._turns.pop(lk, None)
+            return None
+        self._turns[lk] = self._turns.get(lk, 0) + 1
+        if self._turns[lk] < self.config.health.raise_windows:
+            return None
+        del self._turns[lk]
+        return Finding.CONTENTION
 
     def _loss_signals(
         self,
