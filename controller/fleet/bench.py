@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import json
 import resource
 import sys
@@ -61,7 +60,7 @@ from controller.clocksolve import (
     window_summary,
 )
 from controller.clocksync import ClockSync
-from controller.fleet.benchowners import OwnerProcs, hwm_mb, reset_peak
+from controller.fleet.benchowners import OwnerProcs, hwm_mb, release_heap, reset_peak
 from controller.fleet.edges import EdgeInput, EdgeStage, first_send, owner_bounds, split_clock
 from controller.fleet.partial import MovedClocks
 from sync.summarysolve import sync_summary
@@ -227,7 +226,7 @@ def _staged(
     out["summary_points"] = sum(int(h["points"]) for h in procs.hello)
     out["summary_cpu_s"] = round(max(p["summary_cpu_s"] for p in per), 3)  # in parallel
     ranges = procs.ranges()
-    gc.collect()
+    release_heap()
     ws = _timed(out, "network", lambda: solve_edge_ranges(ranges, nics, leaf))
     done = procs.finish()
     n_calls = max(len(d["calls"]) for d in done)

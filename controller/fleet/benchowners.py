@@ -3,7 +3,9 @@ the solver's figures are the solver's alone.
 
 With the owners' stages in the bench's one process, the solver's peak memory counted every
 owner's summary (at 100,000 NICs four blocks of 6.4 M rows' hulls) and its CPU left out the
-bytes of the rounds. Here each owner is a forked child (`OwnerProcs`) that summarizes its
+bytes of the rounds. Here each owner is a child process (spawned: a forked one would share
+the caller's heap, ~13 GB after the detection stage at 100,000 NICs, and four of them ran the
+machine out of memory) (`OwnerProcs`) that summarizes its
 rows of the clock window (`controller.clocksolve.window_summary`), holds the
 `sync.edgestage.EdgeRange` and answers the staged solve's calls over a pipe as
 `controller.fleet.stagewire.StageServer` frames; the solver's side is one
@@ -17,6 +19,8 @@ pipes; the cores it drives are pure.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import multiprocessing as mp
 import resource
 import time
@@ -46,21 +50,25 @@ def hwm_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def release_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``), so what a
+    stage freed does not count in the next one's resident set; best effort."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def reset_peak() -> None:
     """Reset the process's peak resident set (Linux ``/proc/self/clear_refs`` 5); best effort."""
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
 
 
-def _owner(
-    conn: Connection, owner: int, pieces: list[SampleRows], t_ref: int, tol_ns: int,
-    params: FitParams,
-) -> None:  # fmt: skip
-    """A child: summarize its rows (``pieces[owner]``), say so (its edges, CPU, block bytes),
-    answer stage calls until `DONE`, then send its calls' CPU and bytes and its peak resident
-    set."""
-    rows = pieces[owner]
-    pieces.clear()  # (this process's copy: it keeps its own rows only)
+def _owner(conn: Connection, owner: int, t_ref: int, tol_ns: int, params: FitParams) -> None:
+    """A child: take its rows from the pipe, summarize them, say so (its edges, CPU, block
+    bytes), answer stage calls until `DONE`, then send its calls' CPU and bytes and its peak
+    resident set."""
+    rows: SampleRows = conn.recv()
     reset_peak()
     t0 = time.process_time()
     summ = window_summary(SampleWindow(**rows.cols()), t_ref, tol_ns)
@@ -95,19 +103,21 @@ class OwnerProcs:
     failure. Raises RuntimeError when a child dies before it answered."""
 
     def __init__(self, pieces: list[SampleRows], t_ref: int, tol_ns: int, params: FitParams):
-        ctx = mp.get_context("fork")
+        ctx = mp.get_context("spawn")  # fresh processes: a fork would share the caller's heap
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
-        for o in range(len(pieces)):
+        k = len(pieces)
+        for o in range(k):
             here, there = ctx.Pipe()
-            p = ctx.Process(target=_owner, args=(there, o, pieces, t_ref, tol_ns, params),
-                            daemon=True)  # fmt: skip
+            p = ctx.Process(target=_owner, args=(there, o, t_ref, tol_ns, params), daemon=True)
             p.start()
             there.close()
             self._conns.append(here)
             self._procs.append(p)
-        k = len(pieces)
-        pieces.clear()
+        for o in range(k):
+            self._conns[o].send(pieces[o])
+        pieces.clear()  # sent: the caller's process keeps none of the rows
+        release_heap()
         self.hello: list[dict[str, Any]] = [self._recv(o) for o in range(k)]
 
     def __enter__(self) -> OwnerProcs:

@@ -69,6 +69,7 @@ from controller.brain import Brain
 from controller.clocksolve import ClockSyncConfig
 from controller.detect.window import WindowPart
 from controller.fleet import bench as clockbench
+from controller.fleet.benchowners import release_heap
 from controller.fleet.config import FleetConfig
 from controller.fleet.grid import WindowGrid
 from controller.fleet.partial import Partial
@@ -317,6 +318,7 @@ def run(args: argparse.Namespace, progress: Progress, parts: dict[str, Any]) -> 
     parts["detection"] = detection_stage(args.nics, args.peers, args.rate_hz, args.workers,
                                          args.seed, progress)  # fmt: skip
     progress(f"clocks: synthetic partials at {args.nics} NICs x {args.peers} peers")
+    release_heap()  # what the detection stage freed is not the clock stage's
     parts["clocks"] = clockbench.run(args.nics, args.peers, args.seed, owners=args.edge_owners)
     if args.broker_messages > 0:
         bpr = parts["worker"]["bytes_per_record"] or 40.0
