@@ -49,10 +49,8 @@ issue's (window <= 5 s, RSS <= 12 GB, worker >= 1.5 M records per core-second, e
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import math
-import resource
 import sys
 import tempfile
 import time
@@ -69,7 +67,7 @@ from controller.brain import Brain
 from controller.clocksolve import ClockSyncConfig
 from controller.detect.window import WindowPart
 from controller.fleet import bench as clockbench
-from controller.fleet.benchowners import release_heap
+from controller.fleet.benchowners import hwm_mb, release_heap, reset_peak
 from controller.fleet.config import FleetConfig
 from controller.fleet.grid import WindowGrid
 from controller.fleet.partial import Partial
@@ -85,18 +83,6 @@ FLEET_RECORDS_PER_S = 64_000_000
 TARGETS = {"solver_window_seconds": 5.0, "solver_max_rss_mb": 12288.0,
            "worker_records_per_core_second": 1.5e6, "equivalent": True}  # fmt: skip
 Progress = Callable[[str], object]
-
-
-def _hwm_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024.0
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _reset_peak() -> None:
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
 
 
 class _TimedBrain(Brain):
@@ -199,7 +185,7 @@ def detection_stage(
     fabric = build_fabric(fleet_shape(nics))
     config = FleetConfig(grid=WindowGrid(WINDOW_NS))
     progress(f"solver: merging {len(partials)} partials of one window and judging")
-    _reset_peak()
+    reset_peak()
     brain = _TimedBrain(fabric, config.detection)
     solver = FleetSolver(fabric, config, brain=brain, solve_inline=False)
     t0 = time.process_time()
@@ -210,7 +196,7 @@ def detection_stage(
     return {"nics": fig["nics"], "rate_hz": rate_hz, "records": fig["records"],
             "partials": len(partials), "partial_bytes": sum(len(b) for b in partials),
             "merge_s": round(merge_s, 3), "judge_s": round(brain.judge_s, 3),
-            "events": len(res.events), "peak_rss_mb": round(_hwm_mb())}  # fmt: skip
+            "events": len(res.events), "peak_rss_mb": round(hwm_mb())}  # fmt: skip
 
 
 def broker(messages: int, size: int, records: int) -> dict[str, Any]:
