@@ -144,6 +144,15 @@ class Bucket:
                 return None
         return Entry(e.key, e.value or b"", int(e.revision or 0))
 
+    async def purge_before(self, prefix: str, revision: int) -> None:
+        """Remove the entries of every key under ``prefix`` (whole tokens, e.g. ``models.c.``)
+        stored before ``revision``, leaving no delete marker (a stream purge by subject)."""
+        if revision <= 1:  # nothing is before the first; nats-server 2.9 reads 1 as "all"
+            return
+        subject = f"$KV.{self.name}.{prefix}>"
+        with translate(f"kv {self.name} purge {prefix}"):
+            await self._js.purge_stream(f"KV_{self.name}", seq=revision, subject=subject)
+
     async def count(self, prefix: str) -> int:
         """Return how many live keys start with ``prefix`` (a whole token, e.g. ``worker.``):
         one stream-info request, no consumer (a deleted key's marker counts until it

@@ -1,7 +1,8 @@
 """A private NATS cluster for tests: N nats-servers with routes and JetStream on free loopback
 ports, each with its own temp store, stopped by PID (also on failure).
 
-``nats_cluster`` (fixture): 3 servers, partitions 8, yields a `Cluster`; `Cluster.kill(i)`
+``nats_cluster`` (fixture): 3 servers, partitions 8, yields a `Cluster` (``Cluster(root, 1,
+max_payload="64KB")``: one server taking messages up to 64 KB); `Cluster.kill(i)`
 sends SIGKILL to server i, `Cluster.start(i)` starts it again on its ports and store.
 Skipped when nats-server is not installed.
 """
@@ -33,11 +34,15 @@ def binary() -> str | None:
 class Cluster:
     """``n`` servers under ``root``; `urls` are their client URLs."""
 
-    def __init__(self, root: Path, n: int = 3, partitions: int = 8, prefix: str = "qpmesh.v1"):
+    def __init__(
+        self, root: Path, n: int = 3, partitions: int = 8, prefix: str = "qpmesh.v1",
+        max_payload: str | None = None,
+    ) -> None:  # fmt: skip
         exe = binary()
         if exe is None:
             pytest.skip("nats-server not installed")
         self.exe, self.root, self.partitions = exe, root, partitions
+        self.max_payload = max_payload  # None: natslink.serverconf's
         ports = free_ports(3 * n)
         tag = f"t{os.getpid()}x{ports[0]}"
         self.specs = [
@@ -59,8 +64,9 @@ class Cluster:
         spec = self.specs[i]
         Path(spec.store_dir).mkdir(parents=True, exist_ok=True)
         conf = self.root / f"n{i}.conf"
+        extra = {"max_payload": self.max_payload} if self.max_payload else {}
         conf.write_text(server_conf(spec, self.specs, subjects=self.subjects,
-                                    partitions=self.partitions, max_file="1G"))  # fmt: skip
+                                    partitions=self.partitions, max_file="1G", **extra))  # fmt: skip
         with self.logs[i].open("ab") as log:
             self.procs[i] = subprocess.Popen([self.exe, "-c", str(conf)], stdout=log,
                                              stderr=subprocess.STDOUT)  # fmt: skip

@@ -36,6 +36,7 @@ from controller.service import Broker, run_service
 from mesh.fabric import FabricShape, build_fabric
 from mesh.fabric.learn import learn_fabric
 from mesh.fabric.model import hop_direction, hop_link
+from natslink.bigkv import ChunkedKV
 from natslink.link import connect
 from natslink.streams import ensure_bucket
 from testbed.scenario import Fault, FaultKind
@@ -188,7 +189,8 @@ async def test_a_fleet_learns_its_fabric_and_localizes_as_one_process(
     try:
         async with connect(config.nats, "learned") as link:
             leases = await ensure_bucket(link, config.fleet.plane.lease_bucket_spec())
-            clocks = await ensure_bucket(link, config.fleet.plane.clock_bucket_spec())
+            bucket = await ensure_bucket(link, config.fleet.plane.clock_bucket_spec())
+            clocks = ChunkedKV.for_link(link, bucket)  # the fleet's large values: in chunks
 
             async def shared() -> bool:
                 owners = [await leases.get(partition_key(p)) for p in range(8)]

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -50,16 +49,24 @@ from controller.fleet.owner import OwnerCore
 from controller.fleet.partial import Partial, PartialError
 from controller.fleet.partials import Assembler, PartialWireError, chunk_messages, commit_message
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, Plane, edge_key
-from controller.fleet.sessions import run_sessions
+from controller.fleet.sessions import (
+    FairShare,
+    Follow,
+    fleet_link,
+    follow_key,
+    lease_index,
+    run_sessions,
+    run_side,
+)
 from controller.fleet.solverloop import ReaderWatch
 from controller.fleet.state import StateError
-from controller.fleet.workerloop import first_error
+from natslink.bigkv import ChunkedKV
 from natslink.errors import LINK_ERRORS
+from natslink.kvchunks import ChunkError
 from natslink.lease import LeaseClock, Leases
-from natslink.link import Link, connect
+from natslink.link import Link
 from natslink.settings import NatsSettings
-from natslink.streams import Bucket, ensure_bucket, ensure_stream, open_reader
-from natslink.subjects import fnv1a32
+from natslink.streams import Bucket, Entry, open_reader
 
 Log = Callable[..., None]
 READ_WAIT_S = 0.25
@@ -132,34 +139,30 @@ class OwnerLoop:
             await self._stop_all()
 
     async def _session(self, connected: Callable[[], None]) -> None:
-        async with connect(self.settings, f"qpmesh-owner-{self.owner_id}") as link:
-            await ensure_stream(link, self.plane.partial_stream_spec(self.settings.subjects))
-            leases = await ensure_bucket(link, self.plane.lease_bucket_spec())
-            clocks = await ensure_bucket(link, self.plane.clock_bucket_spec())
-            if abs(leases.ttl_s - self.plane.lease_ttl_s) > 1e-6:
-                self.leases.clock = LeaseClock(leases.ttl_s)
-            self.leases.bind(leases)
+        name = f"qpmesh-owner-{self.owner_id}"
+        async with fleet_link(self.settings, self.plane, name, self.leases) as fl:
+            link = fl.link
             self.log(self.clock_ns(), "connected", server=link.server, owner=self.owner_id)
             connected()
-            side = [asyncio.create_task(self._leases_loop(link, leases, clocks)),
-                    asyncio.create_task(self._watch_models(link, clocks))]  # fmt: skip
+            how = Follow(self.settings.timeout_s, self.leases.clock.renew_s, self.log,
+                         self.clock_ns)  # fmt: skip
             try:
-                await first_error(side, link)
+                await run_side(link, [
+                    self._leases_loop(link, fl.leases, fl.clocks),
+                    follow_key(link, fl.clocks, MODELS_KEY, "models", self._take_models, how),
+                ])  # fmt: skip
             finally:
-                for t in side:
-                    t.cancel()
-                await asyncio.gather(*side, return_exceptions=True)
                 await self._stop_all()  # the next connection replays
 
     # ---- leases --------------------------------------------------------------------------
 
-    async def _leases_loop(self, link: Link, bucket: Bucket, clocks: Bucket) -> None:
+    async def _leases_loop(self, link: Link, bucket: Bucket, clocks: ChunkedKV) -> None:
         tick_s = self.leases.clock.renew_s / 2
-        k_all = self.plane.edge_owners
+        share = FairShare("owner", self.owner_id, self.plane.edge_owners, edge_key)
         while True:
             for key in await self.leases.renew():
                 self.stats.lost += 1
-                await self._stop(int(key.split(".")[1]), "lost")
+                await self._stop(lease_index(key), "lost")
             for k, task in list(self.tasks.items()):
                 if task.done():  # its lease went, or its link failed: the session ends
                     del self.tasks[k]
@@ -167,26 +170,20 @@ class OwnerLoop:
                     exc = None if task.cancelled() else task.exception()
                     if exc is not None and not isinstance(exc, _LeaseGone):
                         raise exc
-            await bucket.put(f"owner.{self.owner_id}", b"1")
-            share = math.ceil(k_all / max(1, await bucket.count("owner.")))
-            held = sorted(int(key.split(".")[1]) for key in self.leases.held)
-            for k in held[share:]:
-                await self._stop(k, "released")
-                await self.leases.release(edge_key(k))
-                self.stats.released += 1
-            start = fnv1a32(self.owner_id.encode()) % k_all
-            for i in range(k_all):
-                if len(self.leases.held) >= share:
-                    break
-                k = (start + i) % k_all
-                if edge_key(k) not in self.leases.held and await self.leases.claim(edge_key(k)):
-                    self.stats.claimed += 1
-                    self.log(self.clock_ns(), "edge owner claimed", index=k)
+            got, gave = await share.step(self.leases, bucket, self._released, self._claimed)
+            self.stats.claimed += got
+            self.stats.released += gave
             for key in self.leases.held:
-                k = int(key.split(".")[1])
+                k = lease_index(key)
                 if k not in self.tasks:
                     self.tasks[k] = asyncio.create_task(self._index(link, clocks, k))
             await asyncio.sleep(tick_s)
+
+    async def _released(self, k: int) -> None:
+        await self._stop(k, "released")
+
+    def _claimed(self, k: int) -> None:
+        self.log(self.clock_ns(), "edge owner claimed", index=k)
 
     async def _stop(self, k: int, why: str) -> None:
         task = self.tasks.pop(k, None)
@@ -200,28 +197,19 @@ class OwnerLoop:
         for k in list(self.tasks):
             await self._stop(k, "stopped")
 
-    async def _watch_models(self, link: Link, clocks: Bucket) -> None:
-        """Keep ``models`` current (each index installs it between steps); a failed watch is
-        set up again after a pause, as the worker's is."""
-        while True:
-            link.check()
-            try:
-                async for entry in clocks.watch(MODELS_KEY, timeout_s=self.settings.timeout_s):
-                    if entry is not None and entry.value:
-                        self.models = entry.value
-            except LINK_ERRORS as exc:
-                self.log(self.clock_ns(), "models watch failed", error=str(exc))
-                await asyncio.sleep(self.leases.clock.renew_s)
+    def _take_models(self, entry: Entry) -> None:
+        """Keep ``models`` current (each index installs it between steps)."""
+        self.models = entry.value
 
     # ---- one owner index -----------------------------------------------------------------
 
-    async def _index(self, link: Link, clocks: Bucket, k: int) -> None:
-        entry = await clocks.get(SOLVED_KEY)
+    async def _index(self, link: Link, clocks: ChunkedKV, k: int) -> None:
+        entry = await clocks.bucket.get(SOLVED_KEY)
         solved = int(entry.value) if entry is not None else None
-        models = await clocks.get(MODELS_KEY)
         try:
+            models = await clocks.get(MODELS_KEY)
             core = self.make_core(k, solved, models.value if models else None)
-        except StateError as exc:  # bins placed by the replay's first rows instead
+        except (StateError, ChunkError) as exc:  # bins placed by the replay's first rows instead
             self.log(self.clock_ns(), "bad clock models", error=str(exc))
             core = self.make_core(k, solved, None)
         self.cores[k] = core

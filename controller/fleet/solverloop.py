@@ -60,15 +60,17 @@ from controller.fleet.fabricwire import (
 from controller.fleet.partial import PartialError
 from controller.fleet.partials import Assembler, PartialWireError
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, SOLVER_KEY, Plane
-from controller.fleet.sessions import run_sessions
+from controller.fleet.sessions import fleet_link, run_sessions
 from controller.pathmap import PathRows
 from mesh.fabric import Fabric
 from mqttlink.reconnect import Backoff
+from natslink.bigkv import ChunkedKV
 from natslink.errors import LINK_ERRORS, NatsRefused, NatsUnavailable
+from natslink.kvchunks import ChunkError
 from natslink.lease import LeaseClock, Leases
-from natslink.link import Link, connect
+from natslink.link import Link
 from natslink.settings import NatsSettings
-from natslink.streams import Bucket, Delivery, Pull, ensure_bucket, ensure_stream, open_reader
+from natslink.streams import Delivery, Pull, open_reader
 
 Log = Callable[..., None]
 READ_WAIT_S = 0.25
@@ -147,13 +149,9 @@ class SolverLoop:
                            max_attempts=max_attempts)  # fmt: skip
 
     async def _session(self, connected: Callable[[], None]) -> None:
-        async with connect(self.settings, f"qpmesh-solver-{self.solver_id}") as link:
-            await ensure_stream(link, self.plane.partial_stream_spec(self.settings.subjects))
-            leases = await ensure_bucket(link, self.plane.lease_bucket_spec())
-            clocks = await ensure_bucket(link, self.plane.clock_bucket_spec())
-            if abs(leases.ttl_s - self.plane.lease_ttl_s) > 1e-6:
-                self.lease.clock = LeaseClock(leases.ttl_s)
-            self.lease.bind(leases)
+        name = f"qpmesh-solver-{self.solver_id}"
+        async with fleet_link(self.settings, self.plane, name, self.lease) as fl:
+            link, clocks = fl.link, fl.clocks
             self.log(self.clock_ns(), "connected", server=link.server, solver=self.solver_id)
             connected()
             try:
@@ -173,13 +171,13 @@ class SolverLoop:
         self.active = False
         self.book = None
 
-    async def _active(self, link: Link, clocks: Bucket) -> None:
+    async def _active(self, link: Link, clocks: ChunkedKV) -> None:
         """Solve while the lease holds; return when it is lost (raises link errors)."""
         self.active = True
         self.takeovers += 1
         self._block_wait = {}
         core = self.make_core()
-        solved_entry = await clocks.get(SOLVED_KEY)
+        solved_entry = await clocks.bucket.get(SOLVED_KEY)
         solved = int(solved_entry.value) if solved_entry is not None else None
         book = self.book = WindowBook(self.plane, solved)
         first = solved + 1 if solved is not None else self.plane.closable(self.clock_ns()) - 1
@@ -257,20 +255,20 @@ class SolverLoop:
 
     # ---- a learned fabric ----------------------------------------------------------------
 
-    async def _fabric_seen(self, clocks: Bucket) -> None:
+    async def _fabric_seen(self, clocks: ChunkedKV) -> None:
         """On becoming active: note the bucket's fabric version (a predecessor's), so only
         another one is published."""
         self.publisher = FabricPublisher()
         if self.fabric_of is None:
             return
-        entry = await clocks.get(FABRIC_KEY)
-        if entry is not None and entry.value:
-            try:
+        try:
+            entry = await clocks.get(FABRIC_KEY)
+            if entry is not None:
                 self.publisher.seen(entry.value)
-            except FabricWireError as exc:  # not ours to read: ours replaces it
-                self.log(self.clock_ns(), "bad fabric version", error=str(exc))
+        except (FabricWireError, ChunkError) as exc:  # not ours to read: ours replaces it
+            self.log(self.clock_ns(), "bad fabric version", error=str(exc))
 
-    async def _publish_fabric(self, clocks: Bucket) -> None:
+    async def _publish_fabric(self, clocks: ChunkedKV) -> None:
         """Publish the fabric the core solves on if the bucket does not hold it."""
         if self.fabric_of is None:
             return
@@ -280,7 +278,7 @@ class SolverLoop:
         data = encode_fabric(fabric, self.paths_of(fabric) if self.paths_of else None)
         try:
             revision = await clocks.put(FABRIC_KEY, data)
-        except NatsRefused as exc:  # over max_payload: the workers keep their version
+        except NatsRefused as exc:  # refused (the bucket's limits): the workers keep theirs
             self.publisher.refused(fabric)
             self.log(self.clock_ns(), "fabric refused", error=str(exc), bytes=len(data))
             return
@@ -344,7 +342,7 @@ class SolverLoop:
                  owners=self.plane.edge_owners)  # fmt: skip
         return True
 
-    async def _solve(self, core: SolverCore, clocks: Bucket, book: WindowBook, w: int) -> None:
+    async def _solve(self, core: SolverCore, clocks: ChunkedKV, book: WindowBook, w: int) -> None:
         missing = self.plane.partitions - len(book.pending.get(w, ()))
         await self._publish_fabric(clocks)
         now = self.clock_ns()
@@ -356,7 +354,7 @@ class SolverLoop:
         self.solves += 1
         if result.clock and self._models_current():
             await clocks.put(MODELS_KEY, result.clock)
-        await clocks.put(SOLVED_KEY, str(w).encode())
+        await clocks.bucket.put(SOLVED_KEY, str(w).encode())  # small: one plain value
         self.log(self.clock_ns(), "window solved", window=w, missing_partitions=missing,
                  events=len(result.events))  # fmt: skip
         self.on_result(w, result)

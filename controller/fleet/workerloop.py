@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -66,28 +65,33 @@ from controller.fleet.cores import PartialLike, WorkerCore
 from controller.fleet.fabricwire import FABRIC_KEY, FabricFollow, FabricWireError
 from controller.fleet.partials import chunk_messages, commit_message
 from controller.fleet.plane import MODELS_KEY, Plane, partition_key
-from controller.fleet.sessions import run_sessions
+from controller.fleet.sessions import (
+    FairShare,
+    Follow,
+    fleet_link,
+    follow_key,
+    lease_index,
+    run_sessions,
+    run_side,
+)
 from controller.fleet.state import StateError
 from controller.fleet.watermark import StreamClock
 from mqttlink.reconnect import Backoff
 from natslink.errors import LINK_ERRORS, NatsUnavailable
 from natslink.lease import LeaseClock, Leases
-from natslink.link import Link, connect
+from natslink.link import Link
 from natslink.settings import NatsSettings
 from natslink.streams import (
     Bucket,
     Delivery,
-    ensure_bucket,
-    ensure_stream,
+    Entry,
     open_pull,
     restart_from_ack_floor,
     stored_at,
 )
-from natslink.subjects import fnv1a32
 
 Log = Callable[..., None]
 FETCH_WAIT_S = 0.5
-LINK_POLL_S = 0.5
 
 
 def _host_of(subject: str) -> str:
@@ -168,36 +172,32 @@ class WorkerLoop:
             await self._stop_all()
 
     async def _session(self, connected: Callable[[], None]) -> None:
-        async with connect(self.settings, f"qpmesh-worker-{self.worker_id}") as link:
-            await ensure_stream(link, self.plane.probe_stream_spec(self.subjects))
-            await ensure_stream(link, self.plane.partial_stream_spec(self.subjects))
-            leases = await ensure_bucket(link, self.plane.lease_bucket_spec())
-            clocks = await ensure_bucket(link, self.plane.clock_bucket_spec())
-            if abs(leases.ttl_s - self.plane.lease_ttl_s) > 1e-6:  # the bucket's TTL rules
-                self.leases.clock = LeaseClock(leases.ttl_s)
-            self.leases.bind(leases)
+        name = f"qpmesh-worker-{self.worker_id}"
+        async with fleet_link(self.settings, self.plane, name, self.leases, probes=True) as fl:
+            link = fl.link
             self.log(self.clock_ns(), "connected", server=link.server, worker=self.worker_id)
             connected()
-            side = [asyncio.create_task(self._leases_loop(link, leases)),
-                    asyncio.create_task(self._watch_models(link, clocks))]  # fmt: skip
+            how = Follow(self.settings.timeout_s, self.leases.clock.renew_s, self.log,
+                         self.clock_ns)  # fmt: skip
+            side = [self._leases_loop(link, fl.leases),
+                    follow_key(link, fl.clocks, MODELS_KEY, "models", self._take_models, how)]  # fmt: skip
             if self.fabric is not None:
-                side.append(asyncio.create_task(self._watch_fabric(link, clocks, self.fabric)))
+                side.append(follow_key(link, fl.clocks, FABRIC_KEY, "fabric", self._take_fabric,
+                                       how))  # fmt: skip
             try:
-                await first_error(side, link)
+                await run_side(link, side)
             finally:
-                for t in side:
-                    t.cancel()
-                await asyncio.gather(*side, return_exceptions=True)
                 await self._stop_all()  # the next connection restarts them at the ack floor
 
     # ---- leases --------------------------------------------------------------------------
 
     async def _leases_loop(self, link: Link, bucket: Bucket) -> None:
         tick_s = self.leases.clock.renew_s / 2
+        share = FairShare("worker", self.worker_id, self.plane.partitions, partition_key)
         while True:
             for key in await self.leases.renew():
                 self.stats.lost += 1
-                await self._stop(int(key.split(".")[1]), "lost")
+                await self._stop(lease_index(key), "lost")
             for p, task in list(self.tasks.items()):
                 if task.done():  # a partition task ended: its lease went, or its link failed
                     del self.tasks[p]
@@ -225,31 +225,22 @@ class WorkerLoop:
                         )  # its consumer
                     elif exc is not None and not isinstance(exc, _LeaseGone):
                         raise exc
-            await bucket.put(f"worker.{self.worker_id}", b"1")
-            workers = max(1, await bucket.count("worker."))
-            share = math.ceil(self.plane.partitions / workers)
-            held = sorted(int(k.split(".")[1]) for k in self.leases.held)
-            for p in held[share:]:  # above the fair share: give back (a clean crash)
-                await self._stop(p, "released")
-                await self.leases.release(partition_key(p))
-                self.stats.released += 1
-            start = fnv1a32(self.worker_id.encode()) % self.plane.partitions
-            for i in range(self.plane.partitions):
-                if len(self.leases.held) >= share:
-                    break
-                p = (start + i) % self.plane.partitions
-                if partition_key(p) not in self.leases.held and await self.leases.claim(
-                    partition_key(p)
-                ):
-                    self.stats.claimed += 1
-                    self.log(self.clock_ns(), "partition claimed", partition=p)
+            got, gave = await share.step(self.leases, bucket, self._released, self._claimed)
+            self.stats.claimed += got
+            self.stats.released += gave
             for key in self.leases.held:
-                p = int(key.split(".")[1])
+                p = lease_index(key)
                 if p not in self.tasks and (
                     p not in self.failed or self.mono() >= self.failed[p][1]
                 ):
                     self.tasks[p] = asyncio.create_task(self._partition(link, p))
             await asyncio.sleep(tick_s)
+
+    async def _released(self, p: int) -> None:
+        await self._stop(p, "released")
+
+    def _claimed(self, p: int) -> None:
+        self.log(self.clock_ns(), "partition claimed", partition=p)
 
     async def _stop(self, p: int, why: str) -> None:
         task = self.tasks.pop(p, None)
@@ -264,46 +255,25 @@ class WorkerLoop:
         for p in list(self.tasks):
             await self._stop(p, "stopped")
 
-    # ---- clock models --------------------------------------------------------------------
+    # ---- clock models and a learned fabric -----------------------------------------------
 
-    async def _watch_models(self, link: Link, clocks: Bucket) -> None:
-        """Keep ``models`` current; a watch that fails (a cluster electing leaders) is set up
-        again after a pause instead of ending the connection: ingest goes on meanwhile. Raises
-        `NatsUnavailable` once the connection itself is gone (the session then ends)."""
-        while True:
-            link.check()
-            try:
-                async for entry in clocks.watch(MODELS_KEY, timeout_s=self.settings.timeout_s):
-                    if entry is not None and entry.value:
-                        self.models = entry.value  # each partition installs it between steps
-                        self.models_revision = entry.revision
-            except NatsUnavailable as exc:
-                self.log(self.clock_ns(), "models watch failed", error=str(exc))
-                await asyncio.sleep(self.leases.clock.renew_s)
+    def _take_models(self, entry: Entry) -> None:
+        """Keep the newest models (each partition installs them between steps)."""
+        self.models, self.models_revision = entry.value, entry.revision
 
-    # ---- a learned fabric ----------------------------------------------------------------
-
-    async def _watch_fabric(self, link: Link, clocks: Bucket, follow: FabricFollow) -> None:
-        """Take each fabric version the solver writes (``fabric`` in the clock bucket; the
-        newest first, so a worker that starts late builds on it); a failed watch is set up
-        again as the models' is. Raises `NatsUnavailable` once the connection is gone."""
-        while True:
-            link.check()
-            try:
-                async for entry in clocks.watch(FABRIC_KEY, timeout_s=self.settings.timeout_s):
-                    if entry is None or not entry.value:
-                        continue
-                    try:
-                        if follow.take(entry.value, entry.revision):
-                            fab = follow.fabric
-                            self.log(self.clock_ns(), "fabric followed", fabric=follow.id,
-                                     revision=entry.revision,
-                                     nics=len(fab.nics) if fab is not None else 0)  # fmt: skip
-                    except FabricWireError as exc:
-                        self.log(self.clock_ns(), "bad fabric version", error=str(exc))
-            except NatsUnavailable as exc:
-                self.log(self.clock_ns(), "fabric watch failed", error=str(exc))
-                await asyncio.sleep(self.leases.clock.renew_s)
+    def _take_fabric(self, entry: Entry) -> None:
+        """Take a fabric version the solver wrote (``fabric`` in the clock bucket; the newest
+        first, so a worker that starts late builds on it)."""
+        follow = self.fabric
+        assert follow is not None
+        try:
+            if follow.take(entry.value, entry.revision):
+                fab = follow.fabric
+                self.log(self.clock_ns(), "fabric followed", fabric=follow.id,
+                         revision=entry.revision,
+                         nics=len(fab.nics) if fab is not None else 0)  # fmt: skip
+        except FabricWireError as exc:
+            self.log(self.clock_ns(), "bad fabric version", error=str(exc))
 
     async def _fabric_known(self, p: int) -> None:
         """Return once a learned fabric's first version came (at once with a declared
@@ -431,23 +401,3 @@ class WorkerLoop:
 
 class _LeaseGone(Exception):
     """This worker may no longer use partition ``p``'s lease (ends its task quietly)."""
-
-
-async def first_error(tasks: list[asyncio.Task[None]], link: Link) -> None:
-    """Wait until a task fails or the link is lost; raise that error. The link is also
-    checked every `LINK_POLL_S`: nats-py marks a connection closed before it runs the
-    callbacks that set ``link.lost``, and a close that stalls on a dead server's socket
-    may never run them."""
-    lost = asyncio.create_task(link.lost.wait())
-    try:
-        while True:
-            done, _ = await asyncio.wait([*tasks, lost], timeout=LINK_POLL_S,
-                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-            if done or link.nc.is_closed:
-                break
-    finally:
-        lost.cancel()
-    for t in done:
-        if t is not lost:
-            t.result()
-    raise NatsUnavailable("connection to the NATS server lost")
