@@ -25,7 +25,13 @@ With edge owners apart (``plane.edge_owners`` k >= 1, ``blocks``: the core's
 `controller.fleet.cores.BlockSink`) their summary blocks come in the same stream
 (`controller.fleet.ownerloop`); a solve window (``blocks.needs_blocks``) otherwise due waits
 for all k blocks, at most ``plane.edge_wait_ns``: then it is judged without a clock solve
-(counted in ``blocks_missing``), never solved on some of them.
+(counted in ``blocks_missing``), never solved on some of them. The blocks are heads
+without their summary rows (`controller.fleet.stagelink`): the owners run the per-edge
+stages of each solve window's rounds, the solver calls them on ``<prefix>.stage.<k>``
+(core request/reply, ``edge_wait_s`` per call) from the solve's worker thread (with edge
+owners the solve always runs in a thread); an owner that does not answer a call (gone,
+refused: a new holder of the index that did not build the window) makes the window judged
+without a clock solve (the core's ``missing_blocks``), never solved from some rounds.
 
 A partial for a window already solved is late: counted (``late``) and dropped. A solver that
 restarts (or a standby that takes over) starts from ``solved + 1``: the partials of the
@@ -61,6 +67,7 @@ from controller.fleet.partial import PartialError
 from controller.fleet.partials import Assembler, PartialWireError
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, SOLVER_KEY, Plane
 from controller.fleet.sessions import fleet_link, run_sessions
+from controller.fleet.stagelink import StageLink, decode_head, nats_request, stage_subject
 from controller.pathmap import PathRows
 from mesh.fabric import Fabric
 from mqttlink.reconnect import Backoff
@@ -140,6 +147,12 @@ class SolverLoop:
         self.publisher = FabricPublisher()
         self.blocks = blocks if plane.edge_owners else None
         self.blocks_missing = 0
+        self.block_bytes = 0  # the owners' block heads as they came (no summary rows)
+        self.stages: StageLink | None = None
+        if self.blocks is not None:
+            prefix = settings.subjects.prefix
+            self.stages = StageLink(lambda k: stage_subject(prefix, k), plane.edge_wait_ns / 1e9)
+            self.blocks.use_stages(self.stages.ranges)
         self._block_wait: dict[int, int] = {}  # solve window: since when it waits for blocks
 
     async def run(self, *, max_attempts: int | None = None) -> None:
@@ -154,6 +167,8 @@ class SolverLoop:
             link, clocks = fl.link, fl.clocks
             self.log(self.clock_ns(), "connected", server=link.server, solver=self.solver_id)
             connected()
+            if self.stages is not None:
+                self.stages.attach(asyncio.get_running_loop(), nats_request(link.nc))
             try:
                 while True:
                     link.check()
@@ -163,6 +178,8 @@ class SolverLoop:
                         continue
                     await self._active(link, clocks)
             finally:
+                if self.stages is not None:
+                    self.stages.detach()
                 self._standby()
 
     def _standby(self) -> None:
@@ -313,12 +330,15 @@ class SolverLoop:
             self.log(self.clock_ns(), "bad partial", seq=d.stream_seq, error=str(exc))
 
     def _block(self, basm: Assembler, headers: Mapping[str, str], data: bytes) -> None:
-        """Take one message of an edge owner's block (a chunk or its commit)."""
-        assert self.blocks is not None
+        """Take one message of an edge owner's block head (a chunk or its commit)."""
+        assert self.blocks is not None and self.stages is not None
         try:
             c = basm.feed(headers, data)
             if c is not None:
-                self.blocks.add_block(c.body)
+                self.block_bytes += len(c.body)
+                block, edges, points = decode_head(c.body)
+                self.stages.note(block, edges, points)
+                self.blocks.add_block(block.encode())
         except (PartialWireError, BlockError, ValueError) as exc:
             self.log(self.clock_ns(), "bad summary block", error=str(exc))
 
@@ -346,7 +366,7 @@ class SolverLoop:
         missing = self.plane.partitions - len(book.pending.get(w, ()))
         await self._publish_fabric(clocks)
         now = self.clock_ns()
-        if self.solve_in_thread:
+        if self.solve_in_thread or self.stages is not None:  # the rounds' calls wait on the loop
             result = await asyncio.to_thread(core.solve, w, now)
         else:  # the core is shared with the loop's other users (the service's host facts)
             result = core.solve(w, now)
