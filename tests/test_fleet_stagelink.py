@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
+from contract.records import decode_batch
+from controller.brain import BrainConfig
 from controller.clocksolve import (
     ClockState,
     ClockSyncConfig,
@@ -19,10 +23,22 @@ from controller.clocksolve import (
     compute_state,
     window_summary,
 )
+from controller.fleet.config import FleetConfig
 from controller.fleet.edges import EdgeStage, SummaryBlock, owner_bounds, solve_blocks, split_clock
+from controller.fleet.grid import WindowGrid
+from controller.fleet.owner import OwnerCore
+from controller.fleet.partial import Partial
+from controller.fleet.solver import Added, FleetSolver
 from controller.fleet.stagelink import StageDesk, StageLink, decode_head, encode_head
-from controller.fleet.stagewire import StageError
+from controller.fleet.stagewire import RemoteRange, StageError
+from controller.fleet.worker import FleetWorker
+from mesh.fabric import FabricShape, build_fabric
+from sync.edgestage import RangeStages
+from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
+from testbed.sim.ingest_traffic import host_batches
 from tests.edgewindow import NICS, stepped_window
+
+STEP = 100_000_000
 
 
 def _blocks(w: SampleWindow, cfg: ClockSyncConfig, owners: int, t_ref: int) -> list[SummaryBlock]:
@@ -130,3 +146,83 @@ def test_the_desk_keeps_the_last_windows_per_index() -> None:
     assert desk.answer(0, b"junk").startswith(b"QPSE")
     desk.drop(0)
     assert desk.windows(0) == []
+
+
+def test_an_owner_gone_mid_rounds_costs_that_solve_whole_and_the_next_is_made() -> None:
+    """Lock-step: two workers, two `OwnerCore`s whose blocks cross as heads and whose rounds
+    are answered by their desks; in one solve window owner 1's range goes after its first
+    calls (its process died; the new holder did not build that window): the window is
+    judged without a clock solve (counted, the clock as before), and the next solve window
+    is solved equal to one process's again."""
+    fab = build_fabric(FabricShape.for_nics(16))
+    sim = Simulator(fab, SimConfig(seed=3), [])
+    cfg = FleetConfig(grid=WindowGrid(STEP), detection=BrainConfig(lateness_ns=0), edge_owners=2)
+    workers = [FleetWorker(fab, cfg, name=f"w{i}") for i in range(2)]
+    worker_of = {h.id: i % 2 for i, h in enumerate(fab.hosts)}
+    apart, one = FleetSolver(fab, cfg, local_edges=False), FleetSolver(fab, cfg)
+    n, hosts = len(fab.nics), len(fab.hosts)
+    cores = [OwnerCore(n, hosts, cfg, k, None) for k in range(2)]
+    desk, heads = StageDesk(), {}
+    cut_in: list[int] = []  # the solve window whose rounds lose owner 1
+    calls = [0]
+
+    def send(o: int, window: int, data: bytes) -> bytes:
+        if o == 1 and window in cut_in:
+            calls[0] += 1
+            if calls[0] == 3:  # owner 1 answered two calls of this solve, then died
+                desk.drop(1)
+        reply = desk.answer(o, data)
+        if reply.startswith(b"QPSE"):
+            raise StageError(reply[4:].decode())
+        return reply
+
+    def remote(window: int, blocks: Sequence[SummaryBlock]) -> tuple[list[RangeStages | None], int]:
+        out: list[RangeStages | None] = []
+        for b in blocks:
+            edges, _ = heads[(window, b.owner)]
+            out.append(RemoteRange(window, edges, functools.partial(send, b.owner, window)))
+        return out, sum(heads[(window, b.owner)][1] for b in blocks)
+
+    apart.remote = remote
+    results = []
+    for i, st in enumerate(sim.run(4.0, STEP / 1e9)):
+        now = EPOCH_NS + round(st.t1_s * 1e9)
+        payloads, _ = host_batches(fab, st.batch, i + 1)
+        for p in payloads:
+            host = decode_batch(p).origin
+            assert workers[worker_of[host]].admit(host, p, now).accepted
+        for p in [Partial.decode(x.encode()) for w in workers for x in w.close(now)]:
+            assert apart.add(p) is one.add(p) is Added.TAKEN
+            assert all(c.add(p) for c in cores)
+        top = cfg.grid.closed_before(now, cfg.lateness_ns) - 1
+        nxt = apart.next_window
+        if top < (nxt if nxt is not None else min(apart.pending_windows(), default=top + 1)):
+            continue
+        for k, c in enumerate(cores):
+            for b in c.advance(top):
+                stages = c.stage.stages(b)
+                desk.keep(k, b.window, stages)
+                block, edges, points = decode_head(encode_head(b, stages.edges if stages
+                                                               else np.zeros((0, 2), np.int64)))  # fmt: skip
+                heads[(block.window, k)] = (edges, points)
+                assert apart.add_block(block) is Added.TAKEN
+                if not cut_in and sum(r[0].solved for r in results) >= 2:
+                    cut_in.append(b.window)
+        got, want = apart.solve(top, now), one.solve(top, now)
+        results.append((got, want))
+        for w in workers:
+            w.install_clock(got.clock)
+        for c in cores:
+            c.install(got.clock)
+    assert cut_in and calls[0] >= 3 and apart.missing_blocks == 1
+    lost = [g for g, _ in results if g.window == cut_in[0]]
+    assert lost and not lost[0].solved
+    before = [g for g, _ in results if g.window < cut_in[0]][-1]
+    same = np.isnan(lost[0].offsets_ns) == np.isnan(before.offsets_ns)
+    assert same.all()  # the clock as it was: nothing of the broken rounds installed
+    after = [(g, w) for g, w in results if g.window > cut_in[0] and g.solved]
+    assert after, "no clock solve after the broken rounds"
+    g, w = after[0]
+    assert w.solved
+    diff = np.abs(g.offsets_ns - w.offsets_ns)[~np.isnan(g.offsets_ns)]
+    assert not len(diff) or diff.max() <= 0.01
