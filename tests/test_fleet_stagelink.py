@@ -28,7 +28,7 @@ from controller.fleet.edges import EdgeStage, SummaryBlock, owner_bounds, solve_
 from controller.fleet.grid import WindowGrid
 from controller.fleet.owner import OwnerCore
 from controller.fleet.partial import Partial
-from controller.fleet.solver import Added, FleetSolver
+from controller.fleet.solver import Added, FleetSolver, SolveResult
 from controller.fleet.stagelink import StageDesk, StageLink, decode_head, encode_head
 from controller.fleet.stagewire import RemoteRange, StageError
 from controller.fleet.worker import FleetWorker
@@ -162,7 +162,8 @@ def test_an_owner_gone_mid_rounds_costs_that_solve_whole_and_the_next_is_made() 
     apart, one = FleetSolver(fab, cfg, local_edges=False), FleetSolver(fab, cfg)
     n, hosts = len(fab.nics), len(fab.hosts)
     cores = [OwnerCore(n, hosts, cfg, k, None) for k in range(2)]
-    desk, heads = StageDesk(), {}
+    desk = StageDesk()
+    heads: dict[tuple[int, int], tuple[np.ndarray, int]] = {}
     cut_in: list[int] = []  # the solve window whose rounds lose owner 1
     calls = [0]
 
@@ -184,14 +185,14 @@ def test_an_owner_gone_mid_rounds_costs_that_solve_whole_and_the_next_is_made() 
         return out, sum(heads[(window, b.owner)][1] for b in blocks)
 
     apart.remote = remote
-    results = []
+    results: list[tuple[SolveResult, SolveResult]] = []
     for i, st in enumerate(sim.run(4.0, STEP / 1e9)):
         now = EPOCH_NS + round(st.t1_s * 1e9)
         payloads, _ = host_batches(fab, st.batch, i + 1)
-        for p in payloads:
-            host = decode_batch(p).origin
-            assert workers[worker_of[host]].admit(host, p, now).accepted
-        for p in [Partial.decode(x.encode()) for w in workers for x in w.close(now)]:
+        for raw in payloads:
+            host = decode_batch(raw).origin
+            assert workers[worker_of[host]].admit(host, raw, now).accepted
+        for p in [Partial.decode(x.encode()) for wk in workers for x in wk.close(now)]:
             assert apart.add(p) is one.add(p) is Added.TAKEN
             assert all(c.add(p) for c in cores)
         top = cfg.grid.closed_before(now, cfg.lateness_ns) - 1
@@ -210,8 +211,8 @@ def test_an_owner_gone_mid_rounds_costs_that_solve_whole_and_the_next_is_made() 
                     cut_in.append(b.window)
         got, want = apart.solve(top, now), one.solve(top, now)
         results.append((got, want))
-        for w in workers:
-            w.install_clock(got.clock)
+        for wk in workers:
+            wk.install_clock(got.clock)
         for c in cores:
             c.install(got.clock)
     assert cut_in and calls[0] >= 3 and apart.missing_blocks == 1
@@ -222,7 +223,7 @@ def test_an_owner_gone_mid_rounds_costs_that_solve_whole_and_the_next_is_made() 
     assert same.all()  # the clock as it was: nothing of the broken rounds installed
     after = [(g, w) for g, w in results if g.window > cut_in[0] and g.solved]
     assert after, "no clock solve after the broken rounds"
-    g, w = after[0]
-    assert w.solved
-    diff = np.abs(g.offsets_ns - w.offsets_ns)[~np.isnan(g.offsets_ns)]
+    g, want = after[0]
+    assert want.solved
+    diff = np.abs(g.offsets_ns - want.offsets_ns)[~np.isnan(g.offsets_ns)]
     assert not len(diff) or diff.max() <= 0.01

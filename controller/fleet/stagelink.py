@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from controller.fleet.codec import CodecError, pack, unpack
 from controller.fleet.edges import BlockError, SummaryBlock
-from controller.fleet.stagewire import RemoteRange, StageError, StageServer
+from controller.fleet.stagewire import RemoteRange, StageCall, StageError, StageServer
 from sync.edgestage import RangeStages
 
 I64 = npt.NDArray[np.int64]
@@ -118,19 +118,13 @@ class StageDesk:
         """Return the reply to ``data`` for index ``k``: the stage's frame, or an error frame
         (`error_frame`) when it cannot be answered."""
         try:
-            window = _call_window(data)
+            window = StageCall.decode(data).window
             server = self._servers.get(k, {}).get(window)
             if server is None:
                 return error_frame(f"owner {k} has no range of window {window}")
             return server.answer(data)
-        except StageError as exc:
+        except (StageError, ValueError, IndexError) as exc:  # a call its range cannot take
             return error_frame(f"owner {k}: {exc}")
-
-
-def _call_window(data: bytes) -> int:
-    from controller.fleet.stagewire import StageCall
-
-    return StageCall.decode(data).window
 
 
 class StageLink:
@@ -164,9 +158,12 @@ class StageLink:
             raise StageError("no connection for the stage calls")
         if loop.is_running() and _on_thread_of(loop):
             raise StageError("stage calls need the solve off the connection's loop")
-        fut = asyncio.run_coroutine_threadsafe(
-            request(self.subject_of(k), data, self.timeout_s), loop
-        )
+        try:
+            fut = asyncio.run_coroutine_threadsafe(
+                request(self.subject_of(k), data, self.timeout_s), loop
+            )
+        except RuntimeError as exc:  # the loop closed meanwhile (the session ended)
+            raise StageError(f"owner {k}: {exc}") from None
         try:
             reply = fut.result(self.timeout_s + 5.0)
         except concurrent.futures.TimeoutError:
