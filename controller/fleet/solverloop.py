@@ -113,7 +113,10 @@ class SolverLoop:
     ``fabric_of``: with a learned fabric, the fabric the core solves on now (published to
     the workers, module doc); None: a declared fabric, which every process reads itself;
     ``paths_of(fabric)``: the traced paths mapped onto it, published with it (None: none);
-    ``blocks``: where the edge owners' blocks go (with ``plane.edge_owners``)."""
+    ``blocks``: where the edge owners' blocks go (with ``plane.edge_owners``); ``gate``:
+    held for the whole of a solve run in a thread (`threaded`), so the loop's other users of
+    a shared core (the service's host facts, snapshots, time series) wait for it, never
+    touching the core from the loop while the thread judges (None: nothing to hold)."""
 
     def __init__(
         self,
@@ -130,6 +133,7 @@ class SolverLoop:
         fabric_of: Callable[[], Fabric] | None = None,
         paths_of: Callable[[Fabric], PathRows] | None = None,
         blocks: BlockSink | None = None,
+        gate: asyncio.Lock | None = None,
     ) -> None:
         self.plane, self.settings, self.solver_id = plane, settings, solver_id
         self.solve_in_thread = solve_in_thread
@@ -154,6 +158,13 @@ class SolverLoop:
             self.stages = StageLink(lambda k: stage_subject(prefix, k), plane.edge_wait_ns / 1e9)
             self.blocks.use_stages(self.stages.ranges)
         self._block_wait: dict[int, int] = {}  # solve window: since when it waits for blocks
+        self.gate = gate
+
+    @property
+    def threaded(self) -> bool:
+        """Return True when solves run in a worker thread: ``solve_in_thread``, or with edge
+        owners (the rounds' stage calls are requests that need the loop)."""
+        return self.solve_in_thread or self.stages is not None
 
     async def run(self, *, max_attempts: int | None = None) -> None:
         """Run until cancelled, reconnecting with backoff on link errors."""
@@ -366,8 +377,9 @@ class SolverLoop:
         missing = self.plane.partitions - len(book.pending.get(w, ()))
         await self._publish_fabric(clocks)
         now = self.clock_ns()
-        if self.solve_in_thread or self.stages is not None:  # the rounds' calls wait on the loop
-            result = await asyncio.to_thread(core.solve, w, now)
+        if self.threaded:  # the rounds' calls wait on the loop
+            async with self.gate if self.gate is not None else contextlib.nullcontext():
+                result = await asyncio.to_thread(core.solve, w, now)
         else:  # the core is shared with the loop's other users (the service's host facts)
             result = core.solve(w, now)
         book.mark_solved(w)
