@@ -23,6 +23,7 @@ from controller.fleet.plane import Plane
 from controller.fleet.solverloop import SolverLoop
 from controller.service import Broker, Wiring, apply_message, live_state
 from mesh.fabric import FabricShape, build_fabric
+from natslink.lease import LeaseClock
 from natslink.settings import NatsSettings
 
 PLANE = Plane(partitions=2, window_ns=1_000_000_000, grace_ns=100_000_000,
@@ -166,3 +167,56 @@ async def test_without_a_gate_a_host_fact_is_applied_at_once(
     w = _wiring(calls, None, monkeypatch)
     held = await _solve_with_facts(w, None, calls)
     assert len(held) == 3 and calls.overlaps == 2  # the race the gate closes
+
+
+class Lease:
+    """The solver's lease's stand-in: counts renewals; lost after ``lose_after`` of them."""
+
+    def __init__(self, renew_s: float, lose_after: int) -> None:
+        self.clock = LeaseClock(renew_s * 3, renew_s)
+        self.renewals, self.lose_after = 0, lose_after
+        self.renewed = threading.Event()
+
+    async def renew(self) -> list[str]:
+        self.renewals += 1
+        if self.renewals >= 2:
+            self.renewed.set()
+        return []
+
+    def valid(self, key: str) -> bool:
+        return self.renewals < self.lose_after
+
+
+class PutCounter(Clocks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.puts = 0
+
+    async def put(self, key: str, value: bytes) -> int:
+        self.puts += 1
+        return 1
+
+
+@pytest.mark.parametrize("lose_after", [99, 2], ids=["kept", "lost"])
+async def test_the_lease_is_renewed_while_a_threaded_solve_waits(lose_after: int) -> None:
+    """A solve in a thread that outlasts the lease's renewal time (a stage call to an owner
+    killed while it held the call waits ``edge_wait_s``) renews the lease meanwhile; one lost
+    meanwhile publishes nothing."""
+    lease = Lease(0.05, lose_after)
+
+    class Slow(Core):
+        def solve(self, window: int, now_ns: int) -> Result:
+            assert lease.renewed.wait(60), "the lease was not renewed during the solve"
+            return Result(clock=b"state")
+
+    calls = Calls()
+    core = Slow(calls)
+    results: list[int] = []
+    loop = SolverLoop(PLANE, NatsSettings(servers=("nats://127.0.0.1:1",)), "solver-1",
+                      lambda: core, lambda w, r: results.append(w), log=lambda *a, **k: None,
+                      gate=asyncio.Lock())  # fmt: skip
+    loop.lease = lease  # type: ignore[assignment]
+    clocks: Any = PutCounter()
+    await loop._solve(core, clocks, WindowBook(PLANE, None), 3)
+    assert lease.renewals >= 2
+    assert (results, clocks.puts) == (([3], 1) if lose_after == 99 else ([], 0))

@@ -373,13 +373,31 @@ class SolverLoop:
                  owners=self.plane.edge_owners)  # fmt: skip
         return True
 
+    async def _in_thread(self, core: SolverCore, w: int, now: int) -> SolveResultLike:
+        """Return ``core.solve(w, now)`` run in a worker thread, renewing the lease meanwhile
+        (a stage call to an owner killed while it held the call waits ``edge_wait_s``, longer
+        than the lease's TTL). Returns only once the thread did, also when cancelled or when a
+        renewal raises (the core is the thread's until then); raises what the solve raised."""
+        job = asyncio.ensure_future(asyncio.to_thread(core.solve, w, now))
+        try:
+            while not job.done():
+                await asyncio.wait({job}, timeout=self.lease.clock.renew_s / 2)
+                if not job.done():
+                    await self.lease.renew()
+        finally:
+            if not job.done():
+                await asyncio.wait({job})
+        return job.result()
+
     async def _solve(self, core: SolverCore, clocks: ChunkedKV, book: WindowBook, w: int) -> None:
         missing = self.plane.partitions - len(book.pending.get(w, ()))
         await self._publish_fabric(clocks)
         now = self.clock_ns()
         if self.threaded:  # the rounds' calls wait on the loop
             async with self.gate if self.gate is not None else contextlib.nullcontext():
-                result = await asyncio.to_thread(core.solve, w, now)
+                result = await self._in_thread(core, w, now)
+            if not self.lease.valid(SOLVER_KEY):
+                return  # lost while it solved: never publish for a lease no longer ours
         else:  # the core is shared with the loop's other users (the service's host facts)
             result = core.solve(w, now)
         book.mark_solved(w)
