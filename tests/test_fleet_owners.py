@@ -184,7 +184,9 @@ async def test_workers_owners_and_solver_equal_one_process(
             mine.append(one.solve(arg, now))
     solves = [r.window for r in core.results if r.solved]
     logs = "".join((tmp_path / f"{o}.log").read_text()[-1500:] for o in ("o1", "o2"))
-    assert len(solves) >= 4, (solves, logs)
+    # killed: two solves before the kill, one at least after the takeover (below); a call the
+    # killed owner held costs edge_wait_s (20 s: 40 windows), which the run may not outlast
+    assert len(solves) >= (3 if kill else 4), (solves, logs)
     from controller.fleet.solver import Added
 
     assert core.blocks[Added.TAKEN] >= 2 * len(solves), (core.blocks, logs)
@@ -198,14 +200,20 @@ async def test_workers_owners_and_solver_equal_one_process(
     print("block heads", loop.block_bytes, "bytes for", rows, "rows;",
           loop.stages.calls, "stage calls", loop.stages.bytes_in, "bytes back")  # fmt: skip
     assert rows > 1000 and loop.block_bytes < 2 * rows, (loop.block_bytes, rows)
-    # steady: no solve window is judged without its clock solve; a takeover (lease TTL, the
-    # other's registration gone, a replay of a short stream) may cost the solve window whose
-    # rounds the dead owner held (the new holder did not build it), never more than two
-    assert core.solver.missing_blocks <= (2 if kill else 0), (core.solver.missing_blocks, logs)
+    # steady: no solve window is judged without its clock solve. Killed: the takeover (lease
+    # TTL, the other's registration gone, a replay of the stream) costs the solve windows
+    # judged until the solves resume, never one after: the window whose rounds the dead owner
+    # held (a call it held when killed waits edge_wait_s), and those that came due meanwhile
+    # which the new holder did not build or no longer keeps (`stagelink.KEEP_WINDOWS`)
+    assert kill or core.solver.missing_blocks == 0, (core.solver.missing_blocks, logs)
     if kill:
         assert killed_at is not None, "no owner killed"
         later = [r.window for r in core.results[killed_at:] if r.solved]
         assert later, ("no clock solve after the takeover", logs)
+        missed = [r.window for r, m in zip(core.results, mine, strict=True)
+                  if m.solved and not r.solved]  # fmt: skip
+        assert all(core.results[killed_at - 1].window < w < later[0] for w in missed), (
+            missed, later, logs)  # fmt: skip
         o2 = [json.loads(line) for line in (tmp_path / "o2.log").read_text().splitlines()]
         assert any(d["msg"] == "edge owner claimed" and d["index"] == o1_index
                    and d["t_ns"] > kill_ns for d in o2), ("no takeover", logs)  # fmt: skip
