@@ -133,7 +133,10 @@ class Wiring:
     ``crosslayer``: hardware signals -> anomalies -> slow jobs' causes (`controller.crosslayer`);
     ``findings``: the findings open to consumers, kept in ``state_dir`` across restarts
     (`controller.openfindings`; None: not kept); ``kept``: the traced paths learned, kept
-    there too (`controller.keptpaths`; None: not kept).
+    there too (`controller.keptpaths`; None: not kept); ``gate``: with the fleet's solves in a
+    worker thread (edge owners), the lock the solver loop holds while one is in flight: host
+    facts wait for it in arrival order, and the ticker and the time series read the live
+    state only between solves (None: the live state is the loop's alone).
     """
 
     broker: Broker
@@ -157,6 +160,12 @@ class Wiring:
     findings: OpenFindings | None = None
     state_dir: Path | None = None
     kept: KeptPaths | None = None
+    gate: asyncio.Lock | None = None
+
+
+def _held(gate: asyncio.Lock | None) -> contextlib.AbstractAsyncContextManager[object]:
+    """Return ``gate`` to hold (nothing when None: the one-process service)."""
+    return gate if gate is not None else contextlib.nullcontext()
 
 
 def relearn(w: Wiring, now_ns: int) -> list[EventDoc]:
@@ -202,44 +211,45 @@ async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
     planned = clock() + period_ns
     while True:
         await asyncio.sleep(max(0.0, (planned - clock()) / 1e9))
-        now = clock()
-        live.loop_lag(planned, now)
-        planned += period_ns
-        if planned <= now:  # a late tick does not bunch up the next ones
-            planned = now + period_ns
-        if w.queue is not None and len(w.queue):
-            _flush(live, w.queue, clock, log, w.counters)
-        new = relearn(w, now)
-        new += source.tick(now)
-        live.tick_cost(clock() - now, now)
-        if w.findings is not None:
-            new = _kept_open(w, w.findings, new, now)
-        actions: list[tuple[str, bytes]] = []
-        if remediation is not None:
-            remediation.observe(new)
-            actions, docs = remediation.tick(now)
-            for doc in docs:
-                log(now, "action", id=doc["id"], kind=doc["kind"], status=doc["status"],
-                    nic=doc["nic"], link=doc["link"], job=doc["job"], reason=doc["reason"])  # fmt: skip
-                on_action(doc)
-            new += [action_event(doc) for doc in docs]
-            new += remediation.job_events(now)  # slowdowns attributed to the fabric
-            if w.crosslayer is not None:  # anomalies, and slow jobs' causes from both layers
-                xl = w.crosslayer
-                xl.follow(live.fabric)
-                if xl.due(now):
-                    jobs = remediation.jobs.jobs()
-                    found = xl.step(now, jobs, slowdowns(jobs, remediation.job_status),
-                                    live.snapshot().events)  # fmt: skip
-                    live.record_events(found)
-                    new += found
-                    w.on_points(xl.take_points())  # the cross-layer dashboard's series
-            hooks = remediation.sender.stats.to_dict()
-            if hooks != last_hooks:  # webhook/Alertmanager deliveries, retries, failures
-                log(now, "remediation hooks", **hooks, pending=remediation.sender.pending)
-                last_hooks = hooks
-        if api is not None:
-            api.publish(live.snapshot(), tuple(new))
+        async with _held(w.gate):  # the live state only between threaded solves
+            now = clock()
+            live.loop_lag(planned, now)
+            planned += period_ns
+            if planned <= now:  # a late tick does not bunch up the next ones
+                planned = now + period_ns
+            if w.queue is not None and len(w.queue):
+                _flush(live, w.queue, clock, log, w.counters)
+            new = relearn(w, now)
+            new += source.tick(now)
+            live.tick_cost(clock() - now, now)
+            if w.findings is not None:
+                new = _kept_open(w, w.findings, new, now)
+            actions: list[tuple[str, bytes]] = []
+            if remediation is not None:
+                remediation.observe(new)
+                actions, docs = remediation.tick(now)
+                for doc in docs:
+                    log(now, "action", id=doc["id"], kind=doc["kind"], status=doc["status"],
+                        nic=doc["nic"], link=doc["link"], job=doc["job"], reason=doc["reason"])  # fmt: skip
+                    on_action(doc)
+                new += [action_event(doc) for doc in docs]
+                new += remediation.job_events(now)  # slowdowns attributed to the fabric
+                if w.crosslayer is not None:  # anomalies, and slow jobs' causes from both layers
+                    xl = w.crosslayer
+                    xl.follow(live.fabric)
+                    if xl.due(now):
+                        jobs = remediation.jobs.jobs()
+                        found = xl.step(now, jobs, slowdowns(jobs, remediation.job_status),
+                                        live.snapshot().events)  # fmt: skip
+                        live.record_events(found)
+                        new += found
+                        w.on_points(xl.take_points())  # the cross-layer dashboard's series
+                hooks = remediation.sender.stats.to_dict()
+                if hooks != last_hooks:  # webhook/Alertmanager deliveries, retries, failures
+                    log(now, "remediation hooks", **hooks, pending=remediation.sender.pending)
+                    last_hooks = hooks
+            if api is not None:
+                api.publish(live.snapshot(), tuple(new))
         for topic, payload in actions:  # the actions first: a job waits on them
             await asyncio.wait_for(client.publish(topic, payload, qos=1), REQUEST_TIMEOUT_S)
         for ev in new:
@@ -384,7 +394,7 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
     learns the fabric again on the ticker (`relearn`).
     """
     live, topics, clock, log, counters = w.live, w.broker.topics, w.clock, w.log, w.counters
-    router_nodes, remediation, queue = w.config.router_nodes, w.remediation, w.queue
+    remediation, queue = w.remediation, w.queue
     host, port = w.broker.host, w.broker.port
     async with aiomqtt.Client(
         host, port, protocol=aiomqtt.ProtocolVersion.V5, timeout=REQUEST_TIMEOUT_S,
@@ -426,9 +436,7 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
                     if ev is not None:
                         await _publish_event(client, topics, w.api, ev)
                 else:
-                    out = handle_message(live, topics, str(msg.topic), payload, clock(),
-                                         router_nodes, queue, w.topology)  # fmt: skip
-                    _keep_paths(w, out, str(msg.topic), payload, clock())
+                    out = await apply_message(w, str(msg.topic), payload)
                 key = "bad" if out.startswith("bad:") else out
                 counters[key] = counters.get(key, 0) + 1
                 if key == "bad":
@@ -442,6 +450,18 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
                     await task
             if queue is not None and len(queue):
                 _flush(live, queue, clock, log, counters)  # admitted batches are not dropped
+
+
+async def apply_message(w: Wiring, topic: str, payload: bytes) -> str:
+    """Apply one message to the live state (`controller.dispatch.handle_message`, its paths
+    kept: `_keep_paths`) and return its outcome; with ``w.gate`` (the fleet's solves in a
+    worker thread) only once no solve is in flight: the message loop awaits this, so the host
+    facts that came meanwhile follow in arrival order, none lost."""
+    async with _held(w.gate):
+        out = handle_message(w.live, w.broker.topics, topic, payload, w.clock(),
+                             w.config.router_nodes, w.queue, w.topology)  # fmt: skip
+        _keep_paths(w, out, topic, payload, w.clock())
+    return out
 
 
 def _flush(
@@ -565,6 +585,25 @@ async def _start_api(
     return api
 
 
+async def _observe(
+    obs: Observability,
+    live: LiveController,
+    counters: Mapping[str, int],
+    tick_s: float,
+    clock: Callable[[], int],
+    gate: asyncio.Lock | None,
+) -> None:
+    """Run the time series and metrics (`Observability.run`); with ``gate`` (the fleet's
+    solves in a thread) each step reads the live state while holding it."""
+    if gate is None:
+        await obs.run(live, counters, tick_s, clock)
+        return
+    while True:
+        await asyncio.sleep(tick_s)
+        async with gate:
+            await obs.step(live, counters, clock())
+
+
 def _traced_on(
     topology: TopologyLearner | None, live: LiveController
 ) -> Callable[[Fabric], PathRows] | None:
@@ -645,8 +684,9 @@ async def run_service(
             log(clock(), "action not recorded", error=str(exc))
 
     feed: FleetFeed | None = None
+    gate = asyncio.Lock() if config.fleet is not None and config.fleet.plane.edge_owners else None
     sides: list[Callable[[], Coroutine[Any, Any, object]]] = [
-        lambda: obs.run(live, w.counters, config.tick_s, clock)
+        lambda: _observe(obs, live, w.counters, config.tick_s, clock, gate)
     ]
     if config.fleet is not None:
         if fleet_core is None or config.nats is None:
@@ -657,7 +697,8 @@ async def run_service(
         learned = (lambda: live.fabric) if topology is not None else None
         solver = SolverLoop(config.fleet.plane, config.nats, member, lambda: core, feed.add,
                             log=log, clock_ns=clock, solve_in_thread=False, fabric_of=learned,
-                            paths_of=_traced_on(topology, live), blocks=core)  # fmt: skip
+                            paths_of=_traced_on(topology, live), blocks=core,
+                            gate=gate)  # fmt: skip
         sides.append(solver.run)
     xl = crosslayer or CrossLayer(live.fabric)  # signals in; anomaly, root_cause events out
     api = await _start_api(config, live, rem, obs, log, clock, xl)
@@ -678,7 +719,7 @@ async def run_service(
         on_solve=obs.solve, on_action=on_action, on_tick=on_tick, topology=topology,
         on_fabric=lambda f, t: obs.refabric(f, live, t), tee=obs.brain, events=feed,
         crosslayer=xl, on_points=obs.points, findings=findings, state_dir=state_dir,
-        kept=kept,
+        kept=kept, gate=gate,
     )  # fmt: skip
 
     async def session(connected: Callable[[], None]) -> None:

@@ -133,6 +133,9 @@ class Sink:
     def blocks_in(self, window: int) -> int:
         return self.have
 
+    def use_stages(self, remote: object) -> None:
+        self.remote = remote
+
 
 def test_a_solve_window_waits_for_its_blocks_at_most_edge_wait() -> None:
     now = [0]

@@ -4,9 +4,12 @@
 simulator's batches, published as each host's prober would. Every call the solver's core
 got (each partial, each solve) is replayed into one process (`FleetSolver` with its two
 owners in-process): the clock offsets of every window agree within 0.01 ns and the events are
-the same. With ``kill``, one owner process is killed (SIGKILL) after the first clock solves:
-the other takes its index over (lease), replays the partial stream, and the solves go on,
-equal to one process's, none judged without its clock solve."""
+the same. The rounds run over NATS (`controller.fleet.stagelink`): the owners publish block
+heads without summary rows and answer the solver's stage calls. With ``kill``, one owner
+process is killed (SIGKILL) after the first clock solves: the other takes its index over
+(lease), replays the partial stream, and the solves go on, equal to one process's; a solve
+window whose rounds the dead owner could not finish (or the new holder did not build) is
+judged without a clock solve (``missing_blocks``), never solved from some rounds."""
 
 from __future__ import annotations
 
@@ -181,27 +184,55 @@ async def test_workers_owners_and_solver_equal_one_process(
             mine.append(one.solve(arg, now))
     solves = [r.window for r in core.results if r.solved]
     logs = "".join((tmp_path / f"{o}.log").read_text()[-1500:] for o in ("o1", "o2"))
-    assert len(solves) >= 4, (solves, logs)
+    # killed: two solves before the kill, one at least after the takeover (below); a call the
+    # killed owner held costs edge_wait_s (20 s: 40 windows), which the run may not outlast
+    assert len(solves) >= (3 if kill else 4), (solves, logs)
     from controller.fleet.solver import Added
 
     assert core.blocks[Added.TAKEN] >= 2 * len(solves), (core.blocks, logs)
-    # a takeover (lease TTL, the other's registration gone, a replay of a short stream)
-    # fits the solver's wait for blocks (edge_wait_s): no solve window is judged without
-    # its clock solve, and every solve equals one process's
-    assert core.solver.missing_blocks == 0, (core.solver.missing_blocks, logs)
+    # the rounds ran over NATS: every solve called both owners (fit, candidates, residuals,
+    # lows at least), and the blocks came without their summary rows (~20 bytes a kept row
+    # with them: docs/scale.md)
+    assert loop.stages is not None and loop.stages.calls >= 2 * 4 * len(solves), logs
+    owner_logs = [json.loads(line) for o in ("o1", "o2")
+                  for line in (tmp_path / f"{o}.log").read_text().splitlines()]  # fmt: skip
+    rows = sum(d["rows"] for d in owner_logs if d["msg"] == "summary block")
+    print("block heads", loop.block_bytes, "bytes for", rows, "rows;",
+          loop.stages.calls, "stage calls", loop.stages.bytes_in, "bytes back")  # fmt: skip
+    assert rows > 1000 and loop.block_bytes < 2 * rows, (loop.block_bytes, rows)
+    # steady: no solve window is judged without its clock solve. Killed: the takeover (lease
+    # TTL, the other's registration gone, a replay of the stream) costs the solve windows
+    # judged until the solves resume, never one after: the window whose rounds the dead owner
+    # held (a call it held when killed waits edge_wait_s), and those that came due meanwhile
+    # which the new holder did not build or no longer keeps (`stagelink.KEEP_WINDOWS`)
+    assert kill or core.solver.missing_blocks == 0, (core.solver.missing_blocks, logs)
     if kill:
         assert killed_at is not None, "no owner killed"
         later = [r.window for r in core.results[killed_at:] if r.solved]
         assert later, ("no clock solve after the takeover", logs)
+        missed = [r.window for r, m in zip(core.results, mine, strict=True)
+                  if m.solved and not r.solved]  # fmt: skip
+        assert all(core.results[killed_at - 1].window < w < later[0] for w in missed), (
+            missed, later, logs)  # fmt: skip
         o2 = [json.loads(line) for line in (tmp_path / "o2.log").read_text().splitlines()]
         assert any(d["msg"] == "edge owner claimed" and d["index"] == o1_index
                    and d["t_ns"] > kill_ns for d in o2), ("no takeover", logs)  # fmt: skip
         print("owner killed after window", core.results[killed_at - 1].window,
-              "solves after it", later)  # fmt: skip
+              "solves after it", later, "judged without", core.solver.missing_blocks)  # fmt: skip
     assert any(r.events for r in mine), "no findings to compare"
+    skipped, apart = 0, False
     for got, want in zip(core.results, mine, strict=True):
-        assert (got.window, got.solved) == (want.window, want.solved)
+        assert got.window == want.window
+        if got.solved != want.solved:  # no clock solve here, one there: apart until both solve
+            assert kill and want.solved and not got.solved, got.window
+            skipped += 1
+            apart = True
+            continue
+        apart = apart and not got.solved
+        if apart:
+            continue
         assert (np.isnan(got.offsets_ns) == np.isnan(want.offsets_ns)).all(), got.window
         diff = np.abs(got.offsets_ns - want.offsets_ns)[~np.isnan(got.offsets_ns)]
         assert not len(diff) or diff.max() <= 0.01, (got.window, diff.max())
         assert [e.to_json() for e in got.events] == [e.to_json() for e in want.events]
+    assert skipped == core.solver.missing_blocks  # each window without its solve counted

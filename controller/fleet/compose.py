@@ -25,7 +25,7 @@ from controller.fleet.grid import WindowGrid
 from controller.fleet.owner import OwnerCore, origin
 from controller.fleet.partial import Partial
 from controller.fleet.plane import Plane
-from controller.fleet.solver import Added, FleetSolver, SolveResult
+from controller.fleet.solver import Added, FleetSolver, RemoteStages, SolveResult
 from controller.fleet.worker import FleetWorker
 
 if TYPE_CHECKING:
@@ -104,6 +104,7 @@ class SolverCore:
         self._solver, self._follow, self._paths = solver, follow, paths
         self.added = dict.fromkeys(Added, 0)
         self.blocks = dict.fromkeys(Added, 0)
+        self._remote: RemoteStages | None = None
 
     @property
     def solver(self) -> FleetSolver:
@@ -120,12 +121,19 @@ class SolverCore:
         meanwhile (``paths``)."""
         if self._paths is not None:
             self.solver.learn(self._paths().take_learned())
+        if self._remote is not None:
+            self.solver.remote = self._remote
         return self.solver.solve(window, now_ns)
 
     def add_block(self, block: bytes) -> None:
         """Take one encoded summary block (raises `controller.fleet.edges.BlockError` on a
         malformed one, ValueError on one of an owner this solver does not have)."""
         self.blocks[self.solver.add_block(SummaryBlock.decode(block))] += 1
+
+    def use_stages(self, remote: RemoteStages) -> None:
+        """Run the rounds of each solve window through ``remote`` (`FleetSolver.remote`:
+        the owners apart run the per-edge stages; set on the solver in use at each solve)."""
+        self._remote = remote
 
     def needs_blocks(self, window: int) -> bool:
         """Return True when ``window`` is a solve window whose blocks come from owners apart

@@ -5,8 +5,8 @@ runs with the real core unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from contract.documents import EventDoc
 from controller.admission import Verdict
@@ -70,6 +70,10 @@ class BlockSink(Protocol):
     def needs_blocks(self, window: int) -> bool: ...
 
     def blocks_in(self, window: int) -> int: ...
+
+    def use_stages(self, remote: Callable[..., Any]) -> None:
+        """Run the solve windows' rounds through ``remote`` (the owners apart answer them:
+        `controller.fleet.stagelink.StageLink.ranges`)."""
 
 
 class FleetCore(SolverCore, BlockSink, Protocol):

@@ -24,7 +24,14 @@ the project's one loop, `mqttlink.reconnect`, with ``[nats]``'s backoff):
    ``<prefix>.partials.e<k>`` (chunks and a commit, message ids ``block:<k>:<window>...``: a
    second owner of index k rebuilding the same window gets a duplicate ack, the solver one
    block);
-4. the clock bucket's ``models`` key is watched; each new value is installed in every core.
+4. the clock bucket's ``models`` key is watched; each new value is installed in every core;
+5. the rounds (`controller.fleet.stagelink`): each block goes out as its head, without the
+   summary rows; the summary stays here as that solve window's range (`StageDesk`, the
+   last two solve windows per index) and the solver's stage calls on ``<prefix>.stage.<k>``
+   (core request/reply, subscribed while the index is held) are answered from it in a
+   worker thread, one at a time per index. A new holder answers only the windows it built
+   (a call of another window is refused: the solver judges that window without a clock
+   solve).
 
 No acks: the reader keeps its own place (reopened after its last delivery when it stays
 silent for two windows, as the solver's is: `ReaderWatch`; a reopen that fails ends the
@@ -42,6 +49,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from nats.aio.msg import Msg
 
 from controller.fleet.book import WindowBook
 from controller.fleet.edges import SummaryBlock
@@ -59,6 +70,7 @@ from controller.fleet.sessions import (
     run_side,
 )
 from controller.fleet.solverloop import ReaderWatch
+from controller.fleet.stagelink import StageDesk, encode_head, stage_subject
 from controller.fleet.state import StateError
 from natslink.bigkv import ChunkedKV
 from natslink.errors import LINK_ERRORS
@@ -86,12 +98,13 @@ class OwnerStats:
 
 
 def block_messages(
-    block: SummaryBlock, build: str, owner_id: str, chunk_bytes: int
+    block: SummaryBlock, build: str, owner_id: str, chunk_bytes: int, body: bytes | None = None
 ) -> list[tuple[str, bytes, dict[str, str]]]:
-    """Return (message id, payload, headers) of ``block``'s chunks and commit: the partials'
-    wire (`controller.fleet.partials`) with ids ``block:<owner>:<window>...``, so one block
-    per owner index and window counts."""
-    body = block.encode()
+    """Return (message id, payload, headers) of ``block``'s chunks and commit (``body``:
+    what goes out for it, by default ``block.encode()``): the partials' wire
+    (`controller.fleet.partials`) with ids ``block:<owner>:<window>...``, so one block per
+    owner index and window counts."""
+    body = block.encode() if body is None else body
     out = chunk_messages(block.owner, block.window, build, body, chunk_bytes)
     out.append(commit_message(block.owner, block.window, build, len(out), owner_id, 0))
     return [("block" + mid.removeprefix("partial"), data, hdr) for mid, data, hdr in out]
@@ -124,6 +137,7 @@ class OwnerLoop:
         self.cores: dict[int, OwnerCore] = {}
         self.models: bytes | None = None
         self.stats = OwnerStats()
+        self.desk = StageDesk()
 
     def held(self) -> list[int]:
         """Return the owner indices this process works on now."""
@@ -220,6 +234,7 @@ class OwnerLoop:
         self.log(self.clock_ns(), "edge owner replaying", index=k, solved=solved)
         asm = Assembler()
         caught_up = False
+        sub = await self._answer_stages(link, k)
         # every partition commits every window: a reader silent for two windows sits on a dead
         # server (an ephemeral consumer lives on one): opened again after its last delivery
         watch = ReaderWatch(2 * self.plane.window_ns / 1e9, self.mono())
@@ -262,26 +277,54 @@ class OwnerLoop:
                     book.mark_solved(w)
                     self.stats.folded[k] = w
                     for b in blocks:
-                        await self._publish(link, k, b)
+                        await self._publish(link, k, b, core)
         finally:
+            await self._end_stages(k, sub)
             with contextlib.suppress(*LINK_ERRORS):
                 await reader.close()
+
+    async def _answer_stages(self, link: Link, k: int) -> Any:
+        """Subscribe to index ``k``'s stage subject; return the subscription. Each call is
+        answered (`StageDesk.answer`, in a worker thread, one at a time) while the lease
+        holds; a call after it went gets no answer (the solver's call times out)."""
+        lock = asyncio.Lock()
+
+        async def answer(msg: Msg) -> None:
+            async with lock:
+                if not self.leases.valid(edge_key(k)):
+                    return
+                reply = await asyncio.to_thread(self.desk.answer, k, msg.data)
+                with contextlib.suppress(Exception):  # the caller gave up: its call times out
+                    await msg.respond(reply)
+
+        prefix = self.settings.subjects.prefix
+        return await link.nc.subscribe(stage_subject(prefix, k), cb=answer)
+
+    async def _end_stages(self, k: int, sub: Any) -> None:
+        """Stop answering index ``k``'s calls and forget its ranges."""
+        self.desk.drop(k)
+        with contextlib.suppress(Exception):  # a connection already closed
+            await sub.unsubscribe()
 
     def _check(self, k: int) -> None:
         if not self.leases.valid(edge_key(k)):
             raise _LeaseGone(k)
 
-    async def _publish(self, link: Link, k: int, block: SummaryBlock) -> None:
+    async def _publish(self, link: Link, k: int, block: SummaryBlock, core: OwnerCore) -> None:
         build = uuid.uuid4().hex[:16]
         subject = self.settings.subjects.blocks(k)
+        stages = core.stage.stages(block)  # the rounds of this window run here
+        self.desk.keep(k, block.window, stages)
+        edges = stages.edges if stages is not None else np.zeros((0, 2), np.int64)
+        head = encode_head(block, edges)
         for mid, payload, hdr in block_messages(block, build, self.owner_id,
-                                                self.plane.chunk_bytes):  # fmt: skip
+                                                self.plane.chunk_bytes, head):  # fmt: skip
             self._check(k)  # never publish for an index no longer ours
             ack = await link.publish(subject, payload, msg_id=mid, headers=hdr)
         self.stats.blocks += 1
         self.stats.duplicate_blocks += ack.duplicate
         self.log(self.clock_ns(), "summary block", index=k, window=block.window,
-                 rows=block.rows, duplicate=ack.duplicate)  # fmt: skip
+                 rows=block.rows, bytes=len(head), duplicate=ack.duplicate)  # fmt: skip
 
 
 def _complete(book: WindowBook) -> list[int]:

@@ -39,9 +39,10 @@ in the state. Pure: time is passed in.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,12 +73,17 @@ from controller.fleet.partial import (
     RecordCounts,
     fabric_id,
 )
+from controller.fleet.stagewire import StageError
 from controller.fleet.state import NONE, FleetState, encode_state
 from controller.refabric import host_times
 from mesh.fabric import Fabric
 from mesh.fabric.ecmp import routing_tables
+from sync.edgestage import RangeStages
 
 I32 = npt.NDArray[np.int32]
+RemoteStages = Callable[[int, Sequence[SummaryBlock]], tuple[Sequence[RangeStages | None], int]]
+"""``(window, blocks) -> (ranges, points)``: the rounds of a solve window's blocks run by
+their owners apart (`controller.fleet.stagelink.StageLink.ranges`); raises `StageError`."""
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
@@ -161,6 +167,7 @@ class FleetSolver:
         self._first_stamp: int | None = None  # with edge owners: the fleet's first coded send
         self._first_window: int | None = None  # and the window it came in
         self.missing_blocks = 0
+        self.remote: RemoteStages | None = None  # the owners apart run the rounds (the shell)
 
     # ---- partials ------------------------------------------------------------------------
     def add(self, partial: Partial) -> Added:
@@ -345,7 +352,7 @@ class FleetSolver:
         if first is None or t0 is None or not solve_due(k, first, grid, self.config.sync):
             return False
         since, t_ref = solve_cut(k, t0, grid, self.config.sync)
-        ranges = None  # the shell's blocks carry their summaries: their stages run here
+        ranges: list[RangeStages | None] | None = None  # blocks with summaries: run here
         if self.edges is not None:
             got = [stage.block(k, since, t_ref) for stage in self.edges]
             ranges = [stage.stages(b) for stage, b in zip(self.edges, got, strict=True)]
@@ -354,9 +361,19 @@ class FleetSolver:
         if len(got) < self._owners:
             self.missing_blocks += 1
             return False
-        state = solve_blocks(got, self.clock.n_nics, self.config.sync, t_ref, now_ns,
-                             leaf=self.clock.leaf, moved_since=self.clock.stepped_at.copy(),
-                             ranges=ranges)  # fmt: skip
+        points = None
+        try:  # a round an owner does not answer: no clock solve, never one from some rounds
+            if self.edges is None and self.remote is not None:
+                remote, points = self.remote(k, got)
+                ranges = list(remote)
+            state = solve_blocks(got, self.clock.n_nics, self.config.sync, t_ref, now_ns,
+                                 leaf=self.clock.leaf, moved_since=self.clock.stepped_at.copy(),
+                                 ranges=ranges)  # fmt: skip
+        except StageError:
+            self.missing_blocks += 1
+            return False
+        if state is not None and points is not None:  # the summaries stayed with the owners
+            state = dataclasses.replace(state, summary_points=points)
         new = self.clock.install(state)
         for stage in self.edges or ():
             stage.install(state)

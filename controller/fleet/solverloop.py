@@ -25,7 +25,13 @@ With edge owners apart (``plane.edge_owners`` k >= 1, ``blocks``: the core's
 `controller.fleet.cores.BlockSink`) their summary blocks come in the same stream
 (`controller.fleet.ownerloop`); a solve window (``blocks.needs_blocks``) otherwise due waits
 for all k blocks, at most ``plane.edge_wait_ns``: then it is judged without a clock solve
-(counted in ``blocks_missing``), never solved on some of them.
+(counted in ``blocks_missing``), never solved on some of them. The blocks are heads
+without their summary rows (`controller.fleet.stagelink`): the owners run the per-edge
+stages of each solve window's rounds, the solver calls them on ``<prefix>.stage.<k>``
+(core request/reply, ``edge_wait_s`` per call) from the solve's worker thread (with edge
+owners the solve always runs in a thread); an owner that does not answer a call (gone,
+refused: a new holder of the index that did not build the window) makes the window judged
+without a clock solve (the core's ``missing_blocks``), never solved from some rounds.
 
 A partial for a window already solved is late: counted (``late``) and dropped. A solver that
 restarts (or a standby that takes over) starts from ``solved + 1``: the partials of the
@@ -61,6 +67,7 @@ from controller.fleet.partial import PartialError
 from controller.fleet.partials import Assembler, PartialWireError
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, SOLVER_KEY, Plane
 from controller.fleet.sessions import fleet_link, run_sessions
+from controller.fleet.stagelink import StageLink, decode_head, nats_request, stage_subject
 from controller.pathmap import PathRows
 from mesh.fabric import Fabric
 from mqttlink.reconnect import Backoff
@@ -106,7 +113,10 @@ class SolverLoop:
     ``fabric_of``: with a learned fabric, the fabric the core solves on now (published to
     the workers, module doc); None: a declared fabric, which every process reads itself;
     ``paths_of(fabric)``: the traced paths mapped onto it, published with it (None: none);
-    ``blocks``: where the edge owners' blocks go (with ``plane.edge_owners``)."""
+    ``blocks``: where the edge owners' blocks go (with ``plane.edge_owners``); ``gate``:
+    held for the whole of a solve run in a thread (`threaded`), so the loop's other users of
+    a shared core (the service's host facts, snapshots, time series) wait for it, never
+    touching the core from the loop while the thread judges (None: nothing to hold)."""
 
     def __init__(
         self,
@@ -123,6 +133,7 @@ class SolverLoop:
         fabric_of: Callable[[], Fabric] | None = None,
         paths_of: Callable[[Fabric], PathRows] | None = None,
         blocks: BlockSink | None = None,
+        gate: asyncio.Lock | None = None,
     ) -> None:
         self.plane, self.settings, self.solver_id = plane, settings, solver_id
         self.solve_in_thread = solve_in_thread
@@ -140,7 +151,20 @@ class SolverLoop:
         self.publisher = FabricPublisher()
         self.blocks = blocks if plane.edge_owners else None
         self.blocks_missing = 0
+        self.block_bytes = 0  # the owners' block heads as they came (no summary rows)
+        self.stages: StageLink | None = None
+        if self.blocks is not None:
+            prefix = settings.subjects.prefix
+            self.stages = StageLink(lambda k: stage_subject(prefix, k), plane.edge_wait_ns / 1e9)
+            self.blocks.use_stages(self.stages.ranges)
         self._block_wait: dict[int, int] = {}  # solve window: since when it waits for blocks
+        self.gate = gate
+
+    @property
+    def threaded(self) -> bool:
+        """Return True when solves run in a worker thread: ``solve_in_thread``, or with edge
+        owners (the rounds' stage calls are requests that need the loop)."""
+        return self.solve_in_thread or self.stages is not None
 
     async def run(self, *, max_attempts: int | None = None) -> None:
         """Run until cancelled, reconnecting with backoff on link errors."""
@@ -154,6 +178,8 @@ class SolverLoop:
             link, clocks = fl.link, fl.clocks
             self.log(self.clock_ns(), "connected", server=link.server, solver=self.solver_id)
             connected()
+            if self.stages is not None:
+                self.stages.attach(asyncio.get_running_loop(), nats_request(link.nc))
             try:
                 while True:
                     link.check()
@@ -163,6 +189,8 @@ class SolverLoop:
                         continue
                     await self._active(link, clocks)
             finally:
+                if self.stages is not None:
+                    self.stages.detach()
                 self._standby()
 
     def _standby(self) -> None:
@@ -313,12 +341,15 @@ class SolverLoop:
             self.log(self.clock_ns(), "bad partial", seq=d.stream_seq, error=str(exc))
 
     def _block(self, basm: Assembler, headers: Mapping[str, str], data: bytes) -> None:
-        """Take one message of an edge owner's block (a chunk or its commit)."""
-        assert self.blocks is not None
+        """Take one message of an edge owner's block head (a chunk or its commit)."""
+        assert self.blocks is not None and self.stages is not None
         try:
             c = basm.feed(headers, data)
             if c is not None:
-                self.blocks.add_block(c.body)
+                self.block_bytes += len(c.body)
+                block, edges, points = decode_head(c.body)
+                self.stages.note(block, edges, points)
+                self.blocks.add_block(block.encode())
         except (PartialWireError, BlockError, ValueError) as exc:
             self.log(self.clock_ns(), "bad summary block", error=str(exc))
 
@@ -342,12 +373,31 @@ class SolverLoop:
                  owners=self.plane.edge_owners)  # fmt: skip
         return True
 
+    async def _in_thread(self, core: SolverCore, w: int, now: int) -> SolveResultLike:
+        """Return ``core.solve(w, now)`` run in a worker thread, renewing the lease meanwhile
+        (a stage call to an owner killed while it held the call waits ``edge_wait_s``, longer
+        than the lease's TTL). Returns only once the thread did, also when cancelled or when a
+        renewal raises (the core is the thread's until then); raises what the solve raised."""
+        job = asyncio.ensure_future(asyncio.to_thread(core.solve, w, now))
+        try:
+            while not job.done():
+                await asyncio.wait({job}, timeout=self.lease.clock.renew_s / 2)
+                if not job.done():
+                    await self.lease.renew()
+        finally:
+            if not job.done():
+                await asyncio.wait({job})
+        return job.result()
+
     async def _solve(self, core: SolverCore, clocks: ChunkedKV, book: WindowBook, w: int) -> None:
         missing = self.plane.partitions - len(book.pending.get(w, ()))
         await self._publish_fabric(clocks)
         now = self.clock_ns()
-        if self.solve_in_thread:
-            result = await asyncio.to_thread(core.solve, w, now)
+        if self.threaded:  # the rounds' calls wait on the loop
+            async with self.gate if self.gate is not None else contextlib.nullcontext():
+                result = await self._in_thread(core, w, now)
+            if not self.lease.valid(SOLVER_KEY):
+                return  # lost while it solved: never publish for a lease no longer ours
         else:  # the core is shared with the loop's other users (the service's host facts)
             result = core.solve(w, now)
         book.mark_solved(w)
