@@ -70,7 +70,10 @@ def test_with_edge_owners_the_solver_window_leaves_the_per_edge_work_to_them() -
     assert r["cores"]["total"] == round(32.0 + 64.0 + s["amortized_window_seconds"] + 1.5, 1)
     assert s["window_seconds"] == 2.25 and "fold_s" not in s and s["network_s"] == 0.25
     assert "fit_and_solve_s" not in s and "join_s" not in s  # the per-edge work is the owners'
-    assert s["max_rss_mb"] == 300  # the owners' fold and summary peaks are theirs
+    # the owners' fold and summary peaks are theirs; the solver's detection process and its
+    # network stages count together, as one solver process holds both
+    assert s["max_rss_mb"] == 100 + 300
+    assert s["detection_peak_rss_mb"] == 100 and s["clock_peak_rss_mb"] == 300
     assert s["edges"]["max_owner_window_seconds"] == 3.0 and s["edges"]["total_cpu_s"] == 5.0
     assert s["edges"]["stages_critical_s"] == 0.5
 
@@ -84,3 +87,14 @@ def test_bad_options_are_one_line_and_exit_2(
     assert main(["sim", "fleet", *bad]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("qpmesh sim fleet:")
+
+
+def test_the_detection_stage_merges_and_judges_in_a_solver_process_of_its_own() -> None:
+    import os
+
+    from testbed.sim.fleet_bench import detection_stage
+
+    got = detection_stage(64, 8, 2.0, 2, 1, lambda _m: None)
+    assert got["pid"] != os.getpid()  # not this traffic-making process's heap
+    assert got["partials"] == 2 and got["partial_bytes"] > 0 and got["records"] > 0
+    assert got["merge_s"] >= 0 and got["judge_s"] > 0 and got["peak_rss_mb"] > 0

@@ -12,7 +12,10 @@ Stages, each measured here, none extrapolated from another size:
 2. **solver, detection**: the full topology of ``--nics`` NICs, its traffic at a reduced rate
    (``--rate-hz``), split over ``--workers`` cores; their partials of one window decoded and
    merged (`controller.fleet.solver.FleetSolver.add`) and the window solved, the brain judging
-   the merged detection part of the whole topology (``merge_s``, ``judge_s``).
+   the merged detection part of the whole topology (``merge_s``, ``judge_s``), in a solver
+   process of its own (spawned: it made no traffic; it gets the partials as bytes, as a
+   deployed solver does; ``peak_rss_mb``: its whole life's peak resident set). It runs after
+   stage 3, so the clock stage's resident set holds none of this stage's traffic.
 3. **solver, clocks**: `controller.fleet.bench` at ``--nics`` x ``--peers`` on synthetic
    partials at the full rate: the fold of one window's clock parts, the summary of a clock
    window's kept rows and the network solve (``fold_s``, ``summary_s``, ``fit_and_solve_s``;
@@ -29,8 +32,10 @@ Stages, each measured here, none extrapolated from another size:
    the slowest owner, summed), and the solver's window is merge + judge + its network stages
    (``network_s``: no join of the owners' blocks; `controller.fleet.edges.solve_blocks`; the
    owners are processes of their own there, `controller.fleet.benchowners`, so ``network_s``
-   includes the rounds' bytes and ``solver.max_rss_mb`` is the solver's process without any
-   owner's rows or block).
+   includes the rounds' bytes; no owner's rows or block are in the solver's resident set).
+   ``solver.max_rss_mb`` is then the detection process's peak plus the network stages' peak
+   (two processes' peaks summed, each with its own interpreter: an upper bound of one solver
+   process holding the window's detection state while it solves the clocks).
 4. **broker**: a 3-server JetStream cluster (R3 file stream, `testbed.brokerbench`) stores
    ``--broker-messages`` batches of a full-rate host batch's size (the bytes a record takes
    in the encoded batches of stage 1 times 5,120 records: 64 M records/s over 12,500 hosts);
@@ -49,12 +54,14 @@ issue's (window <= 5 s, RSS <= 12 GB, worker >= 1.5 M records per core-second, e
 from __future__ import annotations
 
 import argparse
-import gc
 import math
+import multiprocessing as mp
+import os
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +74,7 @@ from controller.brain import Brain
 from controller.clocksolve import ClockSyncConfig
 from controller.detect.window import WindowPart
 from controller.fleet import bench as clockbench
-from controller.fleet.benchowners import hwm_mb, release_heap, reset_peak
+from controller.fleet.benchowners import hwm_mb, release_heap
 from controller.fleet.config import FleetConfig
 from controller.fleet.grid import WindowGrid
 from controller.fleet.partial import Partial
@@ -179,24 +186,58 @@ def detection_stage(
     nics: int, peers: int, rate_hz: float, workers: int, seed: int, progress: Progress
 ) -> dict[str, Any]:
     """Stage 2: the partials of one window of the whole topology (reduced rate) merged and
-    judged by the solver; returns its figures."""
+    judged by the solver, in a solver process of its own (`_solver_process`: spawned, it
+    made no traffic; it gets the partials as the encoded bytes a deployed solver receives);
+    returns its figures (``peak_rss_mb``: that process's whole-life peak, its interpreter,
+    fabric, brain and the window's partials included). Raises RuntimeError when the solver
+    process dies before it answered."""
     fig, partials, window = _ingest(nics, peers, rate_hz, 1, workers, seed, progress, "detection")
-    gc.collect()
+    release_heap()  # the simulator's and the workers' heap, before a second process starts
+    progress(f"solver: merging {len(partials)} partials of one window and judging, "
+             "in a solver process of its own")  # fmt: skip
+    ctx = mp.get_context("spawn")  # a fork would share this process's traffic-made heap
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_solver_process, args=(there, nics, window), daemon=True)
+    proc.start()
+    there.close()
+    try:
+        here.send(len(partials))
+        for blob in partials:
+            here.send_bytes(blob)
+        nbytes, count = sum(len(b) for b in partials), len(partials)
+        del partials
+        got: dict[str, Any] = here.recv()
+    except (EOFError, OSError) as exc:
+        raise RuntimeError(f"the solver process died before it answered: {exc}") from exc
+    finally:
+        here.close()
+        proc.join(timeout=60)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=30)
+    return {"nics": fig["nics"], "rate_hz": rate_hz, "records": fig["records"],
+            "partials": count, "partial_bytes": nbytes} | got  # fmt: skip
+
+
+def _solver_process(conn: Connection, nics: int, window: int) -> None:
+    """The solver's side of stage 2, in a spawned process: receive the partials' bytes,
+    decode and merge them (``merge_s``, CPU), solve the window (``judge_s``: the brain's
+    judging, CPU), and send back the figures with this process's peak resident set
+    (``peak_rss_mb``: VmHWM since it started) and ``events``."""
+    blobs = [conn.recv_bytes() for _ in range(conn.recv())]
     fabric = build_fabric(fleet_shape(nics))
     config = FleetConfig(grid=WindowGrid(WINDOW_NS))
-    progress(f"solver: merging {len(partials)} partials of one window and judging")
-    reset_peak()
     brain = _TimedBrain(fabric, config.detection)
     solver = FleetSolver(fabric, config, brain=brain, solve_inline=False)
     t0 = time.process_time()
-    for blob in partials:
+    for blob in blobs:
         solver.add(Partial.decode(blob))
     merge_s = time.process_time() - t0
     res = solver.solve(window, EPOCH_NS + (window + 2) * WINDOW_NS)
-    return {"nics": fig["nics"], "rate_hz": rate_hz, "records": fig["records"],
-            "partials": len(partials), "partial_bytes": sum(len(b) for b in partials),
-            "merge_s": round(merge_s, 3), "judge_s": round(brain.judge_s, 3),
-            "events": len(res.events), "peak_rss_mb": round(hwm_mb())}  # fmt: skip
+    conn.send({"merge_s": round(merge_s, 3), "judge_s": round(brain.judge_s, 3),
+               "events": len(res.events), "peak_rss_mb": round(hwm_mb()),
+               "pid": os.getpid()})  # fmt: skip
+    conn.close()
 
 
 def broker(messages: int, size: int, records: int) -> dict[str, Any]:
@@ -249,10 +290,12 @@ def summarize(parts: Mapping[str, Any]) -> dict[str, Any]:
         solver |= {"window_seconds": round(sum(stages.values()), 3), **stages,
                    "windows_per_clock_solve": every,
                    "amortized_window_seconds": round(amortized, 3),
-                   "max_rss_mb": max(det["peak_rss_mb"], clk["fit_and_solve_peak_rss_mb"])
+                   "max_rss_mb": det["peak_rss_mb"] + clk["fit_and_solve_peak_rss_mb"]
                    if clk.get("owners")
                    else max(det["peak_rss_mb"], clk["fold_peak_rss_mb"],
                             clk["summary_peak_rss_mb"], clk["fit_and_solve_peak_rss_mb"]),
+                   "detection_peak_rss_mb": det["peak_rss_mb"],
+                   "clock_peak_rss_mb": clk["fit_and_solve_peak_rss_mb"],
                    "offset_err_p99_ns": clk["offset_err_p99_ns"],
                    "known_nics": clk["known_nics"]}  # fmt: skip
     rate = wk["records_per_core_second"] if wk else None
@@ -301,11 +344,12 @@ def run(args: argparse.Namespace, progress: Progress, parts: dict[str, Any]) -> 
     progress(f"equivalent: {parts['equivalence']['equivalent']}")
     parts["worker"] = worker_stage(args.nics, args.peers, args.worker_rate_hz, args.windows,
                                    args.partitions, args.seed, progress)  # fmt: skip
+    progress(f"clocks: synthetic partials at {args.nics} NICs x {args.peers} peers")
+    release_heap()  # before the detection stage's traffic: the clock stage's peak is its own
+    parts["clocks"] = clockbench.run(args.nics, args.peers, args.seed, owners=args.edge_owners)
+    release_heap()
     parts["detection"] = detection_stage(args.nics, args.peers, args.rate_hz, args.workers,
                                          args.seed, progress)  # fmt: skip
-    progress(f"clocks: synthetic partials at {args.nics} NICs x {args.peers} peers")
-    release_heap()  # what the detection stage freed is not the clock stage's
-    parts["clocks"] = clockbench.run(args.nics, args.peers, args.seed, owners=args.edge_owners)
     if args.broker_messages > 0:
         bpr = parts["worker"]["bytes_per_record"] or 40.0
         size = min(1 << 20, round(bpr * RECORDS_PER_HOST_BATCH))
