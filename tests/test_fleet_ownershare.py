@@ -14,13 +14,23 @@ from controller.brain import BrainConfig
 from controller.clocksolve import SAMPLE_COLUMNS
 from controller.fleet.codec import pack
 from controller.fleet.config import FleetConfig
-from controller.fleet.edges import owner_bounds, split_clock, split_partial
+from controller.fleet.edges import fold_order, owner_bounds, split_clock, split_partial
 from controller.fleet.grid import WindowGrid
 from controller.fleet.owner import OwnerCore
-from controller.fleet.ownershare import MAGIC, VERSION, OwnerShare, ShareError, cut_shares
+from controller.fleet.ownershare import (
+    MAGIC,
+    VERSION,
+    OwnerCut,
+    OwnerShare,
+    ShareError,
+    cut_shares,
+    rejoin,
+)
 from controller.fleet.partial import Partial
+from controller.fleet.solver import Added, FleetSolver
 from controller.fleet.worker import FleetWorker
 from mesh.fabric import FabricShape, build_fabric
+from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
 from testbed.sim.ingest_traffic import host_batches
 
@@ -136,3 +146,60 @@ def test_a_malformed_share_is_one_line_error(fleet: tuple[int, int, FleetConfig,
         with pytest.raises(ShareError) as exc:
             OwnerShare.decode(payload)
         assert "\n" not in str(exc.value), what
+
+
+def test_the_solver_reads_nothing_of_the_clock_rows_it_no_longer_gets() -> None:
+    """A solver with owners apart fed `solver_part`s judges and solves as one fed whole
+    partials; `rejoin` gives the whole partial back; `OwnerCut` is both."""
+    fab = build_fabric(FabricShape.for_nics(32, nics_per_leaf=8, spines=2))
+    sim = Simulator(fab, SimConfig(seed=3), [Fault(FaultKind.LINK_DOWN, "leaf1-spine0", 1.5, 2.0)])
+    cfg = FleetConfig(grid=WindowGrid(STEP), detection=BrainConfig(lateness_ns=0), edge_owners=2)
+    worker = FleetWorker(fab, cfg, name="w0")
+    n, hosts = len(fab.nics), len(fab.hosts)
+    bounds = owner_bounds(n, 2)
+    cut = OwnerCut(bounds)
+    whole, trim = FleetSolver(fab, cfg, local_edges=False), FleetSolver(fab, cfg, local_edges=False)
+    cores = [OwnerCore(n, hosts, cfg, k, None) for k in range(2)]
+    solved = events = 0
+    for i, st in enumerate(sim.run(4.0, STEP / 1e9)):
+        now = EPOCH_NS + round(st.t1_s * 1e9)
+        for p in host_batches(fab, st.batch, i + 1)[0]:
+            assert worker.admit(decode_batch(p).origin, p, now).accepted
+        for x in worker.close(now):
+            p = Partial.decode(x.encode())
+            wire = cut(p)
+            part = Partial.decode(wire.part)
+            assert len(part.clock) <= 2 and len(wire.part) < len(p.encode())
+            shares = [OwnerShare.decode(b) for b in wire.shares]
+            back = rejoin(part, shares)
+            for c in SAMPLE_COLUMNS:
+                a, b = fold_order([back.clock]), fold_order([p.clock])
+                assert (a is None) == (b is None)
+                assert a is None or b is None or np.array_equal(getattr(a, c), getattr(b, c))
+            assert whole.add(p) is trim.add(part) is Added.TAKEN
+            for k, core in enumerate(cores):
+                assert core.add_share(shares[k])
+        top = cfg.grid.closed_before(now, cfg.lateness_ns) - 1
+        nxt = whole.next_window
+        if nxt is None:
+            nxt = min(whole.pending_windows(), default=top + 1)
+        if top < nxt:
+            continue
+        for core in cores:
+            for b in core.advance(top):
+                assert whole.add_block(b) is trim.add_block(b) is Added.TAKEN
+        got, want = trim.solve(top, now), whole.solve(top, now)
+        assert got.solved == want.solved and trim.missing_blocks == whole.missing_blocks == 0
+        assert np.array_equal(got.offsets_ns, want.offsets_ns, equal_nan=True)
+        assert [e.to_json() for e in got.events] == [e.to_json() for e in want.events]
+        assert got.clock == want.clock
+        solved += got.solved
+        events += len(got.events)
+        worker.install_clock(got.clock)
+        for core in cores:
+            core.install(got.clock)
+    assert solved >= 3 and events > 0
+    with pytest.raises(TypeError):
+        cut(object())
+    with pytest.raises(ValueError, match="one per owner"):
+        rejoin(part, shares[::-1])

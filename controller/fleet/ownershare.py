@@ -15,6 +15,8 @@ every malformed payload. Values in, bytes out and back.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +89,53 @@ def cut_shares(p: Partial, bounds: I64) -> list[OwnerShare]:
             for k, e in enumerate(split_partial(p, bounds))]  # fmt: skip
 
 
+def solver_part(p: Partial) -> Partial:
+    """Return ``p`` as the solver needs it once the owners hold its clock rows: the same,
+    its clock part cut to the earliest coded pair (both rows: the solver reads only that
+    pair's send, `controller.fleet.edges.first_send`, for the fleet's solve cadence)."""
+    coded = np.flatnonzero(p.clock.pair >= 0)
+    if not len(coded):
+        return dataclasses.replace(p, clock=p.clock.take(np.zeros(0, np.int64)))
+    i = int(coded[np.argmin(p.clock.t1[coded])])  # a pair's earlier send: its first row
+    return dataclasses.replace(p, clock=p.clock.take(np.array([i, i + 1], np.int64)))
+
+
+def rejoin(part: Partial, shares: Sequence[OwnerShare]) -> Partial:
+    """Return the whole partial of a `solver_part` and its every owner's share: the clock
+    rows of the shares in owner order (the order a fold takes them in does not depend on
+    it: `controller.fleet.edges.fold_order`). Raises ValueError when the shares are not one
+    per owner of ``part``'s window and worker."""
+    if [s.owner for s in shares] != list(range(len(shares))) or any(
+        (s.window, s.worker) != (part.window, part.worker) for s in shares
+    ):
+        raise ValueError(f"shares of {part.worker} window {part.window} are not one per owner")
+    return dataclasses.replace(part, clock=SampleRows.concat([s.rows for s in shares]))
+
+
+@dataclass(frozen=True)
+class WireCut:
+    """What a worker sends of one partial with edge owners on: the solver's ``part`` and
+    one share per owner (``shares``, owner order), encoded."""
+
+    part: bytes
+    shares: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class OwnerCut:
+    """Cuts a worker's partials for ``bounds``' owners (`controller.fleet.edges.
+    owner_bounds`): `controller.fleet.workerloop.WorkerLoop`'s ``cut``."""
+
+    bounds: I64
+
+    def __call__(self, p: object) -> WireCut:
+        """Return ``p``'s `WireCut`. Raises TypeError unless ``p`` is a `Partial`."""
+        if not isinstance(p, Partial):
+            raise TypeError(f"only a Partial is cut for owners, not {type(p).__name__}")
+        shares = tuple(s.encode() for s in cut_shares(p, self.bounds))
+        return WireCut(solver_part(p).encode(), shares)
+
+
 def _int(head: dict[str, Any], key: str, *, none: bool = False) -> Any:
     v = head.get(key)
     if none and v is None:
@@ -132,4 +181,5 @@ def _build(head: dict[str, Any], cols: dict[str, npt.NDArray[Any]]) -> OwnerShar
                       MovedClocks(mov_n, mov_s))  # fmt: skip
 
 
-__all__ = ["MAGIC", "VERSION", "OwnerShare", "ShareError", "cut_shares"]
+__all__ = ["MAGIC", "VERSION", "OwnerCut", "OwnerShare", "ShareError", "WireCut", "cut_shares",
+           "rejoin", "solver_part"]  # fmt: skip
