@@ -26,7 +26,7 @@ from controller.fleet.ownershare import (
     cut_shares,
     rejoin,
 )
-from controller.fleet.partial import Partial
+from controller.fleet.partial import MovedClocks, Partial
 from controller.fleet.solver import Added, FleetSolver
 from controller.fleet.worker import FleetWorker
 from mesh.fabric import FabricShape, build_fabric
@@ -78,7 +78,8 @@ def test_shares_round_trip_and_equal_split_partial(fleet: tuple[int, int, FleetC
     bounds = owner_bounds(n, OWNERS)
     rows = empty = 0
     only0 = dataclasses.replace(parts[-1], clock=split_clock(parts[-1].clock, bounds)[0])
-    for p in [*parts, only0]:
+    moved = dataclasses.replace(parts[-2], moved=MovedClocks(np.array([3, 9]), np.array([5, 7])))
+    for p in [*parts, only0, moved]:
         shares = cut_shares(p, bounds)
         assert [s.owner for s in shares] == list(range(OWNERS))
         assert sum(len(s.rows) for s in shares) == len(p.clock)

@@ -15,10 +15,14 @@ the project's one loop, `mqttlink.reconnect`, with ``[nats]``'s backoff):
    solver solved (``solved`` in the clock bucket: solve windows up to it are folded, not
    summarized) and the fleet's first coded send (in ``models``: where the warm-up bins are,
    also when the stream no longer holds the first clock rows), an ephemeral reader of the
-   partial stream **from its first message kept** (the owner's state is the selection of every window's pairs, with floor memory over past
-   clock windows: rebuilt exactly by replaying what the stream keeps, `Plane.max_age_s`).
-   Committed partials (`controller.fleet.partials.Assembler`) go to ``core.add`` and are
-   noted in a `WindowBook`; a window is folded when every partition committed it, or, once
+   index's shares in the partial stream (``<prefix>.partials.c<k>.*``: each worker cuts its
+   partials into one share per index, `controller.fleet.ownershare`; an owner decodes its
+   own alone, not every whole partial) **from its first message kept** (the owner's state is
+   the selection of every window's pairs, with floor memory over past clock windows: rebuilt
+   exactly by replaying what the stream keeps, `Plane.max_age_s`). Committed shares
+   (`controller.fleet.partials.Assembler`; a window with no partial has an empty share
+   commit) go to ``core.add_share`` and are noted in a `WindowBook`; a window is folded
+   when every partition committed its share, or, once
    the reader has caught up with the stream, when the solver's deadline rule makes it due
    (`WindowBook.due`: the solver judges it then). Each solve window's block is published to
    ``<prefix>.partials.e<k>`` (chunks and a commit, message ids ``block:<k>:<window>...``: a
