@@ -117,7 +117,9 @@ def _run(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     from controller.config import ConfigError, load_config
     from controller.fleet.compose import worker_cores
+    from controller.fleet.edges import owner_bounds
     from controller.fleet.fabricwire import FabricFollow
+    from controller.fleet.ownershare import OwnerCut
     from controller.fleet.workerloop import WorkerLoop
 
     config = load_config(Path(args.config))
@@ -127,8 +129,14 @@ def _worker(args: argparse.Namespace) -> int:
     member = _member(config.fleet.member, args.id)
     follow = FabricFollow() if config.learn is not None else None  # the solver's versions
     cores = worker_cores(config, plane, follow)
-    return _serve(args.log, lambda log: WorkerLoop(plane, nats, member, cores, log=log,
-                                                   fabric=follow).run())  # fmt: skip
+
+    def loop(log: JsonLog) -> Awaitable[None]:
+        worker = WorkerLoop(plane, nats, member, cores, log=log, fabric=follow)
+        if plane.edge_owners:  # owners need a declared fabric (the config refuses a learned)
+            worker.use_owners(OwnerCut(owner_bounds(len(config.fabric.nics), plane.edge_owners)))
+        return worker.run()
+
+    return _serve(args.log, loop)
 
 
 def _owner(args: argparse.Namespace) -> int:

@@ -104,8 +104,26 @@ class Subjects:
         return subject.startswith(f"{self.prefix}.partials.e")
 
     def partials_all(self) -> str:
-        """Return the filter of every partition's partials (the partial stream's)."""
+        """Return the filter of every partition's partials and the owners' blocks (what the
+        solver reads of the partial stream; not the owners' shares)."""
         return f"{self.prefix}.partials.*"
+
+    def partial_stream(self) -> str:
+        """Return the partial stream's subjects: partials, blocks and shares."""
+        return f"{self.prefix}.partials.>"
+
+    def shares(self, owner: int, partition: int) -> str:
+        """Return the subject of edge owner ``owner``'s shares of ``partition``'s partials
+        (``partials.c<owner>.<partition>``: `controller.fleet.ownershare`)."""
+        if owner < 0 or partition < 0:
+            raise SubjectError(f"owner and partition must be >= 0, got {owner}, {partition}")
+        return f"{self.prefix}.partials.c{owner}.{partition}"
+
+    def shares_of(self, owner: int) -> str:
+        """Return the filter of edge owner ``owner``'s shares of every partition."""
+        if owner < 0:
+            raise SubjectError(f"owner must be >= 0, got {owner}")
+        return f"{self.prefix}.partials.c{owner}.*"
 
 
 def msg_id(host: str, batch_seq: int) -> str:

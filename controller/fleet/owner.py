@@ -18,6 +18,7 @@ whose replay no longer starts at the fleet's first clock rows. Not thread-safe.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.fleet.config import FleetConfig
@@ -30,6 +31,7 @@ from controller.fleet.edges import (
     solve_due,
     split_partial,
 )
+from controller.fleet.ownershare import OwnerShare
 from controller.fleet.partial import Covers, Partial
 from controller.fleet.state import decode_state
 
@@ -78,17 +80,29 @@ class OwnerCore:
     def add(self, partial: Partial) -> bool:
         """Keep this owner's input of ``partial``; return False when it is dropped (see the
         module docstring)."""
-        if self.next is not None and partial.window < self.next:
+        return self._keep(partial.window, partial.worker, partial.covers,
+                          lambda: split_partial(partial, self.bounds)[self.owner])  # fmt: skip
+
+    def add_share(self, share: OwnerShare) -> bool:
+        """Keep ``share`` (this owner's share of a worker's partial, cut by the worker:
+        `controller.fleet.ownershare.cut_shares`) as `add` keeps a whole partial's input;
+        return False when it is dropped. Raises ValueError on another owner's share."""
+        if share.owner != self.owner:
+            raise ValueError(f"share of owner {share.owner} given to owner {self.owner}")
+        return self._keep(share.window, share.worker, share.covers, share.input)
+
+    def _keep(
+        self, window: int, worker: str, covers: Covers, edge_input: Callable[[], EdgeInput]
+    ) -> bool:
+        if self.next is not None and window < self.next:
             self.counts.dropped += 1
             return False
-        w = self._pending.setdefault(partial.window, _Window())
-        if partial.worker in w.inputs or (
-            len(partial.covers) and any(c.overlaps(partial.covers) for c in w.covers)
-        ):
+        w = self._pending.setdefault(window, _Window())
+        if worker in w.inputs or (len(covers) and any(c.overlaps(covers) for c in w.covers)):
             self.counts.dropped += 1
             return False
-        w.inputs[partial.worker] = split_partial(partial, self.bounds)[self.owner]
-        w.covers.append(partial.covers)
+        w.inputs[worker] = edge_input()
+        w.covers.append(covers)
         self.counts.partials += 1
         return True
 

@@ -15,10 +15,14 @@ the project's one loop, `mqttlink.reconnect`, with ``[nats]``'s backoff):
    solver solved (``solved`` in the clock bucket: solve windows up to it are folded, not
    summarized) and the fleet's first coded send (in ``models``: where the warm-up bins are,
    also when the stream no longer holds the first clock rows), an ephemeral reader of the
-   partial stream **from its first message kept** (the owner's state is the selection of every window's pairs, with floor memory over past
-   clock windows: rebuilt exactly by replaying what the stream keeps, `Plane.max_age_s`).
-   Committed partials (`controller.fleet.partials.Assembler`) go to ``core.add`` and are
-   noted in a `WindowBook`; a window is folded when every partition committed it, or, once
+   index's shares in the partial stream (``<prefix>.partials.c<k>.*``: each worker cuts its
+   partials into one share per index, `controller.fleet.ownershare`; an owner decodes its
+   own alone, not every whole partial) **from its first message kept** (the owner's state is
+   the selection of every window's pairs, with floor memory over past clock windows: rebuilt
+   exactly by replaying what the stream keeps, `Plane.max_age_s`). Committed shares
+   (`controller.fleet.partials.Assembler`; a window with no partial has an empty share
+   commit) go to ``core.add_share`` and are noted in a `WindowBook`; a window is folded
+   when every partition committed its share, or, once
    the reader has caught up with the stream, when the solver's deadline rule makes it due
    (`WindowBook.due`: the solver judges it then). Each solve window's block is published to
    ``<prefix>.partials.e<k>`` (chunks and a commit, message ids ``block:<k>:<window>...``: a
@@ -57,7 +61,7 @@ from nats.aio.msg import Msg
 from controller.fleet.book import WindowBook
 from controller.fleet.edges import SummaryBlock
 from controller.fleet.owner import OwnerCore
-from controller.fleet.partial import Partial, PartialError
+from controller.fleet.ownershare import OwnerShare
 from controller.fleet.partials import Assembler, PartialWireError, chunk_messages, commit_message
 from controller.fleet.plane import MODELS_KEY, SOLVED_KEY, Plane, edge_key
 from controller.fleet.sessions import (
@@ -229,8 +233,8 @@ class OwnerLoop:
         self.cores[k] = core
         installed: bytes | None = None
         book = WindowBook(self.plane)
-        reader = await open_reader(link, self.plane.partial_stream,
-                                   self.settings.subjects.partials_all(), 1)  # fmt: skip
+        shares = self.settings.subjects.shares_of(k)  # this index's shares, nothing else
+        reader = await open_reader(link, self.plane.partial_stream, shares, 1)
         self.log(self.clock_ns(), "edge owner replaying", index=k, solved=solved)
         asm = Assembler()
         caught_up = False
@@ -254,22 +258,19 @@ class OwnerLoop:
                     with contextlib.suppress(*LINK_ERRORS):
                         await reader.close()
                     start = watch.last_seq + 1 if watch.last_seq is not None else 1
-                    reader = await open_reader(link, self.plane.partial_stream,
-                                               self.settings.subjects.partials_all(), start)  # fmt: skip
+                    reader = await open_reader(link, self.plane.partial_stream, shares, start)
                     self.log(self.clock_ns(), "partial reader reopened", index=k, from_seq=start)
                 caught_up = not got or got[-1].pending == 0
                 for d in got:
-                    if self.settings.subjects.is_block(d.subject):
-                        continue
                     try:
                         c = asm.feed(d.headers, d.data)
                         if c is None or not book.add(c.window, c.partition, d.stored_ns):
                             continue
                         if c.body:
-                            core.add(Partial.decode(c.body))
-                    except (PartialWireError, PartialError) as exc:
+                            core.add_share(OwnerShare.decode(c.body))
+                    except (PartialWireError, ValueError) as exc:  # ShareError, another's
                         self.stats.bad += 1
-                        self.log(self.clock_ns(), "bad partial", seq=d.stream_seq, error=str(exc))
+                        self.log(self.clock_ns(), "bad share", seq=d.stream_seq, error=str(exc))
                 ready = book.due(self.clock_ns()) if caught_up else _complete(book)
                 if ready:
                     w = ready[-1]

@@ -32,13 +32,14 @@ class PartialWireError(ValueError):
     """A partial message whose headers or commit document are malformed."""
 
 
-def commit_id(partition: int, window: int) -> str:
-    """Return the message id of ``partition``'s commit for ``window``."""
-    return f"partial:{partition}:{window}"
+def commit_id(partition: int, window: int, kind: str = "partial") -> str:
+    """Return the message id of ``partition``'s commit for ``window`` (``kind``: ``partial``,
+    or ``share<k>`` for edge owner k's share: `controller.fleet.ownershare`)."""
+    return f"{kind}:{partition}:{window}"
 
 
 def chunk_messages(
-    partition: int, window: int, build: str, body: bytes, chunk_bytes: int
+    partition: int, window: int, build: str, body: bytes, chunk_bytes: int, kind: str = "partial"
 ) -> list[tuple[str, bytes, dict[str, str]]]:
     """Return (message id, payload, headers) of each chunk of ``body`` (none when empty)."""
     n = -(-len(body) // chunk_bytes)
@@ -46,19 +47,25 @@ def chunk_messages(
     for i in range(n):
         hdr = {H_PARTITION: str(partition), H_WINDOW: str(window), H_BUILD: build,
                H_CHUNK: f"{i}/{n}"}  # fmt: skip
-        out.append((f"{commit_id(partition, window)}:{build}:{i}",
+        out.append((f"{commit_id(partition, window, kind)}:{build}:{i}",
                     body[i * chunk_bytes : (i + 1) * chunk_bytes], hdr))  # fmt: skip
     return out
 
 
 def commit_message(
-    partition: int, window: int, build: str, chunks: int, worker: str, batches: int
+    partition: int,
+    window: int,
+    build: str,
+    chunks: int,
+    worker: str,
+    batches: int,
+    kind: str = "partial",
 ) -> tuple[str, bytes, dict[str, str]]:
     """Return (message id, payload, headers) of the commit of a build."""
     doc = {"partition": partition, "window": window, "build": build, "chunks": chunks,
            "worker": worker, "batches": batches}  # fmt: skip
     hdr = {H_PARTITION: str(partition), H_WINDOW: str(window), H_COMMIT: build}
-    return commit_id(partition, window), json.dumps(doc).encode(), hdr
+    return commit_id(partition, window, kind), json.dumps(doc).encode(), hdr
 
 
 @dataclass(frozen=True, slots=True)

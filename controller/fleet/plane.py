@@ -102,7 +102,7 @@ class Plane:
 
     def partial_stream_spec(self, subjects: Subjects) -> StreamSpec:
         """Return the partials' stream."""
-        return StreamSpec(self.partial_stream, (subjects.partials_all(),), self.replicas,
+        return StreamSpec(self.partial_stream, (subjects.partial_stream(),), self.replicas,
                           self.max_age_s, self.max_bytes, self.duplicate_window_s)  # fmt: skip
 
     def lease_bucket_spec(self) -> BucketSpec:

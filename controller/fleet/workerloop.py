@@ -27,7 +27,12 @@ One connection's lifetime (`WorkerLoop.run` reconnects through the project's one
    partition (``<prefix>.probes.<p>.~tick``), whose stored time closes the windows when it
    is read back; a tick is acked with its window, as a batch is. Each closed window's partial is sent (`controller.fleet.partials`: chunks, then
    the commit ``partial:<p>:<window>``). A window with no partial gets an empty commit, so the
-   solver knows it is complete. A batch is acked once every window that can hold its records
+   solver knows it is complete. With ``[fleet] edge_owners = K`` (``cut``:
+   `controller.fleet.ownershare.OwnerCut`) each partial is first cut into K owner shares,
+   each sent as a build of its own on ``<prefix>.partials.c<k>.<p>`` (commit
+   ``share<k>:<p>:<window>``; an empty one when there is no partial), and then the solver's
+   partial without the clock rows the owners hold (`ownershare.solver_part`): a committed
+   partial had all its shares committed (a rebuild after a takeover sends the same). A batch is acked once every window that can hold its records
    (those up to its arrival's) is committed;
 4. clock models: the clock bucket's ``models`` key is watched and installed in every core;
 5. a learned fabric (``fabric``: a `controller.fleet.fabricwire.FabricFollow`): the clock
@@ -63,6 +68,7 @@ from dataclasses import dataclass, field
 from controller.admission import Outcome
 from controller.fleet.cores import PartialLike, WorkerCore
 from controller.fleet.fabricwire import FABRIC_KEY, FabricFollow, FabricWireError
+from controller.fleet.ownershare import WireCut
 from controller.fleet.partials import chunk_messages, commit_message
 from controller.fleet.plane import MODELS_KEY, Plane, partition_key
 from controller.fleet.sessions import (
@@ -79,7 +85,7 @@ from controller.fleet.watermark import StreamClock
 from mqttlink.reconnect import Backoff
 from natslink.errors import LINK_ERRORS, NatsUnavailable
 from natslink.lease import LeaseClock, Leases
-from natslink.link import Link
+from natslink.link import Ack, Link
 from natslink.settings import NatsSettings
 from natslink.streams import (
     Bucket,
@@ -147,6 +153,7 @@ class WorkerLoop:
         fabric: FabricFollow | None = None,
     ) -> None:
         self.plane, self.settings, self.worker_id = plane, settings, worker_id
+        self.cut: Callable[[PartialLike], WireCut] | None = None
         self.fabric = fabric
         self.models_revision = 0
         self.subjects = settings.subjects
@@ -162,8 +169,16 @@ class WorkerLoop:
         """Return the partitions this worker consumes now."""
         return sorted(self.tasks)
 
+    def use_owners(self, cut: Callable[[PartialLike], WireCut]) -> None:
+        """Send each partial cut for the edge owners (``[fleet] edge_owners``): ``cut``
+        returns its solver part and owner shares (`controller.fleet.ownershare.OwnerCut`)."""
+        self.cut = cut
+
     async def run(self, *, max_attempts: int | None = None) -> None:
-        """Run until cancelled, reconnecting with backoff on link errors."""
+        """Run until cancelled, reconnecting with backoff on link errors. Raises ValueError
+        when the fleet has edge owners and no cut was given (`use_owners`)."""
+        if self.plane.edge_owners and self.cut is None:
+            raise ValueError("a worker of a fleet with edge owners needs their cut (use_owners)")
 
         try:
             await run_sessions(self.settings, self._session, self.log, self.clock_ns,
@@ -386,17 +401,31 @@ class WorkerLoop:
                 self.stats.acked += 1
 
     async def _commit(self, link: Link, p: int, w: int, pt: PartialLike | None) -> None:
-        body = pt.encode() if pt is not None else b""
-        build = uuid.uuid4().hex[:16]
-        subject = self.subjects.partials(p)
-        chunks = chunk_messages(p, w, build, body, self.plane.chunk_bytes)
-        for mid, payload, hdr in chunks:
-            await link.publish(subject, payload, msg_id=mid, headers=hdr)
         batches = len(pt.covers) if pt is not None else 0
-        mid, payload, hdr = commit_message(p, w, build, len(chunks), self.worker_id, batches)
-        ack = await link.publish(subject, payload, msg_id=mid, headers=hdr)
+        body = pt.encode() if pt is not None else b""
+        if self.cut is not None:  # the owners' shares first: a committed partial has them all
+            cut = await asyncio.to_thread(self.cut, pt) if pt is not None else None
+            for k in range(self.plane.edge_owners):
+                share = cut.shares[k] if cut is not None else b""
+                await self._send(link, self.subjects.shares(k, p), p, w, share, batches,
+                                 f"share{k}")  # fmt: skip
+            body = cut.part if cut is not None else b""
+        ack = await self._send(link, self.subjects.partials(p), p, w, body, batches, "partial")
         self.stats.commits += 1
         self.stats.duplicate_commits += ack.duplicate
+
+    async def _send(
+        self, link: Link, subject: str, p: int, w: int, body: bytes, batches: int, kind: str
+    ) -> Ack:
+        """Send ``body`` as one build (chunks, then its commit ``<kind>:<p>:<w>``); return
+        the commit's ack."""
+        build = uuid.uuid4().hex[:16]
+        chunks = chunk_messages(p, w, build, body, self.plane.chunk_bytes, kind)
+        for mid, payload, hdr in chunks:
+            await link.publish(subject, payload, msg_id=mid, headers=hdr)
+        mid, payload, hdr = commit_message(p, w, build, len(chunks), self.worker_id, batches,
+                                           kind)  # fmt: skip
+        return await link.publish(subject, payload, msg_id=mid, headers=hdr)
 
 
 class _LeaseGone(Exception):
