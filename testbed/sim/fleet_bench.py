@@ -200,21 +200,25 @@ def detection_stage(
     proc = ctx.Process(target=_solver_process, args=(there, nics, window), daemon=True)
     proc.start()
     there.close()
+    got: dict[str, Any] | None = None
     try:
         here.send(len(partials))
         for blob in partials:
             here.send_bytes(blob)
         nbytes, count = sum(len(b) for b in partials), len(partials)
         del partials
-        got: dict[str, Any] = here.recv()
+        got = here.recv()
     except (EOFError, OSError) as exc:
         raise RuntimeError(f"the solver process died before it answered: {exc}") from exc
     finally:
         here.close()
+        if got is None:  # failed or interrupted: do not wait for its judging to end
+            proc.kill()
         proc.join(timeout=60)
         if proc.is_alive():
             proc.kill()
             proc.join(timeout=30)
+    assert got is not None  # answered, or raised above
     return {"nics": fig["nics"], "rate_hz": rate_hz, "records": fig["records"],
             "partials": count, "partial_bytes": nbytes} | got  # fmt: skip
 
