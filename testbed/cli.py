@@ -239,18 +239,20 @@ def _replay_args(p: argparse.ArgumentParser) -> None:
 
 
 def _replay(a: argparse.Namespace) -> int:
-    from testbed.replay import CAPTURE, replay
+    from testbed.replay import CAPTURE, clock_check, replay
 
     out = Path(a.dir)
     for name in (CAPTURE, "controller.toml"):
         if not (out / name).is_file():
             raise ValueError(f"{out / name}: not found (a 'testbed run' output directory has it)")
     doc: dict[str, Any] | None = None
+    check, on_tick = clock_check(out)
     with interruptible() as stop:  # the replay's result comes at the end: none if stopped
-        r = replay(out)
+        r = replay(out, on_tick=on_tick)
         trust = dict(zip(("fine", "coarse", "withheld"), r.delay_trust, strict=True))
         doc = {"events": [e.to_json() for e in r.events],  # the one form of a finding
-               "messages": r.outcomes, "clock_solves": r.solves, "delays": trust}  # fmt: skip
+               "messages": r.outcomes, "clock_solves": r.solves, "delays": trust,
+               "clock_check": None if check is None else check.report()}  # fmt: skip
     return finish(stop, doc, as_json=a.json, show=_show_replay)
 
 
@@ -262,6 +264,11 @@ def _show_replay(doc: Mapping[str, Any]) -> None:
     d = doc["delays"]
     print(f"{len(events)} events; messages {doc['messages']}; {doc['clock_solves']} clock "
           f"solves; delays {d['fine']} fine, {d['coarse']} coarse, {d['withheld']} withheld")  # fmt: skip
+    for label, c in (doc.get("clock_check") or {}).items():
+        err = c["trusted_error"] or {}
+        print(f"clock vs truth, {label}: {c['ticks']} ticks; NIC-ticks {c['fine']} fine, "
+              f"{c['coarse']} coarse, {c['withheld']} withheld, {c['unknown']} unknown; "
+              f"{c['overconfident']} overconfident; trusted error p99 {err.get('p99_ns')} ns")  # fmt: skip
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from contract.documents import EventDoc
 from contract.topics import Topics
 from controller.brain import Brain
@@ -30,9 +32,15 @@ from controller.dispatch import handle_message
 from controller.live import LiveController
 from controller.service import live_state
 from controller.topology import TopologyLearner, relearn_live
+from testbed.clockcheck import ClockCheck
+from testbed.vclock import load_truth
 
 CAPTURE = "mqtt.jsonl"
 """File name of a run's capture inside its output directory."""
+TRUTH = "clocks.json"
+"""File name of a run's virtual clocks (`testbed.vclock`) inside its output directory."""
+REPORT = "report.json"
+"""File name of a run's report inside its output directory."""
 
 
 class CaptureError(ValueError):
@@ -140,3 +148,32 @@ def replay(
         step(next_tick)  # messages would only find the probers silent)
     fine, coarse, withheld = (int(n) for n in live.delay_trust)
     return Replay(tuple(events), outcomes, solves, (fine, coarse, withheld))
+
+
+def clock_check(
+    out_dir: Path,
+) -> tuple[ClockCheck | None, Callable[[LiveController, int], None]]:
+    """A `testbed.clockcheck.ClockCheck` of the live clock against the run's virtual clocks,
+    and the ``on_tick`` for `replay` that feeds it; (None, a no-op) when ``out_dir`` has no
+    truth file. Its spans are the report's ``sync_windows`` (idle, congested; written by
+    `qpmesh testbed run` since 2026-11-29), else the whole run as ``"run"``.
+
+    Raises `testbed.vclock.ClockError` on a malformed truth file, OSError or ValueError on an
+    unreadable report."""
+    if not (out_dir / TRUTH).is_file():
+        return None, lambda live, now: None
+    clocks, nic_host = load_truth(out_dir / TRUTH)
+    spans: list[tuple[str, int, int]] = [("run", 0, 2**63 - 1)]
+    if (out_dir / REPORT).is_file():
+        doc = json.loads((out_dir / REPORT).read_text())
+        if doc.get("sync_windows"):
+            spans = [(str(x[0]), int(x[1]), int(x[2])) for x in doc["sync_windows"]]
+    cfg = load_config(out_dir / "controller.toml", out_dir).live.sync
+    check = ClockCheck(spans, cfg.max_unc_ns, cfg.coarse_unc_ns)
+
+    def on_tick(live: LiveController, now: int) -> None:
+        off, unc = live.clock.offsets(now)
+        truth = np.array([clocks[nic_host[n.id]].offset_at(now) for n in live.fabric.nics])
+        check.observe(now, off, unc, truth)
+
+    return check, on_tick

@@ -444,9 +444,10 @@ def run_scenario(
     if not events:  # fall back on the controller's JSON-lines log
         events = _read_events(out / "controller.jsonl")
     sync = None
+    spans = _sync_windows(sc, t0_wall) if t0_wall else []
     if monitor is not None and t0_wall:
         sync = sync_report(monitor.batches, clocks, {n.id: n.host for n in fabric.nics},
-                           _sync_windows(sc, t0_wall))  # fmt: skip
+                           spans)  # fmt: skip
         if sync is None:
             missing.append("no usable probe batches for the sync figures")
     report.update({
@@ -460,6 +461,7 @@ def run_scenario(
             monitor.paths if monitor is not None else [], router_nodes(plan),
         ),
         "sync": sync,
+        "sync_windows": [list(x) for x in spans],  # kernel ns: `testbed replay`'s clock check
         "probe_batches": len(monitor.batches) if monitor is not None else 0,
         "paths": _paths_summary(monitor.paths if monitor is not None else []),
         "missing": missing,
