@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,23 +151,25 @@ def replay(
 
 
 def clock_check(
-    out_dir: Path,
+    out_dir: Path, spans: Sequence[tuple[str, int, int]] | None = None
 ) -> tuple[ClockCheck | None, Callable[[LiveController, int], None]]:
     """A `testbed.clockcheck.ClockCheck` of the live clock against the run's virtual clocks,
     and the ``on_tick`` for `replay` that feeds it; (None, a no-op) when ``out_dir`` has no
-    truth file. Its spans are the report's ``sync_windows`` (idle, congested; written by
-    `qpmesh testbed run` since 2026-11-29), else the whole run as ``"run"``.
+    truth file. Its spans are ``spans`` if given, else the report's ``sync_windows`` (idle,
+    congested; written by `qpmesh testbed run` since 2026-11-29), else the whole run as
+    ``"run"``.
 
     Raises `testbed.vclock.ClockError` on a malformed truth file, OSError or ValueError on an
     unreadable report."""
     if not (out_dir / TRUTH).is_file():
         return None, lambda live, now: None
     clocks, nic_host = load_truth(out_dir / TRUTH)
-    spans: list[tuple[str, int, int]] = [("run", 0, 2**63 - 1)]
-    if (out_dir / REPORT).is_file():
-        doc = json.loads((out_dir / REPORT).read_text())
-        if doc.get("sync_windows"):
-            spans = [(str(x[0]), int(x[1]), int(x[2])) for x in doc["sync_windows"]]
+    if spans is None:
+        spans = [("run", 0, 2**63 - 1)]
+        if (out_dir / REPORT).is_file():
+            doc = json.loads((out_dir / REPORT).read_text())
+            if doc.get("sync_windows"):
+                spans = [(str(x[0]), int(x[1]), int(x[2])) for x in doc["sync_windows"]]
     cfg = load_config(out_dir / "controller.toml", out_dir).live.sync
     check = ClockCheck(spans, cfg.max_unc_ns, cfg.coarse_unc_ns)
 
@@ -177,3 +179,15 @@ def clock_check(
         check.observe(now, off, unc, truth)
 
     return check, on_tick
+
+
+def live_clock(out_dir: Path, spans: Sequence[tuple[str, int, int]]) -> dict[str, object]:
+    """The run's capture replayed through its controller with the clock held against its
+    virtual clocks (`clock_check` over ``spans``): ``{"from": ..., "spans": report}``.
+    Raises FileNotFoundError without a capture, config or truth file, `CaptureError` on a bad
+    capture, `controller.config.ConfigError` on a bad config."""
+    check, on_tick = clock_check(out_dir, spans)
+    if check is None:
+        raise FileNotFoundError(f"{out_dir / TRUTH}: no truth file")
+    replay(out_dir, on_tick=on_tick)
+    return {"from": f"replay of {CAPTURE} through controller.toml", "spans": check.report()}

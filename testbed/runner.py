@@ -40,7 +40,7 @@ from testbed.netns.nsutil import stop_processes, wait_port
 from testbed.netns.plan import Plan
 from testbed.netns.state import record_process, state_dir
 from testbed.netns.teardown import tear_down
-from testbed.replay import CAPTURE, write_capture
+from testbed.replay import CAPTURE, live_clock, write_capture
 from testbed.runreport import Monitor, localization, sync_report
 from testbed.runscore import estimators
 from testbed.scenario import TESTBED_CONGEST, FaultKind, Scenario, random_faults
@@ -467,6 +467,11 @@ def run_scenario(
         "missing": missing,
         "out_dir": str(out),
     })  # fmt: skip
+    if monitor is not None and spans:  # the controller's own clock, honest or not
+        try:
+            report["live_clock"] = live_clock(out, spans)
+        except (OSError, ValueError) as exc:  # CaptureError and ConfigError are ValueErrors
+            missing.append(f"live clock check: {exc}")
     if discover:
         report["topology"] = topology_report(_read_log(out / "controller.jsonl"), t0_wall)
         if not report["topology"]["matches_plan"]:

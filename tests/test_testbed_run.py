@@ -56,6 +56,12 @@ def test_run_localizes_flap_and_reports_sync(tmp_path: Path) -> None:
         assert found & {("contention", "leaf1->spine0"), ("contention", "spine0->leaf1")}, found
         d = doc["delays"]  # most delays judged: the clocks were trusted most of the run
         assert d["fine"] + d["coarse"] > 0.7 * (d["fine"] + d["coarse"] + d["withheld"]), d
+        # the live clock against the virtual clocks: no NIC trusted beyond its tier's bound
+        # (the run's own check, and the offline replay's over the spans the report keeps)
+        for spans in (rep["live_clock"]["spans"], doc["clock_check"]):
+            assert {"idle", "congested"} <= set(spans), spans
+            assert all(s["overconfident"] == 0 for s in spans.values()), spans
+            assert spans["idle"]["fine"] > 0, spans  # the check saw trusted clocks at all
     finally:
         _qpmesh("testbed", "down", "--prefix", prefix, timeout=60)
         st = _qpmesh("testbed", "status", "--prefix", prefix, "--json", timeout=30)
