@@ -36,6 +36,7 @@ from controller.detect.queues import (
     class_table,
     estimate_queues,
     hop_classes,
+    hop_ends,
 )
 from controller.detect.significance import ProbedPairs, loss_excess
 from controller.detect.window import DetectionWindow, WindowPart
@@ -135,6 +136,7 @@ class Brain:
         ).reshape(-1, 2)
         self._switch_link = np.array([lk.lower not in fabric.nic_index for lk in fabric.links])
         self._hop_class = hop_classes(fabric)
+        self._hop_ends = hop_ends(fabric)  # the lift between the estimate's sweeps
         self._queues: QueueEstimate | None = None  # the last window's per-hop queue estimate
         self._pooled = PooledContention(self.config.pooled)  # contention over windows
         self._turns: dict[int, int] = {}  # contended link -> windows its queue is reversed
@@ -568,7 +570,15 @@ class Brain:
                 np.concatenate([self._class_of, fresh]) if len(self._class_of) else fresh
             )
         est = estimate_queues(
-            paths, excess, self._class_of, self._hop_class, p, warm, self._hop_aliases, sw
+            paths,
+            excess,
+            self._class_of,
+            self._hop_class,
+            p,
+            warm,
+            self._hop_aliases,
+            sw,
+            self._hop_ends,
         )
         self._queues = est
         return est

@@ -8,7 +8,7 @@ import pytest
 
 from controller.detect.congestion import CongestionParams, link_queue_ns, own_loss_rates
 from controller.detect.flowloss import FlowLoss, FlowLossParams, poisson_tail
-from controller.detect.queues import QueueEstimate, QueueParams, class_table, hop_classes
+from controller.detect.queues import QueueEstimate, QueueParams, class_table, hop_classes, hop_ends
 from controller.detect.queues import estimate_queues as _estimate
 from tests.fullmesh import FAB, FWD, REV
 
@@ -134,3 +134,42 @@ def test_poisson_tail() -> None:
     assert poisson_tail(np.array([0.0]), 1)[0] == 0
     assert poisson_tail(np.array([2.0]), 1)[0] == pytest.approx(1 - np.exp(-2.0))
     assert poisson_tail(np.array([2.0]), 3)[0] == pytest.approx(1 - 5 * np.exp(-2.0))
+
+
+def test_a_leaf_whose_every_uplink_queues_is_not_read_as_its_nics_links() -> None:
+    """Every uplink of leaf0 queues 5 ms both ways (a testbed leaf with all uplinks congested):
+    each of its NICs' paths but the few to the NICs beside it crosses one, so the NICs' own
+    hops explain almost the same delays, and a cold start's first sweep put the queue there
+    (the NIC hops come first). Only the paths inside the leaf tell the two apart: the lift
+    (`hop_ends`) moves what all of a leaf's NIC hops share onto its uplinks when those paths
+    show none of it."""
+    rng = np.random.default_rng(5)
+    hops = np.concatenate([FWD, REV]).astype(np.int32)
+    ups = [lk.index for lk in FAB.links if lk.lower == "leaf0"]
+    hot = np.array([2 * i for i in ups] + [2 * i + 1 for i in ups])
+    ex = _excess(hops, {}, rng) + 5e6 * np.isin(hops, hot).any(axis=1)
+    cls = hop_classes(FAB)
+    ends = hop_ends(FAB)
+    est = _estimate(np.arange(len(hops)), ex, class_table(hops, cls), cls, QueueParams(),
+                    hop_ends=ends)  # fmt: skip
+    assert sorted(est.contended()) == sorted(hot.tolist())
+    nic_hops = [
+        h for lk in FAB.links if lk.upper == "leaf0" for h in (2 * lk.index, 2 * lk.index + 1)
+    ]
+    assert np.nanmax(est.queue_ns[nic_hops]) < 700
+    # without the lift the same data blame the leaf's NIC links
+    plain = estimate_queues(hops, ex, cls, QueueParams())
+    assert set(plain.contended().tolist()) & set(nic_hops)
+
+
+def test_the_lift_leaves_a_nic_links_own_queue_on_it() -> None:
+    """A queue on one NIC's uplink is seen by its paths inside the leaf too: nothing moves."""
+    rng = np.random.default_rng(6)
+    hops = np.concatenate([FWD, REV]).astype(np.int32)
+    hot = 2 * FAB.link_index["nic1-leaf0"]
+    ex = _excess(hops, {}, rng) + 5e6 * (hops == hot).any(axis=1)
+    cls = hop_classes(FAB)
+    est = _estimate(np.arange(len(hops)), ex, class_table(hops, cls), cls, QueueParams(),
+                    hop_ends=hop_ends(FAB))  # fmt: skip
+    assert list(est.contended()) == [hot]
+    assert est.queue_ns[hot] == pytest.approx(5e6, rel=0.001)

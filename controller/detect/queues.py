@@ -118,6 +118,18 @@ def hop_classes(fabric: Fabric) -> npt.NDArray[np.int8]:
     return out
 
 
+def hop_ends(fabric: Fabric) -> I64:
+    """Return per directed hop the (lower, upper) end of its link as node numbers (each id
+    of a link end numbered once), for `estimate_queues`'s lift."""
+    ids = {
+        x: k for k, x in enumerate(sorted({e for lk in fabric.links for e in (lk.lower, lk.upper)}))
+    }
+    out = np.zeros((fabric.n_hops, 2), np.int64)
+    for lk in fabric.links:
+        out[2 * lk.index] = out[2 * lk.index + 1] = (ids[lk.lower], ids[lk.upper])
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class QueueEstimate:
     """Per directed hop: typical queueing ``queue_ns`` (NaN where fewer than ``min_samples``
@@ -176,7 +188,7 @@ def class_table(hops: I32, hop_class: npt.NDArray[np.int8]) -> I32:
     return out
 
 
-def estimate_queues(
+def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the first five)
     path: I64,
     excess: F64,
     classes: I32,
@@ -185,6 +197,7 @@ def estimate_queues(
     warm: F64 | None = None,
     aliases: Sequence[tuple[int, ...]] = (),
     sw: npt.NDArray[np.bool_] | None = None,
+    hop_ends: I64 | None = None,
 ) -> QueueEstimate:
     """Return the per-hop queueing that explains ``excess`` (one-way delay over the path's
     baseline, ns, finite) of measurements on paths ``path`` (numbers into ``classes``, each
@@ -193,7 +206,8 @@ def estimate_queues(
     together (`controller.detect.paths.alias_groups` with ``directed``), whose queues no
     delay splits: each group's total is put on its first hop, as the slow tier's cover picks
     the lowest index among equals; ``sw``: which measurements are kernel-stamped (None:
-    none), whose hops' thresholds `kernel_floor` raises."""
+    none), whose hops' thresholds `kernel_floor` raises; ``hop_ends``: per hop its link's
+    (lower, upper) node (`hop_ends`), for the lift between sweeps (`_lift`; None: no lift)."""
     n_hops = len(hop_class)
     edges = params.edges()
     q = np.zeros(n_hops) if warm is None else np.nan_to_num(np.maximum(warm, 0.0), nan=0.0)
@@ -209,8 +223,10 @@ def estimate_queues(
     # number among the class's hops (the class's histogram row)
     plan = []
     s = np.zeros(len(excess))
+    hop_at: list[I64] = []  # per class, per measurement: the hop of that class it crossed
     for c in range(classes.shape[1]):
         hop_all = classes[:, c][path]
+        hop_at.append(hop_all.astype(np.int64))
         on = np.flatnonzero(hop_all >= 0)
         if not len(on):
             continue
@@ -235,6 +251,11 @@ def estimate_queues(
             q[members] = new
             if last:
                 iqr[members] = qs[:, 2] - qs[:, 1]
+        if not last and hop_ends is not None:
+            _lift(q, excess, hop_at, hop_class, hop_ends, samples > 0)
+            s = np.zeros(len(excess))
+            for h in hop_at:
+                s += np.where(h >= 0, q[np.maximum(h, 0)], 0.0)
     for grp in aliases:
         q[grp[0]] = q[list(grp)].sum()
         q[list(grp[1:])] = 0.0
@@ -265,6 +286,56 @@ def estimate_queues(
         kernel = 2 * samples_sw > samples  # hops most of whose delays are kernel-stamped
         thr = np.where(kernel, np.fmax(thr, floor), thr)
     return QueueEstimate(est, samples, stderr, thr, params.z, jitter)
+
+
+def _lift(
+    q: F64,
+    excess: F64,
+    hop_at: Sequence[I64],
+    hop_class: npt.NDArray[np.int8],
+    ends: I64,
+    seen: npt.NDArray[np.bool_],
+) -> None:
+    """Move, in place, what all the seen hops into (and out of) a switch from below share onto
+    its hops above, as far as the paths that turn at that switch show none of it.
+
+    Every path that goes up from tier t through switch X (class 2t, into X) and on up (class
+    2t + 2, out of X) crosses one hop of each, so adding d to every hop above X and taking d
+    from every hop below it changes only the paths that turn at X (class 2t without 2t + 2:
+    the paths inside a leaf). When a leaf's every uplink queues, its NICs' paths but those
+    inside the leaf cross one, and the per-hop medians, NIC hops first, can settle with the
+    queue on the NIC hops: a fixed point of the sweeps, not of their least absolute deviation.
+    The turning paths decide: d is the median of their over-prediction, within what every
+    seen hop below can give; the same down (class 2t + 1 out of X below, 2t + 3 into X from
+    above). Their absolute deviation cannot grow."""
+    n_cls = len(hop_at)
+    for lo_c in range(0, n_cls - 2):
+        hi_c = lo_c + 2
+        h_lo, h_hi = hop_at[lo_c], hop_at[hi_c]
+        turn = np.flatnonzero((h_lo >= 0) & (h_hi < 0))
+        if not len(turn):
+            continue
+        x = ends[h_lo[turn], 1]  # X: the upper end of a hop up into it or down out of it
+        pred = np.zeros(len(turn))
+        for h in hop_at:
+            ht = h[turn]
+            pred += np.where(ht >= 0, q[np.maximum(ht, 0)], 0.0)
+        over = pred - excess[turn]
+        below = np.flatnonzero((hop_class == lo_c) & seen)
+        above = np.flatnonzero(hop_class == hi_c)
+        order = np.argsort(x, kind="stable")
+        xs, os_ = x[order], over[order]
+        cuts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+        for a, b in zip(cuts, np.r_[cuts[1:], len(xs)], strict=True):
+            node = xs[a]
+            mine = below[ends[below, 1] == node]
+            if not len(mine):
+                continue
+            d = min(float(np.median(os_[a:b])), float(q[mine].min()))
+            if d <= 0:
+                continue
+            q[mine] -= d
+            q[above[ends[above, 0] == node]] += d
 
 
 def _exact_large_medians(g: I64, r: F64, med: F64, over_ns: float) -> None:
