@@ -98,11 +98,11 @@ class QueueParams:
         outside fall in the end bins)."""
         n_fine = int(np.ceil((self.fine_ns - self.lo_ns) / self.bin_ns))
         n_geo = int(np.ceil(np.log(self.hi_ns / self.fine_ns) / np.log(1.05)))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            geo = n_fine + np.floor(
-                np.log(np.maximum(r, self.fine_ns) / self.fine_ns) / np.log(1.05)
-            )
-        b = np.where(r < self.fine_ns, np.floor((r - self.lo_ns) / self.bin_ns), geo)
+        b = np.floor((r - self.lo_ns) / self.bin_ns)
+        wide = np.flatnonzero(~(r < self.fine_ns))  # the few past fine_ns (and NaN): by log
+        if len(wide):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                b[wide] = n_fine + np.floor(np.log(r[wide] / self.fine_ns) / np.log(1.05))
         return np.clip(b, 0, n_fine + n_geo - 1).astype(np.int64)
 
 
@@ -301,41 +301,43 @@ def _lift(
 
     Every path that goes up from tier t through switch X (class 2t, into X) and on up (class
     2t + 2, out of X) crosses one hop of each, so adding d to every hop above X and taking d
-    from every hop below it changes only the paths that turn at X (class 2t without 2t + 2:
-    the paths inside a leaf). When a leaf's every uplink queues, its NICs' paths but those
-    inside the leaf cross one, and the per-hop medians, NIC hops first, can settle with the
-    queue on the NIC hops: a fixed point of the sweeps, not of their least absolute deviation.
-    The turning paths decide: d is the median of their over-prediction, within what every
-    seen hop below can give; the same down (class 2t + 1 out of X below, 2t + 3 into X from
-    above). Their absolute deviation cannot grow."""
+    from every hop below it changes only the paths that turn at X: up into X and down out of
+    it (class 2t + 1) with no hop above (the paths inside a leaf; a path whose middle hops are
+    unknown, a flow with no learnt path, is not one of them). When a leaf's every uplink
+    queues, its NICs' paths but those inside the leaf cross one, and the per-hop medians, NIC
+    hops first, can settle with the queue on the NIC hops: a fixed point of the sweeps, not of
+    their least absolute deviation. The turning paths decide: d is the median of their
+    over-prediction, within what every seen hop below can give; the same down (class 2t + 1
+    out of X below, 2t + 3 into X from above). Their absolute deviation cannot grow."""
     n_cls = len(hop_at)
-    for lo_c in range(0, n_cls - 2):
-        hi_c = lo_c + 2
-        h_lo, h_hi = hop_at[lo_c], hop_at[hi_c]
-        turn = np.flatnonzero((h_lo >= 0) & (h_hi < 0))
+    for lo_up in range(0, n_cls - 2, 2):
+        h_up, h_dn = hop_at[lo_up], hop_at[lo_up + 1]
+        turn = np.flatnonzero((h_up >= 0) & (h_dn >= 0) & (hop_at[lo_up + 2] < 0))
+        turn = turn[ends[h_up[turn], 1] == ends[h_dn[turn], 1]]  # up into X, down out of X
         if not len(turn):
             continue
-        x = ends[h_lo[turn], 1]  # X: the upper end of a hop up into it or down out of it
-        pred = np.zeros(len(turn))
-        for h in hop_at:
-            ht = h[turn]
-            pred += np.where(ht >= 0, q[np.maximum(ht, 0)], 0.0)
-        over = pred - excess[turn]
-        below = np.flatnonzero((hop_class == lo_c) & seen)
-        above = np.flatnonzero(hop_class == hi_c)
+        x = ends[h_up[turn], 1]
         order = np.argsort(x, kind="stable")
-        xs, os_ = x[order], over[order]
+        turn, xs = turn[order], x[order]
         cuts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
-        for a, b in zip(cuts, np.r_[cuts[1:], len(xs)], strict=True):
-            node = xs[a]
-            mine = below[ends[below, 1] == node]
-            if not len(mine):
-                continue
-            d = min(float(np.median(os_[a:b])), float(q[mine].min()))
-            if d <= 0:
-                continue
-            q[mine] -= d
-            q[above[ends[above, 0] == node]] += d
+        for lo_c in (lo_up, lo_up + 1):  # up into X from below, then down out of X
+            pred = np.zeros(len(turn))
+            for h in hop_at:
+                ht = h[turn]
+                pred += np.where(ht >= 0, q[np.maximum(ht, 0)], 0.0)
+            over = pred - excess[turn]
+            below = np.flatnonzero((hop_class == lo_c) & seen)
+            above = np.flatnonzero(hop_class == lo_c + 2)
+            for a, b in zip(cuts, np.r_[cuts[1:], len(xs)], strict=True):
+                node = xs[a]
+                mine = below[ends[below, 1] == node]
+                if not len(mine):
+                    continue
+                d = min(float(np.median(over[a:b])), float(q[mine].min()))
+                if d <= 0:
+                    continue
+                q[mine] -= d
+                q[above[ends[above, 0] == node]] += d
 
 
 def _exact_large_medians(g: I64, r: F64, med: F64, over_ns: float) -> None:
