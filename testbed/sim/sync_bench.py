@@ -81,7 +81,7 @@ def _spread_of(v: F64) -> dict[str, float]:
     }
 
 
-def _ntp_line(x: F64, y: F64, ok: npt.NDArray[np.bool_]) -> tuple[F64, npt.NDArray[np.bool_]]:
+def ntp_line(x: F64, y: F64, ok: npt.NDArray[np.bool_]) -> tuple[F64, npt.NDArray[np.bool_]]:
     """NTP's frequency discipline per edge: a least-squares line through the min-RTT exchange
     of each sub-window (rows: edges; x = time, y = offset), evaluated at t_ref (x = 0)."""
     cnt = ok.sum(axis=1)
@@ -111,7 +111,7 @@ def _ntp_with_frequency(
     rel = (t1 - t_ref).astype(np.float64)
     sub = np.clip(((rel / 1e9 + window_s / 2) / window_s * n_sub).astype(np.int64), 0, n_sub - 1)
     ntp = ntp_offsets(n_edges * n_sub, e * n_sub + sub, t1, t2, t3, t4, t_ref)
-    return _ntp_line(
+    return ntp_line(
         ntp.t_rel_ns.reshape(n_edges, n_sub),
         ntp.theta_ns.reshape(n_edges, n_sub),
         ntp.ok.reshape(n_edges, n_sub),
@@ -205,18 +205,7 @@ def run_sync_bench(
         raise ValueError("--nics must be >= 4")
     if not 1 <= peers < nics:
         raise ValueError("--peers must be in [1, nics)")
-    shape = FabricShape.for_nics(nics, nics_per_leaf=16 if nics <= 512 else 32)
-    fabric = build_fabric(shape)
-    cfg = SimConfig(
-        load=load,
-        timestamps=timestamps,
-        rate_hz=rate_hz,
-        peers=peers,
-        mesh_in_group=False,
-        ports_per_pair=8,
-        seed=seed,
-        model=ModelKnobs() if model is None else model,
-    )
+    fabric, cfg = sync_setup(nics, peers, load, timestamps, seed, rate_hz, model)
     t0 = time.perf_counter()
     hold = _SimHold(Simulator(fabric, cfg))
     reports = []
@@ -232,6 +221,25 @@ def run_sync_bench(
         rep["windows"] = [_window_figures(r) for r in reports]
         rep["over_windows"] = _over_windows(rep["windows"])
     return rep
+
+
+def sync_setup(
+    nics: int,
+    peers: int,
+    load: float,
+    timestamps: str,
+    seed: int,
+    rate_hz: float,
+    model: ModelKnobs | None = None,
+) -> tuple[Fabric, SimConfig]:
+    """The fabric and simulator configuration of ``sim sync`` (two tiers, 16 NICs per leaf up
+    to 512 NICs, 32 beyond; ``peers`` random peers per NIC over 8 ports per pair)."""
+    fabric = build_fabric(FabricShape.for_nics(nics, nics_per_leaf=16 if nics <= 512 else 32))
+    cfg = SimConfig(
+        load=load, timestamps=timestamps, rate_hz=rate_hz, peers=peers, mesh_in_group=False,
+        ports_per_pair=8, seed=seed, model=ModelKnobs() if model is None else model,
+    )  # fmt: skip
+    return fabric, cfg
 
 
 def _redrawn_best(
@@ -368,7 +376,7 @@ def _score_window(
         t1 = time.perf_counter()
         m = len(edges)
         ok_sub = np.isfinite(sw.ntp_sub.rtt).reshape(m, N_SUB)
-        th, th_ok = _ntp_line(
+        th, th_ok = ntp_line(
             sw.ntp_sub.t_rel.reshape(m, N_SUB), sw.ntp_sub.theta.reshape(m, N_SUB), ok_sub
         )
         ntp_net, ntp_fit, ntp_plain = _ntp_solves(

@@ -41,14 +41,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mesh.fabric import FabricShape, build_fabric
 from sync import solve_network
 from sync.summary import Summary, merge
 from sync.summarysolve import sync_summary
 from testbed.clockerr import node_errors
-from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, SimConfig, Simulator
-from testbed.sim.model import ModelKnobs
-from testbed.sim.sync_bench import _ntp_line
+from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, Simulator
+from testbed.sim.sync_bench import ntp_line, sync_setup
 from testbed.sim.sync_stream import (
     N_SUB,
     StreamedWindow,
@@ -166,17 +164,7 @@ def simulate(
     `testbed.sim.sync_bench.run_sync_bench` does on bad sizes."""
     if timestamps == "sw" or windows < 1 or not 1 <= peers < nics:
         raise ValueError("needs NIC stamps, windows >= 1 and peers in [1, nics)")
-    fabric = build_fabric(FabricShape.for_nics(nics, nics_per_leaf=16 if nics <= 512 else 32))
-    cfg = SimConfig(
-        load=load,
-        timestamps=timestamps,
-        rate_hz=rate_hz,
-        peers=peers,
-        mesh_in_group=False,
-        ports_per_pair=8,
-        seed=seed,
-        model=ModelKnobs(),
-    )
+    fabric, cfg = sync_setup(nics, peers, load, timestamps, seed, rate_hz)
     sim = Simulator(fabric, cfg)
     n = len(fabric.nics)
     leaf = fabric.nic_group_index.astype(np.int64)
@@ -228,7 +216,7 @@ def _ntp_solve(
     )
     y = np.concatenate([w.ntp_sub.theta.reshape(m, N_SUB) for w in wins], 1)
     ok = np.concatenate([np.isfinite(w.ntp_sub.rtt).reshape(m, N_SUB) for w in wins], 1)
-    th, good = _ntp_line(x, y, ok)
+    th, good = ntp_line(x, y, ok)
     net = solve_network(
         n, edges[good], th[good], np.ones(int(good.sum())), pin="mean", loss="huber"
     )
