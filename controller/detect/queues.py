@@ -223,10 +223,8 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
     # number among the class's hops (the class's histogram row)
     plan = []
     s = np.zeros(len(excess))
-    hop_at: list[I64] = []  # per class, per measurement: the hop of that class it crossed
     for c in range(classes.shape[1]):
         hop_all = classes[:, c][path]
-        hop_at.append(hop_all.astype(np.int64))
         on = np.flatnonzero(hop_all >= 0)
         if not len(on):
             continue
@@ -252,10 +250,11 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
             if last:
                 iqr[members] = qs[:, 2] - qs[:, 1]
         if not last and hop_ends is not None:
-            _lift(q, excess, hop_at, hop_class, hop_ends, samples > 0)
-            s = np.zeros(len(excess))
-            for h in hop_at:
-                s += np.where(h >= 0, q[np.maximum(h, 0)], 0.0)
+            before = q.copy()
+            if _lift(q, excess, path, classes, hop_class, hop_ends, samples > 0):
+                dq = q - before
+                for on, hop, _, _ in plan:
+                    s[on] += dq[hop]
     for grp in aliases:
         q[grp[0]] = q[list(grp)].sum()
         q[list(grp[1:])] = 0.0
@@ -291,13 +290,15 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
 def _lift(
     q: F64,
     excess: F64,
-    hop_at: Sequence[I64],
+    path: I64,
+    classes: I32,
     hop_class: npt.NDArray[np.int8],
     ends: I64,
     seen: npt.NDArray[np.bool_],
-) -> None:
+) -> bool:
     """Move, in place, what all the seen hops into (and out of) a switch from below share onto
-    its hops above, as far as the paths that turn at that switch show none of it.
+    its hops above, as far as the paths that turn at that switch show none of it; return
+    whether anything moved.
 
     Every path that goes up from tier t through switch X (class 2t, into X) and on up (class
     2t + 2, out of X) crosses one hop of each, so adding d to every hop above X and taking d
@@ -309,23 +310,24 @@ def _lift(
     their least absolute deviation. The turning paths decide: d is the median of their
     over-prediction, within what every seen hop below can give; the same down (class 2t + 1
     out of X below, 2t + 3 into X from above). Their absolute deviation cannot grow."""
-    n_cls = len(hop_at)
+    moved = False
+    n_cls = classes.shape[1]
     for lo_up in range(0, n_cls - 2, 2):
-        h_up, h_dn = hop_at[lo_up], hop_at[lo_up + 1]
-        turn = np.flatnonzero((h_up >= 0) & (h_dn >= 0) & (hop_at[lo_up + 2] < 0))
-        turn = turn[ends[h_up[turn], 1] == ends[h_dn[turn], 1]]  # up into X, down out of X
+        up, dn, hi = classes[:, lo_up], classes[:, lo_up + 1], classes[:, lo_up + 2]
+        turns = (up >= 0) & (dn >= 0) & (hi < 0)  # per path (the table, not the delays)
+        turns[turns] = ends[up[turns], 1] == ends[dn[turns], 1]  # up into X, down out of X
+        if not turns.any():
+            continue
+        turn = np.flatnonzero(turns[path])
         if not len(turn):
             continue
-        x = ends[h_up[turn], 1]
+        rows = classes[path[turn]]  # the turning delays' hops, one column per class
+        x = ends[rows[:, lo_up], 1]
         order = np.argsort(x, kind="stable")
-        turn, xs = turn[order], x[order]
+        turn, rows, xs = turn[order], rows[order], x[order]
         cuts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
         for lo_c in (lo_up, lo_up + 1):  # up into X from below, then down out of X
-            pred = np.zeros(len(turn))
-            for h in hop_at:
-                ht = h[turn]
-                pred += np.where(ht >= 0, q[np.maximum(ht, 0)], 0.0)
-            over = pred - excess[turn]
+            over = np.where(rows >= 0, q[np.maximum(rows, 0)], 0.0).sum(axis=1) - excess[turn]
             below = np.flatnonzero((hop_class == lo_c) & seen)
             above = np.flatnonzero(hop_class == lo_c + 2)
             for a, b in zip(cuts, np.r_[cuts[1:], len(xs)], strict=True):
@@ -338,6 +340,8 @@ def _lift(
                     continue
                 q[mine] -= d
                 q[above[ends[above, 0] == node]] += d
+                moved = True
+    return moved
 
 
 def _exact_large_medians(g: I64, r: F64, med: F64, over_ns: float) -> None:
