@@ -578,7 +578,7 @@ class Brain:
             warm,
             self._hop_aliases,
             sw,
-            self._hop_ends,
+            hop_ends=self._hop_ends,
         )
         self._queues = est
         return est

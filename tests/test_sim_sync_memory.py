@@ -70,3 +70,21 @@ def test_the_command_reports_every_variant_for_both_estimators() -> None:
     seed = rep["per_seed"][0]
     assert len(seed["memoryless"]["qpmesh"]) == 2  # the scored windows only
     assert len(seed["carried_grid"]) == 4 * 4 * 3
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--peers", "40", "--nics", "32"], "peers in [1, nics)"),
+        (["--histories", "0"], "--histories must be >= 1"),
+        (["--score", "7"], "--score <= --windows"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], says: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "testbed.sim.sync_memory", *args, "--seeds", "1", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-500:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert says in last and "Traceback" not in out.stderr

@@ -44,7 +44,7 @@ import numpy.typing as npt
 from sync import solve_network
 from sync.summary import Summary, merge
 from sync.summarysolve import sync_summary
-from testbed.clockerr import node_errors
+from testbed.clockerr import error_figures
 from testbed.sim.engine import EPOCH_NS, HW_TICK_NS, Simulator
 from testbed.sim.sync_bench import ntp_line, sync_setup
 from testbed.sim.sync_stream import (
@@ -139,13 +139,8 @@ def _errors(est: F64, truth: F64) -> F64:
 
 
 def _p99s(est: F64, truth: F64) -> list[float]:
-    """Per window the p99 of `node_errors` (NaN when no NIC is known)."""
-    out = []
-    for e, t in zip(est, truth, strict=True):
-        v = node_errors(e, t)
-        v = v[np.isfinite(v)]
-        out.append(round(float(np.percentile(v, 99)), 2) if v.size else float("nan"))
-    return out
+    """Per window the p99 of `testbed.clockerr.error_figures` (NaN when no NIC is known)."""
+    return [error_figures(e, t)["p99_ns"] for e, t in zip(est, truth, strict=True)]
 
 
 def simulate(
@@ -363,9 +358,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     if not 1 <= a.score <= a.windows or a.seeds[0] > a.seeds[1]:
         p.error("needs 1 <= --score <= --windows and FIRST <= LAST")
+    if any(h < 1 for h in a.histories):
+        p.error("--histories must be >= 1")
     per_seed = []
     for s in range(a.seeds[0], a.seeds[1] + 1):
-        series = simulate(s, a.peers, a.windows, nics=a.nics, load=a.load)
+        try:
+            series = simulate(s, a.peers, a.windows, nics=a.nics, load=a.load)
+        except ValueError as exc:  # bad sizes or load: one line, as argparse's own
+            p.error(str(exc))
         per_seed.append({"seed": s, **_seed_report(series, a.score, a.histories, 2.0)})
         print(f"sync_memory: seed {s} done", file=sys.stderr)
     rep = {
