@@ -98,12 +98,15 @@ class QueueParams:
         outside fall in the end bins)."""
         n_fine = int(np.ceil((self.fine_ns - self.lo_ns) / self.bin_ns))
         n_geo = int(np.ceil(np.log(self.hi_ns / self.fine_ns) / np.log(1.05)))
-        b = np.floor((r - self.lo_ns) / self.bin_ns)
+        b = r - self.lo_ns
+        np.divide(b, self.bin_ns, out=b)
+        np.floor(b, out=b)
         wide = np.flatnonzero(~(r < self.fine_ns))  # the few past fine_ns (and NaN): by log
         if len(wide):
             with np.errstate(divide="ignore", invalid="ignore"):
                 b[wide] = n_fine + np.floor(np.log(r[wide] / self.fine_ns) / np.log(1.05))
-        return np.clip(b, 0, n_fine + n_geo - 1).astype(np.int64)
+        np.clip(b, 0, n_fine + n_geo - 1, out=b)
+        return b.astype(np.int64)
 
 
 def hop_classes(fabric: Fabric) -> npt.NDArray[np.int8]:
@@ -159,9 +162,18 @@ def _group_quantiles(
     """Return per group (0..n_groups-1) the quantiles ``qs`` of ``r`` read from a histogram
     over ``edges`` (`QueueParams.edges`; linear inside a bin), shape (n_groups, len(qs)); NaN
     rows: empty."""
+    return _cell_quantiles(g * (len(edges) - 1), r, n_groups, p, edges, qs)
+
+
+def _cell_quantiles(
+    cell: I64, r: F64, n_groups: int, p: QueueParams, edges: F64, qs: tuple[float, ...]
+) -> F64:
+    """`_group_quantiles` with each value's group given as its row's first cell (group x
+    bins)."""
     nb = len(edges) - 1
     b = p.bin_of(r)
-    counts = np.bincount(g * nb + b, minlength=n_groups * nb).reshape(n_groups, nb)
+    b += cell
+    counts = np.bincount(b, minlength=n_groups * nb).reshape(n_groups, nb)
     cum = np.cumsum(counts, axis=1)
     n = cum[:, -1]
     rows = np.arange(n_groups)
@@ -219,42 +231,30 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
     sw = np.zeros(len(excess), np.bool_) if sw is None else np.asarray(sw, np.bool_)
     if not len(excess):
         return QueueEstimate(np.full(n_hops, np.nan), samples, iqr, thr, params.z)
-    # per class: the measurements crossing it, the hop of that class each crossed and its
-    # number among the class's hops (the class's histogram row)
-    plan = []
-    s = np.zeros(len(excess))
-    for c in range(classes.shape[1]):
-        hop_all = classes[:, c][path]
-        on = np.flatnonzero(hop_all >= 0)
-        if not len(on):
-            continue
-        hop = hop_all[on].astype(np.int64)
-        members = np.flatnonzero(hop_class == c)
-        rank = np.zeros(n_hops, np.int64)
-        rank[members] = np.arange(len(members))
-        samples += np.bincount(hop, minlength=n_hops)
-        samples_sw += np.bincount(hop[sw[on]], minlength=n_hops)
-        s[on] += q[hop]
-        plan.append((on, hop, rank[hop], members))
+    path = np.asarray(path, np.int32 if len(classes) < 2**31 else np.int64)
+    plan, samples, samples_sw = _plan(path, excess, classes, hop_class, sw, len(edges) - 1)
+    along = _along(q, classes)
     for sweep in range(params.sweeps):
         last = sweep == params.sweeps - 1
-        for on, hop, g, members in plan:
-            r = excess[on] - s[on] + q[hop]
+        for c, pth, ex, g, cell, members in plan:
+            others = along[:c].sum(axis=0) + along[c + 1 :].sum(axis=0)
+            r = ex - others[pth]
             want = (0.5, 0.25, 0.75) if last else (0.5,)
-            qs = _group_quantiles(g, r, len(members), params, edges, want)
+            qs = _cell_quantiles(cell, r, len(members), params, edges, want)
             _exact_large_medians(g, r, qs[:, 0], params.fine_ns)
             seen = np.isfinite(qs[:, 0])  # a class member no measurement crossed keeps its q
-            new = np.where(seen, np.maximum(np.nan_to_num(qs[:, 0], nan=0.0), 0.0), q[members])
-            s[on] += new[g] - q[hop]
-            q[members] = new
+            q[members] = np.where(
+                seen, np.maximum(np.nan_to_num(qs[:, 0], nan=0.0), 0.0), q[members]
+            )
+            along[c] = _along(q, classes[:, c : c + 1])[0]
             if last:
                 iqr[members] = qs[:, 2] - qs[:, 1]
-        if not last and hop_ends is not None:
-            before = q.copy()
-            if _lift(q, excess, path, classes, hop_class, hop_ends, samples > 0):
-                dq = q - before
-                for on, hop, _, _ in plan:
-                    s[on] += dq[hop]
+        if (
+            not last
+            and hop_ends is not None
+            and _lift(q, excess, path, classes, hop_class, hop_ends, samples > 0, params)
+        ):
+            along = _along(q, classes)
     for grp in aliases:
         q[grp[0]] = q[list(grp)].sum()
         q[list(grp[1:])] = 0.0
@@ -281,7 +281,8 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
         thr[hop_class == c] = m + margin
     jitter = float("nan")
     if np.count_nonzero(sw) >= params.min_samples:
-        floor, jitter = kernel_floor(excess[sw], (excess - s)[sw], hop_class, med, params)
+        residual = excess[sw] - along.sum(axis=0)[path[sw]]
+        floor, jitter = kernel_floor(excess[sw], residual, hop_class, med, params)
         kernel = 2 * samples_sw > samples  # hops most of whose delays are kernel-stamped
         thr = np.where(kernel, np.fmax(thr, floor), thr)
     return QueueEstimate(est, samples, stderr, thr, params.z, jitter)
@@ -295,6 +296,7 @@ def _lift(
     hop_class: npt.NDArray[np.int8],
     ends: I64,
     seen: npt.NDArray[np.bool_],
+    params: QueueParams,
 ) -> bool:
     """Move, in place, what all the seen hops into (and out of) a switch from below share onto
     its hops above, as far as the paths that turn at that switch show none of it; return
@@ -312,36 +314,86 @@ def _lift(
     out of X below, 2t + 3 into X from above). Their absolute deviation cannot grow."""
     moved = False
     n_cls = classes.shape[1]
+    edges = params.edges()
     for lo_up in range(0, n_cls - 2, 2):
         up, dn, hi = classes[:, lo_up], classes[:, lo_up + 1], classes[:, lo_up + 2]
         turns = (up >= 0) & (dn >= 0) & (hi < 0)  # per path (the table, not the delays)
         turns[turns] = ends[up[turns], 1] == ends[dn[turns], 1]  # up into X, down out of X
         if not turns.any():
             continue
-        turn = np.flatnonzero(turns[path])
-        if not len(turn):
+        node = np.where(turns, ends[np.maximum(up, 0), 1], -1)  # per path: its X
+        xs = np.unique(node[turns])
+        xr = np.searchsorted(xs, node)  # per path: its X's number (valid where it turns)
+        g = np.where(turns, xr, -1)[path]
+        on = np.flatnonzero(g >= 0)
+        if not len(on):
             continue
-        rows = classes[path[turn]]  # the turning delays' hops, one column per class
-        x = ends[rows[:, lo_up], 1]
-        order = np.argsort(x, kind="stable")
-        turn, rows, xs = turn[order], rows[order], x[order]
-        cuts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+        g, tp, ex = g[on], path[on], excess[on]
         for lo_c in (lo_up, lo_up + 1):  # up into X from below, then down out of X
-            over = np.where(rows >= 0, q[np.maximum(rows, 0)], 0.0).sum(axis=1) - excess[turn]
+            # the turning delays' over-prediction, its median per X read as the sweeps read
+            # theirs (histogram, exact past fine_ns)
+            over = _along(q, classes).sum(axis=0)[tp] - ex
+            med = _group_quantiles(g, over, len(xs), params, edges, (0.5,))[:, 0]
+            _exact_large_medians(g, over, med, params.fine_ns)
             below = np.flatnonzero((hop_class == lo_c) & seen)
             above = np.flatnonzero(hop_class == lo_c + 2)
-            for a, b in zip(cuts, np.r_[cuts[1:], len(xs)], strict=True):
-                node = xs[a]
-                mine = below[ends[below, 1] == node]
-                if not len(mine):
+            for at, m in zip(xs.tolist(), med.tolist(), strict=True):
+                mine = below[ends[below, 1] == at]
+                if not len(mine) or not m > 0:
                     continue
-                d = min(float(np.median(over[a:b])), float(q[mine].min()))
+                d = min(m, float(q[mine].min()))
                 if d <= 0:
                     continue
                 q[mine] -= d
-                q[above[ends[above, 0] == node]] += d
+                q[above[ends[above, 0] == at]] += d
                 moved = True
     return moved
+
+
+def _along(q: F64, classes: I32) -> F64:
+    """Return per class and path (rows of ``classes``) the wait ``q`` of the path's hop of
+    that class (0 where it crosses none), shape (classes, paths): the sum along a path is
+    a property of the path, not of each measurement on it."""
+    t = classes.T
+    return np.where(t >= 0, q[np.maximum(t, 0)], 0.0)
+
+
+def _plan(
+    path: npt.NDArray[np.integer],
+    excess: F64,
+    classes: I32,
+    hop_class: npt.NDArray[np.int8],
+    sw: npt.NDArray[np.bool_],
+    n_bins: int,
+) -> tuple[list[tuple[int, npt.NDArray[np.integer], F64, I64, I64, I64]], I64, I64]:
+    """Return per class that some measurement crosses: the class, the paths and delays of
+    the measurements crossing it, each one's hop's number among the class's hops (its
+    histogram row) and that row's first cell (x ``n_bins``), and the class's hops; and per
+    hop the measurements and the kernel-stamped ones (``sw``) that crossed it."""
+    n_hops, n_paths = len(hop_class), len(classes)
+    per_path = np.bincount(path, minlength=n_paths)
+    per_path_sw = np.bincount(path[sw], minlength=n_paths)
+    samples = np.zeros(n_hops, np.int64)
+    samples_sw = np.zeros(n_hops, np.int64)
+    plan = []
+    for c in range(classes.shape[1]):
+        col = classes[:, c]
+        members = np.flatnonzero(hop_class == c)
+        rank = np.full(n_hops + 1, -1, np.int64)  # the last: no hop of this class
+        rank[members] = np.arange(len(members))
+        g = rank[col][path]
+        on = np.flatnonzero(g >= 0)
+        if not len(on):
+            continue
+        has = col >= 0
+        samples += np.bincount(col[has], per_path[has], minlength=n_hops).astype(np.int64)
+        samples_sw += np.bincount(col[has], per_path_sw[has], minlength=n_hops).astype(np.int64)
+        if len(on) < len(g):  # some measurements cross no hop of this class
+            g, pth, ex = g[on], path[on], excess[on]
+        else:
+            pth, ex = path, excess
+        plan.append((c, pth, ex, g, g * n_bins, members))
+    return plan, samples, samples_sw
 
 
 def _exact_large_medians(g: I64, r: F64, med: F64, over_ns: float) -> None:
