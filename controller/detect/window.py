@@ -164,7 +164,9 @@ class DetectionWindow:
         ids = np.flatnonzero(mark)
         del pair_ids
         used = np.concatenate([pf, pr, fine_p, fc.fwd, fc.rev])
-        local: I32 = np.searchsorted(ids, used).astype(np.int32)
+        number = np.zeros(paths.size, np.int32)  # a table, not a search: O(records)
+        number[ids] = np.arange(len(ids), dtype=np.int32)
+        local: I32 = number[used]
         q, nf, nc = len(pf), len(fine_p), len(fc.fwd)
         at_fine, at_flow = 2 * q, 2 * q + nf
 
