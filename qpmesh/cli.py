@@ -19,6 +19,7 @@ from types import ModuleType
 import controller.service_cli
 import prober.cli
 import prober.doctor_cli
+import qpmesh.heap
 import qpmesh.keys
 import sync.cli
 import testbed.cli
@@ -60,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``qpmesh`` with ``argv``; return the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    qpmesh.heap.keep_freed_blocks()  # large temporaries reused, not faulted in anew
     debug = os.environ.get("QPMESH_DEBUG") == "1"
     try:
         result: int | None = args.func(args)
