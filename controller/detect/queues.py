@@ -236,12 +236,13 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
     along = _along(q, classes)
     for sweep in range(params.sweeps):
         last = sweep == params.sweeps - 1
-        for c, pth, ex, g, cell, members in plan:
+        for c, pth, ex, g_path, cell, members in plan:
             others = along[:c].sum(axis=0) + along[c + 1 :].sum(axis=0)
             r = ex - others[pth]
             want = (0.5, 0.25, 0.75) if last else (0.5,)
             qs = _cell_quantiles(cell, r, len(members), params, edges, want)
-            _exact_large_medians(g, r, qs[:, 0], params.fine_ns)
+            if (qs[:, 0] > params.fine_ns).any():  # a few hot hops: exact medians
+                _exact_large_medians(g_path[pth], r, qs[:, 0], params.fine_ns)
             seen = np.isfinite(qs[:, 0])  # a class member no measurement crossed keeps its q
             q[members] = np.where(
                 seen, np.maximum(np.nan_to_num(qs[:, 0], nan=0.0), 0.0), q[members]
@@ -322,7 +323,18 @@ def _lift(
         if not turns.any():
             continue
         node = np.where(turns, ends[np.maximum(up, 0), 1], -1)  # per path: its X
-        xs = np.unique(node[turns])
+        # d is at most the least wait of X's hops below: an X one of whose seen hops below
+        # (either way) waits 0 moves nothing, and its delays are not read
+        can = np.zeros(int(ends.max()) + 2, bool)  # per node (the last: no node)
+        for lo_c in (lo_up, lo_up + 1):
+            below = np.flatnonzero((hop_class == lo_c) & seen)
+            least = np.full(len(can), np.inf)
+            np.minimum.at(least, ends[below, 1], q[below])
+            can |= np.isfinite(least) & (least > 0)
+        turns &= can[node]
+        if not turns.any():
+            continue
+        xs = np.flatnonzero(can[:-1] & np.isin(np.arange(len(can) - 1), node[turns]))
         xr = np.searchsorted(xs, node)  # per path: its X's number (valid where it turns)
         g = np.where(turns, xr, -1)[path]
         on = np.flatnonzero(g >= 0)
@@ -367,9 +379,10 @@ def _plan(
     n_bins: int,
 ) -> tuple[list[tuple[int, npt.NDArray[np.integer], F64, I64, I64, I64]], I64, I64]:
     """Return per class that some measurement crosses: the class, the paths and delays of
-    the measurements crossing it, each one's hop's number among the class's hops (its
-    histogram row) and that row's first cell (x ``n_bins``), and the class's hops; and per
-    hop the measurements and the kernel-stamped ones (``sw``) that crossed it."""
+    the measurements crossing it, per path the number of its hop among the class's hops
+    (its histogram row; -1: none), per measurement its row's first cell (x ``n_bins``), and
+    the class's hops; and per hop the measurements and the kernel-stamped ones (``sw``)
+    that crossed it."""
     n_hops, n_paths = len(hop_class), len(classes)
     per_path = np.bincount(path, minlength=n_paths)
     per_path_sw = np.bincount(path[sw], minlength=n_paths)
@@ -381,18 +394,19 @@ def _plan(
         members = np.flatnonzero(hop_class == c)
         rank = np.full(n_hops + 1, -1, np.int64)  # the last: no hop of this class
         rank[members] = np.arange(len(members))
-        g = rank[col][path]
-        on = np.flatnonzero(g >= 0)
-        if not len(on):
+        g_path = rank[col]  # per path its hop's number in the class, -1: none
+        crossing = g_path >= 0
+        if not crossing[per_path > 0].any():
             continue
         has = col >= 0
         samples += np.bincount(col[has], per_path[has], minlength=n_hops).astype(np.int64)
         samples_sw += np.bincount(col[has], per_path_sw[has], minlength=n_hops).astype(np.int64)
-        if len(on) < len(g):  # some measurements cross no hop of this class
-            g, pth, ex = g[on], path[on], excess[on]
-        else:
+        if crossing[per_path > 0].all():  # every measurement crosses a hop of this class
             pth, ex = path, excess
-        plan.append((c, pth, ex, g, g * n_bins, members))
+        else:
+            on = np.flatnonzero(crossing[path])
+            pth, ex = path[on], excess[on]
+        plan.append((c, pth, ex, g_path, (g_path * n_bins)[pth], members))
     return plan, samples, samples_sw
 
 
