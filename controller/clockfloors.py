@@ -212,14 +212,14 @@ def node_bounds(n_nics: int, edges: I64, bound: F64) -> F64:
     """Per NIC a bound (ns) on its offset error from the queueing its paths carry now: the
     cheapest path, in the sum of the edges' bounds (half their raise), from the core (the
     largest part of the fabric tied together by edges raised by at most ``TIGHT_NS``, or by
-    the typical NIC's typical edge where that is more: `typical_bound`), 0 in the core. A
-    NIC whose every path is queued (a leaf whose uplinks are all congested: its NICs tie to
-    each other, not to the core) gets the least queueing any of its paths to the rest
-    carries. inf where no path with a known floor leads to the core, NaN without edges."""
+    the median edge's bound where that is more), 0 in the core. A NIC whose every path is
+    queued (a leaf whose uplinks are all congested: its NICs tie to each other, not to the
+    core) gets the least queueing any of its paths to the rest carries. inf where no path
+    with a known floor leads to the core, NaN without edges."""
     out = np.full(n_nics, np.nan)
     if not len(edges):
         return out
-    tight = max(TIGHT_NS, typical_bound(edges, bound))
+    tight = max(TIGHT_NS, float(np.median(bound)))
     i, j = edges[:, 0], edges[:, 1]
     t = bound <= tight
     adj = coo_matrix((np.ones(int(t.sum())), (i[t], j[t])), shape=(n_nics, n_nics))
@@ -234,26 +234,6 @@ def node_bounds(n_nics: int, edges: I64, bound: F64) -> F64:
     out[on] = dist[on]
     out[core] = 0.0
     return out
-
-
-def typical_bound(edges: I64, bound: F64) -> float:
-    """Return the median over NICs of each NIC's median edge ``bound`` (NICs with an edge).
-
-    Not the median edge: the edges of a leaf whose every uplink queues are most of a small
-    fabric's (8 of 15 with 6 NICs in 3 leaves: each of its NICs reaches all but one peer
-    through them), so the median edge is a queued one, every NIC is tied into the core by
-    it and none is bounded (a testbed run trusted such a NIC at 0.3 µs while 1.4 µs off).
-    Counted by NIC, the queued leaf is the minority it is. On a fabric busy all over, each
-    NIC's median edge is about the median edge, so the two agree."""
-    node = np.concatenate([edges[:, 0], edges[:, 1]])
-    val = np.concatenate([bound, bound])
-    order = np.lexsort((val, node))
-    node, val = node[order], val[order]
-    start = np.flatnonzero(np.r_[True, node[1:] != node[:-1]])
-    count = np.diff(np.r_[start, len(node)])
-    lo = start + (count - 1) // 2  # the two middle values of each NIC's sorted bounds
-    hi = start + count // 2
-    return float(np.median(0.5 * (val[lo] + val[hi])))
 
 
 def split_raise(n_nics: int, edges: I64, raise_ns: F64, rounds: int = 8) -> F64:
