@@ -129,18 +129,20 @@ class FlowWindow:
             return FlowCounts.empty()
         flow = np.concatenate([p.flow for p in self._parts])
         key = flow_key(flow[:, 0], flow[:, 1], flow[:, 2], self.n_nics)
-        # the last record of each flow: np.unique gives the first of the reversed order
-        uniq, first_rev, inv = np.unique(key[::-1], return_index=True, return_inverse=True)
-        last = len(key) - 1 - first_rev
-        inv = inv[::-1]
-        probes = np.concatenate([p.probes for p in self._parts])
-        lost = np.concatenate([p.lost for p in self._parts])
+        # one unstable sort (a stable one, or np.unique's, is ~4x slower at 10^5 rows): the
+        # sums need no order, and each flow's last record is its greatest row number
+        order = np.argsort(key)
+        ks = key[order]
+        start = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+        last = np.maximum.reduceat(order, start)
+        probes = np.concatenate([p.probes for p in self._parts])[order]
+        lost = np.concatenate([p.lost for p in self._parts])[order]
         fwd = np.concatenate([p.fwd for p in self._parts])
         rev = np.concatenate([p.rev for p in self._parts])
         return FlowCounts(
             flow[last],
-            np.bincount(inv, probes, minlength=len(uniq)).astype(np.int64),
-            np.bincount(inv, lost, minlength=len(uniq)).astype(np.int64),
+            np.add.reduceat(probes, start).astype(np.int64),
+            np.add.reduceat(lost, start).astype(np.int64),
             fwd[last].astype(np.int64),
             rev[last].astype(np.int64),
         )
