@@ -7,8 +7,9 @@ pages and trims the heap's free top past twice that, so a block that size, freed
 for again, comes back as new pages the kernel zeroes on first touch: a page fault every 4 KB
 of every temporary. Measured with `controller.detect.queues.estimate_queues` on a window of
 a 1,024-NIC fabric (962,034 delays): 120 ms a call with glibc's defaults, 96 ms with the
-settings below; `qpmesh sim ingest --nics 1024` 0.88 -> 0.99 M records/s, its peak RSS
-unchanged (docs/benchmarks.md).
+settings below; `qpmesh sim ingest --nics 1024 --seconds 20` 0.88 -> 0.99 M records/s on
+the same code, its peak RSS unchanged (docs/benchmarks.md, "Controller ingest over 1 M
+again").
 
 `keep_freed_blocks` sets a fixed mmap threshold of 32 MiB (the most glibc raises it to on its
 own on 64-bit: larger blocks, the 100,000-NIC solver's, still come from ``mmap`` and go back
