@@ -173,22 +173,3 @@ def test_the_lift_leaves_a_nic_links_own_queue_on_it() -> None:
                     hop_ends=hop_ends(FAB))  # fmt: skip
     assert list(est.contended()) == [hot]
     assert est.queue_ns[hot] == pytest.approx(5e6, rel=0.001)
-
-
-def test_paths_no_delay_crossed_change_nothing() -> None:
-    """The brain's path table holds every path it learnt; the estimate over a table with
-    many unused rows (here every path three times, the delays on the last copy) is the one
-    over the used rows alone."""
-    rng = np.random.default_rng(7)
-    hops = np.concatenate([FWD, REV]).astype(np.int32)
-    hot = 2 * FAB.link_index["leaf1-spine2"]
-    ex = _excess(hops, {hot: 4000.0}, rng)
-    cls = hop_classes(FAB)
-    table = class_table(hops, cls)
-    alone = _estimate(np.arange(len(hops)), ex, table, cls, QueueParams(), hop_ends=hop_ends(FAB))
-    wide = np.concatenate([table, table, table])
-    at = 2 * len(hops) + np.arange(len(hops))
-    padded = _estimate(at, ex, wide, cls, QueueParams(), hop_ends=hop_ends(FAB))
-    np.testing.assert_array_equal(padded.queue_ns, alone.queue_ns)
-    np.testing.assert_array_equal(padded.threshold_ns, alone.threshold_ns)
-    assert list(padded.contended()) == [hot]

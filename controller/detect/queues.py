@@ -231,8 +231,8 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
     sw = np.zeros(len(excess), np.bool_) if sw is None else np.asarray(sw, np.bool_)
     if not len(excess):
         return QueueEstimate(np.full(n_hops, np.nan), samples, iqr, thr, params.z)
-    local, classes = _used_paths(path, classes)
-    plan, samples, samples_sw = _plan(local, excess, classes, hop_class, sw, len(edges) - 1)
+    path = np.asarray(path, np.int32 if len(classes) < 2**31 else np.int64)
+    plan, samples, samples_sw = _plan(path, excess, classes, hop_class, sw, len(edges) - 1)
     along = _along(q, classes)
     for sweep in range(params.sweeps):
         last = sweep == params.sweeps - 1
@@ -253,7 +253,7 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
         if (
             not last
             and hop_ends is not None
-            and _lift(q, excess, local, classes, hop_class, hop_ends, samples > 0, params)
+            and _lift(q, excess, path, classes, hop_class, hop_ends, samples > 0, params)
         ):
             along = _along(q, classes)
     for grp in aliases:
@@ -282,7 +282,7 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
         thr[hop_class == c] = m + margin
     jitter = float("nan")
     if np.count_nonzero(sw) >= params.min_samples:
-        residual = excess[sw] - along.sum(axis=0)[local[sw]]
+        residual = excess[sw] - along.sum(axis=0)[path[sw]]
         floor, jitter = kernel_floor(excess[sw], residual, hop_class, med, params)
         kernel = 2 * samples_sw > samples  # hops most of whose delays are kernel-stamped
         thr = np.where(kernel, np.fmax(thr, floor), thr)
@@ -292,7 +292,7 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
 def _lift(
     q: F64,
     excess: F64,
-    path: I32,
+    path: I64,
     classes: I32,
     hop_class: npt.NDArray[np.int8],
     ends: I64,
@@ -360,22 +360,6 @@ def _lift(
                 q[above[ends[above, 0] == at]] += d
                 moved = True
     return moved
-
-
-def _used_paths(path: I64, classes: I32) -> tuple[I32, I32]:
-    """Return ``path`` renumbered over the paths it names (int32: a table of 2^31 paths would
-    not fit in memory) and those paths' rows of ``classes``: the brain's table holds every
-    path it ever learnt (millions on a large fabric, most with no delay in the window), and
-    the per-path sums are built over it per class and sweep. A mark table, not a sort:
-    O(measurements + paths)."""
-    mark = np.zeros(len(classes), np.bool_)
-    mark[path] = True
-    ids = np.flatnonzero(mark)
-    if len(ids) == len(classes):
-        return np.asarray(path, np.int32), classes
-    number = np.zeros(len(classes), np.int32)
-    number[ids] = np.arange(len(ids), dtype=np.int32)
-    return number[path], classes[ids]
 
 
 def _along(q: F64, classes: I32) -> F64:
