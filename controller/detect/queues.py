@@ -325,16 +325,18 @@ def _lift(
         node = np.where(turns, ends[np.maximum(up, 0), 1], -1)  # per path: its X
         # d is at most the least wait of X's hops below: an X one of whose seen hops below
         # (either way) waits 0 moves nothing, and its delays are not read
+        below = {c: np.flatnonzero((hop_class == c) & seen) for c in (lo_up, lo_up + 1)}
         can = np.zeros(int(ends.max()) + 2, bool)  # per node (the last: no node)
-        for lo_c in (lo_up, lo_up + 1):
-            below = np.flatnonzero((hop_class == lo_c) & seen)
+        for hops in below.values():
             least = np.full(len(can), np.inf)
-            np.minimum.at(least, ends[below, 1], q[below])
+            np.minimum.at(least, ends[hops, 1], q[hops])
             can |= np.isfinite(least) & (least > 0)
         turns &= can[node]
         if not turns.any():
             continue
-        xs = np.flatnonzero(can[:-1] & np.isin(np.arange(len(can) - 1), node[turns]))
+        turning = np.zeros(len(can), bool)
+        turning[node[turns]] = True
+        xs = np.flatnonzero(turning)  # the switches whose turning delays are read
         xr = np.searchsorted(xs, node)  # per path: its X's number (valid where it turns)
         g = np.where(turns, xr, -1)[path]
         on = np.flatnonzero(g >= 0)
@@ -347,10 +349,9 @@ def _lift(
             over = _along(q, classes).sum(axis=0)[tp] - ex
             med = _group_quantiles(g, over, len(xs), params, edges, (0.5,))[:, 0]
             _exact_large_medians(g, over, med, params.fine_ns)
-            below = np.flatnonzero((hop_class == lo_c) & seen)
             above = np.flatnonzero(hop_class == lo_c + 2)
             for at, m in zip(xs.tolist(), med.tolist(), strict=True):
-                mine = below[ends[below, 1] == at]
+                mine = below[lo_c][ends[below[lo_c], 1] == at]
                 if not len(mine) or not m > 0:
                     continue
                 d = min(m, float(q[mine].min()))
