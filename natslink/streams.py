@@ -250,6 +250,12 @@ class Pull:
                 return []
         return [delivery(m) for m in msgs]
 
+    async def pending(self) -> int:
+        """Return how many messages the consumer has yet to deliver (the server's count)."""
+        with translate(f"consumer info {self.name}"):
+            info = await self._sub.consumer_info()
+        return int(info.num_pending or 0)
+
     async def close(self) -> None:
         """Stop the subscription (the durable consumer stays on the server)."""
         with translate(f"unsubscribe {self.name}"):

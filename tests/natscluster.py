@@ -4,7 +4,8 @@ ports, each with its own temp store, stopped by PID (also on failure).
 ``nats_cluster`` (fixture): 3 servers, partitions 8, yields a `Cluster` (``Cluster(root, 1,
 max_payload="64KB")``: one server taking messages up to 64 KB); `Cluster.kill(i)`
 sends SIGKILL to server i, `Cluster.start(i)` starts it again on its ports and store.
-Skipped when nats-server is not installed.
+Skipped when nats-server is not installed. `read_stored` reads every message a stream holds
+on a subject now (waiting through slow fetches, never stopping at the first empty one).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from natslink.link import Link
 from natslink.serverconf import ServerSpec, server_conf
+from natslink.streams import Delivery, open_reader
 from natslink.subjects import Subjects
 from tests.servers import free_ports
 
@@ -127,3 +130,21 @@ def nats_cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+async def read_stored(
+    link: Link, stream: str, subject: str, bound_s: float = 60.0
+) -> list[Delivery]:
+    """Return every message ``stream`` holds on ``subject`` now, in order. The count comes
+    from the server when the reader starts; an empty fetch (a busy machine, a leader still
+    answering) is waited through, up to ``bound_s`` monotonic seconds, then AssertionError."""
+    reader = await open_reader(link, stream, subject, 1)
+    try:
+        want, got = await reader.pending(), list[Delivery]()
+        deadline = time.monotonic() + bound_s
+        while len(got) < want:
+            assert time.monotonic() < deadline, f"read {len(got)} of {want} on {subject}"
+            got += await reader.fetch(min(500, want - len(got)), 1.0)
+        return got
+    finally:
+        await reader.close()

@@ -40,11 +40,11 @@ from controller.fleet.solverloop import SolverLoop
 from mesh.fabric import FabricShape, build_fabric
 from natslink.errors import NatsUnavailable
 from natslink.link import Link, connect
-from natslink.streams import ensure_bucket, open_reader
+from natslink.streams import ensure_bucket
 from natslink.subjects import Subjects
 from testbed.scenario import Fault, FaultKind
 from testbed.sim.engine import EPOCH_NS, SimConfig, Simulator
-from tests.natscluster import Cluster, nats_cluster
+from tests.natscluster import Cluster, nats_cluster, read_stored
 
 __all__ = ["nats_cluster"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,19 +94,14 @@ async def _shares(
     """Return every owner share the stream holds by (owner, window, worker)."""
     out: dict[tuple[int, int, str], OwnerShare] = {}
     for k in range(owners):
-        reader, asm = await open_reader(link, stream, subjects.shares_of(k), 1), Assembler(10_000)
-        try:
-            while got := await reader.fetch(500, 1.0):
-                for d in got:
-                    c = asm.feed(d.headers, d.data)
-                    if c is not None and c.body:
-                        s = OwnerShare.decode(c.body)
-                        assert s.owner == k and (k, s.window, s.worker) not in out
-                        out[k, s.window, s.worker] = s
-                if got[-1].pending == 0:
-                    break
-        finally:
-            await reader.close()
+        asm = Assembler(10_000)
+        for d in await read_stored(link, stream, subjects.shares_of(k)):
+            c = asm.feed(d.headers, d.data)
+            if c is not None and c.body:
+                s = OwnerShare.decode(c.body)
+                assert s.owner == k and (k, s.window, s.worker) not in out
+                out[k, s.window, s.worker] = s
+        assert asm.incomplete == 0, asm.incomplete
     return out
 
 

@@ -15,12 +15,12 @@ import pytest
 from natslink.errors import NatsUnavailable
 from natslink.link import Ack, connect
 from natslink.settings import NatsSettings
-from natslink.streams import StreamSpec, ensure_stream, open_reader
+from natslink.streams import StreamSpec, ensure_stream
 from prober.config import ConfigError, parse_config
 from prober.jspublish import JetStreamBatches, LinkLike
 from prober.publish import Publisher
 from prober.spool import Spool
-from tests.natscluster import Cluster, nats_cluster
+from tests.natscluster import Cluster, nats_cluster, read_stored
 from tests.waiting import until
 
 __all__ = ["nats_cluster"]
@@ -191,14 +191,10 @@ def test_cluster_server_killed_every_batch_stored_once(
         async with connect(settings, "check") as link:
             for _ in range(100):  # the cluster may still be electing a new meta leader
                 try:
-                    reader = await open_reader(link, "PROBES", subj.probes_mapped(), 1)
-                    break
+                    return [d.data for d in await read_stored(link, "PROBES", subj.probes_mapped())]
                 except NatsUnavailable:
                     await asyncio.sleep(0.2)
-            got: list[bytes] = []
-            while batch := await reader.fetch(100, 1.0):
-                got += [d.data for d in batch]
-            return got
+            raise AssertionError("no reader of PROBES in 100 tries")
 
     got = asyncio.run(main())
     assert sorted(got) == sorted(b"batch-%d" % s for s in range(1, 41))  # each exactly once
