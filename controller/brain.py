@@ -480,13 +480,26 @@ class Brain:
             hz, self._link_nodes, self._switch_link, hp.sibling_leak,
             lambda m, others: m in out and self._concentrated(m, others),
         )  # fmt: skip
+        fresh = self._fresh_loss(now_ns)
         for lk in out:
             if lk in signals or lk in leaks or self._last_dead[lk] >= held:
                 continue
             if self._undecided_leak(lk, hz, now_ns):
                 continue
+            if self._states[lk].state != Health.DEGRADED and not fresh[lk]:
+                continue  # a loss that ended: not raised now, stale (HorizonParams.fresh_ns)
             signals[lk] = Signal.LOSSY
         return out
+
+    def _fresh_loss(self, now_ns: int) -> npt.NDArray[np.bool_]:
+        """Return per link whether its loss goes on: the windows that ended within the last
+        ``HorizonParams.fresh_ns`` lost probes across it, at least ``min_rate`` of its probes
+        there (all True when ``fresh_ns`` is 0)."""
+        hp = self.config.horizon
+        if not hp.fresh_ns:
+            return np.ones(self._horizon.n_links, dtype=np.bool_)
+        total, lost = self._horizon.recent(now_ns - hp.fresh_ns)
+        return (lost > 0) & (lost >= hp.min_rate * total)
 
     def _undecided_leak(self, m: int, hz: Cover, now_ns: int) -> bool:
         """Return True while link ``m``'s loss could still be the leak of a larger loss on a

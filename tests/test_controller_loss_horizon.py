@@ -221,6 +221,57 @@ def test_horizon_forgets_old_windows_and_validates() -> None:
         HorizonParams(span_ns=0)
     with pytest.raises(ValueError):
         HorizonParams(sibling_leak=1.0)
+    with pytest.raises(ValueError):
+        HorizonParams(fresh_ns=-1)
+
+
+def test_recent_counts_the_lost_probes_across_each_link_of_the_newest_windows() -> None:
+    h = LossHorizon(3, HorizonParams(span_ns=10))
+    h.push(1, np.array([100, 50, 10]), np.array([[0, 1], [0, -1]], np.int32))
+    h.push(2, np.array([100, 50, 10]), np.array([[1, 2]], np.int32))
+    h.push(3, np.array([100, 50, 10]), np.zeros((0, 1), np.int32))
+    total, lost = h.recent(1)  # the windows that ended after 1: 2 and 3
+    assert total.tolist() == [200, 100, 20] and lost.tolist() == [0, 1, 1]
+    total, lost = h.recent(0)
+    assert total.tolist() == [300, 150, 30] and lost.tolist() == [2, 2, 1]
+    assert [x.tolist() for x in h.recent(3)] == [[0, 0, 0], [0, 0, 0]]
+
+
+def burst_beside_a_loss(fresh_ns: int) -> list[tuple[int, str, str]]:
+    """Windows 10-19: leaf2-spine1 loses 8 % of its probes; window 19 also has a burst on
+    leaf2-spine0 (15 % of its probes, one window); the rest clean. Return the raised
+    findings (window, kind, target)."""
+    burst, beside = FAB.link_index["leaf2-spine0"], FAB.link_index["leaf2-spine1"]
+    cfg = BrainConfig(lateness_ns=0, queues=QueueParams(warmup_ns=0),
+                      horizon=HorizonParams(fresh_ns=fresh_ns))  # fmt: skip
+    brain, rng, out = Brain(FAB, cfg), np.random.default_rng(2), []
+    for k in range(40):
+        obs = window(k, rng)
+        n, lost = len(obs.lost), obs.lost.copy()
+        for lk, p, on in ((beside, 0.08, 10 <= k < 20), (burst, 0.15, k == 19)):
+            if on:
+                lost |= (crosses(FWD, lk) | crosses(REV, lk)) & (rng.random(n) < p)
+        brain.observe(Observations(
+            obs.t_ns, obs.src, obs.dst, obs.sport, obs.hops_fwd, obs.hops_rev, lost,
+            np.where(lost, np.nan, obs.owd_fwd_ns), np.where(lost, np.nan, obs.owd_rev_ns),
+            np.where(lost, np.nan, obs.rtt_ns),
+        ))  # fmt: skip
+        out += [(k, e.kind, e.target) for e in brain.tick((k + 1) * WIN) if e.kind != "clear"]
+    return out
+
+
+def test_a_burst_the_windows_did_not_raise_is_not_raised_stale_later() -> None:
+    # without the rule: the burst's lost probes, explained by its neighbour's loss while that
+    # lasts, are charged to it as the neighbour's windows leave the horizon, and a "loss" is
+    # raised the best part of a second after the burst ended (the simulator's healthy hour
+    # with a day's bursts raised three such: docs/benchmarks.md)
+    stale = burst_beside_a_loss(0)
+    assert stale[0][1:] == ("loss", "leaf2-spine1") and stale[0][0] <= 13
+    late = [k for k, kind, target in stale if target == "leaf2-spine0"]
+    assert late and late[0] >= 19 + 5, stale
+    # with it (HorizonParams.fresh_ns, 0.5 s): the neighbour found as before, the burst not
+    # raised once it is over
+    assert burst_beside_a_loss(500_000_000) == stale[:1]
 
 
 def busy_window(

@@ -44,7 +44,12 @@ class HorizonParams:
     over the horizon when its unexplained lost probes are >= ``min_lost`` and >= ``min_rate``
     of its probes; ``sibling_leak``: see `mispath_leaks` (0 disables it); ``leak_hold``: a
     loss up to this share of an alternative link's is held while the per-flow test cannot yet
-    tell it from that link's leak (`controller.brain.Brain._undecided_leak`)."""
+    tell it from that link's leak (`controller.brain.Brain._undecided_leak`); ``fresh_ns``:
+    a link not yet raised is blamed over the horizon only while its loss goes on: the
+    windows that ended within the last ``fresh_ns`` hold lost probes across it, at least
+    ``min_rate`` of its probes there (`LossHorizon.recent`; 0 disables). Without it a burst
+    the windows did not raise can be raised up to a span later, stale, when older loss on
+    the links beside it leaves the horizon and its lost probes are charged to it anew."""
 
     span_ns: int = 1_000_000_000
     min_rate: float = 0.005
@@ -52,10 +57,13 @@ class HorizonParams:
     sibling_leak: float = 0.1
     leak_hold: float = 0.25
     max_faults: int = 8
+    fresh_ns: int = 500_000_000
 
     def __post_init__(self) -> None:
         if self.span_ns <= 0 or self.min_lost < 1:
             raise ValueError("span_ns must be > 0 and min_lost >= 1")
+        if self.fresh_ns < 0:
+            raise ValueError("fresh_ns must be >= 0 (over span_ns: the whole horizon)")
         if not 0 <= self.min_rate <= 1 or not 0 <= self.sibling_leak <= self.leak_hold < 1:
             raise ValueError("min_rate must be in [0, 1] and 0 <= sibling_leak <= leak_hold < 1")
 
@@ -145,6 +153,18 @@ class LossHorizon:
         return np.concatenate(
             [np.pad(s, ((0, 0), (0, width - s.shape[1])), constant_values=-1) for s in sets]
         ).astype(np.int32)
+
+    def recent(self, since_ns: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Return per link, over the windows held that ended after ``since_ns``, the probes
+        across it and the lost probes whose link set holds it (each set names a link once)."""
+        total = np.zeros(self.n_links, dtype=np.int64)
+        lost = np.zeros(self.n_links, dtype=np.int64)
+        for end_ns, t, sets in self._wins:
+            if end_ns > since_ns:
+                total += t
+                links = sets[(sets >= 0) & (sets < self.n_links)]
+                lost += np.bincount(links, minlength=self.n_links)
+        return total, lost
 
     def verdict(self) -> Cover:
         """Localize the horizon's loss: the cover at the horizon's thresholds."""
