@@ -343,10 +343,12 @@ def _lift(
         if not len(on):
             continue
         g, tp, ex = g[on], path[on], excess[on]
+        mine_paths = np.flatnonzero(turns)  # the turning paths alone are summed along
+        tp = np.searchsorted(mine_paths, tp)
         for lo_c in (lo_up, lo_up + 1):  # up into X from below, then down out of X
             # the turning delays' over-prediction, its median per X read as the sweeps read
             # theirs (histogram, exact past fine_ns)
-            over = _along(q, classes).sum(axis=0)[tp] - ex
+            over = _along(q, classes[mine_paths]).sum(axis=0)[tp] - ex
             med = _group_quantiles(g, over, len(xs), params, edges, (0.5,))[:, 0]
             _exact_large_medians(g, over, med, params.fine_ns)
             above = np.flatnonzero(hop_class == lo_c + 2)
@@ -407,7 +409,8 @@ def _plan(
         else:
             on = np.flatnonzero(crossing[path])
             pth, ex = path[on], excess[on]
-        plan.append((c, pth, ex, g_path, (g_path * n_bins)[pth], members))
+        cell = (g_path * n_bins).astype(np.int32 if n_hops * n_bins < 2**31 else np.int64)
+        plan.append((c, pth, ex, g_path, cell[pth], members))
     return plan, samples, samples_sw
 
 
