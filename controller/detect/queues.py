@@ -166,16 +166,24 @@ def _group_quantiles(
 
 
 def _cell_quantiles(
-    cell: I64, r: F64, n_groups: int, p: QueueParams, edges: F64, qs: tuple[float, ...]
+    cell: I64,
+    r: F64,
+    n_groups: int,
+    p: QueueParams,
+    edges: F64,
+    qs: tuple[float, ...],
+    n_out: I64 | None = None,
 ) -> F64:
     """`_group_quantiles` with each value's group given as its row's first cell (group x
-    bins)."""
+    bins); ``n_out``, when given, receives each group's count of values."""
     nb = len(edges) - 1
     b = p.bin_of(r)
     b += cell
     counts = np.bincount(b, minlength=n_groups * nb).reshape(n_groups, nb)
     cum = np.cumsum(counts, axis=1)
     n = cum[:, -1]
+    if n_out is not None:
+        n_out[:] = n
     rows = np.arange(n_groups)
     out = np.full((n_groups, len(qs)), np.nan)
     for j, q in enumerate(qs):
@@ -232,7 +240,7 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
     if not len(excess):
         return QueueEstimate(np.full(n_hops, np.nan), samples, iqr, thr, params.z)
     path = np.asarray(path, np.int32 if len(classes) < 2**31 else np.int64)
-    plan, samples, samples_sw = _plan(path, excess, classes, hop_class, sw, len(edges) - 1)
+    plan, samples_sw = _plan(path, excess, classes, hop_class, sw, len(edges) - 1)
     along = _along(q, classes)
     for sweep in range(params.sweeps):
         last = sweep == params.sweeps - 1
@@ -240,7 +248,10 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
             others = along[:c].sum(axis=0) + along[c + 1 :].sum(axis=0)
             r = ex - others[pth]
             want = (0.5, 0.25, 0.75) if last else (0.5,)
-            qs = _cell_quantiles(cell, r, len(members), params, edges, want)
+            n_out = n_cross = np.zeros(len(members), np.int64) if sweep == 0 else None
+            qs = _cell_quantiles(cell, r, len(members), params, edges, want, n_out)
+            if n_cross is not None:  # every delay lands in a bin: its hop's measurements
+                samples[members] = n_cross
             if (qs[:, 0] > params.fine_ns).any():  # a few hot hops: exact medians
                 _exact_large_medians(g_path[pth], r, qs[:, 0], params.fine_ns)
             seen = np.isfinite(qs[:, 0])  # a class member no measurement crossed keeps its q
@@ -380,16 +391,16 @@ def _plan(
     hop_class: npt.NDArray[np.int8],
     sw: npt.NDArray[np.bool_],
     n_bins: int,
-) -> tuple[list[tuple[int, npt.NDArray[np.integer], F64, I64, I64, I64]], I64, I64]:
+) -> tuple[list[tuple[int, npt.NDArray[np.integer], F64, I64, I64, I64]], I64]:
     """Return per class that some measurement crosses: the class, the paths and delays of
     the measurements crossing it, per path the number of its hop among the class's hops
     (its histogram row; -1: none), per measurement its row's first cell (x ``n_bins``), and
-    the class's hops; and per hop the measurements and the kernel-stamped ones (``sw``)
-    that crossed it."""
+    the class's hops; and per hop the kernel-stamped measurements (``sw``) that crossed it
+    (all of them the first sweep's histograms count)."""
     n_hops, n_paths = len(hop_class), len(classes)
-    per_path = np.bincount(path, minlength=n_paths)
-    per_path_sw = np.bincount(path[sw], minlength=n_paths)
-    samples = np.zeros(n_hops, np.int64)
+    used = np.bincount(path, minlength=n_paths) > 0
+    any_sw = bool(sw.any())
+    per_path_sw = np.bincount(path[sw], minlength=n_paths) if any_sw else used[:0]
     samples_sw = np.zeros(n_hops, np.int64)
     plan = []
     for c in range(classes.shape[1]):
@@ -399,19 +410,21 @@ def _plan(
         rank[members] = np.arange(len(members))
         g_path = rank[col]  # per path its hop's number in the class, -1: none
         crossing = g_path >= 0
-        if not crossing[per_path > 0].any():
+        cross_used = crossing[used]
+        if not cross_used.any():
             continue
-        has = col >= 0
-        samples += np.bincount(col[has], per_path[has], minlength=n_hops).astype(np.int64)
-        samples_sw += np.bincount(col[has], per_path_sw[has], minlength=n_hops).astype(np.int64)
-        if crossing[per_path > 0].all():  # every measurement crosses a hop of this class
+        if any_sw:
+            has = col >= 0
+            w = per_path_sw[has]
+            samples_sw += np.bincount(col[has], w, minlength=n_hops).astype(np.int64)
+        if cross_used.all():  # every measurement crosses a hop of this class
             pth, ex = path, excess
         else:
             on = np.flatnonzero(crossing[path])
             pth, ex = path[on], excess[on]
         cell = (g_path * n_bins).astype(np.int32 if n_hops * n_bins < 2**31 else np.int64)
         plan.append((c, pth, ex, g_path, cell[pth], members))
-    return plan, samples, samples_sw
+    return plan, samples_sw
 
 
 def _exact_large_medians(g: I64, r: F64, med: F64, over_ns: float) -> None:
