@@ -480,14 +480,16 @@ class Brain:
             hz, self._link_nodes, self._switch_link, hp.sibling_leak,
             lambda m, others: m in out and self._concentrated(m, others),
         )  # fmt: skip
-        fresh = self._fresh_loss(now_ns)
+        fresh: npt.NDArray[np.bool_] | None = None  # read once, if a link not raised needs it
         for lk in out:
             if lk in signals or lk in leaks or self._last_dead[lk] >= held:
                 continue
             if self._undecided_leak(lk, hz, now_ns):
                 continue
-            if self._states[lk].state != Health.DEGRADED and not fresh[lk]:
-                continue  # a loss that ended: not raised now, stale (HorizonParams.fresh_ns)
+            if self._states[lk].state != Health.DEGRADED:
+                fresh = self._fresh_loss(now_ns) if fresh is None else fresh
+                if not fresh[lk]:
+                    continue  # a loss that ended: not raised now, stale (HorizonParams.fresh_ns)
             signals[lk] = Signal.LOSSY
         return out
 

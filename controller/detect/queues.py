@@ -235,12 +235,11 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
     iqr = np.full(n_hops, np.nan)
     thr = np.full(n_hops, params.contention_ns)
     samples = np.zeros(n_hops, np.int64)
-    samples_sw = np.zeros(n_hops, np.int64)
     sw = np.zeros(len(excess), np.bool_) if sw is None else np.asarray(sw, np.bool_)
     if not len(excess):
         return QueueEstimate(np.full(n_hops, np.nan), samples, iqr, thr, params.z)
     path = np.asarray(path, np.int32 if len(classes) < 2**31 else np.int64)
-    plan, samples_sw = _plan(path, excess, classes, hop_class, sw, len(edges) - 1)
+    plan = _plan(path, excess, classes, hop_class, len(edges) - 1)
     along = _along(q, classes)
     for sweep in range(params.sweeps):
         last = sweep == params.sweeps - 1
@@ -248,8 +247,8 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
             others = along[:c].sum(axis=0) + along[c + 1 :].sum(axis=0)
             r = ex - others[pth]
             want = (0.5, 0.25, 0.75) if last else (0.5,)
-            n_out = n_cross = np.zeros(len(members), np.int64) if sweep == 0 else None
-            qs = _cell_quantiles(cell, r, len(members), params, edges, want, n_out)
+            n_cross = np.zeros(len(members), np.int64) if sweep == 0 else None
+            qs = _cell_quantiles(cell, r, len(members), params, edges, want, n_cross)
             if n_cross is not None:  # every delay lands in a bin: its hop's measurements
                 samples[members] = n_cross
             if (qs[:, 0] > params.fine_ns).any():  # a few hot hops: exact medians
@@ -295,7 +294,9 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
     if np.count_nonzero(sw) >= params.min_samples:
         residual = excess[sw] - along.sum(axis=0)[path[sw]]
         floor, jitter = kernel_floor(excess[sw], residual, hop_class, med, params)
-        kernel = 2 * samples_sw > samples  # hops most of whose delays are kernel-stamped
+        kernel = (
+            2 * _crossings(path[sw], classes, n_hops) > samples
+        )  # hops most of whose delays are kernel-stamped
         thr = np.where(kernel, np.fmax(thr, floor), thr)
     return QueueEstimate(est, samples, stderr, thr, params.z, jitter)
 
@@ -354,12 +355,12 @@ def _lift(
         if not len(on):
             continue
         g, tp, ex = g[on], path[on], excess[on]
-        mine_paths = np.flatnonzero(turns)  # the turning paths alone are summed along
-        tp = np.searchsorted(mine_paths, tp)
+        turning_paths = np.flatnonzero(turns)  # the turning paths alone are summed along
+        row = np.searchsorted(turning_paths, tp)  # per turning delay: its path's row
         for lo_c in (lo_up, lo_up + 1):  # up into X from below, then down out of X
             # the turning delays' over-prediction, its median per X read as the sweeps read
             # theirs (histogram, exact past fine_ns)
-            over = _along(q, classes[mine_paths]).sum(axis=0)[tp] - ex
+            over = _along(q, classes[turning_paths]).sum(axis=0)[row] - ex
             med = _group_quantiles(g, over, len(xs), params, edges, (0.5,))[:, 0]
             _exact_large_medians(g, over, med, params.fine_ns)
             above = np.flatnonzero(hop_class == lo_c + 2)
@@ -389,19 +390,14 @@ def _plan(
     excess: F64,
     classes: I32,
     hop_class: npt.NDArray[np.int8],
-    sw: npt.NDArray[np.bool_],
     n_bins: int,
-) -> tuple[list[tuple[int, npt.NDArray[np.integer], F64, I64, I64, I64]], I64]:
+) -> list[tuple[int, npt.NDArray[np.integer], F64, I64, I64, I64]]:
     """Return per class that some measurement crosses: the class, the paths and delays of
     the measurements crossing it, per path the number of its hop among the class's hops
     (its histogram row; -1: none), per measurement its row's first cell (x ``n_bins``), and
-    the class's hops; and per hop the kernel-stamped measurements (``sw``) that crossed it
-    (all of them the first sweep's histograms count)."""
+    the class's hops (each hop's count of measurements is its histogram's)."""
     n_hops, n_paths = len(hop_class), len(classes)
     used = np.bincount(path, minlength=n_paths) > 0
-    any_sw = bool(sw.any())
-    per_path_sw = np.bincount(path[sw], minlength=n_paths) if any_sw else used[:0]
-    samples_sw = np.zeros(n_hops, np.int64)
     plan = []
     for c in range(classes.shape[1]):
         col = classes[:, c]
@@ -413,10 +409,6 @@ def _plan(
         cross_used = crossing[used]
         if not cross_used.any():
             continue
-        if any_sw:
-            has = col >= 0
-            w = per_path_sw[has]
-            samples_sw += np.bincount(col[has], w, minlength=n_hops).astype(np.int64)
         if cross_used.all():  # every measurement crosses a hop of this class
             pth, ex = path, excess
         else:
@@ -424,7 +416,16 @@ def _plan(
             pth, ex = path[on], excess[on]
         cell = (g_path * n_bins).astype(np.int32 if n_hops * n_bins < 2**31 else np.int64)
         plan.append((c, pth, ex, g_path, cell[pth], members))
-    return plan, samples_sw
+    return plan
+
+
+def _crossings(path: npt.NDArray[np.integer], classes: I32, n_hops: int) -> I64:
+    """Return per hop how many of the measurements on ``path`` (rows of ``classes``)
+    crossed it."""
+    per_path = np.bincount(path, minlength=len(classes))
+    has = classes >= 0
+    weight = np.broadcast_to(per_path[:, None], classes.shape)[has]
+    return np.bincount(classes[has], weight, minlength=n_hops).astype(np.int64)
 
 
 def _exact_large_medians(g: I64, r: F64, med: F64, over_ns: float) -> None:
