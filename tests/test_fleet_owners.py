@@ -189,6 +189,10 @@ async def test_workers_owners_and_solver_equal_one_process(
             while not core.results or core.results[-1].window < last:
                 assert time.monotonic() < t_end, ("the solver stopped", len(core.results))
                 await asyncio.sleep(0.2)
+            # the solver stopped first: every partial it took has its shares in the stream
+            # (a worker commits them before the partial), and none comes after the read
+            solver.cancel()
+            await asyncio.gather(solver, return_exceptions=True)
             shares = await _shares(link, config.nats.subjects, plane.partial_stream, 2)
     finally:
         solver.cancel()
