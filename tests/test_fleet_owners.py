@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -131,10 +132,19 @@ def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
             p.wait(timeout=10)
 
 
+@pytest.fixture
+def started() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """The processes a test starts, stopped by pid at teardown even when the test's event
+    loop was cut short (pytest-timeout stops the loop, not the coroutine's ``finally``)."""
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    yield procs
+    _stop(procs)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", [False, True], ids=["steady", "owner-killed"])
 async def test_workers_owners_and_solver_equal_one_process(
-    nats_cluster: Cluster, tmp_path: Path, kill: bool
+    nats_cluster: Cluster, tmp_path: Path, kill: bool, started: dict[str, subprocess.Popen[bytes]]
 ) -> None:
     fab = build_fabric(FabricShape.for_nics(16))
     (tmp_path / "fabric.json").write_text(json.dumps(fab.to_dict()))
@@ -157,6 +167,7 @@ async def test_workers_owners_and_solver_equal_one_process(
                       log=JsonLog(log_file), blocks=core)  # fmt: skip
     workers = _procs("worker", ("w1", "w2"), conf, tmp_path)
     owners = _procs("owner", ("o1", "o2"), conf, tmp_path)
+    started.update({**workers, **owners})
     solver = asyncio.create_task(loop.run())
     try:
         async with connect(config.nats, "owners-test") as link:
