@@ -14,6 +14,12 @@ stamps in hardware):
   rows (the per-direction lowest-fraction means need every sample), candidates scored with
   the bias bound as for hardware stamps (`sync.window.sync_window`).
 
+A software-stamped window also says how far each NIC's model sits from the window's newest rows
+(`recent_errors`): a host whose kernel stamps one way slower for a few seconds (a busy receive
+path) shifts its apparent offset, which two-way probes cannot tell from a drifting clock, so
+the fit takes it as drift and states the drift it fits; extrapolated seconds past the window,
+the model is off by far more than stated (docs/controller.md, "Clock trust").
+
 `compute_state` is pure and safe in a worker thread (`controller.clocksync.ClockSync` hands
 out the window with `start_solve` and adopts the result with `install`).
 """
@@ -33,6 +39,7 @@ from numpy.typing import NDArray
 from controller.clockfloors import edge_raises, node_bounds, split_raise
 from sync import ClockModels
 from sync.edgestage import FitParams, RangeStages
+from sync.steps import cell_medians
 from sync.summary import Summary, reduce_chunk, rtt_cap
 from sync.summarysolve import solve_ranges, sync_summary
 from sync.window import (
@@ -126,6 +133,11 @@ class ClockState:
     bound_ns: F64 | None = None
     queued_ns: F64 | None = None
     moved_since: I64 | None = None  # the window's (`SampleWindow.moved_since`)
+    # per NIC how far its model sits from the window's newest rows (`recent_errors`; NaN:
+    # too few of them; None: a hardware-stamped window, not measured), and the middle of
+    # those rows (initiator clocks)
+    recent_ns: F64 | None = None
+    recent_at_ns: int = 0
 
     @property
     def t_ref_ns(self) -> int:
@@ -332,15 +344,79 @@ def compute_state(
     offset uncertainty includes the bound its paths' raised floors put on it
     (`controller.clockfloors.node_bounds`): a NIC whose every path queues is no longer
     certain. NICs whose clocks stepped inside the window come back unknown (``stepped``).
-    Returns None when no pair could be fitted. Safe to run in a worker thread."""
+    With software stamps, how far each model sits from the window's newest rows
+    (`recent_errors` over `recent_span`: ``recent_ns``, ``recent_at_ns``). Returns None when
+    no pair could be fitted. Safe to run in a worker thread."""
     if len(w) < 2:
         return None
     t_lo, t_hi = int(w.t1.min()), int(w.t1.max())
     t_ref = t_lo + (t_hi - t_lo) // 2
     ws, points = solve_window(w, n_nics, config, t_ref, leaf)
-    return state_of(
+    state = state_of(
         ws, t_ref, now_ns, n_samples=len(w), span=(t_lo, t_hi), points=points, window=w
     )  # fmt: skip
+    if state is None or not bool(w.sw.any()):
+        return state
+    since = t_hi - recent_span(config, t_hi - t_lo)
+    return dataclasses.replace(
+        state, recent_ns=recent_errors(state.models, w, since, floor=w.floor),
+        recent_at_ns=since + (t_hi - since) // 2,
+    )  # fmt: skip
+
+
+def recent_span(config: ClockSyncConfig, span_ns: int) -> int:
+    """How far back from its latest row a window's newest rows go (`recent_errors`): a bin
+    (``window_ns / bins``, one kept coded pair per directed pair) once the window spans one,
+    a quarter of the window before (the first bin's sub-bins)."""
+    b = config.window_ns // max(config.bins, 1)
+    return b if span_ns >= b else span_ns // 4
+
+
+RECENT_MIN_ROWS = 6  # a NIC with fewer newest rows is not read by `recent_errors`
+_NO_FLOOR = 1e18  # the excess of a row whose pair has no remembered floor (finite: a sort key)
+
+
+def recent_errors(
+    models: ClockModels, w: SampleRows, since_ns: int, min_rows: int = RECENT_MIN_ROWS,
+    floor: F64 | None = None,
+) -> F64:  # fmt: skip
+    """Per NIC how far its model sits from the rows of ``w`` sent from ``since_ns`` on (its
+    newest, initiator clocks): for each row half the difference of its two one-way delays
+    under ``models``, which is its initiator's model error less its responder's, give or
+    take half the row's queueing asymmetry. A clock error shows in every row of the NIC
+    alike, a queue only in the rows that met it: with ``floor`` (per row its directed pair's
+    remembered round-trip floor, `SampleWindow.floor`) only the NIC's rows whose round trip
+    sits least above its floor are read, the lower half (a leaf whose uplinks queue for
+    milliseconds leaves its peers' clean rows). Per NIC the median of those (negated where
+    it responded), the common shift (the median over NICs) removed, as a magnitude (ns).
+    NaN for a NIC with fewer than ``min_rows`` newest rows or not in ``models``."""
+    n = len(models)
+    rows = np.flatnonzero(w.t1 >= since_ns)
+    if not len(rows):
+        return np.full(n, np.nan)
+    src, dst = w.src[rows].astype(np.int64), w.dst[rows].astype(np.int64)
+    out_f = models.true_rel_ns(w.t2[rows], dst) - models.true_rel_ns(w.t1[rows], src)
+    back = models.true_rel_ns(w.t4[rows], src) - models.true_rel_ns(w.t3[rows], dst)
+    half = 0.5 * (back - out_f)  # + : the initiator ahead of its model (or the responder behind)
+    ok = np.isfinite(half)
+    node = np.concatenate([src[ok], dst[ok]])
+    val = np.concatenate([half[ok], -half[ok]])
+    enough = np.bincount(node, minlength=n) >= min_rows
+    if floor is not None:
+        rtt = ((w.t4[rows] - w.t1[rows]) - (w.t3[rows] - w.t2[rows])).astype(np.float64)
+        ex = rtt - np.asarray(floor, np.float64)[rows]
+        ex = np.where(np.isfinite(ex), ex, _NO_FLOOR)[ok]  # no floor: read last
+        ex = np.concatenate([ex, ex])
+        mid, _ = cell_medians(node, ex, n)
+        low = ex <= np.take(mid, node)
+        node, val = node[low], val[low]
+    med, _ = cell_medians(node, val, n)
+    med[~enough] = np.nan
+    k = np.isfinite(med)
+    if not k.any():
+        return med
+    out: F64 = np.abs(med - np.median(med[k]))
+    return out
 
 
 def floor_bounds(w: SampleWindow, n_nics: int) -> tuple[F64 | None, F64 | None]:

@@ -73,6 +73,7 @@ __all__ = [
     "bin_keys",
     "coded_partners",
     "compute_state",
+    "recent_drift",
     "solve_miss",
     "trust_horizon",
 ]
@@ -475,7 +476,10 @@ class ClockSync:
         self._last_err = rebased_errors(self._last_err, old, state)
         self._suspect &= self.stepped_at == _NO_STEP  # a suspect the solve found stepped
         self.miss_ns, self.drift_err = solve_miss(old, state)
-        if state.span_ns < self.config.min_span_ns:
+        # where the window's newest rows sit off the new models (software stamps), the
+        # models' drift is off by at least that over their distance from t_ref
+        self.drift_err = np.fmax(self.drift_err, recent_drift(state))
+        if state.span_ns < self.min_span_of(state):
             self.drift_err = np.full(self.n_nics, np.inf)  # one instant: drift unobservable
         # two solves that disagree by more than a clock may err: one of them is wrong, and
         # which one is unknown: withhold the NIC (at that bound) until a later solve agrees
@@ -491,6 +495,16 @@ class ClockSync:
         self.solves += 1
         self.last_solve_samples = state.n_samples
         return True
+
+    def min_span_of(self, state: ClockState) -> int:
+        """The data span a state needs before it is trusted: ``min_span_ns``; for software
+        stamps (a state that read its newest rows, ``recent_ns``) at least a bin
+        (``window_ns / bins``): their drift over a second of µs-jittery stamps is the least
+        certain of all, and the newest rows of a shorter window are ones its fit leaned on
+        (`controller.clocksolve.recent_span`)."""
+        if state.recent_ns is None:
+            return self.config.min_span_ns
+        return max(self.config.min_span_ns, self.config.window_ns // max(self.config.bins, 1))
 
     def trust(self) -> ClockTrust:
         """Return the per-NIC trust the installed state earned (`install`) and the clocks
@@ -908,6 +922,19 @@ def rebased_errors(err: F64, old: ClockState | None, new: ClockState) -> F64:
         return np.full(n, np.nan)
     out: F64 = err + (d - np.median(d[ok]))
     return out
+
+
+def recent_drift(state: ClockState) -> F64:
+    """Per NIC the drift error (ns per ns) that how far its model sits from the window's
+    newest rows implies (``state.recent_ns`` over their distance from the models' t_ref,
+    ``state.recent_at_ns``; at least a second): a model off where its data ends is off by
+    more as it is extrapolated past it. 0 where not measured (hardware stamps, too few
+    rows)."""
+    n = len(state.models)
+    if state.recent_ns is None:
+        return np.zeros(n)
+    dist = max(abs(float(state.recent_at_ns - state.models.t_ref_ns)), 1e9)
+    return np.nan_to_num(state.recent_ns, nan=0.0) / dist
 
 
 def trust_horizon(models: ClockModels, drift_err: F64, max_unc_ns: float) -> F64:

@@ -9,7 +9,10 @@ holds each observation of the live clock (``ClockSync.offsets(now)``: offset and
 per NIC, NaN where unknown) against the testbed's virtual clocks and counts, per labelled span
 of the run:
 
-* NIC-ticks by the tier the uncertainty put them in (fine, coarse, withheld, unknown);
+* NIC-ticks by the tier the uncertainty put them in (fine, coarse, withheld, unknown), as the
+  controller puts a clock (`controller.clocksync.ClockSync.trusted`): fine while it is
+  certain to ``max_unc_ns / sqrt 2``, coarse to ``coarse_unc_ns / sqrt 2`` (a delay has two
+  clocks, and its tier bounds their sum);
 * **overconfident** ones: in a tier whose bound the true error exceeds (a delay would have
   been judged on a clock less certain than the tier says), the count the issue asks to be 0;
 * the error of the trusted ones (p50 / p99 / max, `testbed.clockerr.node_errors`: known NICs,
@@ -73,9 +76,10 @@ class ClockCheck:
         span.ticks += 1
         known = np.isfinite(off)
         err = node_errors(off, np.asarray(truth_ns, np.float64), known)
+        per_clock = 1.0 / np.sqrt(2.0)
         with np.errstate(invalid="ignore"):
-            fine = known & (unc <= self.max_unc_ns)
-            coarse = known & ~fine & (unc <= self.coarse_unc_ns)
+            fine = known & (unc <= self.max_unc_ns * per_clock)
+            coarse = known & ~fine & (unc <= self.coarse_unc_ns * per_clock)
         span.counts["fine"] += int(fine.sum())
         span.counts["coarse"] += int(coarse.sum())
         span.counts["withheld"] += int((known & ~fine & ~coarse).sum())

@@ -3,16 +3,21 @@ certain to ``max_unc_ns``, judged by how far the previous solve missed the new o
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 import pytest
 
 from contract.records import ProbeBatch
+from controller.clocksolve import SampleRows, SampleWindow, compute_state, recent_errors
 from controller.clocksync import (
     ClockState,
     ClockSync,
     ClockSyncConfig,
     bin_keys,
     rebased_errors,
+    recent_drift,
     solve_miss,
     trust_horizon,
 )
@@ -275,3 +280,118 @@ def test_clock_errors_carry_over_a_solve_as_the_new_models_measure_them() -> Non
     got = rebased_errors(err, old, new)
     assert np.allclose(got[:3], [10.0, -10.0, 20.0 - 2_000.0]) and np.isnan(got[3])
     assert np.isnan(rebased_errors(err, None, new)).all()
+
+
+def _rows(
+    n: int, t0: int, t1: int, every: int, off: Any, late: Any, rng: np.random.Generator
+) -> SampleRows:
+    """Coded probe pairs (two probes 10 us apart) from every NIC to every other every
+    ``every`` ns in [t0, t1): true one-way delay 2 us plus up to 100 ns of jitter; stamps on
+    clocks ``off(nic, t)`` ns ahead, and each NIC's transmit stamps ``late(nic, t)`` ns late."""
+    cols: dict[str, list[int]] = {k: [] for k in ("src", "dst", "pair", "t1", "t2", "t3", "t4")}
+    pid = 0
+    for t in range(t0, t1, every):
+        for a in range(n):
+            for b in range(n):
+                if a == b:
+                    continue
+                for k in range(2):
+                    ts = t + k * 10_000 + a * 1_000
+                    fwd = 2_000 + int(rng.integers(0, 100))
+                    back = 2_000 + int(rng.integers(0, 100))
+                    row = (a, b, pid, ts + off(a, ts) + late(a, ts), ts + fwd + off(b, ts),
+                           ts + fwd + 500 + off(b, ts) + late(b, ts),
+                           ts + fwd + 500 + back + off(a, ts))  # fmt: skip
+                    for name, v in zip(cols, row, strict=True):
+                        cols[name].append(int(v))
+                pid += 1
+    arr = {k: np.array(v, np.int64) for k, v in cols.items()}
+    arr["src"], arr["dst"] = arr["src"].astype(np.int32), arr["dst"].astype(np.int32)
+    arr["sw"] = np.ones(len(arr["src"]), bool)
+    return SampleRows.of(arr)
+
+
+def test_recent_errors_are_how_far_each_model_sits_from_its_newest_rows() -> None:
+    """Models all at 0; in the newest rows NIC 2's clock reads 800 ns ahead of its model: 800
+    for NIC 2, ~0 for the others (each sees it on one peer of three: the median), whatever
+    the common shift; too few rows: NaN."""
+    rng = np.random.default_rng(1)
+    models = ClockModels.build(EPOCH, np.zeros(4), np.zeros(4), np.full(4, 5.0), np.full(4, 1e-9))
+    w = _rows(4, EPOCH, EPOCH + 2 * S, S // 4, lambda k, t: 800 * (k == 2) + 300,
+              lambda k, t: 0, rng)  # fmt: skip
+    err = recent_errors(models, w, EPOCH + S)
+    assert err[2] == pytest.approx(800.0, abs=60.0)
+    assert np.delete(err, 2) == pytest.approx(0.0, abs=60.0)
+    assert np.isnan(recent_errors(models, w, EPOCH + S, min_rows=10**6)).all()
+    assert np.isnan(recent_errors(models, w, EPOCH + 3 * S)).all()  # no newest rows
+
+
+def test_stamps_late_for_part_of_the_window_are_no_longer_trusted_as_fitted() -> None:
+    """NIC 3 stamps its transmits 1.5 us late for the first 6 s of a 10 s software-stamped
+    window (a busy host), its clock true: its delays out look shorter, which no envelope can
+    tell from its clock running behind, so the solve fits it as drift and its model ends the
+    window off by hundreds of ns, more than it states; the window's newest rows show it
+    (`ClockState.recent_ns`), the live uncertainty includes it, and the NIC's delays are
+    trusted for less time than the others'."""
+    rng = np.random.default_rng(2)
+    n = 6
+    late = lambda k, t: 1_500 * (k == 3 and t < EPOCH + 6 * S)  # noqa: E731
+    w = _rows(n, EPOCH, EPOCH + 10 * S, S // 2, lambda k, t: 0, late, rng)
+    cfg = ClockSyncConfig()
+    st = compute_state(SampleWindow(**w.cols()), n, cfg, EPOCH + 10 * S)
+    assert st is not None and st.recent_ns is not None
+    at = EPOCH + 10 * S
+    truth_err = st.models.offset_ns + st.models.drift * (at - st.models.t_ref_ns)
+    truth_err = np.abs(truth_err - np.median(truth_err))  # every clock is true
+    cs = ClockSync(n, cfg)
+    cs.install(dataclasses.replace(st, solved_at_ns=1))
+    cs.install(dataclasses.replace(st, solved_at_ns=2))  # agrees with itself: trusted
+    m = st.models
+    stated = np.sqrt(m.offset_std_ns**2 + (m.drift_std * (at - m.t_ref_ns)) ** 2)
+    assert truth_err[3] > 500.0 > 10 * stated[3]  # off by ~750 ns, stating a few
+    assert st.recent_ns[3] == pytest.approx(truth_err[3], rel=0.1)  # the newest rows show it
+    assert np.delete(st.recent_ns, 3).max() < 20.0
+    # ... as a drift error over their distance from t_ref (the middle of the newest quarter)
+    assert 3 * S < st.recent_at_ns - m.t_ref_ns < 4 * S
+    assert cs.drift_err[3] == pytest.approx(st.recent_ns[3] / (st.recent_at_ns - m.t_ref_ns))
+    _, unc = cs.offsets(at)
+    assert unc[3] > truth_err[3]  # stated at the window's end: covers how far off it is
+    assert np.delete(unc, 3).max() < 30.0
+    # fine only while within 707 ns: less than 4 s from t_ref (the others: minutes); coarse
+    # still at the window's end
+    assert 0 < cs.trust_ns[3] < 4 * S < 60 * S < np.delete(cs.trust_ns, 3).min()
+    assert cs.coarse_trust_ns[3] > at - m.t_ref_ns
+
+
+def test_what_the_newest_rows_show_is_a_drift_error_over_their_distance() -> None:
+    st = dataclasses.replace(_state([0.0, 0.0, 0.0], EPOCH), recent_ns=np.array(
+        [np.nan, 300.0, 800.0]), recent_at_ns=EPOCH + 3 * S)  # fmt: skip
+    assert recent_drift(st) == pytest.approx([0.0, 100e-9, 800e-9 / 3])
+    near = dataclasses.replace(st, recent_at_ns=EPOCH + S // 10)  # a second at least
+    assert recent_drift(near) == pytest.approx([0.0, 300e-9, 800e-9])
+    assert (recent_drift(_state([0.0, 0.0], EPOCH)) == 0).all()  # hardware stamps: none
+    cs = ClockSync(3, ClockSyncConfig())
+    cs.install(dataclasses.replace(st, solved_at_ns=1))
+    cs.install(dataclasses.replace(st, solved_at_ns=2))
+    assert cs.drift_err == pytest.approx([0.0, 100e-9, 800e-9 / 3])
+
+
+def test_a_software_stamped_solve_is_trusted_once_it_spans_a_bin() -> None:
+    """A second of kernel stamps does not pin a drift: a software-stamped state (one that
+    read its newest rows) over 1.5 s is not trusted where a hardware-stamped one is; over a
+    bin (2.5 s) it is."""
+    cfg = ClockSyncConfig(min_span_ns=S)
+    hw = ClockSync(3, cfg)
+    sw = ClockSync(3, cfg)
+    for k, span in enumerate((S // 2, 3 * S // 2)):
+        st = _state([0.0] * 3, EPOCH + k * S, span=span)
+        hw.install(st)
+        sw.install(dataclasses.replace(st, recent_ns=np.zeros(3), recent_at_ns=st.end_ns))
+    nic, rel = np.arange(3, dtype=np.int32), np.zeros(3)
+    assert hw.trusted(nic, rel).all() and not sw.trusted(nic, rel, coarse=True).any()
+    assert sw.state is not None and hw.state is not None
+    assert sw.min_span_of(sw.state) == cfg.window_ns // cfg.bins == 5 * S // 2
+    assert hw.min_span_of(hw.state) == S
+    sw.install(dataclasses.replace(_state([0.0] * 3, EPOCH + 3 * S, span=3 * S),
+                                   recent_ns=np.zeros(3), recent_at_ns=EPOCH + 4 * S))  # fmt: skip
+    assert sw.trusted(nic, rel).all()

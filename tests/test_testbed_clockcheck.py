@@ -24,6 +24,11 @@ def test_tiers_and_overconfident_ticks_are_counted_against_the_truth() -> None:
     check.observe(5, off, np.array([50.0, 50.0, 50.0, 50.0, NAN]), truth)
     # the same error stated coarse (3 us): within 10 us, honest; NIC 2 unconfirmed: withheld
     check.observe(15, off, np.array([50.0, 50.0, INF, 3000.0, NAN]), truth)
+    # tiers per clock, as the controller trusts one (a delay's bound covers its two clocks):
+    # 800 ns stated is not fine under a 1 us tier (800 > 1000 / sqrt 2) but coarse, and its
+    # error of 1.5 us is then within the coarse 10 us
+    check.observe(25, truth + np.array([7.0, 7.0, 7.0, 1507.0, NAN]),
+                  np.array([700.0, 50.0, 50.0, 800.0, NAN]), truth)  # fmt: skip
     rep = check.report()
     idle, cong = rep["idle"], rep["congested"]
     assert (idle["fine"], idle["coarse"], idle["withheld"], idle["unknown"]) == (4, 0, 0, 1)
@@ -32,6 +37,8 @@ def test_tiers_and_overconfident_ticks_are_counted_against_the_truth() -> None:
     assert cong["overconfident"] == 0
     assert cong["trusted_error"] == {"p50_ns": 0.0, "p99_ns": 4900.0, "max_ns": 5000.0}
     assert idle["ticks"] == cong["ticks"] == 1
+    edge = rep["other"]
+    assert (edge["fine"], edge["coarse"], edge["overconfident"]) == (3, 1, 0)
 
 
 def test_an_observation_outside_every_span_is_other_and_bad_bounds_are_refused() -> None:
