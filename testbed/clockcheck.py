@@ -41,6 +41,7 @@ class _Span:
     over: dict[str, int] = field(default_factory=lambda: {"fine": 0, "coarse": 0})
     errors: list[float] = field(default_factory=list)
     ticks: int = 0
+    worst: float = 0.0  # the largest error of a trusted NIC-tick over its tier's bound
 
 
 class ClockCheck:
@@ -87,13 +88,18 @@ class ClockCheck:
         span.over["fine"] += int((fine & (err > self.max_unc_ns)).sum())
         span.over["coarse"] += int((coarse & (err > self.coarse_unc_ns)).sum())
         span.errors.extend(float(x) for x in err[fine | coarse])
+        ratio = np.concatenate([err[fine] / self.max_unc_ns, err[coarse] / self.coarse_unc_ns])
+        if len(ratio):
+            span.worst = max(span.worst, float(ratio.max()))
 
     def report(self) -> dict[str, dict[str, object]]:
         """Per span label: ``ticks``, NIC-ticks per tier (``fine``, ``coarse``, ``withheld``,
         ``unknown``), ``overconfident`` (fine ones off by more than ``max_unc_ns`` plus coarse
         ones off by more than ``coarse_unc_ns``: 0 is honest) split as ``overconfident_fine``
-        and ``overconfident_coarse``, and ``trusted_error`` (p50_ns, p99_ns, max_ns of the
-        fine and coarse NIC-ticks' errors; None when there are none)."""
+        and ``overconfident_coarse``, ``worst_over_bound`` (the largest error of a fine or
+        coarse NIC-tick over its tier's bound: above 1 is overconfident), and
+        ``trusted_error`` (p50_ns, p99_ns, max_ns of the fine and coarse NIC-ticks' errors;
+        None when there are none)."""
         out: dict[str, dict[str, object]] = {}
         for label, s in self._by.items():
             e = np.asarray(s.errors)
@@ -108,6 +114,7 @@ class ClockCheck:
                 "overconfident": s.over["fine"] + s.over["coarse"],
                 "overconfident_fine": s.over["fine"],
                 "overconfident_coarse": s.over["coarse"],
+                "worst_over_bound": round(s.worst, 3),
                 "trusted_error": err,
             }
         return out

@@ -39,6 +39,9 @@ def test_tiers_and_overconfident_ticks_are_counted_against_the_truth() -> None:
     assert idle["ticks"] == cong["ticks"] == 1
     edge = rep["other"]
     assert (edge["fine"], edge["coarse"], edge["overconfident"]) == (3, 1, 0)
+    # the worst trusted NIC-tick against its tier's bound: 5 us off stated fine (1 us), and
+    # 1.5 us off stated coarse (10 us)
+    assert idle["worst_over_bound"] == 5.0 and edge["worst_over_bound"] == 0.15
 
 
 def test_an_observation_outside_every_span_is_other_and_bad_bounds_are_refused() -> None:
