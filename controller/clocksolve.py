@@ -111,6 +111,11 @@ class ClockSyncConfig:
         if self.floor_epochs < 1:
             raise ValueError("floor_epochs must be >= 1")
 
+    @property
+    def bin_ns(self) -> int:
+        """The length of a selection bin (``window_ns / bins``, at least 1 ns)."""
+        return max(1, self.window_ns // self.bins)
+
 
 @dataclass(frozen=True, eq=False)
 class ClockState:
@@ -368,8 +373,7 @@ def recent_span(config: ClockSyncConfig, span_ns: int) -> int:
     """How far back from its latest row a window's newest rows go (`recent_errors`): a bin
     (``window_ns / bins``, one kept coded pair per directed pair) once the window spans one,
     a quarter of the window before (the first bin's sub-bins)."""
-    b = config.window_ns // max(config.bins, 1)
-    return b if span_ns >= b else span_ns // 4
+    return config.bin_ns if span_ns >= config.bin_ns else span_ns // 4
 
 
 RECENT_MIN_ROWS = 6  # a NIC with fewer newest rows is not read by `recent_errors`

@@ -504,7 +504,7 @@ class ClockSync:
         (`controller.clocksolve.recent_span`)."""
         if state.recent_ns is None:
             return self.config.min_span_ns
-        return max(self.config.min_span_ns, self.config.window_ns // max(self.config.bins, 1))
+        return max(self.config.min_span_ns, self.config.bin_ns)
 
     def trust(self) -> ClockTrust:
         """Return the per-NIC trust the installed state earned (`install`) and the clocks
@@ -838,7 +838,7 @@ def bin_keys(t1: I64, t0: int, config: ClockSyncConfig) -> I64:
     boundary, so a bin's sub-bins come before the rest of it), and two processes whose first stamps fall in the same sub-bin
     bin the same stamps alike (`controller.fleet` merges their selections)."""
     k = config.warmup_bins
-    w = max(1, config.window_ns // config.bins)
+    w = config.bin_ns
     sub = max(1, w // k)
     t = np.asarray(t1, np.int64)
     lo = (t0 // sub) * sub

@@ -294,9 +294,8 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
     if np.count_nonzero(sw) >= params.min_samples:
         residual = excess[sw] - along.sum(axis=0)[path[sw]]
         floor, jitter = kernel_floor(excess[sw], residual, hop_class, med, params)
-        kernel = (
-            2 * _crossings(path[sw], classes, n_hops) > samples
-        )  # hops most of whose delays are kernel-stamped
+        kernel_samples = _crossings(path[sw], classes, n_hops)
+        kernel = 2 * kernel_samples > samples  # hops most of whose delays are kernel-stamped
         thr = np.where(kernel, np.fmax(thr, floor), thr)
     return QueueEstimate(est, samples, stderr, thr, params.z, jitter)
 
