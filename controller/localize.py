@@ -8,15 +8,27 @@ or good. Boolean tomography with exoneration, solved greedily as a weighted set 
    its bad *rate* over all of its measurements is what exonerates it: an element whose paths are
    mostly good is not a cause, however many bad paths it also carries;
 2. repeat: among elements whose still-unexplained bad count is >= ``min_bad`` and whose
-   unexplained-bad rate is >= ``min_rate``, pick the one that explains most unexplained bad
-   measurements (a tie goes to the higher unexplained-bad rate: the element whose other
-   measurements exonerate it less; only then to the lower id); mark every bad measurement
-   across it explained;
+   unexplained-bad rate is >= ``min_rate``, pick the one that clears that rate by the most
+   measurements, ``unexplained bad - min_rate x total`` (a tie goes to the higher
+   unexplained-bad rate, only then to the lower id); mark every bad measurement across it
+   explained;
 3. stop when no element qualifies or ``max_picks`` are chosen.
 
 A single faulty link explains all its bad paths at once, so the healthy links those paths share
 (the source NIC link, the other spine's links) are left with only background, and fall under
 the thresholds: the fewest elements that explain the loss. Pure numpy, no per-measurement loop.
+
+Why the margin and not the count of bad measurements alone: an element's good measurements
+are evidence against it, and the count ignores them. If a faulty element makes a share p1 of
+its measurements bad and a healthy one a share p0, the log-likelihood ratio of "faulty" over
+``total`` measurements of which ``bad`` are bad is ``bad log(p1/p0) + (total - bad)
+log((1-p1)/(1-p0))``, linear in ``bad - c x total`` for a rate c between p0 and p1 at which a
+measurement is neutral; the margin takes c = ``min_rate``, the rate the exoneration rule
+already calls neutral. It matters where one element's bad measurements are a superset of
+another's: a NIC link under a congested uplink while the NIC's leaf-mate's delays are
+withheld (its clock not trusted) carries every slow delay of the uplink and a few of the
+background's, so it explains more, though half its other delays are clean; the uplink, all
+of whose delays are slow, clears the rate by far more.
 """
 
 from __future__ import annotations
@@ -88,10 +100,10 @@ def greedy_cover(
         ok = (resid >= min_bad) & (resid >= min_rate * denom)
         if not ok.any():
             break
-        score = np.where(ok, resid, -1)
-        # a tie in count goes to the higher rate, not the lower id: in a window that holds
-        # only some probers' probes two hops can carry the same slow ones, and the one
-        # whose other probes are clean is the healthy one (docs/reliability.md)
+        score = np.where(ok, resid - min_rate * total, -np.inf)
+        # a tie goes to the higher rate, not the lower id: in a window that holds only some
+        # probers' probes two hops can carry the same slow ones, and the one whose other
+        # probes are clean is the healthy one (docs/reliability.md)
         top = score == score.max()
         best = int(np.argmax(np.where(top, resid / denom, -1.0)))
         picked.append(best)

@@ -51,3 +51,14 @@ def test_a_tie_in_count_goes_to_the_higher_bad_rate_not_the_lower_id() -> None:
     bad = np.tile(np.array([[0, 1]], np.int32), (10, 1))
     cover = greedy_cover(total, bad, min_rate=0.3, min_bad=2)
     assert cover.picked.tolist() == [1]
+
+
+def test_the_pick_clears_the_rate_by_the_most_not_explains_the_most() -> None:
+    # the b16 capture's window: a NIC link (0) carries the uplink's (1) 10 slow delays, 2 of
+    # the background's and 10 clean ones (55 %); the uplink carries the 10 slow ones alone
+    # (its leaf-mate's delays withheld). Counting bad delays picks the NIC link (12 > 10); its
+    # clean delays are evidence against it: the uplink clears the rate by 5, the NIC link by 1
+    total = np.array([22, 10], np.int64)
+    bad = np.array([[0, 1]] * 10 + [[0, -1]] * 2, np.int32)
+    cover = greedy_cover(total, bad, min_rate=0.5, min_bad=3)
+    assert cover.picked.tolist() == [1]
