@@ -46,7 +46,8 @@ is *conclusively under* the threshold (``d + z s < 0``: that window is left out 
 queue that starts after a quiet spell is not averaged with it), by a window whose
 ``d`` is *significantly under the pool before it* (``D_old - d > z sqrt(S_old^2 + s^2)``:
 the queue fell; the pool restarts at that window) and by a window with no estimate (too few
-delays). A queue that vanishes (or falls well under the threshold) therefore resets its pool
+delays) or whose estimate does not place the hop's queue on it
+(`controller.detect.queues.QueueEstimate.placed`). A queue that vanishes (or falls well under the threshold) therefore resets its pool
 in the first window that shows it and the hop is decided by the one-window test alone from
 then on: it clears after the health machine's ``clear_windows`` as it always did. A queue that
 falls to just under the threshold is held only while the pooled evidence still says over,
@@ -144,7 +145,7 @@ class PooledContention:
         span = max(1, span)
         d = np.asarray(est.queue_ns - est.threshold_ns, np.float64)
         s = np.asarray(est.stderr_ns, np.float64)
-        ok = np.isfinite(d) & np.isfinite(s) & (s > 0)
+        ok = np.isfinite(d) & np.isfinite(s) & (s > 0) & est.placed()
         s_ok = np.where(ok, s, 1.0)
         d0 = np.where(ok, d, 0.0)
         # the pool before this window: the estimate ``span`` windows back and its chain

@@ -29,6 +29,23 @@ over its class's threshold (below), which is robust to what every hop of a class
 alike (software-stamp jitter on the NIC hops, a clock error common to all): it uses the
 class median and the MAD of the hops at or under it (contention only adds).
 
+**Is the queue the hop's?** The sweeps solve one class at a time, so two hops that most of
+each other's measurements cross together (a spine uplink and the spine's down-link to the one
+leaf whose delays the window holds most of, when another leaf's NICs' clocks are not trusted)
+split their shared queue by where the warm start put it: the few delays that tell them apart
+are outvoted in both medians, a fixed point of the sweeps but not of their least absolute
+deviation. Between sweeps, `_separate` moves queue between each hop over half the contention
+level and each *partner* (a hop crossed by more than half of its measurements) to the split
+their *separating* delays (each one's delays that avoid the other) fit best. And a hop over
+its threshold is not contended (`_unplaced`) where the window cannot split it from a partner
+(fewer than ``min_samples`` separating delays on the two sides together), or where its own
+separating delays sit under its estimate more often than a sign test allows (one-sided, at
+the ``z`` level) and, judged on them alone (median less ``z`` standard errors), do not clear
+its threshold: delays sent at different points of a queue that grew inside the window fit no
+split, and those that avoid the partner are the ones that show whether the hop queues. Fewer
+than ~6 of its own reject nothing (its partner's may then place it). The slow tier, whose
+cover weighs each hop's clean delays against it, judges an unplaced pair alone.
+
 What one-way delays cannot place: every path crosses one hop of class ``2t`` (up from tier
 t) exactly when it crosses one of class ``2t + 1`` (down to tier t), so adding a constant to
 every hop of one and taking it from every hop of the other explains the same delays. A queue
@@ -40,6 +57,7 @@ directions together are gauge-free and measured (`controller.detect.congestion`)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -139,7 +157,9 @@ class QueueEstimate:
     measurements crossed it), ``samples``, the standard error of that median ``stderr_ns``
     and the contention ``threshold_ns`` of its class (raised on kernel-stamped hops:
     `kernel_floor`); ``z`` (`QueueParams.z`); ``jitter_ns``: the spread of the
-    kernel-stamped delays the thresholds were raised by (NaN: none were)."""
+    kernel-stamped delays the thresholds were raised by (NaN: none were); ``unplaced``: hops
+    over their threshold whose queue the delays avoiding a partner hop do not show
+    (`_unplaced`; None: none)."""
 
     queue_ns: F64
     samples: I64
@@ -147,13 +167,24 @@ class QueueEstimate:
     threshold_ns: F64
     z: float = 2.0
     jitter_ns: float = float("nan")
+    unplaced: npt.NDArray[np.bool_] | None = None
+
+    def over(self) -> npt.NDArray[np.bool_]:
+        """Return per hop whether its estimate is over its class's threshold by ``z``
+        standard errors (placed or not)."""
+        with np.errstate(invalid="ignore"):
+            return np.asarray(self.queue_ns - self.z * self.stderr_ns > self.threshold_ns)
+
+    def placed(self) -> npt.NDArray[np.bool_]:
+        """Return per hop whether its queue may be judged on it (not `unplaced`)."""
+        if self.unplaced is None:
+            return np.ones(len(self.queue_ns), np.bool_)
+        return ~self.unplaced
 
     def contended(self) -> I64:
         """Return the hops whose estimate is over their class's threshold by ``z`` standard
-        errors."""
-        with np.errstate(invalid="ignore"):
-            over = self.queue_ns - self.z * self.stderr_ns > self.threshold_ns
-        return np.flatnonzero(over).astype(np.int64)
+        errors and whose queue is placed on them (the module docstring)."""
+        return np.flatnonzero(self.over() & self.placed()).astype(np.int64)
 
 
 def _group_quantiles(
@@ -240,6 +271,7 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
         return QueueEstimate(np.full(n_hops, np.nan), samples, iqr, thr, params.z)
     path = np.asarray(path, np.int32 if len(classes) < 2**31 else np.int64)
     plan = _plan(path, excess, classes, hop_class, len(edges) - 1)
+    crossing = _Crossings(path, classes, hop_class, aliases)
     along = _along(q, classes)
     for sweep in range(params.sweeps):
         last = sweep == params.sweeps - 1
@@ -265,6 +297,8 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
             and hop_ends is not None
             and _lift(q, excess, path, classes, hop_class, hop_ends, samples > 0, params)
         ):
+            along = _along(q, classes)
+        if not last and _separate(q, excess, crossing, params.contention_ns / 2):
             along = _along(q, classes)
     for grp in aliases:
         q[grp[0]] = q[list(grp)].sum()
@@ -297,7 +331,145 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
         kernel_samples = _crossings(path[sw], classes, n_hops)
         kernel = 2 * kernel_samples > samples  # hops most of whose delays are kernel-stamped
         thr = np.where(kernel, np.fmax(thr, floor), thr)
-    return QueueEstimate(est, samples, stderr, thr, params.z, jitter)
+    with np.errstate(invalid="ignore"):
+        over = np.flatnonzero(est - params.z * stderr > thr)
+    unplaced = _unplaced(q, thr, over, excess, crossing, params)
+    return QueueEstimate(est, samples, stderr, thr, params.z, jitter, unplaced)
+
+
+class _Crossings:
+    """Each hop's measurements and its partners, for `_separate` and `_unplaced`: per class,
+    the measurements sorted by their hop of that class (one stable sort, made when a hop of
+    the class is first asked for)."""
+
+    def __init__(
+        self,
+        path: npt.NDArray[np.integer],
+        classes: I32,
+        hop_class: npt.NDArray[np.int8],
+        aliases: Sequence[tuple[int, ...]] = (),
+    ) -> None:
+        self.path, self.classes, self.hop_class = path, classes, hop_class
+        self._sorted: dict[int, tuple[I64, npt.NDArray[np.integer]]] = {}
+        self._group = {h: k for k, grp in enumerate(aliases) for h in grp}
+
+    def of(self, hop: int) -> I64:
+        """Return the measurements (numbers into ``path``) that crossed ``hop``."""
+        c = int(self.hop_class[hop])
+        if c not in self._sorted:
+            col = self.classes[:, c][self.path]
+            order = np.argsort(col, kind="stable").astype(np.int64)
+            self._sorted[c] = (order, col[order])
+        order, col = self._sorted[c]
+        lo, hi = np.searchsorted(col, (hop, hop + 1))
+        return order[lo:hi]
+
+    def partners(self, hop: int, on: I64) -> list[int]:
+        """Return the hops crossed by more than half of ``hop``'s measurements ``on``, but
+        its aliases (every path crossing one crosses the other: their queue is one, put on
+        the group's first hop)."""
+        rows = self.classes[self.path[on]]
+        group = self._group.get(hop, -1)
+        out: list[int] = []
+        for c in range(rows.shape[1]):
+            if c != int(self.hop_class[hop]):
+                col = rows[:, c]
+                hops, counts = np.unique(col[col >= 0], return_counts=True)
+                out += [
+                    b
+                    for b in hops[2 * counts > len(on)].tolist()
+                    if group < 0 or self._group.get(b, -2) != group
+                ]
+        return out
+
+    def separating(self, a: int, b: int, on: I64) -> I64:
+        """Return those of ``a``'s measurements ``on`` that avoid ``b``."""
+        keep = self.classes[self.path[on], int(self.hop_class[b])] != b
+        return np.asarray(on[keep], np.int64)
+
+    def residual(self, q: F64, excess: F64, hop: int, on: I64) -> F64:
+        """Return each measurement's ``excess`` less the waits ``q`` of its path's hops but
+        ``hop``."""
+        others = _along(q, self.classes[self.path[on]]).sum(axis=0) - q[hop]
+        return np.asarray(excess[on] - others, np.float64)
+
+
+def _separate(q: F64, excess: F64, crossing: _Crossings, level: float) -> bool:
+    """Move, in place, queue between each hop over ``level`` and each partner crossed by more
+    than half of its measurements, as their separating delays say; return whether anything
+    moved.
+
+    Taking d from hop a and giving it to its partner b changes only the delays that cross
+    one of them: a's that avoid b are predicted d lower, b's that avoid a d higher; the
+    delays crossing both do not move. Their least absolute deviation is therefore at d = the
+    median of {q[a] - r} over a's separating delays and {r - q[b]} over b's (``r`` each
+    delay's excess less the other hops' waits), within [-q[b], q[a]]: a step along a
+    direction no single hop's median takes, which the sweeps' fixed point of a shared queue
+    split by the warm start (the module docstring) is not a fixed point of."""
+    moved = False
+    for a in sorted(np.flatnonzero(q > level).tolist(), key=lambda h: -q[h]):
+        on = crossing.of(a)
+        if not len(on):
+            continue
+        for b in crossing.partners(a, on):
+            sep_a = crossing.separating(a, b, on)
+            sep_b = crossing.separating(b, a, crossing.of(b))
+            if not len(sep_a) + len(sep_b):
+                continue
+            ra = crossing.residual(q, excess, a, sep_a)
+            rb = crossing.residual(q, excess, b, sep_b)
+            d = float(np.median(np.concatenate([q[a] - ra, rb - q[b]])))
+            d = min(max(d, -q[b]), q[a])
+            if d != 0.0:
+                q[a] -= d
+                q[b] += d
+                moved = True
+    return moved
+
+
+def sign_tail(n: int, k: int) -> float:
+    """Return P(X >= k) for X ~ Binomial(n, 1/2): exact up to n = 200, else the normal
+    approximation with continuity correction."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if n <= 200:
+        return sum(math.comb(n, i) for i in range(k, n + 1)) / 2.0**n
+    return 0.5 * math.erfc((k - 0.5 - n / 2) / math.sqrt(n / 4) / math.sqrt(2))
+
+
+def _unplaced(
+    q: F64, thr: F64, over: I64, excess: F64, crossing: _Crossings, params: QueueParams
+) -> npt.NDArray[np.bool_]:
+    """Return per hop whether it is one of the ``over`` hops whose queue is not placed on it
+    (the module docstring). For each partner b of hop a (a hop crossed by more than half of
+    a's measurements), the *separating* delays are a's that avoid b and b's that avoid a:
+
+    - fewer than ``min_samples`` of them together: the window cannot split the pair's queue;
+    - else a's, less the other hops' waits on their paths (``q``), would each be under a's
+      estimate with probability 1/2 were it placed right; when more of them are under it than
+      a sign test allows at one-sided level ``z``, a is judged on them alone: their median,
+      less ``z`` standard errors (the estimate's formula, on their count), must be over a's
+      threshold."""
+    out = np.zeros(len(q), np.bool_)
+    alpha = 0.5 * math.erfc(params.z / math.sqrt(2))
+    for a in over.tolist():
+        on = crossing.of(a)
+        for b in crossing.partners(a, on) if len(on) else []:
+            sep_a = crossing.separating(a, b, on)
+            n_b = len(crossing.separating(b, a, crossing.of(b)))
+            if len(sep_a) + n_b < params.min_samples:
+                out[a] = True
+                continue
+            r = crossing.residual(q, excess, a, sep_a)
+            if sign_tail(len(r), int(np.count_nonzero(r < q[a]))) >= alpha:
+                continue
+            lo, mid, hi = np.percentile(r, (25, 50, 75))
+            stderr = 1.2533 * ((hi - lo) / 1.349) / math.sqrt(len(r))
+            if not mid - params.z * stderr > thr[a]:
+                out[a] = True
+    return out
 
 
 def _lift(
