@@ -350,7 +350,7 @@ class _Crossings:
         aliases: Sequence[tuple[int, ...]] = (),
     ) -> None:
         self.path, self.classes, self.hop_class = path, classes, hop_class
-        self._sorted: dict[int, tuple[I64, npt.NDArray[np.integer]]] = {}
+        self._sorted: dict[int, tuple[I64, I64]] = {}  # class -> (order, each hop's start)
         self._group = {h: k for k, grp in enumerate(aliases) for h in grp}
 
     def of(self, hop: int) -> I64:
@@ -359,28 +359,23 @@ class _Crossings:
         if c not in self._sorted:
             col = self.classes[:, c][self.path]
             order = np.argsort(col, kind="stable").astype(np.int64)
-            self._sorted[c] = (order, col[order])
-        order, col = self._sorted[c]
-        lo, hi = np.searchsorted(col, (hop, hop + 1))
-        return order[lo:hi]
+            starts = np.searchsorted(col[order], np.arange(len(self.hop_class) + 1))
+            self._sorted[c] = (order, starts.astype(np.int64))
+        order, starts = self._sorted[c]
+        return order[starts[hop] : starts[hop + 1]]
 
     def partners(self, hop: int, on: I64) -> list[int]:
         """Return the hops crossed by more than half of ``hop``'s measurements ``on``, but
         its aliases (every path crossing one crosses the other: their queue is one, put on
         the group's first hop)."""
         rows = self.classes[self.path[on]]
+        hops, counts = np.unique(rows[rows >= 0], return_counts=True)  # hop ids name classes
         group = self._group.get(hop, -1)
-        out: list[int] = []
-        for c in range(rows.shape[1]):
-            if c != int(self.hop_class[hop]):
-                col = rows[:, c]
-                hops, counts = np.unique(col[col >= 0], return_counts=True)
-                out += [
-                    b
-                    for b in hops[2 * counts > len(on)].tolist()
-                    if group < 0 or self._group.get(b, -2) != group
-                ]
-        return out
+        return [
+            b
+            for b in hops[2 * counts > len(on)].tolist()
+            if b != hop and (group < 0 or self._group.get(b, -2) != group)
+        ]
 
     def separating(self, a: int, b: int, on: I64) -> I64:
         """Return those of ``a``'s measurements ``on`` that avoid ``b``."""
