@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.localize import greedy_cover, unique_rows
+from controller.localize import greedy_cover, neutral_rate, unique_rows
 
 
 def paths(rng: np.random.Generator, n: int) -> np.ndarray:  # type: ignore[type-arg]
@@ -53,12 +53,22 @@ def test_a_tie_in_count_goes_to_the_higher_bad_rate_not_the_lower_id() -> None:
     assert cover.picked.tolist() == [1]
 
 
-def test_the_pick_clears_the_rate_by_the_most_not_explains_the_most() -> None:
-    # the b16 capture's window: a NIC link (0) carries the uplink's (1) 10 slow delays, 2 of
-    # the background's and 10 clean ones (55 %); the uplink carries the 10 slow ones alone
-    # (its leaf-mate's delays withheld). Counting bad delays picks the NIC link (12 > 10); its
-    # clean delays are evidence against it: the uplink clears the rate by 5, the NIC link by 1
-    total = np.array([22, 10], np.int64)
-    bad = np.array([[0, 1]] * 10 + [[0, -1]] * 2, np.int32)
+def test_the_pick_has_the_most_evidence_not_the_most_bad() -> None:
+    # the b16 capture's window: a NIC link (0) carries the uplink's (1) 78 slow delays, 6 of
+    # the background's and 74 clean ones (53 %); the uplink carries the 78 slow ones alone
+    # (its leaf-mate's delays withheld); 40 other elements carry 1 % slow delays. Counting
+    # bad delays picks the NIC link (84 > 78); its clean delays are evidence against it
+    total = np.array([158, 78] + [300] * 40, np.int64)
+    bad = np.array(
+        [[0, 1]] * 78 + [[0, 2 + k] for k in range(6)] + [[2 + k % 40, -1] for k in range(114)],
+        np.int32,
+    )
     cover = greedy_cover(total, bad, min_rate=0.5, min_bad=3)
     assert cover.picked.tolist() == [1]
+
+
+def test_the_neutral_rate_lies_between_the_background_and_the_fault() -> None:
+    c = neutral_rate(0.02, 0.5)
+    assert 0.02 < c < 0.5 and c == pytest.approx(0.173, abs=0.001)
+    assert neutral_rate(0.001, 0.05) == pytest.approx(0.0127, abs=0.0002)
+    assert neutral_rate(0.6, 0.5) == 0.5 and neutral_rate(0.0, 0.5) == 0.5

@@ -47,11 +47,12 @@ queue that starts after a quiet spell is not averaged with it), by a window whos
 ``d`` is *significantly under the pool before it* (``D_old - d > z sqrt(S_old^2 + s^2)``:
 the queue fell; the pool restarts at that window) and by a window with no estimate (too few
 delays) or whose estimate does not place the hop's queue on it
-(`controller.detect.queues.QueueEstimate.placed`). A queue that vanishes (or falls well under the threshold) therefore resets its pool
-in the first window that shows it and the hop is decided by the one-window test alone from
-then on: it clears after the health machine's ``clear_windows`` as it always did. A queue that
-falls to just under the threshold is held only while the pooled evidence still says over,
-and never longer than ``max_windows``. Under a standing queue at the threshold a window
+(`controller.detect.queues.QueueEstimate.placed`). A queue that vanishes (or falls well
+under the threshold) therefore resets its pool in the first window that shows it and the
+hop is decided by the one-window test alone from then on: it clears after the health
+machine's ``clear_windows`` as it always did. A queue that falls to just under the threshold
+is held only while the pooled evidence still says over, and never longer than
+``max_windows``. Under a standing queue at the threshold a window
 resets with probability about ``Phi(-z)``: the truncation that makes is the negligible one
 above.
 
