@@ -70,6 +70,16 @@ async def _publish(link: Link, subject: str, payload: bytes, msg_id: str, deadli
             await asyncio.sleep(0.2)
 
 
+async def _dump_tasks_after(seconds: float) -> None:
+    """Print every task's stack if the test still runs after ``seconds``: in three full
+    suites of about twelve (2026-11-29) it hung until pytest-timeout's 300 s, whose report
+    shows the threads' stacks only, and alone it has not hung since."""
+    await asyncio.sleep(seconds)
+    print(f"--- still running after {seconds:g} s: every task's stack ---", file=sys.stderr)
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+
+
 class Recording(SolverCore):
     """The solver's core, every call noted in order (to replay them in one process)."""
 
@@ -169,6 +179,7 @@ async def test_workers_owners_and_solver_equal_one_process(
     owners = _procs("owner", ("o1", "o2"), conf, tmp_path)
     started.update({**workers, **owners})
     solver = asyncio.create_task(loop.run())
+    watchdog = asyncio.create_task(_dump_tasks_after(240.0))
     try:
         async with connect(config.nats, "owners-test") as link:
             leases = await ensure_bucket(link, plane.lease_bucket_spec())
@@ -206,6 +217,7 @@ async def test_workers_owners_and_solver_equal_one_process(
             await asyncio.gather(solver, return_exceptions=True)
             shares = await _shares(link, config.nats.subjects, plane.partial_stream, 2)
     finally:
+        watchdog.cancel()
         solver.cancel()
         await asyncio.gather(solver, return_exceptions=True)
         _stop({**workers, **owners})
