@@ -17,7 +17,8 @@ from controller.detect.queues import (
     sign_tail,
 )
 from controller.detect.queues import estimate_queues as _estimate
-from mesh.fabric import Fabric
+from mesh.fabric import Fabric, FabricShape, build_fabric
+from mesh.fabric.ecmp import flow_paths
 from tests.fullmesh import FAB, FWD, REV
 
 
@@ -187,9 +188,6 @@ def _small_leaf_mesh() -> tuple[Fabric, np.ndarray, np.ndarray, np.ndarray]:  # 
     """`netns_small`'s fabric (3 leaves x 2 NICs, 2 spines): every NIC to every other on 8
     source ports, 6 probes each; returns the fabric, each probe's directed hops, source and
     destination leaf."""
-    from mesh.fabric import FabricShape, build_fabric
-    from mesh.fabric.ecmp import flow_paths
-
     fab = build_fabric(FabricShape(leaves=3, hosts_per_leaf=2, spines=2, nics_per_host=1))
     n = len(fab.nics)
     s, d = (a.ravel() for a in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))

@@ -304,8 +304,7 @@ def estimate_queues(  # noqa: PLR0913 (the brain passes its tables; tests the fi
         q[grp[0]] = q[list(grp)].sum()
         q[list(grp[1:])] = 0.0
     est = np.where(samples >= params.min_samples, q, np.nan)
-    # standard error of a median: 1.2533 sigma / sqrt(n), sigma from the residuals' IQR
-    stderr = 1.2533 * (iqr / 1.349) / np.sqrt(np.maximum(samples, 1))
+    stderr = median_stderr(iqr, np.maximum(samples, 1))
     med: dict[int, float] = {}
     mad: dict[int, float] = {}
     for c in (int(x) for x in np.unique(hop_class)):
@@ -352,6 +351,7 @@ class _Crossings:
         self.path, self.classes, self.hop_class = path, classes, hop_class
         self._sorted: dict[int, tuple[I64, I64]] = {}  # class -> (order, each hop's start)
         self._group = {h: k for k, grp in enumerate(aliases) for h in grp}
+        self._partners: dict[int, list[int]] = {}
 
     def of(self, hop: int) -> I64:
         """Return the measurements (numbers into ``path``) that crossed ``hop``."""
@@ -365,9 +365,14 @@ class _Crossings:
         return order[starts[hop] : starts[hop + 1]]
 
     def partners(self, hop: int, on: I64) -> list[int]:
-        """Return the hops crossed by more than half of ``hop``'s measurements ``on``, but
-        its aliases (every path crossing one crosses the other: their queue is one, put on
-        the group's first hop)."""
+        """Return the hops crossed by more than half of ``hop``'s measurements ``on`` (its
+        `of`), but its aliases (every path crossing one crosses the other: their queue is
+        one, put on the group's first hop). Kept per hop: they do not depend on the waits."""
+        if hop not in self._partners:
+            self._partners[hop] = self._find_partners(hop, on)
+        return self._partners[hop]
+
+    def _find_partners(self, hop: int, on: I64) -> list[int]:
         rows = self.classes[self.path[on]]
         hops, counts = np.unique(rows[rows >= 0], return_counts=True)  # hop ids name classes
         group = self._group.get(hop, -1)
@@ -415,7 +420,7 @@ def _separate(q: F64, excess: F64, crossing: _Crossings, level: float, z: float)
         if len(on := crossing.of(a))
         for b in crossing.partners(a, on)
     ]
-    alpha = 0.5 * math.erfc(z / math.sqrt(2)) / max(len(pairs), 1)  # every pair is a test
+    alpha = normal_tail(z) / max(len(pairs), 1)  # every pair is a test
     for a, b, on in pairs:
         sep_a = crossing.separating(a, b, on)
         sep_b = crossing.separating(b, a, crossing.of(b))
@@ -434,6 +439,17 @@ def _separate(q: F64, excess: F64, crossing: _Crossings, level: float, z: float)
     return moved
 
 
+def normal_tail(x: float) -> float:
+    """Return P(Z > x) for a standard normal Z."""
+    return 0.5 * math.erfc(x / math.sqrt(2))
+
+
+def median_stderr(iqr: F64 | float, n: I64 | int) -> F64:
+    """Return the standard error of a median of ``n`` values whose interquartile range is
+    ``iqr``: 1.2533 sigma / sqrt(n), sigma = iqr / 1.349 (a normal's)."""
+    return np.asarray(1.2533 * (np.asarray(iqr) / 1.349) / np.sqrt(n), np.float64)
+
+
 def sign_tail(n: int, k: int) -> float:
     """Return P(X >= k) for X ~ Binomial(n, 1/2): exact up to n = 200, else the normal
     approximation with continuity correction."""
@@ -443,7 +459,7 @@ def sign_tail(n: int, k: int) -> float:
         return 0.0
     if n <= 200:
         return sum(math.comb(n, i) for i in range(k, n + 1)) / 2.0**n
-    return 0.5 * math.erfc((k - 0.5 - n / 2) / math.sqrt(n / 4) / math.sqrt(2))
+    return normal_tail((k - 0.5 - n / 2) / math.sqrt(n / 4))
 
 
 def _unplaced(
@@ -460,7 +476,7 @@ def _unplaced(
       less ``z`` standard errors (the estimate's formula, on their count), must be over a's
       threshold."""
     out = np.zeros(len(q), np.bool_)
-    alpha = 0.5 * math.erfc(params.z / math.sqrt(2))
+    alpha = normal_tail(params.z)
     for a in over.tolist():
         on = crossing.of(a)
         for b in crossing.partners(a, on) if len(on) else []:
@@ -473,8 +489,7 @@ def _unplaced(
             if sign_tail(len(r), int(np.count_nonzero(r < q[a]))) >= alpha:
                 continue
             lo, mid, hi = np.percentile(r, (25, 50, 75))
-            stderr = 1.2533 * ((hi - lo) / 1.349) / math.sqrt(len(r))
-            if not mid - params.z * stderr > thr[a]:
+            if not mid - params.z * float(median_stderr(hi - lo, len(r))) > thr[a]:
                 out[a] = True
     return out
 
