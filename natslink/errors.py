@@ -5,7 +5,7 @@ lost, a request that timed out, a server that answered with an API error all lea
 boundary as a `NatsLinkError` (one line naming what was being done), so the services catch
 one family (`LINK_ERRORS`, with `mqttlink.settings.CredentialError` for a credential file that
 went away) in the project's one reconnect loop and let every other exception (a bug) fail
-loudly.
+loudly. A cancel that nats-py's waits swallowed is delivered at the same boundary.
 """
 
 from __future__ import annotations
@@ -63,3 +63,19 @@ def translate(what: str) -> Iterator[None]:
         raise NatsUnavailable(f"{what}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
     except (nats.errors.Error, nats.js.errors.Error) as exc:
         raise NatsRefused(f"{what}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
+    _deliver_swallowed_cancel()
+
+
+def _deliver_swallowed_cancel() -> None:
+    """Raise CancelledError when the running task was cancelled and the call returned
+    anyway. nats-py waits with `asyncio.wait_for`, which on Python 3.11 returns the awaited
+    call's result when a cancel comes the moment that call completes, and the cancel is
+    lost (python/cpython gh-86296, fixed in 3.12): a service loop cancelled there would run
+    on for good (a fleet solver cancelled in a test went on fetching partials until the
+    test's timeout). Our code never keeps running after a cancel it did not `uncancel`."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop: a synchronous call
+        return
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from contract.tomlcheck import Table, parse_toml
-from natslink.errors import NatsRefused, NatsUnavailable
+from natslink.errors import NatsRefused, NatsUnavailable, translate
 from natslink.lease import LeaseClock, Leases
 from natslink.link import connect
 from natslink.serverconf import mapping
@@ -223,3 +223,39 @@ def test_errors_are_translated(nats_cluster: Cluster, tmp_path: Path) -> None:
             assert not link.server.endswith(f":{nats_cluster.specs[0].port}")
 
     asyncio.run(main())
+
+
+def test_a_cancel_the_library_swallowed_is_delivered_at_the_boundary() -> None:
+    """nats-py's `asyncio.wait_for` on Python 3.11 returns the call's result when the cancel
+    comes as the call completes (cpython gh-86296); `translate` delivers the cancel then."""
+
+    swallowed: list[bool] = []
+
+    async def call_that_swallows() -> str:  # what wait_for does in that race (once)
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            if swallowed:
+                raise
+            swallowed.append(True)
+            return "a message"
+        return "timed out"
+
+    async def loop(went_on: list[str]) -> None:
+        while True:
+            with translate("fetch"):
+                went_on.append(await call_that_swallows())
+
+    async def main() -> list[str]:
+        went_on: list[str] = []
+        task = asyncio.create_task(loop(went_on))
+        await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert task in done, "the cancel was lost: the loop runs on"
+        assert task.cancelled()
+        return went_on
+
+    assert asyncio.run(main()) == ["a message"]  # the call's result, then the cancel
+    with translate("a synchronous call"):  # no running loop: nothing to deliver
+        pass
