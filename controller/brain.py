@@ -352,7 +352,12 @@ class Brain:
         in both directions, and a function: a blamed hop -> its affected flows (computed only
         for an event raised)."""
         cfg = self.config
-        slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay)
+        # a hop is blamed by neither tier for a queue the round trips of the delays not judged
+        # finely clear it of (`controller.detect.roundtrips`): the slow tier's claim is the
+        # slow delays' typical queue across it, the queue estimate's its estimate; a NIC
+        # whose clock is withheld still shows which hops did not hold them
+        slow_clear = win.delay.cleared(self._paths, win.delay.slow_claims(), cfg.delay)
+        slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay, slow_clear)
         signals: dict[int, Signal] = {}
         slow_hop: dict[int, int] = {}
         two_way: set[int] = set()  # links blamed in both directions
@@ -365,6 +370,11 @@ class Brain:
                 slow_hop[lk] = int(hop)
         warming = self._warming(now_ns)
         queued = np.zeros(0, np.int64) if warming else self._pooled.contended(est, len(self._fine))
+        if len(queued):
+            claims = np.full(len(est.queue_ns), np.nan)
+            claims[queued] = est.queue_ns[queued]  # only the hops it would blame are tested
+            queue_clear = win.delay.cleared(self._paths, claims, cfg.delay)
+            queued = queued[~queue_clear[queued]]
         margin = est.queue_ns - est.threshold_ns
         for hop in queued[np.argsort(-margin[queued], kind="stable")]:  # the larger first
             lk = hop_link(int(hop))

@@ -101,16 +101,22 @@ def greedy_cover(
     min_rate: float,
     min_bad: int,
     max_picks: int = 8,
+    barred: npt.NDArray[np.bool_] | None = None,
 ) -> Cover:
     """Pick the fewest elements that explain the bad measurements (see module docstring).
 
     ``total`` is per element (all measurements, good and bad); ``bad_sets`` (m, K) holds the
-    elements of each bad measurement, each element at most once per row, -1 padded.
-    Raises ValueError if ``bad_sets`` names an element outside ``total``.
+    elements of each bad measurement, each element at most once per row, -1 padded;
+    ``barred`` (per element, None: none) marks elements known good by other evidence, never
+    picked (their bad measurements are left to the other elements of their sets).
+    Raises ValueError if ``bad_sets`` names an element outside ``total`` or ``barred`` is
+    not one flag per element.
     """
     n_elems = len(total)
     if bad_sets.size and int(bad_sets.max()) >= n_elems:
         raise ValueError("bad_sets names an element outside total")
+    if barred is not None and barred.shape != (n_elems,):
+        raise ValueError("barred must hold one flag per element")
     bad = element_counts(bad_sets, n_elems)
     c = neutral_rate(float(bad.sum()) / max(float(total.sum()), 1.0), min_rate)
     picked: list[int] = []
@@ -120,6 +126,8 @@ def greedy_cover(
     denom = np.maximum(total, 1)
     while len(picked) < max_picks:
         ok = (resid >= min_bad) & (resid >= min_rate * denom)
+        if barred is not None:
+            ok &= ~barred
         if not ok.any():
             break
         score = np.where(ok, resid - c * total, -np.inf)

@@ -67,6 +67,19 @@ def test_the_pick_has_the_most_evidence_not_the_most_bad() -> None:
     assert cover.picked.tolist() == [1]
 
 
+def test_a_barred_element_is_never_picked_and_its_sets_go_to_the_others() -> None:
+    # a NIC link (0) and two uplinks (1, 2) carry the same slow delays: the NIC link is the
+    # one element that explains them all, unless its round trips cleared it (barred)
+    total = np.array([40, 20, 20], np.int64)
+    bad = np.array([[0, 1]] * 20 + [[0, 2]] * 20, np.int32)
+    assert greedy_cover(total, bad, min_rate=0.5, min_bad=3).picked.tolist() == [0]
+    barred = np.array([True, False, False])
+    cover = greedy_cover(total, bad, min_rate=0.5, min_bad=3, barred=barred)
+    assert sorted(cover.picked.tolist()) == [1, 2]
+    with pytest.raises(ValueError, match="one flag per element"):
+        greedy_cover(total, bad, min_rate=0.5, min_bad=3, barred=barred[:2])
+
+
 def test_the_neutral_rate_lies_between_the_background_and_the_fault() -> None:
     c = neutral_rate(0.02, 0.5)
     assert 0.02 < c < 0.5 and c == pytest.approx(0.173, abs=0.001)

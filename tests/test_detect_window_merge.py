@@ -94,6 +94,59 @@ def test_fine_delays_and_flow_counts_merge_exactly_across_workers() -> None:
     assert _flow_rows(merged, merged_paths) == flows
 
 
+def test_round_trips_and_slow_delays_merge_exactly_across_workers() -> None:
+    """The round trips kept for the delays not judged finely (`WindowPart.rt_*`) and the
+    slow delays' queueing delays cross the seam as the fine ones do."""
+    sim = Simulator(FAB, SimConfig(seed=5, load=0.9))
+    steps = [observations_from_step(sim, st) for st in sim.run(0.6, 0.1)]
+    learn = PathIndex(WIDTH)
+    for obs in steps[:-1]:
+        w = _window(learn)
+        _fold(w, learn, obs)
+        w.delay.fold_baselines(learn, 0.1, P)
+    obs = steps[-1]
+    # NICs 0-3's clocks withheld (no delays), 4-7's coarse
+    withheld = (obs.src < 4) | (obs.dst < 4)
+    nan = np.where(withheld, np.nan, 0.0)
+    obs = dataclasses.replace(
+        obs, owd_fwd_ns=obs.owd_fwd_ns + nan, owd_rev_ns=obs.owd_rev_ns + nan,
+        coarse=~withheld & (((obs.src >= 4) & (obs.src < 8)) | ((obs.dst >= 4) & (obs.dst < 8))),
+    )  # fmt: skip
+    host = FAB.nic_host_index[obs.src]
+    one_paths = _installed(learn, np.arange(learn.size))
+    one = _window(one_paths)
+    for k in (0, 1):  # the same batches (the slow threshold is a batch's)
+        _fold(one, one_paths, obs.select(host % 2 == k))
+    merged_paths = _installed(learn, np.arange(learn.size)[::-1])
+    merged = _window(merged_paths)
+    for k, order in enumerate((np.arange(learn.size)[::-1], np.roll(np.arange(learn.size), 7))):
+        worker_paths = _installed(learn, order)
+        w = _window(worker_paths)
+        _fold(w, worker_paths, obs.select(host % 2 == k))
+        merged.absorb(w.export(worker_paths), merged_paths)
+
+    def rts(win: DetectionWindow, paths: PathIndex) -> list[tuple[int, int, float]]:
+        f, r, x = win.delay.round_trips()
+        return sorted(zip(paths.sigs[f].tolist(), paths.sigs[r].tolist(), x.tolist(), strict=True))
+
+    def slow(win: DetectionWindow) -> list[tuple[tuple[int, ...], tuple[int, ...], float]]:
+        h, f, x = win.delay.sets()
+        return sorted(
+            (tuple(int(v) for v in a if v >= 0), tuple(b.tolist()), float(c))
+            for a, b, c in zip(h, f, x, strict=True)
+        )
+
+    kept = rts(one, one_paths)
+    lost_or_none = int((obs.lost | ~np.isfinite(obs.rtt_ns)).sum())
+    assert 0 < len(kept) <= int(withheld.sum() + obs.coarse.sum())
+    assert lost_or_none < len(obs) and len(slow(one)) > 0
+    assert rts(merged, merged_paths) == kept
+    assert slow(merged) == slow(one)
+    claims = one.delay.slow_claims()
+    assert np.isfinite(claims).any()
+    np.testing.assert_array_equal(merged.delay.slow_claims(), claims)
+
+
 def _unaligned(a: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
     """A copy of ``a`` at an odd byte offset of a buffer (as a decoded partial's columns)."""
     buf = np.zeros(a.nbytes + 1, np.uint8)

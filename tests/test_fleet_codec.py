@@ -119,16 +119,28 @@ def test_every_malformed_partial_raises_partial_error() -> None:
             Partial.decode(data)
     # an index past what the partial holds
     p = next(p for p in parts if len(p.detection.pair_fwd))
-    bad = pack(b"QPFP", VERSION, *_head_and_cols(p, pair_fwd=len(p.detection.path_sig)))
+    n_paths = len(p.detection.path_sig)
+    head, cols = _head_and_cols(p)
+    cols["det.pair_fwd"][0] = n_paths
     with pytest.raises(PartialError, match="pair_fwd"):
-        Partial.decode(bad)
+        Partial.decode(pack(b"QPFP", VERSION, head, cols))
+    # a round trip on a path it does not hold, and round-trip columns of two lengths
+    head, cols = _head_and_cols(p)
+    cols["det.rt_fwd"] = np.array([n_paths], "<i4")
+    cols["det.rt_rev"] = np.array([0], "<i4")
+    cols["det.rt_excess"] = np.array([1.0], "<f8")
+    with pytest.raises(PartialError, match="rt_fwd"):
+        Partial.decode(pack(b"QPFP", VERSION, head, cols))
+    cols["det.rt_fwd"] = np.array([0], "<i4")
+    assert Partial.decode(pack(b"QPFP", VERSION, head, cols)).detection.rt_excess.tolist() == [1.0]
+    cols["det.rt_excess"] = np.array([1.0, 2.0], "<f8")
+    with pytest.raises(PartialError, match="round trips"):
+        Partial.decode(pack(b"QPFP", VERSION, head, cols))
 
 
-def _head_and_cols(p: Partial, *, pair_fwd: int) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+def _head_and_cols(p: Partial) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     _, head, cols = unpack(p.encode(), b"QPFP", frozenset({VERSION}))
-    cols = {k: np.array(v) for k, v in cols.items()}
-    cols["det.pair_fwd"][0] = pair_fwd
-    return head, cols
+    return head, {k: np.array(v) for k, v in cols.items()}
 
 
 def test_the_solver_refuses_partials_of_another_grid_or_fabric_and_says_duplicate_late_overlap() -> (

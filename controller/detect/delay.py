@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from controller.detect import roundtrips
 from controller.detect.paths import PathIndex, expand
 from controller.localize import Cover, greedy_cover
 
@@ -43,6 +44,20 @@ class DelayParams:
     drift_ns_per_s: float = 50.0
     max_faults: int = 8
     max_flows: int = 32
+    # the round trips of a round path (forward and reply path) whose delays are not judged
+    # finely clear its hops when at least round_trip_min of them are significantly (sign
+    # test at round_trip_alpha over the round paths tested) under this share of the tier's
+    # threshold (`controller.detect.roundtrips`; the margin is for the baselines' own error:
+    # a path's baseline is its least delay seen, a few hundred ns over the floor when busy)
+    round_trip_cut: float = 0.5
+    round_trip_min: int = 8
+    round_trip_alpha: float = 0.01
+
+    def __post_init__(self) -> None:
+        if not 0 < self.round_trip_cut <= 1 or self.round_trip_min < 1:
+            raise ValueError("round_trip_cut must be in (0, 1] and round_trip_min >= 1")
+        if not 0 < self.round_trip_alpha < 1:
+            raise ValueError("round_trip_alpha must be in (0, 1)")
 
 
 def _pad_concat(arrs: list[npt.NDArray[np.int32]]) -> npt.NDArray[np.int32]:
@@ -64,10 +79,13 @@ class DelayWindow:
     wmin: npt.NDArray[np.float64] = field(init=False)
     _slow_hops: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
     _slow_flows: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
+    _slow_excess: list[npt.NDArray[np.float64]] = field(init=False, default_factory=list)
     _fine_paths: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
     _fine_excess: list[npt.NDArray[np.float64]] = field(init=False, default_factory=list)
     _fine_flows: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
     _fine_sw: list[npt.NDArray[np.bool_]] = field(init=False, default_factory=list)
+    _rt_paths: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
+    _rt_excess: list[npt.NDArray[np.float64]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.judged_paths = np.zeros(0, dtype=np.int64)
@@ -135,6 +153,61 @@ class DelayWindow:
             idx = np.flatnonzero(slow)
             self._slow_hops.append(hops[idx])
             self._slow_flows.append(np.column_stack([f[idx] for f in flows]).astype(np.int64))
+            self._slow_excess.append(excess[idx])
+
+    def add_round_trips(
+        self,
+        index: PathIndex,
+        fwd: npt.NDArray[np.int64],
+        rev: npt.NDArray[np.int64],
+        rtt: npt.NDArray[np.float64],
+        keep: npt.NDArray[np.bool_],
+    ) -> None:
+        """Keep the round trips of the rows ``keep`` marks (probes whose delays are not
+        judged finely: `controller.detect.roundtrips`): their forward and reply path numbers
+        and their excess over both paths' baselines (ns); rows without a baseline on either
+        path or without a round trip are dropped."""
+        idx = np.flatnonzero(keep)
+        if not len(idx):
+            return
+        self._grow(index.size)
+        f, r = fwd[idx], rev[idx]
+        excess = rtt[idx] - index.base[f] - index.base[r]
+        ok = np.isfinite(excess)
+        if ok.any():
+            self.add_round_trip_rows(f[ok], r[ok], excess[ok])
+
+    def add_round_trip_rows(
+        self, fwd: npt.NDArray[np.int64], rev: npt.NDArray[np.int64],
+        excess: npt.NDArray[np.float64],
+    ) -> None:  # fmt: skip
+        """Add round trips as `add_round_trips` keeps them: forward and reply path numbers
+        and excess (ns)."""
+        if len(fwd):
+            self._rt_paths.append(np.column_stack([fwd, rev]).astype(np.int64))
+            self._rt_excess.append(np.asarray(excess, np.float64))
+
+    def round_trips(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Return the kept round trips' forward and reply path numbers and excess (ns)."""
+        if not self._rt_paths:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+        both = np.concatenate(self._rt_paths)
+        return both[:, 0].copy(), both[:, 1].copy(), np.concatenate(self._rt_excess)
+
+    def cleared(
+        self, index: PathIndex, threshold_ns: npt.NDArray[np.float64], params: DelayParams
+    ) -> npt.NDArray[np.bool_]:
+        """Return per directed hop whether this window's kept round trips clear it of a
+        standing queue over ``threshold_ns`` (per hop, NaN: not judged): a round path of at
+        least ``round_trip_min`` round trips significantly under ``round_trip_cut`` of it
+        (`controller.detect.roundtrips`)."""
+        fwd, rev, excess = self.round_trips()
+        return roundtrips.cleared(
+            fwd, rev, excess, index.hops, threshold_ns * params.round_trip_cut,
+            min_count=params.round_trip_min, alpha=params.round_trip_alpha,
+        )  # fmt: skip
 
     def fine(
         self,
@@ -177,11 +250,32 @@ class DelayWindow:
         and the window minimum (inf: none); paths past the end had nothing."""
         return self.judged_paths, self.coarse_paths, self.wmin
 
-    def sets(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
-        """Return the slow tier's hop sets, (n, H) -1 padded, and their flows, (n, 3) of
-        (src, dst, sport)."""
+    def sets(
+        self,
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Return the slow tier's hop sets, (n, H) -1 padded, their flows, (n, 3) of (src,
+        dst, sport), and their queueing delays (ns)."""
         flows = np.concatenate(self._slow_flows) if self._slow_flows else np.zeros((0, 3), np.int64)
-        return _pad_concat(self._slow_hops), flows
+        excess = np.concatenate(self._slow_excess) if self._slow_excess else np.zeros(0)
+        return _pad_concat(self._slow_hops), flows, excess.astype(np.float64)
+
+    def slow_claims(self) -> npt.NDArray[np.float64]:
+        """Return per directed hop the median queueing delay (ns) of this window's slow
+        measurements across it: what the slow tier would blame it for (NaN: none)."""
+        out = np.full(self.n_hops, np.nan)
+        sets, _, excess = self.sets()
+        if not len(excess):
+            return out
+        ex = np.broadcast_to(excess[:, None], sets.shape)[sets >= 0]
+        hop = sets[sets >= 0].astype(np.int64)
+        order = np.lexsort((ex, hop))
+        hop, ex = hop[order], ex[order]
+        starts = np.flatnonzero(np.r_[True, hop[1:] != hop[:-1]])
+        counts = np.diff(np.r_[starts, len(hop)])
+        lo = ex[starts + (counts - 1) // 2]
+        hi = ex[starts + counts // 2]
+        out[hop[starts]] = (lo + hi) / 2
+        return out
 
     def fine_sets(
         self,
@@ -210,11 +304,15 @@ class DelayWindow:
         np.add.at(self.coarse_paths, path, coarse)
         np.minimum.at(self.wmin, path, wmin)
 
-    def add_sets(self, slow_hops: npt.NDArray[np.int32], slow_flows: npt.NDArray[np.int64]) -> None:
-        """Add slow hop sets with their flows (as `add` keeps them)."""
+    def add_sets(
+        self, slow_hops: npt.NDArray[np.int32], slow_flows: npt.NDArray[np.int64],
+        slow_excess: npt.NDArray[np.float64],
+    ) -> None:  # fmt: skip
+        """Add slow hop sets with their flows and queueing delays (as `add` keeps them)."""
         if len(slow_hops):
             self._slow_hops.append(np.asarray(slow_hops, np.int32))
             self._slow_flows.append(np.asarray(slow_flows, np.int64))
+            self._slow_excess.append(np.asarray(slow_excess, np.float64))
 
     def add_fine(
         self, paths: npt.NDArray[np.int64], excess: npt.NDArray[np.float64],
@@ -237,9 +335,10 @@ class DelayWindow:
         return expand(self.judged_paths + self.coarse_paths, index.hops, self.n_hops)
 
     def verdict(
-        self, index: PathIndex, params: DelayParams
+        self, index: PathIndex, params: DelayParams, barred: npt.NDArray[np.bool_] | None = None
     ) -> tuple[Cover, dict[int, list[tuple[int, int, int]]]]:
-        """Localize this window's slow measurements to directed hops (the slow tier's cover).
+        """Localize this window's slow measurements to directed hops (the slow tier's cover),
+        never to a hop ``barred`` marks (cleared by round trips: `cleared`).
 
         Returns the cover and, per blamed hop, up to ``max_flows`` affected (src, dst, sport).
         """
@@ -251,6 +350,7 @@ class DelayWindow:
             min_rate=params.min_rate,
             min_bad=params.min_slow,
             max_picks=params.max_faults,
+            barred=barred,
         )
         out: dict[int, list[tuple[int, int, int]]] = {}
         for hop in cover.picked:
@@ -269,7 +369,10 @@ class DelayWindow:
         self.wmin[:] = np.inf
         self._slow_hops.clear()
         self._slow_flows.clear()
+        self._slow_excess.clear()
         self._fine_paths.clear()
         self._fine_excess.clear()
         self._fine_flows.clear()
         self._fine_sw.clear()
+        self._rt_paths.clear()
+        self._rt_excess.clear()

@@ -44,11 +44,14 @@ class WindowPart:
     judged on it (``judged``, ``coarse``) and its window minimum (``wmin``, inf: none).
     Path pairs (``Q``): rows of ``pair_fwd``/``pair_rev`` index the paths, ``pair_seen``
     probes sent on that (forward, reply) pair. ``lost``: link sets of lost probes (L, K).
-    Slow delays (``slow_*``): hop sets (n, H) and their flows (n, 3: src, dst, sport). Fine
+    Slow delays (``slow_*``): hop sets (n, H), their flows (n, 3: src, dst, sport) and
+    queueing delays (ns). Fine
     delays (``fine_*``): each one's path (an index into the paths), queueing delay (ns),
     flow and whether kernel-stamped (``fine_sw``). Flows (``flow_*``): (n, 3) src, dst, sport, probes and lost probes, the last
     forward and reply path (indices into the paths). Per NIC that initiated probes: ``nic``,
-    ``src_count`` and ``last_src`` (its latest send time, ns)."""
+    ``src_count`` and ``last_src`` (its latest send time, ns). Round trips of the probes
+    whose delays are not judged finely (``rt_*``): forward and reply path (indices into the
+    paths) and excess over both baselines (ns; `controller.detect.roundtrips`)."""
 
     path_sig: I64
     path_hops: I32
@@ -61,6 +64,7 @@ class WindowPart:
     lost: I32
     slow_hops: I32
     slow_flows: I64
+    slow_excess: F64
     fine_path: I32
     fine_excess: F64
     fine_flows: I32
@@ -73,6 +77,9 @@ class WindowPart:
     nic: I32
     src_count: I64
     last_src: I64
+    rt_fwd: I32
+    rt_rev: I32
+    rt_excess: F64
 
     @property
     def records(self) -> int:
@@ -88,8 +95,8 @@ class WindowPart:
         f64 = np.zeros(0, np.float64)
         return cls(
             i64, hops, i64, i64, f64, i32, i32, i64, np.zeros((0, 1), np.int32), hops, flows,
-            i32, f64, np.zeros((0, 3), np.int32), np.zeros(0, np.bool_), flows, i64, i64, i32,
-            i32, i32, i64, i64,
+            f64, i32, f64, np.zeros((0, 3), np.int32), np.zeros(0, np.bool_), flows, i64, i64, i32,
+            i32, i32, i64, i64, i32, i32, f64,
         )  # fmt: skip
 
 
@@ -147,6 +154,11 @@ class DetectionWindow:
             paths, pr, obs.hops_rev, obs.owd_rev_ns, (obs.dst, obs.src, obs.sport), params,
             obs.coarse, obs.sw,
         )  # fmt: skip
+        fine = np.isfinite(obs.owd_fwd_ns) & np.isfinite(obs.owd_rev_ns) & ~obs.coarse
+        with np.errstate(invalid="ignore"):
+            unjudged = ~fine & ~obs.lost & (obs.rtt_ns > 0)
+        if unjudged.any():
+            self.delay.add_round_trips(paths, pf, pr, obs.rtt_ns, unjudged)
 
     def export(self, paths: PathIndex) -> WindowPart:
         """Return the window's evidence keyed fleet-wide (``paths``: the numbering `fold`
@@ -159,16 +171,18 @@ class DetectionWindow:
         mark[pr] = True
         fine_p, fine_x, fine_f, fine_sw = self.delay.fine_sets()
         fc = self.flows.counts()
-        for more in (fine_p, fc.fwd, fc.rev):
+        rt_f, rt_r, rt_x = self.delay.round_trips()
+        for more in (fine_p, fc.fwd, fc.rev, rt_f, rt_r):
             mark[more] = True
         ids = np.flatnonzero(mark)
         del pair_ids
-        used = np.concatenate([pf, pr, fine_p, fc.fwd, fc.rev])
+        used = np.concatenate([pf, pr, fine_p, fc.fwd, fc.rev, rt_f, rt_r])
         number = np.zeros(paths.size, np.int32)  # a table, not a search: O(records)
         number[ids] = np.arange(len(ids), dtype=np.int32)
         local: I32 = number[used]
-        q, nf, nc = len(pf), len(fine_p), len(fc.fwd)
+        q, nf, nc, nr = len(pf), len(fine_p), len(fc.fwd), len(rt_f)
         at_fine, at_flow = 2 * q, 2 * q + nf
+        at_rt = at_flow + 2 * nc
 
         def at(col: NDArray[np.generic], fill: float) -> NDArray[np.generic]:
             out = np.full(len(ids), fill, col.dtype)
@@ -176,7 +190,7 @@ class DetectionWindow:
             out[inside] = col[ids[inside]]
             return out
 
-        slow_h, slow_f = self.delay.sets()
+        slow_h, slow_f, slow_x = self.delay.sets()
         nic = np.flatnonzero(self.src_count > 0).astype(np.int32)
         return WindowPart(
             paths.sigs[ids],
@@ -190,6 +204,7 @@ class DetectionWindow:
             self.loss.lost_sets(),
             slow_h,
             slow_f,
+            slow_x,
             local[at_fine:at_flow],
             fine_x,
             fine_f,
@@ -198,10 +213,13 @@ class DetectionWindow:
             fc.probes,
             fc.lost,
             local[at_flow : at_flow + nc],
-            local[at_flow + nc :],
+            local[at_flow + nc : at_rt],
             nic,
             self.src_count[nic],
             self.last_src[nic],
+            local[at_rt : at_rt + nr],
+            local[at_rt + nr :],
+            rt_x,
         )
 
     def absorb(self, part: WindowPart, paths: PathIndex) -> None:
@@ -211,8 +229,9 @@ class DetectionWindow:
         hops = part.path_hops
         pid = paths.ids(part.path_sig, lambda sel: hops[sel])
         self.delay.add_counts(paths.size, pid, part.judged, part.coarse, part.wmin)
-        self.delay.add_sets(part.slow_hops, part.slow_flows)
+        self.delay.add_sets(part.slow_hops, part.slow_flows, part.slow_excess)
         self.delay.add_fine(pid[part.fine_path], part.fine_excess, part.fine_flows, part.fine_sw)
+        self.delay.add_round_trip_rows(pid[part.rt_fwd], pid[part.rt_rev], part.rt_excess)
         if len(part.flow):
             self.flows.add_counts(
                 FlowCounts(part.flow, part.flow_probes, part.flow_lost,

@@ -48,8 +48,9 @@ F32 = NDArray[np.float32]
 
 MAGIC = b"QPFP"
 # 2: fine delays and per-flow counts replace the moderate tier's sets; 3: moved clocks
-# (`MovedClocks`) and the fine delays' stamp kind
-VERSION = 3
+# (`MovedClocks`) and the fine delays' stamp kind; 4: round trips of the delays not judged
+# finely (`WindowPart.rt_*`) and the slow delays' queueing delays
+VERSION = 4
 
 
 class PartialError(CodecError):
@@ -206,10 +207,11 @@ _DETECT = {
     "path_sig": ("<i8", 1), "path_hops": ("<i4", 2), "judged": ("<i8", 1),
     "coarse": ("<i8", 1), "wmin": ("<f8", 1), "pair_fwd": ("<i4", 1), "pair_rev": ("<i4", 1),
     "pair_seen": ("<i8", 1), "lost": ("<i4", 2), "slow_hops": ("<i4", 2),
-    "slow_flows": ("<i8", 2), "fine_path": ("<i4", 1), "fine_excess": ("<f8", 1),
+    "slow_flows": ("<i8", 2), "slow_excess": ("<f8", 1), "fine_path": ("<i4", 1), "fine_excess": ("<f8", 1),
     "fine_flows": ("<i4", 2), "fine_sw": ("|b1", 1), "flow": ("<i8", 2), "flow_probes": ("<i8", 1),
     "flow_lost": ("<i8", 1), "flow_fwd": ("<i4", 1), "flow_rev": ("<i4", 1),
     "nic": ("<i4", 1), "src_count": ("<i8", 1), "last_src": ("<i8", 1),
+    "rt_fwd": ("<i4", 1), "rt_rev": ("<i4", 1), "rt_excess": ("<f8", 1),
 }  # fmt: skip
 _LEARNED = {"src": ("<i8", 1), "dst": ("<i8", 1), "sport": ("<i8", 1), "hops": ("<i4", 2),
             "reply": ("<i4", 2)}  # fmt: skip
@@ -342,12 +344,13 @@ def _build(head: dict[str, Any], cols: dict[str, NDArray[Any]]) -> Partial:
         raise PartialError("clock pairs must come as two rows each")
     _same_len("paths", det, ("path_sig", "path_hops", "judged", "coarse", "wmin"))
     _same_len("path pairs", det, ("pair_fwd", "pair_rev", "pair_seen"))
-    _same_len("slow delays", det, ("slow_hops", "slow_flows"))
+    _same_len("slow delays", det, ("slow_hops", "slow_flows", "slow_excess"))
     _same_len("fine delays", det, ("fine_path", "fine_excess", "fine_flows", "fine_sw"))
     _same_len("flows", det, ("flow", "flow_probes", "flow_lost", "flow_fwd", "flow_rev"))
     _same_len("NIC counts", det, ("nic", "src_count", "last_src"))
+    _same_len("round trips", det, ("rt_fwd", "rt_rev", "rt_excess"))
     n_paths = len(det["path_sig"])
-    for k in ("pair_fwd", "pair_rev", "fine_path", "flow_fwd", "flow_rev"):
+    for k in ("pair_fwd", "pair_rev", "fine_path", "flow_fwd", "flow_rev", "rt_fwd", "rt_rev"):
         if len(det[k]) and not (det[k].min() >= 0 and det[k].max() < n_paths):
             raise PartialError(f"{k} names a path the partial does not hold")
     for k in ("slow_flows", "fine_flows", "flow"):
