@@ -52,12 +52,17 @@ class DelayParams:
     round_trip_cut: float = 0.5
     round_trip_min: int = 8
     round_trip_alpha: float = 0.01
+    # a fine delay this far under its path's baseline while its probe's round trip is not is
+    # a clock error (`controller.detect.roundtrips.clock_split`): both delays withheld
+    clock_split_ns: float = 1000.0
 
     def __post_init__(self) -> None:
         if not 0 < self.round_trip_cut <= 1 or self.round_trip_min < 1:
             raise ValueError("round_trip_cut must be in (0, 1] and round_trip_min >= 1")
         if not 0 < self.round_trip_alpha < 1:
             raise ValueError("round_trip_alpha must be in (0, 1)")
+        if not self.clock_split_ns > 0:
+            raise ValueError("clock_split_ns must be > 0")
 
 
 def _pad_concat(arrs: list[npt.NDArray[np.int32]]) -> npt.NDArray[np.int32]:

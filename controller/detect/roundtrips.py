@@ -14,6 +14,13 @@ trips, is a one-sided sign test at level ``alpha`` divided by the (round path, h
 the window (Bonferroni): a hop whose waits exceed its cut half the time or more is cleared
 by no round path with probability at least 1 - ``alpha``, however many cross it.
 
+The same sum catches a clock error in a probe the clocks are trusted on: an error shifts its
+two one-way delays by the same amount in opposite directions and leaves their sum alone, so
+a delay well under its path's baseline whose round trip did not drop with it is a clock off
+(a step not yet found between solves), not a shorter path (`clock_split`): its two delays are
+withheld before they are judged or lower a baseline (a baseline set low by a stepped clock
+would show its path queued for as long as the baseline takes to creep back up).
+
 Where both clocks are trusted finely the one-way delays hold everything the round trip does;
 the round trips are kept for the other probes only (`controller.detect.delay.DelayWindow`):
 a NIC whose clock is withheld still tells, through its round trips, which hops did not queue
@@ -80,3 +87,17 @@ def cleared(
         if sign_tail(int(count[g]), int(under[g, k])) <= level:
             out[rows[g, k]] = True
     return out
+
+
+def clock_split(excess_fwd: F64, excess_rev: F64, tol_ns: float) -> Bool:
+    """Return per probe whether its one-way delays split its round trip by a clock error:
+    one delay more than ``tol_ns`` under its path's baseline (``excess_*``: delay less
+    baseline, ns; NaN: unknown) while their sum, the round trip over both baselines, stays
+    over half that drop (a shorter path or a baseline crept up lowers the round trip too;
+    a clock error leaves it alone). Raises ValueError on columns of different lengths."""
+    if len(excess_fwd) != len(excess_rev):
+        raise ValueError("forward and reply excess must have one length")
+    with np.errstate(invalid="ignore"):
+        low = np.fmin(excess_fwd, excess_rev)
+        split = (low < -tol_ns) & (excess_fwd + excess_rev > low / 2)
+    return np.asarray(split & np.isfinite(excess_fwd) & np.isfinite(excess_rev), np.bool_)

@@ -28,6 +28,7 @@ from controller.detect.delay import DelayParams, DelayWindow
 from controller.detect.flowloss import FlowCounts, FlowWindow
 from controller.detect.loss import LossWindow
 from controller.detect.paths import PathIndex
+from controller.detect.roundtrips import clock_split
 from controller.observations import Observations
 
 I32 = NDArray[np.int32]
@@ -111,6 +112,7 @@ class DetectionWindow:
     src_count: I64
     last_src: I64
     flows: FlowWindow
+    clock_split: int = 0  # probes whose delays were withheld as split by a clock error
 
     @classmethod
     def empty(cls, n_links: int, n_hops: int, n_nics: int, pairs: PathIndex) -> DetectionWindow:
@@ -144,6 +146,18 @@ class DetectionWindow:
             if not keep.all():
                 obs = obs.select(keep)
         pf, pr = paths.paths(obs.hops_fwd), paths.paths(obs.hops_rev)
+        # a probe whose delays split its round trip by a clock error: both withheld
+        off = clock_split(
+            obs.owd_fwd_ns - paths.base[pf], obs.owd_rev_ns - paths.base[pr], params.clock_split_ns
+        )
+        off &= ~obs.coarse
+        if off.any():
+            self.clock_split += int(off.sum())
+            obs = dataclasses.replace(
+                obs,
+                owd_fwd_ns=np.where(off, np.nan, obs.owd_fwd_ns),
+                owd_rev_ns=np.where(off, np.nan, obs.owd_rev_ns),
+            )
         self.loss.add(pf, pr, obs.hops_fwd, obs.hops_rev, obs.lost)
         self.flows.add(obs.src, obs.dst, obs.sport, pf, pr, obs.lost)
         self.delay.add(
