@@ -63,28 +63,41 @@ def _installed(base: PathIndex, order: npt.NDArray[np.int64]) -> PathIndex:
     return out
 
 
-def test_fine_delays_and_flow_counts_merge_exactly_across_workers() -> None:
-    sim = Simulator(FAB, SimConfig(seed=3, load=0.7))
+def _learned(seed: int, load: float) -> tuple[PathIndex, Observations]:
+    """Baselines learnt over a simulated 0.5 s (as a solver hands them to its workers) and
+    the next 0.1 s of observations."""
+    sim = Simulator(FAB, SimConfig(seed=seed, load=load))
     steps = [observations_from_step(sim, st) for st in sim.run(0.6, 0.1)]
-    learn = PathIndex(WIDTH)  # the baselines the workers were handed by their solver
+    learn = PathIndex(WIDTH)
     for obs in steps[:-1]:
         w = _window(learn)
         _fold(w, learn, obs)
         w.delay.fold_baselines(learn, 0.1, P)
-    obs = steps[-1]
-    # a third of the hosts stamp in the kernel (a batch's stamp kind is its host's)
-    obs = dataclasses.replace(obs, sw=FAB.nic_host_index[obs.src] % 3 == 0)
-    one_paths = _installed(learn, np.arange(learn.size))
-    one = _window(one_paths)
-    _fold(one, one_paths, obs)
+    return learn, steps[-1]
+
+
+def _merged(learn: PathIndex, obs: Observations) -> tuple[DetectionWindow, PathIndex]:
+    """The window two workers' parts (hosts split by parity, each its own path numbering)
+    absorb into, in a third numbering."""
     host = FAB.nic_host_index[obs.src]
-    merged_paths = _installed(learn, np.arange(learn.size)[::-1])  # another numbering
+    merged_paths = _installed(learn, np.arange(learn.size)[::-1])
     merged = _window(merged_paths)
     for k, order in enumerate((np.arange(learn.size)[::-1], np.roll(np.arange(learn.size), 7))):
         worker_paths = _installed(learn, order)
         w = _window(worker_paths)
         _fold(w, worker_paths, obs.select(host % 2 == k))
         merged.absorb(w.export(worker_paths), merged_paths)
+    return merged, merged_paths
+
+
+def test_fine_delays_and_flow_counts_merge_exactly_across_workers() -> None:
+    learn, obs = _learned(3, 0.7)
+    # a third of the hosts stamp in the kernel (a batch's stamp kind is its host's)
+    obs = dataclasses.replace(obs, sw=FAB.nic_host_index[obs.src] % 3 == 0)
+    one_paths = _installed(learn, np.arange(learn.size))
+    one = _window(one_paths)
+    _fold(one, one_paths, obs)
+    merged, merged_paths = _merged(learn, obs)
     fine = _fine_rows(one, one_paths)
     flows = _flow_rows(one, one_paths)
     assert len(fine) > 1000 and len(flows) > 500
@@ -97,14 +110,7 @@ def test_fine_delays_and_flow_counts_merge_exactly_across_workers() -> None:
 def test_round_trips_and_slow_delays_merge_exactly_across_workers() -> None:
     """The round trips kept for the delays not judged finely (`WindowPart.rt_*`) and the
     slow delays' queueing delays cross the seam as the fine ones do."""
-    sim = Simulator(FAB, SimConfig(seed=5, load=0.9))
-    steps = [observations_from_step(sim, st) for st in sim.run(0.6, 0.1)]
-    learn = PathIndex(WIDTH)
-    for obs in steps[:-1]:
-        w = _window(learn)
-        _fold(w, learn, obs)
-        w.delay.fold_baselines(learn, 0.1, P)
-    obs = steps[-1]
+    learn, obs = _learned(5, 0.9)
     # NICs 0-3's clocks withheld (no delays), 4-7's coarse
     withheld = (obs.src < 4) | (obs.dst < 4)
     nan = np.where(withheld, np.nan, 0.0)
@@ -117,13 +123,7 @@ def test_round_trips_and_slow_delays_merge_exactly_across_workers() -> None:
     one = _window(one_paths)
     for k in (0, 1):  # the same batches (the slow threshold is a batch's)
         _fold(one, one_paths, obs.select(host % 2 == k))
-    merged_paths = _installed(learn, np.arange(learn.size)[::-1])
-    merged = _window(merged_paths)
-    for k, order in enumerate((np.arange(learn.size)[::-1], np.roll(np.arange(learn.size), 7))):
-        worker_paths = _installed(learn, order)
-        w = _window(worker_paths)
-        _fold(w, worker_paths, obs.select(host % 2 == k))
-        merged.absorb(w.export(worker_paths), merged_paths)
+    merged, merged_paths = _merged(learn, obs)
 
     def rts(win: DetectionWindow, paths: PathIndex) -> list[tuple[int, int, float]]:
         f, r, x = win.delay.round_trips()

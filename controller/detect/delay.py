@@ -175,7 +175,6 @@ class DelayWindow:
         idx = np.flatnonzero(keep)
         if not len(idx):
             return
-        self._grow(index.size)
         f, r = fwd[idx], rev[idx]
         excess = rtt[idx] - index.base[f] - index.base[r]
         ok = np.isfinite(excess)
@@ -202,15 +201,15 @@ class DelayWindow:
         return both[:, 0].copy(), both[:, 1].copy(), np.concatenate(self._rt_excess)
 
     def cleared(
-        self, index: PathIndex, threshold_ns: npt.NDArray[np.float64], params: DelayParams
+        self, index: PathIndex, claim_ns: npt.NDArray[np.float64], params: DelayParams
     ) -> npt.NDArray[np.bool_]:
-        """Return per directed hop whether this window's kept round trips clear it of a
-        standing queue over ``threshold_ns`` (per hop, NaN: not judged): a round path of at
-        least ``round_trip_min`` round trips significantly under ``round_trip_cut`` of it
+        """Return per directed hop whether this window's kept round trips clear it of the
+        queue a tier claims on it, ``claim_ns`` (per hop, NaN: not tested): a round path of
+        at least ``round_trip_min`` round trips significantly under ``round_trip_cut`` of it
         (`controller.detect.roundtrips`)."""
         fwd, rev, excess = self.round_trips()
         return roundtrips.cleared(
-            fwd, rev, excess, index.hops, threshold_ns * params.round_trip_cut,
+            fwd, rev, excess, index.hops, claim_ns * params.round_trip_cut,
             min_count=params.round_trip_min, alpha=params.round_trip_alpha,
         )  # fmt: skip
 
