@@ -45,10 +45,10 @@ class DelayParams:
     max_faults: int = 8
     max_flows: int = 32
     # the round trips of a round path (forward and reply path) whose delays are not judged
-    # finely clear its hops when at least round_trip_min of them are significantly (sign
-    # test at round_trip_alpha over the round paths tested) under this share of the tier's
-    # threshold (`controller.detect.roundtrips`; the margin is for the baselines' own error:
-    # a path's baseline is its least delay seen, a few hundred ns over the floor when busy)
+    # finely clear a hop of it when at least round_trip_min of them are significantly (sign
+    # test at round_trip_alpha over the window's tests) under this share of what a tier
+    # claims on the hop (`controller.detect.roundtrips`; the margin is for the baselines'
+    # own error, a path's least delay seen, and for the other hops' share of a round trip)
     round_trip_cut: float = 0.5
     round_trip_min: int = 8
     round_trip_alpha: float = 0.01

@@ -53,8 +53,9 @@ def cleared(
     """Return per directed hop (``len(cut_ns)``) whether a round path clears it (module
     docstring). ``fwd``, ``rev``: each round trip's forward and reply path (rows of
     ``path_hops``, (P, H) directed hop ids, -1 padded); ``excess``: its round trip over both
-    paths' baselines (ns); ``cut_ns``: per hop (NaN: a hop not tested). Raises ValueError on columns of different
-    lengths, a path outside ``path_hops`` or a hop outside ``cut_ns``."""
+    paths' baselines (ns); ``cut_ns``: per hop (NaN: a hop not tested). Raises ValueError
+    on columns of different lengths, a path outside ``path_hops`` or a hop outside
+    ``cut_ns``."""
     n_hops = len(cut_ns)
     out = np.zeros(n_hops, np.bool_)
     if not len(fwd) == len(rev) == len(excess):

@@ -46,10 +46,10 @@ class WindowPart:
     Path pairs (``Q``): rows of ``pair_fwd``/``pair_rev`` index the paths, ``pair_seen``
     probes sent on that (forward, reply) pair. ``lost``: link sets of lost probes (L, K).
     Slow delays (``slow_*``): hop sets (n, H), their flows (n, 3: src, dst, sport) and
-    queueing delays (ns). Fine
-    delays (``fine_*``): each one's path (an index into the paths), queueing delay (ns),
-    flow and whether kernel-stamped (``fine_sw``). Flows (``flow_*``): (n, 3) src, dst, sport, probes and lost probes, the last
-    forward and reply path (indices into the paths). Per NIC that initiated probes: ``nic``,
+    queueing delays (ns). Fine delays (``fine_*``): each one's path (an index into the
+    paths), queueing delay (ns), flow and whether kernel-stamped (``fine_sw``). Flows
+    (``flow_*``): (n, 3) src, dst, sport, probes and lost probes, the last forward and reply
+    path (indices into the paths). Per NIC that initiated probes: ``nic``,
     ``src_count`` and ``last_src`` (its latest send time, ns). Round trips of the probes
     whose delays are not judged finely (``rt_*``): forward and reply path (indices into the
     paths) and excess over both baselines (ns; `controller.detect.roundtrips`)."""
