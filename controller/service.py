@@ -58,7 +58,7 @@ from controller.timeseries.lineproto import Point
 from controller.timeseries.runtime import Observability
 from controller.topology import TopologyLearner, relearn_live
 from mesh.fabric import Fabric
-from mqttlink.reconnect import Backoff, reconnect_loop
+from mqttlink.reconnect import Backoff, reconnect_loop, stop_tasks
 from mqttlink.settings import CredentialError, client_kwargs
 
 REQUEST_TIMEOUT_S = 10.0
@@ -251,14 +251,13 @@ async def _ticker(client: aiomqtt.Client, w: Wiring) -> None:
             if api is not None:
                 api.publish(live.snapshot(), tuple(new))
         for topic, payload in actions:  # the actions first: a job waits on them
-            await asyncio.wait_for(client.publish(topic, payload, qos=1), REQUEST_TIMEOUT_S)
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                await client.publish(topic, payload, qos=1)
         for ev in new:
             if ev.kind != "remediation":  # the line is the event's JSON plus "msg"
                 log(ev.t_ns, "event", **{k: v for k, v in ev.to_json().items() if k != "t_ns"})
-            await asyncio.wait_for(
-                client.publish(topics.events(ev.kind), ev.encode(), qos=1),
-                REQUEST_TIMEOUT_S,
-            )
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                await client.publish(topics.events(ev.kind), ev.encode(), qos=1)
         w.on_tick(now)
 
 
@@ -411,7 +410,8 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
             *((topics.subscription("signals"),) if w.crosslayer is not None else ()),
             *(remediation.subscriptions if remediation is not None else ()),
         ):
-            await asyncio.wait_for(client.subscribe(flt, qos=1), REQUEST_TIMEOUT_S)
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                await client.subscribe(flt, qos=1)
         log(clock(), "connected", broker=f"{host}:{port}")
         connected()
         tasks = [asyncio.create_task(c) for c in _beside(client, w)]
@@ -444,10 +444,10 @@ async def serve_once(w: Wiring, *, connected: Callable[[], None] = lambda: None)
                     counters[kind] = counters.get(kind, 0) + 1
                     log(clock(), "bad message", topic=str(msg.topic), reason=out[4:])
         finally:
+            await stop_tasks(tasks)
             for task in tasks:
-                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError, TimeoutError):
-                    await task
+                    task.result()
             if queue is not None and len(queue):
                 _flush(live, queue, clock, log, counters)  # admitted batches are not dropped
 
@@ -505,9 +505,8 @@ async def _publish_event(
 ) -> None:
     if api is not None:
         api.publish(None, (ev,))
-    await asyncio.wait_for(
-        client.publish(topics.events(ev.kind), ev.encode(), qos=1), REQUEST_TIMEOUT_S
-    )
+    async with asyncio.timeout(REQUEST_TIMEOUT_S):
+        await client.publish(topics.events(ev.kind), ev.encode(), qos=1)
 
 
 def _topic_kind(topics: Topics, topic: str) -> str:
@@ -739,11 +738,10 @@ async def run_service(
                 errors=(aiomqtt.MqttError, TimeoutError, CredentialError),
             )  # fmt: skip
         finally:
-            for task in side:
-                task.cancel()
+            await stop_tasks(side)
             for task in side:
                 with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                    task.result()
             if api is not None:
                 await api.stop()
             await rem.sender.drain(2.0)  # give queued webhook deliveries a moment

@@ -6,14 +6,17 @@ with it too. `reconnect_loop`
 runs one connection's lifetime (``session``) again and again: a broker error waits the next
 backoff delay and retries; a session that reported ``connected()`` before it failed starts the
 next wait from the minimum again, so a controller that was connected for an hour reconnects
-at once instead of after the cap it reached during some outage long ago.
+at once instead of after the cap it reached during some outage long ago. `stop_tasks`
+ends a connection's side tasks (or any tasks) and waits for them: it cancels again until they
+have ended, since a library's `asyncio.wait_for` can lose a cancel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from contract.connection import backoff_delay
 from mqttlink.settings import BROKER_ERRORS
@@ -89,3 +92,21 @@ async def reconnect_loop(
             if await pause(delay):
                 return attempts
     return attempts
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], *, again_s: float = 1.0) -> None:
+    """Cancel ``tasks`` and return once every one has ended, cancelling the rest again every
+    ``again_s``: nats-py and aiomqtt wait with `asyncio.wait_for`, which on Python 3.11
+    returns its call's result when a cancel arrives the moment the call completes, and the
+    cancel is lost (cpython gh-86296); awaited after one cancel, such a task is awaited for
+    ever (a fleet solver in a test was, 2026-11-29). The tasks' exceptions are retrieved, not
+    raised: read them from the tasks (``task.result()``)."""
+    every = list(tasks)
+    pending = {t for t in every if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=again_s)
+    for t in every:
+        if not t.cancelled():
+            t.exception()  # retrieved: no "never retrieved" warning for what the caller drops

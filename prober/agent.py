@@ -563,10 +563,10 @@ class Agent:
             await asyncio.gather(*tasks, return_exceptions=True)
             pub_stop.set()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.shield(pub_task),
-                    self.cfg.mqtt.drain_on_stop_s + 2 * self.cfg.mqtt.timeout_s,
-                )
+                async with asyncio.timeout(
+                    self.cfg.mqtt.drain_on_stop_s + 2 * self.cfg.mqtt.timeout_s
+                ):
+                    await asyncio.shield(pub_task)
             if not pub_task.done():
                 pub_task.cancel()
                 await asyncio.gather(pub_task, return_exceptions=True)
@@ -680,7 +680,8 @@ class Agent:
                 )
                 wait_s = min(gap_s, 0.05, max(0.0, next_batch - now))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait_s)
+                async with asyncio.timeout(wait_s):
+                    await stop.wait()
         if lldp_read is not None:  # a reading still running: let its thread end
             await asyncio.gather(lldp_read, return_exceptions=True)
 

@@ -79,7 +79,8 @@ async def endpoint_round_trips(seconds: float, path: str) -> tuple[int, float, f
             # wait for results (or 2 ms) instead of spinning: the CPU measured is the paths'
             arrived.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), 0.002)
+                async with asyncio.timeout(0.002):
+                    await arrived.wait()
         cpu, elapsed = time.process_time() - cpu0, loop.time() - start
         for t in tasks:
             t.cancel()

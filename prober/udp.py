@@ -448,4 +448,5 @@ class UdpEndpoint:
                 wait = min(wait, (gap - self.spin_ns) / 1e9)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.0))
+                async with asyncio.timeout(max(wait, 0.0)):
+                    await self._wake.wait()

@@ -173,7 +173,8 @@ async def run(spec: dict[str, Any]) -> None:
             tmp.replace(stats)
             next_write = now + 0.5
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.005)
+            async with asyncio.timeout(0.005):
+                await stop.wait()
     if counter is not None:
         counter.loop_stop()
     for ep in eps.values():

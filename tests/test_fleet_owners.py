@@ -39,6 +39,7 @@ from controller.fleet.plane import edge_key
 from controller.fleet.solver import FleetSolver, SolveResult
 from controller.fleet.solverloop import SolverLoop
 from mesh.fabric import FabricShape, build_fabric
+from mqttlink.reconnect import stop_tasks
 from natslink.errors import NatsUnavailable
 from natslink.link import Link, connect
 from natslink.streams import ensure_bucket
@@ -213,13 +214,11 @@ async def test_workers_owners_and_solver_equal_one_process(
                 await asyncio.sleep(0.2)
             # the solver stopped first: every partial it took has its shares in the stream
             # (a worker commits them before the partial), and none comes after the read
-            solver.cancel()
-            await asyncio.gather(solver, return_exceptions=True)
+            await stop_tasks([solver])
             shares = await _shares(link, config.nats.subjects, plane.partial_stream, 2)
     finally:
         watchdog.cancel()
-        solver.cancel()
-        await asyncio.gather(solver, return_exceptions=True)
+        await stop_tasks([solver])
         _stop({**workers, **owners})
         log_file.close()
     one = FleetSolver(fab, shared)  # one process: the two owners in it

@@ -20,6 +20,7 @@ from controller.fleet.plane import Plane
 from controller.fleet.workerloop import WorkerLoop
 from controller.service import Broker, run_service
 from mesh.fabric import FabricShape, build_fabric
+from mqttlink.reconnect import stop_tasks
 from natslink.errors import NatsUnavailable
 from natslink.link import Link, connect
 from natslink.settings import NatsSettings
@@ -133,7 +134,5 @@ async def test_solver_in_the_service_publishes_windows_on_mqtt(
         assert any(x["msg"] == "solver active" for x in lines)
         assert not any(x["msg"] == "bad message" for x in lines)  # MQTT probes: not read
     finally:
-        for t in (svc, wtask):
-            t.cancel()
-        await asyncio.gather(svc, wtask, return_exceptions=True)
+        await stop_tasks((svc, wtask))
         log_file.close()

@@ -12,7 +12,7 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from mqttlink.reconnect import Backoff, reconnect_loop
+from mqttlink.reconnect import Backoff, reconnect_loop, stop_tasks
 from tests.waiting import until
 
 
@@ -158,3 +158,30 @@ async def test_follow_hands_on_every_message_and_reports_errors_in_one_line(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def test_stop_tasks_cancels_again_a_task_that_lost_its_first_cancel() -> None:
+    """A task whose first cancel a library's `asyncio.wait_for` swallowed (Python 3.11,
+    cpython gh-86296) is cancelled again; one that fails has its error kept, not raised."""
+
+    async def loses_one_cancel(lost: list[bool]) -> None:
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                if lost:
+                    raise
+                lost.append(True)  # what wait_for does when the call completes at the cancel
+
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    async def main() -> tuple[bool, bool, str]:
+        lost: list[bool] = []
+        a = asyncio.create_task(loses_one_cancel(lost))
+        b = asyncio.create_task(fails())
+        await asyncio.sleep(0)
+        await asyncio.wait_for(stop_tasks([a, b], again_s=0.05), 5)
+        return bool(lost), a.cancelled(), str(b.exception())
+
+    assert asyncio.run(main()) == (True, True, "boom")

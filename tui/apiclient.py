@@ -340,7 +340,8 @@ class ApiSource:
                 if self._doc is not None:
                     self._install(self._doc, history=False)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.refresh_s)
+                async with asyncio.timeout(self.refresh_s):
+                    await self._wake.wait()
 
     def _install(self, doc: Any, *, history: bool = True) -> None:
         """Make ``doc`` the current snapshot (caller holds the lock). Raises `DocumentError`."""

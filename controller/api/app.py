@@ -619,7 +619,8 @@ async def _ws_send(request: web.Request, ws: web.WebSocketResponse, sub: Subscri
         wait = snapshot_wait(last, st.clock(), st.options.ws_min_interval_s)
         if not (sub.snap_dirty and wait == 0):
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(sub.wake.wait(), wait if sub.snap_dirty else None)
+                async with asyncio.timeout(wait if sub.snap_dirty else None):
+                    await sub.wake.wait()
         sub.wake.clear()
         snap = st.model.snapshot()
         scope = _scope(request, snap)

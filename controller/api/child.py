@@ -92,7 +92,8 @@ class _Remote:
         self._waiting[call_id] = fut
         self.send(feed.Call(call_id, op, args))
         try:
-            reply = await asyncio.wait_for(fut, CALL_TIMEOUT_S)
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                reply = await fut
         except TimeoutError:
             raise web.HTTPServiceUnavailable(
                 reason=f"the controller did not answer in {CALL_TIMEOUT_S:g} s"
@@ -204,7 +205,8 @@ async def _serve_app(
     try:
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), 0.5)
+                async with asyncio.timeout(0.5):
+                    await done.wait()
             if hub.clients != clients:
                 clients = hub.clients
                 remote.send(feed.Clients(clients))

@@ -76,6 +76,7 @@ from controller.fleet.sessions import (
 from controller.fleet.solverloop import ReaderWatch
 from controller.fleet.stagelink import StageDesk, encode_head, stage_subject
 from controller.fleet.state import StateError
+from mqttlink.reconnect import stop_tasks
 from natslink.bigkv import ChunkedKV
 from natslink.errors import LINK_ERRORS
 from natslink.kvchunks import ChunkError
@@ -207,8 +208,7 @@ class OwnerLoop:
         task = self.tasks.pop(k, None)
         self.cores.pop(k, None)
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop_tasks([task])
             self.log(self.clock_ns(), f"edge owner {why}", index=k)
 
     async def _stop_all(self) -> None:

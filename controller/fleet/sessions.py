@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.fleet.plane import Plane
-from mqttlink.reconnect import Backoff, Session, reconnect_loop
+from mqttlink.reconnect import Backoff, Session, reconnect_loop, stop_tasks
 from natslink.bigkv import ChunkedKV
 from natslink.errors import LINK_ERRORS, NatsUnavailable
 from natslink.kvchunks import ChunkError
@@ -112,9 +112,7 @@ async def run_side(link: Link, side: list[Coroutine[Any, Any, None]]) -> None:
     try:
         await first_error(tasks, link)
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(tasks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,7 +82,7 @@ from controller.fleet.sessions import (
 )
 from controller.fleet.state import StateError
 from controller.fleet.watermark import StreamClock
-from mqttlink.reconnect import Backoff
+from mqttlink.reconnect import Backoff, stop_tasks
 from natslink.errors import LINK_ERRORS, NatsUnavailable
 from natslink.lease import LeaseClock, Leases
 from natslink.link import Ack, Link
@@ -262,8 +262,7 @@ class WorkerLoop:
         self.parts.pop(p, None)
         self.failed.pop(p, None)
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop_tasks([task])
             self.log(self.clock_ns(), f"partition {why}", partition=p)
 
     async def _stop_all(self) -> None:

@@ -462,7 +462,8 @@ class RdmaEndpoint:
             else:
                 interval = min(2 * interval, max(self.idle_poll_max_s, self.poll_interval_s))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
 
 
 class _AgentLike(Protocol):

@@ -258,7 +258,8 @@ async def run(out: Path, phase_s: float) -> dict[str, Any]:
         sc.start_broker()
         ready = asyncio.Event()
         sub = asyncio.create_task(subscribe(18830, obs, ready))
-        await asyncio.wait_for(ready.wait(), 60)
+        async with asyncio.timeout(60):
+            await ready.wait()
         sc.start_prober("ha", cfg_a)
         sc.start_prober("hb", cfg_b)
         w = res["waits"]
