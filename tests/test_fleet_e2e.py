@@ -30,6 +30,7 @@ from controller.fleet.solver import SolveResult
 from controller.live import LiveController
 from controller.service import Broker, run_service
 from mesh.fabric import FabricShape, build_fabric
+from mqttlink.reconnect import stop_tasks
 from natslink.errors import NatsUnavailable
 from natslink.link import Link, connect
 from natslink.streams import ensure_bucket, open_reader
@@ -196,10 +197,8 @@ async def test_workers_and_solver_take_every_record_once(
         assert cores[0].added[Added.TAKEN] > 0
         assert cores[0].added[Added.OVERLAP] == 0 and cores[0].added[Added.DUPLICATE] == 0
     finally:
-        svc.cancel()
-        done, _ = await asyncio.wait([svc], timeout=30)  # bounded: a stuck service fails
-        for t in done:  # the test here, not at pytest's timeout
-            t.cancelled() or t.exception()
+        async with asyncio.timeout(30):  # bounded: a stuck service fails the test here
+            await stop_tasks([svc])  # cancelled again if a library's wait lost the cancel
         for p in workers:
             if p.poll() is None:
                 p.terminate()

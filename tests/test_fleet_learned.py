@@ -36,6 +36,7 @@ from controller.service import Broker, run_service
 from mesh.fabric import FabricShape, build_fabric
 from mesh.fabric.learn import learn_fabric
 from mesh.fabric.model import hop_direction, hop_link
+from mqttlink.reconnect import stop_tasks
 from natslink.bigkv import ChunkedKV
 from natslink.link import connect
 from natslink.streams import ensure_bucket
@@ -265,10 +266,8 @@ async def test_a_fleet_learns_its_fabric_and_localizes_as_one_process(
             assert cores[0].added[Added.TAKEN] > 0
             assert cores[0].added[Added.OVERLAP] == 0 and cores[0].added[Added.DUPLICATE] == 0
     finally:
-        svc.cancel()
-        done, _ = await asyncio.wait([svc], timeout=30)
-        for t in done:
-            t.cancelled() or t.exception()
+        async with asyncio.timeout(30):  # bounded: a stuck service fails the test here
+            await stop_tasks([svc])  # cancelled again if a library's wait lost the cancel
         for p in workers:
             if p.poll() is None:
                 p.terminate()
