@@ -355,8 +355,12 @@ class Brain:
         # a hop is blamed by neither tier for a queue the round trips of the delays not judged
         # finely clear it of (`controller.detect.roundtrips`): the slow tier's claim is the
         # slow delays' typical queue across it, the queue estimate's its estimate; a NIC
-        # whose clock is withheld still shows which hops did not hold them
-        slow_clear = win.delay.cleared(self._paths, win.delay.slow_claims(), cfg.delay)
+        # whose clock is withheld still shows which hops did not hold them (a window of
+        # trusted clocks keeps no round trips: nothing to test)
+        tested = win.delay.has_round_trips()
+        slow_clear = (
+            win.delay.cleared(self._paths, win.delay.slow_claims(), cfg.delay) if tested else None
+        )
         slow_cover, slow_flows = win.delay.verdict(self._paths, cfg.delay, slow_clear)
         signals: dict[int, Signal] = {}
         slow_hop: dict[int, int] = {}
@@ -370,7 +374,7 @@ class Brain:
                 slow_hop[lk] = int(hop)
         warming = self._warming(now_ns)
         queued = np.zeros(0, np.int64) if warming else self._pooled.contended(est, len(self._fine))
-        if len(queued):
+        if len(queued) and tested:
             claims = np.full(len(est.queue_ns), np.nan)
             claims[queued] = est.queue_ns[queued]  # only the hops it would blame are tested
             queue_clear = win.delay.cleared(self._paths, claims, cfg.delay)

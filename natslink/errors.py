@@ -54,7 +54,9 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 @contextmanager
 def translate(what: str) -> Iterator[None]:
     """Run the block; re-raise the NATS boundary's errors as `NatsUnavailable` or
-    `NatsRefused` with ``what`` in the message. Anything else passes unchanged."""
+    `NatsRefused` with ``what`` in the message, and deliver a cancel the block's call
+    swallowed (`_cancels`). Anything else passes unchanged."""
+    task, before = _cancels()
     try:
         yield
     except NatsLinkError:
@@ -63,19 +65,22 @@ def translate(what: str) -> Iterator[None]:
         raise NatsUnavailable(f"{what}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
     except (nats.errors.Error, nats.js.errors.Error) as exc:
         raise NatsRefused(f"{what}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
-    _deliver_swallowed_cancel()
+    if task is not None and task.cancelling() > before:
+        raise asyncio.CancelledError
 
 
-def _deliver_swallowed_cancel() -> None:
-    """Raise CancelledError when the running task was cancelled and the call returned
-    anyway. nats-py waits with `asyncio.wait_for`, which on Python 3.11 returns the awaited
-    call's result when a cancel comes the moment that call completes, and the cancel is
-    lost (python/cpython gh-86296, fixed in 3.12): a service loop cancelled there would run
-    on for good (a fleet solver cancelled in a test went on fetching partials until the
-    test's timeout). Our code never keeps running after a cancel it did not `uncancel`."""
+def _cancels() -> tuple[asyncio.Task[object] | None, int]:
+    """Return the running task (None: a synchronous call) and its pending cancels now.
+
+    nats-py waits with `asyncio.wait_for`, which on Python 3.11 returns the awaited call's
+    result when a cancel comes the moment that call completes, and the cancel is lost
+    (python/cpython gh-86296, fixed in 3.12): a service loop cancelled there would run on
+    for good (a fleet solver cancelled in a test went on fetching partials until the test's
+    timeout). A cancel requested while the block ran that the block returned from is one
+    such: `translate` raises it. One requested before (a task unwinding from a delivered
+    cancel, closing its connection in a ``finally``) is not raised again."""
     try:
         task = asyncio.current_task()
-    except RuntimeError:  # no running loop: a synchronous call
-        return
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
+    except RuntimeError:  # no running loop
+        return None, 0
+    return task, 0 if task is None else task.cancelling()

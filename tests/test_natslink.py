@@ -259,3 +259,28 @@ def test_a_cancel_the_library_swallowed_is_delivered_at_the_boundary() -> None:
     assert asyncio.run(main()) == ["a message"]  # the call's result, then the cancel
     with translate("a synchronous call"):  # no running loop: nothing to deliver
         pass
+
+
+def test_a_task_unwinding_from_its_cancel_runs_every_cleanup_call() -> None:
+    """A cancel already delivered is not raised again by `translate`: a ``finally`` that
+    closes a reader and then a connection (two calls) runs both."""
+    closed: list[str] = []
+
+    async def session() -> None:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            for what in ("reader", "connection"):
+                with translate(f"close {what}"):
+                    await asyncio.sleep(0)
+                closed.append(what)
+
+    async def main() -> None:
+        task = asyncio.create_task(session())
+        await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert task in done and task.cancelled()
+
+    asyncio.run(main())
+    assert closed == ["reader", "connection"]

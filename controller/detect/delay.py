@@ -89,7 +89,8 @@ class DelayWindow:
     _fine_excess: list[npt.NDArray[np.float64]] = field(init=False, default_factory=list)
     _fine_flows: list[npt.NDArray[np.int32]] = field(init=False, default_factory=list)
     _fine_sw: list[npt.NDArray[np.bool_]] = field(init=False, default_factory=list)
-    _rt_paths: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
+    _rt_fwd: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
+    _rt_rev: list[npt.NDArray[np.int64]] = field(init=False, default_factory=list)
     _rt_excess: list[npt.NDArray[np.float64]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -188,17 +189,22 @@ class DelayWindow:
         """Add round trips as `add_round_trips` keeps them: forward and reply path numbers
         and excess (ns)."""
         if len(fwd):
-            self._rt_paths.append(np.column_stack([fwd, rev]).astype(np.int64))
+            self._rt_fwd.append(np.asarray(fwd, np.int64))
+            self._rt_rev.append(np.asarray(rev, np.int64))
             self._rt_excess.append(np.asarray(excess, np.float64))
+
+    def has_round_trips(self) -> bool:
+        """Return True when the window kept any round trip (`add_round_trips`)."""
+        return bool(self._rt_excess)
 
     def round_trips(
         self,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """Return the kept round trips' forward and reply path numbers and excess (ns)."""
-        if not self._rt_paths:
+        if not self._rt_excess:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
-        both = np.concatenate(self._rt_paths)
-        return both[:, 0].copy(), both[:, 1].copy(), np.concatenate(self._rt_excess)
+        return (np.concatenate(self._rt_fwd), np.concatenate(self._rt_rev),
+                np.concatenate(self._rt_excess))  # fmt: skip
 
     def cleared(
         self, index: PathIndex, claim_ns: npt.NDArray[np.float64], params: DelayParams
@@ -378,5 +384,6 @@ class DelayWindow:
         self._fine_excess.clear()
         self._fine_flows.clear()
         self._fine_sw.clear()
-        self._rt_paths.clear()
+        self._rt_fwd.clear()
+        self._rt_rev.clear()
         self._rt_excess.clear()
