@@ -31,7 +31,7 @@ from numpy.typing import ArrayLike, NDArray
 from sync._arrays import as_int
 from sync.batchfit import fit_pairs
 from sync.coded import coded_probe_mask
-from sync.network import solve_network
+from sync.network import ProbeGraph, solve_network
 from sync.pairfit import PairFits
 from sync.refine import floor_excess_std, lowest_key_means, lowest_means, refit_fixed_slope
 
@@ -256,11 +256,12 @@ def first_stage(n_nodes: int, edges: I64, fits: PairFits, ref: int) -> tuple[Win
     std = np.maximum(fits.offset_std_ns[ok], 0.5)
     w = 1.0 / std**2
     r = pick_ref(e, ref)
-    first = solve_network(n_nodes, e, theta0, w, pin="mean", ref=r)  # its offsets only
+    graph = ProbeGraph(n_nodes, e)  # both solves' edges
+    first = solve_network(n_nodes, e, theta0, w, pin="mean", ref=r, graph=graph)  # offsets only
     # re-evaluate each edge line at the reference instant: clock i reads ~ t_ref + offset_i then
     shift = np.nan_to_num(first.offset_ns[e[:, 0]])
     theta = theta0 + drift * shift
-    sol = solve_network(n_nodes, e, theta, w, drift=drift, pin="mean", ref=r)
+    sol = solve_network(n_nodes, e, theta, w, drift=drift, pin="mean", ref=r, graph=graph)
     theta_all = np.full(m, np.nan)
     theta_all[ok] = theta
     flagged = np.zeros(m, dtype=bool)
@@ -382,6 +383,7 @@ def choose_candidate(
     # sizes a few kept exchanges per edge make the lowest 1, 2 and 5 % the same exchange).
     best, best_score, best_scale, best_theta = -1, np.inf, np.inf, np.empty(0)
     solved: list[tuple[F64, float]] = []
+    graph = ProbeGraph(n_nodes, e)  # every solve here is on these edges
     for c, off in enumerate(cands):
         th = (off + shift_term)[usable]
         if not np.isfinite(th).all():
@@ -391,7 +393,7 @@ def choose_candidate(
             continue
         scale = next((sc for t, sc in solved if np.array_equal(t, th)), None)
         if scale is None:
-            scale = closure_scale(n_nodes, e, th, ref)
+            scale = closure_scale(n_nodes, e, th, ref, graph)
             solved.append((th, scale))
         score = float(np.hypot(scale, bias))
         if score < best_score:
@@ -405,7 +407,10 @@ def choose_candidate(
         w = 1.0 / np.maximum(sd_env, 0.5) ** 2
     else:  # same statistic on every edge: equal weights, scaled by the closure residuals
         w = np.full(len(e), 1.0 / max(best_scale, 0.5) ** 2)
-    sol = solve_network(n_nodes, e, best_theta, w, pin="mean", ref=pick_ref(e, ref), loss="huber")
+    sol = solve_network(
+        n_nodes, e, best_theta, w, pin="mean", ref=pick_ref(e, ref), loss="huber", graph=graph,
+        start=first.offset_ns,
+    )  # fmt: skip
     theta_all = np.full(m, np.nan)
     theta_all[usable] = best_theta
     flagged = np.zeros(m, dtype=bool)
@@ -432,13 +437,16 @@ def _detrend(t: F64, d: F64, slope: F64, edge: I64, arrived: NDArray[np.bool_] |
     return np.asarray(d[arrived] + slope[edge[arrived]] * t[arrived])
 
 
-def closure_scale(n_nodes: int, edges: I64, theta: F64, ref: int) -> float:
+def closure_scale(
+    n_nodes: int, edges: I64, theta: F64, ref: int, graph: ProbeGraph | None = None
+) -> float:
     """Robust scale (ns) of the loop-closure residuals of one unweighted L2 network solve:
-    how inconsistent the pair estimates are around loops, i.e. how noisy they are. Returns inf
-    when the graph has no loops (nothing to compare)."""
+    how inconsistent the pair estimates are around loops, i.e. how noisy they are (``graph``:
+    the `sync.network.ProbeGraph` of ``edges``, when the caller has it). Returns inf when the
+    graph has no loops (nothing to compare)."""
     sol = solve_network(
         n_nodes, edges, theta, np.ones(len(edges)), pin="mean", ref=pick_ref(edges, ref),
-        flag_min_ns=np.inf, max_rounds=1,
+        flag_min_ns=np.inf, max_rounds=1, graph=graph,
     )  # fmt: skip
     r = sol.residual_ns[np.isfinite(sol.residual_ns)]
     if r.size == 0:

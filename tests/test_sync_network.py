@@ -153,3 +153,107 @@ def test_cli_runs_the_network_bench_as_json(capsys: pytest.CaptureFixture[str]) 
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["n_nodes"] == 300.0 and out["planted_edge_flagged"] == 1.0
+
+
+def _spread_weights(seed: int, n: int = 400) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A probe graph whose edge weights span ten decades, as the envelope's per-edge
+    uncertainties make them (a few floors to a ns, most to a µs), clocks up to 1 ms apart:
+    (edges, theta, weight)."""
+    rng = np.random.default_rng(seed)
+    g = random_graph(rng, n, 12)
+    i, j = g.edges.T
+    sd = 10.0 ** rng.uniform(-0.3, 5.0, len(i))  # 0.5 ns .. 100 µs
+    theta = g.offset_ns[j] - g.offset_ns[i] + rng.normal(0.0, sd)
+    return g.edges, theta, 1.0 / sd**2
+
+
+def _exact(n: int, edges: np.ndarray, theta: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The weighted least-squares offsets by a direct sparse solve, node 0 pinned, mean 0."""
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import spsolve
+
+    i, j = edges.T
+    a = sp.coo_matrix((np.r_[w, w], (np.r_[i, j], np.r_[j, i])), shape=(n, n)).tocsr()
+    lap = (sp.diags(np.asarray(a.sum(axis=1)).ravel()) - a).tocsc()
+    rhs = np.bincount(j, w * theta, n) - np.bincount(i, w * theta, n)
+    x = np.zeros(n)
+    x[1:] = spsolve(lap[1:, 1:], rhs[1:])
+    return np.asarray(x - x.mean())
+
+
+def test_weights_over_ten_decades_solve_to_the_direct_solution() -> None:
+    """The block preconditioner changes how fast CG gets there, not where: on weights over
+    ten decades the offsets are the direct sparse solve's."""
+    edges, theta, w = _spread_weights(3)
+    sol = solve_network(400, edges, theta, w, pin="mean", flag_min_ns=np.inf, max_rounds=1)
+    np.testing.assert_allclose(sol.offset_ns, _exact(400, edges, theta, w), atol=0.05)
+
+
+def test_blocks_take_strongly_tied_nodes_out_of_the_iterations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nodes tied by an edge that carries most of their weight are one block of the
+    preconditioner, inverted exactly: CG needs a fraction of the plain diagonal's
+    iterations on such a graph (the envelope's weights: hundreds of iterations)."""
+    import scipy.sparse as sp
+
+    from sync import network as nw
+
+    edges, theta, w = _spread_weights(4)
+    i, j = edges.T
+    lap = nw._Laplacian(400, i, j)
+    lap.set_weights(w)
+    free = np.ones(400, bool)
+    free[0] = False
+    rhs = np.where(free, np.bincount(j, w * theta, 400) - np.bincount(i, w * theta, 400), 0.0)
+    b = rhs / np.abs(rhs).max()
+    x_blk, it_blk = nw._pcg(lap, b, free, np.zeros(400), 1e-10)
+    assert nw._blocks(lap, free).nnz > 400  # some blocks of two or more nodes
+
+    def diagonal(lap: nw._Laplacian, free: np.ndarray) -> sp.csr_matrix:
+        return sp.csr_matrix(sp.diags(np.where(free, 1.0 / lap.diag, 0.0)))
+
+    monkeypatch.setattr(nw, "_blocks", diagonal)  # the same CG, the diagonal alone
+    x_diag, it_diag = nw._pcg(lap, b, free, np.zeros(400), 1e-10)
+    assert it_blk * 2 < it_diag
+    np.testing.assert_allclose(x_blk, x_diag, atol=1e-6 * np.abs(x_diag).max())
+
+
+def test_a_block_is_the_exact_inverse_of_its_rows() -> None:
+    """Two nodes tied by one heavy edge, each with light edges elsewhere: their 2 x 2 block of
+    the preconditioner is the inverse of [[d_a, -w], [-w, d_b]]."""
+    from sync import network as nw
+
+    edges = np.array([[1, 2], [0, 1], [2, 3], [3, 0], [0, 2]])
+    w = np.array([10.0, 0.1, 0.2, 1.0, 1.0])
+    lap = nw._Laplacian(4, edges[:, 0], edges[:, 1])
+    lap.set_weights(w)
+    free = np.array([False, True, True, True])
+    m = nw._blocks(lap, free).toarray()
+    d1, d2 = 10.1, 11.2
+    np.testing.assert_allclose(m[1:3, 1:3], np.linalg.inv([[d1, -10.0], [-10.0, d2]]))
+    assert m[3, 3] == pytest.approx(1 / 1.2) and m[0].sum() == 0.0  # the pinned node: none
+
+
+def test_a_graph_built_once_gives_the_same_solves_and_refuses_other_edges() -> None:
+    from sync.network import ProbeGraph
+
+    edges, theta, w = _spread_weights(5, 200)
+    graph = ProbeGraph(200, edges)
+    a = solve_network(200, edges, theta, w, pin="mean", loss="huber")
+    b = solve_network(200, edges, theta, w, pin="mean", loss="huber", graph=graph)
+    assert np.array_equal(a.offset_ns, b.offset_ns) and np.array_equal(a.flagged, b.flagged)
+    with pytest.raises(ValueError, match="other edges"):
+        solve_network(200, edges[::-1], theta, w, graph=graph)
+    with pytest.raises(ValueError, match="self-loop"):
+        ProbeGraph(3, np.array([[0, 1], [2, 2]]))
+
+
+def test_a_start_near_the_solution_reaches_the_same_offsets() -> None:
+    edges, theta, w = _spread_weights(6, 300)
+    cold = solve_network(300, edges, theta, w, pin="mean", loss="huber")
+    near = cold.offset_ns + np.random.default_rng(0).normal(0.0, 5.0, 300)
+    warm = solve_network(300, edges, theta, w, pin="mean", loss="huber", start=near)
+    np.testing.assert_allclose(warm.offset_ns, cold.offset_ns, atol=0.05)
+    with pytest.raises(ValueError, match="start"):
+        solve_network(300, edges, theta, w, start=np.zeros(5))
