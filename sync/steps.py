@@ -137,31 +137,47 @@ def cell_medians(key: I64, val: F64, cells: int) -> tuple[F64, I64]:
     """Per cell ``0 .. cells - 1`` the median of the finite ``val``s whose ``key`` it is (NaN
     where none) and their count. The values of a cell are what matter, not their order: the
     keys are sorted alone (an unstable integer sort) and each cell's values sorted as a row of
-    a dense (cells, most in a cell) array; when the rows would be mostly padding, one sort by
-    (key, value) (`sync.runs.key_order`). Either way the same medians, to the bit."""
+    a dense (cells, widest row) array, the rows no wider than `PAD_FACTOR` times the values
+    allow; the few cells with more values than that get one sort by (key, value)
+    (`sync.runs.key_order`) of their values alone. Either way the same medians, to the bit."""
     cnt = np.bincount(key, minlength=cells)
+    out = np.full(cells, np.nan)
+    if not len(key):
+        return out, cnt
+    width = min(int(cnt.max()), (PAD_FACTOR * len(key) + 4096) // max(cells, 1))
+    wide = cnt > width
+    if wide.any():  # a few crowded cells: their values sorted by (key, value)
+        over = wide[key]
+        k, v = key[over], val[over]
+        order = key_order(k, v)  # np.lexsort((v, k)): every value is finite
+        c = np.bincount(k, minlength=cells)
+        start = np.concatenate([[0], np.cumsum(c)[:-1]])
+        vs, lo, hi = v[order], start[wide] + (c[wide] - 1) // 2, start[wide] + c[wide] // 2
+        out[wide] = 0.5 * (vs[lo] + vs[hi])
+        key, val = key[~over], val[~over]
+    if width and len(key) and cells < 2**31:
+        _dense_medians(key, val, np.where(wide, 0, cnt), width, out)
+    return out, cnt
+
+
+def _dense_medians(key: I64, val: F64, cnt: I64, width: int, out: F64) -> None:
+    """Into ``out`` per cell with values (``cnt``, each at most ``width``) their median, each
+    cell's values sorted as a row of a dense array (chunks of `CELL_CHUNK` cells)."""
+    cells = len(cnt)
     start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
     has = cnt > 0
-    out = np.full(cells, np.nan)
-    width = int(cnt.max()) if len(key) else 0
-    if cells * width <= PAD_FACTOR * len(key) + 4096 and cells < 2**31:
-        order = np.argsort(key.astype(np.int32))
-        ks, vs = key[order], val[order]
-        bounds = np.concatenate([start, [len(ks)]])
-        for c0 in range(0, cells, CELL_CHUNK):  # bounded temporaries: (chunk, width)
-            c1 = min(c0 + CELL_CHUNK, cells)
-            a, b = int(bounds[c0]), int(bounds[c1])
-            dense = np.full((c1 - c0, width), np.nan)
-            dense[ks[a:b] - c0, np.arange(a, b) - start[ks[a:b]]] = vs[a:b]
-            dense.sort(axis=1)
-            c = np.arange(c0, c1)[has[c0:c1]]
-            m = cnt[c]
-            out[c] = 0.5 * (dense[c - c0, (m - 1) // 2] + dense[c - c0, m // 2])
-    else:
-        order = key_order(key, val)  # np.lexsort((val, key)): every value is finite
-        v, lo, hi = val[order], start[has] + (cnt[has] - 1) // 2, start[has] + cnt[has] // 2
-        out[has] = 0.5 * (v[lo] + v[hi])
-    return out, cnt
+    order = np.argsort(key.astype(np.int32))
+    ks, vs = key[order], val[order]
+    bounds = np.concatenate([start, [len(ks)]])
+    for c0 in range(0, cells, CELL_CHUNK):  # bounded temporaries: (chunk, width)
+        c1 = min(c0 + CELL_CHUNK, cells)
+        a, b = int(bounds[c0]), int(bounds[c1])
+        dense = np.full((c1 - c0, width), np.nan)
+        dense[ks[a:b] - c0, np.arange(a, b) - start[ks[a:b]]] = vs[a:b]
+        dense.sort(axis=1)
+        c = np.arange(c0, c1)[has[c0:c1]]
+        m = cnt[c]
+        out[c] = 0.5 * (dense[c - c0, (m - 1) // 2] + dense[c - c0, m // 2])
 
 
 def best_split(w: F64, y: F64, cnt: F64) -> tuple[F64, I64, F64]:

@@ -26,8 +26,16 @@ def test_cell_medians_are_the_medians_of_a_sort_by_key_and_value(
     cells = 1000
     key = rng.integers(0, cells, 6000)
     key[key % 7 == 0] += 1  # cells 0, 7, 14, ... empty
-    if uneven:
+    sorted_alone: list[int] = []
+    if uneven:  # one crowded cell: its values alone sorted by (key, value), the rest dense
         key = np.concatenate([key, np.full(200_000, 11)])
+        key_order = steps.key_order
+
+        def counted(k: np.ndarray, v: np.ndarray) -> np.ndarray:
+            sorted_alone.append(len(k))
+            return key_order(k, v)
+
+        monkeypatch.setattr(steps, "key_order", counted)
     else:  # the dense rows alone
 
         def no_sort(*_: object) -> None:
@@ -46,6 +54,7 @@ def test_cell_medians_are_the_medians_of_a_sort_by_key_and_value(
     assert np.array_equal(got, want, equal_nan=True)
     assert np.array_equal(cnt, np.bincount(key, minlength=cells))
     assert np.isnan(got[0]) and np.isfinite(got[3])
+    assert sorted_alone == ([int(cnt[11])] if uneven else [])
 
 
 def _split_loop(w: np.ndarray, y: np.ndarray, cnt: np.ndarray) -> tuple[np.ndarray, ...]:
