@@ -103,16 +103,15 @@ def find_steps(
     if ok.sum() < 2 * MIN_PER_SIDE:
         return empty
     e, t, r = x_edge[ok], x_mid[ok], resid[ok]
-    node = np.concatenate([edges[e, 1], edges[e, 0]])
-    val = np.concatenate([r, -r])
-    tt = np.concatenate([t, t])
     lo, hi = float(t.min()), float(t.max())
     if hi <= lo:
         return empty
-    b = np.minimum(((tt - lo) / (hi - lo) * STEP_BINS).astype(np.int64), STEP_BINS - 1)
-    # per (NIC, bin) the median and count of the oriented residuals
+    b = np.minimum(((t - lo) / (hi - lo) * STEP_BINS).astype(np.int64), STEP_BINS - 1)
+    # per (NIC, bin) the median and count of the oriented residuals (each exchange on both
+    # of its NICs' traces)
     cells = n_nodes * STEP_BINS
-    flat, cnt = cell_medians(node * STEP_BINS + b, val, cells)
+    key = np.concatenate([edges[e, 1] * STEP_BINS + b, edges[e, 0] * STEP_BINS + b])
+    flat, cnt = cell_medians(key, np.concatenate([r, -r]), cells)
     med = flat.reshape(n_nodes, STEP_BINS)
     cnt2 = cnt.reshape(n_nodes, STEP_BINS).astype(np.float64)
     # each split: a weighted least-squares line plus a level shift at the split through the
