@@ -261,7 +261,9 @@ def first_stage(n_nodes: int, edges: I64, fits: PairFits, ref: int) -> tuple[Win
     # re-evaluate each edge line at the reference instant: clock i reads ~ t_ref + offset_i then
     shift = np.nan_to_num(first.offset_ns[e[:, 0]])
     theta = theta0 + drift * shift
-    sol = solve_network(n_nodes, e, theta, w, drift=drift, pin="mean", ref=r, graph=graph)
+    sol = solve_network(
+        n_nodes, e, theta, w, drift=drift, pin="mean", ref=r, graph=graph, start=first.offset_ns
+    )  # fmt: skip
     theta_all = np.full(m, np.nan)
     theta_all[ok] = theta
     flagged = np.zeros(m, dtype=bool)
@@ -393,7 +395,7 @@ def choose_candidate(
             continue
         scale = next((sc for t, sc in solved if np.array_equal(t, th)), None)
         if scale is None:
-            scale = closure_scale(n_nodes, e, th, ref, graph)
+            scale = closure_scale(n_nodes, e, th, ref, graph, first.offset_ns)
             solved.append((th, scale))
         score = float(np.hypot(scale, bias))
         if score < best_score:
@@ -438,15 +440,21 @@ def _detrend(t: F64, d: F64, slope: F64, edge: I64, arrived: NDArray[np.bool_] |
 
 
 def closure_scale(
-    n_nodes: int, edges: I64, theta: F64, ref: int, graph: ProbeGraph | None = None
+    n_nodes: int,
+    edges: I64,
+    theta: F64,
+    ref: int,
+    graph: ProbeGraph | None = None,
+    start: F64 | None = None,
 ) -> float:
     """Robust scale (ns) of the loop-closure residuals of one unweighted L2 network solve:
     how inconsistent the pair estimates are around loops, i.e. how noisy they are (``graph``:
-    the `sync.network.ProbeGraph` of ``edges``, when the caller has it). Returns inf when the
+    the `sync.network.ProbeGraph` of ``edges``, when the caller has it; ``start``: offsets
+    near the solution, as `sync.network.solve_network` takes them). Returns inf when the
     graph has no loops (nothing to compare)."""
     sol = solve_network(
         n_nodes, edges, theta, np.ones(len(edges)), pin="mean", ref=pick_ref(edges, ref),
-        flag_min_ns=np.inf, max_rounds=1, graph=graph,
+        flag_min_ns=np.inf, max_rounds=1, graph=graph, start=start,
     )  # fmt: skip
     r = sol.residual_ns[np.isfinite(sol.residual_ns)]
     if r.size == 0:

@@ -69,4 +69,7 @@ def test_only_candidates_that_can_win_are_solved(
     assert got.estimator == names[best] == ("envelope" if winner == "envelope" else "lowrtt0.01")
     # the copy of candidate 1 and the one whose bias alone (250 ns) beats nothing: not solved
     assert len(calls) == 3
-    assert got.closure_scale_ns == window.closure_scale(n, edges, cands[best], ref)
+    # the chosen candidate's own closure solve (started at the first stage's offsets)
+    again = window.closure_scale(n, edges, cands[best], ref, start=first.offset_ns)
+    assert got.closure_scale_ns == again
+    assert again == pytest.approx(window.closure_scale(n, edges, cands[best], ref), rel=1e-5)
