@@ -95,33 +95,60 @@ def _dot(a: F64, b: F64) -> float:
     return float(np.multiply(a, b).sum())
 
 
-def _blocks(lap: _Laplacian, free: BoolArray) -> sp.csr_matrix:
-    """The block-Jacobi preconditioner ``M^-1`` of the free nodes, as a sparse matrix: nodes
-    joined by a strong edge (one that carries at least `STRONG` of an endpoint's weight) form
-    a block, whose rows of ``L`` restricted to its strong edges are inverted exactly; the
-    other nodes (and those of a block over `BLOCK_MAX` nodes) keep their diagonal. Jacobi
-    alone leaves a block of strongly tied nodes a mode of its own that is barely coupled to
-    the rest (a tiny eigenvalue: hundreds of iterations when the weights span decades, as
-    the envelope's per-edge uncertainties do); inverting the block takes that mode out."""
+class _Precond:
+    """A block-Jacobi preconditioner ``M^-1``: per node the inverse of its diagonal (0 for
+    the nodes of a block and for the pinned ones), and for the block nodes ``nodes`` the
+    inverses of their blocks (``mat``: a sparse matrix over their positions in ``nodes``)."""
+
+    def __init__(self, diag: F64, nodes: I64, mat: sp.csr_matrix) -> None:
+        self.diag, self.nodes, self.mat = diag, nodes, mat
+
+    def __matmul__(self, r: F64) -> F64:
+        """Return ``M^-1 r``."""
+        z = self.diag * r
+        if len(self.nodes):
+            z[self.nodes] += self.mat @ r[self.nodes]
+        return z
+
+    def dense(self) -> F64:
+        """``M^-1`` as a dense (n, n) array (small cases: tests)."""
+        out = np.diag(self.diag)
+        out[np.ix_(self.nodes, self.nodes)] += self.mat.toarray()
+        return out
+
+
+def _blocks(lap: _Laplacian, free: BoolArray) -> _Precond:
+    """The block-Jacobi preconditioner of the free nodes: nodes joined by a strong edge (one
+    that carries at least `STRONG` of an endpoint's weight) form a block, whose rows of ``L``
+    restricted to its strong edges are inverted exactly; the other nodes (and those of a
+    block over `BLOCK_MAX` nodes) keep their diagonal. Jacobi alone leaves a block of
+    strongly tied nodes a mode of its own that is barely coupled to the rest (a tiny
+    eigenvalue: hundreds of iterations when the weights span decades, as the envelope's
+    per-edge uncertainties do); inverting the block takes that mode out."""
     n, i, j, w, d = lap.n, lap.i, lap.j, lap.w, lap.diag
     inv = np.zeros(n)
     inv[free] = 1.0 / np.maximum(d[free], 1e-300)
+    none = _Precond(inv, np.zeros(0, np.int64), sp.csr_matrix((0, 0)))
     strong = free[i] & free[j] & ((w >= STRONG * d[i]) | (w >= STRONG * d[j]))
     if not strong.any():
-        return sp.csr_matrix(sp.diags(inv))
+        return none
     si, sj, sw = i[strong], j[strong], w[strong]
     graph = sp.coo_matrix((np.ones(len(si)), (si, sj)), shape=(n, n))
     lab = connected_components(graph, directed=False)[1].astype(np.int64)
     size = np.bincount(lab)
     inside = (size[lab] >= 2) & (size[lab] <= BLOCK_MAX)
+    if not inside.any():
+        return none
     keep = inside[si]  # both ends share a label: the edge joined them
     si, sj, sw = si[keep], sj[keep], sw[keep]
-    rows, cols, vals = [np.flatnonzero(~inside)], [np.flatnonzero(~inside)], [inv[~inside]]
     nodes = np.flatnonzero(inside)
-    nodes = nodes[np.argsort(lab[nodes], kind="stable")]
+    nodes = nodes[np.argsort(lab[nodes], kind="stable")]  # block by block
     first = np.searchsorted(lab[nodes], lab[nodes])  # where each node's block starts
+    at = np.zeros(n, np.int64)
+    at[nodes] = np.arange(len(nodes))
     pos = np.zeros(n, np.int64)
-    pos[nodes] = np.arange(len(nodes)) - first
+    pos[nodes] = at[nodes] - first
+    rows, cols, vals = [], [], []
     for s in np.unique(size[lab[nodes]]):
         mine = nodes[size[lab[nodes]] == s]  # whole blocks of s nodes, block by block
         k = len(mine) // s
@@ -133,14 +160,16 @@ def _blocks(lap: _Laplacian, free: BoolArray) -> sp.csr_matrix:
         b, pu, pv = block[si[e]], pos[si[e]], pos[sj[e]]
         np.add.at(mat, (b, pu, pv), -sw[e])
         np.add.at(mat, (b, pv, pu), -sw[e])
-        mi = np.linalg.inv(mat)
-        grid = mine.reshape(k, s)
+        grid = at[mine].reshape(k, s)
         rows.append(np.repeat(grid, s, axis=1).ravel())
         cols.append(np.tile(grid, (1, s)).ravel())
-        vals.append(mi.ravel())
-    return sp.csr_matrix(
-        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n)
+        vals.append(np.linalg.inv(mat).ravel())
+    inv[nodes] = 0.0
+    nb = len(nodes)
+    mat_all = sp.csr_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(nb, nb)
     )
+    return _Precond(inv, nodes, mat_all)
 
 
 def _pcg(lap: _Laplacian, b: F64, free: BoolArray, x0: F64, rtol: float) -> tuple[F64, int]:
