@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from sync._arrays import as_edges, as_float, as_index
-from sync.runs import key_order
+from sync.runs import compact, key_order, runs_of, sorted_rows
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -184,13 +184,19 @@ def floor_excess_std(
     ok = np.isfinite(fl)
     node = np.concatenate([i[ok], j[ok]])
     val = np.concatenate([fl[ok], fl[ok]])
-    order = key_order(node, val)  # np.lexsort((val, node)), faster: every value is finite
-    node, val = node[order], val[order]
-    count = np.bincount(node, minlength=n_nodes)
-    start = np.concatenate([[0], np.cumsum(count)[:-1]])
     ref = np.full(n_nodes, np.nan)
-    has = count > 0
-    pick = start[has] + np.floor(quantile * (count[has] - 1)).astype(np.int64)
-    ref[has] = val[pick]
+    runs = runs_of(node)
+    if compact(runs):  # each node's floors as a sorted dense row
+        rows = sorted_rows(runs, val)
+        col = np.floor(quantile * (runs.counts - 1)).astype(np.int64)
+        ref[runs.keys] = rows[np.arange(len(runs.keys)), col]
+    elif len(node):  # a few nodes with far more edges: one sort by (node, floor)
+        order = key_order(node, val)  # np.lexsort((val, node)): every value is finite
+        node, val = node[order], val[order]
+        count = np.bincount(node, minlength=n_nodes)
+        start = np.concatenate([[0], np.cumsum(count)[:-1]])
+        has = count > 0
+        pick = start[has] + np.floor(quantile * (count[has] - 1)).astype(np.int64)
+        ref[has] = val[pick]
     excess = np.maximum(fl - np.fmin(ref[i], ref[j]), 0.0)
     return np.asarray(np.sqrt(sd**2 + excess**2))

@@ -90,3 +90,33 @@ def test_k_lowest_uses_exactly_the_k_smallest_values() -> None:
     )  # fmt: skip
     assert floor[0] == pytest.approx(0.5 * (2.0 + 4.0))
     assert off[0] == pytest.approx(0.5 * (2.0 - 4.0))
+
+
+@pytest.mark.parametrize("uneven", [False, True])
+def test_floor_excess_std_reads_each_nodes_quantile_as_one_sort_does(uneven: bool) -> None:
+    """The per-node floor quantile from dense sorted rows (or, for a few nodes with far more
+    edges, one sort by (node, floor)) is the one sort's, to the bit."""
+    rng = np.random.default_rng(11)
+    n, m = 300, 4000
+    edges = rng.integers(0, n, (m, 2))
+    edges = edges[edges[:, 0] != edges[:, 1]]
+    if uneven:  # node 7 on most edges: rows would be mostly padding
+        hub = np.c_[np.full(20_000, 7), rng.integers(8, n, 20_000)]
+        edges = np.concatenate([edges, hub])
+    floor = np.round(rng.uniform(1000.0, 1100.0, len(edges)), 1)
+    floor[::50] = np.nan
+    std = rng.uniform(0.5, 3.0, len(edges))
+    got = floor_excess_std(n, edges, floor, std, quantile=0.1)
+    ok = np.isfinite(floor)
+    node = np.concatenate([edges[ok, 0], edges[ok, 1]])
+    val = np.concatenate([floor[ok], floor[ok]])
+    order = np.lexsort((val, node))
+    node, val = node[order], val[order]
+    cnt = np.bincount(node, minlength=n)
+    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    ref = np.full(n, np.nan)
+    has = cnt > 0
+    ref[has] = val[start[has] + np.floor(0.1 * (cnt[has] - 1)).astype(np.int64)]
+    i, j = edges.T
+    want = np.sqrt(std**2 + np.maximum(floor - np.fmin(ref[i], ref[j]), 0.0) ** 2)
+    assert np.array_equal(got, want, equal_nan=True)
