@@ -68,7 +68,7 @@ class _Laplacian:
     def __init__(self, n: int, i: I64, j: I64) -> None:
         rows = np.concatenate([i, j])
         cols = np.concatenate([j, i])
-        order = np.argsort(rows, kind="stable")
+        order = np.argsort(rows.astype(np.int32) if n < 2**31 else rows)  # a row in any order
         self.n, self.i, self.j = n, i, j
         self.edge_of = np.concatenate([np.arange(len(i)), np.arange(len(i))])[order]
         indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
