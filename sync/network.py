@@ -129,8 +129,10 @@ def _blocks(lap: _Laplacian, free: BoolArray) -> _Precond:
     inv = np.zeros(n)
     inv[free] = 1.0 / np.maximum(d[free], 1e-300)
     none = _Precond(inv, np.zeros(0, np.int64), sp.csr_matrix((0, 0)))
-    strong = free[i] & free[j] & ((w >= STRONG * d[i]) | (w >= STRONG * d[j]))
-    if not strong.any():
+    share = STRONG * d
+    strong = np.flatnonzero((w >= share[i]) | (w >= share[j]))  # few: the rest is one pass
+    strong = strong[free[i[strong]] & free[j[strong]]]
+    if not len(strong):
         return none
     si, sj, sw = i[strong], j[strong], w[strong]
     graph = sp.coo_matrix((np.ones(len(si)), (si, sj)), shape=(n, n))
