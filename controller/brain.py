@@ -105,6 +105,7 @@ class Brain:
         self._hop_aliases: list[tuple[int, ...]] = []  # directed hops no delay tells apart
         self._open: list[DetectionWindow] = [self._new_window()]
         self._states = [EntityState() for _ in range(n_links)]
+        self._stirred: set[int] = set()  # links not UP at rest (streak 0): stepped each window
         self._raised: dict[int, str] = {}
         self._nic_of_link = {int(lk): i for i, lk in enumerate(fabric.nic_link)}
         self._last_src = np.full(n_nics, -1, dtype=np.int64)
@@ -315,16 +316,21 @@ class Brain:
 
         events: list[EventDoc] = []
         enough = loss.cover.total >= cfg.loss.min_probes
-        for lk, st in enumerate(self._states):
+        # a link with no signal that is UP at rest stays so: only the others are stepped, in
+        # link order (not a pass over every link of the fabric each window)
+        for lk in sorted(self._stirred.union(map(int, signals))):
+            st = self._states[lk]
             sig = signals.get(lk)
             if sig is None:
-                if st.state == Health.UP and st.streak == 0:
-                    continue
                 nic = self._nic_of_link.get(lk)
                 quiet = nic is not None and nic_quiet[nic]
                 sig = Signal.CLEAN if enough[lk] and not quiet else Signal.NODATA
             new, finding = step(st, sig, now_ns, cfg.health)
             self._states[lk] = new
+            if new.state == Health.UP and new.streak == 0:
+                self._stirred.discard(lk)
+            else:
+                self._stirred.add(lk)
             if finding is None and new.state == Health.CONTENDED:
                 finding = self._turned(lk, sig, slow_hop, two_way)
                 if finding is not None:
