@@ -28,7 +28,7 @@ from controller.detect.delay import DelayParams
 from controller.detect.flowloss import FlowLoss, FlowLossParams, Spread, poisson_tail
 from controller.detect.loss import LossParams, LossVerdict
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
-from controller.detect.paths import PathIndex, alias_groups
+from controller.detect.paths import PathIndex, link_and_hop_aliases
 from controller.detect.pooled import PooledContention, PooledParams
 from controller.detect.queues import (
     QueueEstimate,
@@ -791,7 +791,8 @@ class Brain:
 
     def _aliases(self, lk: int) -> tuple[str, ...]:
         """Return the ids of the links no known path tells apart from link ``lk``
-        (`alias_groups` over every path seen so far, `_refresh_aliases`)."""
+        (`controller.detect.paths.alias_groups` over every path seen so far,
+        `_refresh_aliases`)."""
         self._refresh_aliases()
         return self._alias_of.get(lk, ())
 
@@ -804,10 +805,12 @@ class Brain:
             return
         self._alias_at = n
         self._alias_of = {}
-        for g in alias_groups(len(self.fabric.links), self._paths.hops):
+        links, self._hop_aliases = link_and_hop_aliases(
+            len(self.fabric.links), self.fabric.n_hops, self._paths.hops
+        )
+        for g in links:
             for li in g:
                 self._alias_of[li] = tuple(self.fabric.links[o].id for o in g if o != li)
-        self._hop_aliases = alias_groups(self.fabric.n_hops, self._paths.hops, directed=True)
 
     def _down_sibling(self, lk: int, now_ns: int) -> str | None:
         """Return the id of a sibling of link ``lk`` (`Fabric.sibling_links`) that is down or
