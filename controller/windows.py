@@ -104,10 +104,15 @@ class KeyIndex:
         one before (a running maximum, no probing rounds); a run past the table's end wraps
         to its start (`_place`)."""
         home = self._home(keys)
-        order = np.argsort(home)  # equal homes in any order: every lookup finds the same
-        at = np.arange(len(order), dtype=np.int64)
-        pos = np.maximum.accumulate(home[order] - at) + at
         cap = len(self._kv)
+        at = np.arange(len(keys), dtype=np.int64)
+        if cap <= 1 << 31 and len(keys) <= 1 << 32:  # (home, index) in one word: a plain sort
+            packed = np.sort((home << 32) | at)  # equal homes in any order: lookups alike
+            order, home = packed & 0xFFFFFFFF, packed >> 32
+        else:
+            order = np.argsort(home)
+            home = home[order]
+        pos = np.maximum.accumulate(home - at) + at
         inside = pos < cap
         put = order[inside]
         self._kv[pos[inside], 0] = keys[put]
