@@ -28,7 +28,7 @@ from controller.detect.delay import DelayParams
 from controller.detect.flowloss import FlowLoss, FlowLossParams, Spread, poisson_tail
 from controller.detect.loss import LossParams, LossVerdict
 from controller.detect.loss_horizon import HorizonParams, LossHorizon, mispath_leaks, resid_rate
-from controller.detect.paths import PathIndex, link_and_hop_aliases
+from controller.detect.paths import PathIndex, alias_groups
 from controller.detect.pooled import PooledContention, PooledParams
 from controller.detect.queues import (
     QueueEstimate,
@@ -100,8 +100,8 @@ class Brain:
         width = routing_tables(fabric).max_hops
         self._paths = PathIndex(width)
         self._pairs = PathIndex(2 * width)
-        self._alias_at = -1  # path count `_alias_of` was computed at (-1: never)
-        self._alias_of: dict[int, tuple[str, ...]] = {}
+        self._alias_at = -1  # path count the alias groups are of (-1: never computed)
+        self._alias_of: dict[int, tuple[str, ...]] | None = None  # None: not yet, `_aliases`
         self._hop_aliases: list[tuple[int, ...]] = []  # directed hops no delay tells apart
         self._open: list[DetectionWindow] = [self._new_window()]
         self._states = [EntityState() for _ in range(n_links)]
@@ -794,23 +794,25 @@ class Brain:
         (`controller.detect.paths.alias_groups` over every path seen so far,
         `_refresh_aliases`)."""
         self._refresh_aliases()
+        if self._alias_of is None:  # the links' groups of the paths `_refresh_aliases` took
+            self._alias_of = {}
+            hops = self._paths.hops[: self._alias_at]  # paths are only appended: those paths
+            for g in alias_groups(len(self.fabric.links), hops):
+                for li in g:
+                    self._alias_of[li] = tuple(self.fabric.links[o].id for o in g if o != li)
         return self._alias_of.get(lk, ())
 
     def _refresh_aliases(self) -> None:
-        """Recompute the alias groups of links and of directed hops once the known paths have
-        grown by 1 % (new paths only split groups, so between two computations a group may
-        name a link that the newest paths already tell apart)."""
+        """Recompute the alias groups of directed hops once the known paths have grown by 1 %
+        (new paths only split groups, so between two computations a group may name a hop
+        that the newest paths already tell apart); those of links, which only an event's
+        text reads, are computed over the same paths when `_aliases` first needs them."""
         n = self._paths.size
         if self._alias_at >= 0 and n <= 1.01 * self._alias_at:  # 2 s at 2.5 M paths
             return
         self._alias_at = n
-        self._alias_of = {}
-        links, self._hop_aliases = link_and_hop_aliases(
-            len(self.fabric.links), self.fabric.n_hops, self._paths.hops
-        )
-        for g in links:
-            for li in g:
-                self._alias_of[li] = tuple(self.fabric.links[o].id for o in g if o != li)
+        self._alias_of = None
+        self._hop_aliases = alias_groups(self.fabric.n_hops, self._paths.hops, directed=True)
 
     def _down_sibling(self, lk: int, now_ns: int) -> str | None:
         """Return the id of a sibling of link ``lk`` (`Fabric.sibling_links`) that is down or

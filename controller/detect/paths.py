@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -157,50 +156,24 @@ def alias_groups(
     is then the number of hop ids): hops that every path crossing one crosses too, whose
     queues no one-way delay tells apart. Raises ValueError on an element >= n_links.
     """
-    rows, elems, weights = _crossings(hops)
-    links = elems if directed else hop_links(elems)
-    return _groups(n_links, rows, links, weights)
-
-
-def link_and_hop_aliases(
-    n_links: int, n_hops: int, hops: npt.NDArray[np.int32]
-) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """Return (``alias_groups(n_links, hops)``, ``alias_groups(n_hops, hops, directed=True)``)
-    from one pass over ``hops``: the crossings and the rows' weights are found once. Raises
-    ValueError as `alias_groups` does (the links checked first)."""
-    rows, elems, weights = _crossings(hops)
-    links = _groups(n_links, rows, hop_links(elems), weights)
-    return links, _groups(n_hops, rows, elems, weights)
-
-
-def _crossings(
-    hops: npt.NDArray[np.int32],
-) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], tuple[npt.NDArray[np.float64], ...]]:
-    """Return each crossing of ``hops`` (its row and directed hop, in row-major order) and
-    the rows' two random weights (fixed seed); raises ValueError when ``hops`` is not 2-d."""
     h = np.asarray(hops)
     if h.ndim != 2:
         raise ValueError("hops must be a (paths, hops) array")
     flat = h.ravel()
-    at = np.flatnonzero(flat >= 0)  # the order of np.nonzero, without the column array
+    at = np.flatnonzero(flat >= 0)  # row-major as np.nonzero, without its column array
     rows = at // max(h.shape[1], 1)
+    links = (flat[at] if directed else hop_links(flat[at])).astype(np.int64)
+    if len(links) and int(links.max()) >= n_links:
+        raise ValueError(f"a hop names link {int(links.max())} of {n_links}")
     rng = np.random.default_rng(0x5EED)
-    weights = tuple(np.asarray(rng.random(h.shape[0]), np.float64) for _ in range(2))
-    return rows, flat[at].astype(np.int64), weights
-
-
-def _groups(
-    n_el: int,
-    rows: npt.NDArray[np.intp],
-    elems: npt.NDArray[np.integer[Any]],
-    weights: tuple[npt.NDArray[np.float64], ...],
-) -> list[tuple[int, ...]]:
-    """Return the groups of the elements ``elems`` (crossed by ``rows``) whose row weights
-    sum alike (`alias_groups`); raises ValueError on an element >= ``n_el``."""
-    if len(elems) and int(elems.max()) >= n_el:
-        raise ValueError(f"a hop names link {int(elems.max())} of {n_el}")
-    keys = [np.asarray(np.bincount(elems, w[rows], n_el), np.float64) for w in weights]
-    crossed = np.flatnonzero(np.bincount(elems, minlength=n_el) > 0)
+    keys = [
+        np.asarray(
+            np.bincount(links, np.asarray(rng.random(h.shape[0]), np.float64)[rows], n_links),
+            np.float64,
+        )
+        for _ in range(2)
+    ]
+    crossed = np.flatnonzero(np.bincount(links, minlength=n_links) > 0)
     return _same_keys(crossed, keys[0][crossed], keys[1][crossed])
 
 
