@@ -159,22 +159,25 @@ def alias_groups(
     h = np.asarray(hops)
     if h.ndim != 2:
         raise ValueError("hops must be a (paths, hops) array")
-    flat = h.ravel()
-    at = np.flatnonzero(flat >= 0)  # row-major as np.nonzero, without its column array
-    rows = at // max(h.shape[1], 1)
-    links = (flat[at] if directed else hop_links(flat[at])).astype(np.int64)
-    if len(links) and int(links.max()) >= n_links:
-        raise ValueError(f"a hop names link {int(links.max())} of {n_links}")
+    # every cell, in row-major order, is counted in bin element + 1 (padding in bin 0,
+    # dropped): each element's sums take its rows' weights in the order they had as the
+    # crossings alone, with no index arrays of the crossings made
+    cell = h.ravel().astype(np.intp)
+    if not directed:
+        cell >>= 1  # hop_links: -1 stays -1
+    cell += 1
+    np.maximum(cell, 0, out=cell)
+    if len(cell) and int(cell.max()) > n_links:
+        raise ValueError(f"a hop names link {int(cell.max()) - 1} of {n_links}")
     rng = np.random.default_rng(0x5EED)
+    width = h.shape[1]
     keys = [
-        np.asarray(
-            np.bincount(links, np.asarray(rng.random(h.shape[0]), np.float64)[rows], n_links),
-            np.float64,
-        )
+        np.asarray(np.bincount(cell, np.repeat(rng.random(h.shape[0]), width), n_links + 1))
         for _ in range(2)
     ]
-    crossed = np.flatnonzero(np.bincount(links, minlength=n_links) > 0)
-    return _same_keys(crossed, keys[0][crossed], keys[1][crossed])
+    k0, k1 = (np.asarray(k[1:], np.float64) for k in keys)
+    crossed = np.flatnonzero(np.bincount(cell, minlength=n_links + 1)[1:] > 0)
+    return _same_keys(crossed, k0[crossed], k1[crossed])
 
 
 def _same_keys(
