@@ -42,11 +42,16 @@ class KeyIndex:
         self.size = 0
 
     def _home(self, keys: I64) -> I64:
+        """Return each key's home slot (the top bits of a multiplicative hash), computed in
+        one array, in place (the slot, < 2^63, read as int64: no copy)."""
         bits = len(self._kv).bit_length() - 1
         u = keys.view(np.uint64)
+        h = u >> np.uint64(29)
+        h ^= u
         with np.errstate(over="ignore"):
-            h = ((u ^ (u >> np.uint64(29))) * _MULT) >> np.uint64(64 - bits)
-        return h.astype(np.int64)
+            h *= _MULT
+        h >>= np.uint64(64 - bits)
+        return h.view(np.int64)
 
     def lookup(self, keys: I64) -> I64:
         """Return the slot of each key, -1 where unknown."""
@@ -144,8 +149,9 @@ class KeyIndex:
 
 
 def _empty_kv(cap: int) -> I64:
-    kv = np.full((cap, 2), -1, np.int64)
+    kv = np.empty((cap, 2), np.int64)  # each column written once
     kv[:, 0] = _EMPTY
+    kv[:, 1] = -1
     return kv
 
 
