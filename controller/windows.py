@@ -97,34 +97,43 @@ class KeyIndex:
             while 2 * n_new > cap:
                 cap *= 2
             self._kv = _empty_kv(cap)
-            self._fill(self._keys, np.arange(n_new, dtype=np.int64))
+            self._fill(self._keys)
         else:
             self._place(new, new_slots, self._home(new))
         self.size = n_new
         return slots, len(new)
 
-    def _fill(self, keys: I64, val: I64) -> None:
-        """Place distinct ``keys`` (slots ``val``) into the table, empty before: in the order
-        of their home slots each takes the first slot at or after its home not taken by the
-        one before (a running maximum, no probing rounds); a run past the table's end wraps
-        to its start (`_place`)."""
-        home = self._home(keys)
+    def _fill(self, keys: I64) -> None:
+        """Place distinct ``keys``, each with its index as slot, into the table, empty
+        before: in the order of their home slots each takes the first slot at or after its
+        home not taken by the one before (a running maximum, no probing rounds); a run past
+        the table's end wraps to its start (`_place`). One array of the keys' length is
+        worked in place."""
         cap = len(self._kv)
         at = np.arange(len(keys), dtype=np.int64)
+        pos = self._home(keys)  # a fresh array: shifted, sorted and accumulated in place
         if cap <= 1 << 31 and len(keys) <= 1 << 32:  # (home, index) in one word: a plain sort
-            packed = np.sort((home << 32) | at)  # equal homes in any order: lookups alike
-            order, home = packed & 0xFFFFFFFF, packed >> 32
+            pos <<= 32
+            pos |= at
+            pos.sort()  # equal homes in any order: every lookup finds the same
+            order = pos & 0xFFFFFFFF
+            pos >>= 32
         else:
-            order = np.argsort(home)
-            home = home[order]
-        pos = np.maximum.accumulate(home - at) + at
+            order = np.argsort(pos)
+            pos = pos[order]
+        pos -= at
+        np.maximum.accumulate(pos, out=pos)
+        pos += at  # strictly increasing: all inside the table when the last one is
+        if not len(pos) or pos[-1] < cap:
+            self._kv[pos, 0] = keys[order]
+            self._kv[pos, 1] = order
+            return
         inside = pos < cap
         put = order[inside]
         self._kv[pos[inside], 0] = keys[put]
-        self._kv[pos[inside], 1] = val[put]
-        if not inside.all():  # every slot from their homes to the end is taken
-            wrap = order[~inside]
-            self._place(keys[wrap], val[wrap], np.zeros(len(wrap), np.int64))
+        self._kv[pos[inside], 1] = put
+        wrap = order[~inside]  # every slot from their homes to the end is taken
+        self._place(keys[wrap], wrap, np.zeros(len(wrap), np.int64))
 
     def _place(self, keys: I64, val: I64, pos: I64) -> None:
         """Place distinct ``keys`` (slots ``val``), not in the table yet, probing from ``pos``
