@@ -113,7 +113,7 @@ class PathIndex:
             pos = np.empty(n_new, np.intp)  # one record per new path, in order: records of
             pos[out[fresh] - old] = fresh  # one signature are one path: any of them will do
             self.base = np.concatenate([self.base, np.full(n_new, np.inf)])
-            self.hops = np.concatenate([self.hops, rows(pos).astype(np.int32)])
+            self.hops = np.concatenate([self.hops, np.asarray(rows(pos), np.int32)])
             self.sigs = np.concatenate([self.sigs, sig[pos]])
         return out
 
