@@ -89,16 +89,18 @@ class KeyIndex:
         np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
         new = ranked[first]
         slots[miss[order]] = np.cumsum(first) - 1 + self.size
-        new_slots = np.arange(self.size, self.size + len(new), dtype=np.int64)
         n_new = self.size + len(new)
         self._keys = np.concatenate([self._keys, new])
-        if 2 * n_new > len(self._kv) or not self.size:
+        if 2 * n_new > len(self._kv):
             cap = len(self._kv)
             while 2 * n_new > cap:
                 cap *= 2
             self._kv = _empty_kv(cap)
             self._fill(self._keys)
+        elif not self.size:  # the table is empty
+            self._fill(self._keys)
         else:
+            new_slots = np.arange(self.size, n_new, dtype=np.int64)
             self._place(new, new_slots, self._home(new))
         self.size = n_new
         return slots, len(new)
