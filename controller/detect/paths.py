@@ -55,12 +55,24 @@ def expand(
     *,
     links: bool = False,
 ) -> npt.NDArray[np.int64]:
-    """Return per directed hop (or per link if ``links``) the sum of ``per_path`` over paths."""
+    """Return per directed hop (or per link if ``links``) the sum of ``per_path`` over paths
+    (``hops`` -1 padded; an element >= ``n_elems`` lengthens the result). Raises ValueError
+    on an element below -1."""
     m = min(len(per_path), len(hops))
     h = hops[:m]
     if links:
         h = hop_links(h).astype(np.int32, copy=False)
-    w = np.repeat(np.asarray(per_path[:m], dtype=np.float64), h.shape[1])
+    vals = np.asarray(per_path[:m])
+    if np.issubdtype(vals.dtype, np.integer) and h.ndim == 2 and h.size:
+        # counts: float sums of integers below 2^53 are exact in any order, so the columns
+        # are summed one at a time (no arrays of every cell: ~16 B a cell at 10^7 cells)
+        w = vals.astype(np.float64)
+        size = max(n_elems + 1, int(h.max()) + 2)
+        acc = np.zeros(size)
+        for c in range(h.shape[1]):
+            acc += np.bincount(h[:, c] + 1, weights=w, minlength=size)
+        return np.rint(acc[1:]).astype(np.int64)
+    w = np.repeat(np.asarray(vals, dtype=np.float64), h.shape[1])
     out = np.bincount(h.ravel() + 1, weights=w, minlength=n_elems + 1)[1:]
     return np.rint(out).astype(np.int64)
 
