@@ -100,11 +100,12 @@ class Brain:
         width = routing_tables(fabric).max_hops
         self._paths = PathIndex(width)
         self._pairs = PathIndex(2 * width)
-        self._alias_at = -1  # path count `_alias_of` was computed at (-1: never)
-        self._alias_of: dict[int, tuple[str, ...]] = {}
+        self._alias_at = -1  # path count the alias groups are of (-1: never computed)
+        self._alias_of: dict[int, tuple[str, ...]] | None = None  # None: not yet, `_aliases`
         self._hop_aliases: list[tuple[int, ...]] = []  # directed hops no delay tells apart
         self._open: list[DetectionWindow] = [self._new_window()]
         self._states = [EntityState() for _ in range(n_links)]
+        self._stirred: set[int] = set()  # links not UP at rest (streak 0): stepped each window
         self._raised: dict[int, str] = {}
         self._nic_of_link = {int(lk): i for i, lk in enumerate(fabric.nic_link)}
         self._last_src = np.full(n_nics, -1, dtype=np.int64)
@@ -315,16 +316,21 @@ class Brain:
 
         events: list[EventDoc] = []
         enough = loss.cover.total >= cfg.loss.min_probes
-        for lk, st in enumerate(self._states):
+        # a link with no signal that is UP at rest stays so: only the others are stepped, in
+        # link order (not a pass over every link of the fabric each window)
+        for lk in sorted(self._stirred.union(map(int, signals))):
+            st = self._states[lk]
             sig = signals.get(lk)
             if sig is None:
-                if st.state == Health.UP and st.streak == 0:
-                    continue
                 nic = self._nic_of_link.get(lk)
                 quiet = nic is not None and nic_quiet[nic]
                 sig = Signal.CLEAN if enough[lk] and not quiet else Signal.NODATA
             new, finding = step(st, sig, now_ns, cfg.health)
             self._states[lk] = new
+            if new.state == Health.UP and new.streak == 0:
+                self._stirred.discard(lk)
+            else:
+                self._stirred.add(lk)
             if finding is None and new.state == Health.CONTENDED:
                 finding = self._turned(lk, sig, slow_hop, two_way)
                 if finding is not None:
@@ -785,22 +791,27 @@ class Brain:
 
     def _aliases(self, lk: int) -> tuple[str, ...]:
         """Return the ids of the links no known path tells apart from link ``lk``
-        (`alias_groups` over every path seen so far, `_refresh_aliases`)."""
+        (`controller.detect.paths.alias_groups` over every path seen so far,
+        `_refresh_aliases`)."""
         self._refresh_aliases()
+        if self._alias_of is None:  # the links' groups of the paths `_refresh_aliases` took
+            self._alias_of = {}
+            hops = self._paths.hops[: self._alias_at]  # paths are only appended: those paths
+            for g in alias_groups(len(self.fabric.links), hops):
+                for li in g:
+                    self._alias_of[li] = tuple(self.fabric.links[o].id for o in g if o != li)
         return self._alias_of.get(lk, ())
 
     def _refresh_aliases(self) -> None:
-        """Recompute the alias groups of links and of directed hops once the known paths have
-        grown by 1 % (new paths only split groups, so between two computations a group may
-        name a link that the newest paths already tell apart)."""
+        """Recompute the alias groups of directed hops once the known paths have grown by 1 %
+        (new paths only split groups, so between two computations a group may name a hop
+        that the newest paths already tell apart); those of links, which only an event's
+        text reads, are computed over the same paths when `_aliases` first needs them."""
         n = self._paths.size
         if self._alias_at >= 0 and n <= 1.01 * self._alias_at:  # 2 s at 2.5 M paths
             return
         self._alias_at = n
-        self._alias_of = {}
-        for g in alias_groups(len(self.fabric.links), self._paths.hops):
-            for li in g:
-                self._alias_of[li] = tuple(self.fabric.links[o].id for o in g if o != li)
+        self._alias_of = None
         self._hop_aliases = alias_groups(self.fabric.n_hops, self._paths.hops, directed=True)
 
     def _down_sibling(self, lk: int, now_ns: int) -> str | None:

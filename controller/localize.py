@@ -76,7 +76,7 @@ def element_counts(sets: npt.NDArray[np.integer], n_elems: int) -> npt.NDArray[n
 
 def unique_rows(sets: npt.NDArray[np.integer]) -> npt.NDArray[np.int32]:
     """Return ``sets`` with duplicates inside each row replaced by -1 (rows sorted)."""
-    s = np.sort(sets, axis=1).astype(np.int32)
+    s = np.asarray(np.sort(sets, axis=1), np.int32)  # a fresh array: no second copy
     if s.shape[1] > 1:
         dup = np.zeros_like(s, dtype=bool)
         dup[:, 1:] = s[:, 1:] == s[:, :-1]

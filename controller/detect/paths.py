@@ -55,12 +55,24 @@ def expand(
     *,
     links: bool = False,
 ) -> npt.NDArray[np.int64]:
-    """Return per directed hop (or per link if ``links``) the sum of ``per_path`` over paths."""
+    """Return per directed hop (or per link if ``links``) the sum of ``per_path`` over paths
+    (``hops`` -1 padded; an element >= ``n_elems`` lengthens the result). Raises ValueError
+    on an element below -1."""
     m = min(len(per_path), len(hops))
     h = hops[:m]
     if links:
         h = hop_links(h).astype(np.int32, copy=False)
-    w = np.repeat(np.asarray(per_path[:m], dtype=np.float64), h.shape[1])
+    vals = np.asarray(per_path[:m])
+    if np.issubdtype(vals.dtype, np.integer) and h.ndim == 2 and h.size:
+        # counts: float sums of integers below 2^53 are exact in any order, so the columns
+        # are summed one at a time (no arrays of every cell: ~16 B a cell at 10^7 cells)
+        w = vals.astype(np.float64)
+        size = max(n_elems + 1, int(h.max()) + 2)
+        acc = np.zeros(size)
+        for c in range(h.shape[1]):
+            acc += np.bincount(h[:, c] + 1, weights=w, minlength=size)
+        return np.rint(acc[1:]).astype(np.int64)
+    w = np.repeat(np.asarray(vals, dtype=np.float64), h.shape[1])
     out = np.bincount(h.ravel() + 1, weights=w, minlength=n_elems + 1)[1:]
     return np.rint(out).astype(np.int64)
 
@@ -113,7 +125,7 @@ class PathIndex:
             pos = np.empty(n_new, np.intp)  # one record per new path, in order: records of
             pos[out[fresh] - old] = fresh  # one signature are one path: any of them will do
             self.base = np.concatenate([self.base, np.full(n_new, np.inf)])
-            self.hops = np.concatenate([self.hops, rows(pos).astype(np.int32)])
+            self.hops = np.concatenate([self.hops, np.asarray(rows(pos), np.int32)])
             self.sigs = np.concatenate([self.sigs, sig[pos]])
         return out
 
@@ -159,20 +171,25 @@ def alias_groups(
     h = np.asarray(hops)
     if h.ndim != 2:
         raise ValueError("hops must be a (paths, hops) array")
-    rows, cols = np.nonzero(h >= 0)
-    links = (h[rows, cols] if directed else hop_links(h[rows, cols])).astype(np.int64)
-    if len(links) and int(links.max()) >= n_links:
-        raise ValueError(f"a hop names link {int(links.max())} of {n_links}")
+    # every cell, in row-major order, is counted in bin element + 1 (padding in bin 0,
+    # dropped): each element's sums take its rows' weights in the order they had as the
+    # crossings alone, with no index arrays of the crossings made
+    cell = h.ravel().astype(np.intp)
+    if not directed:
+        cell >>= 1  # hop_links: -1 stays -1
+    cell += 1
+    np.maximum(cell, 0, out=cell)
+    if len(cell) and int(cell.max()) > n_links:
+        raise ValueError(f"a hop names link {int(cell.max()) - 1} of {n_links}")
     rng = np.random.default_rng(0x5EED)
+    width = h.shape[1]
     keys = [
-        np.asarray(
-            np.bincount(links, np.asarray(rng.random(h.shape[0]), np.float64)[rows], n_links),
-            np.float64,
-        )
+        np.asarray(np.bincount(cell, np.repeat(rng.random(h.shape[0]), width), n_links + 1))
         for _ in range(2)
     ]
-    crossed = np.flatnonzero(np.bincount(links, minlength=n_links) > 0)
-    return _same_keys(crossed, keys[0][crossed], keys[1][crossed])
+    k0, k1 = (np.asarray(k[1:], np.float64) for k in keys)
+    crossed = np.flatnonzero(np.bincount(cell, minlength=n_links + 1)[1:] > 0)
+    return _same_keys(crossed, k0[crossed], k1[crossed])
 
 
 def _same_keys(

@@ -232,10 +232,11 @@ def class_table(hops: I32, hop_class: npt.NDArray[np.int8]) -> I32:
     shape (paths, classes), -1 where it crosses none (a path crosses a class at most once)."""
     n_cls = int(hop_class.max()) + 1 if len(hop_class) else 0
     out = np.full((len(hops), n_cls), -1, np.int32)
-    valid = hops >= 0
-    rows, cols = np.nonzero(valid)
-    hop = hops[rows, cols]
-    out[rows, hop_class[hop]] = hop
+    for c in range(hops.shape[1]):  # a column at a time: no 2-d nonzero; later hops land later
+        col = hops[:, c]
+        rows = np.flatnonzero(col >= 0)
+        hop = col[rows]
+        out[rows, hop_class[hop]] = hop
     return out
 
 

@@ -13,6 +13,7 @@ with a one-line reason, nothing else. Pure: bytes in, values out.
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from collections.abc import Mapping
@@ -93,7 +94,7 @@ def unpack(
     body: memoryview | bytes = buf[_PRE.size + hlen :]
     if flags & COMPRESSED:
         try:
-            body = zlib.decompress(body)
+            body = zlib.decompress(body, bufsize=_body_size(head["columns"], len(body)))
         except zlib.error as exc:
             raise CodecError(f"body does not decompress ({exc})") from None
     cols: dict[str, NDArray[Any]] = {}
@@ -110,6 +111,24 @@ def unpack(
     if off != len(body):
         raise CodecError(f"{len(body) - off} bytes after the last column")
     return version, head, cols
+
+
+def _body_size(specs: list[Any], packed: int) -> int:
+    """Return the output buffer to decompress a body of ``packed`` bytes into: the size the
+    head's column entries add up to (the body, whole, in one buffer: no growing it and no
+    joining its pieces), or zlib's default when an entry is malformed (`unpack` says which)
+    or the size is over 16 times ``packed`` (a head cannot make a large buffer be taken)."""
+    size = 0
+    for spec in specs:
+        if not (isinstance(spec, list) and len(spec) == 3 and spec[1] in _DTYPES):
+            return zlib.DEF_BUF_SIZE
+        shape = spec[2]
+        if not (isinstance(shape, list) and all(type(x) is int and x >= 0 for x in shape)):
+            return zlib.DEF_BUF_SIZE
+        size += math.prod(shape) * np.dtype(spec[1]).itemsize
+        if size > 16 * packed + zlib.DEF_BUF_SIZE:
+            return zlib.DEF_BUF_SIZE
+    return max(size, 1)
 
 
 def _spec(spec: Any) -> tuple[str, str, tuple[int, ...]]:
