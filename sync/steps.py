@@ -144,6 +144,8 @@ def cell_medians(key: I64, val: F64, cells: int) -> tuple[F64, I64]:
     if not len(key):
         return out, cnt
     width = min(int(cnt.max()), (PAD_FACTOR * len(key) + 4096) // max(cells, 1))
+    if cells >= 2**31:  # keys past 32 bits: every cell takes the one sort
+        width = 0
     wide = cnt > width
     if wide.any():  # a few crowded cells: their values sorted by (key, value)
         over = wide[key]
@@ -154,7 +156,7 @@ def cell_medians(key: I64, val: F64, cells: int) -> tuple[F64, I64]:
         vs, lo, hi = v[order], start[wide] + (c[wide] - 1) // 2, start[wide] + c[wide] // 2
         out[wide] = 0.5 * (vs[lo] + vs[hi])
         key, val = key[~over], val[~over]
-    if width and len(key) and cells < 2**31:
+    if width and len(key):
         _dense_medians(key, val, np.where(wide, 0, cnt), width, out)
     return out, cnt
 
