@@ -53,11 +53,12 @@ def test_key_order_and_hull_order_are_the_lexsort_orders() -> None:
 
 
 def test_runs_of_keys_past_32_bits_group_as_small_ones() -> None:
-    """Keys that do not fit 32 bits take the 64-bit sort: the same runs as shifted small keys."""
+    """Keys that do not fit 32 bits take the 64-bit sort: the same runs as the small keys they
+    map to in order (cut to 32 bits, these keys would sort backwards)."""
     rng = np.random.default_rng(3)
     key = rng.integers(0, 50, 2000)
     val = rng.normal(0.0, 1.0, 2000)
-    small, big = runs_of(key), runs_of(key + 2**40)
+    small, big = runs_of(key), runs_of(key * 2**32 + (49 - key))
     np.testing.assert_array_equal(small.counts, big.counts)
-    np.testing.assert_array_equal(small.keys + 2**40, big.keys)
+    np.testing.assert_array_equal(small.keys * 2**32 + (49 - small.keys), big.keys)
     np.testing.assert_array_equal(sorted_rows(small, val), sorted_rows(big, val))
